@@ -1,0 +1,33 @@
+# Two commands do all the set-up on a fresh machine: `make quickstart` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.trnqwen-installed
+PYTEST_ARGS ?=
+
+.PHONY: venv quickstart test test-fast bench docs clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[train,dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)  ## .venv with the trnqwen command in .venv/bin/
+
+quickstart: venv  ## the whole lifecycle on the built-in tiny Qwen3, on this machine
+	$(BIN)/trnqwen quickstart
+
+test: venv  ## the full test suite (end-to-end torchrun runs included)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: venv  ## unit tests only, no torchrun
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+bench: venv  ## benchmarks (not part of make test); results in benchmarks/RESULTS.md
+	$(BIN)/python benchmarks/run_all.py
+
+docs: venv  ## regenerate docs/cli/*.md from the CLI's own help
+	$(BIN)/python -m trnqwen.docgen docs/cli
+
+clean:
+	rm -rf $(VENV) .pytest_cache .trnqwen

@@ -1,0 +1,47 @@
+"""Test isolation: HOME, caches and TRNQWEN_*/HF_* env point at temp folders.
+
+Nothing a test does touches the developer's real config, caches or tokens, and
+nothing reaches the network (HF_HUB_OFFLINE=1 unless a test starts its own server).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path_factory, monkeypatch):
+    home = tmp_path_factory.mktemp("home")
+    for name in list(os.environ):
+        if name.startswith(("TRNQWEN_", "HF_", "HUGGING")) or name in ("TORCH_NEURONX_NEFF_CACHE_DIR",):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    monkeypatch.setenv("HF_HOME", str(home / ".cache" / "huggingface"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("PATH", f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    yield home
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """Run the test from an empty working directory."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture
+def cli():
+    """Run the real CLI entry point in-process; returns (exit_code, stdout, stderr)."""
+    from tests.helpers import run_cli
+
+    return run_cli

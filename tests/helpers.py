@@ -1,0 +1,58 @@
+"""Helpers shared by tests: run the CLI in-process or as a real subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TRNQWEN = [sys.executable, "-m", "trnqwen"]
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+
+def run_cli(*args: str) -> Result:
+    """The real ``main()`` in this process, capturing stdout/stderr and the exit code."""
+    from trnqwen.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+def run_subprocess(*args: str, env: dict | None = None, cwd: Path | None = None, timeout: float = 600) -> Result:
+    """``python -m trnqwen ...`` as a real process (for anything touching signals or torchrun)."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
+    if env:
+        full_env.update(env)
+    proc = subprocess.run(
+        [*TRNQWEN, *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def assert_clean_error(result: Result, *, code: int, contains: str) -> None:
+    """A user mistake: the given exit code, a message naming the problem, no traceback."""
+    assert result.code == code, f"exit {result.code} != {code}\n{result.text}"
+    assert contains.lower() in result.text.lower(), result.text
+    assert "Traceback" not in result.text, result.text

@@ -1,0 +1,363 @@
+"""The one config core every subcommand shares.
+
+A run is described by :class:`RunConfig`, a typed pydantic model.  Values come
+from four sources, later ones winning:
+
+    built-in defaults  <  trnqwen.toml  <  TRNQWEN_* environment  <  command-line flags
+
+:func:`resolve_config` merges them, validates once, and remembers where every
+value came from (``trnqwen config show``).  Validation failures become one
+:class:`~trnqwen.errors.ConfigError` with one line per bad field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trnqwen.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from trnqwen.constants import BACKENDS, BUILTIN_PREFIX, CONFIG_FILE_NAME, DEFAULT_MODEL, DEVICES  # noqa: E402,F401
+
+ENV_PREFIX = "TRNQWEN_"
+# TRNQWEN_* variables that are not run fields.
+RESERVED_ENV = {"TRNQWEN_DEBUG", "TRNQWEN_CONFIG_FILE", "TRNQWEN_NO_COLOR", "TRNQWEN_HOME"}
+
+Backend = Literal["hf-v5", "native", "nki-moe", "hf-trainer"]
+Device = Literal["auto", "neuron", "cuda", "cpu"]
+Launcher = Literal["local", "slurm", "k8s"]
+
+
+
+class RunConfig(BaseModel):
+    """Everything that describes one fine-tune run.  Field descriptions double as docs."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+    # --- what to train -------------------------------------------------------------
+    model: str = Field(DEFAULT_MODEL, description="Hub repo id, or builtin:tiny-qwen3 for the offline tiny model.")
+    assets_dir: Optional[Path] = Field(
+        None, description="Local HF snapshot of the model (default ./assets/hf/<model name>)."
+    )
+    backend: Backend = Field("hf-v5", description="Modeling backend: hf-v5, native, nki-moe or hf-trainer.")
+    finetune: bool = Field(False, description="Load the published weights and export the result as HF safetensors.")
+    dataset: Optional[str] = Field(
+        None, description="Local JSONL/Parquet/text file or folder, or a Hub dataset name (default: per model)."
+    )
+    # --- schedule ---------------------------------------------------------------------
+    steps: int = Field(10, ge=1, description="Training steps.")
+    local_batch_size: int = Field(1, ge=1, description="Sequences per rank per step.")
+    global_batch_size: Optional[int] = Field(
+        None, ge=1, description="Sequences per step over all ranks (default local batch x data-parallel degree)."
+    )
+    seq_len: int = Field(2048, ge=8, le=1_048_576, description="Sequence length in tokens (fixed: no recompiles).")
+    lr: float = Field(8e-4, gt=0, le=1.0, description="Peak learning rate.")
+    warmup_steps: int = Field(2, ge=0, description="Linear warm-up steps.")
+    seed: Optional[int] = Field(42, ge=0, description="Random seed (none = torchtitan's default).")
+    # --- parallelism & device ------------------------------------------------------------
+    dp_shard: int = Field(-1, description="FSDP degree; -1 shards over all ranks.")
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree.")
+    device: Device = Field("auto", description="neuron, cuda, cpu, or auto (neuron, else cuda, else cpu).")
+    nproc_per_node: Optional[int] = Field(
+        None, ge=1, description="Ranks per node (default: logical NeuronCores, GPUs, or 1 on CPU)."
+    )
+    lnc: Optional[Literal[1, 2]] = Field(None, description="Logical NeuronCore config (default: the instance's).")
+    compile: bool = Field(False, description="torch.compile the model (backend neuron on Trainium).")
+    override_imports: list[str] = Field(
+        default_factory=list, description="Override modules/factories to import (torchtitan --override.imports)."
+    )
+    # --- nki-moe ---------------------------------------------------------------------------
+    moe_layers: int = Field(4, ge=1, description="nki-moe: transformer layers kept.")
+    num_experts: int = Field(64, ge=1, description="nki-moe: experts per MoE layer (not an EP degree).")
+    top_k: int = Field(4, ge=1, description="nki-moe: experts each token is routed to.")
+    # --- outputs ---------------------------------------------------------------------------
+    checkpoint_dir: Optional[Path] = Field(
+        None, description="Where checkpoints go (default ./checkpoint_<model>_ft when fine-tuning)."
+    )
+    export_hf: Optional[bool] = Field(
+        None, description="Save the last step as HF safetensors (default: on with --finetune)."
+    )
+    runs_dir: Path = Field(Path(".trnqwen/runs"), description="Where run directories (logs, records) are kept.")
+    compile_cache_dir: Optional[Path] = Field(
+        None, description="Neuron compile cache (default .trnqwen/neff-cache; TORCH_NEURONX_NEFF_CACHE_DIR wins)."
+    )
+    trust_remote_code: bool = Field(False, description="Allow model repos to run their own code (off by default).")
+    # --- multi-node ------------------------------------------------------------------------
+    launcher: Launcher = Field("local", description="local (torchrun here), slurm (sbatch) or k8s (PyTorchJob).")
+    nnodes: int = Field(1, ge=1, description="Nodes in the job.")
+    node_rank: int = Field(0, ge=0, description="This node's rank (local launcher, multi-node).")
+    rdzv_endpoint: Optional[str] = Field(None, description="HOST:PORT of the c10d rendezvous (multi-node).")
+    rdzv_id: Optional[str] = Field(None, description="Shared rendezvous/run id (multi-node).")
+    max_restarts: int = Field(0, ge=0, description="torchrun --max-restarts.")
+    partition: Optional[str] = Field(None, description="SLURM partition.")
+    time_limit: Optional[str] = Field(None, description="SLURM --time.")
+    image: Optional[str] = Field(None, description="Container image (k8s launcher).")
+
+    @field_validator("dp_shard")
+    @classmethod
+    def _dp_shard_valid(cls, v: int) -> int:
+        if v == 0 or v < -1:
+            raise ValueError("must be -1 (all ranks) or a positive integer")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model_valid(cls, v: str) -> str:
+        v = v.strip()
+        if not v:
+            raise ValueError("must not be empty")
+        if v.startswith(BUILTIN_PREFIX):
+            return v
+        if not re.fullmatch(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?", v) and not Path(v).expanduser().exists():
+            raise ValueError("must be a Hub repo id like Qwen/Qwen3-4B-Instruct-2507, builtin:tiny-qwen3, or a local folder")
+        return v
+
+    @field_validator("rdzv_endpoint")
+    @classmethod
+    def _endpoint_valid(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not re.fullmatch(r"[\w.\-\[\]:]+:\d{1,5}", v):
+            raise ValueError("must be HOST:PORT")
+        return v
+
+    @field_validator("override_imports", mode="before")
+    @classmethod
+    def _split_imports(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [part.strip() for part in v.split(",") if part.strip()]
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "RunConfig":
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) must not exceed num_experts ({self.num_experts})")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank ({self.node_rank}) must be below nnodes ({self.nnodes})")
+        return self
+
+    # --- derived values ------------------------------------------------------------------
+    @property
+    def is_builtin(self) -> bool:
+        return self.model.startswith(BUILTIN_PREFIX)
+
+    @property
+    def model_name(self) -> str:
+        """Last path component of the model id: ``Qwen3-4B-Instruct-2507``, ``tiny-qwen3``."""
+        return model_name(self.model)
+
+    @property
+    def model_slug(self) -> str:
+        return model_slug(self.model)
+
+    @property
+    def resolved_assets_dir(self) -> Path:
+        if self.assets_dir is not None:
+            return self.assets_dir
+        local = Path(self.model).expanduser()
+        if not self.is_builtin and "/" in self.model and local.is_dir() and (local / "config.json").exists():
+            return local
+        return Path("assets") / "hf" / self.model_name
+
+    @property
+    def resolved_checkpoint_dir(self) -> Path:
+        if self.checkpoint_dir is not None:
+            return self.checkpoint_dir
+        suffix = "_ft" if self.finetune else ""
+        return Path(f"checkpoint_{self.model_slug}{suffix}")
+
+    @property
+    def resolved_export_hf(self) -> bool:
+        return self.finetune if self.export_hf is None else self.export_hf
+
+
+def model_name(model: str) -> str:
+    if model.startswith(BUILTIN_PREFIX):
+        return model[len(BUILTIN_PREFIX):]
+    return model.rstrip("/").split("/")[-1]
+
+
+_SLUG_DROP = re.compile(r"-(instruct|base|chat|it|fp8|awq|gptq|\d{4})$", re.IGNORECASE)
+
+
+def model_slug(model: str) -> str:
+    """``Qwen/Qwen3-4B-Instruct-2507`` -> ``qwen3_4b``, as in the recipe's checkpoint_qwen3_4b_ft."""
+    name = model_name(model)
+    previous = None
+    while previous != name:
+        previous, name = name, _SLUG_DROP.sub("", name)
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "model"
+
+
+FIELD_NAMES: tuple[str, ...] = tuple(RunConfig.model_fields)
+PATH_FIELDS = {name for name, f in RunConfig.model_fields.items() if "Path" in str(f.annotation)}
+
+
+# --- resolution with provenance -----------------------------------------------------------
+
+
+@dataclass
+class ResolvedConfig:
+    """A validated :class:`RunConfig` plus where each value came from."""
+
+    config: RunConfig
+    sources: dict[str, str]
+    config_file: Optional[Path] = None
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.config.model_dump(mode="json")
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Rows of (field, value, source) for ``config show``, derived values included."""
+        rows = [
+            {"field": name, "value": value, "source": self.sources.get(name, "default")}
+            for name, value in self.as_dict().items()
+        ]
+        cfg = self.config
+        derived = {
+            "resolved_assets_dir": str(cfg.resolved_assets_dir),
+            "resolved_checkpoint_dir": str(cfg.resolved_checkpoint_dir),
+            "resolved_export_hf": cfg.resolved_export_hf,
+        }
+        rows += [{"field": k, "value": v, "source": "derived"} for k, v in derived.items()]
+        return rows
+
+
+def find_config_file(explicit: Optional[Path] = None, cwd: Optional[Path] = None) -> Optional[Path]:
+    """The project file: ``--config-file``/``TRNQWEN_CONFIG_FILE``, else ./trnqwen.toml if present."""
+    if explicit is None and os.environ.get("TRNQWEN_CONFIG_FILE"):
+        explicit = Path(os.environ["TRNQWEN_CONFIG_FILE"])
+    if explicit is not None:
+        explicit = explicit.expanduser()
+        if not explicit.is_file():
+            raise ConfigError(
+                [f"config file {explicit} does not exist or is not a file"],
+                hint="pass an existing trnqwen.toml with --config-file, or drop the flag",
+            )
+        return explicit
+    candidate = (cwd or Path.cwd()) / CONFIG_FILE_NAME
+    return candidate if candidate.is_file() else None
+
+
+def closest_field(name: str) -> Optional[str]:
+    matches = difflib.get_close_matches(name.replace("-", "_").lower(), FIELD_NAMES, n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def _unknown_key_message(key: str, where: str) -> str:
+    guess = closest_field(key)
+    tip = f" (did you mean '{guess}'?)" if guess else f" (known keys: {', '.join(FIELD_NAMES)})"
+    return f"{where}: unknown key '{key}'{tip}"
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """Read trnqwen.toml: flat keys, or the same keys under a [run] table."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError([f"cannot read config file {path}: {exc.strerror or exc}"]) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError([f"{path}: not UTF-8 text"], hint="save trnqwen.toml as UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([f"{path}: TOML syntax error: {exc}"], hint="fix the line shown; see docs/config.md") from None
+    if "run" in data and isinstance(data["run"], dict):
+        nested = data.pop("run")
+        data = {**data, **nested}
+    problems = [_unknown_key_message(k, str(path)) for k in data if k.replace("-", "_") not in FIELD_NAMES]
+    if problems:
+        raise ConfigError(problems, hint="see `trnqwen config show` or docs/config.md for the known keys")
+    values = {k.replace("-", "_"): v for k, v in data.items()}
+    base = path.parent
+    for key in PATH_FIELDS & values.keys():
+        if isinstance(values[key], str) and not Path(values[key]).expanduser().is_absolute():
+            values[key] = str(base / values[key])
+    return values
+
+
+def env_values(environ: Optional[dict[str, str]] = None) -> tuple[dict[str, str], list[str]]:
+    """TRNQWEN_<FIELD> variables -> field values; unknown TRNQWEN_* names become warnings."""
+    env = os.environ if environ is None else environ
+    values: dict[str, str] = {}
+    warnings: list[str] = []
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or name in RESERVED_ENV:
+            continue
+        key = name[len(ENV_PREFIX):].lower()
+        if key in FIELD_NAMES:
+            values[key] = value
+        else:
+            guess = closest_field(key)
+            warnings.append(
+                f"ignoring environment variable {name}: not a config field"
+                + (f" (did you mean {ENV_PREFIX}{guess.upper()}?)" if guess else "")
+            )
+    return values, warnings
+
+
+def _format_validation_error(exc: ValidationError, sources: dict[str, str]) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "config"
+        field_name = str(err["loc"][0]) if err.get("loc") else None
+        given = err.get("input")
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        if err.get("type") == "literal_error":
+            msg = msg.replace("Input should be", "must be one of:")
+        msg = msg.replace("Input should be", "must be").replace("greater than or equal to", ">=")
+        msg = msg.replace("less than or equal to", "<=").replace("greater than", ">")
+        where = sources.get(field_name, "") if field_name else ""
+        given_txt = "" if isinstance(given, dict) else f" = {given!r}"
+        problems.append(f"{loc}{given_txt}: {msg}" + (f" (from {where})" if where else ""))
+    return problems
+
+
+def resolve_config(
+    cli: Optional[dict[str, Any]] = None,
+    *,
+    config_file: Optional[Path] = None,
+    environ: Optional[dict[str, str]] = None,
+    cwd: Optional[Path] = None,
+) -> ResolvedConfig:
+    """Merge defaults < trnqwen.toml < TRNQWEN_* < flags and validate once.
+
+    ``cli`` holds only the flags the user actually gave (``None`` values are dropped).
+    """
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    path = find_config_file(config_file, cwd)
+    if path is not None:
+        for key, value in load_config_file(path).items():
+            merged[key] = value
+            sources[key] = f"file {path}"
+    env_vals, warnings = env_values(environ)
+    for key, value in env_vals.items():
+        merged[key] = value
+        sources[key] = f"env {ENV_PREFIX}{key.upper()}"
+    for key, value in (cli or {}).items():
+        if value is None:
+            continue
+        if key not in FIELD_NAMES:
+            raise ConfigError([f"internal: flag maps to unknown field '{key}'"])
+        merged[key] = value
+        sources[key] = f"flag --{key.replace('_', '-')}"
+    try:
+        config = RunConfig(**merged)
+    except ValidationError as exc:
+        raise ConfigError(
+            _format_validation_error(exc, sources),
+            hint="fix the value(s) above; `trnqwen config show` prints every field with its source",
+        ) from None
+    return ResolvedConfig(config=config, sources=sources, config_file=path, warnings=warnings)

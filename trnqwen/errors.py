@@ -1,0 +1,94 @@
+"""One error type for the whole core, mapped to a message and exit code at the CLI edge.
+
+Exit codes mean something:
+  0  success
+  1  the thing checked is bad (a failed check, a failed run)
+  2  usage error: bad flag, bad config value, missing path
+  3  environment error: a dependency or device is missing
+  130/143  interrupted by SIGINT/SIGTERM
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_ENVIRONMENT = 3
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+
+class TrnqwenError(Exception):
+    """A problem the user can act on: ``message`` says what, ``hint`` says what to do."""
+
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UsageError(TrnqwenError):
+    """Bad input from the user: a flag, a path, a config value."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UsageError):
+    """The resolved run configuration is invalid; ``problems`` has one line per bad field."""
+
+    def __init__(self, problems: list[str], *, hint: str | None = None):
+        self.problems = problems
+        super().__init__("; ".join(problems), hint=hint)
+
+
+class EnvironmentProblem(TrnqwenError):
+    """A package, tool or device trnqwen needs is missing or unusable."""
+
+    exit_code = EXIT_ENVIRONMENT
+
+
+class CheckFailed(TrnqwenError):
+    """A check ran and found the subject bad (a checkpoint, a run)."""
+
+    exit_code = EXIT_FAILED
+
+
+class NotImplementedYet(TrnqwenError):
+    """A command that exists in the CLI but is not built yet; never pretends to work."""
+
+    exit_code = EXIT_USAGE
+
+
+# --- secrets -------------------------------------------------------------------------
+
+SECRET_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN", "HF_API_TOKEN")
+_TOKEN_PATTERN = re.compile(r"\bhf_[A-Za-z0-9]{8,}\b")
+
+
+def secret_values(environ: dict[str, str] | None = None) -> list[str]:
+    """The secret values present in the environment (never printed; used for redaction)."""
+    env = os.environ if environ is None else environ
+    return [env[name] for name in SECRET_ENV_VARS if env.get(name) and len(env[name]) >= 4]
+
+
+def redact(text: str, environ: dict[str, str] | None = None) -> str:
+    """Replace any token value (from the environment, or anything shaped like ``hf_...``)."""
+    for value in secret_values(environ):
+        text = text.replace(value, "***")
+    return _TOKEN_PATTERN.sub("hf_***", text)
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """A copy of an environment mapping safe to write into a run record."""
+    secret_names = set(SECRET_ENV_VARS)
+    return {
+        k: ("***" if (k in secret_names or "TOKEN" in k or "SECRET" in k or "PASSWORD" in k) else v)
+        for k, v in env.items()
+    }
