@@ -1,0 +1,105 @@
+"""Run directories: every ``trnqwen train`` leaves one, so later commands need no paths.
+
+Layout (``<runs_dir>/<run_id>/``):
+  run.json     the run record (see :class:`RunRecord`), rewritten atomically as the run progresses
+  train.log    the full log of every rank (torchrun --tee), as printed
+  config.py    the generated torchtitan config module (for hand-run torchrun, --export-config)
+  command.sh   the exact command, re-runnable
+``<runs_dir>/LAST`` names the newest run; ``verify-ckpt`` and ``inspect-logs`` default to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+RUN_RECORD = "run.json"
+LOG_NAME = "train.log"
+LAST_POINTER = "LAST"
+
+
+@dataclass
+class RunRecord:
+    """What a run was and how it ended.  ``status``: created|running|succeeded|failed|interrupted."""
+
+    run_id: str
+    run_dir: str
+    status: str = "created"
+    config: dict[str, Any] = field(default_factory=dict)
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # only the variables trnqwen set, redacted
+    versions: dict[str, Optional[str]] = field(default_factory=dict)
+    log_path: str = ""
+    checkpoint_dir: Optional[str] = None
+    assets_dir: Optional[str] = None
+    backend: Optional[str] = None
+    steps: Optional[int] = None
+    exit_code: Optional[int] = None
+    ended_by: Optional[str] = None  # "completed", "SIGINT", "SIGTERM", "rank failure", ...
+    error: Optional[str] = None  # the first root-cause line of a failed run
+    started_at: Optional[float] = None
+    ended_at: Optional[float] = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def save(self) -> None:
+        write_json_atomic(Path(self.run_dir) / RUN_RECORD, asdict(self))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "RunRecord":
+        data = json.loads((Path(run_dir) / RUN_RECORD).read_text())
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON so a reader never sees half a file (temp file + rename in the same dir)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh, indent=2, default=str)
+            fh.write("\n")
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def new_run_dir(runs_dir: Path, backend: str) -> tuple[str, Path]:
+    """Create ``<runs_dir>/<timestamp>-<backend>[-n]`` and point LAST at it."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = f"{stamp}-{backend}"
+    for n in range(1000):
+        run_id = base if n == 0 else f"{base}-{n}"
+        path = runs_dir / run_id
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        (runs_dir / LAST_POINTER).write_text(run_id + "\n")
+        return run_id, path
+    raise RuntimeError(f"could not create a run directory under {runs_dir}")
+
+
+def last_run_dir(runs_dir: Path) -> Optional[Path]:
+    """The newest run directory, or None when there has been no run."""
+    pointer = runs_dir / LAST_POINTER
+    if pointer.is_file():
+        candidate = runs_dir / pointer.read_text().strip()
+        if (candidate / RUN_RECORD).is_file():
+            return candidate
+    runs = sorted((p for p in runs_dir.glob("*") if (p / RUN_RECORD).is_file()), key=lambda p: p.stat().st_mtime)
+    return runs[-1] if runs else None
