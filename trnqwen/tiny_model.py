@@ -1,0 +1,422 @@
+"""``builtin:tiny-qwen3``: a complete, deterministic HF snapshot of a tiny Qwen3, made offline.
+
+What :func:`write_tiny_qwen3` writes is shaped like a real Qwen3 instruct repo on the Hub
+(Qwen3-4B-Instruct-2507 in miniature), so everything downstream (``train`` with the native and
+hf-v5 backends, ``verify-ckpt``, transformers) treats it like the real thing:
+
+  config.json                  model_type qwen3, Qwen3ForCausalLM, tied embeddings, float32
+  generation_config.json
+  model.safetensors            random init from transformers' own Qwen3 init, fixed seed,
+  model.safetensors.index.json   no lm_head.weight (tied, as in Qwen3-4B)
+  tokenizer.json               byte-level BPE (Qwen's pre-tokenizer scheme) trained by
+  tokenizer_config.json          ``tokenizers`` on the shipped corpus; ChatML chat template
+  README.md
+
+Nothing binary is committed: the tokenizer and weights are produced here, from code and the
+plain-text corpus in ``trnqwen/data/tiny_corpus`` (itself written by
+``trnqwen.data.corpus_recipe``).  The same bytes come out every time.
+
+Why float32: the tiny model is trained and checked on CPU, where torchtitan trains in float32;
+keeping the published weights in float32 means a fine-tuned export differs from the original
+only by training (no bf16 rounding), so "did the weights load / did training move them" checks
+and loss comparisons are exact, and 1M params cost 4 MB either way.
+
+torch, transformers and tokenizers are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from trnqwen.errors import EnvironmentProblem, UsageError
+
+NAME = "tiny-qwen3"
+SEED = 1234
+VOCAB_SIZE = 2048
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+PAD_TOKEN = BOS_TOKEN = "<|endoftext|>"
+EOS_TOKEN = "<|im_end|>"
+MAX_POSITIONS = 2048
+MAX_PARAMS = 5_000_000
+
+# Qwen2/Qwen3's published pre-tokenizer split (a format fact, as in the Hub's tokenizer.json).
+_QWEN_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# ChatML as Qwen uses it: optional system turn, <|im_start|>role\n...<|im_end|>\n per message.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+SNAPSHOT_FILES = (
+    "README.md",
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
+
+_DATA_DIR = Path(__file__).resolve().parent / "data" / "tiny_corpus"
+
+
+# --- the corpus ----------------------------------------------------------------------------
+
+
+def corpus_path() -> Path:
+    """The shipped plain-text corpus: documents separated by blank lines."""
+    path = _DATA_DIR / "corpus.txt"
+    if not path.is_file():
+        raise EnvironmentProblem(
+            f"the tiny corpus is missing ({path})",
+            hint="reinstall trnqwen, or regenerate it: python -m trnqwen.data.corpus_recipe",
+        )
+    return path
+
+
+def chat_path() -> Path:
+    """The shipped chat conversations: JSONL, one ``{"messages": [...]}`` per line."""
+    path = _DATA_DIR / "chat.jsonl"
+    if not path.is_file():
+        raise EnvironmentProblem(
+            f"the tiny chat corpus is missing ({path})",
+            hint="reinstall trnqwen, or regenerate it: python -m trnqwen.data.corpus_recipe",
+        )
+    return path
+
+
+def corpus_documents() -> list[str]:
+    """The corpus as a list of documents."""
+    text = corpus_path().read_text(encoding="utf-8")
+    return [doc.strip() for doc in text.split("\n\n") if doc.strip()]
+
+
+def corpus_jsonl(dest: Path, *, chat: bool = False) -> Path:
+    """Write the corpus as JSONL (``{"text": ...}`` per document; ``chat=True`` copies the
+    ``{"messages": [...]}`` file instead) to ``dest`` (a file, or a folder to put
+    ``tiny_corpus.jsonl`` / ``tiny_chat.jsonl`` in).  Atomic; returns the file written."""
+    dest = Path(dest)
+    if dest.is_dir() or (not dest.suffix and not dest.exists()):
+        dest = dest / ("tiny_chat.jsonl" if chat else "tiny_corpus.jsonl")
+    if chat:
+        payload = chat_path().read_text(encoding="utf-8")
+    else:
+        payload = "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in corpus_documents())
+    _write_text_atomic(dest, payload)
+    return dest
+
+
+# --- the snapshot ----------------------------------------------------------------------------
+
+
+def tiny_qwen3_config() -> dict[str, Any]:
+    """config.json, shaped like Qwen3-4B-Instruct-2507's (legacy top-level ``rope_theta``)."""
+    eot, _, im_end = _special_ids()
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": eot,
+        "eos_token_id": im_end,
+        "head_dim": 32,
+        "hidden_act": "silu",
+        "hidden_size": 128,
+        "initializer_range": 0.02,
+        "intermediate_size": 384,
+        "max_position_embeddings": MAX_POSITIONS,
+        "max_window_layers": 4,
+        "model_type": "qwen3",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": VOCAB_SIZE,
+    }
+
+
+def native_fields(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """The fields torchtitan's native Qwen3 (``torchtitan.models.qwen3``) is built from, read
+    from an HF Qwen3 ``config.json`` (this one or a real one)."""
+    rope = hf_config.get("rope_parameters") or {}
+    n_heads = int(hf_config["num_attention_heads"])
+    dim = int(hf_config["hidden_size"])
+    return {
+        "vocab_size": int(hf_config["vocab_size"]),
+        "dim": dim,
+        "n_layers": int(hf_config["num_hidden_layers"]),
+        "n_heads": n_heads,
+        "n_kv_heads": int(hf_config.get("num_key_value_heads") or n_heads),
+        "head_dim": int(hf_config.get("head_dim") or dim // n_heads),
+        "hidden_dim": int(hf_config["intermediate_size"]),
+        "rope_theta": float(hf_config.get("rope_theta") or rope.get("rope_theta") or 1000000.0),
+        "max_seq_len": int(hf_config.get("max_position_embeddings") or MAX_POSITIONS),
+        "norm_eps": float(hf_config.get("rms_norm_eps") or 1e-6),
+        "enable_weight_tying": bool(hf_config.get("tie_word_embeddings", False)),
+    }
+
+
+def write_tiny_qwen3(dest: Path) -> Path:
+    """Write the complete snapshot to ``dest`` atomically (built in a sibling temp folder, then
+    swapped in).  ``dest`` may be missing, empty, or an earlier tiny-qwen3 snapshot; anything
+    else is refused rather than overwritten.  Returns ``dest``."""
+    dest = Path(dest).expanduser().absolute()
+    _check_replaceable(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        build_snapshot(tmp)
+        _swap_in(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def build_snapshot(folder: Path) -> None:
+    """Write every snapshot file into an existing (empty) ``folder``; not atomic by itself."""
+    _require("torch", "transformers", "tokenizers")
+    folder = Path(folder)
+    tok = train_tokenizer()
+    if tok.get_vocab_size() != VOCAB_SIZE:
+        raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, expected {VOCAB_SIZE}")
+    config = tiny_qwen3_config()
+    _write_json(folder / "config.json", config)
+    _write_json(folder / "generation_config.json", _generation_config())
+    (folder / "tokenizer.json").write_text(tok.to_str(pretty=True), encoding="utf-8")
+    _write_json(folder / "tokenizer_config.json", _tokenizer_config())
+    tensors = init_weights(config)
+    _save_weights(folder, tensors)
+    (folder / "README.md").write_text(_readme(config, tensors), encoding="utf-8")
+    mode = 0o666 & ~_umask()
+    for name in SNAPSHOT_FILES:
+        os.chmod(folder / name, mode)
+
+
+def train_tokenizer():
+    """Byte-level BPE in Qwen's scheme, trained on the shipped corpus (deterministic)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+    from tokenizers.models import BPE
+
+    tok = Tokenizer(BPE(dropout=None, unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_QWEN_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(SPECIAL_TOKENS),
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    tok.train_from_iterator(_training_texts(), trainer=trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    return tok
+
+
+def init_weights(config: dict[str, Any]) -> dict[str, Any]:
+    """Random init by transformers' own Qwen3 init under a fixed seed; float32, contiguous.
+    ``lm_head.weight`` is left out (tied to ``model.embed_tokens.weight``)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    hf_config = Qwen3Config(**{k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")})
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(SEED)
+        model = Qwen3ForCausalLM(hf_config).to(torch.float32)
+    finally:
+        torch.random.set_rng_state(state)
+    tensors = {
+        name: t.detach().clone().contiguous()
+        for name, t in sorted(model.state_dict().items())
+        if name != "lm_head.weight"
+    }
+    count = sum(t.numel() for t in tensors.values())
+    if count > MAX_PARAMS:
+        raise RuntimeError(f"tiny model has {count} parameters, above the {MAX_PARAMS} bound")
+    return tensors
+
+
+def snapshot_digest(folder: Path) -> str:
+    """sha256 over the snapshot's file names and bytes (equal snapshots, equal digests)."""
+    h = hashlib.sha256()
+    for name in SNAPSHOT_FILES:
+        h.update(name.encode() + b"\0")
+        h.update((Path(folder) / name).read_bytes())
+    return h.hexdigest()
+
+
+def is_tiny_snapshot(folder: Path) -> bool:
+    """Whether ``folder`` holds a tiny-qwen3 snapshot (every file present)."""
+    return all((Path(folder) / n).is_file() for n in SNAPSHOT_FILES)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _special_ids() -> tuple[int, ...]:
+    base = VOCAB_SIZE - len(SPECIAL_TOKENS)
+    return tuple(base + i for i in range(len(SPECIAL_TOKENS)))
+
+
+def _training_texts() -> Iterator[str]:
+    yield from corpus_documents()
+    for line in chat_path().read_text(encoding="utf-8").splitlines():
+        for message in json.loads(line)["messages"]:
+            yield message["content"]
+
+
+def _generation_config() -> dict[str, Any]:
+    eot, _, im_end = _special_ids()
+    return {
+        "bos_token_id": eot,
+        "do_sample": True,
+        "eos_token_id": [im_end, eot],
+        "pad_token_id": eot,
+        "temperature": 0.7,
+        "top_k": 20,
+        "top_p": 0.8,
+    }
+
+
+def _tokenizer_config() -> dict[str, Any]:
+    added = {
+        str(i): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for i, t in zip(_special_ids(), SPECIAL_TOKENS)
+    }
+    return {
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": added,
+        "bos_token": None,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": EOS_TOKEN,
+        "errors": "replace",
+        "model_max_length": MAX_POSITIONS,
+        "pad_token": PAD_TOKEN,
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+
+
+def _save_weights(folder: Path, tensors: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index = {
+        "metadata": {"total_size": total, "total_parameters": sum(t.numel() for t in tensors.values())},
+        "weight_map": {name: "model.safetensors" for name in sorted(tensors)},
+    }
+    _write_json(folder / "model.safetensors.index.json", index)
+
+
+def _readme(config: dict[str, Any], tensors: dict[str, Any]) -> str:
+    params = sum(t.numel() for t in tensors.values())
+    return (
+        "---\nlicense: apache-2.0\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n"
+        f"# {NAME}\n\n"
+        f"A tiny, randomly initialised Qwen3 ({params:,} parameters, {config['num_hidden_layers']} layers, "
+        f"hidden {config['hidden_size']}, vocab {config['vocab_size']}) written offline by "
+        "`trnqwen fetch builtin:tiny-qwen3`, for testing the fine-tune lifecycle without downloads.\n"
+        "Weights: transformers' Qwen3 init under a fixed seed; tokenizer: byte-level BPE trained on "
+        "trnqwen's bundled corpus. Not a useful language model.\n"
+    )
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _check_replaceable(dest: Path) -> None:
+    if not dest.exists():
+        return
+    if not dest.is_dir():
+        raise UsageError(f"{dest} exists and is not a folder", hint="pass --local-dir pointing at a folder")
+    extra = sorted(p.name for p in dest.iterdir() if p.name not in SNAPSHOT_FILES and p.name != ".cache")
+    if extra:
+        raise UsageError(
+            f"{dest} already holds other files ({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}); "
+            "not overwriting it with the tiny model",
+            hint="pick an empty or new --local-dir",
+        )
+
+
+def _swap_in(tmp: Path, dest: Path) -> None:
+    """Replace ``dest`` by ``tmp`` so a reader sees the old snapshot or the new one, never half."""
+    if dest.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+        old.rmdir()
+        os.replace(dest, old)
+        try:
+            os.replace(tmp, dest)
+        except BaseException:
+            os.replace(old, dest)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, dest)
+    os.chmod(dest, 0o777 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _require(*modules: str) -> None:
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise EnvironmentProblem(
+            f"writing the tiny model needs {', '.join(missing)}",
+            hint="pip install 'trnqwen[train]' (and torch)",
+        )
