@@ -1,0 +1,659 @@
+"""The torchrun launcher: the command as data, the ranks' environment, and a supervised run.
+
+Three layers, each usable on its own:
+
+* :func:`build_torchrun_argv` -- a pure function from (config, job, ranks) to the argv list.
+  ``--dry-run`` prints it, ``command.sh`` replays it, tests check it field by field.
+* :func:`rank_env` -- the environment variables trnqwen sets for the ranks (job env, the
+  config module's folder on ``PYTHONPATH``, the persistent Neuron compile cache).
+* :func:`supervise` -- starts torchrun in its own session, tees its output into ``train.log``,
+  keeps a live status line, forwards Ctrl-C/SIGTERM to every rank, escalates to SIGKILL after a
+  bounded grace period, sweeps any survivor, and reports how the run ended with the root-cause
+  line of a failure instead of torchrun's wall of noise.
+
+Nothing here imports torch: the launcher process must never initialize a device runtime
+(on Trainium that would claim NeuronCores the ranks need).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence, TextIO
+
+from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, UsageError, redact
+
+TORCHRUN_MODULE = "torch.distributed.run"
+DEFAULT_RDZV_ENDPOINT = "localhost:0"
+DEFAULT_NEFF_CACHE = Path(".trnqwen") / "neff-cache"
+NEFF_CACHE_VAR = "TORCH_NEURONX_NEFF_CACHE_DIR"
+RANK_LOGS_DIR = "ranks"
+DEFAULT_GRACE_S = 20.0
+
+
+# --- how many ranks ------------------------------------------------------------------------
+
+
+def default_nproc_per_node(device: Any) -> int:
+    """Logical NeuronCores on Neuron (64 on trn2.48xlarge), GPUs on CUDA, 1 on CPU."""
+    if getattr(device, "type", "cpu") == "cpu":
+        return 1
+    return max(1, int(getattr(device, "count", 1) or 1))
+
+
+def resolve_nproc_per_node(cfg: Any, device: Any) -> int:
+    """``--nproc-per-node`` when given, else :func:`default_nproc_per_node`."""
+    return int(cfg.nproc_per_node) if cfg.nproc_per_node else default_nproc_per_node(device)
+
+
+# --- the command --------------------------------------------------------------------------
+
+
+def override_imports_argv(imports: Sequence[str]) -> list[str]:
+    """``--override.imports`` in the syntax the installed torchtitan expects.
+
+    The version knowledge lives in :mod:`trnqwen.train.compat`; this is the launcher's only
+    door to it.
+    """
+    from trnqwen.train.compat import format_override_imports
+
+    return format_override_imports(list(imports))
+
+
+def build_torchrun_argv(
+    cfg: Any,
+    job: Any,
+    nproc_per_node: int,
+    *,
+    python: Optional[str] = None,
+    extra_args: Sequence[str] = (),
+    log_dir: Optional[Path] = None,
+    include_override_imports: bool = True,
+) -> list[str]:
+    """The torchrun command for ``job`` as a list of strings (nothing is run).
+
+    Shape (the recipe's launch line, with torchrun run by the same interpreter)::
+
+        python -m torch.distributed.run --nproc_per_node N --rdzv_backend c10d
+            --rdzv_endpoint localhost:0 --local-ranks-filter 0 --role rank --tee 3
+            [--log-dir RUN/ranks] -m <job.entry_module> <job.entry_args...>
+            [--override.imports ...] [raw torchtitan flags given after `--`]
+
+    Multi-node (``cfg.nnodes > 1``) adds ``--nnodes``, ``--node-rank``, ``--rdzv_id``,
+    the shared ``--rdzv_endpoint`` and ``--max-restarts``; everything else is the same.
+    """
+    if nproc_per_node < 1:
+        raise UsageError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
+    argv: list[str] = [python or sys.executable, "-m", TORCHRUN_MODULE]
+
+    # Topology and rendezvous.
+    nnodes = int(getattr(cfg, "nnodes", 1) or 1)
+    endpoint = getattr(cfg, "rdzv_endpoint", None)
+    if nnodes > 1:
+        if not endpoint:
+            raise UsageError(
+                f"a {nnodes}-node run needs a shared rendezvous endpoint",
+                hint="pass --rdzv-endpoint HOST:PORT (the first node's address) on every node",
+            )
+        argv += ["--nnodes", str(nnodes), "--node-rank", str(cfg.node_rank)]
+    argv += ["--nproc_per_node", str(nproc_per_node)]
+    argv += ["--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint or DEFAULT_RDZV_ENDPOINT]
+    if getattr(cfg, "rdzv_id", None):
+        argv += ["--rdzv_id", str(cfg.rdzv_id)]
+    if int(getattr(cfg, "max_restarts", 0) or 0) > 0:
+        argv += ["--max-restarts", str(cfg.max_restarts)]
+
+    # Output: rank 0 on the console, every rank tee'd to files.
+    argv += ["--local-ranks-filter", "0", "--role", "rank", "--tee", "3"]
+    if log_dir is not None:
+        argv += ["--log-dir", str(log_dir)]
+
+    # What each rank runs.
+    argv += ["-m", job.entry_module, *[str(a) for a in job.entry_args]]
+    if include_override_imports:
+        argv += override_imports_argv(list(getattr(cfg, "override_imports", []) or []))
+    argv += [str(a) for a in extra_args]
+    return argv
+
+
+def rank_env(cfg: Any, job: Any, device: Any, run_dir: Optional[Path], environ: Optional[dict] = None) -> dict[str, str]:
+    """The variables trnqwen sets for the ranks (merged over the caller's environment).
+
+    * ``job.env`` from the recipe (device selection and the like);
+    * the run dir (where the generated config module lives) prepended to ``PYTHONPATH``;
+    * on Neuron, ``TORCH_NEURONX_NEFF_CACHE_DIR`` in a persistent per-project folder
+      (``cfg.compile_cache_dir``, default ``.trnqwen/neff-cache``) unless the user set one,
+      so a rerun of the same shapes skips compilation.
+    """
+    base = os.environ if environ is None else environ
+    env: dict[str, str] = {k: str(v) for k, v in (job.env or {}).items()}
+    if run_dir is not None and getattr(job, "config_module", None):
+        parts = [str(Path(run_dir).resolve())]
+        for existing in (env.get("PYTHONPATH"), base.get("PYTHONPATH")):
+            if existing:
+                parts.append(existing)
+        env["PYTHONPATH"] = os.pathsep.join(parts)
+    if getattr(device, "type", None) == "neuron" and NEFF_CACHE_VAR not in base and NEFF_CACHE_VAR not in env:
+        cache = Path(cfg.compile_cache_dir or DEFAULT_NEFF_CACHE).expanduser()
+        env[NEFF_CACHE_VAR] = str(cache.resolve())
+    return env
+
+
+def shell_command(argv: Sequence[str], env: Optional[dict[str, str]] = None) -> str:
+    """One copy-pasteable line: ``VAR=value ... python -m torch.distributed.run ...``."""
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    cmd = shlex.join([str(a) for a in argv])
+    return redact(f"{prefix} {cmd}" if prefix else cmd)
+
+
+def command_script(argv: Sequence[str], env: dict[str, str], cwd: Path) -> str:
+    """``command.sh``: re-runs exactly this torchrun command from the same folder."""
+    lines = ["#!/usr/bin/env bash", "# Written by trnqwen train: the exact torchrun command of this run.", "set -euo pipefail"]
+    lines.append(f"cd {shlex.quote(str(cwd))}")
+    for k, v in env.items():
+        lines.append(f"export {k}={shlex.quote(v)}")
+    lines.append("exec " + " \\\n  ".join(_argv_chunks(argv)))
+    return redact("\n".join(lines) + "\n")
+
+
+def _argv_chunks(argv: Sequence[str]) -> list[str]:
+    """Group ``--flag value`` pairs so command.sh reads one option per line."""
+    chunks: list[str] = []
+    for arg in argv:
+        quoted = shlex.quote(str(arg))
+        if chunks and not str(arg).startswith("-") and chunks[-1].startswith("-") and " " not in chunks[-1]:
+            chunks[-1] += " " + quoted
+        else:
+            chunks.append(quoted)
+    return chunks
+
+
+# --- reading the stream -------------------------------------------------------------------
+
+_RANK_PREFIX = re.compile(r"^\s*\[(?:[A-Za-z_]*\d+|[A-Za-z_]+)\]\s*:\s?")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_TRACEBACK_START = "Traceback (most recent call last):"
+# Lines that mean something even without a traceback (device runtimes, the OOM killer).
+_KNOWN_FATAL = re.compile(
+    r"(NeuronCore\(s\) not available|Failed to alloc(ate)? DEVICE memory|NCC_E[A-Z]+\d+|NRT:nrt_init|"
+    r"NEFF version mismatch|is not compatible with the installed aws-neuron|CUDA out of memory|"
+    r"out of memory|Segmentation fault|Killed)"
+)
+_TORCHRUN_ROOT_CAUSE_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+
+
+def clean_line(line: str) -> str:
+    """A log line without ANSI colours and without the torchrun ``[rankN]:`` prefix."""
+    text = _ANSI.sub("", line).rstrip("\r\n")
+    return _RANK_PREFIX.sub("", text, count=1)
+
+
+def parse_step(line: str) -> Optional[dict]:
+    """Step metrics from one log line (``trnqwen.logs.parse.parse_step_line``), or None."""
+    from trnqwen.logs.parse import parse_step_line
+
+    return parse_step_line(line)
+
+
+def root_cause(lines: Iterable[str]) -> Optional[str]:
+    """The first real error in a log: the exception line that ends the first traceback.
+
+    torchrun's own traceback (``ChildFailedError``, which only says that a child failed) and
+    ``KeyboardInterrupt`` are skipped.  Without any traceback, a known fatal runtime message
+    (Neuron/CUDA out of memory, NeuronCores busy, ...) is the answer.
+    """
+    in_tb = False
+    fatal: Optional[str] = None
+    for raw in lines:
+        text = clean_line(raw)
+        line = text.strip()
+        if not line:
+            continue
+        if line.startswith(_TRACEBACK_START):
+            in_tb = True
+            continue
+        if in_tb:
+            if text[:1] in (" ", "\t") or line.startswith(("^", "~")):
+                continue  # a frame, its source line or a caret marker
+            in_tb = False
+            if line.startswith(("The above exception", "During handling of")):
+                continue
+            if "ChildFailedError" in line or line.startswith(("KeyboardInterrupt", "SystemExit")):
+                continue
+            return line
+        if fatal is None and _KNOWN_FATAL.search(line) and "torch/distributed/elastic" not in line:
+            fatal = line
+    return fatal
+
+
+def first_failed_local_rank(lines: Iterable[str]) -> Optional[str]:
+    """The local rank torchrun's failure summary names under "Root Cause (first observed failure)"."""
+    after = False
+    for raw in lines:
+        line = clean_line(raw)
+        if "Root Cause" in line:
+            after = True
+            continue
+        if after:
+            m = _TORCHRUN_ROOT_CAUSE_RANK.search(line)
+            if m:
+                return m.group(2)
+    return None
+
+
+def rank_log_files(log_dir: Optional[Path], local_rank: Optional[str] = None) -> list[Path]:
+    """The tee'd per-rank logs torchrun wrote under ``--log-dir`` (``.../attempt_N/<rank>/std*.log``)."""
+    if log_dir is None or not Path(log_dir).is_dir():
+        return []
+    pattern = f"**/attempt_*/{local_rank}/std*.log" if local_rank is not None else "**/attempt_*/*/std*.log"
+    # stderr first: that is where tracebacks go.
+    return sorted(Path(log_dir).glob(pattern), key=lambda p: (p.parent.parent.name, p.parent.name, p.name != "stderr.log"))
+
+
+def _cause_in_files(files: Iterable[Path]) -> Optional[str]:
+    for path in files:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        cause = root_cause(text.splitlines())
+        if cause:
+            return cause
+    return None
+
+
+def failure_cause(stream_lines: Sequence[str], rank_log_dir: Optional[Path] = None) -> Optional[str]:
+    """The root-cause line of a failed run.
+
+    1. the rank torchrun saw fail first: its own tee'd log;
+    2. the first traceback in the console stream (rank 0);
+    3. any rank's log.
+    """
+    first = first_failed_local_rank(stream_lines)
+    if first is not None:
+        cause = _cause_in_files(rank_log_files(rank_log_dir, first))
+        if cause:
+            return cause
+    return root_cause(stream_lines) or _cause_in_files(rank_log_files(rank_log_dir))
+
+
+# --- the live status line -----------------------------------------------------------------
+
+
+def _fmt_num(value: Optional[float], spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+class StatusLine:
+    """``step 3/10  loss 7.12  tok/s 1,234  mfu 1.2%  elapsed 0:42`` on stderr.
+
+    On a terminal it redraws one line; elsewhere (CI, pipes) it prints a line per new step.
+    """
+
+    def __init__(self, stream: Optional[TextIO] = None, total_steps: Optional[int] = None, enabled: bool = True):
+        self.stream = stream if stream is not None else sys.stderr
+        self.total = total_steps
+        self.enabled = enabled
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.start = time.monotonic()
+        self.last: Optional[dict] = None
+        self.phase = "starting ranks"
+        self._drawn = False
+        self._lock = threading.Lock()
+
+    def text(self) -> str:
+        elapsed = int(time.monotonic() - self.start)
+        clock = f"{elapsed // 3600}:{elapsed % 3600 // 60:02d}:{elapsed % 60:02d}" if elapsed >= 3600 else f"{elapsed // 60}:{elapsed % 60:02d}"
+        if self.last is None:
+            return f"{self.phase}  elapsed {clock}"
+        m = self.last
+        step = f"{m['step']}/{self.total}" if self.total else str(m["step"])
+        parts = [f"step {step}", f"loss {_fmt_num(m.get('loss'), '.4f')}"]
+        parts.append(f"tok/s {_fmt_num(m.get('tps'), ',.0f')}")
+        parts.append(f"mfu {_fmt_num(m.get('mfu'), '.2f')}%" if m.get("mfu") is not None else "mfu -")
+        parts.append(f"elapsed {clock}")
+        return "  ".join(parts)
+
+    def update(self, metrics: dict) -> None:
+        with self._lock:
+            self.last = metrics
+            if not self.enabled:
+                return
+            if self.tty:
+                self._draw()
+            else:
+                self.stream.write(self.text() + "\n")
+                self.stream.flush()
+
+    def set_phase(self, phase: str) -> None:
+        with self._lock:
+            self.phase = phase
+
+    def tick(self) -> None:
+        """Refresh the elapsed time (terminal only)."""
+        with self._lock:
+            if self.enabled and self.tty:
+                self._draw()
+
+    def clear(self) -> None:
+        with self._lock:
+            if self.enabled and self.tty and self._drawn:
+                self.stream.write("\r\x1b[2K")
+                self.stream.flush()
+                self._drawn = False
+
+    def print_above(self, text: str) -> None:
+        """A log line printed without breaking the status line."""
+        with self._lock:
+            if self.enabled and self.tty and self._drawn:
+                self.stream.write("\r\x1b[2K")
+            self.stream.write(text.rstrip("\n") + "\n")
+            if self.enabled and self.tty:
+                self._draw()
+            self.stream.flush()
+
+    def _draw(self) -> None:
+        self.stream.write("\r\x1b[2K" + self.text())
+        self.stream.flush()
+        self._drawn = True
+
+
+# --- supervision --------------------------------------------------------------------------
+
+
+@dataclass
+class LaunchResult:
+    """How a supervised torchrun ended."""
+
+    exit_code: int
+    ended_by: str  # "completed" | "SIGINT" | "SIGTERM" | "rank failure" | "launch error"
+    error: Optional[str] = None
+    torchrun_returncode: Optional[int] = None
+    wall_s: float = 0.0
+    time_to_first_step_s: Optional[float] = None
+    step_times: list[float] = field(default_factory=list)  # monotonic seconds since start, per step line
+    steps: list[dict] = field(default_factory=list)
+    killed_pids: list[int] = field(default_factory=list)  # survivors the sweep had to SIGKILL
+
+    @property
+    def last_step(self) -> Optional[dict]:
+        return self.steps[-1] if self.steps else None
+
+    @property
+    def seconds_per_step(self) -> Optional[float]:
+        """Median time between step lines after the first (which includes compilation)."""
+        if len(self.step_times) < 2:
+            return None
+        deltas = sorted(b - a for a, b in zip(self.step_times, self.step_times[1:]))
+        mid = len(deltas) // 2
+        return deltas[mid] if len(deltas) % 2 else (deltas[mid - 1] + deltas[mid]) / 2
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "exit_code": self.exit_code,
+            "ended_by": self.ended_by,
+            "error": self.error,
+            "torchrun_returncode": self.torchrun_returncode,
+            "wall_s": round(self.wall_s, 3),
+            "time_to_first_step_s": None if self.time_to_first_step_s is None else round(self.time_to_first_step_s, 3),
+            "seconds_per_step": None if self.seconds_per_step is None else round(self.seconds_per_step, 3),
+            "steps_logged": len(self.steps),
+            "last_step": self.last_step,
+        }
+
+
+def _set_parent_death_signal() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: if trnqwen itself dies (even SIGKILL), torchrun gets SIGTERM and stops its ranks."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+class _Tracker:
+    """Every process torchrun starts, remembered so none can outlive the run.
+
+    Ranks run in their own sessions (torchrun starts them with ``start_new_session``), so a
+    signal to torchrun's process group does not reach them and they are re-parented to init
+    if torchrun dies: we remember them (pid + start time, so a reused pid is never hit).
+    """
+
+    def __init__(self, root_pid: int):
+        import psutil
+
+        self._psutil = psutil
+        self.root_pid = root_pid
+        self.known: dict[int, float] = {}
+        try:
+            self.root = psutil.Process(root_pid)
+        except psutil.Error:
+            self.root = None
+
+    def refresh(self) -> None:
+        if self.root is None:
+            return
+        try:
+            children = self.root.children(recursive=True)
+        except self._psutil.Error:
+            children = []
+        for child in children:
+            if child.pid not in self.known:
+                try:
+                    self.known[child.pid] = child.create_time()
+                except self._psutil.Error:
+                    pass
+        # Grandchildren whose parent already died are still ours: look below known pids too.
+        for pid in list(self.known):
+            proc = self._get(pid)
+            if proc is None:
+                continue
+            try:
+                for grand in proc.children(recursive=True):
+                    if grand.pid not in self.known:
+                        self.known[grand.pid] = grand.create_time()
+            except self._psutil.Error:
+                pass
+
+    def _get(self, pid: int):
+        try:
+            proc = self._psutil.Process(pid)
+            if abs(proc.create_time() - self.known[pid]) > 0.01 or proc.status() == self._psutil.STATUS_ZOMBIE:
+                return None
+            return proc
+        except self._psutil.Error:
+            return None
+
+    def alive(self) -> list[int]:
+        return [pid for pid in self.known if self._get(pid) is not None]
+
+    def signal_all(self, sig: int) -> list[int]:
+        hit = []
+        for pid in self.alive():
+            try:
+                os.kill(pid, sig)
+                hit.append(pid)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return hit
+
+
+def supervise(
+    argv: Sequence[str],
+    *,
+    env: dict[str, str],
+    cwd: Optional[Path] = None,
+    log_path: Path,
+    rank_log_dir: Optional[Path] = None,
+    status: Optional[StatusLine] = None,
+    grace_s: float = DEFAULT_GRACE_S,
+    echo: Optional[Callable[[str], None]] = None,
+    on_step: Optional[Callable[[dict], None]] = None,
+    on_start: Optional[Callable[[int], None]] = None,
+    handle_signals: bool = True,
+) -> LaunchResult:
+    """Run ``argv`` (torchrun) to the end and report how it ended.
+
+    ``env`` is merged over ``os.environ``.  The whole output goes to ``log_path`` as printed;
+    ``echo`` (if given) sees every line too.  SIGINT/SIGTERM received here are forwarded to
+    torchrun and every rank; after ``grace_s`` survivors get SIGKILL; a second Ctrl-C kills at
+    once.  Exit code: 0 done, 1 failed, 130 SIGINT, 143 SIGTERM.
+    """
+    full_env = dict(os.environ)
+    full_env.update(env)
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    # torchrun's own SIGTERM->SIGKILL escalation for the ranks comes before ours for torchrun.
+    full_env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, int(grace_s * 0.6))))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    result = LaunchResult(exit_code=EXIT_FAILED, ended_by="launch error")
+    try:
+        proc = subprocess.Popen(
+            [str(a) for a in argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            cwd=str(cwd) if cwd else None,
+            start_new_session=True,
+            preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None,
+        )
+    except OSError as exc:
+        result.error = f"could not start torchrun: {exc}"
+        return result
+    if on_start is not None:
+        on_start(proc.pid)
+    tracker = _Tracker(proc.pid)
+    received: list[int] = []
+    tail: list[str] = []
+    lines_seen: list[str] = []  # bounded: early lines (tracebacks come first) + a tail
+    max_kept = 5000
+
+    def reader() -> None:
+        assert proc.stdout is not None
+        with open(log_path, "a", encoding="utf-8", errors="replace") as log:
+            for raw in iter(proc.stdout.readline, b""):
+                line = raw.decode("utf-8", errors="replace")
+                log.write(line)
+                log.flush()
+                if len(lines_seen) < max_kept:
+                    lines_seen.append(line)
+                else:
+                    tail.append(line)
+                    if len(tail) > max_kept:
+                        del tail[: len(tail) - max_kept]
+                if echo is not None:
+                    echo(line)
+                metrics = parse_step(line) if "step:" in line else None
+                if metrics is not None:
+                    now = time.monotonic() - start
+                    if result.time_to_first_step_s is None:
+                        result.time_to_first_step_s = now
+                    result.step_times.append(now)
+                    result.steps.append(metrics)
+                    if status is not None:
+                        status.update(metrics)
+                    if on_step is not None:
+                        on_step(metrics)
+
+    thread = threading.Thread(target=reader, name="trnqwen-log-reader", daemon=True)
+    thread.start()
+
+    def forward(sig: int, *, ranks_too: bool) -> None:
+        """To torchrun's process group; with ``ranks_too`` also to every process it started."""
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if ranks_too:
+            tracker.refresh()
+            tracker.signal_all(sig)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        received.append(signum)  # a second signal of any kind means "stop now"
+
+    previous: dict[int, Any] = {}
+    if handle_signals and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+
+    forwarded = False
+    kill_at: Optional[float] = None
+    try:
+        while proc.poll() is None:
+            tracker.refresh()
+            if received and not forwarded:
+                # torchrun forwards the signal to each rank's session and waits for them.
+                forwarded = True
+                forward(received[0], ranks_too=False)
+                kill_at = time.monotonic() + grace_s
+                if status is not None:
+                    status.set_phase(f"stopping ({signal.Signals(received[0]).name})")
+                    status.tick()
+            if kill_at is not None and (time.monotonic() >= kill_at or len(received) > 1):
+                forward(signal.SIGKILL, ranks_too=True)
+                kill_at = None
+            if status is not None:
+                status.tick()
+            try:
+                proc.wait(timeout=0.25)
+            except subprocess.TimeoutExpired:
+                pass
+    except KeyboardInterrupt:  # signal handlers not installed (not main thread) and Ctrl-C
+        received.append(signal.SIGINT)
+        forward(signal.SIGINT, ranks_too=False)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            forward(signal.SIGKILL, ranks_too=True)
+            proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        # No orphans: ranks live in their own sessions, so sweep what we saw.
+        survivors = tracker.alive()
+        if survivors:
+            deadline = time.monotonic() + (min(grace_s, 5.0) if not received else 0.5)
+            while survivors and time.monotonic() < deadline:
+                time.sleep(0.1)
+                survivors = tracker.alive()
+            result.killed_pids = tracker.signal_all(signal.SIGKILL)
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+        thread.join(timeout=10)
+        if status is not None:
+            status.clear()
+
+    result.torchrun_returncode = proc.returncode
+    result.wall_s = time.monotonic() - start
+    if received:
+        first = received[0]
+        result.ended_by = signal.Signals(first).name
+        result.exit_code = EXIT_SIGINT if first == signal.SIGINT else EXIT_SIGTERM
+    elif proc.returncode == 0:
+        result.ended_by = "completed"
+        result.exit_code = 0
+    else:
+        result.ended_by = "rank failure"
+        result.exit_code = EXIT_FAILED
+        result.error = failure_cause(lines_seen + tail, rank_log_dir)
+        if result.error is None:
+            rc = proc.returncode
+            how = f"killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals() else f"exit code {rc}"
+            result.error = f"torchrun ended with {how} and no error message from the ranks"
+        result.error = redact(result.error)
+    return result

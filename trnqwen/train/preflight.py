@@ -1,0 +1,398 @@
+"""Checks before a run spends minutes starting ranks and compiling.
+
+:func:`preflight` returns a :class:`PreflightReport` (findings with a severity); errors stop the
+run (:meth:`PreflightReport.raise_for_errors`), warnings are printed.  Everything here reads
+files and does arithmetic: no torch, no device runtime.
+
+Checks: assets present and complete (config.json, tokenizer files, safetensors shards when
+fine-tuning), seq_len a multiple of 128 x LNC when an NKI RoPE override is requested, batch sizes
+consistent with the ranks (global = local x dp x gradient-accumulation steps), ranks not above
+the devices present, and a per-rank memory estimate against the device's memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from trnqwen.errors import CheckFailed, UsageError
+
+ERROR = "error"
+WARNING = "warning"
+INFO = "info"
+
+GIB = 1024**3
+TOKENIZER_SETS = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",))
+NKI_ROPE_TILE = 128
+MEMORY_WARN_FRACTION = 0.9
+
+
+@dataclass
+class Finding:
+    severity: str  # error | warning | info
+    check: str  # assets | seq_len | batch | ranks | memory | ...
+    message: str
+    hint: Optional[str] = None
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes per rank; an upper-ish estimate without activation checkpointing."""
+
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    logits: int
+    gathered: int  # FSDP all-gathered layer parameters in flight (bf16, prefetch of two layers)
+    capacity: Optional[int] = None
+    num_params: Optional[int] = None
+    shards: int = 1
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations + self.logits + self.gathered
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["total"] = self.total
+        return out
+
+    def describe(self) -> str:
+        gib = lambda b: f"{b / GIB:.2f}"  # noqa: E731
+        parts = (
+            f"params {gib(self.params)} + grads {gib(self.grads)} + AdamW {gib(self.optimizer)} + "
+            f"activations {gib(self.activations)} + logits {gib(self.logits)} + gathered {gib(self.gathered)}"
+        )
+        cap = f" of {gib(self.capacity)} GiB" if self.capacity else ""
+        return f"~{gib(self.total)} GiB per rank{cap} ({parts} GiB)"
+
+
+@dataclass
+class PreflightReport:
+    findings: list[Finding] = field(default_factory=list)
+    memory: Optional[MemoryEstimate] = None
+    dp: Optional[int] = None
+    grad_accum_steps: Optional[int] = None
+    world_size: Optional[int] = None
+
+    def add(self, severity: str, check: str, message: str, hint: Optional[str] = None) -> None:
+        self.findings.append(Finding(severity, check, message, hint))
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == WARNING]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "findings": [asdict(f) for f in self.findings],
+            "memory": self.memory.as_dict() if self.memory else None,
+            "world_size": self.world_size,
+            "dp": self.dp,
+            "grad_accum_steps": self.grad_accum_steps,
+        }
+
+    def raise_for_errors(self) -> None:
+        """One clear error for everything that stops the run (usage problems exit 2)."""
+        errors = self.errors
+        if not errors:
+            return
+        message = "preflight: " + "; ".join(f.message for f in errors)
+        hints = [f.hint for f in errors if f.hint]
+        cls = UsageError if all(f.check in USAGE_CHECKS for f in errors) else CheckFailed
+        raise cls(message, hint="; ".join(dict.fromkeys(hints)) or None)
+
+
+USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset"}
+
+
+# --- the checks ---------------------------------------------------------------------------
+
+
+def read_hf_config(assets_dir: Path) -> Optional[dict[str, Any]]:
+    path = Path(assets_dir) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def check_assets(report: PreflightReport, cfg: Any, assets_dir: Path) -> Optional[dict[str, Any]]:
+    """config.json, tokenizer files, and (fine-tuning) every safetensors shard."""
+    fetch_hint = f"run `trnqwen fetch {cfg.model}` or pass --assets DIR with the model's HF files"
+    assets_dir = Path(assets_dir)
+    if not assets_dir.is_dir():
+        report.add(ERROR, "assets", f"model assets not found: {assets_dir} is not a folder", fetch_hint)
+        return None
+    config_path = assets_dir / "config.json"
+    hf_config = read_hf_config(assets_dir)
+    if not config_path.is_file():
+        report.add(ERROR, "assets", f"{config_path} is missing", fetch_hint)
+    elif hf_config is None or not isinstance(hf_config, dict):
+        report.add(ERROR, "assets", f"{config_path} is not valid JSON (incomplete download?)", fetch_hint)
+        hf_config = None
+    if not any(all((assets_dir / name).is_file() for name in group) for group in TOKENIZER_SETS):
+        report.add(
+            ERROR,
+            "assets",
+            f"no tokenizer files in {assets_dir} (need tokenizer.json, or vocab.json + merges.txt)",
+            fetch_hint,
+        )
+    if cfg.finetune:
+        _check_weights(report, assets_dir, fetch_hint)
+    return hf_config
+
+
+def _check_weights(report: PreflightReport, assets_dir: Path, fetch_hint: str) -> None:
+    index = assets_dir / "model.safetensors.index.json"
+    shards = sorted(assets_dir.glob("*.safetensors"))
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+        except ValueError:
+            report.add(ERROR, "assets", f"{index} is not valid JSON (incomplete download?)", fetch_hint)
+            return
+        missing = sorted({f for f in weight_map.values() if not (assets_dir / f).is_file()})
+        if missing:
+            report.add(
+                ERROR,
+                "assets",
+                f"--finetune needs every weight shard; missing in {assets_dir}: {', '.join(missing[:4])}"
+                + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""),
+                fetch_hint,
+            )
+            return
+        shards = [assets_dir / f for f in sorted(set(weight_map.values()))]
+    if not shards:
+        report.add(
+            ERROR,
+            "assets",
+            f"--finetune loads the published weights, but {assets_dir} has no *.safetensors",
+            fetch_hint + ", or drop --finetune to train from random init",
+        )
+        return
+    for shard in shards:
+        if not _safetensors_header_ok(shard):
+            report.add(ERROR, "assets", f"{shard} is truncated or not a safetensors file", fetch_hint)
+
+
+def _safetensors_header_ok(path: Path) -> bool:
+    """The 8-byte header length + JSON header fit in the file, and the data is all there."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return False
+            n = int.from_bytes(head, "little")
+            if n <= 0 or 8 + n > size:
+                return False
+            header = json.loads(fh.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        return 8 + n + end <= size
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def wants_nki_rope(override_imports: list[str]) -> bool:
+    return any(("rope" in t.lower() or "nki" in t.lower()) for t in override_imports)
+
+
+def check_seq_len(report: PreflightReport, cfg: Any, device: Any) -> None:
+    if not wants_nki_rope(list(cfg.override_imports or [])):
+        return
+    lnc = int(cfg.lnc or getattr(device, "lnc", None) or 2)
+    tile = NKI_ROPE_TILE * lnc
+    if cfg.seq_len % tile:
+        lower = max(tile, cfg.seq_len // tile * tile)
+        report.add(
+            ERROR,
+            "seq_len",
+            f"seq_len {cfg.seq_len} is not a multiple of {tile} (128 x LNC {lnc}), which the NKI RoPE kernel requires",
+            f"use --seq-len {lower} or {lower + tile}",
+        )
+
+
+def parallel_degrees(cfg: Any, world_size: int) -> tuple[int, Optional[str]]:
+    """The data-parallel degree for this world size, or an error message."""
+    if world_size % cfg.tp:
+        return 1, f"--tp {cfg.tp} does not divide the {world_size} ranks"
+    if cfg.dp_shard == -1:
+        return world_size // cfg.tp, None
+    if cfg.dp_shard * cfg.tp != world_size:
+        return cfg.dp_shard, (
+            f"--dp-shard {cfg.dp_shard} x --tp {cfg.tp} = {cfg.dp_shard * cfg.tp} ranks, but the run has {world_size}"
+        )
+    return cfg.dp_shard, None
+
+
+def check_batch(report: PreflightReport, cfg: Any, world_size: int) -> None:
+    dp, problem = parallel_degrees(cfg, world_size)
+    report.world_size = world_size
+    report.dp = dp
+    if problem:
+        report.add(ERROR, "parallelism", problem, "use --dp-shard -1 (shard over all ranks) or matching degrees")
+        return
+    per_step = cfg.local_batch_size * dp
+    if cfg.global_batch_size is None:
+        report.grad_accum_steps = 1
+        return
+    if cfg.global_batch_size % per_step:
+        report.add(
+            ERROR,
+            "batch",
+            f"global batch {cfg.global_batch_size} is not a multiple of local batch {cfg.local_batch_size} "
+            f"x data-parallel degree {dp} = {per_step}",
+            f"use --global-batch-size {per_step} (or a multiple of it for gradient accumulation)",
+        )
+        return
+    report.grad_accum_steps = cfg.global_batch_size // per_step
+    if report.grad_accum_steps > 1:
+        report.add(
+            INFO,
+            "batch",
+            f"global batch {cfg.global_batch_size} = {per_step} per micro-step x {report.grad_accum_steps} "
+            "gradient-accumulation steps",
+        )
+
+
+def check_ranks(report: PreflightReport, cfg: Any, device: Any, nproc_per_node: int) -> None:
+    dtype = getattr(device, "type", "cpu")
+    count = int(getattr(device, "count", 1) or 1)
+    if dtype in ("neuron", "cuda") and nproc_per_node > count:
+        unit = "logical NeuronCores" if dtype == "neuron" else "GPUs"
+        report.add(
+            ERROR,
+            "ranks",
+            f"{nproc_per_node} ranks per node, but this machine has {count} {unit}",
+            f"use --nproc-per-node {count} or fewer",
+        )
+    if dtype == "cpu":
+        cpus = os.cpu_count() or 1
+        if nproc_per_node > cpus:
+            report.add(
+                WARNING,
+                "ranks",
+                f"{nproc_per_node} CPU ranks on {cpus} cores will be slow (ranks share cores)",
+            )
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+
+def count_params(dims: Any) -> int:
+    """Parameters of a Qwen3 (dense or MoE) from its dims (embeddings, attention, FFN, norms)."""
+    h, hd = dims.dim, dims.head_dim
+    attn = h * dims.n_heads * hd + 2 * h * dims.n_kv_heads * hd + dims.n_heads * hd * h + 2 * hd
+    if dims.num_experts:
+        ffn = dims.num_experts * 3 * h * (dims.moe_ffn_dim or 0) + h * dims.num_experts
+    else:
+        ffn = 3 * h * (dims.ffn_dim or 4 * h)
+    per_layer = attn + ffn + 2 * h
+    embed = dims.vocab_size * h * (1 if dims.tied else 2)
+    return dims.n_layers * per_layer + embed + h
+
+
+def estimate_memory(
+    dims: Any,
+    cfg: Any,
+    world_size: int,
+    *,
+    capacity: Optional[int] = None,
+    num_params: Optional[int] = None,
+) -> MemoryEstimate:
+    """Per-rank bytes under FSDP (``dp_shard``) x TP, AdamW, no activation checkpointing.
+
+    * parameters fp32 (4 B), gradients fp32 (4 B), AdamW m + v fp32 (8 B): sharded over
+      FSDP x TP ranks;
+    * activations: ~34 bytes x seq x batch x hidden per layer in bf16 (the Megatron estimate
+      with fused attention), split by TP (sequence parallel);
+    * logits + their gradient in fp32 (vocab x seq x batch x 8 B), split by TP;
+    * parameters of two layers all-gathered in bf16 at a time (FSDP prefetch).
+    """
+    n = int(num_params or count_params(dims))
+    dp, _ = parallel_degrees(cfg, world_size)
+    shards = max(1, dp * cfg.tp) if cfg.dp_shard != 0 else cfg.tp
+    params = 4 * n // shards
+    tokens = cfg.seq_len * cfg.local_batch_size
+    activations = 34 * tokens * dims.dim * dims.n_layers // cfg.tp
+    logits = 8 * tokens * dims.vocab_size // cfg.tp
+    per_layer = max(0, n - dims.vocab_size * dims.dim * (1 if dims.tied else 2)) // max(1, dims.n_layers)
+    gathered = 2 * 2 * per_layer // cfg.tp if shards > 1 else 0
+    return MemoryEstimate(
+        params=params,
+        grads=params,
+        optimizer=2 * params,
+        activations=activations,
+        logits=logits,
+        gathered=gathered,
+        capacity=capacity,
+        num_params=n,
+        shards=shards,
+    )
+
+
+def _dims_for(cfg: Any, hf_config: dict[str, Any]) -> Any:
+    from trnqwen.train.compat import FlavorDims, dims_from_hf_config
+
+    dims = dims_from_hf_config(hf_config)
+    if cfg.backend == "nki-moe":
+        # The recipe cuts the MoE model to moe_layers layers and num_experts experts.
+        dims = FlavorDims(**{**asdict(dims), "n_layers": cfg.moe_layers, "num_experts": cfg.num_experts, "top_k": cfg.top_k})
+    return dims
+
+
+def check_memory(
+    report: PreflightReport,
+    cfg: Any,
+    device: Any,
+    world_size: int,
+    hf_config: Optional[dict[str, Any]],
+    num_params: Optional[int] = None,
+) -> None:
+    if not hf_config:
+        return
+    try:
+        dims = _dims_for(cfg, hf_config)
+    except (KeyError, TypeError, ValueError):
+        report.add(WARNING, "memory", "cannot estimate memory: config.json lacks the usual Qwen3 fields")
+        return
+    capacity = getattr(device, "memory_bytes_per_rank", None)
+    if cfg.backend == "nki-moe":
+        num_params = None  # the job's count is the cut model's only if the recipe says so
+    est = estimate_memory(dims, cfg, world_size, capacity=capacity, num_params=num_params)
+    report.memory = est
+    if capacity and est.total > MEMORY_WARN_FRACTION * capacity:
+        report.add(
+            WARNING,
+            "memory",
+            f"estimated {est.describe()} will likely not fit",
+            "lower --seq-len or --local-batch-size, raise --tp, or use more ranks",
+        )
+    else:
+        report.add(INFO, "memory", f"estimated {est.describe()}")
+
+
+def preflight(cfg: Any, device: Any, job: Any, nproc_per_node: int, *, assets_dir: Optional[Path] = None) -> PreflightReport:
+    """Run every check; nothing is started and nothing heavy is imported."""
+    report = PreflightReport()
+    world_size = nproc_per_node * int(getattr(cfg, "nnodes", 1) or 1)
+    hf_config = check_assets(report, cfg, Path(assets_dir or cfg.resolved_assets_dir))
+    check_seq_len(report, cfg, device)
+    check_batch(report, cfg, world_size)
+    check_ranks(report, cfg, device, nproc_per_node)
+    if not any(f.check == "parallelism" for f in report.errors):
+        check_memory(report, cfg, device, world_size, hf_config, getattr(job, "num_params", None))
+    return report

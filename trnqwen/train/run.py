@@ -1,0 +1,451 @@
+"""``trnqwen train`` end to end: resolve -> device -> job -> preflight -> run dir -> launch -> record.
+
+:func:`plan_train` does everything up to (not including) starting processes and is what
+``--dry-run``, ``--export-config`` and other launchers (quickstart, multi-node, SLURM) reuse;
+:func:`execute` creates the run directory and supervises torchrun; :func:`run_train` is both
+for the CLI.  Core library: no typer, no torch (the launcher process must never initialize a
+device runtime).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from trnqwen.config import ResolvedConfig, RunConfig
+from trnqwen.device import DeviceInfo
+from trnqwen.errors import (
+    EXIT_FAILED,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    CheckFailed,
+    EnvironmentProblem,
+    TrnqwenError,
+    UsageError,
+    redact,
+    redact_env,
+)
+from trnqwen.rundir import LAST_POINTER, LOG_NAME, RunRecord, write_json_atomic  # noqa: F401
+from trnqwen.train import launcher
+from trnqwen.train.job import TrainJob
+from trnqwen.train.preflight import WARNING, Finding, PreflightReport, preflight
+
+COMMAND_SCRIPT = "command.sh"
+VERSION_PACKAGES = (
+    "trnqwen", "torch", "torchtitan", "transformers", "safetensors", "tokenizers",
+    "torch-neuronx", "torchtitan-neuron", "neuronx-cc",
+)
+
+# What a Trainium run looks like when --dry-run is asked on a machine without one.
+NOMINAL_DEVICES = {
+    "neuron": DeviceInfo(
+        type="neuron", count=64, lnc=2, memory_bytes_per_rank=24 * 1024**3,
+        instance_type="trn2.48xlarge (nominal)", peak_flops_per_rank=157e12,
+    ),
+    "cuda": DeviceInfo(type="cuda", count=1),
+}
+
+
+@dataclass
+class TrainPlan:
+    """Everything about a run that can be known without starting it."""
+
+    config: RunConfig
+    device: DeviceInfo
+    job: TrainJob
+    nproc_per_node: int
+    run_id: str
+    run_dir: Path
+    argv: list[str]
+    env: dict[str, str]  # only what trnqwen sets for the ranks (merged over os.environ)
+    preflight: PreflightReport
+    cwd: Path
+    extra_args: list[str] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / LOG_NAME
+
+    @property
+    def rank_log_dir(self) -> Path:
+        return self.run_dir / launcher.RANK_LOGS_DIR
+
+    @property
+    def config_module_path(self) -> Optional[Path]:
+        if not self.job.config_module:
+            return None
+        return self.run_dir / f"{self.job.config_module}.py"
+
+    @property
+    def shell_command(self) -> str:
+        return launcher.shell_command(self.argv, self.env)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "run_dir": str(self.run_dir),
+            "backend": self.config.backend,
+            "device": vars(self.device).copy(),
+            "nproc_per_node": self.nproc_per_node,
+            "world_size": self.nproc_per_node * self.config.nnodes,
+            "command": [redact(a) for a in self.argv],
+            "shell_command": self.shell_command,
+            "env": redact_env(self.env),
+            "cwd": str(self.cwd),
+            "config_module": self.job.config_module,
+            "config_fn": self.job.config_fn,
+            "config_module_text": self.job.config_module_text,
+            "checkpoint_dir": str(self.job.checkpoint_dir) if self.job.checkpoint_dir else None,
+            "preflight": self.preflight.as_dict(),
+            "config": self.config.model_dump(mode="json"),
+            "notes": list(self.notes) + list(self.job.notes or []),
+        }
+
+
+@dataclass
+class TrainOutcome:
+    plan: TrainPlan
+    result: Optional[launcher.LaunchResult] = None
+    record: Optional[RunRecord] = None
+    exported: Optional[Path] = None  # the HF export of the last step, when there is one
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.result is None else self.result.exit_code
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "run_id": self.plan.run_id,
+            "run_dir": str(self.plan.run_dir),
+            "log": str(self.plan.log_path),
+            "backend": self.plan.config.backend,
+            "nproc_per_node": self.plan.nproc_per_node,
+            "checkpoint_dir": str(self.plan.job.checkpoint_dir) if self.plan.job.checkpoint_dir else None,
+            "exported": str(self.exported) if self.exported else None,
+            "status": self.record.status if self.record else None,
+        }
+        if self.result is not None:
+            out.update(self.result.summary())
+        return out
+
+    def raise_for_status(self) -> None:
+        """A failed or interrupted run becomes the error the CLI prints (root cause + log path)."""
+        if self.result is None or self.result.exit_code == 0:
+            return
+        r = self.result
+        if r.exit_code in (EXIT_SIGINT, EXIT_SIGTERM):
+            raise TrnqwenError(
+                f"training stopped by {r.ended_by} after {len(r.steps)} logged step(s); every rank was stopped",
+                hint=f"the log so far is in {self.plan.log_path}",
+                exit_code=r.exit_code,
+            )
+        raise CheckFailed(
+            f"training failed: {r.error or 'a rank failed'}",
+            hint=f"full log: {self.plan.log_path} (per-rank logs in {self.plan.rank_log_dir})",
+        )
+
+
+# --- device -----------------------------------------------------------------------------------
+
+
+def resolve_device(cfg: RunConfig, *, dry_run: bool = False) -> tuple[DeviceInfo, list[str]]:
+    """The device the run gets.  ``--dry-run`` for an absent neuron/cuda device shows a nominal one."""
+    from trnqwen.device import detect_device
+
+    try:
+        return detect_device(cfg.device), []
+    except EnvironmentProblem as exc:
+        if dry_run and cfg.device in NOMINAL_DEVICES:
+            nominal = NOMINAL_DEVICES[cfg.device]
+            return nominal, [f"{exc.message}; showing the command for a {nominal.instance_type or cfg.device}"]
+        raise
+
+
+# --- planning ---------------------------------------------------------------------------------
+
+
+def _next_run_id(runs_dir: Path, backend: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = f"{stamp}-{backend}"
+    n = 0
+    while (runs_dir / (base if n == 0 else f"{base}-{n}")).exists():
+        n += 1
+    return base if n == 0 else f"{base}-{n}"
+
+
+def build_job(cfg: RunConfig, device: DeviceInfo, run_dir: Path) -> TrainJob:
+    """The recipe side (:func:`trnqwen.train.recipes.build_job`)."""
+    from trnqwen.train.recipes import build_job as _build_job
+
+    return _build_job(cfg, device, run_dir)
+
+
+def plan_train(
+    resolved: ResolvedConfig | RunConfig,
+    *,
+    extra_args: Sequence[str] = (),
+    device: Optional[DeviceInfo] = None,
+    dry_run: bool = False,
+    cwd: Optional[Path] = None,
+    run_id: Optional[str] = None,
+    python: Optional[str] = None,
+) -> TrainPlan:
+    """Resolve the device and ranks, build the job, the argv and the env, and run preflight.
+
+    Nothing is created on disk.  The plan's ``run_dir`` is where :func:`execute` will put the run.
+    """
+    cfg = resolved.config if isinstance(resolved, ResolvedConfig) else resolved
+    sources = resolved.sources if isinstance(resolved, ResolvedConfig) else {}
+    cwd = Path(cwd or Path.cwd()).absolute()
+    notes: list[str] = []
+    if device is None:
+        device, notes = resolve_device(cfg, dry_run=dry_run)
+    nproc = launcher.resolve_nproc_per_node(cfg, device)
+    runs_dir = _abs(cfg.runs_dir, cwd)
+    run_id = run_id or _next_run_id(runs_dir, cfg.backend)
+    run_dir = runs_dir / run_id
+    job = build_job(cfg, device, run_dir)
+    extra = [str(a) for a in extra_args]
+    argv = launcher.build_torchrun_argv(
+        cfg, job, nproc, python=python, extra_args=extra, log_dir=run_dir / launcher.RANK_LOGS_DIR
+    )
+    env = launcher.rank_env(cfg, job, device, run_dir)
+    report = preflight(cfg, device, job, nproc, assets_dir=_abs(cfg.resolved_assets_dir, cwd))
+    for note in notes:
+        report.findings.insert(0, Finding(WARNING, "device", note))
+    return TrainPlan(
+        config=cfg, device=device, job=job, nproc_per_node=nproc, run_id=run_id, run_dir=run_dir,
+        argv=argv, env=env, preflight=report, cwd=cwd, extra_args=extra, sources=dict(sources), notes=notes,
+    )
+
+
+def _abs(path: Path, cwd: Path) -> Path:
+    path = Path(path).expanduser()
+    return path if path.is_absolute() else cwd / path
+
+
+# --- the run directory --------------------------------------------------------------------------
+
+
+def package_versions() -> dict[str, Optional[str]]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, Optional[str]] = {"python": platform.python_version()}
+    for name in VERSION_PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def create_run_dir(plan: TrainPlan) -> RunRecord:
+    """Make the run dir (config module, command.sh, run.json) and point ``LAST`` at it."""
+    plan.run_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        plan.run_dir.mkdir()
+    except FileExistsError:
+        raise UsageError(f"run directory {plan.run_dir} already exists", hint="start the run again") from None
+    if plan.config_module_path is not None and plan.job.config_module_text is not None:
+        _write_text_atomic(plan.config_module_path, plan.job.config_module_text)
+    script = plan.run_dir / COMMAND_SCRIPT
+    _write_text_atomic(script, launcher.command_script(plan.argv, plan.env, plan.cwd))
+    script.chmod(0o755)
+    record = RunRecord(
+        run_id=plan.run_id,
+        run_dir=str(plan.run_dir),
+        status="created",
+        config=plan.config.model_dump(mode="json"),
+        command=[redact(a) for a in plan.argv],
+        env=redact_env(plan.env),
+        versions=package_versions(),
+        log_path=str(plan.log_path),
+        checkpoint_dir=str(_abs(plan.job.checkpoint_dir, plan.cwd)) if plan.job.checkpoint_dir else None,
+        assets_dir=str(_abs(plan.config.resolved_assets_dir, plan.cwd)),
+        backend=plan.config.backend,
+        steps=plan.config.steps,
+        extra={
+            "device": vars(plan.device).copy(),
+            "nproc_per_node": plan.nproc_per_node,
+            "world_size": plan.nproc_per_node * plan.config.nnodes,
+            "cwd": str(plan.cwd),
+            "sources": plan.sources,
+            "preflight": plan.preflight.as_dict(),
+            "extra_args": plan.extra_args,
+            "config_module": plan.job.config_module,
+            "config_fn": plan.job.config_fn,
+            "rank_log_dir": str(plan.rank_log_dir),
+            "launcher_pid": os.getpid(),
+        },
+    )
+    record.save()
+    (plan.run_dir.parent / LAST_POINTER).write_text(plan.run_id + "\n")
+    return record
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def find_export(checkpoint_dir: Optional[Path], cwd: Path) -> Optional[Path]:
+    """The newest ``step-N`` folder with safetensors under the checkpoint dir, if any."""
+    if checkpoint_dir is None:
+        return None
+    root = _abs(Path(checkpoint_dir), cwd)
+    steps = []
+    for child in root.glob("step-*"):
+        try:
+            n = int(child.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        if child.is_dir() and any(child.glob("*.safetensors")):
+            steps.append((n, child))
+    return max(steps)[1] if steps else None
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+def execute(
+    plan: TrainPlan,
+    *,
+    status: bool = True,
+    echo: Optional[Callable[[str], None]] = None,
+    grace_s: float = launcher.DEFAULT_GRACE_S,
+    status_stream: Any = None,
+) -> TrainOutcome:
+    """Create the run dir, start torchrun, supervise it, record how it ended.
+
+    Raises :class:`CheckFailed` when preflight found errors (nothing is created then).
+    """
+    plan.preflight.raise_for_errors()
+    record = create_run_dir(plan)
+    line = launcher.StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status)
+    if echo is not None and status:
+        # Log lines go above the live status line so it keeps its place at the bottom.
+        echo = line.print_above
+
+    def started(pid: int) -> None:
+        record.status = "running"
+        record.started_at = time.time()
+        record.extra["torchrun_pid"] = pid
+        record.save()
+
+    result = launcher.supervise(
+        plan.argv,
+        env=plan.env,
+        cwd=plan.cwd,
+        log_path=plan.log_path,
+        rank_log_dir=plan.rank_log_dir,
+        status=line,
+        grace_s=grace_s,
+        echo=echo,
+        on_start=started,
+    )
+    record.ended_at = time.time()
+    record.exit_code = result.exit_code
+    record.ended_by = result.ended_by
+    record.error = result.error
+    record.status = {
+        "completed": "succeeded",
+        "SIGINT": "interrupted",
+        "SIGTERM": "interrupted",
+    }.get(result.ended_by, "failed")
+    record.extra["summary"] = result.summary()
+    exported = find_export(plan.job.checkpoint_dir, plan.cwd) if result.exit_code == 0 else None
+    if exported is not None:
+        record.extra["exported"] = str(exported)
+    if result.exit_code == 0 and plan.config.resolved_export_hf and plan.job.checkpoint_dir and exported is None:
+        record.status = "failed"
+        record.ended_by = "no export"
+        record.error = f"training finished but no HF export appeared under {plan.job.checkpoint_dir}"
+        result.exit_code = EXIT_FAILED
+        result.ended_by = record.ended_by
+        result.error = record.error
+        record.exit_code = EXIT_FAILED
+    record.save()
+    return TrainOutcome(plan=plan, result=result, record=record, exported=exported)
+
+
+def export_config(plan: TrainPlan, dest: Path) -> Path:
+    """Write the standalone torchtitan config module of this plan to ``dest`` (a .py file)."""
+    dest = Path(dest).expanduser()
+    if dest.suffix != ".py":
+        raise UsageError(f"--export-config wants a .py file name, got {dest}", hint="e.g. --export-config my_qwen3.py")
+    if not dest.stem.isidentifier():
+        raise UsageError(
+            f"{dest.name}: the file name must be a Python module name (letters, digits, _)",
+            hint="torchtitan imports it with --module <name>; e.g. --export-config qwen3_ft.py",
+        )
+    text = render_config_module(plan)
+    if not text:
+        raise CheckFailed(f"the {plan.config.backend} backend has no torchtitan config module to export")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _write_text_atomic(dest, text)
+    return dest
+
+
+def render_config_module(plan: TrainPlan) -> Optional[str]:
+    """The recipe's standalone config module (``trnqwen.train.recipes.render_config_module``)."""
+    try:
+        from trnqwen.train.recipes import render_config_module as _render
+    except ImportError:
+        return plan.job.config_module_text
+    return _render(plan.config, plan.device)
+
+
+def hand_run_command(plan: TrainPlan, module_file: Path) -> str:
+    """The torchrun line a user types to run an exported config module by hand."""
+    module_file = Path(module_file)
+    job = TrainJob(
+        backend=plan.job.backend,
+        entry_module=plan.job.entry_module,
+        entry_args=["--module", module_file.stem, "--config", plan.job.config_fn or "config"],
+    )
+    full = launcher.build_torchrun_argv(plan.config, job, plan.nproc_per_node, extra_args=plan.extra_args)
+    argv = ["torchrun", *full[3:]]  # drop "<python> -m torch.distributed.run"
+    env = {k: v for k, v in plan.env.items() if k != "PYTHONPATH"}
+    parent = str(module_file.parent.absolute())
+    env["PYTHONPATH"] = parent + "${PYTHONPATH:+:$PYTHONPATH}"
+    prefix = " ".join(f"{k}={v}" for k, v in env.items())
+    return redact(f"{prefix} {shlex.join(argv)}")
+
+
+def run_train(
+    resolved: ResolvedConfig | RunConfig,
+    *,
+    extra_args: Sequence[str] = (),
+    dry_run: bool = False,
+    export_config_to: Optional[Path] = None,
+    status: bool = True,
+    echo: Optional[Callable[[str], None]] = None,
+    device: Optional[DeviceInfo] = None,
+    grace_s: float = launcher.DEFAULT_GRACE_S,
+) -> TrainOutcome:
+    """The whole ``trnqwen train``: plan, then (unless dry-run/export) execute."""
+    plan = plan_train(resolved, extra_args=extra_args, device=device, dry_run=dry_run or export_config_to is not None)
+    if export_config_to is not None:
+        export_config(plan, export_config_to)
+        return TrainOutcome(plan=plan)
+    if dry_run:
+        return TrainOutcome(plan=plan)
+    return execute(plan, status=status, echo=echo, grace_s=grace_s)
+
+
+__all__ = [
+    "TrainPlan", "TrainOutcome", "plan_train", "execute", "run_train", "resolve_device",
+    "create_run_dir", "export_config", "hand_run_command", "find_export", "package_versions",
+]
+
+if sys.version_info < (3, 10):  # pragma: no cover
+    raise ImportError("trnqwen needs Python 3.10+")
