@@ -15,7 +15,7 @@ def make_app(*, help: str, name: str | None = None) -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
-        rich_markup_mode="rich",
+        rich_markup_mode=None,
         context_settings=CONTEXT_SETTINGS,
     )
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from trnqwen.cli._options import BackendOpt, ConfigFileOpt, JsonOpt, ModelOpt, StepsOpt, given
 from trnqwen.cli.app import make_app
 
-app = make_app(help="Show the resolved run configuration and where each value came from.")
+HELP = "Show the resolved run configuration and where each value came from."
+app = make_app(help=HELP)
 
 
 @app.command("show", epilog="Example: trnqwen config show --json")

@@ -6,49 +6,165 @@ Examples:
   trnqwen train --backend hf-v5 --finetune
   trnqwen verify-ckpt ./checkpoint_qwen3_4b_ft
   trnqwen inspect-logs --plot loss.png
+
+Start-up is kept instant: this module imports neither typer nor any command module at load.
+``trnqwen`` / ``trnqwen --help`` / ``trnqwen --version`` are answered from the registry below
+(each command's one-line ``HELP`` is read from its module's source, not imported); anything
+else builds the Typer app (:func:`build_app`, also reachable as ``trnqwen.cli.main.app``).
+
+To add a command: append it to ``COMMANDS`` (or ``GROUPS`` for a sub-app) below.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-
-import typer
+from typing import Any, Optional
 
 from trnqwen import __version__
-from trnqwen.cli import check_env, config_cmd, fetch, inspect_logs, train, verify_ckpt
-from trnqwen.cli.app import make_app
 
-app = make_app(
-    name="trnqwen",
-    help=(
-        "Fine-tune Qwen3 with torchtitan on AWS Trainium: fetch weights, check the environment, "
-        "train over torchrun, verify the exported checkpoint, judge the logs.\n\n"
-        "Every run setting comes from one config: defaults < ./trnqwen.toml < TRNQWEN_* env < flags "
-        "(see `trnqwen config show`). Set TRNQWEN_DEBUG=1 to see tracebacks."
-    ),
+ROOT_HELP = (
+    "Fine-tune Qwen3 with torchtitan on AWS Trainium: fetch weights, check the environment, "
+    "train over torchrun, verify the exported checkpoint, judge the logs.\n\n"
+    "Every run setting comes from one config: defaults < ./trnqwen.toml < TRNQWEN_* env < flags "
+    "(see `trnqwen config show`). Set TRNQWEN_DEBUG=1 to see tracebacks."
 )
 
+# name -> (module, attribute).  Commands are functions; each module has HELP and EPILOG.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "fetch": ("trnqwen.cli.fetch", "fetch"),
+    "check-env": ("trnqwen.cli.check_env", "check_env"),
+    "train": ("trnqwen.cli.train", "train"),
+    "verify-ckpt": ("trnqwen.cli.verify_ckpt", "verify_ckpt"),
+    "inspect-logs": ("trnqwen.cli.inspect_logs", "inspect_logs"),
+}
+# name -> (module, attribute).  Groups are Typer sub-apps; each module has HELP.
+GROUPS: dict[str, tuple[str, str]] = {
+    "config": ("trnqwen.cli.config_cmd", "app"),
+}
+# Root options as (flags, help); the callback in build_app defines the same ones.
+ROOT_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("--version", "Print the version."),
+    ("-h, --help", "Show this message and exit."),
+)
 
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"trnqwen {__version__}")
-        raise typer.Exit()
+_APP: Any = None
 
 
-@app.callback()
-def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
-) -> None:
-    """Root options."""
+def build_app():
+    """The full Typer app (imports typer and every command module)."""
+    global _APP
+    if _APP is not None:
+        return _APP
+    import importlib
+
+    import typer
+
+    from trnqwen.cli.app import make_app
+
+    app = make_app(name="trnqwen", help=ROOT_HELP)
+
+    def _version(value: bool) -> None:
+        if value:
+            typer.echo(f"trnqwen {__version__}")
+            raise typer.Exit()
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    ) -> None:
+        """Root options."""
+
+    for name, (module, attr) in COMMANDS.items():
+        mod = importlib.import_module(module)
+        app.command(name, help=mod.HELP, epilog=getattr(mod, "EPILOG", None))(getattr(mod, attr))
+    for name, (module, attr) in GROUPS.items():
+        app.add_typer(getattr(importlib.import_module(module), attr), name=name)
+    _APP = app
+    return app
 
 
-app.command("fetch", help=fetch.HELP, epilog=fetch.EPILOG)(fetch.fetch)
-app.command("check-env", help=check_env.HELP, epilog=check_env.EPILOG)(check_env.check_env)
-app.command("train", help=train.HELP, epilog=train.EPILOG)(train.train)
-app.command("verify-ckpt", help=verify_ckpt.HELP, epilog=verify_ckpt.EPILOG)(verify_ckpt.verify_ckpt)
-app.command("inspect-logs", help=inspect_logs.HELP, epilog=inspect_logs.EPILOG)(inspect_logs.inspect_logs)
-app.add_typer(config_cmd.app, name="config")
+def __getattr__(name: str) -> Any:  # ``from trnqwen.cli.main import app`` still works, lazily
+    if name == "app":
+        return build_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --- the fast path: root help without typer --------------------------------------------------
+
+
+def _module_help(module: str) -> Optional[str]:
+    """A module's ``HELP = "..."`` literal, read from its source without importing it."""
+    import ast
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            return None
+        with open(spec.origin, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), filename=spec.origin)
+    except (ImportError, OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        target = None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        if isinstance(target, ast.Name) and target.id == "HELP":
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                return value.value
+            return None
+    return None
+
+
+def command_summaries() -> Optional[list[tuple[str, str]]]:
+    """(name, one-line help) of every command and group, or None if one cannot be read statically."""
+    rows = []
+    for name, (module, _attr) in {**COMMANDS, **GROUPS}.items():
+        text = _module_help(module)
+        if text is None:
+            return None
+        rows.append((name, " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""))
+    return rows
+
+
+def _width() -> int:
+    try:
+        cols = int(os.environ.get("COLUMNS", "")) or os.get_terminal_size(sys.stdout.fileno()).columns
+    except (ValueError, OSError, AttributeError):
+        cols = 80
+    return max(40, min(cols, 100))
+
+
+def render_root_help() -> Optional[str]:
+    """The root ``--help`` text (same content as Typer's), or None to fall back to Typer."""
+    summaries = command_summaries()
+    if summaries is None:
+        return None
+    import textwrap
+
+    width = _width()
+    out = ["Usage: trnqwen [OPTIONS] COMMAND [ARGS]...", ""]
+    for para in ROOT_HELP.split("\n\n"):
+        out += textwrap.wrap(para, width - 2, initial_indent="  ", subsequent_indent="  ") + [""]
+
+    def section(title: str, rows: list[tuple[str, str]]) -> None:
+        out.append(f"{title}:")
+        col = max(len(k) for k, _ in rows) + 4
+        for key, text in rows:
+            lines = textwrap.wrap(text, max(20, width - col)) or [""]
+            out.append(f"  {key.ljust(col - 2)}{lines[0]}")
+            out.extend(" " * col + line for line in lines[1:])
+        out.append("")
+
+    section("Options", list(ROOT_OPTIONS))
+    section("Commands", summaries)
+    return "\n".join(out).rstrip() + "\n"
+
+
+# --- the error edge ---------------------------------------------------------------------------
 
 
 def _debug() -> bool:
@@ -68,29 +184,49 @@ def report_error(message: str, hint: str | None, problems: list[str] | None = No
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the app and maps errors to exit codes."""
-    import click
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args in ([], ["--help"], ["-h"]):
+        try:
+            text = render_root_help()
+        except Exception:  # never let the fast path break help: Typer renders it instead
+            if _debug():
+                raise
+            text = None
+        if text is not None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            sys.exit(0 if args else 2)  # no arguments is a usage error, like a bare group in click
+    if args == ["--version"]:
+        sys.stdout.write(f"trnqwen {__version__}\n")
+        sys.exit(0)
 
     from trnqwen.errors import EXIT_SIGINT, TrnqwenError
 
     try:
-        rv = app(args=argv, prog_name="trnqwen", standalone_mode=False)
+        app = build_app()
+        rv = app(args=args, prog_name="trnqwen", standalone_mode=False)
     except TrnqwenError as exc:
         if _debug():
             raise
         report_error(exc.message, exc.hint, getattr(exc, "problems", None))
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        sys.stderr.write("Interrupted.\n")
-        sys.exit(EXIT_SIGINT)
     except KeyboardInterrupt:
         sys.stderr.write("Interrupted.\n")
         sys.exit(EXIT_SIGINT)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
     except BrokenPipeError:
         sys.exit(1)
-    except Exception as exc:  # a bug: say so in one line, traceback only on request
+    except Exception as exc:
+        # typer's vendored click errors (bad flag, missing argument, no args) are TyperException
+        # subclasses with show()/exit_code; Abort is ctrl-C at a prompt.
+        if "typer" in sys.modules:
+            import typer
+
+            if isinstance(exc, typer.Abort):
+                sys.stderr.write("Interrupted.\n")
+                sys.exit(EXIT_SIGINT)
+            if isinstance(exc, typer.TyperException) and hasattr(exc, "show"):
+                exc.show()
+                sys.exit(getattr(exc, "exit_code", 2))
         if _debug():
             raise
         report_error(

@@ -1,0 +1,140 @@
+"""Package combinations known to work, and the check of an installed set against them.
+
+Patterns are shell-style (``2.14.*``) and match the installed version with its local part
+(``+cpu``, ``+cu130``) dropped unless the pattern itself has one.  Import-free on purpose:
+``trnqwen check-env`` must not import torch to know what is installed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+# Every package check-env reports, as distribution names (importlib.metadata spelling).
+REPORTED_PACKAGES: tuple[str, ...] = (
+    "torch",
+    "torch-neuronx",
+    "torchtitan",
+    "torchtitan-neuron",
+    "nkilib",
+    "neuronx-cc",
+    "transformers",
+    "safetensors",
+    "huggingface_hub",
+    "tokenizers",
+    "typer",
+    "rich",
+    "pydantic",
+)
+
+# The Neuron packages only exist on AWS's own pip repository; the public index has placeholders.
+NEURON_PACKAGES: tuple[str, ...] = ("torch-neuronx", "torchtitan-neuron", "nkilib", "neuronx-cc")
+NEURON_PIP_REPO = "https://pip.repos.neuron.amazonaws.com"
+
+# torch-neuronx below this version is the legacy XLA-based library, not the native `neuron` device.
+NATIVE_TORCH_NEURONX_MIN = (2, 13)
+
+
+@dataclass(frozen=True)
+class Combo:
+    """One set of versions tested together on one kind of device."""
+
+    name: str
+    device: str  # "neuron" | "cuda" | "cpu"
+    packages: Mapping[str, str]  # distribution name -> version pattern
+    python: tuple[tuple[int, int], tuple[int, int]] = ((3, 10), (3, 14))  # inclusive range
+    notes: str = ""
+
+    def matches(self, installed: Mapping[str, Optional[str]], python: tuple[int, int]) -> bool:
+        return not self.mismatches(installed, python)
+
+    def mismatches(self, installed: Mapping[str, Optional[str]], python: tuple[int, int]) -> list[str]:
+        out = []
+        lo, hi = self.python
+        if not (lo <= python <= hi):
+            out.append(f"python {python[0]}.{python[1]} (wants {lo[0]}.{lo[1]}-{hi[0]}.{hi[1]})")
+        for name, pattern in self.packages.items():
+            have = installed.get(name)
+            if have is None:
+                out.append(f"{name} missing (wants {pattern})")
+            elif not version_matches(have, pattern):
+                out.append(f"{name} {have} (wants {pattern})")
+        return out
+
+
+KNOWN_GOOD: tuple[Combo, ...] = (
+    Combo(
+        name="Neuron SDK 2.33 (TorchNeuron native, torch 2.14)",
+        device="neuron",
+        packages={
+            "torch": "2.14.*",
+            "torch-neuronx": "2.14.3.0*",
+            "torchtitan-neuron": "0.2.2+neuron.1",
+            "neuronx-cc": "2.28.7631.0*",
+        },
+        python=((3, 12), (3, 14)),
+        notes="driver aws-neuronx-dkms 2.31.7.0, runtime 2.35.30.0, tools 2.33.38.0",
+    ),
+    Combo(
+        name="Neuron SDK 2.33 (TorchNeuron native, torch 2.13)",
+        device="neuron",
+        packages={"torch": "2.13.*", "torch-neuronx": "2.13.3.0*", "neuronx-cc": "2.28.7631.0*"},
+        python=((3, 10), (3, 14)),
+    ),
+    Combo(
+        name="CPU/dev (this project's CI)",
+        device="cpu",
+        packages={"torch": "2.14.1", "torchtitan": "0.3.0", "transformers": "5.24.*"},
+        python=((3, 10), (3, 14)),
+    ),
+    Combo(
+        name="CUDA (same stack as CPU/dev)",
+        device="cuda",
+        packages={"torch": "2.14.*", "torchtitan": "0.3.0", "transformers": "5.24.*"},
+        python=((3, 10), (3, 14)),
+    ),
+)
+
+
+def version_matches(version: str, pattern: str) -> bool:
+    """``2.14.1+cu130`` matches ``2.14.*`` and ``2.14.1``; ``0.2.2+neuron.1`` needs its local part."""
+    candidate = version if "+" in pattern else version.split("+", 1)[0]
+    return fnmatch.fnmatchcase(candidate, pattern)
+
+
+def release_tuple(version: Optional[str]) -> tuple[int, ...]:
+    """Leading numeric release of a version string: ``2.9.0.2.15.1+abc`` -> (2, 9, 0, 2, 15, 1)."""
+    if not version:
+        return ()
+    m = re.match(r"\d+(?:\.\d+)*", version.strip())
+    return tuple(int(p) for p in m.group(0).split(".")) if m else ()
+
+
+def is_legacy_torch_neuronx(version: Optional[str]) -> bool:
+    """True for the pre-2.13 XLA-based torch-neuronx (e.g. 2.9.0.2.15.x)."""
+    rel = release_tuple(version)
+    return bool(rel) and rel[:2] < NATIVE_TORCH_NEURONX_MIN
+
+
+@dataclass
+class ComboCheck:
+    best: Optional[Combo]
+    mismatches: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.best is not None and not self.mismatches
+
+
+def check_combination(
+    installed: Mapping[str, Optional[str]], device: str, python: tuple[int, int]
+) -> ComboCheck:
+    """The known-good set for ``device`` closest to what is installed (fewest mismatches)."""
+    candidates = [c for c in KNOWN_GOOD if c.device == device]
+    if not candidates:
+        return ComboCheck(None, [f"no known-good combination recorded for device {device}"])
+    scored = sorted(((len(c.mismatches(installed, python)), i, c) for i, c in enumerate(candidates)))
+    best = scored[0][2]
+    return ComboCheck(best, best.mismatches(installed, python))
