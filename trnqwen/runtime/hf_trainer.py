@@ -1,0 +1,689 @@
+"""trnqwen's Transformers-Trainer training entry point (the ``hf-trainer`` backend).
+
+Run once per rank under torchrun::
+
+    torchrun --nproc_per_node 2 -m trnqwen.runtime.hf_trainer --assets-dir assets/hf/tiny-qwen3 \\
+        --dataset data.jsonl --steps 3 --seq-len 128 --finetune --checkpoint-dir ckpt --export-hf
+
+or with a JSON spec file (flags given after it win)::
+
+    torchrun ... -m trnqwen.runtime.hf_trainer run_dir/hf_trainer_spec.json
+
+It follows the Transformers-on-Neuron rules: the model is loaded with ``device_map="neuron"`` on
+Trainium (never ``"auto"``, which silently loads on CPU), every batch has one shape (padding to
+``seq_len``, last uneven batch dropped), bf16 mixed precision where the device has it,
+``torch_compile`` on request, and ``DistributedConfig(tp_size, fsdp_size)`` at ``from_pretrained``
+when the installed transformers has it and the device can run it.  On CPU several ranks train with
+plain DDP over gloo (see :func:`choose_strategy`).
+
+Its step lines use torchtitan's exact format (``step: N  loss: X  grad_norm: Y  memory: ZGiB(P%)
+tps: T  tflops: F  mfu: M%``) so ``inspect-logs`` reads both the same way, and the last step is
+saved as HF safetensors in torchtitan's layout (``<checkpoint_dir>/step-N/model-00001-of-00001
+.safetensors`` + ``model.safetensors.index.json``) so ``verify-ckpt`` works unchanged.
+
+The pure helpers at the top (spec, parallel plan, step-line format, FLOPs) import nothing heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+SPEC_FILE_NAME = "hf_trainer_spec.json"
+SAFETENSORS_NAME = "model-00001-of-00001.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+LOG_PREFIX = "[trnqwen-hf]"
+STRATEGIES = ("auto", "ddp", "distributed-config")
+
+
+class SpecError(ValueError):
+    """A bad spec: raised before anything heavy is imported; main() prints it and exits 2."""
+
+
+@dataclass
+class HFTrainerSpec:
+    """Everything one hf-trainer run needs; the recipe writes it, every rank reads it."""
+
+    assets_dir: str = ""
+    model: str = ""  # display name for the start-up line (Hub id or builtin:...)
+    dataset: Optional[str] = None  # file/folder/Hub name; None = the model's default corpus
+    device: str = "cpu"  # neuron | cuda | cpu (already resolved: never "auto")
+    steps: int = 10
+    local_batch_size: int = 1
+    global_batch_size: Optional[int] = None  # None = local batch x data-parallel degree
+    seq_len: int = 2048
+    lr: float = 8e-4
+    warmup_steps: int = 2
+    seed: Optional[int] = 42
+    tp: int = 1
+    dp_shard: int = -1  # -1 = all ranks left after tp
+    compile: bool = False
+    finetune: bool = False  # load the published weights (else random init from config.json)
+    checkpoint_dir: Optional[str] = None
+    export_hf: bool = False  # save the last step as HF safetensors under checkpoint_dir/step-N
+    output_dir: str = "."  # Trainer scratch (the run dir); nothing is checkpointed there
+    peak_flops_per_rank: Optional[float] = None  # bf16 peak, for MFU; None = "N/A"
+    memory_bytes_per_rank: Optional[int] = None  # for the memory percentage
+    trust_remote_code: bool = False
+    max_grad_norm: float = 1.0
+    strategy: str = "auto"  # auto | ddp | distributed-config
+
+    def validate(self) -> "HFTrainerSpec":
+        problems = []
+        if not self.assets_dir:
+            problems.append("assets_dir is required (a local HF snapshot with config.json)")
+        if self.device not in ("neuron", "cuda", "cpu"):
+            problems.append(f"device must be neuron, cuda or cpu, not {self.device!r}")
+        for name in ("steps", "local_batch_size", "seq_len", "tp"):
+            if int(getattr(self, name)) < 1:
+                problems.append(f"{name} must be >= 1")
+        if self.dp_shard == 0 or self.dp_shard < -1:
+            problems.append("dp_shard must be -1 (all ranks) or a positive integer")
+        if self.global_batch_size is not None and self.global_batch_size < 1:
+            problems.append("global_batch_size must be >= 1")
+        if self.strategy not in STRATEGIES:
+            problems.append(f"strategy must be one of {', '.join(STRATEGIES)}")
+        if self.export_hf and not self.checkpoint_dir:
+            problems.append("export_hf needs checkpoint_dir")
+        if problems:
+            raise SpecError("; ".join(problems))
+        return self
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+
+_FIELD_TYPES = {f.name: f.type for f in fields(HFTrainerSpec)}
+_BOOL_FIELDS = [f.name for f in fields(HFTrainerSpec) if f.type in ("bool", bool)]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def spec_to_argv(spec: HFTrainerSpec) -> list[str]:
+    """The spec as command-line flags (only values that differ from the defaults)."""
+    default = HFTrainerSpec()
+    argv: list[str] = []
+    for f in fields(HFTrainerSpec):
+        value = getattr(spec, f.name)
+        if value == getattr(default, f.name):
+            continue
+        if f.name in _BOOL_FIELDS:
+            argv.append(_flag(f.name) if value else "--no-" + f.name.replace("_", "-"))
+        elif value is None:
+            argv += [_flag(f.name), "none"]
+        else:
+            argv += [_flag(f.name), str(value)]
+    return argv
+
+
+def _optional(kind):
+    def convert(text: str):
+        return None if text.lower() in ("none", "null", "") else kind(text)
+
+    convert.__name__ = kind.__name__
+    return convert
+
+
+def _arg_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m trnqwen.runtime.hf_trainer",
+        description="Train a causal LM with transformers.Trainer (trnqwen's hf-trainer backend; run under torchrun).",
+    )
+    parser.add_argument("spec_file", nargs="?", help="JSON spec file (flags given too override its values)")
+    converters = {
+        "int": int, "float": float, "str": str,
+        "Optional[int]": _optional(int), "Optional[float]": _optional(float), "Optional[str]": _optional(str),
+    }
+    for f in fields(HFTrainerSpec):
+        if f.name in _BOOL_FIELDS:
+            parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            parser.add_argument(_flag(f.name), dest=f.name, type=converters[str(f.type)], default=None)
+    return parser
+
+
+def spec_from_argv(argv: Sequence[str]) -> HFTrainerSpec:
+    """Build and validate a spec from ``[spec.json] [--flag value ...]``."""
+    parser = _arg_parser()
+    ns = parser.parse_args(list(argv))
+    values: dict[str, Any] = {}
+    if ns.spec_file:
+        path = Path(ns.spec_file)
+        try:
+            data = json.loads(path.read_text())
+        except OSError as exc:
+            raise SpecError(f"cannot read spec file {path}: {exc.strerror or exc}") from None
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"spec file {path} is not JSON: {exc}") from None
+        unknown = sorted(set(data) - set(_FIELD_TYPES))
+        if unknown:
+            raise SpecError(f"spec file {path}: unknown keys {', '.join(unknown)}")
+        values.update(data)
+    for name in _FIELD_TYPES:
+        given = getattr(ns, name)
+        if given is not None:
+            values[name] = given
+    return HFTrainerSpec(**values).validate()
+
+
+# --- parallelism -------------------------------------------------------------------------------
+
+
+@dataclass
+class ParallelPlan:
+    world_size: int
+    tp: int
+    fsdp: int  # ranks sharing one copy of the weights (DistributedConfig.fsdp_size)
+    strategy: str  # "single" | "ddp" | "distributed-config"
+    grad_accum: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def dp(self) -> int:
+        """Ranks that see a distinct batch."""
+        return self.world_size // self.tp
+
+
+def plan_parallelism(
+    world_size: int,
+    tp: int,
+    dp_shard: int,
+    *,
+    device: str,
+    local_batch_size: int = 1,
+    global_batch_size: Optional[int] = None,
+    strategy: str = "auto",
+    has_distributed_config: bool = True,
+) -> ParallelPlan:
+    """Decide how ``world_size`` ranks split into TP x FSDP and how the Trainer runs them.
+
+    ``auto``: one rank -> a plain single-process Trainer; several ranks ->
+    ``DistributedConfig(tp_size, fsdp_size)`` at ``from_pretrained`` (FSDP2 + TP, on every device,
+    CPU/gloo included: measured to work and to match DDP's losses), or, when this transformers has
+    no DistributedConfig and tp is 1, plain DDP (gloo on CPU) with a note saying so.
+    """
+    if world_size < 1:
+        raise SpecError("world size must be >= 1")
+    if world_size % tp:
+        raise SpecError(f"tp ({tp}) must divide the number of ranks ({world_size})")
+    fsdp = world_size // tp if dp_shard == -1 else dp_shard
+    if tp * fsdp != world_size:
+        raise SpecError(
+            f"tp ({tp}) x dp_shard ({fsdp}) = {tp * fsdp} must equal the number of ranks ({world_size}); "
+            "hf-trainer has no replicate dimension (use dp_shard -1)"
+        )
+    dp = fsdp
+    if global_batch_size is None:
+        grad_accum = 1
+    else:
+        per_step = local_batch_size * dp
+        if global_batch_size % per_step:
+            raise SpecError(
+                f"global batch {global_batch_size} must be a multiple of local batch x data-parallel ranks "
+                f"({local_batch_size} x {dp} = {per_step})"
+            )
+        grad_accum = global_batch_size // per_step
+    notes: list[str] = []
+    if strategy == "auto":
+        if world_size == 1:
+            chosen = "single"
+        elif has_distributed_config or tp > 1:
+            chosen = "distributed-config"
+        else:
+            chosen = "ddp"
+            notes.append(
+                "this transformers has no DistributedConfig: data parallel with DDP "
+                f"({'gloo' if device == 'cpu' else 'the device backend'}), parameters replicated, not sharded"
+            )
+    elif strategy == "ddp":
+        if tp > 1:
+            raise SpecError("strategy ddp cannot do tensor parallelism (tp > 1): use distributed-config")
+        chosen = "ddp" if world_size > 1 else "single"
+    else:
+        chosen = "distributed-config"
+    if chosen == "distributed-config" and not has_distributed_config:
+        raise SpecError(
+            "this transformers has no transformers.distributed.DistributedConfig (needed for tp/FSDP sharding at load): "
+            "upgrade transformers (5.x with DistributedConfig), or run with --tp 1 and strategy ddp"
+        )
+    return ParallelPlan(world_size=world_size, tp=tp, fsdp=fsdp, strategy=chosen, grad_accum=grad_accum, notes=notes)
+
+
+# --- metrics -----------------------------------------------------------------------------------
+
+
+def flops_per_token(
+    nparams: int, nparams_embedding: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int, tied: bool
+) -> int:
+    """Training FLOPs per token, torchtitan's convention (6N for the matmuls + 6*L*H*D*T attention)."""
+    matmul_params = nparams if tied else nparams - nparams_embedding
+    return 6 * matmul_params + 6 * n_layers * n_heads * head_dim * seq_len
+
+
+def format_step_line(
+    step: int,
+    loss: float,
+    grad_norm: float,
+    memory_gib: float,
+    memory_pct: float,
+    tps: float,
+    tflops: float,
+    mfu: Optional[float],
+) -> str:
+    """One step line, character for character torchtitan's (colours off)."""
+    mfu_str = f"{mfu:.2f}%" if mfu is not None else "N/A"
+    return (
+        f"step: {step:2}  "
+        f"loss: {loss:8.5f}  "
+        f"grad_norm: {grad_norm:7.4f}  "
+        f"memory: {memory_gib:5.2f}GiB"
+        f"({memory_pct:.2f}%)  "
+        f"tps: {round(tps):,}  "
+        f"tflops: {tflops:,.2f}  "
+        f"mfu: {mfu_str}"
+    )
+
+
+def step_metrics(
+    tokens: int, seconds: float, flops_token: int, peak_flops: Optional[float]
+) -> tuple[float, float, Optional[float]]:
+    """(tokens/s per rank, achieved TFLOP/s per rank, MFU % or None)."""
+    tps = tokens / seconds if seconds > 0 else 0.0
+    tflops = flops_token * tps / 1e12
+    mfu = 100.0 * flops_token * tps / peak_flops if peak_flops else None
+    return tps, tflops, mfu
+
+
+# --- data --------------------------------------------------------------------------------------
+
+
+def read_texts(dataset: Optional[str], model: str = "") -> list[str]:
+    """The training texts of ``dataset``.
+
+    Uses :func:`trnqwen.train.datasets.load_texts` when that module provides it, so every backend
+    reads the same data; otherwise a local reader for JSONL (``text`` field), Parquet, plain text
+    files and folders of those.  TODO(hf-trainer): drop the local reader once datasets.py lands.
+    """
+    try:
+        from trnqwen.train import datasets as shared  # noqa: F401
+    except ImportError:
+        shared = None
+    if shared is not None and hasattr(shared, "load_texts"):
+        return list(shared.load_texts(dataset, model=model))
+    if dataset is None:
+        try:
+            from trnqwen.tiny_model import tiny_corpus  # type: ignore[attr-defined]
+        except ImportError:
+            raise SpecError("no dataset given and no default corpus available: pass --dataset FILE") from None
+        return list(tiny_corpus())
+    path = Path(dataset).expanduser()
+    if not path.exists():
+        raise SpecError(f"dataset {dataset} not found (hf-trainer reads local JSONL/Parquet/text files)")
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    texts: list[str] = []
+    for file in files:
+        suffix = file.suffix.lower()
+        if suffix in (".jsonl", ".json"):
+            for line in file.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    record = json.loads(line)
+                    texts.append(record["text"] if isinstance(record, dict) else str(record))
+        elif suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            texts += [str(t) for t in pq.read_table(file, columns=["text"]).column("text").to_pylist()]
+        elif suffix in (".txt", ".text", ".md"):
+            texts += [block for block in file.read_text(encoding="utf-8").split("\n\n") if block.strip()]
+    if not texts:
+        raise SpecError(f"dataset {dataset} has no texts (JSONL with a 'text' field, Parquet, or .txt)")
+    return texts
+
+
+# --- the run (everything below imports torch/transformers) -------------------------------------
+
+
+def _log(message: str) -> None:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    print(f"{LOG_PREFIX} {stamp} - hf_trainer - INFO - {message}", flush=True)
+
+
+def _device_memory(device: str, memory_bytes_per_rank: Optional[int]) -> tuple[float, float]:
+    """(peak GiB, % of the rank's memory).  CPU: peak RSS of this process vs. host RAM."""
+    import torch
+
+    gib = 1024**3
+    if device == "cuda":
+        used = torch.cuda.max_memory_reserved()
+        total = memory_bytes_per_rank or torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    elif device == "neuron":
+        stats = {}
+        try:
+            stats = torch.neuron.memory_stats()  # type: ignore[attr-defined]
+        except Exception:
+            pass
+        used = int(stats.get("reserved_bytes.all.peak", stats.get("allocated_bytes.all.peak", 0)) or 0)
+        total = memory_bytes_per_rank or 0
+    else:
+        import resource
+
+        used = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        try:
+            import psutil
+
+            total = memory_bytes_per_rank or psutil.virtual_memory().total
+        except ImportError:
+            total = memory_bytes_per_rank or 0
+    return used / gib, (100.0 * used / total if total else 0.0)
+
+
+def _has_distributed_config() -> bool:
+    try:
+        from transformers.distributed import DistributedConfig  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _tokenize(tokenizer, texts: list[str], seq_len: int, min_rows: int):
+    """Fixed-shape examples: every row is exactly ``seq_len`` tokens (padding="max_length")."""
+    import torch
+
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    enc = tokenizer(texts, padding="max_length", truncation=True, max_length=seq_len, return_tensors="pt")
+    input_ids = enc["input_ids"]
+    attention_mask = enc["attention_mask"]
+    keep = attention_mask.sum(dim=1) > 1  # a row needs at least one next-token target
+    input_ids, attention_mask = input_ids[keep], attention_mask[keep]
+    if len(input_ids) == 0:
+        raise SpecError("the dataset tokenized to no usable rows")
+    if len(input_ids) < min_rows:  # cycle the data so one epoch covers every step (torchtitan loops too)
+        reps = math.ceil(min_rows / len(input_ids))
+        input_ids, attention_mask = input_ids.repeat(reps, 1), attention_mask.repeat(reps, 1)
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+
+    class FixedShapeDataset(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(input_ids)
+
+        def __getitem__(self, i):
+            return {"input_ids": input_ids[i], "attention_mask": attention_mask[i], "labels": labels[i]}
+
+    return FixedShapeDataset()
+
+
+def _model_facts(model, seq_len: int) -> tuple[int, int]:
+    """(total parameters, training FLOPs per token)."""
+    import torch
+
+    cfg = model.config
+    nparams = sum(p.numel() for p in model.parameters())
+    emb = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    tied = bool(getattr(cfg, "tie_word_embeddings", False))
+    return nparams, flops_per_token(nparams, emb, cfg.num_hidden_layers, heads, head_dim, seq_len, tied)
+
+
+def _tied_keys(model) -> set[str]:
+    if not getattr(model.config, "tie_word_embeddings", False):
+        return set()
+    keys = getattr(model, "_tied_weights_keys", None) or {}
+    names = set(keys) if isinstance(keys, (dict, list, tuple, set)) else set()
+    return names or {"lm_head.weight"}
+
+
+def save_hf_checkpoint(state_dict: dict, dest: Path, *, drop: set[str] = frozenset()) -> Path:
+    """Write ``dest/model-00001-of-00001.safetensors`` + index json atomically (temp dir + rename)."""
+    import shutil
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items() if k not in drop}
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        save_file(tensors, str(tmp / SAFETENSORS_NAME), metadata={"format": "pt"})
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": {k: SAFETENSORS_NAME for k in sorted(tensors)}}
+        (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def _step_logger_callback(spec: HFTrainerSpec, plan: ParallelPlan, flops_token: int):
+    from transformers import TrainerCallback
+
+    tokens_per_step = spec.local_batch_size * spec.seq_len * plan.grad_accum  # per rank, padding included
+
+    class TorchtitanStepLines(TrainerCallback):
+        """Prints one torchtitan-format step line per optimizer step (rank 0)."""
+
+        def __init__(self):
+            self.started = None
+            self.seconds = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.started is not None:
+                self.seconds = time.perf_counter() - self.started
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            if "loss" not in logs or not state.is_world_process_zero:
+                return
+            tps, tflops, mfu = step_metrics(tokens_per_step, self.seconds, flops_token, spec.peak_flops_per_rank)
+            mem_gib, mem_pct = _device_memory(spec.device, spec.memory_bytes_per_rank)
+            grad_norm = float(logs.get("grad_norm", float("nan")))
+            print(
+                format_step_line(state.global_step, float(logs["loss"]), grad_norm, mem_gib, mem_pct, tps, tflops, mfu),
+                flush=True,
+            )
+
+    return TorchtitanStepLines()
+
+
+def _load_model(spec: HFTrainerSpec, plan: ParallelPlan, local_rank: int):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if spec.device == "neuron":
+        device_map: Any = "neuron"  # never "auto": Accelerate does not see Neuron and loads on CPU
+    elif spec.device == "cuda":
+        device_map = f"cuda:{local_rank}"
+    else:
+        device_map = "cpu"
+    kwargs: dict[str, Any] = {"dtype": torch.float32, "trust_remote_code": spec.trust_remote_code}
+    if plan.strategy == "distributed-config":
+        from transformers.distributed import DistributedConfig
+
+        # The device mesh places the shards; transformers rejects device_map together with TP.
+        kwargs["distributed_config"] = DistributedConfig(tp_size=plan.tp, fsdp_size=plan.fsdp)
+        if plan.tp == 1:
+            kwargs["device_map"] = device_map
+    else:
+        kwargs["device_map"] = device_map
+    if spec.finetune:
+        return AutoModelForCausalLM.from_pretrained(spec.assets_dir, **kwargs)
+    if plan.strategy == "distributed-config":
+        # Random init, sharded at load: DistributedConfig only exists on from_pretrained, so load the
+        # snapshot sharded, then re-run the model's own initialiser over the (local) shards.
+        model = AutoModelForCausalLM.from_pretrained(spec.assets_dir, **kwargs)
+        _reinitialize(model, spec.seed)
+        return model
+    if spec.seed is not None:
+        torch.manual_seed(spec.seed)  # same random init on every rank
+    config = AutoConfig.from_pretrained(spec.assets_dir, trust_remote_code=spec.trust_remote_code)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=spec.trust_remote_code)
+    return model.to(device_map if isinstance(device_map, str) else "cpu")
+
+
+def _reinitialize(model, seed: Optional[int]) -> None:
+    """Random-init a loaded model in place with its own ``_init_weights`` (works on FSDP shards)."""
+    import torch
+
+    for module in model.modules():  # transformers skips modules/tensors it marked as loaded
+        module.__dict__.pop("_is_hf_initialized", None)
+        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            tensor.__dict__.pop("_is_hf_initialized", None)
+    if seed is not None:
+        torch.manual_seed(seed)
+    model.initialize_weights()
+
+
+def _sharding_summary(model) -> str:
+    """How the parameters are laid out on this rank, e.g. ``46 of 46 tensors sharded (DTensor), ...``."""
+    total = sharded = local = full = 0
+    for p in model.parameters():
+        total += 1
+        full += p.numel()
+        if hasattr(p, "to_local"):
+            sharded += 1
+            local += p.to_local().numel()
+        else:
+            local += p.numel()
+    placements = sorted({str(getattr(p, "placements", "")) for p in model.parameters() if hasattr(p, "placements")})
+    return (
+        f"{sharded} of {total} parameter tensors sharded (DTensor {', '.join(placements) or '-'}); "
+        f"this rank holds {local:,} of {full:,} elements"
+    )
+
+
+def run(spec: HFTrainerSpec) -> int:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    plan = plan_parallelism(
+        world_size,
+        spec.tp,
+        spec.dp_shard,
+        device=spec.device,
+        local_batch_size=spec.local_batch_size,
+        global_batch_size=spec.global_batch_size,
+        strategy=spec.strategy,
+        has_distributed_config=_has_distributed_config(),
+    )
+    if spec.device == "neuron":
+        import torch_neuronx  # noqa: F401  (registers the `neuron` device with torch)
+
+    import torch
+    from transformers import AutoTokenizer, PrinterCallback, Trainer, TrainingArguments
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_warning()
+    warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
+    hf_logging.disable_progress_bar()
+    if rank == 0:
+        _log(
+            f"Starting job: hf-trainer, world size {world_size} (tp {plan.tp} x fsdp {plan.fsdp}), "
+            f"strategy {plan.strategy}, device {spec.device}"
+        )
+        for note in plan.notes:
+            _log(note)
+
+    texts = read_texts(spec.dataset, spec.model)
+    tokenizer = AutoTokenizer.from_pretrained(spec.assets_dir, trust_remote_code=spec.trust_remote_code)
+    rows_needed = spec.steps * spec.local_batch_size * plan.grad_accum * plan.dp
+    train_dataset = _tokenize(tokenizer, texts, spec.seq_len, rows_needed)
+
+    bf16 = spec.device in ("neuron", "cuda") and (spec.device == "neuron" or torch.cuda.is_bf16_supported())
+    args_kwargs: dict[str, Any] = dict(
+        output_dir=str(Path(spec.output_dir) / "hf_trainer"),
+        max_steps=spec.steps,
+        per_device_train_batch_size=spec.local_batch_size,
+        gradient_accumulation_steps=plan.grad_accum,
+        learning_rate=spec.lr,
+        warmup_steps=spec.warmup_steps,
+        lr_scheduler_type="linear",
+        max_grad_norm=spec.max_grad_norm,
+        logging_steps=1,
+        logging_first_step=True,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_drop_last=True,  # a short last batch would be a new shape: a recompile on Neuron
+        bf16=bf16,
+        use_cpu=spec.device == "cpu",
+        torch_compile=spec.compile,  # transformers picks backend "neuron" on Trainium
+        remove_unused_columns=False,
+        ddp_find_unused_parameters=False,
+        log_level="warning",
+    )
+    if spec.seed is not None:
+        args_kwargs["seed"] = spec.seed
+    if plan.strategy == "ddp" and spec.device == "cpu":
+        args_kwargs["ddp_backend"] = "gloo"
+    args = TrainingArguments(**args_kwargs)
+
+    model = _load_model(spec, plan, local_rank)
+    nparams, flops_token = _model_facts(model, spec.seq_len)
+    if rank == 0:
+        _log(
+            f"Model {getattr(model.config, 'model_type', '?')} {spec.model or Path(spec.assets_dir).name} "
+            f"size: {nparams:,} total parameters"
+        )
+        _log(f"Parallelism: {_sharding_summary(model)}")
+        _log("Training starts at step 1")
+
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        callbacks=[_step_logger_callback(spec, plan, flops_token)],
+    )
+    trainer.remove_callback(PrinterCallback)  # our step lines replace its dict dumps
+    trainer.train()
+    final_step = trainer.state.global_step
+
+    if spec.export_hf:
+        dest = Path(spec.checkpoint_dir) / f"step-{final_step}"
+        trained = trainer.model
+        trained = getattr(trained, "module", trained)
+        if plan.strategy == "distributed-config":
+            from transformers.distributed import gather_full_state_dict
+
+            state = gather_full_state_dict(trained)
+        else:
+            state = trained.state_dict() if rank == 0 else {}
+        if rank == 0:
+            save_hf_checkpoint(state, dest, drop=_tied_keys(trained))
+            _log(f"Saved HF safetensors checkpoint of step {final_step} to {dest}")
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+    if rank == 0:
+        _log("Training completed")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        spec = spec_from_argv(sys.argv[1:] if argv is None else argv)
+        return run(spec)
+    except SpecError as exc:
+        print(f"{LOG_PREFIX} error: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
