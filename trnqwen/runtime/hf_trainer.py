@@ -307,45 +307,60 @@ def step_metrics(
 # --- data --------------------------------------------------------------------------------------
 
 
-def read_texts(dataset: Optional[str], model: str = "") -> list[str]:
-    """The training texts of ``dataset``.
+def load_texts(spec: HFTrainerSpec, limit: int, tokenizer=None) -> list[str]:
+    """Up to ``limit`` training texts of ``spec.dataset``: the same data the other backends train on.
 
-    Uses :func:`trnqwen.train.datasets.load_texts` when that module provides it, so every backend
-    reads the same data; otherwise a local reader for JSONL (``text`` field), Parquet, plain text
-    files and folders of those.  TODO(hf-trainer): drop the local reader once datasets.py lands.
+    The dataset is resolved by :func:`trnqwen.train.datasets.resolve_dataset` (local
+    JSONL/Parquet/text, a torchtitan-registered name such as ``c4``, a Hub name; the tiny corpus
+    by default for ``builtin:tiny-qwen3``) and streamed with ``datasets`` (nothing cached).
+    torchtitan-registered names use torchtitan's own loader and sample processor; chat records
+    (``messages``) are rendered with the tokenizer's chat template.
     """
-    try:
-        from trnqwen.train import datasets as shared  # noqa: F401
-    except ImportError:
-        shared = None
-    if shared is not None and hasattr(shared, "load_texts"):
-        return list(shared.load_texts(dataset, model=model))
-    if dataset is None:
-        try:
-            from trnqwen.tiny_model import tiny_corpus  # type: ignore[attr-defined]
-        except ImportError:
-            raise SpecError("no dataset given and no default corpus available: pass --dataset FILE") from None
-        return list(tiny_corpus())
-    path = Path(dataset).expanduser()
-    if not path.exists():
-        raise SpecError(f"dataset {dataset} not found (hf-trainer reads local JSONL/Parquet/text files)")
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    texts: list[str] = []
-    for file in files:
-        suffix = file.suffix.lower()
-        if suffix in (".jsonl", ".json"):
-            for line in file.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    record = json.loads(line)
-                    texts.append(record["text"] if isinstance(record, dict) else str(record))
-        elif suffix == ".parquet":
-            import pyarrow.parquet as pq
+    from trnqwen.errors import TrnqwenError
+    from trnqwen.train.datasets import resolve_dataset
 
-            texts += [str(t) for t in pq.read_table(file, columns=["text"]).column("text").to_pylist()]
-        elif suffix in (".txt", ".text", ".md"):
-            texts += [block for block in file.read_text(encoding="utf-8").split("\n\n") if block.strip()]
+    try:
+        data = resolve_dataset(
+            spec.dataset,
+            model_is_builtin=spec.model.startswith("builtin:"),
+            assets_dir=Path(spec.assets_dir) if spec.assets_dir else None,
+        )
+    except TrnqwenError as exc:
+        raise SpecError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
+    from datasets import load_dataset
+
+    if data.kind == "titan":
+        from torchtitan.hf_datasets.text_datasets import DATASETS
+
+        entry = DATASETS[data.titan_name]
+        rows, to_text = entry.loader(entry.path), entry.sample_processor
+    else:
+        if data.hub_name:
+            rows = load_dataset(data.hub_name, split="train", streaming=True)
+        else:
+            extra = {"sample_by": "paragraph"} if data.loader == "text" else {}
+            rows = load_dataset(data.loader, data_files=data.data_files, split="train", streaming=True, **extra)
+        if data.kind == "chat":
+            if tokenizer is None:
+                raise SpecError("chat data needs the tokenizer's chat template")
+
+            def to_text(sample):
+                return tokenizer.apply_chat_template(sample["messages"], tokenize=False)
+
+        else:
+
+            def to_text(sample):
+                return sample["text"]
+
+    texts: list[str] = []
+    for sample in rows:
+        text = to_text(sample)
+        if text and text.strip():
+            texts.append(text)
+            if len(texts) >= limit:
+                break
     if not texts:
-        raise SpecError(f"dataset {dataset} has no texts (JSONL with a 'text' field, Parquet, or .txt)")
+        raise SpecError(f"dataset {data.source} has no texts")
     return texts
 
 
@@ -600,9 +615,9 @@ def run(spec: HFTrainerSpec) -> int:
         for note in plan.notes:
             _log(note)
 
-    texts = read_texts(spec.dataset, spec.model)
     tokenizer = AutoTokenizer.from_pretrained(spec.assets_dir, trust_remote_code=spec.trust_remote_code)
     rows_needed = spec.steps * spec.local_batch_size * plan.grad_accum * plan.dp
+    texts = load_texts(spec, rows_needed, tokenizer)
     train_dataset = _tokenize(tokenizer, texts, spec.seq_len, rows_needed)
 
     bf16 = spec.device in ("neuron", "cuda") and (spec.device == "neuron" or torch.cuda.is_bf16_supported())

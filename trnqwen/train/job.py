@@ -33,3 +33,19 @@ class TrainJob:
     num_params: Optional[int] = None
     vocab_size: Optional[int] = None
     notes: list[str] = field(default_factory=list)
+    # --- added by the recipes side (all optional; the launcher may ignore them) ---------------
+    # Ranks per node and in total as the recipe planned them (nproc_per_node x nnodes).
+    nproc_per_node: Optional[int] = None
+    world_size: Optional[int] = None
+    # Sequences per optimizer step over all ranks (local batch x data-parallel degree by default).
+    global_batch_size: Optional[int] = None
+    # torchtitan's dump_folder (the run dir): structured logs, comm traces.
+    dump_folder: Optional[Path] = None
+    # native/nki-moe: the registered torchtitan flavor ("4B", "30B-A3B"), or "config.json" when the
+    # model config was built from the checkpoint's config.json.
+    model_flavor: Optional[str] = None
+    # User override imports as given; entry_args already carry them as --override.imports in the
+    # installed torchtitan's syntax (the launcher must not add them again).
+    override_imports: list[str] = field(default_factory=list)
+    # What the data is (a path, a Hub name or a torchtitan dataset name), for messages.
+    dataset: Optional[str] = None

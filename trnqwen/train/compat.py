@@ -1,0 +1,387 @@
+"""Every difference between torchtitan versions, in one place.
+
+Two API shapes are known:
+
+``recipe``  the mid-2026 torchtitan the published Trainium recipe was written against:
+            ``model_registry(flavor, attn_backend="sdpa")``, ``@override("name", target=...)``,
+            ``--override.imports my_module`` (a module), log lines
+            ``[Override] nki_rope: <fqn> <Src> -> <Dst>``.
+``0.3``     torchtitan 0.3.0 (the public index's latest): SDPA is refused for language models
+            (``flex``), ``@override(target=...)`` has no name (the override is named by its
+            factory's ``module.function`` path), ``--override.imports module.function`` (one or
+            more), log lines ``[Override] module.function: <fqn> <Src> -> <Dst>`` then
+            ``Applied N override(s)``; the Transformers backend runs only under
+            ``spmd_backend='spmd_types'``.
+
+:func:`detect` reads the installed version with importlib.metadata and probes two source files
+as text (no torch import), once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+ERA_RECIPE = "recipe"
+ERA_03 = "0.3"
+
+
+@dataclass(frozen=True)
+class TitanAPI:
+    """What the installed torchtitan expects; recipes and the rank entry consult only this."""
+
+    era: str
+    version: Optional[str] = None
+    # Attention backend name for native language models.
+    attn_backend: str = "flex"
+    # @override(...) takes the override's name as first positional argument.
+    override_takes_name: bool = False
+    # --override.imports entries name a module ("module") or a factory ("function").
+    override_import_style: str = "function"
+    # SPMD backend: the HF backend requires spmd_types; native on CPU ran with partial_dtensor.
+    hf_spmd_backend: Optional[str] = "spmd_types"
+    native_cpu_spmd_backend: Optional[str] = "partial_dtensor"
+    # Config entry points.
+    qwen3_package: str = "torchtitan.models.qwen3"
+    qwen3_config_registry: str = "torchtitan.models.qwen3.config_registry"
+    native_base_fn: str = "qwen3_32b"
+    hf_config_registry: str = "torchtitan.experiments.transformers_modeling_backend.config_registry"
+    hf_base_fn: str = "transformers_modeling_backend_full"
+    trainer_module: str = "torchtitan.train"
+    # Data: chat-format fine-tuning loader exists; c4_test ships inside the package.
+    has_chat_dataloader: bool = True
+    c4_test_in_package: bool = False
+
+    @property
+    def native_flavor_table(self) -> str:
+        """``<module>:<name>`` of the dict mapping Qwen3 flavor names to model-config builders."""
+        return f"{self.qwen3_package}:qwen3_configs"
+
+
+RECIPE_API = TitanAPI(
+    era=ERA_RECIPE,
+    attn_backend="sdpa",
+    override_takes_name=True,
+    override_import_style="module",
+    hf_spmd_backend=None,
+    native_cpu_spmd_backend="partial_dtensor",
+    has_chat_dataloader=False,
+)
+API_03 = TitanAPI(era=ERA_03)
+
+
+def installed_version() -> Optional[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torchtitan")
+    except PackageNotFoundError:
+        return None
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in re.split(r"[.+\-]", text):
+        if not piece.isdigit():
+            break
+        parts.append(int(piece))
+    return tuple(parts)
+
+
+def _package_dir() -> Optional[Path]:
+    spec = importlib.util.find_spec("torchtitan")  # torchtitan/__init__ is import-light
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def probe_sources(package_dir: Optional[Path]) -> dict[str, bool]:
+    """Feature facts read from source text; empty when the files are not there."""
+    facts: dict[str, bool] = {}
+    if package_dir is None:
+        return facts
+    override_py = package_dir / "config" / "override.py"
+    if override_py.is_file():
+        text = override_py.read_text(errors="replace")
+        match = re.search(r"def override\(\s*([^)]*?)\)", text, re.S)
+        if match:
+            first = match.group(1).strip().split(",")[0].strip()
+            facts["override_takes_name"] = first not in ("*", "") and not first.startswith("*")
+    attn_cfg = package_dir / "models" / "common" / "config_utils.py"
+    if attn_cfg.is_file():
+        facts["sdpa_refused"] = "sdpa is no longer supported" in attn_cfg.read_text(errors="replace")
+    datasets_py = package_dir / "hf_datasets" / "text_datasets.py"
+    if datasets_py.is_file():
+        facts["has_chat_dataloader"] = "class ChatDataLoader" in datasets_py.read_text(errors="replace")
+    facts["c4_test_in_package"] = (package_dir.parent / "tests" / "assets" / "c4_test").is_dir() or (
+        package_dir / "tests" / "assets" / "c4_test"
+    ).is_dir()
+    return facts
+
+
+def api_for(version: Optional[str], facts: Optional[dict[str, bool]] = None) -> TitanAPI:
+    """The API shape for a version string, refined by source-probe facts when given."""
+    facts = facts or {}
+    if "override_takes_name" in facts or "sdpa_refused" in facts:
+        recipe_like = facts.get("override_takes_name", False) or not facts.get("sdpa_refused", True)
+    else:
+        recipe_like = version is None or _version_tuple(version) < (0, 3)
+    base = RECIPE_API if recipe_like else API_03
+    api = replace(base, version=version)
+    if "has_chat_dataloader" in facts:
+        api = replace(api, has_chat_dataloader=facts["has_chat_dataloader"])
+    if "c4_test_in_package" in facts:
+        api = replace(api, c4_test_in_package=facts["c4_test_in_package"])
+    return api
+
+
+@functools.lru_cache(maxsize=1)
+def detect() -> TitanAPI:
+    """The installed torchtitan's API shape (cached; imports nothing heavy)."""
+    version = installed_version()
+    return api_for(version, probe_sources(_package_dir()) if version else None)
+
+
+def require_torchtitan() -> TitanAPI:
+    from trnqwen.errors import EnvironmentProblem
+
+    api = detect()
+    if api.version is None:
+        raise EnvironmentProblem(
+            "torchtitan is not installed",
+            hint="install the training extras: pip install 'trnqwen[train]' (keeps your torch build)",
+        )
+    return api
+
+
+# --- override imports ------------------------------------------------------------------------
+
+
+def format_override_imports(targets: list[str], api: Optional[TitanAPI] = None) -> list[str]:
+    """``--override.imports`` argv tokens in the installed syntax (empty list when none)."""
+    api = api or detect()
+    targets = [t for t in targets if t]
+    if not targets:
+        return []
+    if api.override_import_style == "module":
+        modules: list[str] = []
+        for target in targets:
+            module = module_of_target(target)
+            if module not in modules:
+                modules.append(module)
+        return ["--override.imports", ",".join(modules)]
+    return ["--override.imports", *targets]
+
+
+def module_of_target(target: str) -> str:
+    """``pkg.mod.factory`` -> ``pkg.mod`` when the last part looks like a factory, else as is."""
+    target = target.split("=", 1)[0]
+    module, _, last = target.rpartition(".")
+    if module and last and _module_exists(module) and not _module_exists(target):
+        return module
+    return target
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError, AttributeError):
+        return False
+
+
+def expand_override_imports(entries: list[Any], registry: dict[str, Any]) -> list[Any]:
+    """0.3 wants ``module.function``; expand a bare module (recipe syntax) to its overrides.
+
+    Runs inside ranks, after importing each bare module so its ``@override`` decorators have
+    registered in ``registry`` (torchtitan's ``_REGISTRY``).
+    """
+    import importlib
+
+    out: list[Any] = []
+    for entry in entries:
+        target = entry if isinstance(entry, str) else entry[0]
+        if target in registry or not _module_exists(target):
+            out.append(entry)
+            continue
+        importlib.import_module(target)
+        names = [key for key, ov in registry.items() if getattr(ov, "origin_module", None) == target]
+        if not names:
+            out.append(entry)
+        for name in names:
+            out.append(name if isinstance(entry, str) else (name, entry[1]))
+    return out
+
+
+def register_override(
+    factory: Callable,
+    *,
+    name: str,
+    target: type,
+    description: str = "",
+    exact: bool = False,
+    fqns: Optional[list[str]] = None,
+    api: Optional[TitanAPI] = None,
+) -> Callable:
+    """Apply torchtitan's ``@override`` with the installed signature (name argument or not)."""
+    from torchtitan.config import override
+
+    api = api or detect()
+    kwargs: dict[str, Any] = {"target": target, "description": description, "exact": exact}
+    if fqns is not None:
+        kwargs["fqns"] = fqns
+    decorator = override(name, **kwargs) if api.override_takes_name else override(**kwargs)
+    return decorator(factory)
+
+
+_OVERRIDE_LINE = re.compile(r"\[Override\]\s+(?P<name>[\w.]+):\s+(?P<fqn>\S+)\s+(?P<src>\S+)\s+->\s+(?P<dst>[\w.]+)")
+_APPLIED_LINE = re.compile(r"Applied (?P<count>\d+) override\(s\)")
+
+
+@dataclass(frozen=True)
+class OverrideLine:
+    name: str
+    fqn: str
+    source: str
+    target: str
+
+
+def parse_override_line(line: str) -> Optional[OverrideLine]:
+    """One ``[Override] ...`` log line (either shape), or None."""
+    match = _OVERRIDE_LINE.search(line)
+    if not match:
+        return None
+    return OverrideLine(match["name"], match["fqn"], match["src"], match["dst"])
+
+
+def parse_applied_count(line: str) -> Optional[int]:
+    """``Applied N override(s)`` (0.3 only) -> N."""
+    match = _APPLIED_LINE.search(line)
+    return int(match["count"]) if match else None
+
+
+def override_name(module: str, function: str, api: Optional[TitanAPI] = None) -> str:
+    """How an override shows up in logs and imports: its registered name or ``module.function``."""
+    api = api or detect()
+    return function if api.override_takes_name else f"{module}.{function}"
+
+
+# --- SPMD backend ----------------------------------------------------------------------------
+
+
+def spmd_backend(backend: str, device: str, api: Optional[TitanAPI] = None) -> Optional[str]:
+    """The ``parallelism.spmd_backend`` to set, or None to keep the base config's."""
+    api = api or detect()
+    if backend == "hf-v5":
+        return api.hf_spmd_backend
+    if device == "cpu":
+        return api.native_cpu_spmd_backend
+    return None
+
+
+# --- model flavors ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FlavorDims:
+    """The shape facts of a Qwen3 model config, comparable with an HF config.json."""
+
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    ffn_dim: Optional[int]  # dense FFN hidden size; None for MoE
+    tied: bool
+    rope_theta: float
+    num_experts: Optional[int] = None
+    top_k: Optional[int] = None
+    moe_ffn_dim: Optional[int] = None
+
+    @property
+    def shape_key(self) -> tuple:
+        return (
+            self.dim, self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim, self.vocab_size,
+            self.ffn_dim, self.tied, self.num_experts, self.top_k, self.moe_ffn_dim,
+        )
+
+
+def dims_from_model_config(model_cfg: Any) -> FlavorDims:
+    """Read FlavorDims off a torchtitan Qwen3Model.Config (0.3 layout)."""
+    layer = model_cfg.layers[0]
+    attn = layer.attention
+    moe = getattr(layer, "moe", None)
+    ffn = getattr(layer, "feed_forward", None)
+    num_experts = top_k = moe_ffn = None
+    if moe is not None:
+        num_experts = moe.num_experts
+        top_k = moe.router.top_k
+        moe_ffn = moe.routed_experts.inner_experts.hidden_dim
+    return FlavorDims(
+        dim=model_cfg.dim,
+        n_layers=len(model_cfg.layers),
+        n_heads=attn.n_heads,
+        n_kv_heads=attn.n_kv_heads or attn.n_heads,
+        head_dim=attn.head_dim,
+        vocab_size=model_cfg.vocab_size,
+        ffn_dim=ffn.w1.out_features if ffn is not None and moe is None else None,
+        tied=bool(getattr(model_cfg, "enable_weight_tying", False)),
+        rope_theta=float(attn.rope.theta),
+        num_experts=num_experts,
+        top_k=top_k,
+        moe_ffn_dim=moe_ffn,
+    )
+
+
+def dims_from_hf_config(config: dict[str, Any]) -> FlavorDims:
+    """FlavorDims from a Qwen3 / Qwen3-MoE ``config.json`` dict."""
+    rope_theta = config.get("rope_theta")
+    if rope_theta is None:
+        rope_theta = (config.get("rope_parameters") or {}).get("rope_theta", 1_000_000.0)
+    is_moe = bool(config.get("num_experts")) and config.get("model_type") == "qwen3_moe"
+    heads = int(config["num_attention_heads"])
+    return FlavorDims(
+        dim=int(config["hidden_size"]),
+        n_layers=int(config["num_hidden_layers"]),
+        n_heads=heads,
+        n_kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
+        vocab_size=int(config["vocab_size"]),
+        ffn_dim=None if is_moe else int(config["intermediate_size"]),
+        tied=bool(config.get("tie_word_embeddings", False)),
+        rope_theta=float(rope_theta),
+        num_experts=int(config["num_experts"]) if is_moe else None,
+        top_k=int(config["num_experts_per_tok"]) if is_moe else None,
+        moe_ffn_dim=int(config["moe_intermediate_size"]) if is_moe else None,
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def native_flavors() -> dict[str, FlavorDims]:
+    """Registered Qwen3 flavors of the installed torchtitan with their dims (imports torchtitan)."""
+    import importlib
+
+    api = require_torchtitan()
+    module_name, _, attr = api.native_flavor_table.partition(":")
+    table = getattr(importlib.import_module(module_name), attr)
+    flavors: dict[str, FlavorDims] = {}
+    for name, builder in table.items():
+        if name.startswith("debugmodel"):
+            continue
+        try:
+            flavors[name] = dims_from_model_config(builder(attn_backend=api.attn_backend))
+        except (AttributeError, TypeError, KeyError, ValueError):  # unreadable flavor: not offered
+            continue
+    return flavors
+
+
+def match_flavor(hf_dims: FlavorDims, flavors: dict[str, FlavorDims]) -> Optional[str]:
+    """The registered flavor whose architecture equals the checkpoint's (rope theta aside)."""
+    for name, dims in flavors.items():
+        if dims.shape_key == hf_dims.shape_key:
+            return name
+    return None

@@ -1,0 +1,424 @@
+"""Recipes: a resolved :class:`RunConfig` + the device -> the torchtitan run (:class:`TrainJob`).
+
+Each backend builds its config the way the published recipe does by hand
+(``shared/reference/recipe.md``), written out as a small standalone torchtitan config module
+(imports + one function returning the config) that torchrun selects with ``--module/--config``:
+
+* ``hf-v5``   ``transformers_modeling_backend_full()`` with ``hf_model`` and ``hf_assets_path``
+              both the local assets folder (no network at train time).
+* ``native``  ``qwen3_32b()`` with ``model_spec`` = the registered Qwen3 flavor whose architecture
+              equals the checkpoint's ``config.json`` (0.6B ... 32B, 30B-A3B), or a spec built
+              from ``config.json`` when none does (any dense Qwen3, the tiny model).
+* ``nki-moe`` ``qwen3_nki_moe_config("30B-A3B", compile_config=..., n_layers, num_experts, top_k)``
+              from torchtitan-neuron.
+
+``--finetune`` loads the assets in HF format (model only) and saves the last step in HF format
+(model only) to ``<checkpoint_dir>/step-N/``.  Version differences come from :mod:`compat`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from trnqwen.config import RunConfig
+from trnqwen.device import DeviceInfo
+from trnqwen.errors import EnvironmentProblem, TrnqwenError, UsageError
+from trnqwen.train import compat
+from trnqwen.train.datasets import DataSpec, render_dataset_code, resolve_dataset
+from trnqwen.train.job import TrainJob
+
+CONFIG_MODULE = "trnqwen_run_config"
+CONFIG_FNS = {"hf-v5": "trnqwen_hf_v5", "native": "trnqwen_native", "nki-moe": "trnqwen_nki_moe"}
+ENTRY_MODULE = "trnqwen.runtime.entry"
+CPU_ATTENTION_OVERRIDE = "trnqwen.runtime.cpu_attention.cpu_dense_attention"
+NKI_MOE_MODULE = "torchtitan_neuron.models.qwen3.config_registry"
+NKI_MOE_FN = "qwen3_nki_moe_config"
+NKI_MOE_FLAVOR = "30B-A3B"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass
+class Plan:
+    """Everything a backend's config module needs, resolved once."""
+
+    cfg: RunConfig
+    device: DeviceInfo
+    api: compat.TitanAPI
+    assets_dir: Path
+    hf_config: Optional[dict[str, Any]]
+    data: DataSpec
+    nproc_per_node: int
+    world_size: int
+    dp_degree: int
+    checkpoint_dir: Optional[Path]
+    dump_folder: Optional[Path]
+    flavor: Optional[str] = None  # native: a registered flavor
+    custom_dims: Optional[compat.FlavorDims] = None  # native: built from config.json
+    rope_theta_override: Optional[float] = None
+    dims: Optional[compat.FlavorDims] = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def backend(self) -> str:
+        return self.cfg.backend
+
+
+# --- public API ----------------------------------------------------------------------------------
+
+
+def build_job(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, check_runtime: bool = True) -> TrainJob:
+    """The TrainJob for ``cfg`` on ``device``.
+
+    ``check_runtime=False`` (``--dry-run`` / ``--export-config``) only generates text: missing
+    torchtitan-neuron or missing assets are then notes, not errors.
+    """
+    plan = make_plan(cfg, device, run_dir, check_runtime=check_runtime)
+    text = _render(plan)
+    fn = CONFIG_FNS[cfg.backend]
+    entry_args = ["--module", CONFIG_MODULE, "--config", fn]
+    override_imports = list(cfg.override_imports)
+    needs_entry = device.type == "cpu" or (
+        plan.api.override_import_style == "function" and any(_is_bare_module(t) for t in override_imports)
+    )
+    if device.type == "cpu":
+        entry_args += ["--trnqwen-device", "cpu"]
+    entry_args += compat.format_override_imports(override_imports, plan.api)
+    env = {"TOKENIZERS_PARALLELISM": "false"}
+    if plan.data.is_local:  # local assets + local data: nothing may wait on the network
+        env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    if device.type == "cpu":
+        threads = max(1, (os.cpu_count() or 1) // max(1, plan.nproc_per_node))
+        env["OMP_NUM_THREADS"] = str(threads)
+    if cfg.backend == "hf-v5":
+        env["HF_DEACTIVATE_ASYNC_LOAD"] = "1"
+    job = TrainJob(
+        backend=cfg.backend,
+        entry_module=ENTRY_MODULE if needs_entry else plan.api.trainer_module,
+        entry_args=entry_args,
+        config_module=CONFIG_MODULE,
+        config_fn=fn,
+        config_module_text=text,
+        env=env,
+        checkpoint_dir=plan.checkpoint_dir if cfg.resolved_export_hf else None,
+        num_layers=plan.dims.n_layers if plan.dims else None,
+        num_params=count_params(plan.dims) if plan.dims else None,
+        vocab_size=plan.dims.vocab_size if plan.dims else None,
+        notes=plan.notes + plan.data.notes,
+        nproc_per_node=plan.nproc_per_node,
+        world_size=plan.world_size,
+        global_batch_size=cfg.global_batch_size or cfg.local_batch_size * plan.dp_degree,
+        dump_folder=plan.dump_folder,
+        model_flavor=plan.flavor or ("config.json" if plan.custom_dims else None),
+        override_imports=override_imports,
+        dataset=plan.data.source,
+    )
+    return job
+
+
+def render_config_module(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path] = None) -> str:
+    """The standalone torchtitan config module for ``cfg`` (never needs torchtitan-neuron)."""
+    return _render(make_plan(cfg, device, run_dir, check_runtime=False))
+
+
+# --- planning ------------------------------------------------------------------------------------
+
+
+def make_plan(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, check_runtime: bool) -> Plan:
+    if cfg.backend == "hf-trainer":
+        raise UsageError(
+            "backend hf-trainer does not run through torchtitan recipes",
+            hint="it is launched by trnqwen's Transformers Trainer path; use --backend hf-v5, native or nki-moe here",
+        )
+    if cfg.backend not in CONFIG_FNS:
+        raise UsageError(f"unknown backend {cfg.backend!r}", hint="use hf-v5, native or nki-moe")
+    api = compat.require_torchtitan()
+    notes: list[str] = []
+    if cfg.backend == "nki-moe":
+        _check_nki_moe_available(check_runtime, notes)
+    assets_dir = cfg.resolved_assets_dir.expanduser().absolute()
+    hf_config = _read_assets(assets_dir, cfg, check_runtime=check_runtime, notes=notes)
+    data = resolve_dataset(cfg.dataset, model_is_builtin=cfg.is_builtin, assets_dir=assets_dir, api=api)
+    nproc = cfg.nproc_per_node or (1 if device.type == "cpu" else max(1, device.count))
+    world = nproc * cfg.nnodes
+    if world % cfg.tp:
+        raise UsageError(f"tensor-parallel degree {cfg.tp} does not divide {world} ranks", hint="pick --tp dividing the rank count")
+    dp = world // cfg.tp if cfg.dp_shard == -1 else cfg.dp_shard
+    gbs = cfg.global_batch_size
+    if gbs is not None and gbs % (cfg.local_batch_size * dp):
+        raise UsageError(
+            f"global batch {gbs} is not a multiple of local batch {cfg.local_batch_size} x data-parallel degree {dp}",
+            hint=f"use --global-batch-size {cfg.local_batch_size * dp} (or a multiple: gradient accumulation)",
+        )
+    export = cfg.resolved_export_hf or cfg.finetune
+    ckpt = cfg.resolved_checkpoint_dir.expanduser().absolute() if export else None
+    if ckpt is not None and any(ckpt.glob("step-*")):
+        notes.append(
+            f"{ckpt} already holds checkpoints: torchtitan resumes from its latest step instead of the "
+            "initial load; pass --checkpoint-dir for a fresh run"
+        )
+    plan = Plan(
+        cfg=cfg, device=device, api=api, assets_dir=assets_dir, hf_config=hf_config, data=data,
+        nproc_per_node=nproc, world_size=world, dp_degree=dp, checkpoint_dir=ckpt,
+        dump_folder=Path(run_dir).absolute() if run_dir is not None else None, notes=notes,
+    )
+    if cfg.backend == "native":
+        _plan_native(plan)
+    elif cfg.backend == "hf-v5":
+        plan.dims = compat.dims_from_hf_config(hf_config) if hf_config else None
+    else:
+        _plan_nki_moe(plan)
+    return plan
+
+
+def _check_nki_moe_available(check_runtime: bool, notes: list[str]) -> None:
+    try:
+        found = importlib.util.find_spec("torchtitan_neuron") is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        return
+    if check_runtime:
+        raise EnvironmentProblem(
+            "backend nki-moe needs torchtitan-neuron, which is not installed",
+            hint="on a Trainium host: clone torchtitan-neuron and `pip install -e .` it (AWS Neuron "
+            "pip repository, --no-deps to keep the Neuron torch); --dry-run/--export-config work without it",
+        )
+    notes.append("torchtitan-neuron is not installed here: the config is generated but cannot run on this machine")
+
+
+def _read_assets(assets_dir: Path, cfg: RunConfig, *, check_runtime: bool, notes: list[str]) -> Optional[dict[str, Any]]:
+    fetch_hint = f"download it first: trnqwen fetch --model {cfg.model}"
+    config_json = assets_dir / "config.json"
+    if not config_json.is_file():
+        if check_runtime:
+            raise UsageError(f"model assets not found: {config_json} is missing", hint=fetch_hint)
+        notes.append(f"{config_json} is missing: run `trnqwen fetch --model {cfg.model}` before training")
+        return None
+    try:
+        hf_config = json.loads(config_json.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{config_json} is not valid JSON: {exc}", hint=fetch_hint) from None
+    missing = [name for name in TOKENIZER_FILES if not (assets_dir / name).is_file()]
+    if missing:
+        message = f"tokenizer files missing in {assets_dir}: {', '.join(missing)}"
+        if check_runtime:
+            raise UsageError(message, hint=fetch_hint)
+        notes.append(message)
+    if cfg.finetune and check_runtime and not (
+        any(assets_dir.glob("*.safetensors")) or (assets_dir / "model.safetensors.index.json").is_file()
+    ):
+        raise UsageError(f"--finetune needs the model weights, and {assets_dir} has no *.safetensors", hint=fetch_hint)
+    return hf_config
+
+
+_NAME_FLAVOR = re.compile(r"qwen3-(\d+(?:\.\d+)?b(?:-a\d+b)?)", re.IGNORECASE)
+
+
+def _plan_native(plan: Plan) -> None:
+    flavors = compat.native_flavors()
+    if plan.hf_config is None:  # dry run without assets: go by the model's name
+        match = _NAME_FLAVOR.search(plan.cfg.model_name)
+        guess = match.group(1).upper() if match else None
+        if guess not in flavors:
+            raise UsageError(
+                f"cannot tell the architecture of {plan.cfg.model}: no config.json and no registered flavor in its name",
+                hint=f"trnqwen fetch --model {plan.cfg.model} first",
+            )
+        plan.flavor = guess
+        plan.dims = flavors[guess]
+        return
+    if plan.hf_config.get("model_type") not in ("qwen3", "qwen3_moe"):
+        raise UsageError(
+            f"the native backend builds Qwen3 models; {plan.assets_dir} holds model_type "
+            f"{plan.hf_config.get('model_type')!r}",
+            hint="use --backend hf-v5 for other architectures",
+        )
+    hf_dims = compat.dims_from_hf_config(plan.hf_config)
+    flavor = compat.match_flavor(hf_dims, flavors)
+    if flavor is not None:
+        plan.flavor = flavor
+        plan.dims = hf_dims
+        if flavors[flavor].rope_theta != hf_dims.rope_theta:
+            plan.rope_theta_override = hf_dims.rope_theta
+            plan.notes.append(
+                f"flavor {flavor} uses rope theta {flavors[flavor].rope_theta:g}; the checkpoint's "
+                f"{hf_dims.rope_theta:g} is used instead"
+            )
+        return
+    if hf_dims.num_experts:
+        raise UsageError(
+            f"no registered torchtitan Qwen3-MoE flavor matches {plan.assets_dir / 'config.json'}",
+            hint=f"native MoE supports the registered flavors ({', '.join(n for n, d in flavors.items() if d.num_experts)}); "
+            "use --backend hf-v5 for this checkpoint",
+        )
+    plan.custom_dims = hf_dims
+    plan.dims = hf_dims
+    plan.notes.append("no registered Qwen3 flavor matches config.json: the model config is built from it")
+
+
+def _plan_nki_moe(plan: Plan) -> None:
+    flavors = compat.native_flavors()
+    base = flavors.get(NKI_MOE_FLAVOR)
+    if base is not None:
+        from dataclasses import replace
+
+        plan.dims = replace(base, n_layers=plan.cfg.moe_layers, num_experts=plan.cfg.num_experts, top_k=plan.cfg.top_k)
+    plan.flavor = NKI_MOE_FLAVOR
+
+
+def count_params(d: compat.FlavorDims) -> int:
+    """Parameter count of a Qwen3 (dense or MoE) from its dims."""
+    attn = d.dim * d.n_heads * d.head_dim * 2 + d.dim * d.n_kv_heads * d.head_dim * 2 + 2 * d.head_dim
+    if d.num_experts:
+        ffn = d.num_experts * 3 * d.dim * (d.moe_ffn_dim or 0) + d.dim * d.num_experts
+    else:
+        ffn = 3 * d.dim * (d.ffn_dim or 0)
+    per_layer = attn + ffn + 2 * d.dim
+    embed = d.vocab_size * d.dim * (1 if d.tied else 2)
+    return d.n_layers * per_layer + embed + d.dim
+
+
+def _is_bare_module(target: str) -> bool:
+    return compat.module_of_target(target) == target.split("=", 1)[0]
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+
+def _render(plan: Plan) -> str:
+    cfg, api = plan.cfg, plan.api
+    imports: list[str] = []
+    body: list[str] = []  # lines of the config function, after the base call
+    head_lines: list[str] = []
+
+    def imp(line: str) -> None:
+        if line not in imports:
+            imports.append(line)
+
+    fn = CONFIG_FNS[cfg.backend]
+    assets = str(plan.assets_dir)
+    if cfg.backend == "hf-v5":
+        imp(f"from {api.hf_config_registry} import {api.hf_base_fn}")
+        base = f"{api.hf_base_fn}()"
+        body.append(f"config.hf_model = {assets!r}  # local snapshot: AutoConfig needs no network")
+    elif cfg.backend == "native":
+        imp(f"from {api.qwen3_config_registry} import {api.native_base_fn}")
+        base = f"{api.native_base_fn}()"
+        if plan.flavor:
+            imp(f"from {api.qwen3_package} import model_registry")
+            body.append(f"config.model_spec = model_registry({plan.flavor!r}, attn_backend={api.attn_backend!r})")
+            if plan.rope_theta_override is not None:
+                imp("from trnqwen.runtime.qwen3_native import set_rope_theta")
+                body.append(f"set_rope_theta(config.model_spec, {plan.rope_theta_override!r})  # the checkpoint's rotary base")
+        else:
+            d = plan.custom_dims
+            assert d is not None and plan.hf_config is not None
+            imp("from trnqwen.runtime.qwen3_native import qwen3_model_spec")
+            max_pos = int(plan.hf_config.get("max_position_embeddings") or max(cfg.seq_len, 4096))
+            eps = float(plan.hf_config.get("rms_norm_eps") or 1e-6)
+            body += [
+                "# No registered flavor has this architecture: built from the checkpoint's config.json.",
+                "config.model_spec = qwen3_model_spec(",
+                f"    name={cfg.model_name!r}, dim={d.dim}, n_layers={d.n_layers}, n_heads={d.n_heads},",
+                f"    n_kv_heads={d.n_kv_heads}, head_dim={d.head_dim}, ffn_dim={d.ffn_dim}, vocab_size={d.vocab_size},",
+                f"    tied={d.tied}, rope_theta={d.rope_theta!r}, max_seq_len={max(max_pos, cfg.seq_len)},",
+                f"    norm_eps={eps!r}, attn_backend={api.attn_backend!r},",
+                ")",
+            ]
+        body.append("config.loss.loss_fn.global_vocab_size = config.model_spec.model.vocab_size")
+    else:
+        imp("from torchtitan.config import CompileConfig")
+        imp(f"from {NKI_MOE_MODULE} import {NKI_MOE_FN}")
+        components = '["model", "loss", "grad_clip"]' if cfg.compile else None
+        compile_cfg = (
+            f"CompileConfig(enable={cfg.compile}, backend=\"neuron\""
+            + (f", components={components}" if components else "")
+            + ")"
+        )
+        base = (
+            f"{NKI_MOE_FN}(\n        {NKI_MOE_FLAVOR!r},\n        compile_config={compile_cfg},\n"
+            f"        n_layers={cfg.moe_layers},\n        num_experts={cfg.num_experts},\n        top_k={cfg.top_k},\n    )"
+        )
+
+    body.append(f"config.hf_assets_path = {assets!r}")
+    data_imports, data_head, data_expr = render_dataset_code(plan.data)
+    for line in data_imports:
+        imp(line)
+    head_lines += data_head
+    body.append(f"config.dataloader = {data_expr}")
+    body += [
+        f"config.training.steps = {cfg.steps}",
+        f"config.training.local_batch_size = {cfg.local_batch_size}",
+    ]
+    gbs = cfg.global_batch_size or (cfg.local_batch_size * plan.dp_degree if cfg.backend == "native" else None)
+    if gbs is not None:
+        body.append(f"config.training.global_batch_size = {gbs}")
+    body += [
+        f"config.training.seq_len = {cfg.seq_len}",
+        f"config.parallelism.data_parallel_shard_degree = {cfg.dp_shard}",
+        f"config.parallelism.tensor_parallel_degree = {cfg.tp}",
+    ]
+    spmd = compat.spmd_backend(cfg.backend, plan.device.type, api)
+    if spmd is not None:
+        body.append(f"config.parallelism.spmd_backend = {spmd!r}")
+    imp("from torchtitan.components.optimizer import default_adamw")
+    body += [
+        f"config.optimizer = default_adamw(lr={cfg.lr!r})",
+        f"config.lr_scheduler.warmup_steps = {min(cfg.warmup_steps, cfg.steps)}",
+        "config.metrics.log_freq = 1",
+    ]
+    if cfg.seed is not None:
+        body.append(f"config.debug.seed = {cfg.seed}")
+    if cfg.backend != "nki-moe":
+        body.append(f"config.compile.enable = {cfg.compile}")
+        if cfg.compile and plan.device.type == "neuron":
+            body.append('config.compile.backend = "neuron"')
+    if plan.dump_folder is not None:
+        body.append(f"config.dump_folder = {str(plan.dump_folder)!r}")
+    if plan.checkpoint_dir is not None:
+        body += [
+            "config.checkpoint.enable = True",
+            f"config.checkpoint.folder = {str(plan.checkpoint_dir)!r}  # absolute: not under dump_folder",
+            f"config.checkpoint.interval = {cfg.steps}",
+            "config.checkpoint.last_save_model_only = True",
+            "config.checkpoint.last_save_in_hf = True",
+        ]
+        if cfg.finetune:
+            body += [
+                f"config.checkpoint.initial_load_path = {assets!r}",
+                "config.checkpoint.initial_load_in_hf = True",
+                "config.checkpoint.initial_load_model_only = True",
+            ]
+    elif not cfg.finetune:
+        body.append("config.checkpoint.enable = False")
+
+    doc = (
+        f'"""torchtitan config generated by trnqwen: backend {cfg.backend}, model {cfg.model}.\n\n'
+        f"Run it by hand (torchtitan {api.version or '?'}, API shape {api.era}):\n"
+        f"    PYTHONPATH=<folder of this file> torchrun --nproc_per_node={plan.nproc_per_node} --rdzv_backend c10d \\\n"
+        f"        --rdzv_endpoint localhost:0 --local-ranks-filter 0 --role rank --tee 3 \\\n"
+        f"        -m {ENTRY_MODULE if plan.device.type == 'cpu' else api.trainer_module} "
+        f"--module <this module> --config {fn}"
+        + (" --trnqwen-device cpu" if plan.device.type == "cpu" else "")
+        + '\n"""'
+    )
+    lines = [doc, "", *sorted(imports, key=_import_key), "", ""]
+    if head_lines:
+        lines += head_lines + ["", ""]
+    lines.append(f"def {fn}():")
+    lines.append(f"    config = {base}")
+    lines += [f"    {line}" if line else "" for line in body]
+    lines.append("    return config")
+    return "\n".join(lines) + "\n"
+
+
+def _import_key(line: str) -> tuple[int, str]:
+    module = line.split()[1]
+    group = 0 if module.split(".")[0] in ("datasets",) else 1 if module.startswith("torchtitan.") else 2
+    return group, line
