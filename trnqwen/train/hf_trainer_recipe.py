@@ -1,0 +1,196 @@
+"""The ``hf-trainer`` recipe: a run config + device -> a :class:`TrainJob` for trnqwen's Trainer entry point.
+
+Unlike the torchtitan backends there is no generated config module: the job runs
+``python -m trnqwen.runtime.hf_trainer <flags>`` under the same torchrun launcher, and the flags
+(see :class:`trnqwen.runtime.hf_trainer.HFTrainerSpec`) say everything, so ``command.sh`` in the
+run dir re-runs it as is.  Checks that need no torch run here, before any rank starts: the
+dataset resolves, the assets exist, ``accelerate`` (which ``Trainer`` needs) is installed,
+``DistributedConfig`` exists when sharding needs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from trnqwen.errors import EnvironmentProblem, UsageError
+from trnqwen.train.job import TrainJob
+
+ENTRY_MODULE = "trnqwen.runtime.hf_trainer"
+
+
+def transformers_has_distributed_config() -> bool:
+    """Whether the installed transformers ships ``transformers.distributed.DistributedConfig``.
+
+    Looked up as a file next to the package, so transformers itself is not imported here.
+    """
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or not spec.origin:
+        return False
+    return (Path(spec.origin).parent / "distributed" / "configuration_utils.py").is_file()
+
+
+def _read_hf_config(assets_dir: Path) -> Optional[dict[str, Any]]:
+    try:
+        return json.loads((assets_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _model_facts(hf_config: Optional[dict[str, Any]]) -> tuple[Optional[int], Optional[int], Optional[int]]:
+    """(layers, parameters, vocab) from config.json, or Nones when it is missing or unusual."""
+    if not hf_config:
+        return None, None, None
+    try:
+        from trnqwen.train.compat import dims_from_hf_config
+        from trnqwen.train.preflight import count_params
+
+        dims = dims_from_hf_config(hf_config)
+        return dims.n_layers, count_params(dims), dims.vocab_size
+    except (ImportError, KeyError, TypeError, ValueError):
+        return hf_config.get("num_hidden_layers"), None, hf_config.get("vocab_size")
+
+
+def _world_size(cfg: Any, device: Any) -> int:
+    if cfg.nproc_per_node:
+        per_node = int(cfg.nproc_per_node)
+    else:
+        per_node = 1 if getattr(device, "type", "cpu") == "cpu" else max(1, int(getattr(device, "count", 1) or 1))
+    return per_node * int(getattr(cfg, "nnodes", 1) or 1)
+
+
+def _dataset_arg(cfg: Any, assets_dir: Path) -> tuple[Optional[str], list[str], str]:
+    """(the dataset as the ranks should see it (local paths absolute), notes, what it resolved to).
+
+    Resolving it here makes a bad ``--dataset`` stop the run before torchrun starts."""
+    from trnqwen.train.datasets import resolve_dataset
+
+    data = resolve_dataset(cfg.dataset, model_is_builtin=cfg.is_builtin, assets_dir=assets_dir)
+    notes = list(data.notes)
+    if data.kind == "chat":
+        notes.append("hf-trainer: chat records are rendered with the chat template; loss covers every token")
+    if cfg.dataset is None:
+        return None, notes, data.source
+    path = Path(cfg.dataset).expanduser()
+    return (str(path.absolute()) if path.exists() else cfg.dataset), notes, data.source
+
+
+def build_hf_trainer_spec(cfg: Any, device: Any, run_dir: Path, *, dataset: Any = ...):
+    """The :class:`~trnqwen.runtime.hf_trainer.HFTrainerSpec` for this run (pure; checks only files)."""
+    from trnqwen.runtime.hf_trainer import HFTrainerSpec
+
+    assets_dir = Path(cfg.resolved_assets_dir).expanduser().absolute()
+    export = bool(cfg.resolved_export_hf)
+    if dataset is ...:
+        dataset, _, _ = _dataset_arg(cfg, assets_dir)
+    device_type = getattr(device, "type", "cpu")
+    return HFTrainerSpec(
+        assets_dir=str(assets_dir),
+        model=cfg.model,
+        dataset=dataset,
+        device=device_type,
+        steps=cfg.steps,
+        local_batch_size=cfg.local_batch_size,
+        global_batch_size=cfg.global_batch_size,
+        seq_len=cfg.seq_len,
+        lr=cfg.lr,
+        warmup_steps=cfg.warmup_steps,
+        seed=cfg.seed,
+        tp=cfg.tp,
+        dp_shard=cfg.dp_shard,
+        compile=cfg.compile,
+        finetune=cfg.finetune,
+        checkpoint_dir=str(Path(cfg.resolved_checkpoint_dir).expanduser().absolute()) if export else None,
+        export_hf=export,
+        output_dir=str(Path(run_dir).absolute()),
+        peak_flops_per_rank=getattr(device, "peak_flops_per_rank", None),
+        memory_bytes_per_rank=getattr(device, "memory_bytes_per_rank", None),
+        trust_remote_code=cfg.trust_remote_code,
+    )
+
+
+def build_hf_trainer_job(cfg: Any, device: Any, run_dir: Path) -> TrainJob:
+    """A TrainJob running :mod:`trnqwen.runtime.hf_trainer` under torchrun for ``cfg`` on ``device``."""
+    from trnqwen.runtime.hf_trainer import SpecError, plan_parallelism, spec_to_argv
+
+    if cfg.backend != "hf-trainer":
+        raise UsageError(f"build_hf_trainer_job called for backend {cfg.backend!r}")
+    if cfg.override_imports:
+        raise UsageError(
+            "--override-imports replaces torchtitan modules; the hf-trainer backend does not run torchtitan",
+            hint="drop --override-imports, or use --backend hf-v5/native/nki-moe for kernel overrides",
+        )
+    if importlib.util.find_spec("transformers") is None:
+        raise EnvironmentProblem(
+            "the hf-trainer backend needs transformers, which is not installed",
+            hint="pip install 'trnqwen[train]' (keep your torch build: add --no-deps on Trainium)",
+        )
+    if importlib.util.find_spec("accelerate") is None:
+        raise EnvironmentProblem(
+            "the hf-trainer backend needs accelerate (transformers' Trainer runs on it), which is not installed",
+            hint="pip install 'accelerate>=1.12' (on Trainium add --no-deps so the Neuron torch is kept)",
+        )
+    has_dc = transformers_has_distributed_config()
+    if cfg.tp > 1 and not has_dc:
+        raise EnvironmentProblem(
+            f"--tp {cfg.tp} needs transformers.distributed.DistributedConfig, which the installed transformers lacks",
+            hint="upgrade transformers to a 5.x release with DistributedConfig, or run with --tp 1 (DDP)",
+        )
+    assets_dir = Path(cfg.resolved_assets_dir).expanduser().absolute()
+    dataset, data_notes, data_source = _dataset_arg(cfg, assets_dir)
+    spec = build_hf_trainer_spec(cfg, device, run_dir, dataset=dataset)
+    device_type = spec.device
+    notes = [
+        "hf-trainer: transformers Trainer under torchrun; every document padded/truncated to seq_len "
+        "(no packing), last uneven batch dropped",
+    ]
+    notes += data_notes
+    world = _world_size(cfg, device)
+    try:
+        plan = plan_parallelism(
+            world, cfg.tp, cfg.dp_shard, device=device_type,
+            local_batch_size=cfg.local_batch_size, global_batch_size=cfg.global_batch_size,
+            has_distributed_config=has_dc,
+        )
+    except SpecError:
+        plan = None  # preflight reports bad degrees/batches with its own hints
+    if plan is not None:
+        if plan.strategy == "distributed-config":
+            notes.append(f"sharding: DistributedConfig(tp_size={plan.tp}, fsdp_size={plan.fsdp}) at from_pretrained")
+        elif plan.strategy == "ddp":
+            notes.append("data parallel: DDP, parameters replicated on every rank")
+        notes += plan.notes
+    if device_type == "cpu":
+        notes.append("cpu: float32 (no bf16), DDP/FSDP collectives over gloo")
+    elif device_type == "neuron":
+        notes.append('neuron: device_map="neuron", bf16 mixed precision' + (", torch.compile backend neuron" if cfg.compile else ""))
+    env = {"TOKENIZERS_PARALLELISM": "false"}
+    if device_type == "neuron":
+        env["HF_DEACTIVATE_ASYNC_LOAD"] = "1"  # avoids a reported hang in HF model loading on Neuron
+    layers, params, vocab = _model_facts(_read_hf_config(assets_dir))
+    job = TrainJob(
+        backend="hf-trainer",
+        entry_module=ENTRY_MODULE,
+        entry_args=spec_to_argv(spec),
+        env=env,
+        checkpoint_dir=Path(spec.checkpoint_dir) if spec.checkpoint_dir else None,
+        num_layers=layers,
+        num_params=params,
+        vocab_size=vocab,
+        notes=notes,
+    )
+    extra = {  # newer optional TrainJob fields, set where this TrainJob has them
+        "nproc_per_node": world // max(1, int(getattr(cfg, "nnodes", 1) or 1)),
+        "world_size": world,
+        "global_batch_size": (
+            cfg.local_batch_size * plan.dp * plan.grad_accum if plan is not None else cfg.global_batch_size
+        ),
+        "dump_folder": Path(run_dir).absolute(),
+        "dataset": data_source,
+    }
+    for name, value in extra.items():
+        if hasattr(job, name):
+            setattr(job, name, value)
+    return job
