@@ -73,6 +73,103 @@ CheckpointDirOpt = Annotated[
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Show what would happen; change nothing.")]
 
 
+# --- train run settings ---------------------------------------------------------------------
+FinetuneOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--finetune/--no-finetune",
+        help="Start from the published weights and export HF safetensors. Env: TRNQWEN_FINETUNE. [default: off]",
+        show_default=False,
+    ),
+]
+DatasetOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--dataset",
+        help="Local JSONL/Parquet/text file or folder, or a Hub dataset name. Env: TRNQWEN_DATASET.",
+        show_default=False,
+    ),
+]
+LocalBatchSizeOpt = Annotated[
+    Optional[int],
+    typer.Option("--local-batch-size", help="Sequences per rank per step. Env: TRNQWEN_LOCAL_BATCH_SIZE. [default: 1]", show_default=False),
+]
+GlobalBatchSizeOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--global-batch-size",
+        help="Sequences per step over all ranks (gradient accumulation when above local x dp). "
+        "Env: TRNQWEN_GLOBAL_BATCH_SIZE. [default: local x dp]",
+        show_default=False,
+    ),
+]
+SeqLenOpt = Annotated[
+    Optional[int],
+    typer.Option("--seq-len", help="Sequence length in tokens. Env: TRNQWEN_SEQ_LEN. [default: 2048]", show_default=False),
+]
+LrOpt = Annotated[
+    Optional[float],
+    typer.Option("--lr", help="Peak learning rate. Env: TRNQWEN_LR. [default: 8e-4]", show_default=False),
+]
+DpShardOpt = Annotated[
+    Optional[int],
+    typer.Option("--dp-shard", help="FSDP degree; -1 shards over all ranks. Env: TRNQWEN_DP_SHARD. [default: -1]", show_default=False),
+]
+TpOpt = Annotated[
+    Optional[int],
+    typer.Option("--tp", help="Tensor-parallel degree. Env: TRNQWEN_TP. [default: 1]", show_default=False),
+]
+NprocPerNodeOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--nproc-per-node",
+        help="Ranks per node. Env: TRNQWEN_NPROC_PER_NODE. [default: logical NeuronCores, GPUs, or 1 on CPU]",
+        show_default=False,
+    ),
+]
+OverrideImportsOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--override-imports",
+        help="torchtitan override to activate (module.function); repeatable. Env: TRNQWEN_OVERRIDE_IMPORTS (comma-separated).",
+        show_default=False,
+    ),
+]
+CompileOpt = Annotated[
+    Optional[bool],
+    typer.Option("--compile/--no-compile", help="torch.compile the model. Env: TRNQWEN_COMPILE. [default: off]", show_default=False),
+]
+MoeLayersOpt = Annotated[
+    Optional[int],
+    typer.Option("--moe-layers", help="nki-moe: transformer layers kept. Env: TRNQWEN_MOE_LAYERS. [default: 4]", show_default=False),
+]
+NumExpertsOpt = Annotated[
+    Optional[int],
+    typer.Option("--num-experts", help="nki-moe: experts per MoE layer. Env: TRNQWEN_NUM_EXPERTS. [default: 64]", show_default=False),
+]
+TopKOpt = Annotated[
+    Optional[int],
+    typer.Option("--top-k", help="nki-moe: experts per token. Env: TRNQWEN_TOP_K. [default: 4]", show_default=False),
+]
+ExportHfOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--export-hf/--no-export-hf",
+        help="Save the last step as HF safetensors. Env: TRNQWEN_EXPORT_HF. [default: on with --finetune]",
+        show_default=False,
+    ),
+]
+ExportConfigOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--export-config",
+        help="Write the standalone torchtitan config module to FILE.py and print the torchrun line; train nothing.",
+        show_default=False,
+        metavar="FILE.py",
+    ),
+]
+
+
 def given(**flags: object) -> dict[str, object]:
     """Only the flags the user actually passed (None = not given)."""
     return {k: v for k, v in flags.items() if v is not None}

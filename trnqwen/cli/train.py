@@ -1,12 +1,232 @@
-"""`trnqwen train` (not implemented yet)."""
+"""``trnqwen train``: fine-tune Qwen3 with torchtitan over torchrun (thin: the work is in trnqwen.train.run)."""
 
 from __future__ import annotations
 
-from trnqwen.cli.app import not_implemented
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
 
-HELP = "Not implemented yet."
-EPILOG = None
+import typer
+
+from trnqwen.cli._options import (
+    AssetsOpt,
+    BackendOpt,
+    CheckpointDirOpt,
+    CompileOpt,
+    ConfigFileOpt,
+    DatasetOpt,
+    DeviceOpt,
+    DpShardOpt,
+    DryRunOpt,
+    ExportConfigOpt,
+    ExportHfOpt,
+    FinetuneOpt,
+    GlobalBatchSizeOpt,
+    JsonOpt,
+    LocalBatchSizeOpt,
+    LrOpt,
+    ModelOpt,
+    MoeLayersOpt,
+    NprocPerNodeOpt,
+    NumExpertsOpt,
+    OverrideImportsOpt,
+    SeqLenOpt,
+    StepsOpt,
+    TopKOpt,
+    TpOpt,
+    given,
+)
+
+HELP = "Train (fine-tune) Qwen3 with torchtitan over torchrun: hf-v5, native or nki-moe backend."
+EPILOG = """\
+Examples:
+
+\b
+  # the recipe: Transformers v5 backend, published weights in, HF safetensors out
+  trnqwen train --backend hf-v5 --finetune
+  # torchtitan's own Qwen3, 20 steps, global batch 64
+  trnqwen train --backend native --finetune --steps 20 --global-batch-size 64
+  # the NKI mixture-of-experts recipe (Qwen3-30B-A3B cut to 4 layers, 64 experts)
+  trnqwen train --backend nki-moe --model Qwen/Qwen3-30B-A3B --moe-layers 4 --num-experts 64 --top-k 4
+  # the whole thing on a laptop: tiny offline model, 2 CPU ranks
+  trnqwen fetch builtin:tiny-qwen3
+  trnqwen train --model builtin:tiny-qwen3 --device cpu --nproc-per-node 2 --steps 3 --seq-len 256 --finetune
+  # show the torchrun command, the generated config and the preflight report; start nothing
+  trnqwen train --backend native --finetune --dry-run
+  # a standalone torchtitan config module for running torchrun yourself
+  trnqwen train --backend hf-v5 --finetune --export-config qwen3_ft.py
+  # raw torchtitan flags go after `--`
+  trnqwen train --finetune -- --metrics.log_freq 5 --training.max_norm 0.5
+
+Each run gets a folder under .trnqwen/runs/ (run.json, train.log, the config module, command.sh,
+per-rank logs); `trnqwen inspect-logs` and `trnqwen verify-ckpt` find the newest one without paths.
+Ctrl-C or SIGTERM stops every rank (exit 130 / 143). On Trainium the compile cache is kept in
+.trnqwen/neff-cache (TORCH_NEURONX_NEFF_CACHE_DIR wins), so a rerun of the same shapes skips
+compilation.
+"""
 
 
-def train() -> None:
-    not_implemented("train")
+def train(
+    torchtitan_args: Annotated[
+        Optional[list[str]],
+        typer.Argument(
+            metavar="[-- TORCHTITAN_FLAGS...]",
+            help="Raw torchtitan flags after `--`, passed through unchanged (e.g. -- --metrics.log_freq 5).",
+            show_default=False,
+        ),
+    ] = None,
+    model: ModelOpt = None,
+    assets: AssetsOpt = None,
+    backend: BackendOpt = None,
+    finetune: FinetuneOpt = None,
+    dataset: DatasetOpt = None,
+    steps: StepsOpt = None,
+    local_batch_size: LocalBatchSizeOpt = None,
+    global_batch_size: GlobalBatchSizeOpt = None,
+    seq_len: SeqLenOpt = None,
+    lr: LrOpt = None,
+    dp_shard: DpShardOpt = None,
+    tp: TpOpt = None,
+    device: DeviceOpt = None,
+    nproc_per_node: NprocPerNodeOpt = None,
+    checkpoint_dir: CheckpointDirOpt = None,
+    override_imports: OverrideImportsOpt = None,
+    compile: CompileOpt = None,
+    moe_layers: MoeLayersOpt = None,
+    num_experts: NumExpertsOpt = None,
+    top_k: TopKOpt = None,
+    export_hf: ExportHfOpt = None,
+    config_file: ConfigFileOpt = None,
+    dry_run: DryRunOpt = False,
+    export_config: ExportConfigOpt = None,
+    show_log: Annotated[
+        bool, typer.Option("--show-log", help="Stream rank 0's log to stderr above the status line.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Train Qwen3 with torchtitan over torchrun."""
+    from trnqwen import output
+    from trnqwen.config import resolve_config
+    from trnqwen.errors import UsageError
+    from trnqwen.train.run import run_train
+
+    extra = list(torchtitan_args or [])
+    if extra and not extra[0].startswith("-"):
+        raise UsageError(
+            f"unexpected argument '{extra[0]}'",
+            hint="raw torchtitan flags go after `--`, e.g. trnqwen train -- --metrics.log_freq 5",
+        )
+    resolved = resolve_config(
+        given(
+            model=model,
+            assets_dir=assets,
+            backend=backend,
+            finetune=finetune,
+            dataset=dataset,
+            steps=steps,
+            local_batch_size=local_batch_size,
+            global_batch_size=global_batch_size,
+            seq_len=seq_len,
+            lr=lr,
+            dp_shard=dp_shard,
+            tp=tp,
+            device=device,
+            nproc_per_node=nproc_per_node,
+            checkpoint_dir=checkpoint_dir,
+            override_imports=override_imports or None,
+            compile=compile,
+            moe_layers=moe_layers,
+            num_experts=num_experts,
+            top_k=top_k,
+            export_hf=export_hf,
+        ),
+        config_file=config_file,
+    )
+    for w in resolved.warnings:
+        output.warn(w)
+
+    if dry_run or export_config is not None:
+        outcome = run_train(resolved, extra_args=extra, dry_run=True, export_config_to=export_config)
+        _print_plan(outcome.plan, json_out=json_out, exported=export_config)
+        return
+
+    from trnqwen.train.run import execute, plan_train
+
+    plan = plan_train(resolved, extra_args=extra)
+    _print_findings(plan.preflight, quiet_info=json_out)
+    if not json_out:
+        output.info(
+            f"run {plan.run_id}: {plan.config.backend} on {plan.device.type} x {plan.nproc_per_node} rank(s), "
+            f"{plan.config.steps} step(s); log {plan.log_path}"
+        )
+    echo = sys.stderr.write if show_log else None
+    outcome = execute(plan, echo=echo, status=True)
+    if json_out:
+        output.print_json(outcome.as_dict())
+    else:
+        _print_outcome(outcome)
+    outcome.raise_for_status()
+
+
+def _print_findings(report, *, quiet_info: bool = False) -> None:
+    from trnqwen import output
+
+    for f in report.findings:
+        if f.severity == "warning":
+            output.warn(f.message + (f" ({f.hint})" if f.hint else ""))
+        elif f.severity == "info" and not quiet_info:
+            output.info(f"[dim]preflight:[/dim] {f.message}")
+
+
+def _print_plan(plan, *, json_out: bool, exported: Optional[Path]) -> None:
+    from trnqwen import output
+    from trnqwen.train.run import hand_run_command
+
+    if json_out:
+        payload = plan.as_dict()
+        if exported is not None:
+            payload["exported_config"] = str(exported)
+            payload["hand_run_command"] = hand_run_command(plan, exported)
+        output.print_json(payload)
+        return
+    con = output.console(stderr=False)
+    if exported is not None:
+        con.print(f"Wrote the {plan.config.backend} torchtitan config module to {exported}")
+        con.print("Run it by hand with:")
+        con.print(hand_run_command(plan, exported), markup=False, soft_wrap=True)
+        _print_findings(plan.preflight)
+        return
+    con.rule("command", align="left")
+    con.print(plan.shell_command, markup=False, soft_wrap=True)
+    con.rule(f"config module {plan.job.config_module}.py (--config {plan.job.config_fn})", align="left")
+    con.print(plan.job.config_module_text or "(none: this backend has no torchtitan config module)", markup=False, soft_wrap=True)
+    con.rule("preflight", align="left")
+    rows = [(f.severity, f.check, f.message + (f" -> {f.hint}" if f.hint else "")) for f in plan.preflight.findings]
+    if not rows:
+        rows = [("ok", "-", "no findings")]
+    output.table("", ["severity", "check", "finding"], rows)
+    verdict = "would start" if plan.preflight.ok else "would NOT start (errors above)"
+    con.print(
+        f"dry run: {verdict}: {plan.nproc_per_node} rank(s) on {plan.device.type}, run dir {plan.run_dir}",
+        markup=False,
+    )
+
+
+def _print_outcome(outcome) -> None:
+    from trnqwen import output
+
+    r = outcome.result
+    if r is None:
+        return
+    last = r.last_step or {}
+    bits = [f"{r.ended_by} in {r.wall_s:.1f}s", f"{len(r.steps)} step(s) logged"]
+    if last.get("loss") is not None:
+        bits.append(f"last loss {last['loss']:.4f}")
+    if r.time_to_first_step_s is not None:
+        bits.append(f"first step after {r.time_to_first_step_s:.1f}s")
+    if r.seconds_per_step is not None:
+        bits.append(f"{r.seconds_per_step:.2f}s/step")
+    output.info("train: " + ", ".join(bits))
+    if outcome.exported is not None:
+        output.info(f"HF checkpoint: {outcome.exported}  (check it: trnqwen verify-ckpt {outcome.exported.parent})")
+    output.info(f"run dir: {outcome.plan.run_dir}")

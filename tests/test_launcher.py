@@ -1,0 +1,342 @@
+"""The launcher: torchrun argv as data, rank env, root-cause extraction, and supervision of a
+real torchrun running fake rank scripts (signals, no orphans, exit codes, run record)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trnqwen.config import RunConfig
+from trnqwen.device import DeviceInfo
+from trnqwen.errors import UsageError
+from trnqwen.train import launcher
+from trnqwen.train.job import TrainJob
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# The recipe's launch line (reference/recipe.md), with its placeholders filled in.
+RECIPE_LAUNCH = (
+    "torchrun --nproc_per_node=64 --rdzv_backend c10d --rdzv_endpoint localhost:0 "
+    "--local-ranks-filter 0 --role rank --tee 3 "
+    "-m torchtitan.train --module my_config --config qwen3_ft"
+)
+
+
+def _normalize(tokens: list[str]) -> list[str]:
+    """``--flag=value`` -> ``--flag value`` so both spellings compare equal."""
+    out: list[str] = []
+    for tok in tokens:
+        if tok.startswith("--") and "=" in tok:
+            out += tok.split("=", 1)
+        else:
+            out.append(tok)
+    return out
+
+
+def _recipe_job() -> TrainJob:
+    return TrainJob(
+        backend="hf-v5",
+        entry_module="torchtitan.train",
+        entry_args=["--module", "my_config", "--config", "qwen3_ft"],
+        config_module="my_config",
+        config_fn="qwen3_ft",
+    )
+
+
+# --- argv ------------------------------------------------------------------------------------
+
+
+def test_argv_matches_recipe_launch_line_field_by_field():
+    argv = launcher.build_torchrun_argv(RunConfig(), _recipe_job(), 64, python="/opt/py/bin/python")
+    assert argv[:3] == ["/opt/py/bin/python", "-m", launcher.TORCHRUN_MODULE]
+    recipe = _normalize(shlex.split(RECIPE_LAUNCH))[1:]
+    ours = argv[3:]
+    assert ours == recipe
+    # Pairwise: each recipe flag carries the same value in our argv.
+    for flag in ("--nproc_per_node", "--rdzv_backend", "--rdzv_endpoint", "--local-ranks-filter", "--role", "--tee"):
+        assert ours[ours.index(flag) + 1] == recipe[recipe.index(flag) + 1]
+
+
+def test_argv_default_python_is_this_interpreter_and_log_dir_before_module(tmp_path):
+    argv = launcher.build_torchrun_argv(RunConfig(), _recipe_job(), 2, log_dir=tmp_path / "ranks")
+    assert argv[0] == sys.executable
+    i_log, i_mod = argv.index("--log-dir"), argv.index("-m", 3)
+    assert argv[i_log + 1] == str(tmp_path / "ranks") and i_log < i_mod
+    assert argv[argv.index("--nproc_per_node") + 1] == "2"
+
+
+def test_argv_override_imports_parse_with_installed_torchtitan_and_raw_flags_come_last():
+    from torchtitan.config.override import parse_cli_imports
+
+    cfg = RunConfig(override_imports=["pkg_a.kernels.nki_rope", "pkg_b.attn.dense_attention"])
+    extra = ["--training.max_norm", "0.5", "--metrics.log_freq", "5"]
+    argv = launcher.build_torchrun_argv(cfg, _recipe_job(), 2, extra_args=extra)
+    assert argv[-4:] == extra
+    i = argv.index("--override.imports")
+    assert i > argv.index("--config")
+    tokens = argv[i + 1 : len(argv) - len(extra)]
+    # torchtitan's own CLI parser reads the targets back from our tokens.
+    parsed = parse_cli_imports(tokens)
+    assert [p if isinstance(p, str) else p[0] for p in parsed] == cfg.override_imports
+    assert launcher.build_torchrun_argv(RunConfig(), _recipe_job(), 2).count("--override.imports") == 0
+
+
+def test_argv_multi_node_fields():
+    cfg = RunConfig(nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.5:29500", rdzv_id="job42", max_restarts=3)
+    argv = launcher.build_torchrun_argv(cfg, _recipe_job(), 64)
+    pairs = {argv[i]: argv[i + 1] for i in range(3, argv.index("-m", 3)) if argv[i].startswith("--") and i + 1 < len(argv)}
+    assert pairs["--nnodes"] == "2" and pairs["--node-rank"] == "1"
+    assert pairs["--rdzv_endpoint"] == "10.0.0.5:29500" and pairs["--rdzv_id"] == "job42"
+    assert pairs["--max-restarts"] == "3" and pairs["--nproc_per_node"] == "64"
+    with pytest.raises(UsageError, match="rendezvous"):
+        launcher.build_torchrun_argv(RunConfig(nnodes=2), _recipe_job(), 64)
+
+
+def test_argv_is_accepted_by_torchrun_parser():
+    from torch.distributed.run import get_args_parser
+
+    cfg = RunConfig(nnodes=2, node_rank=1, rdzv_endpoint="h:29500", rdzv_id="x", max_restarts=1)
+    argv = launcher.build_torchrun_argv(cfg, _recipe_job(), 8, log_dir=Path("/tmp/x"), extra_args=["--a.b", "1"])
+    args = get_args_parser().parse_args(argv[3:])
+    assert args.nproc_per_node == "8" and args.nnodes == "2" and args.node_rank == 1
+    assert args.rdzv_backend == "c10d" and args.rdzv_endpoint == "h:29500" and args.rdzv_id == "x"
+    assert args.local_ranks_filter == "0" and args.role == "rank" and args.tee == "3" and args.max_restarts == 1
+    assert args.module and args.training_script == "torchtitan.train"
+    assert args.training_script_args == ["--module", "my_config", "--config", "qwen3_ft", "--a.b", "1"]
+
+
+@pytest.mark.parametrize(
+    "device, expected",
+    [
+        (DeviceInfo(type="neuron", count=64, lnc=2), 64),
+        (DeviceInfo(type="neuron", count=128, lnc=1), 128),
+        (DeviceInfo(type="cuda", count=8), 8),
+        (DeviceInfo(type="cpu", count=1), 1),
+    ],
+)
+def test_default_ranks_per_device(device, expected):
+    assert launcher.resolve_nproc_per_node(RunConfig(), device) == expected
+    assert launcher.resolve_nproc_per_node(RunConfig(nproc_per_node=3), device) == 3
+
+
+# --- environment -----------------------------------------------------------------------------
+
+
+def test_rank_env_neuron_cache_default_user_value_and_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    neuron = DeviceInfo(type="neuron", count=64, lnc=2)
+    job = TrainJob(backend="native", entry_module="x", config_module="cfgmod", env={"A": "1"})
+    env = launcher.rank_env(RunConfig(), job, neuron, tmp_path / "run", environ={})
+    assert env[launcher.NEFF_CACHE_VAR] == str((tmp_path / ".trnqwen" / "neff-cache").resolve())
+    assert env["A"] == "1"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str((tmp_path / "run").resolve())
+    # The user's own cache wins: trnqwen does not set it.
+    env = launcher.rank_env(RunConfig(), job, neuron, None, environ={launcher.NEFF_CACHE_VAR: "/mine"})
+    assert launcher.NEFF_CACHE_VAR not in env
+    env = launcher.rank_env(RunConfig(compile_cache_dir=tmp_path / "cc"), job, neuron, None, environ={})
+    assert env[launcher.NEFF_CACHE_VAR] == str((tmp_path / "cc").resolve())
+    # Not on CPU.
+    assert launcher.NEFF_CACHE_VAR not in launcher.rank_env(RunConfig(), job, DeviceInfo("cpu", 1), None, environ={})
+
+
+def test_command_script_redacts_tokens_and_replays(tmp_path):
+    script = launcher.command_script(
+        [sys.executable, "-c", "import os,sys; print(os.environ['X']); sys.exit(3)"],
+        {"X": "hello world", "HF_TOKEN_LIKE": "hf_abcdefghijklmnop"},
+        tmp_path,
+    )
+    assert "hf_abcdefghijklmnop" not in script
+    path = tmp_path / "command.sh"
+    path.write_text(script)
+    proc = subprocess.run(["bash", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 3 and proc.stdout.strip() == "hello world"
+
+
+# --- root cause ------------------------------------------------------------------------------
+
+
+def _real_traceback(code: str) -> list[str]:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode != 0
+    return proc.stderr.splitlines()
+
+
+def test_root_cause_is_last_line_of_first_traceback_with_prefixes_and_chaining():
+    lines = _real_traceback(
+        "def f():\n    raise KeyError('inner')\n"
+        "try:\n    f()\nexcept KeyError as e:\n    raise RuntimeError('outer failure: bad shard') from e\n"
+    )
+    prefixed = ["[rank0]:[titan] INFO - starting", *(f"[rank0]:{line}" for line in lines)]
+    assert launcher.root_cause(prefixed) == "KeyError: 'inner'"
+    only_outer = _real_traceback("x = [1]\nassert x[0] == 2, 'loss is nan at step 3'")
+    assert launcher.root_cause(only_outer) == "AssertionError: loss is nan at step 3"
+
+
+def test_root_cause_known_runtime_line_without_traceback():
+    lines = ["[rank0]:some info", "[rank0]:2026-11-29 TDRV:dmem_alloc_internal Failed to alloc DEVICE memory: 1024", "bye"]
+    assert "Failed to alloc DEVICE memory" in launcher.root_cause(lines)
+    assert launcher.root_cause(["all good", "done"]) is None
+
+
+# --- supervision under real torchrun ---------------------------------------------------------
+
+FAKE_RANK = textwrap.dedent(
+    '''
+    """A stand-in for a training rank: logs torchtitan-shaped step lines, can crash or hang."""
+    import os, signal, subprocess, sys, time
+
+    mode, pids = sys.argv[1], sys.argv[2]
+    rank = int(os.environ["RANK"])
+    if mode == "stubborn":
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+    # A grandchild, like a dataloader worker, in the rank's session.
+    child = subprocess.Popen([sys.executable, "-c",
+        "import signal,time\\n"
+        + ("signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGINT, signal.SIG_IGN)\\n" if mode == "stubborn" else "")
+        + "time.sleep(600)"])
+    with open(os.path.join(pids, f"rank{rank}"), "w") as fh:
+        fh.write(f"{os.getpid()} {child.pid}\\n")
+    print(f"rank {rank} up", flush=True)
+    if mode == "crash" and rank == 1:
+        time.sleep(1.0)
+        raise ValueError("boom from rank 1: bad shard")
+    if mode == "crash":
+        # When torchrun stops rank 0 after rank 1 died, rank 0 fails too, with a different error
+        # that shows on the console first: noise, not the root cause.
+        def _lost_peer(*_):
+            raise ConnectionError("peer rank went away")
+        signal.signal(signal.SIGTERM, _lost_peer)
+    step = 0
+    while True:
+        step += 1
+        print(f"[titan] INFO - \\x1b[31mstep: {step:2d}  \\x1b[32mloss: {8.0 / step:8.5f}  grad_norm: 1.5  "
+              f"memory:  0.00GiB(0.00%)  tps: 1,234  tflops: 0.03  mfu: 0.01%\\x1b[39m", flush=True)
+        time.sleep(0.3)
+    '''
+)
+
+DRIVER = textwrap.dedent(
+    '''
+    import json, sys
+    from pathlib import Path
+    from trnqwen.config import RunConfig
+    from trnqwen.device import DeviceInfo
+    from trnqwen.train.job import TrainJob
+    from trnqwen.train.preflight import PreflightReport
+    from trnqwen.train.run import TrainPlan, execute
+    from trnqwen.train import launcher
+
+    work, mode, grace = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+    cfg = RunConfig(model="builtin:tiny-qwen3", device="cpu", nproc_per_node=2, steps=1000,
+                    runs_dir=work / "runs", finetune=False)
+    job = TrainJob(backend="native", entry_module="fake_rank", entry_args=[mode, str(work / "pids")])
+    device = DeviceInfo(type="cpu", count=1)
+    run_dir = work / "runs" / f"run-{mode}"
+    argv = launcher.build_torchrun_argv(cfg, job, 2, log_dir=run_dir / "ranks")
+    plan = TrainPlan(config=cfg, device=device, job=job, nproc_per_node=2, run_id=run_dir.name,
+                     run_dir=run_dir, argv=argv, env={"PYTHONPATH": str(work)},
+                     preflight=PreflightReport(), cwd=work)
+    outcome = execute(plan, grace_s=grace)
+    (work / "outcome.json").write_text(json.dumps(outcome.as_dict(), default=str))
+    sys.exit(outcome.exit_code)
+    '''
+)
+
+
+def _start_driver(tmp_path: Path, mode: str, grace: float = 10.0) -> subprocess.Popen:
+    (tmp_path / "fake_rank.py").write_text(FAKE_RANK)
+    (tmp_path / "driver.py").write_text(DRIVER)
+    (tmp_path / "pids").mkdir()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.Popen(
+        [sys.executable, str(tmp_path / "driver.py"), str(tmp_path), mode, str(grace)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _wait_for_ranks(tmp_path: Path, proc: subprocess.Popen, timeout: float = 90) -> list[int]:
+    """Both ranks and their children are up and rank 0 has logged a step."""
+    log = tmp_path / "runs"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        files = list((tmp_path / "pids").glob("rank*"))
+        logs = list(log.glob("*/train.log"))
+        if len(files) == 2 and logs and "step:  2" in logs[0].read_text(errors="replace"):
+            return [int(p) for f in files for p in f.read_text().split()]
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("ranks did not come up")
+
+
+def _descendants(pid: int) -> list[int]:
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sig, mode, code",
+    [(signal.SIGINT, "loop", 130), (signal.SIGTERM, "stubborn", 143)],
+    ids=["sigint", "sigterm-stubborn-ranks"],
+)
+def test_signal_stops_every_rank_no_orphans(tmp_path, sig, mode, code):
+    proc = _start_driver(tmp_path, mode, grace=4.0)
+    rank_pids = _wait_for_ranks(tmp_path, proc)
+    tree = sorted(set(_descendants(proc.pid)) | set(rank_pids))
+    assert len(tree) >= 5  # torchrun + 2 ranks + 2 grandchildren
+    t0 = time.monotonic()
+    proc.send_signal(sig)  # only the launcher gets it, like kill <pid> or a Ctrl-C it forwards
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert time.monotonic() - t0 < 30
+    deadline = time.monotonic() + 5
+    while _alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive(tree) == [], f"orphans left: {_alive(tree)}"
+    record = json.loads((tmp_path / "runs" / f"run-{mode}" / "run.json").read_text())
+    assert record["status"] == "interrupted"
+    assert record["ended_by"] == signal.Signals(sig).name and record["exit_code"] == code
+    outcome = json.loads((tmp_path / "outcome.json").read_text())
+    assert outcome["steps_logged"] >= 2 and outcome["last_step"]["tps"] == 1234
+
+
+@pytest.mark.slow
+def test_crashing_rank_reports_root_cause(tmp_path):
+    proc = _start_driver(tmp_path, "crash")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    record = json.loads((tmp_path / "runs" / "run-crash" / "run.json").read_text())
+    assert record["status"] == "failed" and record["ended_by"] == "rank failure"
+    # rank 1 failed first; rank 0's later ConnectionError and torchrun's ChildFailedError are noise.
+    assert record["error"] == "ValueError: boom from rank 1: bad shard"
+    log = (tmp_path / "runs" / "run-crash" / "train.log").read_text()
+    assert "ChildFailedError" in log and "ConnectionError: peer rank went away" in log  # the full log is kept
+    assert list((tmp_path / "runs" / "run-crash" / "ranks").glob("**/attempt_0/1/stderr.log"))
+    assert (tmp_path / "runs" / "LAST").read_text().strip() == "run-crash"
+    assert (tmp_path / "runs" / "run-crash" / "command.sh").is_file()
