@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -77,7 +78,7 @@ def _dataset_arg(cfg: Any, assets_dir: Path) -> tuple[Optional[str], list[str], 
     return (str(path.absolute()) if path.exists() else cfg.dataset), notes, data.source
 
 
-def build_hf_trainer_spec(cfg: Any, device: Any, run_dir: Path, *, dataset: Any = ...):
+def build_hf_trainer_spec(cfg: Any, device: Any, run_dir: Optional[Path], *, dataset: Any = ...):
     """The :class:`~trnqwen.runtime.hf_trainer.HFTrainerSpec` for this run (pure; checks only files)."""
     from trnqwen.runtime.hf_trainer import HFTrainerSpec
 
@@ -104,15 +105,19 @@ def build_hf_trainer_spec(cfg: Any, device: Any, run_dir: Path, *, dataset: Any 
         finetune=cfg.finetune,
         checkpoint_dir=str(Path(cfg.resolved_checkpoint_dir).expanduser().absolute()) if export else None,
         export_hf=export,
-        output_dir=str(Path(run_dir).absolute()),
+        output_dir=str(Path(run_dir if run_dir is not None else cfg.runs_dir).expanduser().absolute()),
         peak_flops_per_rank=getattr(device, "peak_flops_per_rank", None),
         memory_bytes_per_rank=getattr(device, "memory_bytes_per_rank", None),
         trust_remote_code=cfg.trust_remote_code,
     )
 
 
-def build_hf_trainer_job(cfg: Any, device: Any, run_dir: Path) -> TrainJob:
-    """A TrainJob running :mod:`trnqwen.runtime.hf_trainer` under torchrun for ``cfg`` on ``device``."""
+def build_hf_trainer_job(cfg: Any, device: Any, run_dir: Optional[Path], *, check_runtime: bool = True) -> TrainJob:
+    """A TrainJob running :mod:`trnqwen.runtime.hf_trainer` under torchrun for ``cfg`` on ``device``.
+
+    ``check_runtime=False`` (``--dry-run``): a missing transformers/accelerate/DistributedConfig is
+    a note instead of an error; the dataset is still resolved (it only reads files).
+    """
     from trnqwen.runtime.hf_trainer import SpecError, plan_parallelism, spec_to_argv
 
     if cfg.backend != "hf-trainer":
@@ -122,22 +127,25 @@ def build_hf_trainer_job(cfg: Any, device: Any, run_dir: Path) -> TrainJob:
             "--override-imports replaces torchtitan modules; the hf-trainer backend does not run torchtitan",
             hint="drop --override-imports, or use --backend hf-v5/native/nki-moe for kernel overrides",
         )
+    problems: list[EnvironmentProblem] = []
     if importlib.util.find_spec("transformers") is None:
-        raise EnvironmentProblem(
+        problems.append(EnvironmentProblem(
             "the hf-trainer backend needs transformers, which is not installed",
             hint="pip install 'trnqwen[train]' (keep your torch build: add --no-deps on Trainium)",
-        )
+        ))
     if importlib.util.find_spec("accelerate") is None:
-        raise EnvironmentProblem(
+        problems.append(EnvironmentProblem(
             "the hf-trainer backend needs accelerate (transformers' Trainer runs on it), which is not installed",
             hint="pip install 'accelerate>=1.12' (on Trainium add --no-deps so the Neuron torch is kept)",
-        )
+        ))
     has_dc = transformers_has_distributed_config()
     if cfg.tp > 1 and not has_dc:
-        raise EnvironmentProblem(
+        problems.append(EnvironmentProblem(
             f"--tp {cfg.tp} needs transformers.distributed.DistributedConfig, which the installed transformers lacks",
             hint="upgrade transformers to a 5.x release with DistributedConfig, or run with --tp 1 (DDP)",
-        )
+        ))
+    if problems and check_runtime:
+        raise problems[0]
     assets_dir = Path(cfg.resolved_assets_dir).expanduser().absolute()
     dataset, data_notes, data_source = _dataset_arg(cfg, assets_dir)
     spec = build_hf_trainer_spec(cfg, device, run_dir, dataset=dataset)
@@ -147,6 +155,7 @@ def build_hf_trainer_job(cfg: Any, device: Any, run_dir: Path) -> TrainJob:
         "(no packing), last uneven batch dropped",
     ]
     notes += data_notes
+    notes += [f"not runnable here: {p.message}" for p in problems]
     world = _world_size(cfg, device)
     try:
         plan = plan_parallelism(
@@ -167,6 +176,12 @@ def build_hf_trainer_job(cfg: Any, device: Any, run_dir: Path) -> TrainJob:
     elif device_type == "neuron":
         notes.append('neuron: device_map="neuron", bf16 mixed precision' + (", torch.compile backend neuron" if cfg.compile else ""))
     env = {"TOKENIZERS_PARALLELISM": "false"}
+    local_data = Path(data_source).exists()
+    if local_data:  # local assets + local data: nothing may wait on the network
+        env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    if device_type == "cpu":
+        per_node = world // max(1, int(getattr(cfg, "nnodes", 1) or 1))
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, per_node)))
     if device_type == "neuron":
         env["HF_DEACTIVATE_ASYNC_LOAD"] = "1"  # avoids a reported hang in HF model loading on Neuron
     layers, params, vocab = _model_facts(_read_hf_config(assets_dir))
@@ -187,7 +202,7 @@ def build_hf_trainer_job(cfg: Any, device: Any, run_dir: Path) -> TrainJob:
         "global_batch_size": (
             cfg.local_batch_size * plan.dp * plan.grad_accum if plan is not None else cfg.global_batch_size
         ),
-        "dump_folder": Path(run_dir).absolute(),
+        "dump_folder": Path(run_dir).absolute() if run_dir is not None else None,
         "dataset": data_source,
     }
     for name, value in extra.items():
