@@ -33,7 +33,7 @@ from trnqwen.constants import BACKENDS, BUILTIN_PREFIX, CONFIG_FILE_NAME, DEFAUL
 
 ENV_PREFIX = "TRNQWEN_"
 # TRNQWEN_* variables that are not run fields.
-RESERVED_ENV = {"TRNQWEN_DEBUG", "TRNQWEN_CONFIG_FILE", "TRNQWEN_NO_COLOR", "TRNQWEN_HOME"}
+RESERVED_ENV = {"TRNQWEN_DEBUG", "TRNQWEN_CONFIG_FILE", "TRNQWEN_NO_COLOR", "TRNQWEN_HOME", "TRNQWEN_SYSFS_ROOT"}
 
 Backend = Literal["hf-v5", "native", "nki-moe", "hf-trainer"]
 Device = Literal["auto", "neuron", "cuda", "cpu"]

@@ -551,9 +551,8 @@ def probe_environment(
     compiler_path, compiler_version = neuron_compiler_version(ctx)
 
     torch_ver = packages.get("torch")
-    build = tb["build"]
-    if neuron_installed and build == "cpu":
-        build = "neuron"
+    # A Neuron host runs the CPU build of torch with torch-neuronx adding the `neuron` device.
+    build = "neuron" if neuron_installed else tb["build"]
     torch_info = {
         "version": tb["version"] or torch_ver,
         "build": build if torch_ver else None,
@@ -615,14 +614,21 @@ def probe_environment(
     py = sys.version_info[:2]
     combo = check_combination(packages, target if target in ("neuron", "cuda", "cpu") else "cpu", py)
     if combo.best is not None and combo.mismatches:
+        best = combo.best
+        wanted = [f"{k}=={v}" for k, v in best.packages.items() if any(m.startswith(f"{k} ") for m in combo.mismatches)]
+        steps = []
+        if any(m.startswith("python ") for m in combo.mismatches):
+            steps.append(f"use Python {best.python[0][0]}.{best.python[0][1]}-{best.python[1][0]}.{best.python[1][1]}")
+        if wanted:
+            steps.append(
+                "install " + ", ".join(wanted)
+                + (f" (Neuron packages from {NEURON_PIP_REPO} with --no-deps)" if target == "neuron" else "")
+            )
         problems.append(
             Problem(
                 "warning",
-                f"untested combination for {target} (closest known-good: {combo.best.name}): "
-                + "; ".join(combo.mismatches),
-                "install the known-good versions: "
-                + ", ".join(f"{k}=={v}" for k, v in combo.best.packages.items())
-                + ("" if target != "neuron" else f" (Neuron packages from {NEURON_PIP_REPO} with --no-deps)"),
+                f"untested combination for {target} (closest known-good: {best.name}): " + "; ".join(combo.mismatches),
+                "; ".join(steps) or "install the versions listed in trnqwen/versions.py",
             )
         )
 
@@ -727,7 +733,7 @@ def probe_environment(
             "ok": combo.ok,
             "mismatches": combo.mismatches,
         },
-        problems=problems,
+        problems=sorted(problems, key=lambda p: SEVERITIES.index(p.severity)),
     )
 
 

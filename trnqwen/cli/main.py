@@ -51,10 +51,14 @@ ROOT_OPTIONS: tuple[tuple[str, str], ...] = (
 _APP: Any = None
 
 
-def build_app():
-    """The full Typer app (imports typer and every command module)."""
+def build_app(only: Optional[str] = None):
+    """The Typer app (imports typer and the command modules).
+
+    ``only`` registers just that command or group: ``trnqwen check-env ...`` then neither imports
+    nor builds the others (Typer builds every parameter's validator up front).
+    """
     global _APP
-    if _APP is not None:
+    if only is None and _APP is not None:
         return _APP
     import importlib
 
@@ -76,11 +80,14 @@ def build_app():
         """Root options."""
 
     for name, (module, attr) in COMMANDS.items():
-        mod = importlib.import_module(module)
-        app.command(name, help=mod.HELP, epilog=getattr(mod, "EPILOG", None))(getattr(mod, attr))
+        if only is None or name == only:
+            mod = importlib.import_module(module)
+            app.command(name, help=mod.HELP, epilog=getattr(mod, "EPILOG", None))(getattr(mod, attr))
     for name, (module, attr) in GROUPS.items():
-        app.add_typer(getattr(importlib.import_module(module), attr), name=name)
-    _APP = app
+        if only is None or name == only:
+            app.add_typer(getattr(importlib.import_module(module), attr), name=name)
+    if only is None:
+        _APP = app
     return app
 
 
@@ -203,7 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     from trnqwen.errors import EXIT_SIGINT, TrnqwenError
 
     try:
-        app = build_app()
+        # A known command first: build only that one; anything else (typos, root flags) gets all.
+        app = build_app(args[0] if args and (args[0] in COMMANDS or args[0] in GROUPS) else None)
         rv = app(args=args, prog_name="trnqwen", standalone_mode=False)
     except TrnqwenError as exc:
         if _debug():
