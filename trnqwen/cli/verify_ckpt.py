@@ -1,12 +1,97 @@
-"""`trnqwen verify-ckpt` (not implemented yet)."""
+"""``trnqwen verify-ckpt``: prove an exported checkpoint is a standard, finite HF checkpoint.
+
+Examples:
+  trnqwen verify-ckpt                                   # the last run's checkpoint
+  trnqwen verify-ckpt ./checkpoint_qwen3_4b_ft --step 10
+  trnqwen verify-ckpt ./checkpoint_qwen3_4b_ft --quick --json
+  trnqwen verify-ckpt ./ckpt --compare-to assets/hf/Qwen3-4B-Instruct-2507
+  trnqwen verify-ckpt ./ckpt --generate "The capital of France is"
+"""
 
 from __future__ import annotations
 
-from trnqwen.cli.app import not_implemented
+from pathlib import Path
+from typing import Annotated, Optional
 
-HELP = "Not implemented yet."
-EPILOG = None
+import typer
+
+from trnqwen.cli._options import AssetsOpt, ConfigFileOpt, DeviceOpt, JsonOpt, ModelOpt, given
+
+HELP = "Check an exported checkpoint: keys, shapes and dtypes against the model, every value finite."
+EPILOG = (
+    "Examples: trnqwen verify-ckpt ./checkpoint_qwen3_4b_ft  |  trnqwen verify-ckpt --quick --json  |  "
+    "trnqwen verify-ckpt ./ckpt --compare-to assets/hf/Qwen3-4B-Instruct-2507 --generate 'Hello'. "
+    "Exit 0 ok, 1 a check failed, 2 usage error (no such path, no config.json)."
+)
 
 
-def verify_ckpt() -> None:
-    not_implemented("verify-ckpt")
+def verify_ckpt(
+    checkpoint: Annotated[
+        Optional[Path],
+        typer.Argument(
+            help="Checkpoint folder (with step-N/ subfolders), a step-N folder, or a folder of HF safetensors. "
+            "[default: the last run's checkpoint]",
+            show_default=False,
+        ),
+    ] = None,
+    step: Annotated[
+        Optional[int], typer.Option("--step", help="Which step-N folder to check. [default: the last one]", show_default=False)
+    ] = None,
+    assets: AssetsOpt = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Headers only (keys, shapes, dtypes, index); skip the value scan.")
+    ] = False,
+    round_trip: Annotated[
+        bool,
+        typer.Option(
+            "--round-trip",
+            help="Also run the recipe's round trip for real: AutoModelForCausalLM on the meta device + "
+            "load_state_dict(strict=False, assign=True) (imports torch; no tensor memory).",
+        ),
+    ] = False,
+    compare_to: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--compare-to",
+            help="Reference checkpoint (e.g. the base assets): per-tensor relative change ||a-b||/||b||.",
+            show_default=False,
+        ),
+    ] = None,
+    max_rel_change: Annotated[
+        float, typer.Option("--max-rel-change", help="With --compare-to: a tensor that moved more than this has exploded.")
+    ] = 1.0,
+    generate: Annotated[
+        Optional[str],
+        typer.Option("--generate", help="Load the model and greedily continue this prompt.", show_default=False),
+    ] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="With --generate: tokens to generate.")] = 16,
+    device: DeviceOpt = None,
+    trust_remote_code: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--trust-remote-code/--no-trust-remote-code",
+            help="Let the model repo run its own code (--round-trip/--generate). Env: TRNQWEN_TRUST_REMOTE_CODE. [default: off]",
+            show_default=False,
+        ),
+    ] = None,
+    model: ModelOpt = None,
+    config_file: ConfigFileOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Verify an exported HF checkpoint."""
+    from trnqwen.ckpt.report import run_verify
+
+    run_verify(
+        checkpoint=checkpoint,
+        step=step,
+        assets=assets,
+        quick=quick,
+        round_trip=round_trip,
+        compare_to=compare_to,
+        max_rel_change=max_rel_change,
+        generate=generate,
+        max_new_tokens=max_new_tokens,
+        json_out=json_out,
+        run_flags=given(model=model, device=device, trust_remote_code=trust_remote_code),
+        config_file=config_file,
+    )

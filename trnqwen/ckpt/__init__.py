@@ -1,0 +1,70 @@
+"""Checkpoint verification (``trnqwen verify-ckpt``): public entry points.
+
+    from trnqwen.ckpt import locate, verify
+    ckpt, model_config = locate(Path("checkpoint_qwen3_4b_ft"), run_config=cfg)
+    report = verify(ckpt, model_config)          # VerifyReport; report.ok, report.to_json()
+
+Modules: ``layout`` (which files, which config.json), ``safetensors_format`` (headers, no data),
+``spec`` (expected tensors of a Qwen3 config; the meta-device round trip), ``scan`` (streaming
+NaN/Inf counts and relative change), ``generate`` (``--generate``), ``verify`` (orchestration).
+No module imports torch or numpy at import time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from trnqwen.ckpt.layout import CheckpointFiles, ModelConfig, find_config, resolve_checkpoint
+from trnqwen.ckpt.verify import VerifyReport, verify
+from trnqwen.errors import UsageError
+
+__all__ = ["CheckpointFiles", "ModelConfig", "VerifyReport", "locate", "resolve_checkpoint", "find_config", "verify"]
+
+
+def locate(
+    checkpoint: Optional[Path],
+    *,
+    step: Optional[int] = None,
+    assets: Optional[Path] = None,
+    run_config=None,
+) -> tuple[CheckpointFiles, ModelConfig]:
+    """CHECKPOINT (or the last run's checkpoint when None) and the config.json to build from.
+
+    ``run_config`` is the resolved :class:`trnqwen.config.RunConfig` (runs_dir, assets_dir).
+    """
+    run_assets: Optional[Path] = None
+    if checkpoint is None:
+        checkpoint, run_assets = _last_run_checkpoint(run_config)
+    ckpt = resolve_checkpoint(checkpoint, step)
+    config_assets = Path(run_config.resolved_assets_dir) if run_config is not None else None
+    model_config = find_config(ckpt, assets=assets, run_assets=run_assets, config_assets=config_assets)
+    return ckpt, model_config
+
+
+def _last_run_checkpoint(run_config) -> tuple[Path, Optional[Path]]:
+    from trnqwen.rundir import RunRecord, last_run_dir
+
+    runs_dir = Path(run_config.runs_dir) if run_config is not None else Path(".trnqwen/runs")
+    run_dir = last_run_dir(runs_dir) if runs_dir.is_dir() else None
+    if run_dir is None:
+        raise UsageError(
+            f"no CHECKPOINT given and no previous run under {runs_dir}",
+            hint="pass the checkpoint folder, e.g. trnqwen verify-ckpt ./checkpoint_qwen3_4b_ft",
+        )
+    try:
+        record = RunRecord.load(run_dir)
+    except (OSError, ValueError, TypeError) as exc:
+        raise UsageError(f"cannot read the last run's record in {run_dir}: {exc}", hint="pass the checkpoint folder") from None
+    if not record.checkpoint_dir:
+        raise UsageError(
+            f"the last run ({record.run_id}) saved no checkpoint",
+            hint="train with --finetune (exports HF safetensors), or pass the checkpoint folder",
+        )
+    path = Path(record.checkpoint_dir)
+    if not path.exists():
+        raise UsageError(
+            f"the last run's checkpoint {path} does not exist (status: {record.status})",
+            hint="pass the checkpoint folder explicitly",
+        )
+    return path, Path(record.assets_dir) if record.assets_dir else None

@@ -1,0 +1,219 @@
+"""Where the checkpoint's files are, and which config.json describes them.
+
+Accepted CHECKPOINT forms:
+  * a checkpoint folder holding ``step-N/`` subfolders (torchtitan's ``checkpoint.folder``):
+    the highest step with HF safetensors is taken, ``--step N`` picks another;
+  * one ``step-N`` folder, or any folder of HF safetensors (``model*.safetensors`` with or
+    without ``model.safetensors.index.json``);
+  * a single ``.safetensors`` file, or a ``model.safetensors.index.json`` file.
+
+torchtitan 0.3.0 exports the last step as ``<folder>/step-N/model-0000x-of-0000y.safetensors``
+plus ``model.safetensors.index.json``; a ``sharded/`` subfolder holds the per-rank pieces it
+consolidated from and is ignored here.  Pickle checkpoints (``*.bin``, ``*.pt``) are recognised
+only to refuse them: unpickling runs arbitrary code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from trnqwen.errors import CheckFailed, UsageError
+
+INDEX_NAME = "model.safetensors.index.json"
+STEP_RE = re.compile(r"^step-(\d+)$")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+CONVERT_HINT = (
+    "convert it once with weights_only loading, then verify the result: "
+    "python -c \"import torch; from safetensors.torch import save_file; "
+    "save_file(torch.load('pytorch_model.bin', weights_only=True), 'model.safetensors')\" "
+    "(or AutoModelForCausalLM.from_pretrained(dir).save_pretrained(out) if you trust the file)"
+)
+
+
+@dataclass
+class CheckpointFiles:
+    """The resolved checkpoint: its folder, its shard files and its index (if any)."""
+
+    root: Path  # the folder holding the shards (a step-N folder or an HF folder)
+    files: list[Path]
+    index: Optional[Path] = None
+    step: Optional[int] = None
+    given: Optional[Path] = None  # what the user passed (or the run's checkpoint_dir)
+    other_steps: list[int] = field(default_factory=list)
+
+
+def _step_of(path: Path) -> Optional[int]:
+    m = STEP_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def _safetensors_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("*.safetensors") if p.is_file())
+
+
+def _is_dcp(folder: Path) -> bool:
+    return (folder / ".metadata").is_file() or any(folder.glob("*.distcp"))
+
+
+def _refuse_pickles(folder: Path) -> None:
+    pickles = sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix.lower() in PICKLE_SUFFIXES)
+    if pickles:
+        shown = ", ".join(pickles[:3]) + (f" (+{len(pickles) - 3} more)" if len(pickles) > 3 else "")
+        raise CheckFailed(
+            f"{folder} holds only pickle checkpoint files ({shown}), not safetensors; "
+            "trnqwen does not unpickle them (loading a pickle can run arbitrary code)",
+            hint=CONVERT_HINT,
+        )
+
+
+def _files_of(folder: Path, step: Optional[int], given: Path) -> CheckpointFiles:
+    files = _safetensors_in(folder)
+    index = folder / INDEX_NAME
+    if not files and not index.is_file():
+        raise AssertionError("caller checks that the folder holds safetensors")
+    return CheckpointFiles(folder, files, index if index.is_file() else None, step, given)
+
+
+def _has_hf(folder: Path) -> bool:
+    return bool(_safetensors_in(folder)) or (folder / INDEX_NAME).is_file()
+
+
+def resolve_checkpoint(path: Path, step: Optional[int] = None) -> CheckpointFiles:
+    """Turn CHECKPOINT (+ ``--step``) into the shard files to check, or say clearly why not."""
+    given = Path(path).expanduser()
+    if not given.exists():
+        raise UsageError(f"no such path: {given}", hint="pass the checkpoint folder, e.g. ./checkpoint_qwen3_4b_ft")
+    if given.is_file():
+        if step is not None:
+            raise UsageError("--step applies to a checkpoint folder, not a single file")
+        if given.name == INDEX_NAME:
+            return CheckpointFiles(given.parent, _safetensors_in(given.parent), given, _step_of(given.parent), given)
+        if given.suffix == ".safetensors":
+            return CheckpointFiles(given.parent, [given], None, _step_of(given.parent), given)
+        if given.suffix.lower() in PICKLE_SUFFIXES:
+            raise CheckFailed(
+                f"{given} is a pickle checkpoint, not safetensors; trnqwen does not unpickle it "
+                "(loading a pickle can run arbitrary code)",
+                hint=CONVERT_HINT,
+            )
+        raise UsageError(f"{given} is not a checkpoint (expected a folder, a .safetensors file or {INDEX_NAME})")
+
+    steps = {}
+    for child in given.iterdir():
+        n = _step_of(child)
+        if n is not None and child.is_dir():
+            steps[n] = child
+    own_step = _step_of(given)
+
+    if step is not None:
+        if own_step is not None and not steps:
+            if own_step != step:
+                raise UsageError(f"{given} is step {own_step}, but --step {step} was asked for")
+            steps = {own_step: given}
+        if step not in steps:
+            have = ", ".join(str(s) for s in sorted(steps)) or "none"
+            raise UsageError(f"no step-{step} folder in {given} (steps present: {have})")
+        folder = steps[step]
+        if _has_hf(folder):
+            out = _files_of(folder, step, given)
+            out.other_steps = sorted(s for s in steps if s != step)
+            return out
+        _explain_unusable(folder)
+
+    if _has_hf(given):
+        return _files_of(given, own_step, given)
+    hf_steps = sorted(s for s, folder in steps.items() if _has_hf(folder))
+    if hf_steps:
+        out = _files_of(steps[hf_steps[-1]], hf_steps[-1], given)
+        out.other_steps = sorted(s for s in steps if s != hf_steps[-1])
+        return out
+    if steps:
+        _explain_unusable(steps[max(steps)], all_steps=sorted(steps))
+    _explain_unusable(given)
+    raise AssertionError("unreachable")
+
+
+def _explain_unusable(folder: Path, all_steps: Optional[list[int]] = None) -> None:
+    if _is_dcp(folder):
+        which = f" (steps {', '.join(map(str, all_steps))})" if all_steps else ""
+        raise CheckFailed(
+            f"{folder} is a torchtitan DCP checkpoint{which}, not HF safetensors",
+            hint="train with --finetune (or --export-hf) so the last step is saved with "
+            "checkpoint.last_save_in_hf, or convert it with torchtitan's checkpoint conversion script",
+        )
+    sharded = folder / "sharded"
+    if sharded.is_dir() and _safetensors_in(sharded):
+        raise CheckFailed(
+            f"{folder} holds only per-rank pieces under sharded/, never consolidated (the export was interrupted?)",
+            hint="re-run the export; the consolidated model-*.safetensors files belong beside sharded/",
+        )
+    if any(folder.iterdir()):
+        _refuse_pickles(folder)
+        raise UsageError(
+            f"no checkpoint in {folder}: no *.safetensors, no {INDEX_NAME}, no step-N/ folders",
+            hint="pass the checkpoint folder torchtitan wrote (checkpoint.folder) or a step-N folder inside it",
+        )
+    raise UsageError(
+        f"{folder} is empty: no checkpoint to verify",
+        hint="pass the checkpoint folder torchtitan wrote (checkpoint.folder) or a step-N folder inside it",
+    )
+
+
+# --- config.json ----------------------------------------------------------------------------
+
+
+@dataclass
+class ModelConfig:
+    path: Path
+    data: dict[str, Any]
+    source: str  # how it was found: "--assets", "beside the checkpoint", "run record", "config"
+
+
+def _load_config(path: Path, source: str) -> ModelConfig:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}", hint="config.json must be the model's HF config") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} is not a JSON object", hint="config.json must be the model's HF config")
+    return ModelConfig(path, data, source)
+
+
+def find_config(
+    ckpt: CheckpointFiles,
+    *,
+    assets: Optional[Path] = None,
+    run_assets: Optional[Path] = None,
+    config_assets: Optional[Path] = None,
+) -> ModelConfig:
+    """config.json from ``--assets``, else beside the checkpoint (step folder and up to two
+    parents), else the run record's assets dir, else the configured assets dir."""
+    if assets is not None:
+        assets = Path(assets).expanduser()
+        candidate = assets if assets.is_file() else assets / "config.json"
+        if not candidate.is_file():
+            raise UsageError(
+                f"no config.json in {assets}",
+                hint="--assets must be the model's HF snapshot (trnqwen fetch downloads it)",
+            )
+        return _load_config(candidate, "--assets")
+    folder = ckpt.root
+    for level in range(3):
+        candidate = folder / "config.json"
+        if candidate.is_file():
+            return _load_config(candidate, "beside the checkpoint")
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    for where, source in ((run_assets, "the run record's assets"), (config_assets, "the configured assets dir")):
+        if where is not None and (Path(where) / "config.json").is_file():
+            return _load_config(Path(where) / "config.json", source)
+    tried = [str(ckpt.root)] + [str(p) for p in (run_assets, config_assets) if p is not None]
+    raise UsageError(
+        f"no config.json to build the model from (looked beside the checkpoint and in {', '.join(tried[1:]) or 'no assets dir'})",
+        hint="pass --assets DIR, the model snapshot the checkpoint was trained from (trnqwen fetch <model>)",
+    )

@@ -1,0 +1,268 @@
+"""Stream every tensor byte once with bounded memory: non-finite counts and relative change.
+
+The scan reads each file's data section sequentially with ``readinto`` into a few reused
+buffers (a reader thread fills one while the main thread checks the other, so the disk/page-cache
+copy and the checks overlap) and looks at the raw bits with numpy integer ops: a float is
+non-finite exactly when its exponent bits are all ones, so ``(bits & abs_mask) >= exp_all_ones``.
+Per 1 MiB block the check is one ``bitwise_and`` into a cache-sized scratch array plus one
+``max``; only a block whose max crosses the threshold is counted exactly (NaN vs Inf).  This is
+~30x cheaper than ``torch.isfinite`` and needs no torch import; peak memory is the buffers
+(3 x 32 MiB by default) whatever the checkpoint size.  Nothing is memory-mapped, so the page
+cache is not charged to this process's RSS.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from trnqwen.ckpt.safetensors_format import DTYPES, SafetensorsHeader, TensorInfo
+
+CHUNK_BYTES = 32 << 20
+BUFFERS = 3
+BLOCK_BYTES = 1 << 20  # inner block: scratch stays in L2 cache
+
+ProgressFn = Callable[[int], None]  # called with bytes just processed
+
+
+@dataclass
+class NonFinite:
+    nan: int = 0
+    inf: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.nan + self.inf
+
+
+def _uint(np, itemsize: int):
+    return {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[itemsize]
+
+
+def _chunk_plan(tensors: list[TensorInfo], data_len: int, chunk: int) -> list[tuple[int, int]]:
+    """Byte ranges of the data section, each ending on an element boundary of its last tensor."""
+    plan = []
+    pos = 0
+    idx = 0
+    while pos < data_len:
+        end = min(pos + chunk, data_len)
+        while idx < len(tensors) and tensors[idx].end <= end:
+            idx += 1
+        if idx < len(tensors) and tensors[idx].begin < end < tensors[idx].end:
+            t = tensors[idx]
+            item = DTYPES[t.dtype].itemsize
+            aligned = t.begin + (end - t.begin) // item * item
+            if aligned > pos:
+                end = aligned
+            else:  # chunk smaller than one element: take the element whole
+                end = t.begin + ((pos - t.begin) // item + 1) * item
+        plan.append((pos, end))
+        pos = end
+    return plan
+
+
+class _Reader(threading.Thread):
+    """Fills reused buffers with consecutive byte ranges of one file; the GIL is released in I/O."""
+
+    def __init__(self, path: Path, start: int, plan: list[tuple[int, int]], buffers: list[bytearray]):
+        super().__init__(daemon=True, name=f"ckpt-reader-{path.name}")
+        self.path, self.offset, self.plan = path, start, plan
+        self.free: "queue.Queue[bytearray]" = queue.Queue()
+        for b in buffers:
+            self.free.put(b)
+        self.full: "queue.Queue[tuple]" = queue.Queue()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with open(self.path, "rb", buffering=0) as fh:
+                fh.seek(self.offset)
+                for begin, end in self.plan:
+                    buf = self.free.get()
+                    if self.stop.is_set():
+                        return
+                    view = memoryview(buf)[: end - begin]
+                    got = 0
+                    while got < len(view):
+                        n = fh.readinto(view[got:])
+                        if not n:
+                            raise EOFError(f"file ended at byte {self.offset + begin + got:,} (changed while reading?)")
+                        got += n
+                    self.full.put((begin, end, buf))
+        except BaseException as exc:  # handed to the consumer, raised there
+            self.full.put(exc)
+            return
+        self.full.put(None)
+
+
+def iter_chunks(header: SafetensorsHeader, chunk: int = CHUNK_BYTES, buffers: int = BUFFERS):
+    """Yield ``(begin, end, buffer)`` for consecutive data ranges; a buffer is valid until the next yield."""
+    tensors = header.ordered()
+    plan = _chunk_plan(tensors, header.data_len, chunk)
+    if not plan:
+        return
+    size = max(e - b for b, e in plan)
+    bufs = [bytearray(size) for _ in range(min(buffers, len(plan)))]
+    reader = _Reader(header.path, header.data_start, plan, bufs)
+    reader.start()
+    last = None
+    try:
+        while True:
+            item = reader.full.get()
+            if last is not None:
+                reader.free.put(last)
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            begin, end, buf = item
+            last = buf
+            yield begin, end, buf
+    finally:
+        reader.stop.set()
+        reader.free.put(bytearray(0))  # unblock a waiting reader
+        reader.join(timeout=5)
+
+
+def scan_nonfinite(
+    headers: Iterable[SafetensorsHeader],
+    progress: Optional[ProgressFn] = None,
+    chunk: int = CHUNK_BYTES,
+) -> dict[str, NonFinite]:
+    """NaN/Inf counts for every float tensor that has any (an empty dict = all finite)."""
+    import numpy as np
+
+    found: dict[str, NonFinite] = {}
+    scratch = {n: np.empty(BLOCK_BYTES // n, dtype=_uint(np, n)) for n in (1, 2, 4, 8)}
+    for header in headers:
+        tensors = [t for t in header.ordered() if t.nbytes]
+        idx = 0
+        for begin, end, buf in iter_chunks(header, chunk):
+            while idx < len(tensors) and tensors[idx].end <= begin:
+                idx += 1
+            j = idx
+            while j < len(tensors) and tensors[j].begin < end:
+                t = tensors[j]
+                dt = DTYPES[t.dtype]
+                if dt.is_float:
+                    lo, hi = max(t.begin, begin), min(t.end, end)
+                    utype = _uint(np, dt.itemsize)
+                    bits = np.frombuffer(buf, dtype=utype, count=(hi - lo) // dt.itemsize, offset=lo - begin)
+                    nan, inf = _count_block(np, bits, dt.abs_mask, dt.exp_all_ones, scratch[dt.itemsize])
+                    if nan or inf:
+                        acc = found.setdefault(t.name, NonFinite())
+                        acc.nan += nan
+                        acc.inf += inf
+                j += 1
+            if progress:
+                progress(end - begin)
+    return found
+
+
+def _count_block(np, bits, abs_mask: int, threshold: int, scratch) -> tuple[int, int]:
+    """(NaN, Inf) counts in ``bits``; a fast max test per block, exact counts only when needed."""
+    step = len(scratch)
+    mask = scratch.dtype.type(abs_mask)
+    thr = scratch.dtype.type(threshold)
+    nan = inf = 0
+    n = len(bits)
+    for i in range(0, n, step):
+        block = bits[i : i + step]
+        out = scratch[: len(block)]
+        np.bitwise_and(block, mask, out=out)
+        if out.max() >= thr:
+            bad = out[out >= thr]
+            k = int(np.count_nonzero(bad == thr))
+            if threshold == 0x7F and abs_mask == 0x7F:  # float8 e4m3fn: no infinity, all-ones is NaN
+                nan += len(bad)
+            else:
+                inf += k
+                nan += len(bad) - k
+    return nan, inf
+
+
+# --- relative change against a reference checkpoint ---------------------------------------------
+
+
+@dataclass
+class Change:
+    rel: Optional[float]  # ||a - b|| / ||b|| (None when b is all zeros or values are non-finite)
+    diff_norm: float
+    ref_norm: float
+    changed: bool
+
+
+@dataclass
+class CompareResult:
+    changes: dict[str, Change] = field(default_factory=dict)
+    only_in_checkpoint: list[str] = field(default_factory=list)
+    only_in_reference: list[str] = field(default_factory=list)
+    shape_mismatch: list[str] = field(default_factory=list)
+
+
+def _to_float(np, raw: memoryview, dtype: str):
+    if dtype == "BF16":
+        u = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32)
+        np.left_shift(u, 16, out=u)
+        return u.view(np.float32).astype(np.float64)
+    npd = {"F16": np.float16, "F32": np.float32, "F64": np.float64}.get(dtype)
+    if npd is not None:
+        return np.frombuffer(raw, dtype=npd).astype(np.float64)
+    if not DTYPES[dtype].is_float:
+        return np.frombuffer(raw, dtype=_uint(np, DTYPES[dtype].itemsize)).astype(np.float64)
+    raise ValueError(f"cannot compare {dtype} tensors")
+
+
+def compare_tensors(
+    pairs: list[tuple[TensorInfo, SafetensorsHeader, TensorInfo, SafetensorsHeader]],
+    progress: Optional[ProgressFn] = None,
+    elements_per_read: int = 1 << 20,
+) -> dict[str, Change]:
+    """Per-tensor ||a-b||/||b|| for (checkpoint tensor, its file, reference tensor, its file)."""
+    import numpy as np
+
+    out: dict[str, Change] = {}
+    fds: dict[Path, int] = {}
+    try:
+        for a, ha, b, hb in pairs:
+            for h in (ha, hb):
+                if h.path not in fds:
+                    fds[h.path] = os.open(h.path, os.O_RDONLY)
+            ia, ib = DTYPES[a.dtype].itemsize, DTYPES[b.dtype].itemsize
+            diff2 = ref2 = 0.0
+            changed = False
+            buf_a = bytearray(min(a.nbytes, elements_per_read * ia))
+            buf_b = bytearray(min(b.nbytes, elements_per_read * ib))
+            for start in range(0, a.numel, elements_per_read):
+                count = min(elements_per_read, a.numel - start)
+                va = _pread(fds[ha.path], memoryview(buf_a)[: count * ia], ha.data_start + a.begin + start * ia)
+                vb = _pread(fds[hb.path], memoryview(buf_b)[: count * ib], hb.data_start + b.begin + start * ib)
+                fa, fb = _to_float(np, va, a.dtype), _to_float(np, vb, b.dtype)
+                d = fa - fb
+                diff2 += float(np.dot(d, d))
+                ref2 += float(np.dot(fb, fb))
+                changed = changed or bool(np.any(fa != fb))
+                if progress:
+                    progress(count * ia)
+            dn, rn = diff2 ** 0.5, ref2 ** 0.5
+            finite = np.isfinite(dn) and np.isfinite(rn)
+            rel = dn / rn if finite and rn > 0 else (0.0 if finite and dn == 0 else None)
+            out[a.name] = Change(rel, dn, rn, changed)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return out
+
+
+def _pread(fd: int, view: memoryview, offset: int) -> memoryview:
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if not n:
+            raise EOFError(f"file ended at byte {offset + got:,}")
+        got += n
+    return view

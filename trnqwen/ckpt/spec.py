@@ -1,0 +1,205 @@
+"""What a standard HF Qwen3 checkpoint must contain, derived from its config.json.
+
+Two ways to get the expected tensors, with the same answer:
+
+* :func:`expected_tensors` (default, no torch): the parameter names and shapes of
+  ``Qwen3ForCausalLM`` / the Hub layout of ``Qwen3MoeForCausalLM`` computed from the config's
+  fields (transformers' defaults fill absent keys).  Importing torch + transformers costs
+  2.5-5 s, more than verifying a whole 8 GB checkpoint, so the fast path never does.
+* :func:`round_trip` (``--round-trip``): the recipe's check for real.  Builds
+  ``AutoModelForCausalLM.from_config`` on the meta device and calls
+  ``load_state_dict(strict=False, assign=True)`` with meta tensors shaped like the file headers:
+  torch's own key matching, no tensor memory at all.
+
+Why keys-vs-headers equals the recipe's ``load_state_dict(strict=False)``: with ``strict=False``
+load_state_dict reports ``missing_keys`` = model.state_dict() keys absent from the input and
+``unexpected_keys`` = input keys the model does not have, and raises on a shape mismatch.  Set
+differences between the model's state-dict (names, shapes) and the headers give exactly those
+lists without touching tensor data.  Tests check all three (analytic, meta round trip, and a real
+load of real tensors) agree on good and broken tiny checkpoints, and that the analytic spec equals
+the meta model's state_dict over many generated configs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from trnqwen.ckpt.safetensors_format import TORCH_TO_ST
+from trnqwen.errors import UsageError
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
+TIED_KEY = "lm_head.weight"
+
+# transformers 5 class defaults for the fields the parameter shapes depend on.
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "qwen3": dict(
+        vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=None, head_dim=128, attention_bias=False,
+        tie_word_embeddings=False,
+    ),
+    "qwen3_moe": dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=None, attention_bias=False,
+        tie_word_embeddings=False, decoder_sparse_step=1, moe_intermediate_size=768, num_experts=128,
+        mlp_only_layers=None,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ExpectedTensor:
+    shape: tuple[int, ...]
+    dtype: Optional[str]  # safetensors dtype name the config asks for (None: config names none)
+
+
+@dataclass
+class ModelSpec:
+    model_type: str
+    tied: bool
+    dtype: Optional[str]
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    tensors: dict[str, ExpectedTensor]
+
+    @property
+    def expected_missing(self) -> list[str]:
+        """Keys a correct export may leave out: the tied output head."""
+        return [TIED_KEY] if self.tied and TIED_KEY in self.tensors else []
+
+    @property
+    def num_parameters(self) -> int:
+        """Parameters of the model (a tied head counted once)."""
+        import math
+
+        return sum(math.prod(t.shape) for k, t in self.tensors.items() if not (self.tied and k == TIED_KEY))
+
+    def describe(self) -> str:
+        return (
+            f"{self.model_type}, {self.num_layers} layers, hidden {self.hidden_size}, vocab {self.vocab_size}"
+            f", {'tied' if self.tied else 'untied'} embeddings" + (f", {self.dtype}" if self.dtype else "")
+        )
+
+
+def config_dtype(config: dict[str, Any]) -> Optional[str]:
+    """The dtype config.json asks for (``dtype`` in transformers 5, ``torch_dtype`` before)."""
+    value = config.get("dtype") or config.get("torch_dtype")
+    if isinstance(value, str):
+        return TORCH_TO_ST.get(value.removeprefix("torch."))
+    return None
+
+
+def check_model_type(config: dict[str, Any], where: str) -> str:
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        arch = ", ".join(config.get("architectures") or []) or "no architectures"
+        raise UsageError(
+            f"{where} describes model_type {model_type!r} ({arch}), not a Qwen3 model",
+            hint="verify-ckpt checks Qwen3 checkpoints; pass --assets with the Qwen3 snapshot the checkpoint was trained from",
+        )
+    return model_type
+
+
+def expected_tensors(config: dict[str, Any], where: str = "config.json") -> ModelSpec:
+    """Names, shapes and dtypes of the model's state dict, as ``AutoModelForCausalLM`` builds it."""
+    model_type = check_model_type(config, where)
+    c = {**_DEFAULTS[model_type], **{k: v for k, v in config.items() if k in _DEFAULTS[model_type] and v is not None}}
+    try:
+        vocab, hidden, inter = int(c["vocab_size"]), int(c["hidden_size"]), int(c["intermediate_size"])
+        layers, heads = int(c["num_hidden_layers"]), int(c["num_attention_heads"])
+        kv = int(c["num_key_value_heads"] or heads)
+        head_dim = int(c["head_dim"] or hidden // heads)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{where}: a size field is not a number ({exc})") from None
+    dtype = config_dtype(config)
+    bias = bool(c["attention_bias"])
+
+    def t(*shape: int) -> ExpectedTensor:
+        return ExpectedTensor(tuple(shape), dtype)
+
+    out: dict[str, ExpectedTensor] = {"model.embed_tokens.weight": t(vocab, hidden)}
+    mlp_only = set(c.get("mlp_only_layers") or [])
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out[p + "self_attn.q_proj.weight"] = t(heads * head_dim, hidden)
+        if bias:
+            out[p + "self_attn.q_proj.bias"] = t(heads * head_dim)
+        out[p + "self_attn.k_proj.weight"] = t(kv * head_dim, hidden)
+        if bias:
+            out[p + "self_attn.k_proj.bias"] = t(kv * head_dim)
+        out[p + "self_attn.v_proj.weight"] = t(kv * head_dim, hidden)
+        if bias:
+            out[p + "self_attn.v_proj.bias"] = t(kv * head_dim)
+        out[p + "self_attn.o_proj.weight"] = t(hidden, heads * head_dim)
+        if bias:
+            out[p + "self_attn.o_proj.bias"] = t(hidden)
+        out[p + "self_attn.q_norm.weight"] = t(head_dim)
+        out[p + "self_attn.k_norm.weight"] = t(head_dim)
+        sparse = (
+            model_type == "qwen3_moe"
+            and i not in mlp_only
+            and int(c["num_experts"]) > 0
+            and (i + 1) % int(c["decoder_sparse_step"]) == 0
+        )
+        if sparse:
+            # The Hub layout (one module per expert); transformers 5 fuses experts on load.
+            experts, moe_inter = int(c["num_experts"]), int(c["moe_intermediate_size"])
+            out[p + "mlp.gate.weight"] = t(experts, hidden)
+            for e in range(experts):
+                q = f"{p}mlp.experts.{e}."
+                out[q + "gate_proj.weight"] = t(moe_inter, hidden)
+                out[q + "up_proj.weight"] = t(moe_inter, hidden)
+                out[q + "down_proj.weight"] = t(hidden, moe_inter)
+        else:
+            out[p + "mlp.gate_proj.weight"] = t(inter, hidden)
+            out[p + "mlp.up_proj.weight"] = t(inter, hidden)
+            out[p + "mlp.down_proj.weight"] = t(hidden, inter)
+        out[p + "input_layernorm.weight"] = t(hidden)
+        out[p + "post_attention_layernorm.weight"] = t(hidden)
+    out["model.norm.weight"] = t(hidden)
+    out[TIED_KEY] = t(vocab, hidden)
+    return ModelSpec(model_type, bool(c["tie_word_embeddings"]), dtype, layers, hidden, vocab, out)
+
+
+# --- the recipe's round trip, for real -------------------------------------------------------
+
+
+@dataclass
+class RoundTripResult:
+    missing_keys: list[str]
+    unexpected_keys: list[str]
+    model_class: str
+    tied: bool
+
+
+def round_trip(config_dir: str, header_tensors: dict[str, tuple[tuple[int, ...], str]], *, trust_remote_code: bool = False) -> RoundTripResult:
+    """``AutoModelForCausalLM`` on meta + ``load_state_dict(strict=False, assign=True)``.
+
+    ``header_tensors`` maps each checkpoint tensor to (shape, safetensors dtype).  Tensors whose
+    shape disagrees with the model are left out of the call (torch would raise on them even with
+    strict=False; they are reported as shape mismatches instead), so they show up here as missing.
+    Nothing is allocated: every tensor lives on the meta device.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trnqwen.ckpt.safetensors_format import DTYPES
+
+    config = AutoConfig.from_pretrained(config_dir, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    own = model.state_dict()
+    state = {}
+    for name, (shape, st_dtype) in header_tensors.items():
+        if name in own and tuple(own[name].shape) != tuple(shape):
+            continue
+        dtype = getattr(torch, DTYPES[st_dtype].torch_name)
+        state[name] = torch.empty(shape, dtype=dtype, device="meta")
+    result = model.load_state_dict(state, strict=False, assign=True)
+    return RoundTripResult(
+        sorted(result.missing_keys),
+        sorted(result.unexpected_keys),
+        type(model).__name__,
+        bool(getattr(config, "tie_word_embeddings", False)),
+    )
