@@ -6,8 +6,8 @@ hf-v5 backends, ``verify-ckpt``, transformers) treats it like the real thing:
 
   config.json                  model_type qwen3, Qwen3ForCausalLM, tied embeddings, float32
   generation_config.json
-  model.safetensors            random init from transformers' own Qwen3 init, fixed seed,
-  model.safetensors.index.json   no lm_head.weight (tied, as in Qwen3-4B)
+  model-00001-of-00001.safetensors  random init from transformers' own Qwen3 init, fixed
+  model.safetensors.index.json      seed, no lm_head.weight (tied, as in Qwen3-4B)
   tokenizer.json               byte-level BPE (Qwen's pre-tokenizer scheme) trained by
   tokenizer_config.json          ``tokenizers`` on the shipped corpus; ChatML chat template
   README.md
@@ -59,11 +59,16 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+# The sharded-repo naming (as real Qwen3 repos and torchtitan's own HF export use): torchtitan's
+# StateDictAdapter reads the shard number out of every weight_map file name, so a plain
+# "model.safetensors" in the index breaks native loading; transformers follows the index.
+WEIGHTS_FILE = "model-00001-of-00001.safetensors"
+
 SNAPSHOT_FILES = (
     "README.md",
     "config.json",
     "generation_config.json",
-    "model.safetensors",
+    WEIGHTS_FILE,
     "model.safetensors.index.json",
     "tokenizer.json",
     "tokenizer_config.json",
@@ -336,11 +341,11 @@ def _tokenizer_config() -> dict[str, Any]:
 def _save_weights(folder: Path, tensors: dict[str, Any]) -> None:
     from safetensors.torch import save_file
 
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {
         "metadata": {"total_size": total, "total_parameters": sum(t.numel() for t in tensors.values())},
-        "weight_map": {name: "model.safetensors" for name in sorted(tensors)},
+        "weight_map": {name: WEIGHTS_FILE for name in sorted(tensors)},
     }
     _write_json(folder / "model.safetensors.index.json", index)
 
