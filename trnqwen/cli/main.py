@@ -155,13 +155,15 @@ def render_root_help() -> Optional[str]:
     width = _width()
     out = ["Usage: trnqwen [OPTIONS] COMMAND [ARGS]...", ""]
     for para in ROOT_HELP.split("\n\n"):
-        out += textwrap.wrap(para, width - 2, initial_indent="  ", subsequent_indent="  ") + [""]
+        out += textwrap.wrap(
+            para, width - 2, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
+        ) + [""]
 
     def section(title: str, rows: list[tuple[str, str]]) -> None:
         out.append(f"{title}:")
         col = max(len(k) for k, _ in rows) + 4
         for key, text in rows:
-            lines = textwrap.wrap(text, max(20, width - col)) or [""]
+            lines = textwrap.wrap(text, max(20, width - col), break_on_hyphens=False, break_long_words=False) or [""]
             out.append(f"  {key.ljust(col - 2)}{lines[0]}")
             out.extend(" " * col + line for line in lines[1:])
         out.append("")
