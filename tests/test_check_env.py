@@ -296,3 +296,10 @@ def test_combinations():
     assert cpu.ok
     drift = check_combination({"torch": "2.12.0", "torchtitan": "0.3.0", "transformers": "5.24.0"}, "cpu", (3, 11))
     assert drift.mismatches == ["torch 2.12.0 (wants 2.14.1)"]
+
+
+def test_unknown_device_is_a_usage_error():
+    from trnqwen.errors import UsageError
+
+    with pytest.raises(UsageError):
+        detect_device("tpu")

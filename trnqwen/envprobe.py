@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from trnqwen.device import DeviceInfo
-from trnqwen.errors import EnvironmentProblem, SECRET_ENV_VARS, redact
+from trnqwen.errors import SECRET_ENV_VARS, EnvironmentProblem, UsageError, redact
 from trnqwen.versions import (
     NEURON_PACKAGES,
     NEURON_PIP_REPO,
@@ -454,9 +454,7 @@ def cuda_facts(ctx: ProbeContext) -> CudaFacts:
 
 def _device_from_facts(requested: str, nf: NeuronFacts, cf: CudaFacts) -> DeviceInfo:
     if requested not in ("auto", "neuron", "cuda", "cpu"):
-        raise EnvironmentProblem(
-            f"unknown device '{requested}'", hint="use one of: auto, neuron, cuda, cpu", exit_code=2
-        )
+        raise UsageError(f"unknown device '{requested}'", hint="use one of: auto, neuron, cuda, cpu")
     if requested in ("auto", "neuron") and nf.logical_cores > 0:
         return DeviceInfo(
             type="neuron",
