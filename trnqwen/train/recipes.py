@@ -210,11 +210,26 @@ def _read_assets(assets_dir: Path, cfg: RunConfig, *, check_runtime: bool, notes
         if check_runtime:
             raise UsageError(message, hint=fetch_hint)
         notes.append(message)
-    if cfg.finetune and check_runtime and not (
-        any(assets_dir.glob("*.safetensors")) or (assets_dir / "model.safetensors.index.json").is_file()
-    ):
-        raise UsageError(f"--finetune needs the model weights, and {assets_dir} has no *.safetensors", hint=fetch_hint)
+    if cfg.finetune and check_runtime:
+        _check_weights(assets_dir, fetch_hint)
     return hf_config
+
+
+def _check_weights(assets_dir: Path, fetch_hint: str) -> None:
+    if not any(assets_dir.glob("*.safetensors")):
+        raise UsageError(f"--finetune needs the model weights, and {assets_dir} has no *.safetensors", hint=fetch_hint)
+    index = assets_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        except (OSError, json.JSONDecodeError):
+            shards = set()
+        missing = sorted(s for s in shards if not (assets_dir / s).is_file())
+        if missing:
+            raise UsageError(
+                f"--finetune: {assets_dir} is incomplete ({len(missing)} weight shard(s) missing, e.g. {missing[0]})",
+                hint=fetch_hint,
+            )
 
 
 _NAME_FLAVOR = re.compile(r"qwen3-(\d+(?:\.\d+)?b(?:-a\d+b)?)", re.IGNORECASE)

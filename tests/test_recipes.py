@@ -1,0 +1,342 @@
+"""Recipes: each backend's generated torchtitan config, checked field by field against recipe.md.
+
+The generated modules are imported and evaluated with the real torchtitan 0.3.0 (and, for
+nki-moe, a test double of torchtitan-neuron that builds on torchtitan's real Qwen3 config).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from trnqwen.config import RunConfig
+from trnqwen.device import DeviceInfo
+from trnqwen.errors import EnvironmentProblem, TrnqwenError, UsageError
+from trnqwen.train import compat
+from trnqwen.train.datasets import resolve_dataset
+from trnqwen.train.recipes import build_job, count_params, render_config_module
+
+DOUBLES = Path(__file__).parent / "doubles"
+TRN2 = DeviceInfo(type="neuron", count=64, lnc=2, memory_bytes_per_rank=24 << 30, instance_type="trn2.48xlarge")
+CPU = DeviceInfo(type="cpu", count=1)
+
+QWEN3_4B_2507 = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2560, "num_hidden_layers": 36,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 9728,
+    "vocab_size": 151936, "tie_word_embeddings": True, "rope_theta": 5000000, "rms_norm_eps": 1e-06,
+    "max_position_embeddings": 262144,
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory) -> Path:
+    from trnqwen.tiny_model import write_tiny_qwen3
+
+    return write_tiny_qwen3(tmp_path_factory.mktemp("assets") / "tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def qwen3_4b_assets(tmp_path_factory, tiny_assets) -> Path:
+    """config.json of Qwen3-4B-Instruct-2507 + a tokenizer (no weights: dry-run material)."""
+    folder = tmp_path_factory.mktemp("assets") / "Qwen3-4B-Instruct-2507"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN3_4B_2507))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_assets / name, folder / name)
+    return folder
+
+
+@pytest.fixture
+def text_jsonl(tmp_path) -> Path:
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps({"text": f"document {i} about trainium"}) + "\n" for i in range(20)))
+    return path
+
+
+def load_config(text: str, fn: str, tmp_path: Path):
+    """Import a generated module under a fresh name and call its config function."""
+    name = f"gen_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(text)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        module = importlib.import_module(name)
+        return getattr(module, fn)()
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(name, None)
+
+
+def job_and_config(cfg: RunConfig, device: DeviceInfo, tmp_path: Path, run_dir=None):
+    job = build_job(cfg, device, run_dir)
+    return job, load_config(job.config_module_text, job.config_fn, tmp_path)
+
+
+# --- hf-v5 ---------------------------------------------------------------------------------------
+
+
+def test_hf_v5_matches_the_recipe(qwen3_4b_assets, text_jsonl, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = RunConfig(model="Qwen/Qwen3-4B-Instruct-2507", assets_dir=qwen3_4b_assets, backend="hf-v5",
+                    dataset=str(text_jsonl), local_batch_size=1, steps=10)
+    job, config = job_and_config(cfg, TRN2, tmp_path, run_dir=tmp_path / "run")
+    assert type(config).__name__ == "TransformersBackendConfig"
+    assert config.hf_model == str(qwen3_4b_assets.absolute())
+    assert config.hf_assets_path == str(qwen3_4b_assets.absolute())
+    assert config.model_spec.flavor == "full"  # transformers_modeling_backend_full()
+    assert config.training.steps == 10
+    assert config.training.local_batch_size == 1
+    assert config.parallelism.data_parallel_shard_degree == -1
+    assert config.parallelism.tensor_parallel_degree == 1
+    assert config.parallelism.spmd_backend == "spmd_types"  # the only backend HF supports in 0.3.0
+    assert config.checkpoint.enable is False
+    assert config.dump_folder == str((tmp_path / "run").absolute())
+    assert config.compile.enable is False
+    assert job.entry_module == "torchtitan.train"  # thin pass-through on Neuron
+    assert job.entry_args[:4] == ["--module", "trnqwen_run_config", "--config", "trnqwen_hf_v5"]
+    assert job.nproc_per_node == 64 and job.world_size == 64 and job.global_batch_size == 64
+    assert job.checkpoint_dir is None
+    assert job.num_layers == 36 and job.vocab_size == 151936
+    assert 3.9e9 < job.num_params < 4.1e9  # Qwen3-4B
+
+
+def test_finetune_sets_the_recipe_checkpoint_fields(qwen3_4b_assets, text_jsonl, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (qwen3_4b_assets / "model-00001-of-00001.safetensors").write_bytes(b"")  # presence is what is checked
+    (qwen3_4b_assets / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"lm_head.weight": "model-00001-of-00001.safetensors"}})
+    )
+    cfg = RunConfig(model="Qwen/Qwen3-4B-Instruct-2507", assets_dir=qwen3_4b_assets, backend="hf-v5",
+                    dataset=str(text_jsonl), finetune=True)
+    job, config = job_and_config(cfg, TRN2, tmp_path)
+    ck = config.checkpoint
+    assert ck.enable is True
+    assert ck.folder == str(tmp_path / "checkpoint_qwen3_4b_ft")  # where verify-ckpt looks
+    assert Path(ck.folder).is_absolute()
+    assert ck.initial_load_path == str(qwen3_4b_assets.absolute())
+    assert ck.initial_load_in_hf is True and ck.initial_load_model_only is True
+    assert ck.last_save_in_hf is True and ck.last_save_model_only is True
+    assert ck.interval == cfg.steps
+    assert job.checkpoint_dir == tmp_path / "checkpoint_qwen3_4b_ft"
+
+
+def test_export_without_finetune_starts_from_random_init(tiny_assets, tmp_path):
+    cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, backend="native", export_hf=True,
+                    checkpoint_dir=tmp_path / "ck")
+    job, config = job_and_config(cfg, CPU, tmp_path)
+    assert config.checkpoint.enable and config.checkpoint.last_save_in_hf
+    assert config.checkpoint.initial_load_path is None and not config.checkpoint.initial_load_in_hf
+    assert job.checkpoint_dir == tmp_path / "ck"
+
+
+# --- native --------------------------------------------------------------------------------------
+
+
+def test_native_matches_the_recipe_on_64_ranks(qwen3_4b_assets, text_jsonl, tmp_path):
+    cfg = RunConfig(model="Qwen/Qwen3-4B-Instruct-2507", assets_dir=qwen3_4b_assets, backend="native",
+                    dataset=str(text_jsonl), steps=10, local_batch_size=1)
+    job, config = job_and_config(cfg, TRN2, tmp_path)
+    assert type(config).__qualname__ == "Trainer.Config"
+    assert config.model_spec.name == "qwen3" and config.model_spec.flavor == "4B"
+    inner = config.model_spec.model.layers[0].attention.inner_attention
+    assert type(inner).__qualname__ == "FlexAttention.Config"  # 0.3.0 refuses "sdpa"
+    assert config.model_spec.model.layers[0].attention.rope.theta == 5000000.0  # the checkpoint's, not 1e6
+    assert any("rope theta" in note for note in job.notes)
+    assert config.hf_assets_path == str(qwen3_4b_assets.absolute())
+    assert config.training.steps == 10
+    assert config.training.local_batch_size == 1
+    assert config.training.global_batch_size == 64
+    assert config.parallelism.data_parallel_shard_degree == -1
+    assert config.loss.loss_fn.global_vocab_size == 151936
+    assert job.model_flavor == "4B"
+
+
+def test_native_builds_any_qwen3_from_config_json(tiny_assets, tmp_path):
+    """The tiny model matches no flavor: its spec is built from config.json, and it builds."""
+    import torch
+
+    cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, backend="native", seq_len=256)
+    job, config = job_and_config(cfg, CPU, tmp_path)
+    assert job.model_flavor == "config.json"
+    hf = json.loads((tiny_assets / "config.json").read_text())
+    model_cfg = config.model_spec.model
+    assert model_cfg.dim == hf["hidden_size"] and len(model_cfg.layers) == hf["num_hidden_layers"]
+    assert model_cfg.enable_weight_tying is hf["tie_word_embeddings"]
+    assert config.parallelism.spmd_backend == "partial_dtensor"  # native on CPU
+    assert job.entry_module == "trnqwen.runtime.entry" and "--trnqwen-device" in job.entry_args
+    with torch.device("meta"):
+        model = model_cfg.build()
+    assert sum(p.numel() for p in model.parameters()) == job.num_params
+
+
+def test_exported_config_loads_through_torchtitans_config_manager(tiny_assets, tmp_path, monkeypatch):
+    """--module/--config and --section.key flags work on the generated module as on the recipe's."""
+    from torchtitan.config import ConfigManager
+
+    cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, backend="hf-v5", seq_len=128)
+    text = render_config_module(cfg, CPU)
+    name = f"gen_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = ConfigManager().parse_args(["--module", name, "--config", "trnqwen_hf_v5", "--training.steps", "7"])
+    sys.modules.pop(name, None)
+    assert config.training.steps == 7 and config.training.seq_len == 128
+    assert config.hf_model == str(tiny_assets.absolute())
+
+
+# --- nki-moe -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def neuron_double(monkeypatch):
+    monkeypatch.syspath_prepend(str(DOUBLES))
+    for name in [m for m in sys.modules if m.startswith("torchtitan_neuron")]:
+        monkeypatch.delitem(sys.modules, name)
+    yield importlib.import_module("torchtitan_neuron.models.qwen3.config_registry")
+    for name in [m for m in sys.modules if m.startswith("torchtitan_neuron")]:
+        sys.modules.pop(name, None)
+
+
+def test_nki_moe_calls_the_documented_entry_point(neuron_double, tmp_path, text_jsonl):
+    cfg = RunConfig(model="Qwen/Qwen3-30B-A3B", assets_dir=tmp_path / "none", backend="nki-moe",
+                    dataset=str(text_jsonl))
+    job = build_job(cfg, TRN2, None, check_runtime=False)
+    assert "qwen3_nki_moe_config(" in job.config_module_text
+    config = load_config(job.config_module_text, job.config_fn, tmp_path)
+    call = neuron_double.CALLS[-1]
+    assert (call["flavor"], call["n_layers"], call["num_experts"], call["top_k"]) == ("30B-A3B", 4, 64, 4)
+    assert call["compile_config"].enable is False and call["compile_config"].backend == "neuron"
+    layer = config.model_spec.model.layers[0]
+    assert len(config.model_spec.model.layers) == 4 and layer.moe.num_experts == 64 and layer.moe.router.top_k == 4
+    assert config.parallelism.data_parallel_shard_degree == -1
+    assert config.parallelism.tensor_parallel_degree == 1
+    assert config.parallelism.expert_parallel_degree == 1
+    assert config.hf_assets_path == str((tmp_path / "none").absolute())
+    assert job.num_layers == 4 and job.model_flavor == "30B-A3B"
+
+
+def test_nki_moe_compile_adds_grad_clip(neuron_double, tmp_path, text_jsonl):
+    cfg = RunConfig(model="Qwen/Qwen3-30B-A3B", assets_dir=tmp_path, backend="nki-moe", dataset=str(text_jsonl),
+                    compile=True, moe_layers=2, num_experts=8, top_k=2)
+    load_config(render_config_module(cfg, TRN2), "trnqwen_nki_moe", tmp_path)
+    call = neuron_double.CALLS[-1]
+    assert call["compile_config"].enable is True
+    assert "grad_clip" in call["compile_config"].components
+    assert (call["n_layers"], call["num_experts"], call["top_k"]) == (2, 8, 2)
+
+
+def test_nki_moe_without_torchtitan_neuron(tmp_path, text_jsonl):
+    assert importlib.util.find_spec("torchtitan_neuron") is None
+    cfg = RunConfig(model="Qwen/Qwen3-30B-A3B", assets_dir=tmp_path, backend="nki-moe", dataset=str(text_jsonl))
+    with pytest.raises(EnvironmentProblem, match="torchtitan-neuron") as err:
+        build_job(cfg, TRN2, None)
+    assert err.value.hint and "--dry-run" in err.value.hint
+    text = render_config_module(cfg, TRN2)  # --dry-run / --export-config still work
+    assert "from torchtitan_neuron.models.qwen3.config_registry import qwen3_nki_moe_config" in text
+    job = build_job(cfg, TRN2, None, check_runtime=False)
+    assert any("torchtitan-neuron is not installed" in n for n in job.notes)
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+def test_hf_trainer_is_not_a_torchtitan_recipe(tiny_assets):
+    with pytest.raises(TrnqwenError, match="hf-trainer"):
+        build_job(RunConfig(assets_dir=tiny_assets, backend="hf-trainer"), CPU, None)
+
+
+def test_missing_assets_and_tokenizer_are_clear(tiny_assets, tmp_path, text_jsonl):
+    cfg = RunConfig(model="Qwen/Qwen3-4B-Instruct-2507", assets_dir=tmp_path / "nope", dataset=str(text_jsonl))
+    with pytest.raises(UsageError, match="config.json is missing") as err:
+        build_job(cfg, CPU, None)
+    assert "trnqwen fetch" in err.value.hint
+    partial = tmp_path / "partial"
+    shutil.copytree(tiny_assets, partial)
+    (partial / "tokenizer.json").unlink()
+    with pytest.raises(UsageError, match="tokenizer files missing"):
+        build_job(cfg.model_copy(update={"assets_dir": partial}), CPU, None)
+    weightless = tmp_path / "weightless"
+    shutil.copytree(tiny_assets, weightless)
+    for f in weightless.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(UsageError, match="no \\*.safetensors"):
+        build_job(cfg.model_copy(update={"assets_dir": weightless, "finetune": True}), CPU, None)
+
+
+def test_batch_sizes_must_agree_with_ranks(tiny_assets):
+    cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, global_batch_size=65, backend="native")
+    with pytest.raises(UsageError, match="global batch 65"):
+        build_job(cfg, TRN2, None)
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+
+def test_dataset_resolution(tmp_path, tiny_assets, text_jsonl):
+    api = compat.detect()
+    spec = resolve_dataset(str(text_jsonl), model_is_builtin=False, api=api)
+    assert spec.kind == "text" and spec.loader == "json" and spec.data_files == [str(text_jsonl.resolve())]
+    assert resolve_dataset(None, model_is_builtin=True, api=api).loader == "text"  # the tiny corpus
+    assert resolve_dataset(None, model_is_builtin=False, api=api).titan_name == "c4"
+    hub = resolve_dataset("HuggingFaceFW/fineweb-edu", model_is_builtin=False, api=api)
+    assert hub.kind == "text" and hub.hub_name == "HuggingFaceFW/fineweb-edu"
+    with pytest.raises(UsageError, match="c4_test"):
+        resolve_dataset("c4_test", model_is_builtin=False, api=api)
+    with pytest.raises(UsageError, match="does not exist"):
+        resolve_dataset(str(tmp_path / "missing.jsonl"), model_is_builtin=False, api=api)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"content": "x"}) + "\n")
+    with pytest.raises(UsageError, match="no 'text' or 'messages'"):
+        resolve_dataset(str(bad), model_is_builtin=False, api=api)
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(json.dumps({"text": "a"}) + "\n")
+    (folder / "b.txt").write_text("b\n")
+    with pytest.raises(UsageError, match="mixes formats"):
+        resolve_dataset(str(folder), model_is_builtin=False, api=api)
+
+
+def test_chat_data_uses_torchtitans_chat_loader(tmp_path, tiny_assets):
+    from trnqwen.tiny_model import corpus_jsonl
+
+    chat = corpus_jsonl(tmp_path / "chat.jsonl", chat=True)
+    first = json.loads(chat.read_text().splitlines()[0])
+    roles = [m["role"] for m in first["messages"]]
+    cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, backend="hf-v5", dataset=str(chat))
+    if roles != ["user", "assistant"]:
+        with pytest.raises(UsageError, match="one user/assistant pair"):
+            build_job(cfg, CPU, None)
+        return
+    job, config = job_and_config(cfg, CPU, tmp_path)
+    assert type(config.dataloader).__qualname__ == "ChatDataLoader.Config"
+    assert config.dataloader.load_dataset_kwargs["data_files"] == [str(chat.resolve())]
+    sample = first
+    assert config.dataloader.sample_processor(sample) == first["messages"]
+
+
+def test_local_text_dataset_loads_with_the_generated_loader(tmp_path, tiny_assets, text_jsonl):
+    """The registered loader really reads the file with `datasets` (what ranks will do)."""
+    cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, backend="native", dataset=str(text_jsonl))
+    job, config = job_and_config(cfg, CPU, tmp_path)
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    entry = DATASETS[config.dataloader.dataset]
+    ds = entry.loader(entry.path)
+    assert len(ds) == 20 and entry.sample_processor(ds[3]) == "document 3 about trainium"
+
+
+def test_count_params_matches_a_registered_flavor():
+    import torch
+
+    flavors = compat.native_flavors()
+    from torchtitan.models.qwen3 import model_registry
+
+    spec = model_registry("0.6B")
+    with torch.device("meta"):
+        model = spec.model.build()
+    assert count_params(flavors["0.6B"]) == sum(p.numel() for p in model.parameters())
