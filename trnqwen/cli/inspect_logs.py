@@ -1,12 +1,208 @@
-"""`trnqwen inspect-logs` (not implemented yet)."""
+"""``trnqwen inspect-logs``: read a torchtitan run's log and judge it.
+
+Examples:
+  trnqwen inspect-logs                       # the last run (<runs_dir>/LAST)
+  trnqwen inspect-logs .trnqwen/runs/20261129-090800-hf-v5 --strict
+  trnqwen inspect-logs train.log --json | jq .summary
+  trnqwen inspect-logs train.log --plot loss.png --csv steps.csv
+  trnqwen inspect-logs run_a.log --compare run_b.log
+  trnqwen inspect-logs --follow
+  torchrun ... 2>&1 | trnqwen inspect-logs -
+"""
 
 from __future__ import annotations
 
-from trnqwen.cli.app import not_implemented
+from pathlib import Path
+from typing import Annotated, Optional
 
-HELP = "Not implemented yet."
-EPILOG = None
+import typer
+
+from trnqwen.cli._options import ConfigFileOpt, JsonOpt
+
+HELP = "Read a torchtitan training log (file, run dir, stdin; default: the last run) and judge the run."
+EPILOG = (
+    "Examples: `trnqwen inspect-logs` (last run) | `trnqwen inspect-logs train.log --json` | "
+    "`trnqwen inspect-logs a.log --compare b.log` | `trnqwen inspect-logs --follow` | "
+    "`trnqwen inspect-logs RUN_DIR --plot loss.png --strict`"
+)
 
 
-def inspect_logs() -> None:
-    not_implemented("inspect-logs")
+def inspect_logs(
+    logs: Annotated[
+        Optional[list[str]],
+        typer.Argument(help="Log files, run directories, or - for stdin. Default: the last run's train.log.", show_default=False),
+    ] = None,
+    json_out: JsonOpt = False,
+    csv_file: Annotated[Optional[Path], typer.Option("--csv", help="Write one CSV row per step to FILE.", show_default=False)] = None,
+    plot_file: Annotated[
+        Optional[Path], typer.Option("--plot", help="Write a PNG of loss, grad norm and tps/MFU against step.", show_default=False)
+    ] = None,
+    compare: Annotated[
+        Optional[str], typer.Option("--compare", help="A second log or run dir: per-step losses side by side with their difference.", show_default=False)
+    ] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Watch a live log until the run ends (or Ctrl-C), then judge it.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 when any error-level finding exists.")] = False,
+    expect_layers: Annotated[
+        Optional[int],
+        typer.Option("--expect-layers", min=1, help="Model layers: each override should appear once per layer. [default: from the run's model config]", show_default=False),
+    ] = None,
+    vocab_size: Annotated[
+        Optional[int],
+        typer.Option("--vocab-size", min=2, help="Vocabulary size for the random-init loss check. [default: from the run's model config]", show_default=False),
+    ] = None,
+    finetune: Annotated[
+        Optional[bool],
+        typer.Option("--finetune/--from-scratch", help="Whether the run should have started from pretrained weights. [default: from the run record, or guessed from checkpoint lines]", show_default=False),
+    ] = None,
+    idle_timeout: Annotated[
+        float, typer.Option("--idle-timeout", min=1.0, help="--follow: give up after this many seconds without new log lines.")
+    ] = 600.0,
+    config_file: ConfigFileOpt = None,
+) -> None:
+    """Read a torchtitan training log and judge the run."""
+    from trnqwen.errors import UsageError
+    from trnqwen.logs.sources import resolve_input
+
+    args = list(logs or [])
+    runs_dir = None
+    if not args or (compare is not None and not Path(compare).exists() and compare != "-"):
+        from trnqwen.config import resolve_config
+
+        runs_dir = resolve_config({}, config_file=config_file).config.runs_dir
+    inputs = [resolve_input(a, runs_dir) for a in args] if args else [resolve_input(None, runs_dir)]
+    if sum(1 for i in inputs if i.is_stdin) > 1:
+        raise UsageError("stdin (-) can be read only once", hint="pass - at most once")
+    if len(inputs) > 1 and (csv_file or plot_file or compare or follow):
+        raise UsageError("--csv, --plot, --compare and --follow take one log", hint="pass a single log with these options")
+    for out in (csv_file, plot_file):
+        for inp in inputs:
+            if out is not None and inp.path is not None and _same_file(out, inp.path):
+                raise UsageError(f"{out} is the log being read", hint="write --csv/--plot output to another file")
+    if plot_file is not None and plot_file.suffix.lower() not in (".png", ".svg", ".pdf", ".jpg", ".jpeg"):
+        raise UsageError(f"--plot {plot_file}: use a .png (or .svg/.pdf/.jpg) file name", hint="e.g. --plot loss.png")
+    judge_kw = {"expect_layers": expect_layers, "vocab_size": vocab_size, "finetune": finetune}
+    if follow:
+        _run_follow(inputs[0], json_out, csv_file, plot_file, strict, idle_timeout, judge_kw)
+        return
+    if compare is not None:
+        _run_compare(inputs[0], resolve_input(compare, runs_dir), json_out, csv_file, plot_file, judge_kw)
+        return
+    _run_inspect(inputs, json_out, csv_file, plot_file, strict, judge_kw)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and a.samefile(b))
+    except OSError:
+        return False
+
+
+def _run_inspect(inputs, json_out, csv_file, plot_file, strict, judge_kw) -> None:
+    from trnqwen import output
+    from trnqwen.logs import core, report
+
+    results = [core.inspect_input(inp, **judge_kw) for inp in inputs]
+    _write_files(results[0], csv_file, plot_file)
+    if json_out:
+        if len(results) == 1:
+            r = results[0]
+            output.print_json(report.payload(r.log, r.ctx, r.findings))
+        else:
+            objs = [report.payload(r.log, r.ctx, r.findings) for r in results]
+            output.print_json({
+                "logs": objs,
+                "findings": [dict(f, source=o["source"]) for o in objs for f in o["findings"]],
+                "summary": {"logs": len(objs), "errors": sum(1 for r in results if r.has_errors)},
+            })
+    else:
+        for r in results:
+            report.render(r.log, r.ctx, r.findings)
+    _finish(results, strict)
+
+
+def _write_files(result, csv_file, plot_file) -> None:
+    from trnqwen import output
+    from trnqwen.logs import report
+
+    if csv_file is not None:
+        report.write_csv(result.log, csv_file)
+        output.info(f"wrote {csv_file} ({len(result.log.steps)} steps)")
+    if plot_file is not None:
+        from trnqwen.logs.plot import write_plot
+
+        write_plot(result.log, plot_file)
+        output.info(f"wrote {plot_file}")
+
+
+def _finish(results, strict: bool) -> None:
+    if strict and any(r.has_errors for r in results):
+        from trnqwen.errors import CheckFailed
+
+        n = sum(1 for r in results for f in r.findings if f.severity == "error")
+        raise CheckFailed(f"{n} error-level finding(s) (--strict)", hint="see the findings above")
+
+
+def _run_compare(a_inp, b_inp, json_out, csv_file, plot_file, judge_kw) -> None:
+    from trnqwen import output
+    from trnqwen.logs import core, report
+
+    a = core.inspect_input(a_inp, **judge_kw)
+    b = core.inspect_input(b_inp, **judge_kw)
+    cmp = report.compare(a.log, b.log)
+    if csv_file is not None:
+        import csv
+        import io
+
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(cmp["steps"][0].keys()) if cmp["steps"] else ["step"], lineterminator="\n")
+        w.writeheader()
+        for row in cmp["steps"]:
+            w.writerow({k: ("" if v is None else v) for k, v in row.items()})
+        report.write_text_atomic(csv_file, buf.getvalue())
+        output.info(f"wrote {csv_file}")
+    if plot_file is not None:
+        from trnqwen.logs.plot import write_plot
+
+        write_plot(a.log, plot_file, other=b.log)
+        output.info(f"wrote {plot_file}")
+    if json_out:
+        cmp["a_summary"] = report.summarize(a.log, a.ctx)
+        cmp["b_summary"] = report.summarize(b.log, b.ctx)
+        cmp["findings"] = [dict(f.as_dict(), source="a") for f in a.findings] + [dict(f.as_dict(), source="b") for f in b.findings]
+        output.print_json(cmp)
+    else:
+        report.render_compare(cmp)
+
+
+def _run_follow(inp, json_out, csv_file, plot_file, strict, idle_timeout, judge_kw) -> None:
+    from trnqwen import output
+    from trnqwen.logs import core, report
+
+    con = output.console()  # live lines on stderr
+
+    def on_step(s: dict) -> None:
+        parts = [f"step {s['step']:>5}", f"loss {_f(s.get('loss'), '.5f')}", f"grad {_f(s.get('grad_norm'), '.4f')}"]
+        if s.get("memory_gib") is not None:
+            parts.append(f"mem {_f(s.get('memory_gib'), '.2f')}GiB({_f(s.get('memory_pct'), '.1f')}%)")
+        parts.append(f"tps {_f(s.get('tps'), ',')}")
+        if s.get("mfu") is not None:
+            parts.append(f"mfu {_f(s.get('mfu'), '.2f')}%")
+        con.print("  ".join(parts), highlight=False)
+
+    output.info(f"following {inp.label} (Ctrl-C to stop)")
+    result = core.follow(inp, on_step=on_step, idle_timeout_s=idle_timeout, **judge_kw)
+    _write_files(result, csv_file, plot_file)
+    if json_out:
+        output.print_json(report.payload(result.log, result.ctx, result.findings))
+    else:
+        report.render(result.log, result.ctx, result.findings)
+    _finish([result], strict)
+
+
+def _f(x, spec: str) -> str:
+    if x is None:
+        return "-"
+    try:
+        return format(x, spec)
+    except (TypeError, ValueError):
+        return str(x)

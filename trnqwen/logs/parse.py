@@ -292,6 +292,7 @@ class ParsedLog:
     torchrun_failure: dict = field(default_factory=dict)
     rank_last_step: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (step, line)
     rank_high_memory: dict[int, dict] = field(default_factory=dict)  # rank -> {pct, gib, step, line}
+    filled_steps: list[int] = field(default_factory=list)  # steps added from TensorBoard (no log line)
 
     @property
     def world_size(self) -> Optional[int]:
@@ -393,6 +394,13 @@ class LogParser:
         if len(self._carry) > self.max_line:
             self._skipping = self._carry[: self.max_line]
             self._carry = b""
+
+    def current_steps(self) -> dict[int, dict]:
+        """Steps so far, for a live view (before the primary rank is settled: the lowest rank's)."""
+        if self._primary_decided or not self._pending:
+            return self.log.steps
+        key = sorted(self._pending, key=lambda r: (-1 if r is None else r))[0]
+        return {rec["step"]: rec for rec in self._pending[key]}
 
     def close(self) -> ParsedLog:
         if self.closed:

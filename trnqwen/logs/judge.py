@@ -1,0 +1,483 @@
+"""Judge a parsed run: findings with a severity, a message and the log lines that show it.
+
+Every check is a small function of (:class:`~trnqwen.logs.parse.ParsedLog`,
+:class:`~trnqwen.logs.sources.RunContext`) so each can be tested on a hand-written log.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from trnqwen.logs.parse import HIGH_MEMORY_PCT, ParsedLog
+from trnqwen.logs.sources import RunContext, known_vocab
+
+SEVERITIES = ("error", "warning", "info")
+# A step-1 loss at or above ln(vocab) - this margin is what an untrained model gives
+# (the recipe: Qwen3-4B from random init 12.43 vs ln(151936) = 11.93; fine-tuned 6.54).
+RANDOM_INIT_MARGIN = 0.5
+GRAD_SPIKE_RATIO = 10.0
+THROUGHPUT_DROP_RATIO = 0.5
+EXPLODE_RATIO = 1.5
+EXPLODE_MIN_RISE = 1.0
+
+
+@dataclass
+class Finding:
+    severity: str  # error | warning | info
+    code: str  # stable identifier, e.g. "weights-not-loaded"
+    message: str
+    lines: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.lines = sorted({x for x in self.lines if isinstance(x, int) and not isinstance(x, bool)})
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _finite(x: Optional[float]) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def judge(log: ParsedLog, ctx: Optional[RunContext] = None) -> list[Finding]:
+    """All findings, errors first."""
+    ctx = ctx or RunContext()
+    findings: list[Finding] = []
+    for check in (
+        _check_input,
+        _check_steps_present,
+        _check_weights_loaded,
+        _check_overrides,
+        _check_nonfinite,
+        _check_exploding,
+        _check_grad_spikes,
+        _check_memory,
+        _check_throughput,
+        _check_crash,
+        _check_stopped_early,
+        _check_ranks,
+        _check_sidecars,
+        _check_warnings,
+    ):
+        findings.extend(check(log, ctx))
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    findings.sort(key=lambda f: (order.get(f.severity, 9), f.lines[0] if f.lines else 0))
+    return findings
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_input(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    out = []
+    if log.ends_mid_line:
+        out.append(Finding("info", "truncated-line", f"the log ends mid-line (line {log.lines}): it was cut off or is still being written", [log.lines]))
+    if log.overlong_lines:
+        out.append(Finding("warning", "overlong-lines",
+                           f"{len(log.overlong_lines)} line(s) longer than the line cap were cut", log.overlong_lines[:10]))
+    if log.invalid_utf8_lines:
+        out.append(Finding("info", "invalid-utf8", f"{log.invalid_utf8_lines} line(s) are not valid UTF-8 (shown with replacement characters)",
+                           [log.first_invalid_utf8_line] if log.first_invalid_utf8_line else []))
+    if log.restarts:
+        out.append(Finding("warning", "restarted",
+                           f"the step counter went back {len(log.restarts)} time(s): the run restarted or resumed; the latest value of each step is kept",
+                           log.restarts[:10]))
+    return out
+
+
+def _check_steps_present(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    if log.steps:
+        return []
+    return [Finding("error", "no-steps", "no training step was logged (no `step: N  loss: ...` line)")]
+
+
+def _vocab(log: ParsedLog, ctx: RunContext) -> tuple[Optional[int], str]:
+    if ctx.vocab_size:
+        return ctx.vocab_size, ctx.vocab_source or "run"
+    v = known_vocab(log.model_name, log.model_flavor)
+    if v:
+        return v, f"torchtitan's {log.model_name} {log.model_flavor}"
+    return None, ""
+
+
+def _check_weights_loaded(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    steps = log.step_list()
+    if not steps:
+        return []
+    first = steps[0]
+    if first["step"] != 1 or (log.start_step not in (None, 1)):
+        return []  # resumed run: step 1 is not in this log
+    loss = first["loss"]
+    if not _finite(loss):
+        return []
+    vocab, source = _vocab(log, ctx)
+    if not vocab or vocab < 2:
+        return [Finding("info", "vocab-unknown",
+                        f"step-1 loss {loss:.4f}; vocab size unknown, so it can't be compared with a random-init loss "
+                        "(pass --vocab-size or inspect a run directory)", [first["line"]])]
+    ln_v = math.log(vocab)
+    near_random = loss >= ln_v - RANDOM_INIT_MARGIN
+    loaded_lines = [e["line"] for e in log.checkpoint_events if e["kind"] in ("load", "loaded")]
+    fresh = [e["line"] for e in log.checkpoint_events if e["kind"] == "fresh"]
+    finetune = ctx.finetune
+    if finetune is None and loaded_lines:
+        finetune = True
+    if not near_random:
+        if finetune:
+            return [Finding("info", "weights-loaded",
+                            f"step-1 loss {loss:.4f} is well below ln(vocab {vocab}) = {ln_v:.2f}: the pretrained weights were used",
+                            [first["line"]])]
+        return []
+    what = f"step-1 loss {loss:.4f} is at random-init level (>= ln(vocab {vocab}) - {RANDOM_INIT_MARGIN} = {ln_v - RANDOM_INIT_MARGIN:.2f}; vocab from {source})"
+    if finetune:
+        if loaded_lines and not fresh:
+            return [Finding("warning", "weights-untrained",
+                            f"{what}: a checkpoint was loaded, but it behaves like an untrained model (is it a random-init checkpoint?)",
+                            [first["line"], *loaded_lines[:2]])]
+        return [Finding("error", "weights-not-loaded",
+                        f"{what}: the published weights were probably not loaded",
+                        [first["line"], *fresh[:1]])]
+    if finetune is False or fresh:
+        return [Finding("info", "from-scratch", f"{what}, as expected for a run from random init", [first["line"], *fresh[:1]])]
+    return [Finding("warning", "weights-maybe-not-loaded",
+                    f"{what}; if this run was meant to fine-tune, the weights were not loaded", [first["line"]])]
+
+
+def override_table(log: ParsedLog, num_layers: Optional[int]) -> dict[str, dict]:
+    """Override name -> {count, layers, missing_layers, duplicate_layers, other_nodes, lines}
+    from the primary rank's ``[Override]`` lines."""
+    table: dict[str, dict] = {}
+    for rec in log.primary_overrides():
+        entry = table.setdefault(rec["name"], {"count": 0, "layers": [], "missing_layers": [], "duplicate_layers": [],
+                                               "other_nodes": 0, "old": rec["old"], "new": rec["new"], "lines": []})
+        entry["count"] += 1
+        if len(entry["lines"]) < 1000:
+            entry["lines"].append(rec["line"])
+        if rec["layer"] is None:
+            entry["other_nodes"] += 1
+        else:
+            entry["layers"].append(rec["layer"])
+    for entry in table.values():
+        counts: dict[int, int] = {}
+        for layer in entry["layers"]:
+            counts[layer] = counts.get(layer, 0) + 1
+        entry["duplicate_layers"] = sorted(k for k, v in counts.items() if v > 1)
+        entry["layers"] = sorted(counts)
+        if num_layers and entry["layers"]:
+            entry["missing_layers"] = sorted(set(range(num_layers)) - set(counts))
+        elif entry["layers"]:
+            # without a layer count, gaps inside the range seen are still missing
+            entry["missing_layers"] = sorted(set(range(max(counts) + 1)) - set(counts))
+    return table
+
+
+def _layers_text(layers: list[int]) -> str:
+    """[0,1,2,5,7,8] -> '0-2, 5, 7-8'."""
+    parts = []
+    start = prev = None
+    for x in layers:
+        if start is None:
+            start = prev = x
+        elif x == prev + 1:
+            prev = x
+        else:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = x
+    if start is not None:
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ", ".join(parts)
+
+
+def _check_overrides(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    out = []
+    for rec in log.override_no_match:
+        out.append(Finding("error", "override-no-match",
+                           f"override.imports={rec['imports']} produced no replacements: its target/fqns match no config node",
+                           [rec["line"]]))
+    table = override_table(log, ctx.num_layers)
+    if not table:
+        return out
+    n = ctx.num_layers
+    for name, entry in table.items():
+        lines = entry["lines"]
+        if not entry["layers"]:
+            continue
+        if entry["missing_layers"]:
+            scope = f"of {n} layers ({ctx.layers_source})" if n else "inside the range of layers seen"
+            out.append(Finding("error", "override-missing-layers",
+                               f"override {name} is missing on layer(s) {_layers_text(entry['missing_layers'])} {scope}",
+                               lines[:3]))
+        if entry["duplicate_layers"]:
+            dup_lines = [r["line"] for r in log.primary_overrides() if r["name"] == name and r["layer"] in set(entry["duplicate_layers"])]
+            out.append(Finding("error", "override-duplicate-layers",
+                               f"override {name} was applied more than once on layer(s) {_layers_text(entry['duplicate_layers'])}",
+                               dup_lines[:10]))
+        if n and entry["layers"] and max(entry["layers"]) >= n:
+            extra = [x for x in entry["layers"] if x >= n]
+            out.append(Finding("warning", "override-extra-layers",
+                               f"override {name} names layer(s) {_layers_text(extra)} beyond the {n} layers expected ({ctx.layers_source})",
+                               lines[:3]))
+        if not entry["missing_layers"] and not entry["duplicate_layers"]:
+            what = f"all {n} layers" if n else f"layers {_layers_text(entry['layers'])}"
+            out.append(Finding("info", "override-ok", f"override {name}: exactly once on {what} ({entry['old']} -> {entry['new']})", lines[:1]))
+    if not n:
+        out.append(Finding("info", "layers-unknown",
+                           "the model's layer count is unknown, so missing layers at the end can't be seen (pass --expect-layers N)"))
+    # "Applied N override(s)" against the lines seen, per rank
+    primary = log.primary_rank if log.primary_rank in log.applied else next(iter(log.applied), None)
+    if primary in log.applied:
+        total_lines = len(log.overrides.get(primary, []))
+        for count, line in log.applied[primary][-1:]:
+            if count != total_lines:
+                out.append(Finding("warning", "override-count-mismatch",
+                                   f"torchtitan says it applied {count} override(s), but {total_lines} [Override] line(s) were logged", [line]))
+    counts = {r: len(v) for r, v in log.overrides.items() if r is not None}
+    if len(set(counts.values())) > 1:
+        base = len(log.primary_overrides())
+        odd = sorted(r for r, c in counts.items() if c != base)
+        out.append(Finding("warning", "override-rank-mismatch",
+                           f"rank(s) {_layers_text(odd)} logged a different number of [Override] lines than rank {log.primary_rank} ({base})",
+                           [log.overrides[r][0]["line"] for r in odd[:3] if log.overrides[r]]))
+    return out
+
+
+def _check_nonfinite(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    out = []
+    for key, label in (("loss", "loss"), ("grad_norm", "grad norm")):
+        bad = [s for s in log.step_list() if s.get(key) is not None and not math.isfinite(s[key])]
+        if bad:
+            out.append(Finding("error", f"nonfinite-{key.replace('_', '-')}",
+                               f"{label} is {bad[0][key]} from step {bad[0]['step']} ({len(bad)} step(s) in all)",
+                               [s["line"] for s in bad[:5]]))
+    return out
+
+
+def _check_exploding(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    steps = [s for s in log.step_list() if _finite(s.get("loss"))]
+    if len(steps) < 2:
+        return []
+    first = steps[0]["loss"]
+    best = first
+    for s in steps[1:]:
+        loss = s["loss"]
+        if loss > max(first, best) * EXPLODE_RATIO and loss - best > EXPLODE_MIN_RISE:
+            return [Finding("error", "loss-exploding",
+                            f"loss rose to {loss:.4f} at step {s['step']} (first {first:.4f}, lowest so far {best:.4f}): training is diverging",
+                            [s["line"]])]
+        best = min(best, loss)
+    return []
+
+
+def _check_grad_spikes(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    steps = [s for s in log.step_list() if _finite(s.get("grad_norm"))]
+    spikes = []
+    for i in range(3, len(steps)):
+        window = [s["grad_norm"] for s in steps[max(0, i - 8):i]]
+        med = statistics.median(window)
+        if med > 0 and steps[i]["grad_norm"] > GRAD_SPIKE_RATIO * med:
+            spikes.append((steps[i], med))
+    if not spikes:
+        return []
+    s, med = spikes[0]
+    return [Finding("warning", "grad-norm-spike",
+                    f"grad norm spiked to {s['grad_norm']:.4g} at step {s['step']} (median of the steps before: {med:.4g}); "
+                    f"{len(spikes)} spike(s) over {GRAD_SPIKE_RATIO:g}x",
+                    [x[0]["line"] for x in spikes[:5]])]
+
+
+def _check_memory(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    high = [s for s in log.step_list() if _finite(s.get("memory_pct")) and s["memory_pct"] > HIGH_MEMORY_PCT]
+    ranks = {r: v for r, v in log.rank_high_memory.items() if v["pct"] > HIGH_MEMORY_PCT}
+    if not high and not ranks:
+        return []
+    if high:
+        peak = max(high, key=lambda s: s["memory_pct"])
+        lines = [peak["line"]]
+        msg = (f"device memory reached {peak['memory_pct']:.2f}% ({peak['memory_gib']} GiB) at step {peak['step']}"
+               f" on rank {log.primary_rank if log.primary_rank is not None else 0}: near capacity (>{HIGH_MEMORY_PCT:g}%)")
+    else:
+        r, v = max(ranks.items(), key=lambda kv: kv[1]["pct"])
+        lines = [v["line"]]
+        msg = f"device memory reached {v['pct']:.2f}% on rank {r} at step {v['step']}: near capacity (>{HIGH_MEMORY_PCT:g}%)"
+    others = sorted(r for r in ranks if r != log.primary_rank)
+    if others:
+        msg += f"; ranks above {HIGH_MEMORY_PCT:g}%: {_layers_text(others)}"
+        lines += [ranks[r]["line"] for r in others[:3]]
+    return [Finding("warning", "memory-high", msg, sorted(set(lines)))]
+
+
+def _check_throughput(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    steps = [s for s in log.step_list() if _finite(s.get("tps")) and s["step"] > 1]
+    if len(steps) < 3:
+        return []
+    for i in range(2, len(steps)):
+        base = statistics.median(s["tps"] for s in steps[max(0, i - 5):i])
+        rest = [s["tps"] for s in steps[i:]]
+        if base > 0 and steps[i]["tps"] < THROUGHPUT_DROP_RATIO * base and statistics.median(rest) < THROUGHPUT_DROP_RATIO * base:
+            s = steps[i]
+            return [Finding("warning", "throughput-collapse",
+                            f"throughput fell to {s['tps']:,} tps at step {s['step']} from about {base:,.0f} tps "
+                            f"and stayed below {THROUGHPUT_DROP_RATIO:.0%} of it (step 1 excluded: it includes compilation)",
+                            [s["line"]])]
+    return []
+
+
+def root_cause(log: ParsedLog) -> Optional[dict]:
+    """The crash's first root-cause line: {rank, text, line, traceback_start}, or None."""
+    tbs = log.tracebacks
+    failure = log.torchrun_failure
+    rank_tbs = {r: t for r, t in tbs.items() if r is not None and t.get("first_root")}
+    pick = None
+    if failure.get("root_cause_rank") is not None and failure["root_cause_rank"] in rank_tbs:
+        pick = failure["root_cause_rank"]
+    elif rank_tbs:
+        pick = min(rank_tbs, key=lambda r: rank_tbs[r]["first_root"]["line"])
+    if pick is not None:
+        t = rank_tbs[pick]
+        return {"rank": pick, "text": t["first_root"]["text"], "line": t["first_root"]["line"],
+                "final": t["last"]["text"] if t.get("last") else None, "traceback_start": t.get("start")}
+    own = tbs.get(None)
+    if own and own.get("first_root") and "ChildFailedError" not in own["first_root"]["text"]:
+        return {"rank": None, "text": own["first_root"]["text"], "line": own["first_root"]["line"],
+                "final": own["last"]["text"] if own.get("last") else None, "traceback_start": own.get("start")}
+    if failure.get("error"):
+        return {"rank": failure.get("root_cause_rank"), "text": failure["error"], "line": failure.get("root_cause_line"),
+                "final": None, "traceback_start": None}
+    return None
+
+
+def _check_crash(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    out = []
+    cause = root_cause(log)
+    failure = log.torchrun_failure
+    if cause is not None:
+        who = f"rank {cause['rank']}" if cause["rank"] is not None else "the launcher"
+        lines = [x for x in (cause.get("traceback_start"), cause["line"]) if x]
+        msg = f"{who} crashed: {cause['text']}"
+        if cause.get("final") and cause["final"] != cause["text"]:
+            msg += f" (surfaced as: {cause['final']})"
+        others = sorted(r for r, t in log.tracebacks.items() if r is not None and r != cause["rank"] and t.get("first_root"))
+        if others:
+            msg += f"; {len(others)} other rank(s) also raised"
+        out.append(Finding("error", "crash", msg, lines))
+    elif failure.get("exitcode") is not None or failure.get("failed"):
+        code = failure.get("exitcode")
+        if code is None:
+            code = failure["failed"][0]["exitcode"]
+        rank = failure.get("root_cause_rank")
+        sig = ""
+        if isinstance(code, int) and code < 0:
+            sig = {-9: " (SIGKILL: often the host's out-of-memory killer)", -15: " (SIGTERM)", -6: " (SIGABRT)", -11: " (SIGSEGV)"}.get(code, f" (signal {-code})")
+        lines = [x for x in (failure.get("root_cause_line"), *(f["line"] for f in failure.get("failed", [])[:2])) if x]
+        out.append(Finding("error", "crash", f"rank {rank if rank is not None else '?'} exited with code {code}{sig}; no traceback in the log", lines))
+    elif log.errors:
+        first = log.errors[0]
+        who = f"rank {first['rank']}" if first["rank"] is not None else "the log"
+        out.append(Finding("error", "error-lines", f"{log.error_count} ERROR line(s); first from {who}: {first['text']}", [first["line"]]))
+    if cause is not None and log.errors:
+        out.append(Finding("info", "error-lines", f"{log.error_count} ERROR-level line(s) besides the traceback", [log.errors[0]["line"]]))
+    if ctx.record is not None and ctx.record.status == "failed" and not out:
+        out.append(Finding("error", "run-failed", f"the run record says it failed ({ctx.record.ended_by or 'no reason'}): {ctx.record.error or 'no root cause recorded'}"))
+    return out
+
+
+def configured_steps(log: ParsedLog, ctx: RunContext) -> Optional[int]:
+    return log.trainer.get("steps") or ctx.configured_steps
+
+
+def _check_stopped_early(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    if not log.steps:
+        return []
+    target = configured_steps(log, ctx)
+    last = max(log.steps)
+    out = []
+    if log.ran_out_of_data_line:
+        out.append(Finding("warning", "ran-out-of-data", f"the data ran out at step {last}: training stopped early",
+                           [log.ran_out_of_data_line]))
+    if target and last < target:
+        live = ctx.record is not None and ctx.record.status in ("running", "created") and not ctx.ended
+        if live:
+            out.append(Finding("info", "in-progress", f"the run is still going: step {last} of {target}", [log.steps[last]["line"]]))
+        else:
+            why = ""
+            if ctx.record is not None and ctx.record.ended_by and ctx.record.ended_by != "completed":
+                why = f" (ended by {ctx.record.ended_by})"
+            out.append(Finding("error", "stopped-early", f"the run stopped at step {last} of {target} configured steps{why}",
+                               [log.steps[last]["line"]]))
+    elif target and last >= target and log.completed_line:
+        out.append(Finding("info", "completed", f"training completed all {target} steps", [log.completed_line]))
+    return out
+
+
+def _check_ranks(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    if not log.steps or len(log.rank_last_step) < 2:
+        return []
+    top = max(s for s, _ in log.rank_last_step.values())
+    behind = {r: v for r, v in log.rank_last_step.items() if v[0] < top}
+    if not behind:
+        return []
+    worst = min(behind.items(), key=lambda kv: kv[1][0])
+    return [Finding("warning", "rank-behind",
+                    f"{len(behind)} rank(s) logged fewer steps than the others (step {top}); rank {worst[0]} stopped at step {worst[1][0]}",
+                    [v[1] for _, v in sorted(behind.items())[:5]])]
+
+
+def _check_sidecars(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    out = []
+    st = ctx.structured
+    if st:
+        ws = st.get("world_size")
+        logged_ws = log.world_size_hints.get("mesh") or (max(log.ranks) + 1 if log.ranks else None)
+        if ws and logged_ws and ws != logged_ws:
+            out.append(Finding("warning", "world-size-mismatch",
+                               f"structured logs have {ws} rank file(s), the log suggests {logged_ws} ranks"))
+        done = {r: v["last_step"] for r, v in st.get("ranks", {}).items() if r >= 0 and v.get("last_step") is not None}
+        if done and log.steps:
+            last = max(log.steps)
+            top = max(done.values())
+            if top > last:
+                out.append(Finding("info", "structured-more-steps",
+                                   f"structured logs show step {top} finished, but the text log stops at step {last} (log cut off?)"))
+            lag = sorted(r for r, s in done.items() if s < top)
+            if lag:
+                out.append(Finding("warning", "structured-rank-behind",
+                                   f"structured logs: rank(s) {_layers_text(lag)} finished fewer steps than step {top}"))
+        for err in st.get("errors", [])[:3]:
+            out.append(Finding("info", "structured-error",
+                               f"structured log of rank {err['rank']}: {err['event']} failed at step {err['step']}: {err['message'] or 'no message'}"))
+    tb = ctx.tensorboard
+    if tb and tb.get("steps"):
+        mismatched = []
+        for step, rec in sorted(log.steps.items()):
+            if rec.get("source") == "tensorboard":
+                continue
+            t = tb["steps"].get(step, {})
+            if _finite(rec.get("loss")) and _finite(t.get("loss")) and abs(rec["loss"] - t["loss"]) > 1e-4 + 1e-4 * abs(t["loss"]):
+                mismatched.append(rec)
+        if mismatched:
+            s = mismatched[0]
+            out.append(Finding("warning", "tensorboard-mismatch",
+                               f"TensorBoard loss at step {s['step']} is {tb['steps'][s['step']]['loss']:.5f}, the log says {s['loss']:.5f}",
+                               [s["line"] for s in mismatched[:5]]))
+        filled = log.filled_steps
+        if filled:
+            out.append(Finding("info", "tensorboard-filled",
+                               f"{len(filled)} step(s) missing from the text log were filled in from TensorBoard (steps {_layers_text(filled)})"))
+        else:
+            out.append(Finding("info", "tensorboard-confirmed", f"TensorBoard scalars agree with the log for {len(tb['steps'])} step(s)")
+                       if not mismatched else Finding("info", "tensorboard-read", f"read TensorBoard scalars for {len(tb['steps'])} step(s)"))
+    elif tb and tb.get("error"):
+        out.append(Finding("info", "tensorboard-unreadable", f"TensorBoard events not read: {tb['error']}"))
+    return out
+
+
+def _check_warnings(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    if not log.warning_count:
+        return []
+    top = sorted(log.warnings.values(), key=lambda w: (-w["count"], w["line"]))[:3]
+    shown = "; ".join(f"{w['text'][:120]} (x{w['count']})" for w in top)
+    return [Finding("info", "warnings", f"{log.warning_count} warning line(s), {len(log.warnings)} distinct; most frequent: {shown}",
+                    [w["line"] for w in top])]

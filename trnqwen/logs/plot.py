@@ -1,0 +1,88 @@
+"""``--plot FILE.png``: loss, grad norm and throughput/MFU against step (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from trnqwen.logs.parse import ParsedLog
+
+
+def _series(log: ParsedLog, key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for s in log.step_list():
+        v = s.get(key)
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            xs.append(s["step"])
+            ys.append(float(v))
+    return xs, ys
+
+
+def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None, title: Optional[str] = None) -> None:
+    """Three stacked panels sharing the step axis; step 1 (compilation) is marked on the
+    throughput panel.  With ``other``, both runs are drawn (A solid, B dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    runs = [("A" if other is not None else None, log, "-")]
+    if other is not None:
+        runs.append(("B", other, "--"))
+    fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True, constrained_layout=True)
+    ax_loss, ax_grad, ax_tps = axes
+    ax_mfu = ax_tps.twinx()
+    for label, run, style in runs:
+        suffix = f" ({label})" if label else ""
+        x, y = _series(run, "loss")
+        ax_loss.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color="tab:blue", label=f"loss{suffix}")
+        vx = [v["step"] for v in run.validations if isinstance(v.get("loss"), float) and math.isfinite(v["loss"])]
+        vy = [v["loss"] for v in run.validations if isinstance(v.get("loss"), float) and math.isfinite(v["loss"])]
+        if vx:
+            ax_loss.plot(vx, vy, style, marker="s", ms=4, color="tab:green", label=f"validation loss{suffix}")
+        x, y = _series(run, "grad_norm")
+        ax_grad.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color="tab:orange", label=f"grad norm{suffix}")
+        x, y = _series(run, "tps")
+        ax_tps.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color="tab:purple", label=f"tokens/s/device{suffix}")
+        x, y = _series(run, "mfu")
+        if x:
+            ax_mfu.plot(x, y, style, color="tab:red", alpha=0.7, label=f"MFU %{suffix}")
+    # Non-finite losses: mark where they happened.
+    bad = [s["step"] for s in log.step_list() if isinstance(s.get("loss"), float) and not math.isfinite(s["loss"])]
+    for st in bad[:50]:
+        ax_loss.axvline(st, color="red", alpha=0.3, lw=1)
+    if bad:
+        ax_loss.plot([], [], color="red", alpha=0.5, label="NaN/Inf loss")
+    if any(s["step"] == 1 for s in log.step_list()):
+        ax_tps.axvspan(0.5, 1.5, color="grey", alpha=0.15, label="step 1 (compilation)")
+    ax_loss.set_ylabel("loss")
+    ax_grad.set_ylabel("grad norm")
+    ax_tps.set_ylabel("tokens / s / device")
+    ax_mfu.set_ylabel("MFU (%)")
+    ax_tps.set_xlabel("step")
+    ax_tps.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in (ax_loss, ax_grad, ax_tps):
+        ax.grid(True, alpha=0.3)
+    ax_loss.legend(loc="upper right", fontsize=8)
+    ax_grad.legend(loc="upper right", fontsize=8)
+    handles, labels = ax_tps.get_legend_handles_labels()
+    h2, l2 = ax_mfu.get_legend_handles_labels()
+    ax_tps.legend(handles + h2, labels + l2, loc="lower right", fontsize=8)
+    name = title or (log.source if other is None else f"A: {log.source}\nB: {other.source}")
+    fig.suptitle(name if len(name) < 120 else "..." + name[-117:], fontsize=10)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix or ".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)

@@ -1,0 +1,284 @@
+"""Turn a parsed + judged run into a summary, the ``--json`` object, a rich table, CSV, and a
+side-by-side comparison of two runs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from trnqwen.logs.judge import Finding, configured_steps, override_table, root_cause
+from trnqwen.logs.parse import STEP_FIELDS, ParsedLog
+from trnqwen.logs.sources import RunContext
+
+
+def _num(x: Any) -> Any:
+    """JSON-safe number: NaN/Inf become strings "nan"/"inf"/"-inf" (JSON has no such numbers)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x
+
+
+def _mean(values: Iterable[Optional[float]]) -> Optional[float]:
+    vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def summarize(log: ParsedLog, ctx: RunContext) -> dict:
+    steps = log.step_list()
+    finite = [s for s in steps if isinstance(s.get("loss"), (int, float)) and math.isfinite(s["loss"])]
+    after_first = [s for s in steps if s["step"] > 1] if len(steps) > 1 else []
+    mem = [s for s in steps if isinstance(s.get("memory_gib"), (int, float)) and math.isfinite(s["memory_gib"])]
+    peak = max(mem, key=lambda s: s["memory_gib"]) if mem else None
+    best = min(finite, key=lambda s: s["loss"]) if finite else None
+    cause = root_cause(log)
+    target = configured_steps(log, ctx)
+    return {
+        "source": log.source,
+        "model": log.model_name,
+        "model_flavor": log.model_flavor,
+        "model_params": log.model_params,
+        "torchtitan_version": log.torchtitan_version,
+        "world_size": log.world_size,
+        "primary_rank": log.primary_rank,
+        "steps_logged": len(steps),
+        "first_step": steps[0]["step"] if steps else None,
+        "last_step": steps[-1]["step"] if steps else None,
+        "configured_steps": target,
+        "completed": bool(log.completed_line) or (target is not None and bool(steps) and steps[-1]["step"] >= target),
+        "first_loss": _num(steps[0]["loss"]) if steps else None,
+        "last_loss": _num(steps[-1]["loss"]) if steps else None,
+        "min_loss": best["loss"] if best else None,
+        "min_loss_step": best["step"] if best else None,
+        "mean_tps_after_step1": _mean(s.get("tps") for s in after_first),
+        "mean_tflops_after_step1": _mean(s.get("tflops") for s in after_first),
+        "mean_mfu_after_step1": _mean(s.get("mfu") for s in after_first),
+        "step1_tps": steps[0].get("tps") if steps and steps[0]["step"] == 1 else None,
+        "peak_memory_gib": peak["memory_gib"] if peak else None,
+        "peak_memory_pct": _num(peak.get("memory_pct")) if peak else None,
+        "peak_memory_step": peak["step"] if peak else None,
+        "validation_steps": len(log.validations),
+        "last_validation_loss": _num(log.validations[-1]["loss"]) if log.validations else None,
+        "checkpoint_loaded": any(e["kind"] in ("load", "loaded") for e in log.checkpoint_events),
+        "checkpoint_saved": any(e["kind"] in ("save", "saved") for e in log.checkpoint_events),
+        "warnings": log.warning_count,
+        "errors": log.error_count,
+        "root_cause": cause,
+        "lines": log.lines,
+        "bytes": log.bytes_read,
+        "vocab_size": ctx.vocab_size,
+        "expected_layers": ctx.num_layers,
+        "run_dir": str(ctx.run_dir) if ctx.run_dir else None,
+        "run_status": ctx.status,
+    }
+
+
+def step_rows(log: ParsedLog) -> list[dict]:
+    return [{name: _num(s.get(name)) for name in STEP_FIELDS} for s in log.step_list()]
+
+
+def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> dict:
+    """The ``--json`` object."""
+    table = override_table(log, ctx.num_layers)
+    overrides = {
+        name: {k: e[k] for k in ("count", "layers", "missing_layers", "duplicate_layers", "other_nodes", "old", "new")}
+        for name, e in table.items()
+    }
+    return {
+        "source": log.source,
+        "world_size": log.world_size,
+        "model": log.model_name,
+        "steps": step_rows(log),
+        "validation": [{k: _num(v) for k, v in rec.items() if k != "line"} for rec in log.validations],
+        "overrides": overrides,
+        "applied_overrides": [n for n, _ in log.applied.get(log.primary_rank, [])] or None,
+        "checkpoint": [{k: v for k, v in e.items()} for e in log.checkpoint_events],
+        "findings": [f.as_dict() for f in findings],
+        "summary": summarize(log, ctx),
+        "tracebacks": {str(r): {"first_root": t.get("first_root"), "last": t.get("last"), "count": t.get("count")}
+                       for r, t in log.tracebacks.items()},
+        "structured_logs": {k: v for k, v in ctx.structured.items() if k != "step_ms"} if ctx.structured else None,
+        "tensorboard_steps": len(ctx.tensorboard.get("steps", {})) if ctx.tensorboard else 0,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# human output
+
+
+def _fmt(x: Any, spec: str = "") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, (int, float)) and spec:
+        return format(x, spec)
+    return str(x)
+
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=None) -> None:
+    """The default rich summary (stdout)."""
+    from rich.table import Table
+
+    from trnqwen import output
+    from trnqwen.errors import redact
+
+    con = console or output.console(stderr=False)
+    s = summarize(log, ctx)
+    t = Table(title=f"inspect-logs: {log.source}", title_justify="left", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    model = " ".join(x for x in (s["model"], s["model_flavor"]) if x) or "-"
+    if s["model_params"]:
+        model += f" ({s['model_params']:,} parameters)"
+    t.add_row("model", model)
+    t.add_row("ranks", _fmt(s["world_size"]))
+    steps_txt = f"{s['steps_logged']} logged"
+    if s["first_step"] is not None:
+        steps_txt += f" (steps {s['first_step']}-{s['last_step']}"
+        steps_txt += f" of {s['configured_steps']})" if s["configured_steps"] else ")"
+    t.add_row("steps", steps_txt)
+    t.add_row("loss first / last / min",
+              f"{_fmt(s['first_loss'], '.4f')} / {_fmt(s['last_loss'], '.4f')} / {_fmt(s['min_loss'], '.4f')}"
+              + (f" (step {s['min_loss_step']})" if s["min_loss_step"] is not None else ""))
+    t.add_row("mean tps (after step 1)", _fmt(s["mean_tps_after_step1"], ",.0f")
+              + (f"   step 1: {_fmt(s['step1_tps'], ',')}" if s["step1_tps"] is not None else ""))
+    t.add_row("mean MFU (after step 1)", (_fmt(s["mean_mfu_after_step1"], ".2f") + "%") if s["mean_mfu_after_step1"] is not None else "-")
+    t.add_row("peak memory",
+              f"{_fmt(s['peak_memory_gib'], '.2f')} GiB ({_fmt(s['peak_memory_pct'], '.2f')}%) at step {s['peak_memory_step']}"
+              if s["peak_memory_gib"] is not None else "-")
+    if log.validations:
+        t.add_row("validation", f"{len(log.validations)} run(s), last loss {_fmt(s['last_validation_loss'], '.4f')}")
+    ck = []
+    if s["checkpoint_loaded"]:
+        ck.append("loaded")
+    if s["checkpoint_saved"]:
+        ck.append("saved")
+    t.add_row("checkpoint", ", ".join(ck) or "-")
+    table = override_table(log, ctx.num_layers)
+    for name, e in table.items():
+        per_layer = f"{e['count']} line(s), layers {_layers(e['layers'])}"
+        if e["missing_layers"]:
+            per_layer += f", [red]missing {_layers(e['missing_layers'])}[/red]"
+        if e["duplicate_layers"]:
+            per_layer += f", [red]duplicated {_layers(e['duplicate_layers'])}[/red]"
+        t.add_row(f"override {name}", redact(per_layer))
+    t.add_row("warnings / errors", f"{s['warnings']} / {s['errors']}")
+    if s["root_cause"]:
+        rc = s["root_cause"]
+        t.add_row("root cause", redact(f"rank {rc['rank']}: {rc['text']} (line {rc['line']})"))
+    con.print(t)
+    if findings:
+        ft = Table(title="findings", title_justify="left")
+        ft.add_column("severity")
+        ft.add_column("finding")
+        ft.add_column("lines")
+        for f in findings:
+            style = SEVERITY_STYLE.get(f.severity, "")
+            lines = ", ".join(str(x) for x in f.lines[:6]) + (" ..." if len(f.lines) > 6 else "")
+            ft.add_row(f"[{style}]{f.severity}[/{style}]", _escape(redact(f.message)), lines)
+        con.print(ft)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _layers(layers: list[int]) -> str:
+    from trnqwen.logs.judge import _layers_text
+
+    return _layers_text(layers) or "-"
+
+
+# ---------------------------------------------------------------------------------------------
+# CSV
+
+
+def write_csv(log: ParsedLog, path: Path) -> None:
+    """One row per step; written to a temp file and renamed (never half a file)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=[*STEP_FIELDS, "line"], lineterminator="\n")
+    writer.writeheader()
+    for s in log.step_list():
+        writer.writerow({k: ("" if s.get(k) is None else s.get(k)) for k in (*STEP_FIELDS, "line")})
+    write_text_atomic(path, buf.getvalue())
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# comparison (like torchtitan's loss comparison: per-step losses side by side and their difference)
+
+
+def compare(a: ParsedLog, b: ParsedLog) -> dict:
+    steps = sorted(set(a.steps) | set(b.steps))
+    rows = []
+    diffs = []
+    for st in steps:
+        ra, rb = a.steps.get(st), b.steps.get(st)
+        la = ra.get("loss") if ra else None
+        lb = rb.get("loss") if rb else None
+        d = None
+        if isinstance(la, (int, float)) and isinstance(lb, (int, float)) and math.isfinite(la) and math.isfinite(lb):
+            d = lb - la
+            diffs.append(d)
+        rows.append({
+            "step": st,
+            "loss_a": _num(la), "loss_b": _num(lb), "loss_diff": d,
+            "tps_a": ra.get("tps") if ra else None, "tps_b": rb.get("tps") if rb else None,
+            "memory_gib_a": ra.get("memory_gib") if ra else None, "memory_gib_b": rb.get("memory_gib") if rb else None,
+        })
+    return {
+        "a": a.source,
+        "b": b.source,
+        "steps": rows,
+        "common_steps": len(diffs),
+        "max_abs_loss_diff": max((abs(d) for d in diffs), default=None),
+        "mean_loss_diff": sum(diffs) / len(diffs) if diffs else None,
+        "identical": bool(diffs) and all(d == 0 for d in diffs),
+    }
+
+
+def render_compare(cmp: dict, *, console=None) -> None:
+    from rich.table import Table
+
+    from trnqwen import output
+
+    con = console or output.console(stderr=False)
+    t = Table(title=f"compare: A = {cmp['a']}   B = {cmp['b']}", title_justify="left")
+    for col in ("step", "loss A", "loss B", "B - A", "tps A", "tps B", "mem A GiB", "mem B GiB"):
+        t.add_column(col, justify="right")
+    for r in cmp["steps"]:
+        d = r["loss_diff"]
+        dtxt = "-" if d is None else f"{d:+.5f}"
+        if d is not None and abs(d) > 1e-3:
+            dtxt = f"[yellow]{dtxt}[/yellow]"
+        t.add_row(str(r["step"]), _fmt(r["loss_a"], ".5f"), _fmt(r["loss_b"], ".5f"), dtxt,
+                  _fmt(r["tps_a"], ","), _fmt(r["tps_b"], ","), _fmt(r["memory_gib_a"], ".2f"), _fmt(r["memory_gib_b"], ".2f"))
+    con.print(t)
+    if cmp["common_steps"]:
+        verdict = "identical losses" if cmp["identical"] else f"max |B - A| = {cmp['max_abs_loss_diff']:.6f}, mean B - A = {cmp['mean_loss_diff']:+.6f}"
+        con.print(f"{cmp['common_steps']} common step(s): {verdict}")
+    else:
+        con.print("no step is in both logs")
