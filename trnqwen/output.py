@@ -40,11 +40,12 @@ def warn(message: str) -> None:
 
 def table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]], *, stdout: bool = True) -> None:
     """A rich table; on stdout by default since a table is the command's result."""
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title=title, title_justify="left")
     for col in columns:
         t.add_column(str(col))
     for row in rows:
-        t.add_row(*(redact("" if v is None else str(v)) for v in row))
+        t.add_row(*(escape(redact("" if v is None else str(v))) for v in row))
     console(stderr=not stdout).print(t)
