@@ -137,18 +137,21 @@ def _optional(kind):
 def _arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m trnqwen.runtime.hf_trainer",
+        allow_abbrev=False,
         description="Train a causal LM with transformers.Trainer (trnqwen's hf-trainer backend; run under torchrun).",
     )
-    parser.add_argument("spec_file", nargs="?", help="JSON spec file (flags given too override its values)")
+    parser.add_argument("spec_file", nargs="?", default=None, help="JSON spec file (flags given too override its values)")
     converters = {
         "int": int, "float": float, "str": str,
         "Optional[int]": _optional(int), "Optional[float]": _optional(float), "Optional[str]": _optional(str),
     }
     for f in fields(HFTrainerSpec):
         if f.name in _BOOL_FIELDS:
-            parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=None)
-        else:
-            parser.add_argument(_flag(f.name), dest=f.name, type=converters[str(f.type)], default=None)
+            parser.add_argument(
+                _flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS
+            )
+        else:  # SUPPRESS: a flag not given leaves no attribute, so "--seed none" can still mean None
+            parser.add_argument(_flag(f.name), dest=f.name, type=converters[str(f.type)], default=argparse.SUPPRESS)
     return parser
 
 
@@ -169,10 +172,7 @@ def spec_from_argv(argv: Sequence[str]) -> HFTrainerSpec:
         if unknown:
             raise SpecError(f"spec file {path}: unknown keys {', '.join(unknown)}")
         values.update(data)
-    for name in _FIELD_TYPES:
-        given = getattr(ns, name)
-        if given is not None:
-            values[name] = given
+    values.update({name: value for name, value in vars(ns).items() if name in _FIELD_TYPES})
     return HFTrainerSpec(**values).validate()
 
 
@@ -265,9 +265,14 @@ def plan_parallelism(
 def flops_per_token(
     nparams: int, nparams_embedding: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int, tied: bool
 ) -> int:
-    """Training FLOPs per token, torchtitan's convention (6N for the matmuls + 6*L*H*D*T attention)."""
+    """Training FLOPs per token as torchtitan counts them for its native Qwen3.
+
+    6 per matmul parameter (forward + backward; the token embedding is a lookup, not a matmul,
+    unless it is tied to the output projection) plus 6 x layers x heads x (qk + v head dims) x seq
+    for attention scores and values (causal sparsity ignored, as in torchtitan).
+    """
     matmul_params = nparams if tied else nparams - nparams_embedding
-    return 6 * matmul_params + 6 * n_layers * n_heads * head_dim * seq_len
+    return 6 * matmul_params + 6 * n_layers * n_heads * (2 * head_dim) * seq_len
 
 
 def format_step_line(
