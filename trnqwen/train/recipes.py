@@ -78,6 +78,10 @@ def build_job(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, ch
     ``check_runtime=False`` (``--dry-run`` / ``--export-config``) only generates text: missing
     torchtitan-neuron or missing assets are then notes, not errors.
     """
+    if cfg.backend == "hf-trainer":  # no torchtitan config module: trnqwen's Trainer entry point
+        from trnqwen.train.hf_trainer_recipe import build_hf_trainer_job
+
+        return build_hf_trainer_job(cfg, device, run_dir, check_runtime=check_runtime)
     plan = make_plan(cfg, device, run_dir, check_runtime=check_runtime)
     text = _render(plan)
     fn = CONFIG_FNS[cfg.backend]
