@@ -110,13 +110,19 @@ def _load_model(ckpt: CheckpointFiles, config, device_map: Optional[str], trust_
     else:
         from safetensors.torch import load_file
 
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        # Built for real (not on meta: non-persistent buffers such as rotary inv_freq must
+        # exist), then filled shard by shard: peak memory is the model plus one shard.
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code, dtype=config.dtype or torch.float32)
+        loaded: set[str] = set()
         for path in ckpt.files:
-            model.load_state_dict(load_file(str(Path(path))), strict=False, assign=True)
+            shard = load_file(str(Path(path)))
+            model.load_state_dict(shard, strict=False)
+            loaded.update(shard)
+            del shard
         model.tie_weights()
-        if any(p.is_meta for p in model.parameters()):
-            raise RuntimeError("some weights are missing from the checkpoint; cannot run the model")
+        absent = [k for k in model.state_dict() if k not in loaded and not (k == "lm_head.weight" and config.tie_word_embeddings)]
+        if absent:
+            raise RuntimeError(f"{len(absent)} weight(s) missing from the checkpoint (e.g. {absent[0]}); cannot run the model")
         model.generation_config = generation_config
         if device_map is not None:
             model = model.to(device_map)

@@ -35,7 +35,7 @@ TIED_KEY = "lm_head.weight"
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3": dict(
         vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=None, head_dim=128, attention_bias=False,
+        num_attention_heads=32, num_key_value_heads=32, head_dim=128, attention_bias=False,
         tie_word_embeddings=False,
     ),
     "qwen3_moe": dict(
@@ -104,8 +104,13 @@ def check_model_type(config: dict[str, Any], where: str) -> str:
 def expected_tensors(config: dict[str, Any], where: str = "config.json") -> ModelSpec:
     """Names, shapes and dtypes of the model's state dict, as ``AutoModelForCausalLM`` builds it."""
     model_type = check_model_type(config, where)
-    c = {**_DEFAULTS[model_type], **{k: v for k, v in config.items() if k in _DEFAULTS[model_type] and v is not None}}
+    if "num_experts" not in config and "num_local_experts" in config:  # transformers 5 writes this name
+        config = {**config, "num_experts": config["num_local_experts"]}
+    # Absent keys take the class default; an explicit null takes the derived value (kv heads =
+    # heads, head_dim = hidden // heads), as the config's __post_init__/the attention module do.
+    c = {**_DEFAULTS[model_type], **{k: v for k, v in config.items() if k in _DEFAULTS[model_type]}}
     try:
+        c.update({k: _DEFAULTS[model_type][k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads") if c[k] is None})
         vocab, hidden, inter = int(c["vocab_size"]), int(c["hidden_size"]), int(c["intermediate_size"])
         layers, heads = int(c["num_hidden_layers"]), int(c["num_attention_heads"])
         kv = int(c["num_key_value_heads"] or heads)
