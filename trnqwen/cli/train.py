@@ -153,7 +153,7 @@ def train(
     from trnqwen.train.run import execute, plan_train
 
     plan = plan_train(resolved, extra_args=extra)
-    _print_findings(plan.preflight, quiet_info=json_out)
+    _print_findings(plan.preflight, quiet_info=json_out, notes=plan.job.notes)
     if not json_out:
         output.info(
             f"run {plan.run_id}: {plan.config.backend} on {plan.device.type} x {plan.nproc_per_node} rank(s), "
@@ -168,9 +168,11 @@ def train(
     outcome.raise_for_status()
 
 
-def _print_findings(report, *, quiet_info: bool = False) -> None:
+def _print_findings(report, *, quiet_info: bool = False, notes=()) -> None:
     from trnqwen import output
 
+    for note in notes:
+        output.warn(note)
     for f in report.findings:
         if f.severity == "warning":
             output.warn(f.message + (f" ({f.hint})" if f.hint else ""))
@@ -194,7 +196,7 @@ def _print_plan(plan, *, json_out: bool, exported: Optional[Path]) -> None:
         con.print(f"Wrote the {plan.config.backend} torchtitan config module to {exported}")
         con.print("Run it by hand with:")
         con.print(hand_run_command(plan, exported), markup=False, soft_wrap=True)
-        _print_findings(plan.preflight)
+        _print_findings(plan.preflight, notes=plan.job.notes)
         return
     con.rule("command", align="left")
     con.print(plan.shell_command, markup=False, soft_wrap=True)
@@ -202,6 +204,7 @@ def _print_plan(plan, *, json_out: bool, exported: Optional[Path]) -> None:
     con.print(plan.job.config_module_text or "(none: this backend has no torchtitan config module)", markup=False, soft_wrap=True)
     con.rule("preflight", align="left")
     rows = [(f.severity, f.check, f.message + (f" -> {f.hint}" if f.hint else "")) for f in plan.preflight.findings]
+    rows += [("note", "recipe", note) for note in plan.job.notes]
     if not rows:
         rows = [("ok", "-", "no findings")]
     output.table("", ["severity", "check", "finding"], rows)

@@ -118,7 +118,9 @@ def build_torchrun_argv(
 
     # What each rank runs.
     argv += ["-m", job.entry_module, *[str(a) for a in job.entry_args]]
-    if include_override_imports:
+    # The recipe may already carry the override imports in entry_args (TrainJob.override_imports).
+    handled = bool(getattr(job, "override_imports", None)) or "--override.imports" in job.entry_args
+    if include_override_imports and not handled:
         argv += override_imports_argv(list(getattr(cfg, "override_imports", []) or []))
     argv += [str(a) for a in extra_args]
     return argv

@@ -62,13 +62,18 @@ class MemoryEstimate:
         return out
 
     def describe(self) -> str:
-        gib = lambda b: f"{b / GIB:.2f}"  # noqa: E731
         parts = (
-            f"params {gib(self.params)} + grads {gib(self.grads)} + AdamW {gib(self.optimizer)} + "
-            f"activations {gib(self.activations)} + logits {gib(self.logits)} + gathered {gib(self.gathered)}"
+            f"params {_size(self.params)} + grads {_size(self.grads)} + AdamW m+v {_size(self.optimizer)} + "
+            f"activations {_size(self.activations)} + logits {_size(self.logits)} + all-gathered {_size(self.gathered)}"
         )
-        cap = f" of {gib(self.capacity)} GiB" if self.capacity else ""
-        return f"~{gib(self.total)} GiB per rank{cap} ({parts} GiB)"
+        cap = f" of {_size(self.capacity)}" if self.capacity else ""
+        return f"~{_size(self.total)} per rank{cap} ({parts})"
+
+
+def _size(n: int) -> str:
+    if n >= GIB:
+        return f"{n / GIB:.2f} GiB"
+    return f"{n / 1024**2:.1f} MiB"
 
 
 @dataclass
@@ -324,7 +329,7 @@ def estimate_memory(
     """
     n = int(num_params or count_params(dims))
     dp, _ = parallel_degrees(cfg, world_size)
-    shards = max(1, dp * cfg.tp) if cfg.dp_shard != 0 else cfg.tp
+    shards = max(1, dp * cfg.tp)
     params = 4 * n // shards
     tokens = cfg.seq_len * cfg.local_batch_size
     activations = 34 * tokens * dims.dim * dims.n_layers // cfg.tp

@@ -9,6 +9,7 @@ device runtime).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shlex
@@ -181,11 +182,19 @@ def _next_run_id(runs_dir: Path, backend: str) -> str:
     return base if n == 0 else f"{base}-{n}"
 
 
-def build_job(cfg: RunConfig, device: DeviceInfo, run_dir: Path) -> TrainJob:
-    """The recipe side (:func:`trnqwen.train.recipes.build_job`)."""
+def build_job(cfg: RunConfig, device: DeviceInfo, run_dir: Path, *, check_runtime: bool = True) -> TrainJob:
+    """The recipe side: :mod:`trnqwen.train.recipes` (torchtitan backends) or the hf-trainer recipe.
+
+    ``check_runtime=False`` (dry run, export) only renders: missing optional runtimes
+    (torchtitan-neuron) or assets are notes there, not errors.
+    """
+    if cfg.backend == "hf-trainer":
+        from trnqwen.train.hf_trainer_recipe import build_hf_trainer_job
+
+        return build_hf_trainer_job(cfg, device, run_dir, check_runtime=check_runtime)
     from trnqwen.train.recipes import build_job as _build_job
 
-    return _build_job(cfg, device, run_dir)
+    return _build_job(cfg, device, run_dir, check_runtime=check_runtime)
 
 
 def plan_train(
@@ -212,7 +221,8 @@ def plan_train(
     runs_dir = _abs(cfg.runs_dir, cwd)
     run_id = run_id or _next_run_id(runs_dir, cfg.backend)
     run_dir = runs_dir / run_id
-    job = build_job(cfg, device, run_dir)
+    with _no_device_backend_autoload(device):
+        job = build_job(cfg, device, run_dir, check_runtime=not dry_run)
     extra = [str(a) for a in extra_args]
     argv = launcher.build_torchrun_argv(
         cfg, job, nproc, python=python, extra_args=extra, log_dir=run_dir / launcher.RANK_LOGS_DIR
@@ -225,6 +235,31 @@ def plan_train(
         config=cfg, device=device, job=job, nproc_per_node=nproc, run_id=run_id, run_dir=run_dir,
         argv=argv, env=env, preflight=report, cwd=cwd, extra_args=extra, sources=dict(sources), notes=notes,
     )
+
+
+@contextlib.contextmanager
+def _no_device_backend_autoload(device: DeviceInfo):
+    """On Neuron, a recipe importing torch here must not auto-load torch_neuronx's device backend.
+
+    The launcher process must never touch the Neuron runtime (ranks would find their cores
+    claimed).  torch reads TORCH_DEVICE_BACKEND_AUTOLOAD at import; the ranks' environment is
+    restored afterwards, so they still load the backend.
+    """
+    if device.type != "neuron" or "torch" in sys.modules:
+        yield
+        return
+    previous = os.environ.get(_AUTOLOAD)
+    os.environ[_AUTOLOAD] = "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(_AUTOLOAD, None)
+        else:
+            os.environ[_AUTOLOAD] = previous
+
+
+_AUTOLOAD = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 
 
 def _abs(path: Path, cwd: Path) -> Path:

@@ -1,0 +1,245 @@
+"""``trnqwen train``: dry runs for each backend, --export-config, a fake Trainium host, and real
+end-to-end CPU runs (native and hf-v5, 2 ranks, 3 steps) plus a run killed mid-way."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers import REPO_ROOT, TRNQWEN, assert_clean_error, run_subprocess
+
+TINY = ["--model", "builtin:tiny-qwen3", "--device", "cpu", "--nproc-per-node", "2", "--steps", "3", "--seq-len", "256"]
+
+
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory) -> Path:
+    """One tiny Qwen3 HF snapshot for the whole session (built offline, deterministic)."""
+    from trnqwen.tiny_model import write_tiny_qwen3
+
+    return write_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "assets" / "hf" / "tiny-qwen3")
+
+
+def _dry(cli, *args) -> dict:
+    r = cli("train", *args, "--dry-run", "--json")
+    assert r.code == 0, r.text
+    return json.loads(r.out)
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+# --- dry run ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["hf-v5", "native", "nki-moe"])
+def test_dry_run_shows_command_config_and_preflight(cli, in_tmp, tiny_assets, backend):
+    plan = _dry(cli, *TINY, "--assets", str(tiny_assets), "--backend", backend, "--finetune")
+    argv = plan["command"]
+    assert argv[1:3] == ["-m", "torch.distributed.run"]
+    assert _flag(argv, "--nproc_per_node") == "2" and _flag(argv, "--rdzv_backend") == "c10d"
+    assert _flag(argv, "--rdzv_endpoint") == "localhost:0" and _flag(argv, "--local-ranks-filter") == "0"
+    assert _flag(argv, "--role") == "rank" and _flag(argv, "--tee") == "3"
+    assert _flag(argv, "--module") == plan["config_module"] and _flag(argv, "--config") == plan["config_fn"]
+    text = plan["config_module_text"]
+    assert f"def {plan['config_fn']}(" in text
+    assert "training.steps = 3" in text and "training.seq_len = 256" in text
+    assert str(tiny_assets) in text  # hf_assets_path: the local snapshot, absolute
+    assert "initial_load_in_hf = True" in text and "last_save_in_hf = True" in text
+    assert plan["preflight"]["ok"] is True
+    assert plan["checkpoint_dir"] == str(in_tmp / "checkpoint_tiny_qwen3_ft")
+    # Nothing was started or created.
+    assert not (in_tmp / ".trnqwen").exists() and not (in_tmp / "checkpoint_tiny_qwen3_ft").exists()
+
+
+def test_dry_run_human_output_and_raw_flags(cli, in_tmp, tiny_assets):
+    r = cli("train", *TINY, "--assets", str(tiny_assets), "--finetune", "--dry-run", "--", "--metrics.log_freq", "2")
+    assert r.code == 0, r.text
+    assert "torch.distributed.run" in r.out and "--metrics.log_freq 2" in r.out
+    assert "transformers_modeling_backend_full" in r.out  # the generated config (hf-v5 default)
+    assert "preflight" in r.out and "would start" in r.out
+    bad = cli("train", *TINY, "--assets", str(tiny_assets), "--dry-run", "stray")
+    assert_clean_error(bad, code=2, contains="after `--`")
+
+
+def test_dry_run_preflight_errors_are_shown_and_a_real_run_refuses(cli, in_tmp, tiny_assets):
+    empty = in_tmp / "empty"
+    empty.mkdir()
+    plan = _dry(cli, *TINY, "--assets", str(empty), "--backend", "hf-v5")
+    assert plan["preflight"]["ok"] is False
+    assert any(f["check"] == "assets" for f in plan["preflight"]["findings"])
+    r = cli("train", *TINY, "--assets", str(tiny_assets), "--global-batch-size", "3")
+    assert_clean_error(r, code=2, contains="global batch 3")
+    assert not (in_tmp / ".trnqwen" / "runs").exists() or not any((in_tmp / ".trnqwen" / "runs").iterdir())
+
+
+def test_dry_run_on_fake_trainium_host(tmp_path, tiny_assets):
+    """64 ranks from neuron-ls, a persistent NEFF cache, and no Neuron/torch import in the launcher."""
+    from tests.doubles.neuron import neuron_host
+
+    env = neuron_host(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(REPO_ROOT)])
+    probe = tmp_path / "modules.json"
+    code = (
+        "import json, sys\n"
+        "from trnqwen.cli.main import main\n"
+        "try:\n"
+        f"    main(['train', '--model', 'builtin:tiny-qwen3', '--assets', {str(tiny_assets)!r}, '--device', 'neuron',"
+        " '--backend', 'hf-v5', '--finetune', '--seq-len', '2048', '--dry-run', '--json'])\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        f"json.dump({{'code': code, 'mods': [m for m in ('torch', 'torch_neuronx') if m in sys.modules]}}, open({str(probe)!r}, 'w'))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, cwd=tmp_path, capture_output=True, text=True)
+    seen = json.loads(probe.read_text())
+    assert seen["code"] == 0, proc.stderr
+    assert seen["mods"] == []  # the launcher never imports torch / torch_neuronx
+    plan = json.loads(proc.stdout)
+    assert plan["nproc_per_node"] == 64 and plan["device"]["type"] == "neuron"
+    assert _flag(plan["command"], "--nproc_per_node") == "64"
+    assert plan["env"]["TORCH_NEURONX_NEFF_CACHE_DIR"] == str((tmp_path / ".trnqwen" / "neff-cache").resolve())
+    assert plan["preflight"]["memory"]["capacity"] == 24 * 1024**3
+    # The user's own cache location wins.
+    env["TORCH_NEURONX_NEFF_CACHE_DIR"] = "/somewhere/else"
+    r = run_subprocess("train", "--model", "builtin:tiny-qwen3", "--assets", str(tiny_assets), "--device", "neuron",
+                       "--dry-run", "--json", env=env, cwd=tmp_path)
+    assert r.code == 0, r.text
+    assert "TORCH_NEURONX_NEFF_CACHE_DIR" not in json.loads(r.out)["env"]
+
+
+@pytest.mark.slow
+def test_export_config_imports_and_builds_with_torchtitan(cli, in_tmp, tiny_assets, monkeypatch):
+    for backend, name in (("native", "native_ft"), ("hf-v5", "hf_ft")):
+        dest = in_tmp / f"{name}.py"
+        r = cli("train", *TINY, "--assets", str(tiny_assets), "--backend", backend, "--finetune",
+                "--export-config", str(dest), "--json")
+        assert r.code == 0, r.text
+        out = json.loads(r.out)
+        assert out["exported_config"] == str(dest) and dest.is_file()
+        hand = shlex.split(out["hand_run_command"].split(" torchrun ", 1)[1])
+        assert hand[hand.index("--module") + 1] == name
+        monkeypatch.syspath_prepend(str(in_tmp))
+        module = importlib.import_module(name)
+        config = getattr(module, out["config_fn"])()
+        assert config.training.steps == 3 and config.training.seq_len == 256
+        assert config.checkpoint.initial_load_in_hf and config.checkpoint.last_save_in_hf
+        assert str(config.hf_assets_path) == str(tiny_assets)
+    assert not (in_tmp / ".trnqwen").exists()
+
+
+def test_export_config_wants_a_module_name(cli, in_tmp, tiny_assets):
+    r = cli("train", *TINY, "--assets", str(tiny_assets), "--export-config", str(in_tmp / "my-config.py"))
+    assert_clean_error(r, code=2, contains="module name")
+
+
+# --- real runs -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def e2e_runs(tmp_path_factory, tiny_assets):
+    """The two real CPU fine-tunes (native, hf-v5): 2 ranks, 3 steps, seq 256."""
+    runs = {}
+    for backend in ("native", "hf-v5"):
+        cwd = tmp_path_factory.mktemp(f"e2e-{backend}")
+        t0 = time.monotonic()
+        r = run_subprocess("train", *TINY, "--assets", str(tiny_assets), "--backend", backend, "--finetune",
+                           "--json", cwd=cwd, timeout=600)
+        runs[backend] = (r, cwd, time.monotonic() - t0)
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["native", "hf-v5"])
+def test_real_finetune_run(e2e_runs, backend):
+    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.rundir import RunRecord, last_run_dir
+
+    r, cwd, wall = e2e_runs[backend]
+    assert r.code == 0, r.text
+    summary = json.loads(r.out)
+    assert summary["ended_by"] == "completed" and summary["steps_logged"] == 3
+    run_dir = last_run_dir(cwd / ".trnqwen" / "runs")
+    assert run_dir is not None and str(run_dir) == summary["run_dir"]
+    record = RunRecord.load(run_dir)
+    assert record.status == "succeeded" and record.exit_code == 0 and record.backend == backend
+    assert record.versions["torchtitan"] and record.versions["torch"]
+    assert record.extra["summary"]["time_to_first_step_s"] > 0
+    for name in ("train.log", "command.sh", "trnqwen_run_config.py"):
+        assert (run_dir / name).is_file(), name
+    steps = [m for m in map(parse_step_line, (run_dir / "train.log").read_text().splitlines()) if m]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert all(math.isfinite(m["loss"]) for m in steps)
+    assert list((run_dir / "ranks").glob("**/attempt_0/1/stderr.log"))  # every rank's log kept
+    export = Path(summary["exported"])
+    assert export == cwd / "checkpoint_tiny_qwen3_ft" / "step-3" and record.extra["exported"] == str(export)
+    assert list(export.glob("*.safetensors"))
+
+
+@pytest.mark.slow
+def test_real_export_loads_into_transformers(e2e_runs, tiny_assets):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    for backend in ("native", "hf-v5"):
+        r, cwd, _ = e2e_runs[backend]
+        export = Path(json.loads(r.out)["exported"])
+        state = {}
+        for f in export.glob("*.safetensors"):
+            state.update(load_file(f))
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_assets))
+        result = model.load_state_dict(state, strict=False, assign=True)
+        assert list(result.missing_keys) == ["lm_head.weight"], backend
+        assert list(result.unexpected_keys) == [], backend
+
+
+@pytest.mark.slow
+def test_killed_run_leaves_no_processes(tmp_path, tiny_assets):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    args = [*TINY, "--assets", str(tiny_assets), "--backend", "native", "--steps", "500"]
+    proc = subprocess.Popen([*TRNQWEN, "train", *args], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tree: set[int] = set()
+    deadline = time.monotonic() + 300
+    log = None
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            tree |= {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+        except psutil.Error:
+            pass
+        logs = list((tmp_path / ".trnqwen" / "runs").glob("*/train.log"))
+        log = logs[0] if logs else None
+        if log and "step:  2" in log.read_text(errors="replace"):
+            break
+        time.sleep(0.3)
+    else:
+        proc.kill()
+        raise AssertionError("no training step within the time limit")
+    tree |= {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+    assert len(tree) >= 3  # torchrun + 2 ranks
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and "SIGTERM" in err
+    deadline = time.monotonic() + 5
+    alive = tree
+    while alive and time.monotonic() < deadline:
+        alive = {p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE}
+        time.sleep(0.1)
+    assert not alive, f"left behind: {[psutil.Process(p).cmdline() for p in alive]}"
+    record = json.loads((log.parent / "run.json").read_text())
+    assert (record["status"], record["ended_by"], record["exit_code"]) == ("interrupted", "SIGTERM", 143)
