@@ -131,7 +131,8 @@ def _check_weights_loaded(log: ParsedLog, ctx: RunContext) -> list[Finding]:
                             f"step-1 loss {loss:.4f} is well below ln(vocab {vocab}) = {ln_v:.2f}: the pretrained weights were used",
                             [first["line"]])]
         return []
-    what = f"step-1 loss {loss:.4f} is at random-init level (>= ln(vocab {vocab}) - {RANDOM_INIT_MARGIN} = {ln_v - RANDOM_INIT_MARGIN:.2f}; vocab from {source})"
+    what = (f"step-1 loss {loss:.4f} is at random-init level (ln(vocab {vocab}) = {ln_v:.2f}, from {source}; "
+            f"an untrained model starts at or above {ln_v - RANDOM_INIT_MARGIN:.2f})")
     if finetune:
         if loaded_lines and not fresh:
             return [Finding("warning", "weights-untrained",

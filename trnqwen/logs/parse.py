@@ -443,7 +443,12 @@ class LogParser:
             else:
                 return
         prefix = self._primary_prefix
-        if prefix is None or not self.fast or any(s.get("open") for s in self._tb.values()):
+        if (
+            prefix is None
+            or not self.fast
+            or any(s.get("open") for s in self._tb.values())
+            or b"Traceback (most recent call last)" in data
+        ):
             for i in range(start, len(lines)):
                 feed(base + i, lines[i])
             return
@@ -685,7 +690,7 @@ class LogParser:
             return True
         m = _TRAINER_RE.search(msg)
         if m is not None:
-            log.trainer = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+            log.trainer.update({k: int(v) for k, v in m.groupdict().items() if v is not None})
             return True
         m = _BUILDING_RE.search(msg.strip())
         if m is not None and m.group("name") not in ("device",):

@@ -17,10 +17,14 @@ from trnqwen.logs.sources import RunContext
 
 
 def _num(x: Any) -> Any:
-    """JSON-safe number: NaN/Inf become strings "nan"/"inf"/"-inf" (JSON has no such numbers)."""
+    """JSON-safe number: NaN/Inf become null (JSON has no such numbers; see ``nonfinite``)."""
     if isinstance(x, float) and not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+        return None
     return x
+
+
+def _nonfinite_name(x: float) -> str:
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
 def _mean(values: Iterable[Optional[float]]) -> Optional[float]:
@@ -78,7 +82,20 @@ def summarize(log: ParsedLog, ctx: RunContext) -> dict:
 
 
 def step_rows(log: ParsedLog) -> list[dict]:
-    return [{name: _num(s.get(name)) for name in STEP_FIELDS} for s in log.step_list()]
+    """``--json`` steps: numbers or null; a NaN/Inf value is null plus ``nonfinite``
+    ``{"loss": "nan"}``; ``line`` is the log line (null when filled in from TensorBoard)."""
+    rows = []
+    for s in log.step_list():
+        row = {name: _num(s.get(name)) for name in STEP_FIELDS}
+        bad = {name: _nonfinite_name(s[name]) for name in STEP_FIELDS
+               if isinstance(s.get(name), float) and not math.isfinite(s[name])}
+        if bad:
+            row["nonfinite"] = bad
+        row["line"] = s.get("line")
+        if s.get("source"):
+            row["source"] = s["source"]
+        rows.append(row)
+    return rows
 
 
 def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> dict:

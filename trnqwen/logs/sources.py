@@ -178,7 +178,8 @@ def known_vocab(model_name: Optional[str], flavor: Optional[str]) -> Optional[in
     """The vocab size of a torchtitan model flavor named in the log (``Building qwen3 4B``)."""
     if not model_name:
         return None
-    name = model_name.lower()
+    # the HF backend names the checkpoint (e.g. "Qwen3-4B-Instruct-2507") as the flavor
+    name = f"{model_name} {flavor or ''}".lower()
     for (family, flav), size in KNOWN_VOCAB.items():
         if family in name:
             if flav and flavor and flav in flavor.lower():
