@@ -183,15 +183,11 @@ def _next_run_id(runs_dir: Path, backend: str) -> str:
 
 
 def build_job(cfg: RunConfig, device: DeviceInfo, run_dir: Path, *, check_runtime: bool = True) -> TrainJob:
-    """The recipe side: :mod:`trnqwen.train.recipes` (torchtitan backends) or the hf-trainer recipe.
+    """The recipe side (:func:`trnqwen.train.recipes.build_job`, which also routes hf-trainer).
 
     ``check_runtime=False`` (dry run, export) only renders: missing optional runtimes
     (torchtitan-neuron) or assets are notes there, not errors.
     """
-    if cfg.backend == "hf-trainer":
-        from trnqwen.train.hf_trainer_recipe import build_hf_trainer_job
-
-        return build_hf_trainer_job(cfg, device, run_dir, check_runtime=check_runtime)
     from trnqwen.train.recipes import build_job as _build_job
 
     return _build_job(cfg, device, run_dir, check_runtime=check_runtime)
