@@ -1,0 +1,103 @@
+"""The generated reference docs match the code (CI catches drift), and the hand-written docs
+point at things that exist."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.helpers import REPO_ROOT
+
+DOCS = REPO_ROOT / "docs"
+CLI_DOCS = DOCS / "cli"
+
+
+def test_committed_cli_and_config_pages_equal_the_generated_ones():
+    from trnqwen import docgen
+
+    files = docgen.generate(CLI_DOCS)
+    problems = docgen.stale(files, CLI_DOCS)
+    assert not problems, "docs are stale; run `make docs`:\n" + "\n".join(problems)
+
+
+def test_every_command_has_a_page_and_the_index_lists_it():
+    from trnqwen.cli.main import COMMANDS, GROUPS
+
+    index = (CLI_DOCS / "index.md").read_text()
+    for name in [*COMMANDS, *GROUPS]:
+        assert (CLI_DOCS / f"{name}.md").is_file(), name
+        assert f"({name}.md)" in index, name
+
+
+def test_a_page_is_the_commands_own_help(cli, monkeypatch):
+    """The verbatim block on the page is what `trnqwen train --help` prints at the same width."""
+    from trnqwen import docgen
+
+    monkeypatch.setenv("COLUMNS", str(docgen.WIDTH))
+    result = cli("train", "--help")
+    assert result.code == 0
+    page = (CLI_DOCS / "train.md").read_text()
+    block = page.split("```text\n", 1)[1].split("\n```", 1)[0]
+    assert [line.rstrip() for line in result.out.strip().splitlines()] == block.splitlines()
+
+
+def test_generation_detects_a_changed_help_text(tmp_path, monkeypatch):
+    """The check can fail: change one command's help and the committed page is reported stale."""
+    from trnqwen import docgen
+    from trnqwen.cli import main as cli_main
+
+    out = tmp_path / "cli"
+    docgen.write(docgen.generate(out), out)
+    assert docgen.stale(docgen.generate(out), out) == []
+    (out / "gone-command.md").write_text("old\n")
+    import trnqwen.cli.fetch as fetch_mod
+
+    monkeypatch.setattr(fetch_mod, "HELP", fetch_mod.HELP + " CHANGED")
+    monkeypatch.setattr(cli_main, "_APP", None)
+    problems = docgen.stale(docgen.generate(out), out)
+    assert any("fetch.md: out of date" in p for p in problems), problems
+    assert any("gone-command.md" in p for p in problems), problems
+    assert any("index.md: out of date" in p for p in problems), problems
+    monkeypatch.setattr(cli_main, "_APP", None)
+
+
+def test_config_reference_lists_every_field_with_env_and_default():
+    from trnqwen.config import RunConfig
+
+    text = (DOCS / "config.md").read_text()
+    for name, info in RunConfig.model_fields.items():
+        row = next((line for line in text.splitlines() if line.startswith(f"| `{name}` |")), None)
+        assert row is not None, name
+        assert f"`TRNQWEN_{name.upper()}`" in row
+        assert (info.description or "").split("(")[0].strip()[:20].replace("<", "&lt;") in row
+    steps = next(line for line in text.splitlines() if line.startswith("| `steps` |"))
+    assert "`10`" in steps and "--steps (train" in steps
+
+
+def test_docgen_check_mode_exit_codes(tmp_path):
+    from trnqwen import docgen
+
+    out = tmp_path / "cli"
+    assert docgen.main([str(out), "--check"]) == 1  # nothing there yet
+    assert docgen.main([str(out)]) == 0
+    assert docgen.main([str(out), "--check"]) == 0
+    assert (tmp_path / "config.md").is_file()
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("*.md")))
+def test_relative_links_in_docs_resolve(page):
+    text = (DOCS / page).read_text()
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        assert (DOCS / target).exists(), f"{page}: broken link {target}"
+
+
+def test_readme_links_resolve_and_lead_with_the_two_commands():
+    text = (REPO_ROOT / "README.md").read_text()
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if "://" not in target:
+            assert (REPO_ROOT / target).exists(), f"README: broken link {target}"
+    first_block = text.split("```", 2)[1]
+    assert "make quickstart" in first_block and "make test" in first_block
