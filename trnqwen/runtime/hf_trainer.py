@@ -613,10 +613,10 @@ def run(spec: HFTrainerSpec) -> int:
     warnings.filterwarnings("ignore", message="DTensor random operators may not have complete support")
     hf_logging.disable_progress_bar()
     if rank == 0:
-        _log(
-            f"Starting job: hf-trainer, world size {world_size} (tp {plan.tp} x fsdp {plan.fsdp}), "
-            f"strategy {plan.strategy}, device {spec.device}"
-        )
+        # Start-up lines in the shapes torchtitan prints (inspect-logs reads them the same way).
+        _log(f"Starting job: hf-trainer, world size: {world_size}, strategy {plan.strategy}, device {spec.device}")
+        dims = f"dp_replicate={plan.dp}, tp=1" if plan.strategy == "ddp" else f"dp_shard={plan.fsdp}, tp={plan.tp}"
+        _log(f"Building device mesh with parallelism: {dims}")
         for note in plan.notes:
             _log(note)
 
@@ -654,6 +654,12 @@ def run(spec: HFTrainerSpec) -> int:
         args_kwargs["ddp_backend"] = "gloo"
     args = TrainingArguments(**args_kwargs)
 
+    if rank == 0:
+        if spec.finetune:
+            _log(f"Loading HF safetensors from {spec.assets_dir}")
+        else:
+            _log("Random init from config.json: no checkpoint was provided, this is a fresh start")
+    load_started = time.perf_counter()
     model = _load_model(spec, plan, local_rank)
     nparams, flops_token = _model_facts(model, spec.seq_len)
     if rank == 0:
@@ -662,6 +668,16 @@ def run(spec: HFTrainerSpec) -> int:
             f"size: {nparams:,} total parameters"
         )
         _log(f"Parallelism: {_sharding_summary(model)}")
+        if spec.finetune:
+            _log(f"Finished loading the checkpoint in {time.perf_counter() - load_started:.2f} seconds")
+        global_batch = spec.local_batch_size * plan.dp * plan.grad_accum
+        _log(
+            f"Trainer is initialized with local batch size {spec.local_batch_size}, global batch size {global_batch}, "
+            f"gradient accumulation steps {plan.grad_accum}, sequence length {spec.seq_len}, "
+            f"total steps {spec.steps} (warmup {spec.warmup_steps})"
+        )
+        if spec.peak_flops_per_rank:
+            _log(f"Peak FLOPS used for computing MFU: {spec.peak_flops_per_rank:.3e}")
         _log("Training starts at step 1")
 
     trainer = Trainer(
@@ -675,6 +691,9 @@ def run(spec: HFTrainerSpec) -> int:
     final_step = trainer.state.global_step
 
     if spec.export_hf:
+        save_started = time.perf_counter()
+        if rank == 0:
+            _log(f"Saving a model only checkpoint in safetensors at last step, step {final_step}")
         dest = Path(spec.checkpoint_dir) / f"step-{final_step}"
         trained = trainer.model
         trained = getattr(trained, "module", trained)
@@ -687,6 +706,7 @@ def run(spec: HFTrainerSpec) -> int:
         if rank == 0:
             save_hf_checkpoint(state, dest, drop=_tied_keys(trained))
             _log(f"Saved HF safetensors checkpoint of step {final_step} to {dest}")
+            _log(f"Last step checkpoint completed in {time.perf_counter() - save_started:.2f}s")
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.barrier()
     if rank == 0:

@@ -150,10 +150,7 @@ def build_hf_trainer_job(cfg: Any, device: Any, run_dir: Optional[Path], *, chec
     dataset, data_notes, data_source = _dataset_arg(cfg, assets_dir)
     spec = build_hf_trainer_spec(cfg, device, run_dir, dataset=dataset)
     device_type = spec.device
-    notes = [
-        "hf-trainer: transformers Trainer under torchrun; every document padded/truncated to seq_len "
-        "(no packing), last uneven batch dropped",
-    ]
+    notes = ["hf-trainer pads/truncates each document to seq_len (no packing as in torchtitan)"]
     notes += data_notes
     notes += [f"not runnable here: {p.message}" for p in problems]
     world = _world_size(cfg, device)
@@ -166,15 +163,7 @@ def build_hf_trainer_job(cfg: Any, device: Any, run_dir: Optional[Path], *, chec
     except SpecError:
         plan = None  # preflight reports bad degrees/batches with its own hints
     if plan is not None:
-        if plan.strategy == "distributed-config":
-            notes.append(f"sharding: DistributedConfig(tp_size={plan.tp}, fsdp_size={plan.fsdp}) at from_pretrained")
-        elif plan.strategy == "ddp":
-            notes.append("data parallel: DDP, parameters replicated on every rank")
-        notes += plan.notes
-    if device_type == "cpu":
-        notes.append("cpu: float32 (no bf16), DDP/FSDP collectives over gloo")
-    elif device_type == "neuron":
-        notes.append('neuron: device_map="neuron", bf16 mixed precision' + (", torch.compile backend neuron" if cfg.compile else ""))
+        notes += plan.notes  # only when DistributedConfig is missing and DDP replicates the model
     env = {"TOKENIZERS_PARALLELISM": "false"}
     local_data = Path(data_source).exists()
     if local_data:  # local assets + local data: nothing may wait on the network
