@@ -31,6 +31,7 @@ import re
 import shutil
 import struct
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Optional
@@ -66,6 +67,8 @@ DEFAULT_EXCLUDE: tuple[str, ...] = (
     "*.onnx",
 )
 DEFAULT_MAX_WORKERS = 8
+DOWNLOAD_ATTEMPTS = 3  # passes of snapshot_download when the connection is lost mid-way
+RETRY_BACKOFF_S = 1.0
 DEFAULT_KEEP_FREE = 256 * 1024**2  # bytes left free after the download
 MANIFEST = Path(".cache") / "trnqwen" / "fetch.json"
 QWEN3_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "qwen3_omni_moe")
@@ -248,10 +251,12 @@ def verify_snapshot(
     expected: Optional[list[RemoteFile]] = None,
     *,
     known: Optional[dict[str, dict[str, Any]]] = None,
+    not_selected: Iterable[str] = (),
 ) -> VerifyReport:
     """Check a snapshot folder.  ``expected``: the files it must hold (size and hash); without it,
     every file present is checked for internal consistency only.  ``known``: manifest entries of
-    files already hashed; a file whose size and mtime still match is not hashed again."""
+    files already hashed; a file whose size and mtime still match is not hashed again.
+    ``not_selected``: repo files left out by include/exclude (an index naming them is a warning)."""
     local_dir = Path(local_dir)
     report = VerifyReport()
     known = known or {}
@@ -299,7 +304,7 @@ def verify_snapshot(
     for rf in expected:
         if not rf.path.endswith(".safetensors.index.json") or rf.path not in report.checked:
             continue
-        _check_index(local_dir, rf.path, names, headers, report)
+        _check_index(local_dir, rf.path, names, headers, report, set(not_selected))
     if "config.json" in report.checked:
         _check_config(local_dir / "config.json", report)
     elif "config.json" not in names:
@@ -309,7 +314,9 @@ def verify_snapshot(
     return report
 
 
-def _check_index(local_dir: Path, name: str, names: set[str], headers: dict[str, set[str]], report: VerifyReport) -> None:
+def _check_index(
+    local_dir: Path, name: str, names: set[str], headers: dict[str, set[str]], report: VerifyReport, not_selected: set[str]
+) -> None:
     try:
         weight_map = json.loads((local_dir / name).read_text())["weight_map"]
         assert isinstance(weight_map, dict)
@@ -328,7 +335,10 @@ def _check_index(local_dir: Path, name: str, names: set[str], headers: dict[str,
         if tensor not in headers[shard_path]:
             absent.append(f"{tensor} (in {shard_path})")
     for shard in sorted(missing_files):
-        report.problems.append(f"{name}: references {shard}, which is not in the snapshot")
+        if shard in not_selected:
+            report.warnings.append(f"{name}: references {shard}, left out by --include/--exclude")
+        else:
+            report.problems.append(f"{name}: references {shard}, which is not in the snapshot")
     if absent:
         more = f" and {len(absent) - 3} more" if len(absent) > 3 else ""
         report.problems.append(f"{name}: {len(absent)} tensors missing from their shards: {', '.join(absent[:3])}{more}")
@@ -444,9 +454,14 @@ def hub_error(exc: BaseException, repo_id: str, revision: Optional[str]) -> Trnq
         return EnvironmentProblem(f"the Hub answered {code} for {repo_id}", hint="rerun with TRNQWEN_DEBUG=1 to see the request")
     if isinstance(exc, (httpx.TransportError, LocalEntryNotFoundError, ConnectionError, TimeoutError)):
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, LocalEntryNotFoundError)):
+            what = f"cannot reach {endpoint}"
+        else:
+            what = f"the connection to {endpoint} failed during the download"
         return EnvironmentProblem(
-            f"cannot reach {endpoint}: {redact(reason)[:200]}",
-            hint="check the network or proxy (HTTPS_PROXY), or set HF_ENDPOINT to a mirror; a rerun resumes where this one stopped",
+            f"{what}: {redact(reason)[:200]}",
+            hint="check the network or proxy (HTTPS_PROXY), or set HF_ENDPOINT to a mirror; "
+            "the same command again resumes where this one stopped",
         )
     if isinstance(exc, OSError) and getattr(exc, "errno", None) == 28:
         return EnvironmentProblem("the disk filled up during the download", hint="free space and run the same command again; it resumes")
@@ -509,14 +524,32 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(probe).free
 
 
-def _partial_bytes(local_dir: Path, name: str) -> int:
-    """Bytes huggingface_hub already has in its ``.incomplete`` file for ``name`` (resumable)."""
-    folder = local_dir / ".cache" / "huggingface" / "download" / PurePosixPath(name).parent
-    total = 0
-    if folder.is_dir():
-        for p in folder.glob(f"{PurePosixPath(name).name}.*.incomplete"):
-            total += p.stat().st_size
-    return total
+def _stale_partials(local_dir: Path) -> list[Path]:
+    """Partial files a killed download left behind.  huggingface_hub downloads each file to a
+    process-unique ``*.incomplete`` name and deletes it on failure, so such a file is never
+    resumed by a later run: it only takes space."""
+    folder = local_dir / ".cache" / "huggingface" / "download"
+    return sorted(folder.rglob("*.incomplete")) if folder.is_dir() else []
+
+
+@contextmanager
+def _exclusive(local_dir: Path):
+    """One fetch at a time per folder (a second one would race on the same files)."""
+    import fcntl
+
+    lock_path = local_dir / MANIFEST.parent / "lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(
+                f"another trnqwen fetch is writing to {local_dir}", hint="wait for it to finish, then run this again"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 # --- fetch ------------------------------------------------------------------------------------------
@@ -560,6 +593,8 @@ def fetch(
             hint="check --include/--exclude; the repo has: " + ", ".join(f.path for f in listing[:8]),
         )
     known = manifest.get("files", {}) if manifest and manifest.get("commit") == commit else {}
+    chosen = {f.path for f in files}
+    not_selected = sorted(f.path for f in listing if f.path not in chosen)
     result = FetchResult(
         repo_id=repo_id,
         local_dir=str(local_dir),
@@ -571,10 +606,10 @@ def fetch(
         sizes={f.path: f.size for f in files},
     )
     # What is already there and good (hash checked once, then trusted while size+mtime hold).
-    present = verify_snapshot(local_dir, files, known=known) if local_dir.is_dir() else VerifyReport()
+    present = verify_snapshot(local_dir, files, known=known, not_selected=not_selected) if local_dir.is_dir() else VerifyReport()
     todo = [f for f in files if f.path not in present.checked]
     result.to_download = [f.path for f in todo]
-    need = sum(max(f.size - _partial_bytes(local_dir, f.path), 0) for f in todo)
+    need = sum(f.size for f in todo)
     if on_plan is not None:
         on_plan(result)
     if dry_run:
@@ -593,14 +628,17 @@ def fetch(
 
     if todo:
         local_dir.mkdir(parents=True, exist_ok=True)
-        for name in present.bad_files:  # wrong size/hash: fetch it again from scratch
-            result.repaired.append(name)
-            (local_dir / name).unlink(missing_ok=True)
-            _forget_hf_metadata(local_dir, name)
-        _download(repo_id, commit, local_dir, [f.path for f in todo], max_workers, progress)
+        with _exclusive(local_dir):
+            for stale in _stale_partials(local_dir):
+                stale.unlink(missing_ok=True)
+            for name in present.bad_files:  # wrong size/hash: fetch it again from scratch
+                result.repaired.append(name)
+                (local_dir / name).unlink(missing_ok=True)
+                _forget_hf_metadata(local_dir, name)
+            _download(repo_id, commit, local_dir, [f.path for f in todo], max_workers, progress)
         result.downloaded_bytes = need
 
-    report = verify_snapshot(local_dir, files, known={**known, **present.checked})
+    report = verify_snapshot(local_dir, files, known={**known, **present.checked}, not_selected=not_selected)
     result.problems = report.problems
     result.warnings = report.warnings
     result.verified = report.ok
@@ -614,6 +652,7 @@ def fetch(
             "verified_at": time.time(),
             "files": report.checked,
             "expected": [asdict(f) for f in files],
+            "not_selected": not_selected,
         },
     )
     result.seconds = round(time.monotonic() - started, 3)
@@ -624,17 +663,31 @@ def _download(repo_id: str, commit: str, local_dir: Path, names: list[str], max_
     from huggingface_hub import snapshot_download
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars, are_progress_bars_disabled
 
+    import httpx
+
+    from trnqwen import output
+
     was_disabled = are_progress_bars_disabled()
     if not progress:
         disable_progress_bars()
     try:
-        snapshot_download(
-            repo_id,
-            revision=commit,
-            local_dir=str(local_dir),
-            allow_patterns=[_exact_pattern(n) for n in names],
-            max_workers=max_workers,
-        )
+        for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
+            try:
+                snapshot_download(
+                    repo_id,
+                    revision=commit,
+                    local_dir=str(local_dir),
+                    allow_patterns=[_exact_pattern(n) for n in names],
+                    max_workers=max_workers,
+                )
+                return
+            except httpx.TransportError as exc:
+                # A reset connection is not retried by huggingface_hub itself; its .incomplete
+                # files stay, so another pass resumes them with HTTP Range.
+                if attempt == DOWNLOAD_ATTEMPTS:
+                    raise
+                output.warn(f"connection lost ({type(exc).__name__}); resuming (attempt {attempt + 1}/{DOWNLOAD_ATTEMPTS})")
+                time.sleep(RETRY_BACKOFF_S * attempt)
     except TrnqwenError:
         raise
     except Exception as exc:
@@ -658,7 +711,9 @@ def _verify_offline(
     if revision and revision not in (manifest.get("revision"), manifest.get("commit")):
         raise _offline_error(f"{repo_id}@{revision}", local_dir)
     files = [RemoteFile(**f) for f in manifest["expected"]]
-    report = verify_snapshot(local_dir, files, known=manifest.get("files", {}))
+    report = verify_snapshot(
+        local_dir, files, known=manifest.get("files", {}), not_selected=manifest.get("not_selected", [])
+    )
     result = FetchResult(
         repo_id=repo_id,
         local_dir=str(local_dir),
