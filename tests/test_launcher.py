@@ -245,7 +245,7 @@ DRIVER = textwrap.dedent(
     run_dir = work / "runs" / f"run-{mode}"
     argv = launcher.build_torchrun_argv(cfg, job, 2, log_dir=run_dir / "ranks")
     plan = TrainPlan(config=cfg, device=device, job=job, nproc_per_node=2, run_id=run_dir.name,
-                     run_dir=run_dir, argv=argv, env={"PYTHONPATH": str(work)},
+                     run_dir=run_dir, argv=argv, env={"PYTHONPATH": str(work), "HF_TOKEN": "hf_abcdefghSECRET12345"},
                      preflight=PreflightReport(), cwd=work)
     outcome = execute(plan, grace_s=grace)
     (work / "outcome.json").write_text(json.dumps(outcome.as_dict(), default=str))
@@ -339,4 +339,55 @@ def test_crashing_rank_reports_root_cause(tmp_path):
     assert "ChildFailedError" in log and "ConnectionError: peer rank went away" in log  # the full log is kept
     assert list((tmp_path / "runs" / "run-crash" / "ranks").glob("**/attempt_0/1/stderr.log"))
     assert (tmp_path / "runs" / "LAST").read_text().strip() == "run-crash"
-    assert (tmp_path / "runs" / "run-crash" / "command.sh").is_file()
+    # Secrets never reach the run dir.
+    assert record["env"]["HF_TOKEN"] == "***"
+    for name in ("run.json", "command.sh"):
+        assert "SECRET12345" not in (tmp_path / "runs" / "run-crash" / name).read_text()
+
+
+@pytest.mark.slow
+def test_launcher_killed_outright_takes_ranks_with_it(tmp_path):
+    """SIGKILL leaves no handler to run: torchrun's parent-death signal still stops every rank."""
+    proc = _start_driver(tmp_path, "loop", grace=4.0)
+    rank_pids = _wait_for_ranks(tmp_path, proc)
+    tree = sorted(set(_descendants(proc.pid)) | set(rank_pids))
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 30
+    while _alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _alive(tree) == [], f"orphans left: {_alive(tree)}"
+
+
+class _FakeTTY:
+    def __init__(self, tty: bool):
+        self.parts: list[str] = []
+        self._tty = tty
+
+    def isatty(self) -> bool:
+        return self._tty
+
+    def write(self, text: str) -> None:
+        self.parts.append(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_status_line_redraws_on_a_terminal_and_prints_lines_elsewhere():
+    metrics = {"step": 2, "loss": 7.25, "tps": 1234, "mfu": 1.5}
+    pipe = _FakeTTY(False)
+    line = launcher.StatusLine(stream=pipe, total_steps=10)
+    line.update(metrics)
+    line.tick()  # no redraw off a terminal
+    assert len(pipe.parts) == 1 and pipe.parts[0].endswith("\n")
+    assert "step 2/10" in pipe.parts[0] and "loss 7.2500" in pipe.parts[0] and "tok/s 1,234" in pipe.parts[0]
+    assert "mfu 1.50%" in pipe.parts[0] and "elapsed 0:00" in pipe.parts[0]
+    term = _FakeTTY(True)
+    line = launcher.StatusLine(stream=term, total_steps=None)
+    line.update(metrics)
+    line.print_above("a log line")
+    line.clear()
+    text = "".join(term.parts)
+    assert text.startswith("\r\x1b[2K") and "a log line\n" in text and text.endswith("\r\x1b[2K")
+    assert "step 2  loss" in text
