@@ -245,9 +245,11 @@ def test_nki_moe_without_torchtitan_neuron(tmp_path, text_jsonl):
 # --- errors --------------------------------------------------------------------------------------
 
 
-def test_hf_trainer_is_not_a_torchtitan_recipe(tiny_assets):
+def test_hf_trainer_has_no_torchtitan_config_module(tiny_assets):
+    """hf-trainer is dispatched to its own recipe; the torchtitan renderer refuses it clearly."""
+    cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, backend="hf-trainer")
     with pytest.raises(TrnqwenError, match="hf-trainer"):
-        build_job(RunConfig(assets_dir=tiny_assets, backend="hf-trainer"), CPU, None)
+        render_config_module(cfg, CPU)
 
 
 def test_missing_assets_and_tokenizer_are_clear(tiny_assets, tmp_path, text_jsonl):
@@ -306,17 +308,17 @@ def test_chat_data_uses_torchtitans_chat_loader(tmp_path, tiny_assets):
 
     chat = corpus_jsonl(tmp_path / "chat.jsonl", chat=True)
     first = json.loads(chat.read_text().splitlines()[0])
-    roles = [m["role"] for m in first["messages"]]
     cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, backend="hf-v5", dataset=str(chat))
-    if roles != ["user", "assistant"]:
-        with pytest.raises(UsageError, match="one user/assistant pair"):
-            build_job(cfg, CPU, None)
-        return
     job, config = job_and_config(cfg, CPU, tmp_path)
     assert type(config.dataloader).__qualname__ == "ChatDataLoader.Config"
+    assert config.dataloader.dataset_path == "json"
     assert config.dataloader.load_dataset_kwargs["data_files"] == [str(chat.resolve())]
-    sample = first
-    assert config.dataloader.sample_processor(sample) == first["messages"]
+    assert config.dataloader.sample_processor(first) == first["messages"]
+    multi = tmp_path / "multi.jsonl"
+    turns = [{"role": r, "content": "x"} for r in ("system", "user", "assistant")]
+    multi.write_text(json.dumps({"messages": turns}) + "\n")
+    with pytest.raises(UsageError, match="one user/assistant pair"):
+        build_job(cfg.model_copy(update={"dataset": str(multi)}), CPU, None)
 
 
 def test_local_text_dataset_loads_with_the_generated_loader(tmp_path, tiny_assets, text_jsonl):
