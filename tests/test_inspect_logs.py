@@ -72,8 +72,14 @@ def test_step_line_real_example_field_by_field():
     raw = ("[rank0]:[titan] 2026-11-29 09:08:21,431 - root - INFO - \x1b[31mstep:  1  \x1b[32mloss:  7.60683  "
            "\x1b[38;2;180;60;0mgrad_norm: 10.0349  \x1b[38;2;54;234;195mmemory:  0.00GiB(0.00%)  \x1b[34mtps: 108  "
            "\x1b[36mtflops: 0.03  \x1b[35mmfu: 0.01%\x1b[39m")
-    assert parse_step_line(raw) == {"step": 1, "loss": 7.60683, "grad_norm": 10.0349, "memory_gib": 0.0,
-                                    "memory_pct": 0.0, "tps": 108, "tflops": 0.03, "mfu": 0.01}
+    want = {"step": 1, "loss": 7.60683, "grad_norm": 10.0349, "memory_gib": 0.0,
+            "memory_pct": 0.0, "tps": 108, "tflops": 0.03, "mfu": 0.01}
+    assert parse_step_line(raw) == want
+    # the whitespace-split fast path (not the regex fallback) takes torchtitan's exact layout
+    from trnqwen.logs.parse import _fast_step
+
+    assert _fast_step(raw, raw.find("step:")) == want
+    assert _fast_step("mystep: 1", 2) is None and _fast_step("x\x1b[3;Xmstep: 1", 8) is None
 
 
 @pytest.mark.parametrize("color", [True, False])

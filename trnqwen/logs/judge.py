@@ -316,8 +316,10 @@ def _check_throughput(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         return []
     for i in range(2, len(steps)):
         base = statistics.median(s["tps"] for s in steps[max(0, i - 5):i])
-        rest = [s["tps"] for s in steps[i:]]
-        if base > 0 and steps[i]["tps"] < THROUGHPUT_DROP_RATIO * base and statistics.median(rest) < THROUGHPUT_DROP_RATIO * base:
+        if not (base > 0 and steps[i]["tps"] < THROUGHPUT_DROP_RATIO * base):
+            continue
+        rest = [s["tps"] for s in steps[i:i + 50]]  # it stays down (not a one-step hiccup)
+        if statistics.median(rest) < THROUGHPUT_DROP_RATIO * base:
             s = steps[i]
             return [Finding("warning", "throughput-collapse",
                             f"throughput fell to {s['tps']:,} tps at step {s['step']} from about {base:,.0f} tps "
@@ -417,7 +419,8 @@ def _check_ranks(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     if not log.steps or len(log.rank_last_step) < 2:
         return []
     top = max(s for s, _ in log.rank_last_step.values())
-    behind = {r: v for r, v in log.rank_last_step.items() if v[0] < top}
+    # one step behind at the very end is interleaving (or a cut-off log); more is a lagging rank
+    behind = {r: v for r, v in log.rank_last_step.items() if v[0] < top - 1 or (log.completed_line and v[0] < top)}
     if not behind:
         return []
     worst = min(behind.items(), key=lambda kv: kv[1][0])

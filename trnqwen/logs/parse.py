@@ -108,6 +108,8 @@ HIGH_MEMORY_PCT = 90.0
 MAX_LINE = 1 << 20  # bytes kept of any one line
 CHUNK_SIZE = 16 << 20
 MAX_KEPT = 200  # distinct warnings / error lines kept
+NUL_SCAN_BYTES = 1 << 20  # NUL bytes are counted in the first MiB (binary-file detection)
+SUB_BLOCK = 1 << 20  # fast-path granularity: a sub-block with a stray line is picked line by line
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,7 +145,11 @@ def split_prefix(text: str) -> tuple[Optional[int], str]:
     if text.startswith("["):
         m = _PREFIX_RE.match(text)
         if m is not None:
-            return int(m.group(2)), text[m.end():]
+            end = m.end()
+            # torchrun can stack its prefix on a line the child already prefixed ("[rank0]:[rank0]:W1129 ...")
+            while text.startswith(m.group(0), end):
+                end += len(m.group(0))
+            return int(m.group(2)), text[end:]
     return None, text
 
 
@@ -181,7 +187,10 @@ def _fast_step(line: str, i: int) -> Optional[dict]:
     """torchtitan 0.3.0's exact layout, split on whitespace (colour codes stay glued to the
     keys); None for anything else, which then goes through the regex."""
     if i and (line[i - 1].isalnum() or line[i - 1] == "_"):
-        return None
+        # allowed only as the end of a colour code ("\x1b[31mstep:")
+        j = line.rfind("\x1b[", max(0, i - 24), i)
+        if line[i - 1] != "m" or j < 0 or line[j + 2:i - 1].strip("0123456789;"):
+            return None
     tok = line[i:].split()
     if (
         len(tok) != 14
@@ -339,7 +348,7 @@ def _indices(values: list, value: object, out: set) -> None:
     except ValueError:
         pass
 
-_B_MEM_HIGH = re.compile(rb"GiB\((?:9\d|\d{3,})\.\d*%\)")
+_B_MEM_HIGH = re.compile(rb"\((?:9\d|100)\.\d*%\)")  # "(93.25%)": above 90% (pct <= 100)
 _B_PREFIX = re.compile(rb"\[([A-Za-z][A-Za-z_-]{0,31})(\d{1,6})\]:")
 _B_STEP = re.compile(rb"step:\s*(\d+)")
 _B_MEM = re.compile(rb"memory:\s*([0-9.,]+)\s*GiB\(([0-9.,]+)%\)")
@@ -370,8 +379,9 @@ class LogParser:
         if not block:
             return
         log = self.log
+        if log.bytes_read < NUL_SCAN_BYTES:
+            log.nul_bytes += block.count(b"\x00", 0, NUL_SCAN_BYTES - log.bytes_read)
         log.bytes_read += len(block)
-        log.nul_bytes += block.count(b"\x00")
         if self._skipping is not None:
             nl = block.find(b"\n")
             if nl < 0:
@@ -384,13 +394,21 @@ class LogParser:
             block = block[nl + 1:]
             if not block:
                 return
-        data = self._carry + block if self._carry else block
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            self._carry = data
+        first_nl = block.find(b"\n")
+        if first_nl < 0:
+            self._carry += block
         else:
-            self._carry = data[cut + 1:]
-            self._chunk(data[:cut])
+            last_nl = block.rfind(b"\n")
+            if self._carry:
+                # the line that straddles two blocks, on its own (no copy of the whole block)
+                head = self._carry + block[:first_nl]
+                self._carry = b""
+                self._region(head, 0, len(head))
+                if last_nl > first_nl:
+                    self._region(block, first_nl + 1, last_nl)
+            else:
+                self._region(block, 0, last_nl)
+            self._carry = block[last_nl + 1:]
         if len(self._carry) > self.max_line:
             self._skipping = self._carry[: self.max_line]
             self._carry = b""
@@ -424,109 +442,173 @@ class LogParser:
                 self._close_traceback(rank, state, None, None)
         return self.log
 
-    def _chunk(self, data: bytes) -> None:
-        """Whole lines (no trailing newline on the last)."""
-        lines = data.split(b"\n")
+    def _region(self, buf: bytes, start: int, end: int) -> None:
+        """The whole lines in ``buf[start:end]`` (newline-separated, none after the last)."""
         base = self._lineno + 1
-        self._lineno += len(lines)
-        feed = self._line
-        start = 0
         if not self._primary_decided:
             # Line by line until the primary rank is known: step lines of a second step number
             # have appeared (every rank has logged the first), or enough lines have passed.
-            for i, raw in enumerate(lines):
-                feed(base + i, raw)
-                if self._pending and self._ready_to_decide(base + i):
+            pos = start
+            lineno = base
+            while True:
+                stop = buf.find(b"\n", pos, end)
+                last = stop < 0
+                if last:
+                    stop = end
+                self._lineno = lineno
+                self._line(lineno, buf[pos:stop])
+                lineno += 1
+                pos = stop + 1
+                if self._pending and self._ready_to_decide(lineno - 1):
                     self._decide_primary()
-                    start = i + 1
-                    break
-            else:
-                return
+                    if not last:
+                        self._region_decided(buf, pos, end, lineno)
+                    return
+                if last:
+                    return
+        self._region_decided(buf, start, end, base)
+
+    def _region_decided(self, buf: bytes, start: int, end: int, base: int) -> None:
+        """Lines ``base``.. of ``buf[start:end]``; sets ``self._lineno`` to the last one."""
         prefix = self._primary_prefix
         if (
             prefix is None
             or not self.fast
             or any(s.get("open") for s in self._tb.values())
-            or b"Traceback (most recent call last)" in data
+            or buf.find(b"Traceback (most recent call last)", start, end) >= 0
         ):
-            for i in range(start, len(lines)):
-                feed(base + i, lines[i])
+            self._slow(buf, start, end, base)
             return
-        # Fast path: the step lines of other ranks are read in bulk (_bulk_other_ranks); every
-        # other line goes through _line.  Which lines is found with C-level passes over the
-        # list (map + list.index), not a Python loop over every line.
-        if start:
-            lines = lines[start:]
-            data = b"\n".join(lines)
-            base += start
-        n = len(lines)
-        take: set = set()
-        marks = list(map(bytes.find, lines, repeat(b"loss:")))
-        _indices(marks, -1, take)
-        del marks
-        if data.count(b"\n[") + data.startswith(b"[") < n:
-            _indices(list(map(bytes.startswith, lines, repeat(b"["))), False, take)
-        _indices(list(map(bytes.startswith, lines, repeat(prefix))), True, take)
-        for i in sorted(take):
-            feed(base + i, lines[i])
-        self._bulk_other_ranks(lines, data, base, prefix)
+        # Fast path.  Every line goes through _line except the step lines of other ranks
+        # (lines with "loss:" that don't start with the primary rank's prefix), which are read
+        # in bulk by _bulk_other_ranks.  A sub-block where every line is a step line (as many
+        # "loss:" and "step:" as lines) needs only its primary lines, found with bytes.find;
+        # otherwise the lines to feed are picked with C-level passes (map + list.index).
+        feed = self._line
+        needle = b"\n" + prefix
+        pos = start
+        lineno = base
+        while pos <= end:
+            sub_end = buf.find(b"\n", min(pos + SUB_BLOCK, end), end) if pos + SUB_BLOCK < end else -1
+            if sub_end < 0:
+                sub_end = end
+            # Optimistically collect the primary rank's lines (bytes.find on "\n<prefix>"),
+            # counting newlines on the way; the sub-block is "all step lines" when it has as
+            # many "loss:" as lines.  (A line without "loss:" hidden by another line with two is
+            # the one case this misses; torchtitan prints "loss:" once per step line.)
+            picked = []
+            if buf.startswith(prefix, pos):
+                stop = buf.find(b"\n", pos, sub_end)
+                picked.append((lineno, buf[pos: stop if stop >= 0 else sub_end]))
+            at, at_line = pos, lineno
+            hit = buf.find(needle, pos, sub_end)
+            while hit >= 0:
+                at_line += buf.count(b"\n", at, hit + 1)
+                at = hit + 1
+                stop = buf.find(b"\n", at, sub_end)
+                picked.append((at_line, buf[at: stop if stop >= 0 else sub_end]))
+                hit = buf.find(needle, at, sub_end)
+            n = at_line - lineno + buf.count(b"\n", at, sub_end) + 1
+            if buf.count(b"loss:", pos, sub_end) == n:
+                step_line = self._primary_step_line
+                for num, raw in picked:
+                    step_line(num, raw)
+            else:
+                lines = buf[pos:sub_end].split(b"\n")
+                take: set = set()
+                _indices(list(map(bytes.find, lines, repeat(b"loss:"))), -1, take)
+                _indices(list(map(bytes.startswith, lines, repeat(prefix))), True, take)
+                for i in sorted(take):
+                    feed(lineno + i, lines[i])
+            lineno += n
+            pos = sub_end + 1
+        self._lineno = lineno - 1
+        self._bulk_other_ranks(buf, start, end, base, prefix)
+
+    def _primary_step_line(self, lineno: int, raw: bytes) -> None:
+        """A primary-rank line in an all-step-lines sub-block: the step fast path, else _line."""
+        if len(raw) <= self.max_line and b"validate step:" not in raw:
+            try:
+                text = raw[len(self._primary_prefix):].decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+            if text is not None:
+                i = text.find("step:")
+                rec = _fast_step(text, i) if i >= 0 else None
+                if rec is not None:
+                    self.log.recognized_lines += 1
+                    self._step(lineno, self.log.primary_rank, rec)
+                    return
+        self._line(lineno, raw)
+
+    def _slow(self, buf: bytes, start: int, end: int, base: int) -> None:
+        lines = buf[start:end].split(b"\n")
+        self._lineno = base + len(lines) - 1
+        for i, raw in enumerate(lines):
+            self._line(base + i, raw)
 
     def _ready_to_decide(self, lineno: int) -> bool:
         steps = {rec["step"] for recs in self._pending.values() for rec in recs[:2]}
         first_line = min(recs[0]["line"] for recs in self._pending.values())
         return len(steps) > 1 or lineno - first_line > 4096
 
-    def _bulk_other_ranks(self, lines: list[bytes], data: bytes, base: int, prefix: bytes) -> None:
+    @staticmethod
+    def _other_step(raw: bytes, prefix: bytes) -> bool:
+        return b"loss:" in raw and b"step:" in raw and raw.startswith(b"[") and not raw.startswith(prefix)
+
+    def _bulk_other_ranks(self, buf: bytes, start: int, end: int, base: int, prefix: bytes) -> None:
         log = self.log
-        # Last step of each non-primary rank: scan back from the chunk's end.
+        # Last step of each non-primary rank: walk back from the region's end.
         wanted = {r for r in log.ranks if self._rank_prefix.get(r) != prefix}
         found: set = set()
         budget = 2 * len(wanted) + 64
-        for idx in range(len(lines) - 1, -1, -1):
-            raw = lines[idx]
-            if b"step:" in raw and b"loss:" in raw and raw.startswith(b"[") and not raw.startswith(prefix):
-                rank = self._bulk_step_rank(raw, base + idx, found)
+        pos = end
+        lineno = self._lineno  # the region's last line
+        while budget > 0 and pos >= start:
+            ls = buf.rfind(b"\n", start, pos) + 1 or start
+            raw = buf[ls:pos]
+            if self._other_step(raw, prefix):
+                rank = self._bulk_step_rank(raw, lineno, found)
                 if rank is not None:
                     found.add(rank)
             budget -= 1
-            if budget <= 0 or (wanted and wanted <= found):
+            if wanted and wanted <= found:
                 break
-        for rank in wanted - found:  # a rank quiet at the chunk's end: find its own last line
+            pos = ls - 1
+            lineno -= 1
+        for rank in wanted - found:  # a rank quiet at the region's end: find its own last line
             pre = self._rank_prefix.get(rank)
             if pre is None:
                 continue
-            end = len(data)
             needle = b"\n" + pre
+            stop_at = end
             while True:
-                pos = data.rfind(needle, 0, end)
-                start = pos + 1 if pos >= 0 else (0 if data.startswith(pre) else -1)
-                if start < 0:
+                hit = buf.rfind(needle, start, stop_at)
+                ls = hit + 1 if hit >= 0 else (start if buf.startswith(pre, start) else -1)
+                if ls < 0:
                     break
-                stop = data.find(b"\n", start)
-                raw = data[start: stop if stop >= 0 else len(data)]
-                if b"step:" in raw and b"loss:" in raw:
-                    idx = data.count(b"\n", 0, start)
-                    self._bulk_step_rank(raw, base + idx, found)
+                le = buf.find(b"\n", ls, end)
+                raw = buf[ls: le if le >= 0 else end]
+                if self._other_step(raw, prefix):
+                    self._bulk_step_rank(raw, base + buf.count(b"\n", start, ls), found)
                     break
-                if pos < 0:
+                if hit < 0:
                     break
-                end = pos
+                stop_at = hit
         # Memory above the threshold on any rank.
-        for m in _B_MEM_HIGH.finditer(data):
-            start = data.rfind(b"\n", 0, m.start()) + 1
-            if data.startswith(prefix, start) or not data.startswith(b"[", start):
-                continue
-            stop = data.find(b"\n", m.end())
-            raw = data[start: stop if stop >= 0 else len(data)]
-            if b"step:" not in raw or b"loss:" not in raw:
+        for m in _B_MEM_HIGH.finditer(buf, start, end):
+            ls = buf.rfind(b"\n", start, m.start()) + 1 or start
+            le = buf.find(b"\n", m.end(), end)
+            raw = buf[ls: le if le >= 0 else end]
+            if not self._other_step(raw, prefix) or b"validate step:" in raw:
                 continue
             pm = _B_PREFIX.match(raw)
             sm = _B_STEP.search(raw)
             mm = _B_MEM.search(raw)
-            if pm and sm and mm and b"validate step:" not in raw:
+            if pm and sm and mm:
                 self._note_memory(
                     int(pm.group(2)), int(sm.group(1)), to_number(mm.group(1).decode()),
-                    to_number(mm.group(2).decode()), base + data.count(b"\n", 0, start),
+                    to_number(mm.group(2).decode()), base + buf.count(b"\n", start, ls),
                 )
 
     def _bulk_step_rank(self, raw: bytes, lineno: int, found: set) -> Optional[int]:
