@@ -531,3 +531,44 @@ def test_follow_idle_timeout_without_record(tmp_path):
     clock = []
     result = follow(resolve_input(str(p)), on_step=clock.append, poll_s=0.01, idle_timeout_s=0.2)
     assert [s["step"] for s in clock] == [1, 2] and len(result.log.steps) == 2
+
+
+# --- real logs from `trnqwen train` (tiny Qwen3, CPU, 2 ranks, 3 steps, seq 128; ANSI kept) -----
+
+
+def test_real_hf_v5_log_field_by_field():
+    log = parse_bytes((DATA / "real_hf_v5_tiny_2ranks_scratch.log").read_bytes())
+    assert [(s["step"], s["loss"], s["grad_norm"], s["memory_gib"], s["memory_pct"], s["tps"], s["tflops"], s["mfu"])
+            for s in log.step_list()] == [
+        (1, 11.7298, 3.2278, 0.95, 4.02, 4, 0.0, 0.0),
+        (2, 11.41225, 4.3722, 0.95, 4.04, 94, 0.0, 0.0),
+        (3, 10.32682, 12.6232, 0.95, 4.04, 171, 0.0, 0.0),
+    ]
+    assert log.world_size == 2 and log.primary_rank == 0 and log.torchtitan_version == "0.3.0"
+    assert (log.model_name, log.model_flavor, log.model_params) == ("transformers_modeling_backend", "full", 1_049_984)
+    assert log.trainer["steps"] == 3 and log.trainer["seq_len"] == 128 and log.completed_line
+    assert log.checkpoint_events == [] and log.overrides == {} and not log.tracebacks
+    # "[rank0]:[rank0]:W1129 ..." (torchrun's prefix on a line the child prefixed) is a warning
+    assert any("No CUDA runtime is found" in w["text"] for w in log.warnings.values())
+    fs = judge(log, RunContext(vocab_size=2048, finetune=False, configured_steps=3))
+    assert not [f for f in fs if f.severity == "error"], fs
+    assert find(fs, "from-scratch").lines == [log.steps[1]["line"]]
+
+
+def test_real_native_finetune_log_overrides_and_checkpoint():
+    log = parse_bytes((DATA / "real_native_tiny_2ranks_finetune.log").read_bytes())
+    assert [s["loss"] for s in log.step_list()] == [7.69166, 7.53281, 7.40945]
+    assert [s["tps"] for s in log.step_list()] == [7, 203, 233]
+    table = override_table(log, 4)
+    entry = table["trnqwen.runtime.cpu_attention.cpu_dense_attention"]
+    assert entry["count"] == 4 and entry["layers"] == [0, 1, 2, 3] and entry["missing_layers"] == []
+    assert (entry["old"], entry["new"]) == ("FlexAttention.Config", "DenseMaskAttention.Config")
+    assert [n for n, _ in log.applied[0]] == [4]
+    assert [e["kind"] for e in log.checkpoint_events] == ["active", "load", "load", "loaded", "save", "save", "saved"]
+    assert log.checkpoint_events[1]["path"].endswith("assets/hf/tiny-qwen3")
+    # the tiny model's "published" weights are random: loaded, but at random-init loss
+    fs = judge(log, RunContext(vocab_size=2048, num_layers=4, layers_source="config.json"))
+    assert find(fs, "weights-untrained").severity == "warning"
+    assert "override-ok" in codes(fs) and not [f for f in fs if f.severity == "error"]
+    # a custom flavor name says nothing about the vocab: no guess without config.json
+    assert find(judge(log), "vocab-unknown").severity == "info"

@@ -174,18 +174,25 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
     return ctx
 
 
+_SIZE_RE = re.compile(r"(?:^|[-_ ])\d+(?:\.\d+)?B(?:-A\d+(?:\.\d+)?B)?(?:$|[-_ ])", re.IGNORECASE)
+
+
 def known_vocab(model_name: Optional[str], flavor: Optional[str]) -> Optional[int]:
-    """The vocab size of a torchtitan model flavor named in the log (``Building qwen3 4B``)."""
+    """The vocab size of a torchtitan model flavor named in the log: ``Building qwen3 4B``
+    (flavors debugmodel* -> 2048, sized flavors -> the family's vocab); the HF backend names the
+    checkpoint as the flavor (``Qwen3-4B-Instruct-2507``).  None for anything else (e.g. a
+    custom ``tiny-qwen3``): then the vocab must come from config.json or --vocab-size."""
     if not model_name:
         return None
-    # the HF backend names the checkpoint (e.g. "Qwen3-4B-Instruct-2507") as the flavor
-    name = f"{model_name} {flavor or ''}".lower()
-    for (family, flav), size in KNOWN_VOCAB.items():
-        if family in name:
-            if flav and flavor and flav in flavor.lower():
-                return size
-            if not flav and not (flavor and "debug" in flavor.lower()):
-                return size
+    text = f"{model_name} {flavor or ''}".lower()
+    fl = (flavor or "").lower()
+    for (family, kind), size in KNOWN_VOCAB.items():
+        if family not in text:
+            continue
+        if kind == "debug" and fl.startswith("debugmodel"):
+            return size
+        if kind == "" and _SIZE_RE.search(flavor or ""):
+            return size
     return None
 
 
