@@ -63,6 +63,8 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
     ax_grad.set_ylabel("grad norm")
     ax_tps.set_ylabel("tokens / s / device")
     ax_mfu.set_ylabel("MFU (%)")
+    if ax_mfu.lines:
+        ax_mfu.set_ylim(bottom=0)  # an honest scale: a 0.1-point wobble should look like one
     ax_tps.set_xlabel("step")
     ax_tps.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in (ax_loss, ax_grad, ax_tps):
@@ -80,9 +82,16 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=110)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     finally:
         plt.close(fig)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
