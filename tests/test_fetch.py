@@ -363,10 +363,17 @@ def test_bad_token_is_reported_and_never_printed(hub, tmp_path):
 
 
 def test_network_unreachable(hub, tmp_path):
-    r = run_subprocess("fetch", REPO, "--local-dir", str(tmp_path / "s"),
-                       env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0", "HF_HUB_ETAG_TIMEOUT": "2"})
+    dead = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0", "HF_HUB_ETAG_TIMEOUT": "2"}
+    r = run_subprocess("fetch", REPO, "--local-dir", str(tmp_path / "s"), env=dead)
     assert_clean_error(r, code=3, contains="cannot reach http://127.0.0.1:9")
     assert "HTTPS_PROXY" in r.err
+    assert not (tmp_path / "s").exists()
+    # a snapshot fetched earlier is still usable without the Hub (checked, not downloaded)
+    assert fetch_json(hub, REPO, "--local-dir", str(tmp_path / "s"))[0] == 0
+    r = run_subprocess("fetch", REPO, "--local-dir", str(tmp_path / "s"), "--json", env=dead)
+    assert r.code == 0, r.text
+    out = json.loads(r.out)
+    assert out["verified"] and any("cannot reach" in w for w in out["warnings"])
 
 
 def test_offline_mode(hub, tmp_path):

@@ -82,6 +82,10 @@ _DTYPE_BYTES = {
 }  # fmt: skip
 
 
+class HubUnreachable(EnvironmentProblem):
+    """The Hub could not be reached (connection refused, DNS, timeout, dropped connection)."""
+
+
 # --- data --------------------------------------------------------------------------------------
 
 
@@ -246,6 +250,17 @@ def file_digest(path: Path, kind: str) -> str:
     return h.hexdigest()
 
 
+def _digests(jobs: list[tuple[Path, str]]) -> dict[str, str]:
+    """Hash several files at once (hashlib releases the GIL: one thread per core)."""
+    if len(jobs) <= 1:
+        return {str(p): file_digest(p, k) for p, k in jobs}
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = sorted(jobs, key=lambda j: -j[0].stat().st_size)  # biggest first
+    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1, 8)) as pool:
+        return dict(zip((str(p) for p, _ in jobs), pool.map(lambda j: file_digest(*j), jobs)))
+
+
 def verify_snapshot(
     local_dir: Path,
     expected: Optional[list[RemoteFile]] = None,
@@ -266,6 +281,7 @@ def verify_snapshot(
             for p in sorted(local_dir.rglob("*"))
             if p.is_file() and ".cache" not in p.relative_to(local_dir).parts
         ]
+    pending = []  # (rf, stat, kind, want, digest or None = to compute)
     for rf in expected:
         path = local_dir / rf.path
         if not path.is_file():
@@ -276,14 +292,15 @@ def verify_snapshot(
             report.problems.append(f"{rf.path}: {st.st_size} bytes, expected {rf.size}")
             report.bad_files.append(rf.path)
             continue
-        entry: dict[str, Any] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
         kind, want = ("sha256", rf.sha256) if rf.sha256 else (("git", rf.blob_id) if rf.blob_id else (None, None))
+        prev = known.get(rf.path) or {}
+        trusted = kind and prev.get("size") == st.st_size and prev.get("mtime_ns") == st.st_mtime_ns and prev.get(kind) == want
+        pending.append([rf, st, kind, want, want if trusted else None])
+    digests = _digests([(local_dir / p[0].path, p[2]) for p in pending if p[2] and p[4] is None])
+    for rf, st, kind, want, got in pending:
+        entry: dict[str, Any] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
         if kind:
-            prev = known.get(rf.path) or {}
-            if prev.get("size") == st.st_size and prev.get("mtime_ns") == st.st_mtime_ns and prev.get(kind) == want:
-                got = want
-            else:
-                got = file_digest(path, kind)
+            got = got if got is not None else digests[str(local_dir / rf.path)]
             if got != want:
                 report.problems.append(f"{rf.path}: content does not match the Hub's {kind} (corrupted)")
                 report.bad_files.append(rf.path)
@@ -458,7 +475,7 @@ def hub_error(exc: BaseException, repo_id: str, revision: Optional[str]) -> Trnq
             what = f"cannot reach {endpoint}"
         else:
             what = f"the connection to {endpoint} failed during the download"
-        return EnvironmentProblem(
+        return HubUnreachable(
             f"{what}: {redact(reason)[:200]}",
             hint="check the network or proxy (HTTPS_PROXY), or set HF_ENDPOINT to a mirror; "
             "the same command again resumes where this one stopped",
@@ -574,6 +591,8 @@ def fetch(
     started = time.monotonic()
     local_dir = Path(local_dir).expanduser().absolute()
     if is_builtin(repo_id):
+        if revision or include or exclude:
+            raise UsageError("built-in models have no revisions and no file filters", hint=f"run: trnqwen fetch {repo_id}")
         result = fetch_builtin(repo_id, local_dir, dry_run=dry_run)
         result.seconds = round(time.monotonic() - started, 3)
         return result
@@ -585,7 +604,13 @@ def fetch(
     if offline_mode():
         return _verify_offline(repo_id, local_dir, revision, manifest, started, dry_run)
 
-    commit, listing = remote_files(repo_id, revision)
+    try:
+        commit, listing = remote_files(repo_id, revision)
+    except HubUnreachable as exc:
+        # Like `hf download`: with no Hub, a complete local snapshot is still good to use.
+        if not (manifest and manifest.get("repo_id") == repo_id and manifest.get("verified")):
+            raise
+        return _verify_offline(repo_id, local_dir, revision, manifest, started, dry_run, reason=exc.message)
     files = select_files(listing, include, exclude)
     if not files:
         raise UsageError(
@@ -598,7 +623,7 @@ def fetch(
     result = FetchResult(
         repo_id=repo_id,
         local_dir=str(local_dir),
-        revision=revision,
+        revision=revision or "main",
         commit=commit,
         files=[f.path for f in files],
         bytes=sum(f.size for f in files),
@@ -704,7 +729,13 @@ def _forget_hf_metadata(local_dir: Path, name: str) -> None:
 
 
 def _verify_offline(
-    repo_id: str, local_dir: Path, revision: Optional[str], manifest: Optional[dict[str, Any]], started: float, dry_run: bool
+    repo_id: str,
+    local_dir: Path,
+    revision: Optional[str],
+    manifest: Optional[dict[str, Any]],
+    started: float,
+    dry_run: bool,
+    reason: str = "HF_HUB_OFFLINE is set",
 ) -> FetchResult:
     if not manifest or manifest.get("repo_id") != repo_id or not manifest.get("expected"):
         raise _offline_error(repo_id, local_dir)
@@ -724,13 +755,13 @@ def _verify_offline(
         verified=report.ok,
         dry_run=dry_run,
         problems=report.problems,
-        warnings=["HF_HUB_OFFLINE is set: checked the local snapshot against its manifest, nothing downloaded"]
+        warnings=[f"{reason}: checked the local snapshot against its manifest, nothing downloaded"]
         + report.warnings,
         seconds=round(time.monotonic() - started, 3),
     )
     if not report.ok:
         raise EnvironmentProblem(
-            f"HF_HUB_OFFLINE is set and {local_dir} is not a complete snapshot of {repo_id}: {report.problems[0]}",
+            f"{reason} and {local_dir} is not a complete snapshot of {repo_id}: {report.problems[0]}",
             hint="unset HF_HUB_OFFLINE (or set it to 0) and run the same command again to repair it",
         )
     return result
