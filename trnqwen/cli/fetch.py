@@ -24,7 +24,7 @@ EPILOG = (
     "  trnqwen fetch builtin:tiny-qwen3 --local-dir ./assets/hf/tiny-qwen3\n\n"
     "  trnqwen fetch Qwen/Qwen3-0.6B --include '*.json' --include '*.safetensors' --json\n\n"
     "Default files: config, generation config, tokenizer files and safetensors (no .bin, no original/). "
-    "A rerun resumes an interrupted download and never downloads a verified file again. "
+    "A rerun completes an interrupted download and never downloads a verified file again. "
     "Uses HF_TOKEN / `hf auth login`, HF_ENDPOINT and HF_HUB_OFFLINE like `hf download`. "
     "Exit 0: verified; 1: downloaded but not verified; 2: bad input; 3: network, access, offline or disk."
 )
@@ -32,6 +32,7 @@ EPILOG = (
 RepoArg = Annotated[
     Optional[str],
     typer.Argument(
+        metavar="REPO",
         help="Hub repo id (e.g. Qwen/Qwen3-4B-Instruct-2507) or builtin:tiny-qwen3. "
         "[default: the config's model, TRNQWEN_MODEL]",
         show_default=False,
@@ -41,32 +42,36 @@ LocalDirOpt = Annotated[
     Optional[Path],
     typer.Option(
         "--local-dir",
+        metavar="DIR",
         help="Where the snapshot goes. Env: TRNQWEN_ASSETS_DIR. [default: ./assets/hf/<model name>, where train looks]",
         show_default=False,
     ),
 ]
 RevisionOpt = Annotated[
-    Optional[str], typer.Option("--revision", help="Branch, tag or commit. [default: main]", show_default=False)
+    Optional[str],
+    typer.Option("--revision", metavar="REV", help="Branch, tag or commit. [default: main]", show_default=False),
 ]
 IncludeOpt = Annotated[
     Optional[list[str]],
     typer.Option(
         "--include",
+        metavar="GLOB",
         help="Glob of files to get (repeatable); replaces the default allow-list and its excludes.",
         show_default=False,
     ),
 ]
 ExcludeOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--exclude", help="Glob of files to skip (repeatable); adds to the default excludes.", show_default=False),
+    typer.Option("--exclude", metavar="GLOB", help="Glob of files to skip (repeatable); adds to the default excludes.", show_default=False),
 ]
 MaxWorkersOpt = Annotated[
-    Optional[int], typer.Option("--max-workers", min=1, help="Parallel file downloads. [default: 8]", show_default=False)
+    Optional[int], typer.Option("--max-workers", min=1, metavar="N", help="Parallel file downloads. [default: 8]", show_default=False)
 ]
 KeepFreeOpt = Annotated[
     Optional[str],
     typer.Option(
         "--keep-free",
+        metavar="SIZE",
         help="Refuse to start unless this much disk stays free after the download (e.g. 10G, 0). [default: 256M]",
         show_default=False,
     ),
