@@ -183,18 +183,18 @@ def test_param_count_matches_published_qwen3_4b():
     assert abs(n - 4_022_468_096) / 4_022_468_096 < 0.001
 
 
-def test_param_count_matches_real_tiny_checkpoint(tmp_path):
-    from safetensors import safe_open
+@pytest.mark.parametrize("tied", [True, False])
+def test_param_count_matches_transformers_qwen3(tied):
+    """The same config built by transformers' own Qwen3 (on the meta device) has as many parameters."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from trnqwen.tiny_model import write_tiny_qwen3
-
-    folder = write_tiny_qwen3(tmp_path / "tiny")
-    total = 0
-    for f in folder.glob("*.safetensors"):
-        with safe_open(str(f), "np") as fh:
-            for key in fh.keys():
-                total += int(np.prod(fh.get_slice(key).get_shape()))
-    hf = json.loads((folder / "config.json").read_text())
+    hf = {**TINY, "hidden_size": 96, "num_hidden_layers": 3, "num_attention_heads": 6,
+          "num_key_value_heads": 2, "head_dim": 24, "intermediate_size": 200, "vocab_size": 500,
+          "tie_word_embeddings": tied}
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(Qwen3Config(**hf))
+    total = sum(p.numel() for p in model.parameters())  # tied weights count once
     assert count_params(dims_from_hf_config(hf)) == total
 
 

@@ -287,6 +287,9 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
         raise UsageError(f"run directory {plan.run_dir} already exists", hint="start the run again") from None
     if plan.config_module_path is not None and plan.job.config_module_text is not None:
         _write_text_atomic(plan.config_module_path, plan.job.config_module_text)
+    cache = plan.env.get(launcher.NEFF_CACHE_VAR)
+    if cache:  # the persistent compile cache outlives every run
+        Path(cache).mkdir(parents=True, exist_ok=True)
     script = plan.run_dir / COMMAND_SCRIPT
     _write_text_atomic(script, launcher.command_script(plan.argv, plan.env, plan.cwd))
     script.chmod(0o755)
