@@ -204,6 +204,19 @@ def test_revision(hub, repo_files, tmp_path):
     assert_clean_error(r, code=2, contains="revision 'no-such-branch' not found")
 
 
+def test_switching_revision_replaces_the_previous_files(hub, repo_files, tmp_path):
+    dest = tmp_path / "s"
+    assert fetch_json(hub, REPO, "--local-dir", str(dest))[0] == 0
+    (dest / "my-notes.safetensors").write_bytes(b"not ours")
+    code, out, _ = fetch_json(hub, REPO, "--local-dir", str(dest), "--revision", "v1.0", "--exclude", SHARD2)
+    assert code == 0 and out["verified"]
+    assert not (dest / SHARD2).exists()  # the previous revision's shard is gone
+    assert (dest / "my-notes.safetensors").read_bytes() == b"not ours"  # not ours to delete
+    assert any("previously fetched revision" in w for w in out["warnings"])
+    assert any("my-notes.safetensors" in w for w in out["warnings"])
+    assert (dest / SHARD1).read_bytes() == repo_files["v1.0"][SHARD1]
+
+
 def test_dry_run_writes_nothing(hub, tmp_path):
     dest = tmp_path / "never"
     code, out, _ = fetch_json(hub, REPO, "--local-dir", str(dest), "--dry-run")

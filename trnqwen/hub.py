@@ -664,6 +664,8 @@ def fetch(
         result.downloaded_bytes = need
 
     report = verify_snapshot(local_dir, files, known={**known, **present.checked}, not_selected=not_selected)
+    if report.ok:
+        _remove_previous(local_dir, manifest, chosen, report)
     result.problems = report.problems
     result.warnings = report.warnings
     result.verified = report.ok
@@ -720,6 +722,32 @@ def _download(repo_id: str, commit: str, local_dir: Path, names: list[str], max_
     finally:
         if not progress and not was_disabled:
             enable_progress_bars()
+
+
+def _remove_previous(local_dir: Path, manifest: Optional[dict[str, Any]], chosen: set[str], report: VerifyReport) -> None:
+    """Files an earlier fetch put here that the new snapshot does not have (another revision's
+    shards) are removed: torchtitan loads every ``*.safetensors`` in the folder.  Files trnqwen
+    did not write are never touched, only warned about."""
+    previous = {f.get("path") for f in (manifest or {}).get("expected", [])} - chosen - {None}
+    removed = []
+    for name in sorted(previous):
+        path = local_dir / check_repo_path(name)
+        if path.is_file():
+            path.unlink()
+            _forget_hf_metadata(local_dir, name)
+            removed.append(name)
+    if removed:
+        report.warnings.append(f"removed {len(removed)} file(s) of the previously fetched revision: {', '.join(removed[:4])}")
+    foreign = sorted(
+        p.relative_to(local_dir).as_posix()
+        for p in local_dir.rglob("*.safetensors")
+        if ".cache" not in p.relative_to(local_dir).parts and p.relative_to(local_dir).as_posix() not in chosen
+    )
+    if foreign:
+        report.warnings.append(
+            f"{len(foreign)} safetensors file(s) here are not part of the snapshot ({', '.join(foreign[:3])}); "
+            "training reads every *.safetensors in the folder"
+        )
 
 
 def _forget_hf_metadata(local_dir: Path, name: str) -> None:
