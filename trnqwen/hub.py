@@ -422,6 +422,7 @@ def hub_error(exc: BaseException, repo_id: str, revision: Optional[str]) -> Trnq
     from huggingface_hub import constants
     from huggingface_hub.errors import (
         GatedRepoError,
+        HFValidationError,
         HfHubHTTPError,
         LocalEntryNotFoundError,
         OfflineModeIsEnabled,
@@ -433,6 +434,9 @@ def hub_error(exc: BaseException, repo_id: str, revision: Optional[str]) -> Trnq
     page = f"{endpoint}/{repo_id}"
     if isinstance(exc, OfflineModeIsEnabled) or (isinstance(exc, LocalEntryNotFoundError) and constants.HF_HUB_OFFLINE):
         return _offline_error(repo_id)
+    if isinstance(exc, HFValidationError):
+        return UsageError(f"not a valid Hub repo id or revision: {redact(str(exc)).splitlines()[0]}",
+                          hint="repo ids look like Qwen/Qwen3-4B-Instruct-2507")
     if isinstance(exc, GatedRepoError):
         return EnvironmentProblem(
             f"{repo_id} is a gated repo and this account has not been granted access",
