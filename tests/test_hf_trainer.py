@@ -119,6 +119,39 @@ def test_plan_without_distributed_config():
     assert plan_parallelism(2, 1, -1, device="cpu", strategy="ddp").strategy == "ddp"
 
 
+def test_load_kwargs_never_auto_and_shard_sizes():
+    dc = plan_parallelism(64, 1, -1, device="neuron")
+    assert hft.load_kwargs("neuron", dc, 3) == {"distributed_config": {"tp_size": 1, "fsdp_size": 64}, "device_map": "neuron"}
+    tp = plan_parallelism(4, 2, -1, device="neuron")
+    assert hft.load_kwargs("neuron", tp, 0) == {"distributed_config": {"tp_size": 2, "fsdp_size": 2}}  # mesh places shards
+    single = plan_parallelism(1, 1, -1, device="cuda")
+    assert hft.load_kwargs("cuda", single, 0) == {"device_map": "cuda:0"}
+    for device in ("neuron", "cuda", "cpu"):
+        for plan in (dc, tp, single):
+            assert "auto" not in str(hft.load_kwargs(device, plan, 1))
+
+
+def test_training_arguments_follow_the_neuron_rules():
+    plan = plan_parallelism(64, 1, -1, device="neuron", local_batch_size=1, global_batch_size=128)
+    args = hft.training_arguments(_spec(device="neuron", compile=True, local_batch_size=1), plan, bf16_supported=True)
+    assert args["bf16"] is True and args["torch_compile"] is True and args["dataloader_drop_last"] is True
+    assert args["use_cpu"] is False and args["gradient_accumulation_steps"] == 2 and args["max_steps"] == 3
+    assert args["save_strategy"] == "no" and args["logging_steps"] == 1
+    cpu_plan = plan_parallelism(2, 1, -1, device="cpu", strategy="ddp")
+    cpu = hft.training_arguments(_spec(device="cpu"), cpu_plan, bf16_supported=True)
+    assert cpu["bf16"] is False and cpu["use_cpu"] is True and cpu["ddp_backend"] == "gloo"
+    assert "seed" not in hft.training_arguments(_spec(seed=None), cpu_plan, bf16_supported=False)
+
+
+def test_training_arguments_are_accepted_by_transformers(tmp_path):
+    pytest.importorskip("accelerate")
+    from transformers import TrainingArguments
+
+    plan = plan_parallelism(1, 1, -1, device="cpu")
+    args = TrainingArguments(**hft.training_arguments(_spec(output_dir=str(tmp_path)), plan, bf16_supported=False))
+    assert args.dataloader_drop_last and args.max_steps == 3 and not args.bf16
+
+
 # --- step lines and FLOPs --------------------------------------------------------------------------
 
 

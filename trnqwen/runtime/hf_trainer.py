@@ -522,26 +522,71 @@ def _step_logger_callback(spec: HFTrainerSpec, plan: ParallelPlan, flops_token: 
     return TorchtitanStepLines()
 
 
-def _load_model(spec: HFTrainerSpec, plan: ParallelPlan, local_rank: int):
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+def load_kwargs(device: str, plan: ParallelPlan, local_rank: int) -> dict[str, Any]:
+    """``from_pretrained`` placement arguments (pure): ``device_map`` and the DistributedConfig sizes.
 
-    if spec.device == "neuron":
-        device_map: Any = "neuron"  # never "auto": Accelerate does not see Neuron and loads on CPU
-    elif spec.device == "cuda":
+    Neuron gets ``device_map="neuron"``, never ``"auto"`` (Accelerate does not list Neuron, so
+    ``"auto"`` silently loads on CPU).  With TP the device mesh places the shards and transformers
+    rejects a ``device_map``.
+    """
+    if device == "neuron":
+        device_map: Any = "neuron"
+    elif device == "cuda":
         device_map = f"cuda:{local_rank}"
     else:
         device_map = "cpu"
-    kwargs: dict[str, Any] = {"dtype": torch.float32, "trust_remote_code": spec.trust_remote_code}
+    kwargs: dict[str, Any] = {}
     if plan.strategy == "distributed-config":
-        from transformers.distributed import DistributedConfig
-
-        # The device mesh places the shards; transformers rejects device_map together with TP.
-        kwargs["distributed_config"] = DistributedConfig(tp_size=plan.tp, fsdp_size=plan.fsdp)
+        kwargs["distributed_config"] = {"tp_size": plan.tp, "fsdp_size": plan.fsdp}
         if plan.tp == 1:
             kwargs["device_map"] = device_map
     else:
         kwargs["device_map"] = device_map
+    return kwargs
+
+
+def training_arguments(spec: HFTrainerSpec, plan: ParallelPlan, *, bf16_supported: bool) -> dict[str, Any]:
+    """``TrainingArguments`` keywords for the run (pure)."""
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(Path(spec.output_dir) / "hf_trainer"),
+        max_steps=spec.steps,
+        per_device_train_batch_size=spec.local_batch_size,
+        gradient_accumulation_steps=plan.grad_accum,
+        learning_rate=spec.lr,
+        warmup_steps=spec.warmup_steps,
+        lr_scheduler_type="linear",
+        max_grad_norm=spec.max_grad_norm,
+        logging_steps=1,
+        logging_first_step=True,
+        save_strategy="no",  # the HF export below is the checkpoint
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_drop_last=True,  # a short last batch would be a new shape: a recompile on Neuron
+        bf16=spec.device != "cpu" and bf16_supported,  # mixed precision; fp32 master weights
+        use_cpu=spec.device == "cpu",
+        torch_compile=spec.compile,  # transformers picks backend "neuron" on Trainium
+        remove_unused_columns=False,
+        ddp_find_unused_parameters=False,
+        log_level="warning",
+    )
+    if spec.seed is not None:
+        kwargs["seed"] = spec.seed
+    if plan.strategy == "ddp" and spec.device == "cpu":
+        kwargs["ddp_backend"] = "gloo"
+    return kwargs
+
+
+def _load_model(spec: HFTrainerSpec, plan: ParallelPlan, local_rank: int):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": torch.float32, "trust_remote_code": spec.trust_remote_code}
+    kwargs.update(load_kwargs(spec.device, plan, local_rank))
+    device_map = kwargs.get("device_map", "cpu")
+    if "distributed_config" in kwargs:
+        from transformers.distributed import DistributedConfig
+
+        kwargs["distributed_config"] = DistributedConfig(**kwargs["distributed_config"])
     if spec.finetune:
         return AutoModelForCausalLM.from_pretrained(spec.assets_dir, **kwargs)
     if plan.strategy == "distributed-config":
@@ -625,33 +670,8 @@ def run(spec: HFTrainerSpec) -> int:
     texts = load_texts(spec, rows_needed, tokenizer)
     train_dataset = _tokenize(tokenizer, texts, spec.seq_len, rows_needed)
 
-    bf16 = spec.device in ("neuron", "cuda") and (spec.device == "neuron" or torch.cuda.is_bf16_supported())
-    args_kwargs: dict[str, Any] = dict(
-        output_dir=str(Path(spec.output_dir) / "hf_trainer"),
-        max_steps=spec.steps,
-        per_device_train_batch_size=spec.local_batch_size,
-        gradient_accumulation_steps=plan.grad_accum,
-        learning_rate=spec.lr,
-        warmup_steps=spec.warmup_steps,
-        lr_scheduler_type="linear",
-        max_grad_norm=spec.max_grad_norm,
-        logging_steps=1,
-        logging_first_step=True,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        dataloader_drop_last=True,  # a short last batch would be a new shape: a recompile on Neuron
-        bf16=bf16,
-        use_cpu=spec.device == "cpu",
-        torch_compile=spec.compile,  # transformers picks backend "neuron" on Trainium
-        remove_unused_columns=False,
-        ddp_find_unused_parameters=False,
-        log_level="warning",
-    )
-    if spec.seed is not None:
-        args_kwargs["seed"] = spec.seed
-    if plan.strategy == "ddp" and spec.device == "cpu":
-        args_kwargs["ddp_backend"] = "gloo"
+    bf16_ok = spec.device == "neuron" or (spec.device == "cuda" and torch.cuda.is_bf16_supported())
+    args_kwargs = training_arguments(spec, plan, bf16_supported=bf16_ok)
     args = TrainingArguments(**args_kwargs)
 
     if rank == 0:
