@@ -191,6 +191,23 @@ def report_error(message: str, hint: str | None, problems: list[str] | None = No
     sys.stderr.flush()
 
 
+def _os_error(exc: OSError) -> tuple[int, str, str]:
+    """(exit code, message, hint) for an OSError that reached the edge."""
+    import errno
+
+    where = exc.filename if exc.filename is not None else ""
+    if getattr(exc, "filename2", None):
+        where = f"{where} -> {exc.filename2}"
+    what = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        return 3, f"disk full: {what}" + (f": {where}" if where else ""), "free space there (df -h) and run again"
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return 3, f"cannot write {where or 'a file'}: {what}", "pick a writable folder (or fix its permissions/mount)"
+    if exc.errno == errno.ELOOP:
+        return 2, f"symlink loop: {where}", "fix or remove the symbolic link"
+    return 2, f"{what}" + (f": {where}" if where else ""), "check the path"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the app and maps errors to exit codes."""
     args = list(sys.argv[1:] if argv is None else argv)

@@ -1,0 +1,185 @@
+"""Multi-node: rendezvous argv, parallel plan over N x ranks, EFA env, per-node paths (units);
+a REAL two-"node" CPU run over a loopback rendezvous (slow)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trnqwen.config import RunConfig
+from trnqwen.errors import UsageError
+from trnqwen.train import multinode as mn
+
+
+# --- rendezvous argv ---------------------------------------------------------------------------
+
+
+def _flags(argv: list[str]) -> dict[str, str]:
+    return {argv[i]: argv[i + 1] for i in range(0, len(argv), 2)}
+
+
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_rendezvous_argv_for_one_node_of_four(rank):
+    argv = mn.rendezvous_argv(nnodes=4, node_rank=rank, endpoint="10.0.0.5:29500", rdzv_id="job-7", max_restarts=2)
+    flags = _flags(argv)
+    assert flags == {
+        "--nnodes": "4",
+        "--node_rank": str(rank),
+        "--rdzv_backend": "c10d",
+        "--rdzv_endpoint": "10.0.0.5:29500",
+        "--rdzv_id": "job-7",
+        "--max_restarts": "2",
+        "--rdzv_conf": f"is_host={1 if rank == 0 else 0}",
+    }
+
+
+def test_rendezvous_argv_join_timeout_default_port_and_ipv6():
+    flags = _flags(mn.rendezvous_argv(nnodes=2, node_rank=0, endpoint="head", rdzv_id="x", join_timeout_s=30))
+    assert flags["--rdzv_endpoint"] == f"head:{mn.DEFAULT_RDZV_PORT}"
+    assert flags["--rdzv_conf"] == "is_host=1,join_timeout=30"
+    flags = _flags(mn.rendezvous_argv(nnodes=2, node_rank=1, endpoint="[fd00::1]:1234", rdzv_id="x"))
+    assert flags["--rdzv_endpoint"] == "[fd00::1]:1234"
+
+
+def test_single_node_needs_no_rendezvous():
+    assert mn.rendezvous_argv(nnodes=1, node_rank=0, endpoint=None, rdzv_id=None) == []
+    assert mn.rendezvous_argv(nnodes=1, node_rank=0, endpoint=None, rdzv_id=None, max_restarts=3) == ["--max_restarts", "3"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(nnodes=2, node_rank=2, endpoint="h:1", rdzv_id="x"), "outside 0..1"),
+        (dict(nnodes=2, node_rank=0, endpoint=None, rdzv_id="x"), "rendezvous endpoint"),
+        (dict(nnodes=2, node_rank=0, endpoint="h:1", rdzv_id=None), "rendezvous id"),
+        (dict(nnodes=2, node_rank=0, endpoint="h:1", rdzv_id="a b"), "letters, digits"),
+        (dict(nnodes=2, node_rank=0, endpoint="h:99999", rdzv_id="x"), "out of range"),
+        (dict(nnodes=2, node_rank=0, endpoint="h:0", rdzv_id="x"), "out of range"),
+        (dict(nnodes=2, node_rank=0, endpoint="a b:1", rdzv_id="x"), "HOST:PORT"),
+    ],
+)
+def test_topology_mistakes_are_usage_errors_with_hints(kwargs, words):
+    with pytest.raises(UsageError) as exc:
+        mn.rendezvous_argv(**kwargs)
+    assert words in exc.value.message
+    assert exc.value.hint
+
+
+def test_rendezvous_argv_from_config():
+    cfg = RunConfig(nnodes=2, node_rank=1, rdzv_endpoint="node0:29400", rdzv_id="ft1", max_restarts=1)
+    flags = _flags(mn.rendezvous_argv_for(cfg))
+    assert flags["--node_rank"] == "1" and flags["--rdzv_id"] == "ft1" and flags["--max_restarts"] == "1"
+
+
+# --- parallel plan -----------------------------------------------------------------------------
+
+
+def test_plan_over_two_trn2_nodes_matches_torchtitan_rules():
+    plan = mn.plan_parallelism(nnodes=2, nproc_per_node=64, tp=4, local_batch_size=1, global_batch_size=64)
+    assert plan.world_size == 128 and plan.dp_shard == 32 and plan.tp == 4
+    assert plan.global_batch_size == 64 and plan.grad_accum_steps == 2
+    assert plan.warnings == []
+
+
+def test_plan_default_global_batch_is_local_times_dp():
+    plan = mn.plan_parallelism(nnodes=3, nproc_per_node=4, local_batch_size=2)
+    assert (plan.world_size, plan.dp_shard, plan.global_batch_size, plan.grad_accum_steps) == (12, 12, 24, 1)
+
+
+def test_plan_warns_when_tp_groups_cross_nodes():
+    plan = mn.plan_parallelism(nnodes=2, nproc_per_node=6, tp=4)
+    assert plan.dp_shard == 3
+    assert any("span" in w for w in plan.warnings)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(nnodes=2, nproc_per_node=64, tp=3), "does not divide"),
+        (dict(nnodes=2, nproc_per_node=64, dp_shard=64, tp=1), "64 x TP degree 1 = 64"),
+        (dict(nnodes=2, nproc_per_node=64, local_batch_size=1, global_batch_size=100), "not a multiple"),
+        (dict(nnodes=2, nproc_per_node=64, dp_shard=0), "-1 or >= 1"),
+    ],
+)
+def test_plan_rejects_what_torchtitan_would_reject(kwargs, words):
+    with pytest.raises(UsageError) as exc:
+        mn.plan_parallelism(**kwargs)
+    assert words in exc.value.message
+
+
+def test_plan_for_config_uses_every_node():
+    cfg = RunConfig(nnodes=4, tp=2, local_batch_size=1, global_batch_size=256)
+    plan = mn.plan_for(cfg, 64)
+    assert plan.world_size == 256 and plan.dp_shard == 128 and plan.grad_accum_steps == 2
+
+
+# --- environment -------------------------------------------------------------------------------
+
+
+def test_efa_env_only_for_multinode_neuron_and_user_values_win():
+    assert mn.multinode_env("neuron", 1, environ={}) == {}
+    assert mn.multinode_env("cpu", 4, environ={}) == {}
+    env = mn.multinode_env("neuron", 2, environ={"FI_EFA_FORK_SAFE": "0"})
+    assert env == {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
+    eks = mn.multinode_env("neuron", 2, kubernetes=True, environ={})
+    assert eks["CCOM_SOCKET_IFNAME"] == "eth0" and eks["FI_PROVIDER"] == "efa"
+    assert not any(k.startswith("NCCL_") for k in eks)  # Neuron collectives do not use NCCL
+
+
+def test_config_env_round_trips_through_resolve_config():
+    """The TRNQWEN_* variables a scheduler exports resolve, on the node, to the same config."""
+    from trnqwen.config import resolve_config
+
+    cfg = RunConfig(
+        model="builtin:tiny-qwen3", device="cpu", steps=3, seq_len=128, finetune=True, lr=1e-4,
+        override_imports=["a.b", "c.d"], nnodes=2, partition="p", image="img",
+    )  # fmt: skip
+    env = mn.node_env(cfg, rdzv_id="run-1")
+    assert env["TRNQWEN_LAUNCHER"] == "local" and env["TRNQWEN_NNODES"] == "2" and env["TRNQWEN_RDZV_ID"] == "run-1"
+    assert "TRNQWEN_PARTITION" not in env and "TRNQWEN_IMAGE" not in env and "TRNQWEN_NODE_RANK" not in env
+    node = resolve_config({}, environ={**env, "TRNQWEN_NODE_RANK": "1", "TRNQWEN_RDZV_ENDPOINT": "h:1"}).config
+    mine = cfg.model_dump()
+    theirs = node.model_dump()
+    for name in mine:
+        if name in ("launcher", "node_rank", "rdzv_endpoint", "rdzv_id", "partition", "image"):
+            continue
+        assert theirs[name] == mine[name], name
+    assert (node.launcher, node.node_rank, node.rdzv_id) == ("local", 1, "run-1")
+
+
+def test_node_wrapper_reads_rank_at_run_time():
+    import subprocess
+
+    body = mn.node_wrapper("MY_NODE", "$HEAD:29400")
+    out = subprocess.run(
+        ["bash", "-c", body, "n", "bash", "-c", 'echo "$TRNQWEN_NODE_RANK $TRNQWEN_RDZV_ENDPOINT $1"', "x", "it's $quoted"],
+        capture_output=True, text=True, env={"MY_NODE": "3", "HEAD": "10.1.2.3", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert out.stdout.strip() == "3 10.1.2.3:29400 it's $quoted"
+
+
+# --- per-node paths ----------------------------------------------------------------------------
+
+
+def test_node_paths_and_shared_run_dir(tmp_path):
+    runs = tmp_path / "runs"
+    rid, path = mn.multinode_run_dir(runs, "ft-1", node_rank=1)
+    assert path == runs / "ft-1" and (path / "nodes" / "node1").is_dir()
+    assert not (runs / "LAST").exists()  # only node 0 points LAST at the run
+    rid, path0 = mn.multinode_run_dir(runs, "ft-1", node_rank=0)
+    assert path0 == path and (runs / "LAST").read_text().strip() == "ft-1"
+    assert mn.node_log_path(path, 1) == path / "nodes" / "node1" / "train.log"
+    mn.node_log_path(path, 0).write_text("x")
+    mn.node_log_path(path, 1).write_text("y")
+    assert mn.node_logs(path) == {0: mn.node_log_path(path, 0), 1: mn.node_log_path(path, 1)}
+    assert mn.writes_run_record(0) and not mn.writes_run_record(1)
+    with pytest.raises(UsageError):
+        mn.multinode_run_dir(runs, "../escape")
+
+
+def test_explain_failure_names_the_peer_loss_only_for_multinode(tmp_path):
+    err = "RuntimeError: [gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:16047: Connection reset by peer."
+    msg, hint = mn.explain_failure(err, nnodes=2, node_rank=0, run_dir=tmp_path)
+    assert "another node of the 2-node job stopped" in msg and "Connection reset by peer" in msg
+    assert "--rdzv-id" in hint
+    assert mn.explain_failure(err, nnodes=1, node_rank=0) is None
+    assert mn.explain_failure("ValueError: bad shape", nnodes=2, node_rank=0) is None

@@ -1,0 +1,454 @@
+"""One node of an N-node job: rendezvous arguments, parallel degrees, EFA environment, log paths.
+
+Pure functions (no torch, no subprocess), shared by the local launcher (``trnqwen train
+--nnodes N --node-rank R --rdzv-endpoint HOST:PORT``), the SLURM script (:mod:`.slurm`) and the
+Kubernetes manifest (:mod:`.k8s`), so all three start exactly the same torchrun on every node.
+
+Rendezvous (torchrun's c10d backend, documented at docs.pytorch.org/docs/stable/elastic/run.html):
+every node runs ``torchrun --nnodes N --node_rank R --rdzv_backend c10d --rdzv_endpoint
+HOST:PORT --rdzv_id ID``; the endpoint is node rank 0's address.  We also pass
+``--rdzv_conf is_host=1`` on node 0 and ``is_host=0`` elsewhere: torchrun otherwise guesses
+which process hosts the rendezvous store from the hostname, and on one machine (two "nodes" on
+loopback, or containers sharing a host) the first process to start wins the race, so which
+node's death takes the store down would be random.
+
+Note: with c10d rendezvous torchrun assigns global ranks in join order; ``--node_rank`` names the
+node (logs, the run record) but does not fix its ranks.  Global ranks on one node are
+contiguous, so a tensor-parallel group stays inside a node when TP divides the ranks per node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from trnqwen.errors import UsageError
+
+# torchrun's default port for the c10d rendezvous when an endpoint has none.
+DEFAULT_RDZV_PORT = 29400
+# torchrun's own default (dynamic_rendezvous: join_timeout 600 s); made explicit so the value
+# that bounds "waiting for a missing node" is visible in the command and the docs.
+DEFAULT_JOIN_TIMEOUT_S = 600
+NODES_DIR = "nodes"
+
+# --- Neuron / EFA environment for multi-node jobs ---------------------------------------------
+#
+# Neuron collectives between instances run over EFA through libfabric (no NCCL is involved, so
+# no NCCL_* variable applies).  What AWS's own Neuron multi-node training launchers export:
+#   * FI_PROVIDER=efa, FI_EFA_USE_DEVICE_RDMA=1 -- aws-neuron/neuronx-distributed,
+#     examples/training/llama/tp_zero1_llama_hf_pretrain/tp_zero1_llama3_8B_hf_pretrain.sh
+#     (set when running under SLURM) and the same pattern in the aws-neuron-samples /
+#     aws-neuron-parallelcluster-samples training scripts;
+#   * FI_EFA_FORK_SAFE=1 -- the same Neuron training scripts (neuronx-distributed-training /
+#     neuronx-nemo-megatron launchers): the data loader forks while EFA memory is registered;
+#   * CCOM_SOCKET_IFNAME=eth0 -- Neuron's collectives bootstrap interface, "often required on
+#     EKS" (aws-neuron EKS training launchers), so set only for the Kubernetes launcher.
+# Prerequisite per the Neuron docs ("How to use torch.distributed on Neuron", For multi-node
+# execution): EFA installed and configured on every node, same package versions on all nodes.
+# Values the user already exported win over these defaults.
+NEURON_EFA_ENV: dict[str, str] = {
+    "FI_PROVIDER": "efa",
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    "FI_EFA_FORK_SAFE": "1",
+}
+NEURON_EKS_ENV: dict[str, str] = {"CCOM_SOCKET_IFNAME": "eth0"}
+# Devices / interfaces a trn2.48xlarge exposes to Kubernetes (Neuron device plugin: 16 Trainium2
+# chips = 64 logical cores at LNC=2; EFA device plugin: 16 EFA interfaces).
+TRN2_NEURON_DEVICES = 16
+TRN2_EFA_INTERFACES = 16
+
+
+def parse_endpoint(endpoint: str, *, default_port: int = DEFAULT_RDZV_PORT) -> tuple[str, int]:
+    """``HOST:PORT`` (or ``[v6]:PORT``, or ``HOST`` alone) -> (host, port); UsageError otherwise."""
+    text = (endpoint or "").strip()
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d{1,5}))?", text) or re.fullmatch(
+        r"([A-Za-z0-9_.\-]+)(?::(\d{1,5}))?", text
+    )
+    if not m:
+        raise UsageError(
+            f"rendezvous endpoint {endpoint!r} is not HOST:PORT",
+            hint="pass --rdzv-endpoint with node 0's address, e.g. --rdzv-endpoint 10.0.0.5:29400",
+        )
+    host, port_text = m.group(1), m.group(2)
+    port = int(port_text) if port_text else default_port
+    if not 0 < port < 65536:
+        raise UsageError(f"rendezvous port {port} is out of range", hint="pick a port between 1024 and 65535")
+    return host, port
+
+
+def format_endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def rendezvous_argv(
+    *,
+    nnodes: int,
+    node_rank: int,
+    endpoint: Optional[str],
+    rdzv_id: Optional[str],
+    max_restarts: int = 0,
+    join_timeout_s: Optional[int] = None,
+) -> list[str]:
+    """torchrun's topology/rendezvous flags for one node of an ``nnodes``-node job.
+
+    ``--nnodes N --node_rank R --rdzv_backend c10d --rdzv_endpoint HOST:PORT --rdzv_id ID
+    --max_restarts K --rdzv_conf is_host=0|1[,join_timeout=T]``.  For one node the rendezvous
+    is local and only ``--max_restarts`` (when > 0) is returned.
+    """
+    check_topology(nnodes=nnodes, node_rank=node_rank, endpoint=endpoint, rdzv_id=rdzv_id)
+    if max_restarts < 0:
+        raise UsageError(f"max_restarts must be >= 0, got {max_restarts}")
+    if nnodes == 1:
+        return ["--max_restarts", str(max_restarts)] if max_restarts else []
+    host, port = parse_endpoint(endpoint or "")
+    conf = [f"is_host={1 if node_rank == 0 else 0}"]
+    if join_timeout_s is not None:
+        if join_timeout_s < 1:
+            raise UsageError(f"join timeout must be >= 1 s, got {join_timeout_s}")
+        conf.append(f"join_timeout={int(join_timeout_s)}")
+    return [
+        "--nnodes", str(nnodes),
+        "--node_rank", str(node_rank),
+        "--rdzv_backend", "c10d",
+        "--rdzv_endpoint", format_endpoint(host, port),
+        "--rdzv_id", str(rdzv_id),
+        "--max_restarts", str(max_restarts),
+        "--rdzv_conf", ",".join(conf),
+    ]  # fmt: skip
+
+
+def rendezvous_argv_for(cfg: Any, *, join_timeout_s: Optional[int] = None) -> list[str]:
+    """:func:`rendezvous_argv` from a :class:`~trnqwen.config.RunConfig`."""
+    return rendezvous_argv(
+        nnodes=int(cfg.nnodes),
+        node_rank=int(cfg.node_rank),
+        endpoint=cfg.rdzv_endpoint,
+        rdzv_id=cfg.rdzv_id,
+        max_restarts=int(cfg.max_restarts or 0),
+        join_timeout_s=join_timeout_s,
+    )
+
+
+_RDZV_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+
+
+def check_topology(*, nnodes: int, node_rank: int, endpoint: Optional[str], rdzv_id: Optional[str]) -> None:
+    """The facts every node must agree on, checked before anything starts."""
+    if nnodes < 1:
+        raise UsageError(f"--nnodes must be >= 1, got {nnodes}")
+    if not 0 <= node_rank < nnodes:
+        raise UsageError(
+            f"--node-rank {node_rank} is outside 0..{nnodes - 1}",
+            hint=f"give each of the {nnodes} nodes its own rank from 0 to {nnodes - 1}",
+        )
+    if nnodes == 1:
+        return
+    if not endpoint:
+        raise UsageError(
+            f"a {nnodes}-node run needs the rendezvous endpoint",
+            hint="pass --rdzv-endpoint HOST:PORT with node 0's address, the same on every node",
+        )
+    parse_endpoint(endpoint)
+    if not rdzv_id:
+        raise UsageError(
+            f"a {nnodes}-node run needs a rendezvous id shared by all nodes",
+            hint="pass the same --rdzv-id on every node (e.g. --rdzv-id qwen3-ft-1); it also names the run directory",
+        )
+    if not _RDZV_ID.fullmatch(rdzv_id):
+        raise UsageError(
+            f"--rdzv-id {rdzv_id!r} must be letters, digits, '.', '_' or '-' (at most 128)",
+            hint="it names the run directory shared by the nodes",
+        )
+
+
+# --- parallel degrees and batch over N x ranks-per-node ---------------------------------------
+
+
+@dataclass
+class ParallelPlan:
+    """The degrees torchtitan will use for ``nnodes x nproc_per_node`` ranks."""
+
+    nnodes: int
+    nproc_per_node: int
+    world_size: int
+    tp: int
+    dp_shard: int  # FSDP degree, -1 resolved
+    dp_degree: int  # ranks that see different data (dp_shard here; no replicate/CP/PP)
+    local_batch_size: int
+    global_batch_size: int
+    grad_accum_steps: int
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "nnodes": self.nnodes,
+            "nproc_per_node": self.nproc_per_node,
+            "world_size": self.world_size,
+            "tp": self.tp,
+            "dp_shard": self.dp_shard,
+            "global_batch_size": self.global_batch_size,
+            "local_batch_size": self.local_batch_size,
+            "grad_accum_steps": self.grad_accum_steps,
+            "warnings": list(self.warnings),
+        }
+
+
+def plan_parallelism(
+    *,
+    nnodes: int,
+    nproc_per_node: int,
+    dp_shard: int = -1,
+    tp: int = 1,
+    local_batch_size: int = 1,
+    global_batch_size: Optional[int] = None,
+) -> ParallelPlan:
+    """Degrees and batch over every rank of the job, with torchtitan's own rules checked first.
+
+    torchtitan requires ``dp_shard * tp == world size`` (dp_shard -1 = world / tp) and
+    ``global_batch % (local_batch * dp) == 0`` (the quotient is the gradient-accumulation
+    count).  A TP group spanning two nodes is allowed but warned about: its collectives would
+    cross EFA on every layer.
+    """
+    if nnodes < 1 or nproc_per_node < 1:
+        raise UsageError(f"need at least one node and one rank per node (got {nnodes} x {nproc_per_node})")
+    if tp < 1:
+        raise UsageError(f"--tp must be >= 1, got {tp}")
+    if local_batch_size < 1:
+        raise UsageError(f"--local-batch-size must be >= 1, got {local_batch_size}")
+    world = nnodes * nproc_per_node
+    where = f"{nnodes} node(s) x {nproc_per_node} rank(s) = {world} ranks"
+    if world % tp:
+        raise UsageError(
+            f"tensor-parallel degree {tp} does not divide the {where}",
+            hint=f"pick --tp from the divisors of {world} (a divisor of {nproc_per_node} keeps TP inside a node)",
+        )
+    if dp_shard == -1:
+        dp_shard = world // tp
+    elif dp_shard < 1:
+        raise UsageError(f"--dp-shard must be -1 or >= 1, got {dp_shard}")
+    if dp_shard * tp != world:
+        raise UsageError(
+            f"FSDP degree {dp_shard} x TP degree {tp} = {dp_shard * tp}, but the job has {where}",
+            hint=f"use --dp-shard -1 (= {world // tp}) or --dp-shard {world // tp}",
+        )
+    per_step = local_batch_size * dp_shard
+    gbs = per_step if global_batch_size is None else int(global_batch_size)
+    if gbs < 1 or gbs % per_step:
+        raise UsageError(
+            f"global batch {gbs} is not a multiple of local batch {local_batch_size} x data-parallel degree {dp_shard} = {per_step}",
+            hint=f"use --global-batch-size {per_step} (or a multiple of it: gradient accumulation), or leave it unset",
+        )
+    warnings = []
+    if nnodes > 1 and nproc_per_node % tp:
+        warnings.append(
+            f"TP degree {tp} does not divide the {nproc_per_node} ranks per node: tensor-parallel groups span "
+            "nodes and every layer's collectives cross the network"
+        )
+    return ParallelPlan(
+        nnodes=nnodes,
+        nproc_per_node=nproc_per_node,
+        world_size=world,
+        tp=tp,
+        dp_shard=dp_shard,
+        dp_degree=dp_shard,
+        local_batch_size=local_batch_size,
+        global_batch_size=gbs,
+        grad_accum_steps=gbs // per_step,
+        warnings=warnings,
+    )
+
+
+def plan_for(cfg: Any, nproc_per_node: int) -> ParallelPlan:
+    """:func:`plan_parallelism` from a RunConfig (the preflight's entry point)."""
+    return plan_parallelism(
+        nnodes=int(cfg.nnodes),
+        nproc_per_node=int(nproc_per_node),
+        dp_shard=int(cfg.dp_shard),
+        tp=int(cfg.tp),
+        local_batch_size=int(cfg.local_batch_size),
+        global_batch_size=cfg.global_batch_size,
+    )
+
+
+# --- environment ------------------------------------------------------------------------------
+
+
+def multinode_env(
+    device_type: str,
+    nnodes: int,
+    *,
+    kubernetes: bool = False,
+    environ: Optional[Mapping[str, str]] = None,
+) -> dict[str, str]:
+    """The EFA/Neuron variables a multi-node Neuron job needs, minus any the user already set.
+
+    Empty for one node and for non-Neuron devices (CPU runs over gloo/TCP need nothing).
+    """
+    if nnodes <= 1 or device_type != "neuron":
+        return {}
+    base = os.environ if environ is None else environ
+    wanted = dict(NEURON_EFA_ENV)
+    if kubernetes:
+        wanted.update(NEURON_EKS_ENV)
+    return {k: v for k, v in wanted.items() if k not in base}
+
+
+# --- where each node writes -------------------------------------------------------------------
+
+
+def node_dir(run_dir: Path, node_rank: int) -> Path:
+    """``<run_dir>/nodes/node<R>``: one node's files in a run directory shared by the nodes."""
+    return Path(run_dir) / NODES_DIR / f"node{int(node_rank)}"
+
+
+def node_log_path(run_dir: Path, node_rank: int) -> Path:
+    """``<run_dir>/nodes/node<R>/train.log``."""
+    from trnqwen.rundir import LOG_NAME
+
+    return node_dir(run_dir, node_rank) / LOG_NAME
+
+
+def node_rank_log_dir(run_dir: Path, node_rank: int) -> Path:
+    """torchrun's per-rank ``--log-dir`` for one node (rank numbers repeat across nodes)."""
+    return node_dir(run_dir, node_rank) / "ranks"
+
+
+def node_logs(run_dir: Path) -> dict[int, Path]:
+    """Every node log present in a run directory, by node rank."""
+    found: dict[int, Path] = {}
+    for path in (Path(run_dir) / NODES_DIR).glob("node*/train.log"):
+        m = re.fullmatch(r"node(\d+)", path.parent.name)
+        if m:
+            found[int(m.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+def writes_run_record(node_rank: int) -> bool:
+    """Only node 0 writes ``run.json`` at the run dir's top; the others keep theirs in nodes/."""
+    return int(node_rank) == 0
+
+
+def multinode_run_dir(runs_dir: Path, rdzv_id: str, *, node_rank: int = 0) -> tuple[str, Path]:
+    """The run directory of a multi-node run: ``<runs_dir>/<rdzv_id>``, created if missing.
+
+    Every node computes the same path from the shared rendezvous id, so on a shared file system
+    (FSx, EFS, a PVC) they share one directory; node 0 also points ``LAST`` at it.
+    """
+    from trnqwen.rundir import LAST_POINTER
+
+    if not _RDZV_ID.fullmatch(rdzv_id or ""):
+        raise UsageError(f"--rdzv-id {rdzv_id!r} cannot name a run directory")
+    path = Path(runs_dir) / rdzv_id
+    node_dir(path, node_rank).mkdir(parents=True, exist_ok=True)
+    if writes_run_record(node_rank):
+        pointer = Path(runs_dir) / LAST_POINTER
+        tmp = pointer.with_name(f".{LAST_POINTER}.{os.getpid()}")
+        tmp.write_text(rdzv_id + "\n")
+        os.replace(tmp, pointer)
+    return rdzv_id, path
+
+
+# --- failures ---------------------------------------------------------------------------------
+
+_PEER_LOSS = re.compile(
+    r"(Connection reset by peer|Connection closed by peer|Broken pipe|Connection refused|"
+    r"RendezvousTimeoutError|RendezvousClosedError|RendezvousConnectionError|DistNetworkError|"
+    r"failed to send a keep-alive heartbeat|wait timeout after \d+ms|Socket Timeout|"
+    r"timed out after \d+ms)",
+    re.IGNORECASE,
+)
+
+
+def explain_failure(error: Optional[str], *, nnodes: int, node_rank: int, run_dir: Optional[Path] = None) -> Optional[tuple[str, str]]:
+    """(message, hint) when a multi-node run ended because a peer node went away, else None.
+
+    The ranks' own error ("Connection reset by peer" from gloo, a rendezvous timeout...) is
+    true but says nothing about *which* problem the user has: another node stopped.
+    """
+    if nnodes <= 1 or not error or not _PEER_LOSS.search(error):
+        return None
+    logs = node_logs(run_dir) if run_dir is not None else {}
+    where = f" ({', '.join(str(p) for p in logs.values())})" if logs else ""
+    message = (
+        f"node {node_rank}: another node of the {nnodes}-node job stopped or became unreachable, "
+        f"so this node stopped too: {error}"
+    )
+    hint = (
+        "look at the other nodes' logs for the first failure" + where + "; then start the job again on "
+        "every node with the same --rdzv-id (with --max-restarts K the survivors instead wait up to the "
+        "rendezvous join timeout for the group to re-form)"
+    )
+    return message, hint
+
+
+# --- the per-node command the schedulers run -------------------------------------------------
+
+# Fields that are decided per node or per launch, never copied from the submitting machine.
+_NOT_EXPORTED = {"launcher", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id", "partition", "time_limit", "image"}
+
+
+def config_env(cfg: Any, *, overrides: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
+    """The run settings as ``TRNQWEN_<FIELD>`` variables, so every node resolves the same config.
+
+    Environment beats ./trnqwen.toml in trnqwen's precedence, so a node's own project file
+    cannot silently change a job; flags given on the node (rank, endpoint) still win.  Values
+    that are unset (None) are left out.  ``overrides`` replace fields (e.g. in-pod paths).
+    """
+    from trnqwen.config import ENV_PREFIX
+
+    values = cfg.model_dump(mode="json")
+    values.update(overrides or {})
+    env: dict[str, str] = {}
+    for name, value in values.items():
+        if name in _NOT_EXPORTED or value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (list, tuple)):
+            if not value:
+                continue
+            text = ",".join(str(v) for v in value)
+        else:
+            text = str(value)
+        env[f"{ENV_PREFIX}{name.upper()}"] = text
+    return env
+
+
+def node_env(cfg: Any, *, rdzv_id: str, overrides: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
+    """Everything one node's ``trnqwen train`` needs except its rank and the endpoint.
+
+    :func:`config_env` plus ``TRNQWEN_LAUNCHER=local`` (on the node, trnqwen runs torchrun
+    itself), ``TRNQWEN_NNODES`` and the shared ``TRNQWEN_RDZV_ID``.  The scheduler script adds
+    ``TRNQWEN_NODE_RANK`` (SLURM_NODEID, PET_NODE_RANK) and ``TRNQWEN_RDZV_ENDPOINT`` (the head
+    node / master service) when the node starts.
+    """
+    from trnqwen.config import ENV_PREFIX
+
+    env = config_env(cfg, overrides=overrides)
+    env[f"{ENV_PREFIX}LAUNCHER"] = "local"
+    env[f"{ENV_PREFIX}NNODES"] = str(int(cfg.nnodes))
+    env[f"{ENV_PREFIX}RDZV_ID"] = rdzv_id
+    return env
+
+
+def node_command(trnqwen: Optional[Sequence[str]] = None) -> list[str]:
+    """``<trnqwen> train``: what runs once per node (the settings travel in the environment)."""
+    import sys
+
+    return [*(list(trnqwen) if trnqwen else [sys.executable, "-m", "trnqwen"]), "train"]
+
+
+def node_wrapper(rank_var: str, endpoint_expr: Optional[str] = None) -> str:
+    """The ``bash -c`` body that turns the scheduler's node index into ``TRNQWEN_NODE_RANK``.
+
+    The command itself follows as positional arguments (``bash -c BODY NAME cmd args...``), so no
+    user value is ever re-parsed by a shell.
+    """
+    parts = [f'export TRNQWEN_NODE_RANK="${{{rank_var}}}"']
+    if endpoint_expr:
+        parts.append(f'export TRNQWEN_RDZV_ENDPOINT="{endpoint_expr}"')
+    parts.append('exec "$@"')
+    return "; ".join(parts)
