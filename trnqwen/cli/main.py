@@ -242,6 +242,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_SIGINT)
     except BrokenPipeError:
         sys.exit(1)
+    except OSError as exc:
+        # A filesystem refusal nobody caught (read-only, full, a symlink loop): name the path and
+        # the problem in one line instead of calling it a trnqwen bug.
+        if _debug():
+            raise
+        code, message, hint = _os_error(exc)
+        report_error(message, hint)
+        sys.exit(code)
     except Exception as exc:
         # typer's vendored click errors (bad flag, missing argument, no args) are TyperException
         # subclasses with show()/exit_code; Abort is ctrl-C at a prompt.
