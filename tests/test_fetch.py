@@ -512,3 +512,39 @@ def test_safetensors_header_checks(tmp_path):
     junk.write_bytes(b"\xff" * 64)
     with pytest.raises(ValueError):
         read_safetensors_header(junk)
+
+
+def test_tail_hasher_hashes_while_writing_and_only_trusts_the_renamed_inode(tmp_path):
+    """The in-flight hash follows an appended .incomplete file the way huggingface_hub writes it."""
+    import hashlib
+
+    from trnqwen.hub import RemoteFile, _TailHasher
+
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    other = os.urandom(1024 * 1024)
+    sha, sha_other = hashlib.sha256(data).hexdigest(), hashlib.sha256(other).hexdigest()
+    files = [RemoteFile("a.safetensors", len(data), sha256=sha), RemoteFile("b.safetensors", len(other), sha256=sha_other)]
+    folder = tmp_path / ".cache" / "huggingface" / "download"
+    folder.mkdir(parents=True)
+    with _TailHasher(tmp_path, files) as hashed:
+        part = folder / f"abc123.{sha}.deadbeef.incomplete"
+        with open(part, "wb") as fh:
+            for i in range(0, len(data), 512 * 1024):
+                fh.write(data[i:i + 512 * 1024])
+                fh.flush()
+                time.sleep(0.02)
+        os.replace(part, tmp_path / "a.safetensors")
+        # b: rewritten from the start mid-way (a resume the server refused): not trusted
+        part_b = folder / f"abc124.{sha_other}.feedface.incomplete"
+        part_b.write_bytes(other[:600_000])
+        time.sleep(0.3)
+        part_b.write_bytes(other)
+        os.replace(part_b, tmp_path / "b.safetensors")
+    entries = hashed.entries()
+    assert entries["a.safetensors"]["sha256"] == sha
+    assert entries["a.safetensors"]["size"] == len(data)
+    assert "b.safetensors" not in entries or entries["b.safetensors"]["sha256"] == sha_other
+    # a file replaced after hashing (another inode) is not vouched for
+    (tmp_path / "a.safetensors").unlink()
+    (tmp_path / "a.safetensors").write_bytes(data)
+    assert "a.safetensors" not in hashed.entries()

@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import struct
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -664,8 +665,10 @@ def fetch(
                 result.repaired.append(name)
                 (local_dir / name).unlink(missing_ok=True)
                 _forget_hf_metadata(local_dir, name)
-            _download(repo_id, commit, local_dir, [f.path for f in todo], max_workers, progress)
+            with _TailHasher(local_dir, todo) as hashed:  # hash while the bytes arrive
+                _download(repo_id, commit, local_dir, [f.path for f in todo], max_workers, progress)
         result.downloaded_bytes = need
+        known = {**known, **hashed.entries()}
 
     report = verify_snapshot(local_dir, files, known={**known, **present.checked}, not_selected=not_selected)
     if report.ok:
@@ -752,6 +755,104 @@ def _remove_previous(local_dir: Path, manifest: Optional[dict[str, Any]], chosen
             f"{len(foreign)} safetensors file(s) here are not part of the snapshot ({', '.join(foreign[:3])}); "
             "training reads every *.safetensors in the folder"
         )
+
+
+class _TailHasher:
+    """Hashes each file while huggingface_hub downloads it, so verification adds no wall time.
+
+    huggingface_hub appends each download to ``.cache/huggingface/download/<h>.<etag>.<id>.incomplete``
+    and renames it into place when complete.  A thread follows those files (the etag in the name
+    says which file it is), hashes the bytes as they are appended, and keeps the digest of every
+    file it read whole.  After the download, a digest counts only if the file now in place is the
+    very inode that was read (same device, inode and mtime), with the expected size; its manifest entry then lets
+    :func:`verify_snapshot` skip re-reading it.  Anything unusual (a truncation, a copy instead of a
+    rename, a digest that does not match) falls back to hashing the file in place, so this can only
+    save work, never pass a bad file.
+    """
+
+    POLL_S = 0.05
+
+    def __init__(self, local_dir: Path, files: list[RemoteFile]):
+        self.local_dir = local_dir
+        self.by_etag = {(f.sha256 or f.blob_id): f for f in files if f.sha256 or f.blob_id}
+        self.folder = local_dir / ".cache" / "huggingface" / "download"
+        self.tracks: dict[str, dict[str, Any]] = {}  # incomplete path -> state
+        self.done: dict[str, tuple[tuple[int, int, int], int, str]] = {}  # path -> ((dev, ino, mtime), size, digest)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trnqwen-tail-hash", daemon=True)
+
+    def __enter__(self) -> "_TailHasher":
+        if self.by_etag:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        for t in self.tracks.values():
+            os.close(t["fd"])
+
+    def _run(self) -> None:
+        while True:
+            stopping = self._stop.is_set()
+            try:
+                self._scan()
+                self._advance()
+            except OSError:
+                pass  # a file vanished mid-step: it will be hashed in place instead
+            if stopping:
+                return
+            self._stop.wait(self.POLL_S)
+
+    def _scan(self) -> None:
+        if not self.folder.is_dir():
+            return
+        for path in self.folder.rglob("*.incomplete"):
+            key = str(path)
+            parts = path.name.split(".")
+            rf = self.by_etag.get(parts[-3]) if len(parts) >= 4 else None
+            if key in self.tracks or rf is None or rf.path in self.done:
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            h = hashlib.sha256() if rf.sha256 else hashlib.sha1(b"blob %d\0" % rf.size)
+            self.tracks[key] = {"fd": fd, "file": rf, "hash": h, "pos": 0, "dead": False}
+
+    def _advance(self) -> None:
+        for t in self.tracks.values():
+            rf: RemoteFile = t["file"]
+            if t["dead"] or rf.path in self.done:
+                continue
+            size = os.fstat(t["fd"]).st_size
+            if size < t["pos"] or size > rf.size:  # rewritten from the start, or not what we expect
+                t["dead"] = True
+                continue
+            while t["pos"] < size:
+                chunk = os.pread(t["fd"], min(_HASH_CHUNK, size - t["pos"]), t["pos"])
+                if not chunk:
+                    break
+                t["hash"].update(chunk)
+                t["pos"] += len(chunk)
+            if t["pos"] == rf.size:
+                st = os.fstat(t["fd"])
+                self.done[rf.path] = ((st.st_dev, st.st_ino, st.st_mtime_ns), rf.size, t["hash"].hexdigest())
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """Manifest entries for the files that were hashed whole and are now in place unchanged."""
+        out = {}
+        for name, (identity, size, digest) in self.done.items():
+            try:
+                st = (self.local_dir / name).stat()
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino, st.st_mtime_ns) == identity and st.st_size == size:
+                rf = next(f for f in self.by_etag.values() if f.path == name)
+                kind = "sha256" if rf.sha256 else "git"
+                out[name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, kind: digest}
+        return out
 
 
 def _forget_hf_metadata(local_dir: Path, name: str) -> None:
