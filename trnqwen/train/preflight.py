@@ -120,7 +120,7 @@ class PreflightReport:
         raise cls(message, hint="; ".join(dict.fromkeys(hints)) or None)
 
 
-USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset"}
+USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset", "outputs"}
 
 
 # --- the checks ---------------------------------------------------------------------------
@@ -294,6 +294,46 @@ def check_ranks(report: PreflightReport, cfg: Any, device: Any, nproc_per_node: 
             )
 
 
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and not path.is_symlink() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def check_outputs(report: PreflightReport, cfg: Any, job: Any) -> None:
+    """The run dir and the checkpoint folder can be created and written: a file in the way, a
+    read-only mount or too little disk for the export is found now, not after minutes of training."""
+    targets = [("runs dir", Path(cfg.runs_dir).expanduser().absolute(), "runs_dir in trnqwen.toml")]
+    if getattr(job, "checkpoint_dir", None):
+        targets.append(("checkpoint folder", Path(job.checkpoint_dir).expanduser().absolute(), "--checkpoint-dir"))
+    for label, path, flag in targets:
+        if path.is_symlink() and not path.exists():
+            report.add(ERROR, "outputs", f"{label} {path} is a broken symbolic link or a symlink loop", f"fix it or pass another {flag}")
+            continue
+        if path.exists() and not path.is_dir():
+            report.add(ERROR, "outputs", f"{label} {path} exists and is not a folder", f"pass another {flag}")
+            continue
+        base = _nearest_existing(path)
+        if not base.is_dir():
+            report.add(ERROR, "outputs", f"cannot create {label} {path}: {base} is not a folder", f"pass another {flag}")
+            continue
+        if not os.access(base, os.W_OK | os.X_OK):
+            report.add(ERROR, "outputs", f"cannot write {label} {path}: {base} is read-only", f"pick a writable folder with {flag}")
+            continue
+        num_params = getattr(job, "num_params", None)
+        if label == "checkpoint folder" and num_params:
+            import shutil
+
+            need = 2 * 2 * int(num_params)  # bf16 export: per-rank pieces under sharded/ + the consolidated files
+            free = shutil.disk_usage(base).free
+            if free < need:
+                report.add(
+                    WARNING, "outputs",
+                    f"only {_size(free)} free at {base}; the HF export of the last step needs about {_size(need)}",
+                    "free disk space or pass --checkpoint-dir on a bigger disk",
+                )
+
+
 # --- memory ---------------------------------------------------------------------------------
 
 
@@ -398,6 +438,7 @@ def preflight(cfg: Any, device: Any, job: Any, nproc_per_node: int, *, assets_di
     check_seq_len(report, cfg, device)
     check_batch(report, cfg, world_size)
     check_ranks(report, cfg, device, nproc_per_node)
+    check_outputs(report, cfg, job)
     if not any(f.check == "parallelism" for f in report.errors):
         check_memory(report, cfg, device, world_size, hf_config, getattr(job, "num_params", None))
     return report
