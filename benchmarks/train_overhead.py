@@ -38,8 +38,11 @@ def timed_run(argv: list[str], *, cwd: Path, env: dict[str, str]) -> dict:
     stamps: list[float] = []
     losses: list[float] = []
     assert proc.stdout is not None
+    tail: list[str] = []
     for raw in iter(proc.stdout.readline, b""):
-        m = parse_step_line(raw.decode("utf-8", "replace"))
+        text = raw.decode("utf-8", "replace")
+        tail = (tail + [text])[-15:]
+        m = parse_step_line(text)
         if m is not None:
             stamps.append(time.monotonic() - t0)
             losses.append(m["loss"])
@@ -53,6 +56,7 @@ def timed_run(argv: list[str], *, cwd: Path, env: dict[str, str]) -> dict:
         "seconds_per_step": statistics.median(deltas) if deltas else None,
         "steps": len(stamps),
         "tail_s": wall - stamps[-1] if stamps else None,  # last step -> process exit (save, teardown)
+        "output_tail": "".join(tail),
     }
 
 
@@ -89,7 +93,7 @@ def main() -> int:
             b = timed_run(["bash", str(script)], cwd=work, env=env)
             for name, r in (("trnqwen", a), ("torchrun", b)):
                 if r["rc"] != 0 or r["steps"] != args.steps:
-                    print(f"run {i} {name} failed: rc={r['rc']} steps={r['steps']}", file=sys.stderr)
+                    print(f"run {i} {name} failed: rc={r['rc']} steps={r['steps']}\n{r['output_tail']}", file=sys.stderr)
                     return 1
                 rows[name].append(r)
                 print(
