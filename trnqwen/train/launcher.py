@@ -214,6 +214,7 @@ def root_cause(lines: Iterable[str]) -> Optional[str]:
     """
     in_tb = False
     fatal: Optional[str] = None
+    wrapper: Optional[str] = None  # torch.distributed.checkpoint wraps each rank's real error
     for raw in lines:
         text = clean_line(raw)
         line = text.strip()
@@ -230,10 +231,13 @@ def root_cause(lines: Iterable[str]) -> Optional[str]:
                 continue
             if "ChildFailedError" in line or line.startswith(("KeyboardInterrupt", "SystemExit")):
                 continue
+            if "CheckpointException" in line:  # the rank's own traceback follows it
+                wrapper = wrapper or line
+                continue
             return line
         if fatal is None and _KNOWN_FATAL.search(line) and "torch/distributed/elastic" not in line:
             fatal = line
-    return fatal
+    return wrapper or fatal
 
 
 def first_failed_local_rank(lines: Iterable[str]) -> Optional[str]:
@@ -437,34 +441,30 @@ class _Tracker:
         self._psutil = psutil
         self.root_pid = root_pid
         self.known: dict[int, float] = {}
-        try:
-            self.root = psutil.Process(root_pid)
-        except psutil.Error:
-            self.root = None
 
     def refresh(self) -> None:
-        if self.root is None:
-            return
-        try:
-            children = self.root.children(recursive=True)
-        except self._psutil.Error:
-            children = []
-        for child in children:
-            if child.pid not in self.known:
-                try:
-                    self.known[child.pid] = child.create_time()
-                except self._psutil.Error:
-                    pass
-        # Grandchildren whose parent already died are still ours: look below known pids too.
-        for pid in list(self.known):
-            proc = self._get(pid)
-            if proc is None:
-                continue
+        """Add every live descendant of torchrun (and of ranks already seen) to ``known``.
+
+        One pass over the process table (pid -> ppid), however many ranks there are.
+        """
+        psutil = self._psutil
+        kids: dict[int, list[int]] = {}
+        for proc in psutil.process_iter(["ppid"]):
+            ppid = proc.info.get("ppid")
+            if ppid:
+                kids.setdefault(ppid, []).append(proc.pid)
+        # Ranks re-parented to init after torchrun died are still found below their own pids.
+        stack = [self.root_pid, *(pid for pid in self.known if self._get(pid) is not None)]
+        seen: set[int] = set()
+        while stack:
+            for child in kids.get(stack.pop(), ()):
+                if child not in seen:
+                    seen.add(child)
+                    stack.append(child)
+        for pid in seen - self.known.keys():
             try:
-                for grand in proc.children(recursive=True):
-                    if grand.pid not in self.known:
-                        self.known[grand.pid] = grand.create_time()
-            except self._psutil.Error:
+                self.known[pid] = psutil.Process(pid).create_time()
+            except psutil.Error:
                 pass
 
     def _get(self, pid: int):
@@ -592,8 +592,11 @@ def supervise(
     forwarded = False
     kill_at: Optional[float] = None
     try:
+        next_refresh = 0.0
         while proc.poll() is None:
-            tracker.refresh()
+            if time.monotonic() >= next_refresh:
+                tracker.refresh()
+                next_refresh = time.monotonic() + 1.0
             if received and not forwarded:
                 # torchrun forwards the signal to each rank's session and waits for them.
                 forwarded = True
