@@ -108,6 +108,8 @@ def build_torchrun_argv(
     argv += ["--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint or DEFAULT_RDZV_ENDPOINT]
     if getattr(cfg, "rdzv_id", None):
         argv += ["--rdzv_id", str(cfg.rdzv_id)]
+    if nnodes > 1:  # node 0 hosts the rendezvous store, never a race (trnqwen.train.multinode)
+        argv += ["--rdzv_conf", f"is_host={1 if int(cfg.node_rank) == 0 else 0}"]
     if int(getattr(cfg, "max_restarts", 0) or 0) > 0:
         argv += ["--max-restarts", str(cfg.max_restarts)]
 
