@@ -148,8 +148,16 @@ class TrainOutcome:
                 hint=f"the log so far is in {self.plan.log_path}",
                 exit_code=r.exit_code,
             )
+        removed = (self.record.extra.get("removed_incomplete_checkpoints") if self.record else None) or []
+        cleaned = f"; removed the half-written checkpoint {', '.join(removed)}" if removed else ""
+        if r.error and ("No space left on device" in r.error or "Errno 28" in r.error):
+            where = self.plan.job.checkpoint_dir or self.plan.run_dir
+            raise CheckFailed(
+                f"training failed: disk full while writing ({r.error}){cleaned}",
+                hint=f"free space on the disk holding {where} (df -h) and run again; full log: {self.plan.log_path}",
+            )
         raise CheckFailed(
-            f"training failed: {r.error or 'a rank failed'}",
+            f"training failed: {r.error or 'a rank failed'}{cleaned}",
             hint=f"full log: {self.plan.log_path} (per-rank logs in {self.plan.rank_log_dir})",
         )
 
@@ -331,6 +339,35 @@ def _write_text_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _step_dirs(checkpoint_dir: Optional[Path], cwd: Path) -> set[str]:
+    if checkpoint_dir is None:
+        return set()
+    try:
+        return {p.name for p in _abs(Path(checkpoint_dir), cwd).glob("step-*") if p.is_dir()}
+    except OSError:
+        return set()
+
+
+def remove_incomplete_steps(checkpoint_dir: Optional[Path], cwd: Path, before: set[str]) -> list[str]:
+    """Delete the ``step-N`` folders a failed run started but never finished.
+
+    A DCP save writes ``.metadata`` last and an HF export writes its index after the consolidated
+    files, so a new folder without either is half-written (a full disk, a kill mid-save); left in
+    place it would look like a checkpoint to a later resume or verify.  Folders that existed
+    before the run are never touched.
+    """
+    import shutil
+
+    removed = []
+    for name in sorted(_step_dirs(checkpoint_dir, cwd) - before):
+        folder = _abs(Path(checkpoint_dir), cwd) / name  # type: ignore[arg-type]
+        if (folder / ".metadata").is_file() or (folder / "model.safetensors.index.json").is_file():
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(str(folder))
+    return removed
+
+
 def find_export(checkpoint_dir: Optional[Path], cwd: Path) -> Optional[Path]:
     """The newest ``step-N`` folder with safetensors under the checkpoint dir, if any."""
     if checkpoint_dir is None:
@@ -375,6 +412,7 @@ def execute(
         record.extra["torchrun_pid"] = pid
         record.save()
 
+    steps_before = _step_dirs(plan.job.checkpoint_dir, plan.cwd)
     result = launcher.supervise(
         plan.argv,
         env=plan.env,
@@ -396,6 +434,10 @@ def execute(
         "SIGTERM": "interrupted",
     }.get(result.ended_by, "failed")
     record.extra["summary"] = result.summary()
+    if result.exit_code != 0:
+        removed = remove_incomplete_steps(plan.job.checkpoint_dir, plan.cwd, steps_before)
+        if removed:
+            record.extra["removed_incomplete_checkpoints"] = removed
     exported = find_export(plan.job.checkpoint_dir, plan.cwd) if result.exit_code == 0 else None
     if exported is not None:
         record.extra["exported"] = str(exported)
