@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -161,14 +161,6 @@ class Change:
     diff_norm: float
     ref_norm: float
     changed: bool
-
-
-@dataclass
-class CompareResult:
-    changes: dict[str, Change] = field(default_factory=dict)
-    only_in_checkpoint: list[str] = field(default_factory=list)
-    only_in_reference: list[str] = field(default_factory=list)
-    shape_mismatch: list[str] = field(default_factory=list)
 
 
 def _to_float(np, raw: memoryview, dtype: str):
