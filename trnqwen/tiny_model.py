@@ -380,6 +380,8 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 def _check_replaceable(dest: Path) -> None:
+    if dest.is_symlink() and not dest.exists():
+        raise UsageError(f"{dest} is a broken symbolic link or a symlink loop", hint="remove it or pass another --local-dir")
     if not dest.exists():
         return
     if not dest.is_dir():

@@ -85,6 +85,8 @@ def _has_hf(folder: Path) -> bool:
 def resolve_checkpoint(path: Path, step: Optional[int] = None) -> CheckpointFiles:
     """Turn CHECKPOINT (+ ``--step``) into the shard files to check, or say clearly why not."""
     given = Path(path).expanduser()
+    if not given.exists() and given.is_symlink():
+        raise UsageError(f"{given} is a broken symbolic link or a symlink loop", hint="pass the real checkpoint folder")
     if not given.exists():
         raise UsageError(f"no such path: {given}", hint="pass the checkpoint folder, e.g. ./checkpoint_qwen3_4b_ft")
     if given.is_file():

@@ -85,6 +85,8 @@ def resolve_input(arg: Optional[str], runs_dir: Optional[Path] = None) -> LogInp
     path = Path(arg).expanduser()
     if path.is_dir():
         return _from_dir(path, arg)
+    if not path.exists() and path.is_symlink():
+        raise UsageError(f"{arg} is a broken symbolic link or a symlink loop", hint="pass the log file itself")
     if not path.exists():
         raise UsageError(f"no such log file or run directory: {arg}", hint="check the path")
     if not (path.is_file() or path.is_fifo() or path.is_char_device()):

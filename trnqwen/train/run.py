@@ -33,7 +33,7 @@ from trnqwen.errors import (
     redact_env,
 )
 from trnqwen.rundir import LAST_POINTER, LOG_NAME, RunRecord, write_json_atomic  # noqa: F401
-from trnqwen.train import launcher
+from trnqwen.train import launcher, multinode
 from trnqwen.train.job import TrainJob
 from trnqwen.train.preflight import WARNING, Finding, PreflightReport, preflight
 
@@ -73,10 +73,14 @@ class TrainPlan:
 
     @property
     def log_path(self) -> Path:
+        if self.config.nnodes > 1:  # each node's own log in the shared run dir
+            return multinode.node_log_path(self.run_dir, self.config.node_rank)
         return self.run_dir / LOG_NAME
 
     @property
     def rank_log_dir(self) -> Path:
+        if self.config.nnodes > 1:
+            return multinode.node_rank_log_dir(self.run_dir, self.config.node_rank)
         return self.run_dir / launcher.RANK_LOGS_DIR
 
     @property
@@ -223,13 +227,19 @@ def plan_train(
         device, notes = resolve_device(cfg, dry_run=dry_run)
     nproc = launcher.resolve_nproc_per_node(cfg, device)
     runs_dir = _abs(cfg.runs_dir, cwd)
+    if cfg.nnodes > 1:  # every node names the shared run dir after the rendezvous id
+        multinode.check_topology(
+            nnodes=cfg.nnodes, node_rank=cfg.node_rank, endpoint=cfg.rdzv_endpoint, rdzv_id=cfg.rdzv_id
+        )
+        run_id = run_id or cfg.rdzv_id
     run_id = run_id or _next_run_id(runs_dir, cfg.backend)
     run_dir = runs_dir / run_id
     with _no_device_backend_autoload(device):
         job = build_job(cfg, device, run_dir, check_runtime=not dry_run)
     extra = [str(a) for a in extra_args]
     argv = launcher.build_torchrun_argv(
-        cfg, job, nproc, python=python, extra_args=extra, log_dir=run_dir / launcher.RANK_LOGS_DIR
+        cfg, job, nproc, python=python, extra_args=extra,
+        log_dir=multinode.node_rank_log_dir(run_dir, cfg.node_rank) if cfg.nnodes > 1 else run_dir / launcher.RANK_LOGS_DIR,
     )
     env = launcher.rank_env(cfg, job, device, run_dir)
     report = preflight(cfg, device, job, nproc, assets_dir=_abs(cfg.resolved_assets_dir, cwd))
@@ -289,16 +299,25 @@ def package_versions() -> dict[str, Optional[str]]:
 def create_run_dir(plan: TrainPlan) -> RunRecord:
     """Make the run dir (config module, command.sh, run.json) and point ``LAST`` at it."""
     plan.run_dir.parent.mkdir(parents=True, exist_ok=True)
+    multi = plan.config.nnodes > 1
+    node_dir = multinode.node_dir(plan.run_dir, plan.config.node_rank)
     try:
-        plan.run_dir.mkdir()
+        plan.run_dir.mkdir(exist_ok=multi)  # the nodes of a multi-node run share it
+        if multi:
+            node_dir.mkdir(parents=True)
     except FileExistsError:
+        if multi:
+            raise UsageError(
+                f"node {plan.config.node_rank} of run {plan.run_id} already ran ({node_dir} exists)",
+                hint="give every new multi-node run its own --rdzv-id",
+            ) from None
         raise UsageError(f"run directory {plan.run_dir} already exists", hint="start the run again") from None
     if plan.config_module_path is not None and plan.job.config_module_text is not None:
         _write_text_atomic(plan.config_module_path, plan.job.config_module_text)
     cache = plan.env.get(launcher.NEFF_CACHE_VAR)
     if cache:  # the persistent compile cache outlives every run
         Path(cache).mkdir(parents=True, exist_ok=True)
-    script = plan.run_dir / COMMAND_SCRIPT
+    script = (node_dir if multi else plan.run_dir) / COMMAND_SCRIPT
     _write_text_atomic(script, launcher.command_script(plan.argv, plan.env, plan.cwd))
     script.chmod(0o755)
     record = RunRecord(
@@ -328,6 +347,12 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
             "launcher_pid": os.getpid(),
         },
     )
+    if multi:
+        record.extra.update(nnodes=plan.config.nnodes, node_rank=plan.config.node_rank, rdzv_id=plan.config.rdzv_id)
+        if not multinode.writes_run_record(plan.config.node_rank):
+            record.run_dir = str(node_dir)  # only node 0 writes <run dir>/run.json and LAST
+            record.save()
+            return record
     record.save()
     (plan.run_dir.parent / LAST_POINTER).write_text(plan.run_id + "\n")
     return record
@@ -424,6 +449,12 @@ def execute(
         echo=echo,
         on_start=started,
     )
+    if result.exit_code != 0 and plan.config.nnodes > 1:  # say that a peer node went away
+        why = multinode.explain_failure(
+            result.error, nnodes=plan.config.nnodes, node_rank=plan.config.node_rank, run_dir=plan.run_dir
+        )
+        if why is not None:
+            result.error = why[0]
     record.ended_at = time.time()
     record.exit_code = result.exit_code
     record.ended_by = result.ended_by
