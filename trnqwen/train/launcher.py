@@ -602,6 +602,7 @@ def supervise(
             if received and not forwarded:
                 # torchrun forwards the signal to each rank's session and waits for them.
                 forwarded = True
+                tracker.refresh()  # who is there right now, for the sweep after
                 forward(received[0], ranks_too=False)
                 kill_at = time.monotonic() + grace_s
                 if status is not None:
