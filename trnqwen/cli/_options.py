@@ -169,6 +169,54 @@ ExportConfigOpt = Annotated[
     ),
 ]
 
+# --- multi-node (trnqwen.train.multinode / slurm / k8s) ---------------------------------------
+LauncherOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--launcher",
+        help="local (torchrun on this node), slurm (sbatch script, submitted) or k8s (PyTorchJob manifest). "
+        "Env: TRNQWEN_LAUNCHER. [default: local]",
+        show_default=False,
+    ),
+]
+NnodesOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--nnodes", "--nodes", help="Nodes in the job (--nodes for slurm/k8s). Env: TRNQWEN_NNODES. [default: 1]",
+        show_default=False, min=1,
+    ),
+]
+NodeRankOpt = Annotated[
+    Optional[int],
+    typer.Option("--node-rank", help="This node's rank, 0..N-1 (local launcher). Env: TRNQWEN_NODE_RANK. [default: 0]", show_default=False, min=0),
+]
+RdzvEndpointOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--rdzv-endpoint", help="HOST:PORT of node 0, the same on every node. Env: TRNQWEN_RDZV_ENDPOINT.",
+        show_default=False, metavar="HOST:PORT",
+    ),
+]
+RdzvIdOpt = Annotated[
+    Optional[str],
+    typer.Option("--rdzv-id", help="Run id shared by all nodes; names the run dir. Env: TRNQWEN_RDZV_ID.", show_default=False),
+]
+MaxRestartsOpt = Annotated[
+    Optional[int],
+    typer.Option("--max-restarts", help="torchrun restarts of the worker group. Env: TRNQWEN_MAX_RESTARTS. [default: 0]", show_default=False, min=0),
+]
+PartitionOpt = Annotated[
+    Optional[str], typer.Option("--partition", help="SLURM partition. Env: TRNQWEN_PARTITION.", show_default=False)
+]
+TimeLimitOpt = Annotated[
+    Optional[str],
+    typer.Option("--time", help="SLURM time limit, e.g. 4:00:00. Env: TRNQWEN_TIME_LIMIT.", show_default=False),
+]
+ImageOpt = Annotated[
+    Optional[str],
+    typer.Option("--image", help="Container image with trnqwen (k8s launcher). Env: TRNQWEN_IMAGE.", show_default=False),
+]
+
 
 def given(**flags: object) -> dict[str, object]:
     """Only the flags the user actually passed (None = not given)."""

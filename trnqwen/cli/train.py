@@ -22,16 +22,25 @@ from trnqwen.cli._options import (
     ExportHfOpt,
     FinetuneOpt,
     GlobalBatchSizeOpt,
+    ImageOpt,
     JsonOpt,
+    LauncherOpt,
     LocalBatchSizeOpt,
     LrOpt,
+    MaxRestartsOpt,
     ModelOpt,
     MoeLayersOpt,
+    NnodesOpt,
+    NodeRankOpt,
     NprocPerNodeOpt,
     NumExpertsOpt,
     OverrideImportsOpt,
+    PartitionOpt,
+    RdzvEndpointOpt,
+    RdzvIdOpt,
     SeqLenOpt,
     StepsOpt,
+    TimeLimitOpt,
     TopKOpt,
     TpOpt,
     given,
@@ -96,6 +105,15 @@ def train(
     num_experts: NumExpertsOpt = None,
     top_k: TopKOpt = None,
     export_hf: ExportHfOpt = None,
+    launcher: LauncherOpt = None,
+    nnodes: NnodesOpt = None,
+    node_rank: NodeRankOpt = None,
+    rdzv_endpoint: RdzvEndpointOpt = None,
+    rdzv_id: RdzvIdOpt = None,
+    max_restarts: MaxRestartsOpt = None,
+    partition: PartitionOpt = None,
+    time_limit: TimeLimitOpt = None,
+    image: ImageOpt = None,
     config_file: ConfigFileOpt = None,
     dry_run: DryRunOpt = False,
     export_config: ExportConfigOpt = None,
@@ -139,9 +157,21 @@ def train(
             num_experts=num_experts,
             top_k=top_k,
             export_hf=export_hf,
+            launcher=launcher,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            rdzv_endpoint=rdzv_endpoint,
+            rdzv_id=rdzv_id,
+            max_restarts=max_restarts,
+            partition=partition,
+            time_limit=time_limit,
+            image=image,
         ),
         config_file=config_file,
     )
+    if resolved.config.launcher != "local":  # SLURM / Kubernetes: every node runs `trnqwen train` itself
+        _launch_on_scheduler(resolved.config, extra=extra, dry_run=dry_run, json_out=json_out)
+        return
     for w in resolved.warnings:
         output.warn(w)
 
@@ -166,6 +196,42 @@ def train(
     else:
         _print_outcome(outcome)
     outcome.raise_for_status()
+
+
+def _launch_on_scheduler(cfg, *, extra: list, dry_run: bool, json_out: bool) -> None:
+    """``--launcher slurm`` (write + sbatch) or ``--launcher k8s`` (write the PyTorchJob)."""
+    from trnqwen import output
+    from trnqwen.errors import UsageError
+
+    if extra:
+        raise UsageError(
+            f"raw torchtitan flags after `--` do not travel to {cfg.launcher} nodes",
+            hint="set the run through trnqwen's flags or trnqwen.toml",
+        )
+    if cfg.launcher == "slurm":
+        from trnqwen.train import slurm
+
+        info = slurm.launch(cfg, dry_run=dry_run)
+        text_key = "script_text"
+    else:
+        from trnqwen.train import k8s
+
+        info = k8s.launch(cfg, dry_run=dry_run)
+        text_key = "manifest_text"
+    if json_out:
+        output.print_json(info)
+        return
+    if dry_run:
+        sys.stdout.write(info[text_key])
+        return
+    if cfg.launcher == "slurm":
+        output.info(f"submitted SLURM job {info['job_id']}: {info['nodes']} node(s), run {info['run_id']}")
+        output.info(f"script: {info['script']}; per-node logs: {info['node_logs'][0]} ...")
+        output.info("follow it with `squeue -j " + str(info["job_id"]) + "` and `trnqwen inspect-logs`")
+    else:
+        output.info(f"wrote the PyTorchJob {info['job_name']} ({info['nodes']} node(s)) to {info['manifest']}")
+        output.info(f"start it with:  {info['apply']}")
+        output.info(f"follow it with: {info['logs']}")
 
 
 def _print_findings(report, *, quiet_info: bool = False, notes=()) -> None:
