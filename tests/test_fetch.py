@@ -217,6 +217,14 @@ def test_switching_revision_replaces_the_previous_files(hub, repo_files, tmp_pat
     assert (dest / SHARD1).read_bytes() == repo_files["v1.0"][SHARD1]
 
 
+def test_narrower_include_on_the_same_revision_keeps_the_other_files(hub, tmp_path):
+    dest = tmp_path / "s"
+    assert fetch_json(hub, REPO, "--local-dir", str(dest))[0] == 0
+    code, out, _ = fetch_json(hub, REPO, "--local-dir", str(dest), "--include", "config.json")
+    assert code == 0 and out["files"] == ["config.json"]
+    assert (dest / SHARD1).is_file() and (dest / SHARD2).is_file()
+
+
 def test_dry_run_writes_nothing(hub, tmp_path):
     dest = tmp_path / "never"
     code, out, _ = fetch_json(hub, REPO, "--local-dir", str(dest), "--dry-run")

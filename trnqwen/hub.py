@@ -671,8 +671,10 @@ def fetch(
         known = {**known, **hashed.entries()}
 
     report = verify_snapshot(local_dir, files, known={**known, **present.checked}, not_selected=not_selected)
-    if report.ok:
+    if report.ok and manifest and manifest.get("commit") not in (None, commit):
         _remove_previous(local_dir, manifest, chosen, report)
+    elif report.ok:
+        _remove_previous(local_dir, None, chosen, report)  # only the warning about foreign shards
     result.problems = report.problems
     result.warnings = report.warnings
     result.verified = report.ok
