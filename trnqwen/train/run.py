@@ -435,6 +435,7 @@ def execute(
         record.status = "running"
         record.started_at = time.time()
         record.extra["torchrun_pid"] = pid
+        record.extra["launcher_startup_s"] = _seconds_since_process_start(record.started_at)
         record.save()
 
     steps_before = _step_dirs(plan.job.checkpoint_dir, plan.cwd)
@@ -482,6 +483,16 @@ def execute(
         record.exit_code = EXIT_FAILED
     record.save()
     return TrainOutcome(plan=plan, result=result, record=record, exported=exported)
+
+
+def _seconds_since_process_start(now: float) -> Optional[float]:
+    """How long this process took from its start to launching torchrun (trnqwen's own overhead)."""
+    try:
+        import psutil
+
+        return round(now - psutil.Process().create_time(), 3)
+    except Exception:
+        return None
 
 
 def export_config(plan: TrainPlan, dest: Path) -> Path:
