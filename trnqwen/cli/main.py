@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trnqwen.cli.train", "train"),
     "verify-ckpt": ("trnqwen.cli.verify_ckpt", "verify_ckpt"),
     "inspect-logs": ("trnqwen.cli.inspect_logs", "inspect_logs"),
+    "quickstart": ("trnqwen.cli.quickstart", "quickstart"),
 }
 # name -> (module, attribute).  Groups are Typer sub-apps; each module has HELP.
 GROUPS: dict[str, tuple[str, str]] = {

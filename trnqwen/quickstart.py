@@ -1,0 +1,618 @@
+"""``trnqwen quickstart``: the whole lifecycle on the built-in tiny Qwen3, on this machine.
+
+No network, no accelerator, in a working folder of its own (default ``./trnqwen-quickstart``):
+
+  1. check-env      the same probe as ``trnqwen check-env`` (nothing may block training here)
+  2. fetch          ``builtin:tiny-qwen3``: a complete HF snapshot, made offline
+  3. pre-train      a short run from random init (native backend) that exports HF safetensors
+  4. snapshot       those weights + the model's config and tokenizer = a "published" model
+  5. fine-tune      ``train --finetune`` from that snapshot with each backend (native, hf-v5,
+                    hf-trainer), each through the real launcher: torchrun, run dir, logs
+  6. verify-ckpt    every exported checkpoint: keys/shapes/dtypes, NaN/Inf scan, round trip
+  7. inspect-logs   every run judged; the fine-tunes' step-1 loss must sit far below the
+                    random-init run's (the recipe's 6.54 vs 12.43), and a loss plot is written
+
+Everything written stays under the working folder; a rerun starts the runs afresh (the fetched
+snapshot is reused).  :func:`run_quickstart` is the library call; the CLI prints its result.
+Core library: no typer; torch is only imported by the checks that need it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from trnqwen.constants import TINY_MODEL
+from trnqwen.errors import CheckFailed, TrnqwenError, UsageError
+
+DEFAULT_WORKDIR = Path("trnqwen-quickstart")
+MARKER = ".trnqwen-quickstart"
+FINETUNE_BACKENDS: tuple[str, ...] = ("native", "hf-v5", "hf-trainer")
+PRETRAIN_BACKEND = "native"
+DEFAULT_PRETRAIN_STEPS = 20
+DEFAULT_FINETUNE_STEPS = 3
+DEFAULT_SEQ_LEN = 256
+DEFAULT_LOCAL_BATCH = 2
+PRETRAIN_LR = 5e-3
+FINETUNE_LR = 1e-3
+# The fine-tunes must keep at least this share of what pre-training took off the loss
+# (a fine-tune whose weights did not load starts back at the random-init loss).
+KEEP_FRACTION = 0.5
+# Pre-training must lower the loss by at least this much (nats) to count as having learned.
+MIN_PRETRAIN_DROP = 0.5
+SUMMARY_FILE = "summary.json"
+PLOT_FILE = "loss.png"
+
+NEXT_COMMANDS = (
+    "trnqwen fetch Qwen/Qwen3-4B-Instruct-2507",
+    "trnqwen check-env --device neuron",
+    "trnqwen train --backend hf-v5 --finetune            # or: -c examples/trn2-hf-v5.toml",
+    "trnqwen train --backend native --finetune --global-batch-size 64",
+    "trnqwen train --backend hf-trainer --finetune",
+    "trnqwen verify-ckpt ./checkpoint_qwen3_4b_ft",
+    "trnqwen inspect-logs --plot loss.png",
+)
+
+
+class StageFailed(CheckFailed):
+    """A quickstart stage failed; ``stage`` names it."""
+
+    def __init__(self, stage: str, message: str, *, hint: Optional[str] = None, exit_code: Optional[int] = None):
+        super().__init__(f"quickstart stage '{stage}' failed: {message}", hint=hint)
+        self.stage = stage
+        self.result: Optional["QuickstartResult"] = None
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+@dataclass
+class Stage:
+    name: str
+    ok: bool = False
+    seconds: float = 0.0
+    detail: str = ""
+    error: Optional[str] = None
+
+
+@dataclass
+class RunInfo:
+    """One training run of the quickstart."""
+
+    label: str
+    backend: str
+    finetune: bool
+    steps: int
+    nproc_per_node: int
+    run_dir: Optional[str] = None
+    log: Optional[str] = None
+    checkpoint_dir: Optional[str] = None
+    exported: Optional[str] = None
+    status: Optional[str] = None
+    wall_s: Optional[float] = None
+    step1_loss: Optional[float] = None
+    last_loss: Optional[float] = None
+    losses: list[Optional[float]] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    verify: Optional[dict[str, Any]] = None
+
+
+@dataclass
+class QuickstartResult:
+    workdir: str
+    device: str
+    ok: bool = False
+    failed_stage: Optional[str] = None
+    error: Optional[str] = None
+    seconds: float = 0.0
+    stages: list[Stage] = field(default_factory=list)
+    runs: dict[str, RunInfo] = field(default_factory=dict)
+    comparison: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    next_commands: list[str] = field(default_factory=lambda: list(NEXT_COMMANDS))
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- progress --------------------------------------------------------------------------------------
+
+
+class Progress:
+    """Stage lines on stderr (rich); the quiet variant prints nothing."""
+
+    def __init__(self, enabled: bool = True, total: int = 0):
+        self.enabled = enabled
+        self.total = total
+        self.index = 0
+
+    def start(self, name: str, what: str) -> None:
+        self.index += 1
+        if self.enabled:
+            from rich.markup import escape
+
+            from trnqwen import output
+
+            output.console().print(f"[bold cyan][{self.index}/{self.total}] {escape(name)}[/bold cyan]  {escape(what)}")
+
+    def done(self, stage: Stage) -> None:
+        if not self.enabled:
+            return
+        from rich.markup import escape
+
+        from trnqwen import output
+
+        mark = "[green]ok[/green]" if stage.ok else "[red]FAILED[/red]"
+        text = escape(stage.detail if stage.ok else (stage.error or stage.detail))
+        output.console().print(f"      {mark} {text} [dim]({stage.seconds:.1f}s)[/dim]")
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            from rich.markup import escape
+
+            from trnqwen import output
+
+            output.console().print(f"      [yellow]{escape(text)}[/yellow]")
+
+
+# --- the working folder ----------------------------------------------------------------------------
+
+
+def prepare_workdir(workdir: Path) -> Path:
+    """Create (or reuse) the quickstart's folder; refuse a folder that is someone else's."""
+    workdir = Path(workdir).expanduser().absolute()
+    if workdir.exists() and not workdir.is_dir():
+        raise UsageError(f"{workdir} exists and is not a folder", hint="pass --workdir pointing at a new folder")
+    if workdir.is_dir() and any(workdir.iterdir()) and not (workdir / MARKER).is_file():
+        raise UsageError(
+            f"{workdir} is not empty and was not made by trnqwen quickstart",
+            hint="pass --workdir with a new folder name (the quickstart writes only there)",
+        )
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / MARKER).write_text("made by `trnqwen quickstart`; safe to delete\n")
+    return workdir
+
+
+def _fresh_dir(path: Path, workdir: Path) -> Path:
+    """Remove a previous quickstart output (only ever inside the quickstart's own folder)."""
+    path = path.absolute()
+    if workdir not in path.parents:
+        raise UsageError(f"refusing to clear {path}: not inside {workdir}")
+    if path.exists():
+        shutil.rmtree(path)
+    return path
+
+
+# --- stages ----------------------------------------------------------------------------------------
+
+
+def stage_check_env(device: str, assets: Path) -> tuple[str, dict[str, Any]]:
+    from trnqwen.envprobe import probe_environment
+
+    report = probe_environment(device=device, assets_dir=assets)
+    errors = [p for p in report.problems if p.severity == "error"]
+    if errors:
+        raise StageFailed(
+            "check-env",
+            "; ".join(p.message for p in errors),
+            hint=errors[0].fix or "run `trnqwen check-env` for the details",
+            exit_code=3,
+        )
+    dev = report.device
+    versions = {k: report.packages.get(k) for k in ("torch", "torchtitan", "transformers")}
+    text = f"{dev['type']} x {dev['count']}; " + ", ".join(f"{k} {v or 'missing'}" for k, v in versions.items())
+    warnings = [p.message for p in report.problems if p.severity != "error"]
+    return text, {"device": dev, "packages": versions, "warnings": warnings}
+
+
+def stage_fetch(assets: Path) -> str:
+    from trnqwen import hub
+
+    result = hub.fetch(TINY_MODEL, assets, progress=False)
+    if not result.verified:
+        raise StageFailed("fetch", "; ".join(result.problems) or "the snapshot did not verify",
+                          hint=f"delete {assets} and run the quickstart again")
+    how = "written" if result.to_download else "reused"
+    return f"{TINY_MODEL} -> {assets} ({len(result.files)} files, {result.bytes / 2**20:.1f} MiB, {how}, verified)"
+
+
+def run_config(**values: Any):
+    """A :class:`RunConfig` from explicit values only: the quickstart ignores ./trnqwen.toml and
+    TRNQWEN_* so it behaves the same everywhere."""
+    from trnqwen.config import RunConfig
+
+    return RunConfig(**values)
+
+
+def train_run(stage: str, info: RunInfo, cfg: Any, workdir: Path, progress: Progress, *, status: bool) -> RunInfo:
+    """One ``trnqwen train`` through the real planner and launcher (run dir, torchrun, record)."""
+    from trnqwen.train.run import execute, plan_train
+
+    plan = plan_train(cfg, cwd=workdir)
+    info.run_dir = str(plan.run_dir)
+    info.log = str(plan.log_path)
+    info.nproc_per_node = plan.nproc_per_node
+    info.checkpoint_dir = str(plan.job.checkpoint_dir) if plan.job.checkpoint_dir else None
+    errors = [f for f in plan.preflight.findings if f.severity == "error"]
+    if errors:
+        raise StageFailed(stage, "preflight: " + "; ".join(f.message for f in errors), hint=errors[0].hint)
+    if status:
+        progress.note(f"{plan.nproc_per_node} rank(s), {cfg.steps} step(s), log {plan.log_path}")
+    outcome = execute(plan, status=status)
+    info.status = outcome.record.status if outcome.record else None
+    info.wall_s = round(outcome.result.wall_s, 1) if outcome.result else None
+    info.exported = str(outcome.exported) if outcome.exported else None
+    if outcome.exit_code != 0:
+        r = outcome.result
+        raise StageFailed(
+            stage,
+            f"training ended with {r.ended_by if r else 'an error'}: {(r.error if r else None) or 'a rank failed'}",
+            hint=f"full log: {plan.log_path}",
+            exit_code=outcome.exit_code if outcome.exit_code in (130, 143) else None,
+        )
+    if cfg.resolved_export_hf and outcome.exported is None:
+        raise StageFailed(stage, f"no HF export appeared under {plan.job.checkpoint_dir}", hint=f"see {plan.log_path}")
+    return info
+
+
+def make_snapshot(base_assets: Path, exported: Path, dest: Path) -> Path:
+    """A "published model" folder: the base snapshot's config and tokenizer + the exported weights.
+
+    The export may be stored in another float type than config.json's ``torch_dtype`` (torchtitan
+    exports float16 by default); the weights are converted to the config's dtype so the snapshot
+    reads exactly like a Hub repo.  Written to a temp folder and renamed into place.
+    """
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    config = json.loads((base_assets / "config.json").read_text())
+    want = {"float32": np.float32, "float16": np.float16}.get(str(config.get("torch_dtype", "float32")), np.float32)
+    dest = dest.absolute()
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+            if (base_assets / name).is_file():
+                shutil.copy2(base_assets / name, tmp / name)
+        shards = sorted(exported.glob("*.safetensors"))
+        if not shards:
+            raise StageFailed("snapshot", f"{exported} holds no *.safetensors")
+        for shard in shards:
+            tensors = load_file(str(shard))
+            save_file({k: np.ascontiguousarray(v.astype(want)) for k, v in tensors.items()}, str(tmp / shard.name),
+                      metadata={"format": "pt"})
+        index = exported / "model.safetensors.index.json"
+        if index.is_file():
+            data = json.loads(index.read_text())
+            total = 0
+            for shard in shards:
+                total += sum(v.nbytes for v in load_file(str(tmp / shard.name)).values())
+            data.setdefault("metadata", {})["total_size"] = total
+            (tmp / index.name).write_text(json.dumps(data, indent=2) + "\n")
+        (tmp / "README.md").write_text(
+            "# tiny-qwen3, pre-trained by `trnqwen quickstart`\n\n"
+            f"Weights: the HF export of the quickstart's pre-training run ({exported}).\n"
+            f"Config and tokenizer: {base_assets}.\n"
+        )
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def verify_checkpoint(stage: str, checkpoint_dir: Path, assets: Path, *, round_trip: bool) -> dict[str, Any]:
+    from trnqwen.ckpt import locate, verify
+
+    ckpt, model_config = locate(checkpoint_dir, assets=assets)
+    report = verify(ckpt, model_config, round_trip=round_trip)
+    summary = {
+        "ok": report.ok,
+        "checkpoint": report.checkpoint,
+        "step": report.step,
+        "tensors": report.num_tensors,
+        "parameters": report.num_parameters,
+        "scanned": report.scanned,
+        "nonfinite_tensors": len(report.nonfinite),
+        "expected_missing": report.expected_missing,
+        "round_trip": report.round_trip,
+        "problems": report.problems,
+    }
+    if not report.ok:
+        raise StageFailed(stage, "; ".join(report.problems), hint=f"trnqwen verify-ckpt {checkpoint_dir}")
+    return summary
+
+
+def inspect_run(info: RunInfo) -> Any:
+    from trnqwen.logs.core import inspect_input
+    from trnqwen.logs.sources import resolve_input
+
+    inspection = inspect_input(resolve_input(info.run_dir))
+    steps = inspection.log.step_list()
+    info.losses = [s.get("loss") for s in steps]
+    info.step1_loss = inspection.log.steps.get(1, {}).get("loss")
+    info.last_loss = steps[-1].get("loss") if steps else None
+    info.findings = [f.as_dict() for f in inspection.findings if f.severity in ("error", "warning")]
+    return inspection
+
+
+def compare_losses(runs: dict[str, RunInfo], pretrain: str = "pretrain") -> dict[str, Any]:
+    """The recipe's sanity check: fine-tunes start far below the random-init run's step-1 loss."""
+    base = runs[pretrain]
+    first, last = base.step1_loss, base.last_loss
+    if not (_finite(first) and _finite(last)):
+        raise StageFailed("inspect-logs", f"the pre-training run logged no usable loss (step 1: {first}, last: {last})",
+                          hint=f"see {base.log}")
+    learned = first - last
+    if learned < MIN_PRETRAIN_DROP:
+        raise StageFailed(
+            "inspect-logs",
+            f"pre-training did not learn: loss {first:.3f} -> {last:.3f} over {base.steps} steps",
+            hint="give it more steps (--pretrain-steps) or check the run's log: " + str(base.log),
+        )
+    threshold = first - KEEP_FRACTION * learned
+    rows = {}
+    bad = []
+    for label, info in runs.items():
+        if label == pretrain:
+            continue
+        loss = info.step1_loss
+        ok = _finite(loss) and loss <= threshold
+        rows[label] = {"step1_loss": loss, "below_random_init_by": None if not _finite(loss) else first - loss, "ok": ok}
+        if not ok:
+            bad.append(f"{label} step-1 loss {loss} is not below {threshold:.3f}")
+    result = {
+        "random_init_step1_loss": first,
+        "pretrain_last_loss": last,
+        "threshold": threshold,
+        "finetunes": rows,
+        "ok": not bad,
+    }
+    if bad:
+        raise StageFailed("inspect-logs", "the pre-trained weights were not loaded: " + "; ".join(bad),
+                          hint="compare the runs: trnqwen inspect-logs <pretrain run> --compare <fine-tune run>")
+    return result
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def write_loss_plot(runs: dict[str, RunInfo], path: Path) -> Path:
+    """Loss against step for every run (random init solid, fine-tunes dashed), written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), constrained_layout=True)
+    for label, info in runs.items():
+        xs = [i + 1 for i, v in enumerate(info.losses) if _finite(v)]
+        ys = [v for v in info.losses if _finite(v)]
+        if not xs:
+            continue
+        style = "-" if not info.finetune else "--"
+        name = f"{label} ({info.backend}, {'fine-tune' if info.finetune else 'random init'})"
+        ax.plot(xs, ys, style, marker="o", ms=3, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("trnqwen quickstart: builtin:tiny-qwen3 on CPU", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
+    return path
+
+
+# --- the whole thing --------------------------------------------------------------------------------
+
+
+def run_quickstart(
+    workdir: Path = DEFAULT_WORKDIR,
+    *,
+    device: str = "cpu",
+    steps: Optional[int] = None,
+    pretrain_steps: Optional[int] = None,
+    nproc_per_node: Optional[int] = None,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    backends: Sequence[str] = FINETUNE_BACKENDS,
+    progress: bool = True,
+    status: Optional[bool] = None,
+    on_stage: Optional[Callable[[Stage], None]] = None,
+) -> QuickstartResult:
+    """Run every stage in order; stops at the first failure (the result names it) and raises
+    :class:`StageFailed` after recording it.  Returns the result when every stage passed."""
+    started = time.monotonic()
+    steps = steps or DEFAULT_FINETUNE_STEPS
+    pretrain_steps = pretrain_steps or DEFAULT_PRETRAIN_STEPS
+    if steps < 1 or pretrain_steps < 2:
+        raise UsageError("--steps must be at least 1 and --pretrain-steps at least 2")
+    unknown = [b for b in backends if b not in FINETUNE_BACKENDS]
+    if unknown or not backends:
+        raise UsageError(f"quickstart backends are {', '.join(FINETUNE_BACKENDS)}; got {', '.join(unknown) or 'none'}")
+    workdir = prepare_workdir(workdir)
+    result = QuickstartResult(workdir=str(workdir), device=device)
+    status = progress if status is None else status
+    n_stages = 4 + 2 * len(backends) + 1
+    prog = Progress(progress, n_stages)
+    assets = workdir / "assets" / "tiny-qwen3"
+    pretrained = workdir / "assets" / "tiny-qwen3-pretrained"
+    runs_dir = workdir / "runs"
+    ckpts = workdir / "checkpoints"
+    common = dict(
+        model=TINY_MODEL, device=device, seq_len=seq_len, local_batch_size=DEFAULT_LOCAL_BATCH,
+        runs_dir=runs_dir, warmup_steps=1, seed=42,
+    )
+
+    def stage(name: str, what: str, fn: Callable[[], Any]) -> Any:
+        prog.start(name, what)
+        st = Stage(name=name)
+        t0 = time.monotonic()
+        try:
+            value = fn()
+            st.ok = True
+            if isinstance(value, tuple):
+                st.detail = str(value[0])
+            elif isinstance(value, str):
+                st.detail = value
+            return value
+        except TrnqwenError as exc:
+            st.error = exc.message if isinstance(exc, StageFailed) else f"{exc.message}"
+            result.failed_stage = name
+            result.error = exc.message
+            if not isinstance(exc, StageFailed):
+                exc = StageFailed(name, exc.message, hint=exc.hint, exit_code=exc.exit_code)
+            raise exc from None
+        except Exception as exc:  # a bug or an unexpected library error: still name the stage
+            st.error = f"{type(exc).__name__}: {exc}"
+            result.failed_stage = name
+            result.error = st.error
+            raise StageFailed(name, st.error, hint="rerun with TRNQWEN_DEBUG=1 for the traceback") from exc
+        finally:
+            st.seconds = round(time.monotonic() - t0, 2)
+            result.stages.append(st)
+            prog.done(st)
+            if on_stage is not None:
+                on_stage(st)
+
+    try:
+        stage("check-env", f"device {device}", lambda: stage_check_env(device, assets))
+        stage("fetch", TINY_MODEL, lambda: stage_fetch(assets))
+        result.files["assets"] = str(assets)
+
+        # pre-training from random init, exporting HF weights
+        pre = RunInfo(label="pretrain", backend=PRETRAIN_BACKEND, finetune=False, steps=pretrain_steps,
+                      nproc_per_node=nproc_per_node or 1)
+        result.runs["pretrain"] = pre
+        pre_ckpt = _fresh_dir(ckpts / "pretrain", workdir)
+        pre_cfg = run_config(
+            **common, assets_dir=assets, backend=PRETRAIN_BACKEND, finetune=False, export_hf=True,
+            steps=pretrain_steps, lr=PRETRAIN_LR, checkpoint_dir=pre_ckpt, nproc_per_node=nproc_per_node or 1,
+        )
+
+        def pretrain() -> str:
+            train_run("pre-train", pre, pre_cfg, workdir, prog, status=status)
+            inspect_run(pre)
+            return (f"{pretrain_steps} steps from random init: loss {_fmt(pre.step1_loss)} -> {_fmt(pre.last_loss)}; "
+                    f"exported {pre.exported}")
+
+        stage("pre-train", f"{PRETRAIN_BACKEND} backend, random init, {pretrain_steps} steps, export HF weights", pretrain)
+
+        def snapshot() -> str:
+            make_snapshot(assets, Path(pre.exported), pretrained)
+            return f"{pretrained} (exported weights + config/tokenizer of {TINY_MODEL})"
+
+        stage("snapshot", "the pre-trained weights as a published model", snapshot)
+        result.files["pretrained_snapshot"] = str(pretrained)
+
+        ft_ranks = nproc_per_node or 2
+        for backend in backends:
+            info = RunInfo(label=backend, backend=backend, finetune=True, steps=steps, nproc_per_node=ft_ranks)
+            ckpt = _fresh_dir(ckpts / backend, workdir)
+            cfg = run_config(
+                **common, assets_dir=pretrained, backend=backend, finetune=True, steps=steps, lr=FINETUNE_LR,
+                checkpoint_dir=ckpt, nproc_per_node=ft_ranks,
+            )
+
+            def finetune(info=info, cfg=cfg) -> str:
+                train_run(f"train --finetune ({info.backend})", info, cfg, workdir, prog, status=status)
+                inspect_run(info)
+                return (f"{info.backend}: {steps} step(s) on {info.nproc_per_node} rank(s), step-1 loss "
+                        f"{_fmt(info.step1_loss)} -> {_fmt(info.last_loss)}; exported {info.exported}")
+
+            result.runs[backend] = info
+            stage(f"train --finetune ({backend})", f"from {pretrained.name}, {steps} step(s)", finetune)
+
+        for backend in backends:
+            info = result.runs[backend]
+
+            def check(info=info) -> str:
+                info.verify = verify_checkpoint(f"verify-ckpt ({info.backend})", Path(info.checkpoint_dir), pretrained,
+                                                round_trip=device == "cpu")
+                v = info.verify
+                extra = ""
+                if v.get("round_trip") and not v["round_trip"].get("skipped"):
+                    extra = "; round trip missing " + str(v["round_trip"].get("missing_keys", v["expected_missing"]))
+                return (f"{info.exported}: {v['tensors']} tensors, {v['parameters']:,} parameters, all finite" + extra)
+
+            stage(f"verify-ckpt ({backend})", str(info.checkpoint_dir), check)
+
+        def judge() -> str:
+            errors = [(label, f) for label, info in result.runs.items() for f in info.findings if f.get("severity") == "error"]
+            if errors:
+                label, f = errors[0]
+                raise StageFailed("inspect-logs", f"{label}: {f.get('message')}", hint=f"trnqwen inspect-logs {result.runs[label].run_dir}")
+            result.comparison = compare_losses(result.runs)
+            plot = write_loss_plot(result.runs, workdir / PLOT_FILE)
+            result.files["loss_plot"] = str(plot)
+            c = result.comparison
+            gaps = ", ".join(f"{k} {_fmt(v['step1_loss'])}" for k, v in c["finetunes"].items())
+            return f"step-1 loss: random init {_fmt(c['random_init_step1_loss'])} vs fine-tune {gaps}; plot {plot}"
+
+        stage("inspect-logs", "judge every run, compare random init with the fine-tunes, plot", judge)
+        result.ok = True
+    except StageFailed as exc:
+        exc.result = result  # the CLI still prints what was done
+        raise
+    finally:
+        result.seconds = round(time.monotonic() - started, 1)
+        for label, info in result.runs.items():
+            if info.run_dir:
+                result.files[f"run {label}"] = info.run_dir
+            if info.exported:
+                result.files[f"checkpoint {label}"] = info.exported
+        summary_path = workdir / SUMMARY_FILE
+        result.files["summary"] = str(summary_path)
+        from trnqwen.rundir import write_json_atomic
+
+        write_json_atomic(summary_path, result.as_dict())
+    return result
+
+
+def _fmt(x: Any) -> str:
+    return f"{x:.3f}" if _finite(x) else "-"
+
+
+SUMMARY_COLUMNS = ("run", "weights", "steps x ranks", "step-1 loss", "last loss", "checkpoint", "wall")
+
+
+def summary_rows(result: QuickstartResult) -> list[tuple[str, ...]]:
+    """One row per training run, in :data:`SUMMARY_COLUMNS` order."""
+    rows = []
+    for label, info in result.runs.items():
+        v = info.verify
+        ck = "verified" if v and v.get("ok") else ("exported" if info.exported else "-")
+        rows.append((
+            label if label == info.backend else f"{label} ({info.backend})",
+            "pre-trained" if info.finetune else "random init",
+            f"{info.steps} x {info.nproc_per_node}",
+            _fmt(info.step1_loss),
+            _fmt(info.last_loss),
+            ck,
+            f"{info.wall_s:.0f}s" if info.wall_s is not None else "-",
+        ))
+    return rows
+
+
+if sys.version_info < (3, 10):  # pragma: no cover
+    raise ImportError("trnqwen needs Python 3.10+")
