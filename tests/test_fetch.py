@@ -170,6 +170,14 @@ def test_complete_snapshot_is_verified_not_downloaded_again(hub, tmp_path):
     assert out["verified"] and out["to_download"] == [] and out["downloaded_bytes"] == 0
     assert _resolve_gets(hub, mark) == []
 
+    from trnqwen.hub import snapshot_status
+
+    status = snapshot_status(dest)
+    assert status["complete"] and status["repo_id"] == REPO and status["commit"] == out["commit"]
+    (dest / SHARD2).unlink()
+    status = snapshot_status(dest)
+    assert not status["complete"] and status["missing"] == [SHARD2]
+
 
 def test_default_local_dir_is_where_train_looks(hub, tmp_path):
     r = fetch(hub, REPO, "--no-progress", cwd=tmp_path)
