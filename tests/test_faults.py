@@ -1,0 +1,344 @@
+"""Faults under real processes: `trnqwen train` (real torchrun, 2 CPU ranks, the tiny Qwen3)
+interrupted at start-up and during checkpoint save, one rank crashing, the disk filling up during
+the HF export; `fetch` interrupted by SIGINT and rerun; verify-ckpt and inspect-logs never writing
+into what they read.
+
+What tests/test_launcher.py (fake ranks: SIGINT/SIGTERM, stubborn ranks, SIGKILL of the launcher,
+crash root cause) and tests/test_train_cli.py (SIGTERM mid-step of a real run) already cover is
+not repeated.  Real runs are few and short (2 steps, seq 128) and shared through session fixtures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.helpers import REPO_ROOT, TRNQWEN, run_subprocess
+
+FAKE_TOKEN = "hf_FAKEfaultsToken0123456789abcdef"
+TINY = ["--model", "builtin:tiny-qwen3", "--device", "cpu", "--nproc-per-node", "2", "--seq-len", "128",
+        "--backend", "native"]
+
+
+def _env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra or {})
+    return env
+
+
+@pytest.fixture(scope="session")
+def fetched_tiny(tmp_path_factory) -> Path:
+    """The tiny model the way a user gets it: `trnqwen fetch builtin:tiny-qwen3 --local-dir`."""
+    dest = tmp_path_factory.mktemp("faults-assets") / "tiny-qwen3"
+    r = run_subprocess("fetch", "builtin:tiny-qwen3", "--local-dir", str(dest), "--json", timeout=300)
+    assert r.code == 0, r.text
+    assert json.loads(r.out)["verified"]
+    return dest
+
+
+def _tree_hash(root: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+class Watched:
+    """A `trnqwen train` subprocess whose process tree is tracked while it runs."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict | None = None):
+        self.cwd = cwd
+        self.proc = subprocess.Popen([*TRNQWEN, "train", *args], cwd=cwd, env=_env(env),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.tree: set[int] = set()
+        self.t0 = time.monotonic()
+
+    def refresh(self) -> None:
+        try:
+            self.tree |= {c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)}
+        except psutil.Error:
+            pass
+
+    def log_text(self) -> str:
+        logs = list((self.cwd / ".trnqwen" / "runs").glob("*/train.log"))
+        return logs[0].read_text(errors="replace") if logs else ""
+
+    def run_dir(self) -> Path:
+        (d,) = [p for p in (self.cwd / ".trnqwen" / "runs").iterdir() if p.is_dir()]
+        return d
+
+    def wait_for(self, predicate, timeout: float = 300, poll: float = 0.05) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.refresh()
+            if self.proc.poll() is not None:
+                raise AssertionError(f"train ended early ({self.proc.returncode}): {self.proc.communicate()}")
+            if predicate(self):
+                return
+            time.sleep(poll)
+        self.proc.kill()
+        raise AssertionError("condition not reached in time")
+
+    def stop(self, sig: int, timeout: float = 120) -> tuple[int, str, str, float]:
+        self.refresh()
+        t = time.monotonic()
+        self.proc.send_signal(sig)
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out, err, time.monotonic() - t
+
+    def leftovers(self, grace: float = 10) -> list[int]:
+        deadline = time.monotonic() + grace
+        alive = set(self.tree)
+        while alive and time.monotonic() < deadline:
+            alive = {p for p in alive if psutil.pid_exists(p) and _not_zombie(p)}
+            time.sleep(0.1)
+        return sorted(alive)
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _ranks_started(w: Watched) -> bool:
+    # torchrun + 2 ranks in the tree, neither has logged a step yet
+    return len(w.tree) >= 3 and "step:" not in w.log_text()
+
+
+# --- a complete run, then interruptions --------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def complete_run(tmp_path_factory, fetched_tiny):
+    """A finished fine-tune whose export is the "earlier complete checkpoint"; HF_TOKEN is set."""
+    cwd = tmp_path_factory.mktemp("faults-complete")
+    ckpt = cwd / "ckpt"
+    r = run_subprocess("train", *TINY, "--steps", "2", "--assets", str(fetched_tiny), "--finetune",
+                       "--checkpoint-dir", str(ckpt), "--json", cwd=cwd, timeout=600,
+                       env={"HF_TOKEN": FAKE_TOKEN})
+    assert r.code == 0, r.text
+    export = ckpt / "step-2"
+    assert (export / "model.safetensors.index.json").is_file()
+    return {"cwd": cwd, "ckpt": ckpt, "export": export, "result": r, "hash": _tree_hash(ckpt)}
+
+
+@pytest.mark.slow
+def test_complete_run_leaks_no_token(complete_run):
+    r = complete_run["result"]
+    assert FAKE_TOKEN not in r.out + r.err
+    for p in (complete_run["cwd"] / ".trnqwen").rglob("*"):
+        if p.is_file():
+            assert FAKE_TOKEN.encode() not in p.read_bytes(), p
+
+
+@pytest.mark.slow
+def test_sigint_at_startup_stops_every_rank(complete_run, fetched_tiny, tmp_path):
+    w = Watched([*TINY, "--steps", "50", "--assets", str(fetched_tiny), "--finetune",
+                 "--checkpoint-dir", str(tmp_path / "ckpt")], tmp_path)
+    w.wait_for(_ranks_started, timeout=120)
+    code, out, err, took = w.stop(signal.SIGINT)
+    assert code == 130, err
+    assert took < 60
+    assert "Traceback" not in err and "SIGINT" in err
+    assert w.leftovers() == []
+    record = json.loads((w.run_dir() / "run.json").read_text())
+    assert (record["status"], record["ended_by"], record["exit_code"]) == ("interrupted", "SIGINT", 130)
+    assert not list((tmp_path / "ckpt").glob("step-*"))  # nothing that looks like a checkpoint
+    # the earlier complete checkpoint is untouched and still verifies
+    assert _tree_hash(complete_run["ckpt"]) == complete_run["hash"]
+    v = run_subprocess("verify-ckpt", str(complete_run["ckpt"]), "--assets", str(fetched_tiny), "--json",
+                       cwd=complete_run["cwd"])
+    assert v.code == 0, v.text
+
+
+@pytest.mark.slow
+def test_sigterm_during_checkpoint_save(complete_run, fetched_tiny, tmp_path):
+    """Saves every step (DCP) and the last one as HF; SIGTERM as soon as the export starts."""
+    ckpt = tmp_path / "ckpt"
+    w = Watched([*TINY, "--steps", "3", "--assets", str(fetched_tiny), "--finetune", "--checkpoint-dir", str(ckpt),
+                 "--", "--checkpoint.interval", "1"], tmp_path)
+    deadline = time.monotonic() + 400
+    while w.proc.poll() is None and time.monotonic() < deadline:
+        w.refresh()
+        if "Saving a model only checkpoint" in w.log_text():
+            break
+        time.sleep(0.02)
+    assert w.proc.poll() in (None, 0), w.proc.communicate()
+    code, out, err, took = w.stop(signal.SIGTERM)
+    if code == 0:  # the save won the race: nothing was interrupted, the export must be whole
+        v = run_subprocess("verify-ckpt", str(ckpt), "--assets", str(fetched_tiny), "--json", cwd=tmp_path)
+        assert v.code == 0, v.text
+        pytest.skip("the export finished before SIGTERM arrived (nothing half-written to check)")
+    assert code == 143, err
+    assert took < 60
+    assert "Traceback" not in err
+    assert w.leftovers() == []
+    record = json.loads((w.run_dir() / "run.json").read_text())
+    assert (record["status"], record["ended_by"], record["exit_code"]) == ("interrupted", "SIGTERM", 143)
+    # every step folder left behind is complete (DCP .metadata or an HF index), none half-written
+    for step in ckpt.glob("step-*"):
+        assert (step / ".metadata").is_file() or (step / "model.safetensors.index.json").is_file(), sorted(
+            p.name for p in step.iterdir())
+    export = ckpt / "step-3"
+    if export.exists():
+        v = run_subprocess("verify-ckpt", str(export), "--assets", str(fetched_tiny), "--json", cwd=tmp_path)
+        assert v.code == 0, v.text
+    # the interval saves before it are complete
+    assert (ckpt / "step-1" / ".metadata").is_file()
+    # and the earlier run's export still verifies
+    v = run_subprocess("verify-ckpt", str(complete_run["ckpt"]), "--assets", str(fetched_tiny), "--json",
+                       cwd=complete_run["cwd"])
+    assert v.code == 0, v.text
+
+
+CRASHY = textwrap.dedent(
+    '''
+    """Imported by every rank through --override-imports; rank 1 fails the way a bad shard would."""
+    import os
+
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("rank 1 cannot read its data shard: /data/shard-00001.jsonl is truncated")
+
+
+    def factory(*args, **kwargs):  # never reached on rank 1
+        return None
+    '''
+)
+
+
+@pytest.mark.slow
+def test_one_rank_crashing_stops_the_run_with_its_root_cause(fetched_tiny, tmp_path):
+    (tmp_path / "crashy_rank.py").write_text(CRASHY)
+    w = Watched([*TINY, "--steps", "50", "--assets", str(fetched_tiny), "--override-imports", "crashy_rank.factory"],
+                tmp_path, env={"PYTHONPATH": str(tmp_path) + os.pathsep + str(REPO_ROOT)})
+    out, err = w.proc.communicate(timeout=300)
+    w.refresh()
+    assert w.proc.returncode == 1, err
+    assert "Traceback" not in err
+    assert "rank 1 cannot read its data shard" in err
+    assert w.leftovers() == []
+    record = json.loads((w.run_dir() / "run.json").read_text())
+    assert record["status"] == "failed" and record["ended_by"] == "rank failure"
+    assert record["error"] == "RuntimeError: rank 1 cannot read its data shard: /data/shard-00001.jsonl is truncated"
+
+
+# --- a full disk during the export ---------------------------------------------------------------
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 3 MiB tmpfs: room for the tiny model's per-rank pieces, not for the consolidated export."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.slow
+def test_disk_full_during_export(fetched_tiny, small_tmpfs, tmp_path):
+    ckpt = small_tmpfs / "ckpt"
+    r = run_subprocess("train", *TINY, "--steps", "2", "--assets", str(fetched_tiny), "--finetune",
+                       "--checkpoint-dir", str(ckpt), cwd=tmp_path, timeout=600)
+    assert r.code == 1, r.text
+    assert "Traceback" not in r.err
+    error_lines = [line for line in r.err.splitlines() if line.startswith("Error:")]
+    assert len(error_lines) == 1 and "disk full" in error_lines[0], r.err
+    # no half-written step folder is left looking like a checkpoint
+    assert not list(ckpt.glob("step-*")), sorted(str(p) for p in ckpt.rglob("*"))
+    (run_dir,) = [p for p in (tmp_path / ".trnqwen" / "runs").iterdir() if p.is_dir()]
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "failed" and "No space left on device" in record["error"]
+    assert record["extra"]["removed_incomplete_checkpoints"] == [str(ckpt / "step-2")]
+    v = run_subprocess("verify-ckpt", str(ckpt), cwd=tmp_path)
+    assert v.code == 2 and "Traceback" not in v.text
+
+
+# --- fetch ----------------------------------------------------------------------------------------
+
+
+def test_fetch_sigint_mid_download_then_rerun_completes(tmp_path):
+    """Ctrl-C mid-file (tests/test_fetch.py covers SIGKILL): exit 130, no traceback, nothing
+    incomplete in place, no token printed; the rerun completes and verifies."""
+    import numpy as np
+    from safetensors.numpy import save
+
+    from tests.hubserver import HubServer
+
+    shard = "model-00001-of-00001.safetensors"
+    weight = np.random.default_rng(3).standard_normal((6 * 1024, 1024)).astype(np.float32)  # 24 MiB
+    files = {"config.json": b'{"model_type": "qwen3"}', "tokenizer.json": b"{}",
+             shard: save({"model.embed_tokens.weight": weight}, metadata={"format": "pt"})}
+    dest = tmp_path / "snap"
+    with HubServer() as hub:
+        hub.add_repo("Qwen/Qwen3-Sig", files)
+        hub.stall[shard] = 12 * 1024 * 1024  # the server stops sending here until released
+        env = _env({"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+                    "HF_TOKEN": FAKE_TOKEN})
+        proc = subprocess.Popen([*TRNQWEN, "fetch", "Qwen/Qwen3-Sig", "--local-dir", str(dest)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.time() + 90
+            while time.time() < deadline and proc.poll() is None:
+                part = list((dest / ".cache").rglob("*.incomplete")) if (dest / ".cache").is_dir() else []
+                if part and part[0].stat().st_size >= 10 * 1024 * 1024:
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"the download never reached the stall point: {proc.poll()}")
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            hub.reset_faults()
+            hub.release()
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err and FAKE_TOKEN not in out + err
+        assert not (dest / shard).exists()
+        r = run_subprocess("fetch", "Qwen/Qwen3-Sig", "--local-dir", str(dest), "--json", env=env, timeout=180)
+        assert r.code == 0, r.text
+        assert json.loads(r.out)["verified"] and FAKE_TOKEN not in r.text
+        assert (dest / shard).read_bytes() == files[shard]
+
+
+# --- readers never write ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_verify_ckpt_and_inspect_logs_never_write_what_they_read(complete_run, fetched_tiny):
+    cwd, ckpt = complete_run["cwd"], complete_run["ckpt"]
+    run_dir = next(p for p in (cwd / ".trnqwen" / "runs").iterdir() if p.is_dir())
+    before_ckpt, before_run = _tree_hash(ckpt), _tree_hash(run_dir)
+    mtimes = {p: p.stat().st_mtime_ns for p in [*ckpt.rglob("*"), *run_dir.rglob("*")]}
+    assets = ["--assets", str(fetched_tiny)]
+    for args in (["verify-ckpt", str(ckpt), *assets], ["verify-ckpt", "--json"], ["verify-ckpt", str(ckpt), "--quick", *assets],
+                 ["verify-ckpt", str(ckpt), *assets, "--round-trip", "--compare-to", str(fetched_tiny), "--json"],
+                 ["inspect-logs"], ["inspect-logs", str(run_dir), "--json"], ["inspect-logs", str(run_dir / "train.log")]):
+        r = run_subprocess(*args, cwd=cwd, timeout=300)
+        assert r.code == 0, (args, r.text)
+    assert _tree_hash(ckpt) == before_ckpt
+    assert _tree_hash(run_dir) == before_run
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
+    assert sorted([*ckpt.rglob("*"), *run_dir.rglob("*")]) == sorted(mtimes)  # nothing added either
