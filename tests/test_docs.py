@@ -101,3 +101,26 @@ def test_readme_links_resolve_and_lead_with_the_two_commands():
             assert (REPO_ROOT / target).exists(), f"README: broken link {target}"
     first_block = text.split("```", 2)[1]
     assert "make quickstart" in first_block and "make test" in first_block
+
+
+def test_versions_page_lists_every_known_good_combination():
+    """docs/versions.md is hand-written; it must still say what trnqwen.versions knows."""
+    from trnqwen.versions import KNOWN_GOOD
+
+    text = (DOCS / "versions.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ") and line.count("|") >= 5}
+    for combo in KNOWN_GOOD:
+        assert combo.name in rows, combo.name
+        row = rows[combo.name]
+        assert f"| {combo.device} |" in row
+        lo, hi = combo.python
+        assert f"{lo[0]}.{lo[1]}-{hi[0]}.{hi[1]}" in row
+        for package, pattern in combo.packages.items():
+            assert f"{package} `{pattern}`" in row, (combo.name, package)
+
+
+def test_troubleshooting_covers_the_errors_users_meet():
+    text = (DOCS / "troubleshooting.md").read_text()
+    for needle in ("recompil", "LNC", 'device_map="auto"', "HBM out of memory", "Weights not loaded",
+                   "TDRV:dmem_alloc_internal", "NCC_EOOM001", "NCC_EARG001", "NeuronCore(s) not available"):
+        assert needle in text, needle

@@ -1,0 +1,210 @@
+"""``trnqwen quickstart``: the whole lifecycle for real (smaller), and its parts on their own."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import assert_clean_error, run_subprocess
+
+PRETRAIN_STEPS = 6
+FINETUNE_STEPS = 1
+
+
+# --- the real lifecycle -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def quickstart_run(tmp_path_factory):
+    """``python -m trnqwen quickstart --json`` for real: tiny model, 1 rank per run, every backend."""
+    base = tmp_path_factory.mktemp("quickstart")
+    workdir = base / "qs"
+    result = run_subprocess(
+        "quickstart", "--workdir", str(workdir), "--pretrain-steps", str(PRETRAIN_STEPS),
+        "--steps", str(FINETUNE_STEPS), "--nproc-per-node", "1", "--json",
+        cwd=base, env={"HF_HUB_OFFLINE": "1"}, timeout=900,
+    )
+    return result, workdir
+
+
+@pytest.mark.slow
+def test_quickstart_runs_every_stage(quickstart_run):
+    result, workdir = quickstart_run
+    assert result.code == 0, result.text[-4000:]
+    summary = json.loads(result.out)
+    assert summary["ok"] is True and summary["failed_stage"] is None
+    names = [s["name"] for s in summary["stages"]]
+    assert names == [
+        "check-env", "fetch", "pre-train", "snapshot",
+        "train --finetune (native)", "train --finetune (hf-v5)", "train --finetune (hf-trainer)",
+        "verify-ckpt (native)", "verify-ckpt (hf-v5)", "verify-ckpt (hf-trainer)", "inspect-logs",
+    ]
+    assert all(s["ok"] for s in summary["stages"]), summary["stages"]
+    # progress went to stderr, stage by stage; stdout is the one JSON object
+    for i, name in enumerate(names, 1):
+        assert f"[{i}/{len(names)}] {name}" in result.err
+    # what it wrote is where the summary says, and summary.json is the same document
+    assert json.loads((workdir / "summary.json").read_text()) == summary
+    assert summary["next_commands"] and any("trnqwen train --backend" in c for c in summary["next_commands"])
+
+
+@pytest.mark.slow
+def test_quickstart_finetunes_start_far_below_random_init(quickstart_run):
+    result, _ = quickstart_run
+    summary = json.loads(result.out)
+    runs = summary["runs"]
+    assert set(runs) == {"pretrain", "native", "hf-v5", "hf-trainer"}
+    pre = runs["pretrain"]
+    assert pre["finetune"] is False and len(pre["losses"]) == PRETRAIN_STEPS
+    vocab = json.loads((Path(summary["files"]["assets"]) / "config.json").read_text())["vocab_size"]
+    # random init starts near ln(vocab); pre-training lowers it
+    assert abs(pre["step1_loss"] - math.log(vocab)) < 0.5
+    assert pre["last_loss"] < pre["step1_loss"] - 0.5
+    cmp = summary["comparison"]
+    assert cmp["ok"] is True and cmp["random_init_step1_loss"] == pre["step1_loss"]
+    learned = pre["step1_loss"] - pre["last_loss"]
+    for backend in ("native", "hf-v5", "hf-trainer"):
+        run = runs[backend]
+        assert run["finetune"] is True and run["backend"] == backend
+        assert len(run["losses"]) == FINETUNE_STEPS
+        # the fine-tune starts where pre-training ended, far below the random-init start
+        assert run["step1_loss"] < pre["step1_loss"] - 0.5 * learned
+        assert cmp["finetunes"][backend]["step1_loss"] == run["step1_loss"]
+        assert not [f for f in run["findings"] if f["severity"] == "error"]
+
+
+@pytest.mark.slow
+def test_quickstart_checkpoints_and_files(quickstart_run):
+    from safetensors import safe_open
+
+    result, workdir = quickstart_run
+    summary = json.loads(result.out)
+    files = summary["files"]
+    for key, path in files.items():
+        assert Path(path).exists(), (key, path)
+        assert Path(path).is_relative_to(workdir), (key, path)
+    assert Path(files["loss_plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    snapshot = Path(files["pretrained_snapshot"])
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors.index.json"):
+        assert (snapshot / name).is_file(), name
+    (shard,) = snapshot.glob("*.safetensors")
+    with safe_open(str(shard), framework="np") as fh:
+        embed = fh.get_tensor("model.embed_tokens.weight")
+    assert str(embed.dtype) == "float32"  # converted to config.json's torch_dtype
+    for label, run in summary["runs"].items():
+        run_dir = Path(run["run_dir"])
+        assert (run_dir / "run.json").is_file() and (run_dir / "train.log").is_file()
+        record = json.loads((run_dir / "run.json").read_text())
+        assert record["status"] == "succeeded" and record["backend"] == run["backend"]
+        exported = Path(run["exported"])
+        assert exported.name == f"step-{run['steps']}" and any(exported.glob("*.safetensors"))
+        if run["finetune"]:
+            assert record["config"]["finetune"] is True
+            assert Path(record["assets_dir"]) == snapshot
+            v = run["verify"]
+            assert v["ok"] is True and v["scanned"] is True and v["nonfinite_tensors"] == 0
+            assert v["round_trip"]["missing_keys"] == ["lm_head.weight"]  # tied, as in Qwen3-4B
+            assert v["round_trip"]["unexpected_keys"] == []
+        else:
+            assert record["config"]["finetune"] is False and record["config"]["export_hf"] is True
+
+
+# --- failures name their stage ------------------------------------------------------------------
+
+
+def test_failed_stage_is_named_and_exits_nonzero(tmp_path):
+    """No Neuron device here: the check-env stage fails first, before anything trains."""
+    result = run_subprocess("quickstart", "--workdir", str(tmp_path / "qs"), "--device", "neuron", "--json", cwd=tmp_path)
+    assert result.code == 3, result.text
+    assert "quickstart stage 'check-env' failed" in result.err
+    assert "Traceback" not in result.text
+    partial = json.loads(result.out)
+    assert partial["ok"] is False and partial["failed_stage"] == "check-env"
+    assert [s["name"] for s in partial["stages"]] == ["check-env"]
+    assert json.loads((tmp_path / "qs" / "summary.json").read_text())["failed_stage"] == "check-env"
+
+
+def test_refuses_a_folder_it_did_not_make(cli, tmp_path):
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me\n")
+    assert_clean_error(cli("quickstart", "--workdir", str(foreign)), code=2, contains="was not made by trnqwen quickstart")
+    assert (foreign / "notes.txt").read_text() == "keep me\n"
+
+
+def test_unknown_backend_is_a_usage_error(cli, tmp_path):
+    assert_clean_error(cli("quickstart", "--workdir", str(tmp_path / "q"), "--backend", "nki-moe"), code=2,
+                       contains="quickstart backends are")
+
+
+# --- the parts ------------------------------------------------------------------------------------
+
+
+def _info(label, backend, finetune, losses):
+    from trnqwen.quickstart import RunInfo
+
+    info = RunInfo(label=label, backend=backend, finetune=finetune, steps=len(losses), nproc_per_node=1)
+    info.losses = list(losses)
+    info.step1_loss, info.last_loss = losses[0], losses[-1]
+    return info
+
+
+def test_compare_losses_accepts_loaded_weights_and_rejects_a_fresh_start():
+    from trnqwen.quickstart import StageFailed, compare_losses
+
+    runs = {"pretrain": _info("pretrain", "native", False, [7.6, 6.8, 6.0]), "native": _info("native", "native", True, [6.1])}
+    out = compare_losses(runs)
+    assert out["ok"] and out["threshold"] == pytest.approx(6.8)
+    runs["hf-v5"] = _info("hf-v5", "hf-v5", True, [7.55])  # weights not loaded: back at random init
+    with pytest.raises(StageFailed, match="'inspect-logs' failed: the pre-trained weights were not loaded: hf-v5"):
+        compare_losses(runs)
+
+
+def test_compare_losses_needs_a_pretraining_that_learned():
+    from trnqwen.quickstart import StageFailed, compare_losses
+
+    runs = {"pretrain": _info("pretrain", "native", False, [7.6, 7.5]), "native": _info("native", "native", True, [7.4])}
+    with pytest.raises(StageFailed, match="pre-training did not learn"):
+        compare_losses(runs)
+    runs["pretrain"] = _info("pretrain", "native", False, [7.6, float("nan")])
+    with pytest.raises(StageFailed, match="no usable loss"):
+        compare_losses(runs)
+
+
+def test_make_snapshot_combines_weights_with_config_and_tokenizer(tmp_path):
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from trnqwen.quickstart import make_snapshot
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps({"torch_dtype": "float32", "model_type": "qwen3"}))
+    (base / "tokenizer.json").write_text("{}")
+    (base / "tokenizer_config.json").write_text("{}")
+    export = tmp_path / "ckpt" / "step-3"
+    export.mkdir(parents=True)
+    weights = {"a": np.arange(6, dtype=np.float16).reshape(2, 3), "b": np.full((4,), 0.5, dtype=np.float16)}
+    save_file(weights, str(export / "model-00001-of-00001.safetensors"))
+    (export / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 20}, "weight_map": {"a": "model-00001-of-00001.safetensors", "b": "model-00001-of-00001.safetensors"}}))
+    dest = make_snapshot(base, export, tmp_path / "snap")
+    got = load_file(str(dest / "model-00001-of-00001.safetensors"))
+    assert {k: v.dtype for k, v in got.items()} == {"a": np.float32, "b": np.float32}
+    assert np.array_equal(got["a"], weights["a"].astype(np.float32))
+    index = json.loads((dest / "model.safetensors.index.json").read_text())
+    assert index["metadata"]["total_size"] == 40 and set(index["weight_map"]) == {"a", "b"}
+    assert (dest / "tokenizer.json").is_file() and (dest / "config.json").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".snap")]  # no temp folder left
+
+
+def test_prepare_workdir_marks_and_reuses_its_own_folder(tmp_path):
+    from trnqwen.quickstart import MARKER, prepare_workdir
+
+    wd = prepare_workdir(tmp_path / "qs")
+    assert (wd / MARKER).is_file()
+    (wd / "runs").mkdir()
+    assert prepare_workdir(tmp_path / "qs") == wd  # its own, non-empty: fine
