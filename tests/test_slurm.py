@@ -1,0 +1,154 @@
+"""SLURM launcher: the sbatch script (units, `bash -n`), and a REAL job on a single-host SLURM
+cluster started by the ``slurm_cluster`` fixture: it trains the tiny model on CPU and
+``trnqwen inspect-logs`` / ``verify-ckpt`` read what it left."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_subprocess
+from tests.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
+from trnqwen.config import RunConfig
+from trnqwen.errors import CheckFailed, UsageError
+from trnqwen.train import slurm
+
+
+def _job(tmp_path, **cfg_kwargs):
+    cfg = RunConfig(**{"nnodes": 4, "partition": "trn2", "time_limit": "4:00:00", **cfg_kwargs})
+    return slurm.job_from_config(
+        cfg, run_id="r1", run_dir=tmp_path / "runs" / "r1", workdir=tmp_path, trnqwen=["/venv/bin/python", "-m", "trnqwen"], environ={}
+    )
+
+
+def test_script_has_the_sbatch_header_and_one_trnqwen_per_node(tmp_path):
+    text = slurm.sbatch_script(_job(tmp_path))
+    header = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --nodes=4" in header and "#SBATCH --ntasks-per-node=1" in header
+    assert "#SBATCH --exclusive" in header and "#SBATCH --partition=trn2" in header and "#SBATCH --time=4:00:00" in header
+    assert f"#SBATCH --output={tmp_path}/runs/r1/slurm-%j.out" in header
+    assert 'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)' in text
+    assert 'export TRNQWEN_RDZV_ENDPOINT="${head_addr}:29400"' in text
+    assert f"--output={tmp_path}/runs/r1/slurm-%j-node%n.out" in text
+    assert "srun --nodes=4 --ntasks-per-node=1 --kill-on-bad-exit=1" in text
+    assert text.rstrip().endswith("/venv/bin/python -m trnqwen train")
+    assert "export TRNQWEN_NNODES=4" in text and "export TRNQWEN_RDZV_ID=r1" in text
+    assert f"export TRNQWEN_RUNS_DIR={tmp_path}/runs" in text
+    # Trainium by default: the EFA variables Neuron's multi-node launchers export.
+    assert "export FI_PROVIDER=efa" in text and "export FI_EFA_USE_DEVICE_RDMA=1" in text
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_cpu_script_has_no_efa_and_the_endpoint_port_is_kept(tmp_path):
+    job = _job(tmp_path, device="cpu", rdzv_endpoint="ignored-host:31234", partition=None, time_limit=None)
+    text = slurm.sbatch_script(job)
+    assert "FI_PROVIDER" not in text and "--partition" not in text and "--time" not in text
+    assert '"${head_addr}:31234"' in text
+
+
+def test_values_are_quoted_for_the_shell(tmp_path):
+    job = _job(tmp_path, dataset="/data/my set;rm -rf ~/x.jsonl", device="cpu")
+    text = slurm.sbatch_script(job)
+    out = subprocess.run(["bash", "-c", "\n".join(l for l in text.splitlines() if l.startswith("export TRNQWEN_DATASET")) + '\nprintf %s "$TRNQWEN_DATASET"'],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert out.stdout == "/data/my set;rm -rf ~/x.jsonl"
+
+
+@pytest.mark.parametrize("kwargs, words", [(dict(partition="a b"), "partition"), (dict(time_limit="4h"), "time limit")])
+def test_bad_partition_or_time_is_a_usage_error(tmp_path, kwargs, words):
+    with pytest.raises(UsageError) as exc:
+        slurm.sbatch_script(_job(tmp_path, **kwargs))
+    assert words in exc.value.message
+
+
+@pytest.mark.parametrize(
+    "stdout, job_id", [("1234\n", "1234"), ("77;cluster-a\n", "77"), ("Submitted batch job 991\n", "991"), ("12_3\n", "12")]
+)
+def test_parse_job_id(stdout, job_id):
+    assert slurm.parse_job_id(stdout) == job_id
+
+
+def test_parse_job_id_refuses_garbage():
+    with pytest.raises(CheckFailed):
+        slurm.parse_job_id("sbatch: error: Batch job submission failed")
+
+
+def test_dry_run_prints_the_script_and_submits_nothing(cli, in_tmp):
+    r = cli("train", "--launcher", "slurm", "--nodes", "2", "--partition", "trn2", "--time", "1:00:00", "--dry-run")
+    assert r.code == 0, r.text
+    assert "#SBATCH --nodes=2" in r.out and "srun --nodes=2" in r.out
+    assert not (in_tmp / ".trnqwen").exists()
+    r = cli("train", "--launcher", "slurm", "--nodes", "2", "--dry-run", "--json")
+    info = json.loads(r.out)
+    assert info["job_id"] is None and info["dry_run"] and "#SBATCH" in info["script_text"]
+
+
+def test_no_sbatch_is_an_environment_error(cli, in_tmp, monkeypatch):
+    monkeypatch.setenv("PATH", str(in_tmp))  # no sbatch here
+    r = cli("train", "--launcher", "slurm", "--nodes", "2")
+    assert r.code == 3 and "sbatch is not on PATH" in r.err and "--dry-run" in r.err
+
+
+# --- the real cluster --------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_real_slurm_job_trains_the_tiny_model(slurm_cluster, tmp_path, monkeypatch):  # noqa: F811
+    from trnqwen.tiny_model import write_tiny_qwen3
+
+    for key, value in slurm_cluster.env.items():
+        monkeypatch.setenv(key, value)
+    work = tmp_path / "work"
+    write_tiny_qwen3(work / "assets" / "hf" / "tiny-qwen3")
+    nodes = len(slurm_cluster.nodes)
+    started = time.monotonic()
+    r = run_subprocess(
+        "train", "--launcher", "slurm", "--nodes", str(nodes), "--partition", slurm_cluster.partition, "--time", "10",
+        "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+        "--model", "builtin:tiny-qwen3", "--device", "cpu", "--nproc-per-node", "1",
+        "--steps", "2", "--seq-len", "128", "--finetune", "--json",
+        cwd=work, timeout=60,
+    )  # fmt: skip
+    assert r.code == 0, r.text
+    info = json.loads(r.out)
+    job_id = info["job_id"]
+    assert re.fullmatch(r"\d+", job_id)
+    state = slurm.wait_for_job(job_id, timeout_s=420)
+    run_dir = Path(info["run_dir"])
+    node_logs = [Path(p) for p in info["node_logs"]]
+    debug = "\n".join(
+        f"==> {p} <==\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(run_dir.glob("slurm-*.out"))
+    ) + "\n" + slurm_cluster.logs()
+    if state is None:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=10)
+    assert state == "COMPLETED", f"job {job_id} ended {state}\n{debug}"
+    wall = time.monotonic() - started
+    print(f"\nSLURM job {job_id}: {nodes} node(s), submit to COMPLETED {wall:.1f} s")
+    assert all(p.is_file() for p in node_logs), debug
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "succeeded" and record["log_path"] == str(node_logs[0])
+    assert json.loads((run_dir / "slurm.json").read_text())["job_id"] == job_id
+    # Every node ran its own torchrun against the same rendezvous.
+    for log in node_logs:
+        text = log.read_text()
+        assert "step:" in text, text[-2000:]
+    # The job's logs through the normal commands: LAST points at the SLURM run.
+    logs = run_subprocess("inspect-logs", "--json", cwd=work, timeout=120)
+    assert logs.code == 0, logs.text
+    report = json.loads(logs.out)
+    assert report["source"] == str(node_logs[0])
+    assert [s["step"] for s in report["steps"]] == [1, 2]
+    ckpt = run_subprocess("verify-ckpt", cwd=work, timeout=300)
+    assert ckpt.code == 0, ckpt.text
