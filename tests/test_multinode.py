@@ -183,3 +183,130 @@ def test_explain_failure_names_the_peer_loss_only_for_multinode(tmp_path):
     assert "--rdzv-id" in hint
     assert mn.explain_failure(err, nnodes=1, node_rank=0) is None
     assert mn.explain_failure("ValueError: bad shape", nnodes=2, node_rank=0) is None
+
+
+# --- REAL: two "nodes" on this machine meeting at a loopback rendezvous -------------------------
+
+import json  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from tests.helpers import REPO_ROOT, run_subprocess  # noqa: E402
+
+TINY_RUN = ["--model", "builtin:tiny-qwen3", "--device", "cpu", "--nproc-per-node", "1", "--seq-len", "128", "--finetune"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_node(work: Path, rank: int, port: int, rdzv_id: str, steps: int) -> subprocess.Popen:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    argv = [
+        sys.executable, "-m", "trnqwen", "train", *TINY_RUN, "--steps", str(steps),
+        "--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", rdzv_id,
+    ]  # fmt: skip
+    out = open(work / f"node{rank}.out", "w")
+    return subprocess.Popen(argv, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """A node dying: trnqwen, its torchrun agent and the rank, all at once (SIGKILL)."""
+    import psutil
+
+    try:
+        root = psutil.Process(proc.pid)
+        everyone = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in everyone:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _work(tmp_path: Path) -> Path:
+    from trnqwen.tiny_model import write_tiny_qwen3
+
+    work = tmp_path / "work"
+    write_tiny_qwen3(work / "assets" / "hf" / "tiny-qwen3")
+    return work
+
+
+@pytest.mark.slow
+def test_two_nodes_on_loopback_train_one_consolidated_checkpoint(tmp_path):
+    work = _work(tmp_path)
+    port = _free_port()
+    started = time.monotonic()
+    nodes = [_start_node(work, r, port, "mn-e2e", steps=2) for r in (0, 1)]
+    try:
+        codes = [p.wait(timeout=420) for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                _kill_tree(p)
+    wall = time.monotonic() - started
+    outs = {r: (work / f"node{r}.out").read_text(errors="replace") for r in (0, 1)}
+    assert codes == [0, 0], outs
+    print(f"\n2-node loopback run (tiny Qwen3, 1 CPU rank per node, 2 steps, seq 128): {wall:.1f} s wall")
+    run_dir = work / ".trnqwen" / "runs" / "mn-e2e"
+    logs = mn.node_logs(run_dir)
+    assert sorted(logs) == [0, 1]
+    for log in logs.values():
+        assert "step:" in log.read_text()
+    # One run dir shared by name; node 0 owns run.json and LAST, node 1 keeps its own record.
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "succeeded" and record["extra"]["nnodes"] == 2 and record["extra"]["node_rank"] == 0
+    assert record["extra"]["world_size"] == 2
+    assert json.loads((mn.node_dir(run_dir, 1) / "run.json").read_text())["status"] == "succeeded"
+    assert (work / ".trnqwen" / "runs" / "LAST").read_text().strip() == "mn-e2e"
+    # torchrun really ran as node r of 2 with node 0 hosting the store.
+    for r in (0, 1):
+        cmd = (mn.node_dir(run_dir, r) / "command.sh").read_text()
+        assert "--nnodes 2" in cmd and f"--node-rank {r}" in cmd and f"is_host={1 if r == 0 else 0}" in cmd
+    # ONE consolidated HF checkpoint that verify-ckpt accepts (default: the last run's export).
+    exports = list((work / "checkpoint_tiny_qwen3_ft").glob("step-*/model-*.safetensors"))
+    assert [p.name for p in exports] == ["model-00001-of-00001.safetensors"]
+    r = run_subprocess("verify-ckpt", cwd=work, timeout=300)
+    assert r.code == 0, r.text
+
+
+@pytest.mark.slow
+def test_a_node_that_dies_mid_run_stops_the_other_with_a_clear_message(tmp_path):
+    work = _work(tmp_path)
+    port = _free_port()
+    nodes = [_start_node(work, r, port, "mn-dead", steps=500) for r in (0, 1)]
+    log0 = work / ".trnqwen" / "runs" / "mn-dead" / "nodes" / "node0" / "train.log"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if log0.is_file() and "step:  2" in log0.read_text(errors="replace"):
+                break
+            assert nodes[0].poll() is None and nodes[1].poll() is None, (work / "node0.out").read_text()
+            time.sleep(0.5)
+        else:
+            pytest.fail("the 2-node run never reached step 2:\n" + (work / "node0.out").read_text()[-3000:])
+        _kill_tree(nodes[1])
+        killed_at = time.monotonic()
+        # Bounded: well inside torchrun's rendezvous join timeout (600 s); no hang.
+        code = nodes[0].wait(timeout=180)
+        stopped_after = time.monotonic() - killed_at
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                _kill_tree(p)
+    out = (work / "node0.out").read_text(errors="replace")
+    print(f"\nsurvivor stopped {stopped_after:.1f} s after its peer was killed")
+    assert code == 1, out[-3000:]
+    assert "another node of the 2-node job stopped or became unreachable" in out, out[-3000:]
+    assert "Traceback" not in out
+    record = json.loads((work / ".trnqwen" / "runs" / "mn-dead" / "run.json").read_text())
+    assert record["status"] == "failed" and "another node" in record["error"]
