@@ -66,6 +66,12 @@ Examples:
   trnqwen train --backend hf-v5 --finetune --export-config qwen3_ft.py
   # raw torchtitan flags go after `--`
   trnqwen train --finetune -- --metrics.log_freq 5 --training.max_norm 0.5
+  # two trn2.48xlarge by hand: the same line on both, --node-rank 0 / 1 (docs/multi-node.md)
+  trnqwen train --finetune --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.5:29400 --rdzv-id ft1
+  # a SLURM cluster (ParallelCluster, HyperPod): write the sbatch script and submit it
+  trnqwen train --finetune --launcher slurm --nodes 4 --partition trn2 --time 8:00:00
+  # EKS: write a Kubeflow PyTorchJob and print the `kubectl apply -f` line
+  trnqwen train --finetune --launcher k8s --nodes 4 --image <ecr repo>/trnqwen:0.1
 
 Each run gets a folder under .trnqwen/runs/ (run.json, train.log, the config module, command.sh,
 per-rank logs); `trnqwen inspect-logs` and `trnqwen verify-ckpt` find the newest one without paths.
