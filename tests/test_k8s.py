@@ -121,3 +121,33 @@ def test_launch_writes_yaml_and_prints_kubectl(tmp_path):
     doc = yaml.safe_load(path.read_text())
     _validate(doc)
     assert doc == k8s.manifest(cfg, run_id="r9")
+
+
+def test_cli_dry_run_prints_a_valid_manifest_and_writes_nothing(cli, in_tmp):
+    import yaml
+
+    r = cli("train", "--launcher", "k8s", "--nodes", "2", "--image", IMAGE, "--finetune", "--dry-run")
+    assert r.code == 0, r.text
+    _validate(yaml.safe_load(r.out))
+    assert not (in_tmp / ".trnqwen").exists()
+
+
+def test_cli_writes_the_manifest_and_prints_kubectl(cli, in_tmp):
+    r = cli("train", "--launcher", "k8s", "--nodes", "3", "--image", IMAGE, "--json")
+    assert r.code == 0, r.text
+    info = json.loads(r.out)
+    path = Path(info["manifest"])
+    assert path.is_file() and info["apply"] == f"kubectl apply -f {path}"
+    import yaml
+
+    doc = yaml.safe_load(path.read_text())
+    _validate(doc)
+    assert doc["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+    human = cli("train", "--launcher", "k8s", "--nodes", "3", "--image", IMAGE)
+    assert "kubectl apply -f" in human.text
+
+
+def test_cli_without_image_is_a_usage_error(cli, in_tmp):
+    from tests.helpers import assert_clean_error
+
+    assert_clean_error(cli("train", "--launcher", "k8s", "--nodes", "2"), code=2, contains="--image")
