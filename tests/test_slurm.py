@@ -93,6 +93,7 @@ def test_no_sbatch_is_an_environment_error(cli, in_tmp, monkeypatch):
     monkeypatch.setenv("PATH", str(in_tmp))  # no sbatch here
     r = cli("train", "--launcher", "slurm", "--nodes", "2")
     assert r.code == 3 and "sbatch is not on PATH" in r.err and "--dry-run" in r.err
+    assert not (in_tmp / ".trnqwen").exists()
 
 
 # --- the real cluster --------------------------------------------------------------------------

@@ -293,6 +293,8 @@ def launch(
     }
     if dry_run:
         return info
+    if shutil.which("sbatch") is None:  # before anything is written
+        submit(job.script_path)
     run_dir.mkdir(parents=True, exist_ok=False)
     write_script(job)
     record = RunRecord(
