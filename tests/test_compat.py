@@ -168,3 +168,23 @@ def test_flavors_match_hf_configs():
     assert compat.match_flavor(compat.dims_from_hf_config(moe), flavors) == "30B-A3B"
     tiny = dict(qwen3_4b_2507, hidden_size=128, num_hidden_layers=4)
     assert compat.match_flavor(compat.dims_from_hf_config(tiny), flavors) is None
+
+
+def test_native_flavors_are_read_without_importing_torch_in_this_process(tmp_path, monkeypatch):
+    """The launcher must never import torch (a Neuron torch would claim NeuronCores)."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    code = (
+        "import sys\n"
+        "from trnqwen.train import compat\n"
+        "flavors = compat.native_flavors()\n"
+        "assert '4B' in flavors and flavors['4B'].n_layers == 36, flavors.get('4B')\n"
+        "assert 'torch' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    for _ in range(2):  # the second call is served from the on-disk cache
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+    assert list((tmp_path / "cache" / "trnqwen").glob("qwen3-flavors-*.json"))

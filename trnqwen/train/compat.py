@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -360,9 +361,8 @@ def dims_from_hf_config(config: dict[str, Any]) -> FlavorDims:
     )
 
 
-@functools.lru_cache(maxsize=1)
-def native_flavors() -> dict[str, FlavorDims]:
-    """Registered Qwen3 flavors of the installed torchtitan with their dims (imports torchtitan)."""
+def _flavors_in_this_process() -> dict[str, FlavorDims]:
+    """Read the registered Qwen3 flavors by importing torchtitan (run in a child process)."""
     import importlib
 
     api = require_torchtitan()
@@ -377,6 +377,67 @@ def native_flavors() -> dict[str, FlavorDims]:
         except (AttributeError, TypeError, KeyError, ValueError):  # unreadable flavor: not offered
             continue
     return flavors
+
+
+def _flavor_cache_file() -> Optional[Path]:
+    """A per-torchtitan-install cache file, so the table is read once per install, not per run."""
+    origin = _package_dir()
+    if origin is None:
+        return None
+    try:
+        stamp = int((origin / "models" / "qwen3").stat().st_mtime)
+    except OSError:
+        stamp = 0
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trnqwen"
+    version = installed_version() or "unknown"
+    return base / f"qwen3-flavors-{version}-{stamp}.json"
+
+
+@functools.lru_cache(maxsize=1)
+def native_flavors() -> dict[str, FlavorDims]:
+    """Registered Qwen3 flavors of the installed torchtitan with their dims.
+
+    Building the flavor table imports torch and torchtitan.  The launcher process must stay free
+    of both (a Neuron torch would load its runtime and claim NeuronCores the ranks need, and the
+    import costs seconds), so the table is read in a short-lived child process and cached on disk
+    per torchtitan install.
+    """
+    import json
+    import subprocess
+    import sys
+
+    from trnqwen.errors import EnvironmentProblem
+
+    cache = _flavor_cache_file()
+    if cache is not None and cache.is_file():
+        try:
+            data = json.loads(cache.read_text())
+            return {name: FlavorDims(**dims) for name, dims in data.items()}
+        except (ValueError, TypeError):
+            pass
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    code = (
+        "import dataclasses, json\n"
+        "from trnqwen.train.compat import _flavors_in_this_process\n"
+        "print(json.dumps({k: dataclasses.asdict(v) for k, v in _flavors_in_this_process().items()}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EnvironmentProblem(
+            f"could not read torchtitan's Qwen3 flavors: {last}",
+            hint="check the torchtitan install with `trnqwen check-env`",
+        )
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, cache)
+        except OSError:
+            pass
+    return {name: FlavorDims(**dims) for name, dims in data.items()}
 
 
 def match_flavor(hf_dims: FlavorDims, flavors: dict[str, FlavorDims]) -> Optional[str]:
