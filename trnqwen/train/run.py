@@ -242,6 +242,7 @@ def plan_train(
         log_dir=multinode.node_rank_log_dir(run_dir, cfg.node_rank) if cfg.nnodes > 1 else run_dir / launcher.RANK_LOGS_DIR,
     )
     env = launcher.rank_env(cfg, job, device, run_dir)
+    env.update(multinode.multinode_env(device.type, cfg.nnodes))  # EFA on multi-node Neuron; user values win
     report = preflight(cfg, device, job, nproc, assets_dir=_abs(cfg.resolved_assets_dir, cwd))
     for note in notes:
         report.findings.insert(0, Finding(WARNING, "device", note))
