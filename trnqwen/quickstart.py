@@ -53,11 +53,11 @@ PLOT_FILE = "loss.png"
 
 NEXT_COMMANDS = (
     "trnqwen fetch Qwen/Qwen3-4B-Instruct-2507",
-    "trnqwen check-env --device neuron",
-    "trnqwen train --backend hf-v5 --finetune            # or: -c examples/trn2-hf-v5.toml",
-    "trnqwen train --backend native --finetune --global-batch-size 64",
-    "trnqwen train --backend hf-trainer --finetune",
-    "trnqwen verify-ckpt ./checkpoint_qwen3_4b_ft",
+    "trnqwen check-env",
+    "trnqwen train --backend hf-v5 --finetune --checkpoint-dir checkpoint_qwen3_4b_hf_v5",
+    "trnqwen train --backend native --finetune --global-batch-size 64 --checkpoint-dir checkpoint_qwen3_4b_native",
+    "trnqwen train --backend hf-trainer --finetune --checkpoint-dir checkpoint_qwen3_4b_hf_trainer",
+    "trnqwen verify-ckpt checkpoint_qwen3_4b_native --round-trip",
     "trnqwen inspect-logs --plot loss.png",
 )
 
@@ -593,7 +593,7 @@ def _fmt(x: Any) -> str:
     return f"{x:.3f}" if _finite(x) else "-"
 
 
-SUMMARY_COLUMNS = ("run", "weights", "steps x ranks", "step-1 loss", "last loss", "checkpoint", "wall")
+SUMMARY_COLUMNS = ("run", "weights", "steps", "ranks", "loss @1", "loss end", "export", "wall")
 
 
 def summary_rows(result: QuickstartResult) -> list[tuple[str, ...]]:
@@ -603,9 +603,10 @@ def summary_rows(result: QuickstartResult) -> list[tuple[str, ...]]:
         v = info.verify
         ck = "verified" if v and v.get("ok") else ("exported" if info.exported else "-")
         rows.append((
-            label if label == info.backend else f"{label} ({info.backend})",
-            "pre-trained" if info.finetune else "random init",
-            f"{info.steps} x {info.nproc_per_node}",
+            label,
+            "trained" if info.finetune else "random",
+            str(info.steps),
+            str(info.nproc_per_node),
             _fmt(info.step1_loss),
             _fmt(info.last_loss),
             ck,

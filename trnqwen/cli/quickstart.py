@@ -88,7 +88,7 @@ def quickstart(
 
 
 def _report(result, *, json_out: bool) -> None:
-    from rich.markup import escape
+    import os
 
     from trnqwen import output
     from trnqwen.quickstart import SUMMARY_COLUMNS, summary_rows
@@ -98,7 +98,10 @@ def _report(result, *, json_out: bool) -> None:
         return
     con = output.console(stderr=False)
     title = "quickstart: every stage passed" if result.ok else f"quickstart: stopped at '{result.failed_stage}'"
-    output.table(f"{title} ({result.seconds:.0f}s, {result.device})", SUMMARY_COLUMNS, summary_rows(result))
+    if result.runs:
+        output.table(f"{title} ({result.seconds:.0f}s, {result.device})", SUMMARY_COLUMNS, summary_rows(result))
+    else:
+        con.print(title, markup=False)
     c = result.comparison
     if c:
         con.print(
@@ -107,8 +110,12 @@ def _report(result, *, json_out: bool) -> None:
             + " (the recipe: 12.43 vs 6.54 on Qwen3-4B).",
             markup=False,
         )
-    output.table("written", ["what", "path"], sorted(result.files.items()))
+    con.print(f"Written under {result.workdir}:", markup=False, soft_wrap=True)
+    width = max((len(k) for k in result.files), default=0)
+    for what, path in sorted(result.files.items()):
+        shown = os.path.relpath(path, result.workdir) if path.startswith(result.workdir) else path
+        con.print(f"  {what.ljust(width)}  {shown}", markup=False, soft_wrap=True)
     if result.ok:
-        con.print("Next, on a trn2.48xlarge (64 logical NeuronCores; see docs/getting-started.md):")
+        con.print("Next, on a trn2.48xlarge (64 logical NeuronCores; see docs/getting-started.md):", markup=False)
         for line in result.next_commands:
-            con.print(f"  {escape(line)}")
+            con.print(f"  {line}", markup=False, soft_wrap=True)
