@@ -310,3 +310,22 @@ def test_a_node_that_dies_mid_run_stops_the_other_with_a_clear_message(tmp_path)
     assert "Traceback" not in out
     record = json.loads((work / ".trnqwen" / "runs" / "mn-dead" / "run.json").read_text())
     assert record["status"] == "failed" and "another node" in record["error"]
+
+
+def test_multinode_plan_on_a_trainium_host_carries_efa_env_and_node_paths(tmp_path):
+    """plan_train (no side effects) for node 1 of 2 on a (nominal) trn2: EFA vars, shared run dir, node log."""
+    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.train.run import NOMINAL_DEVICES, plan_train
+
+    assets = write_tiny_qwen3(tmp_path / "assets" / "hf" / "tiny-qwen3")
+    cfg = RunConfig(
+        model="builtin:tiny-qwen3", assets_dir=assets, device="neuron", nnodes=2, node_rank=1,
+        rdzv_endpoint="10.0.0.5:29400", rdzv_id="ft-2", seq_len=256, runs_dir=tmp_path / "runs",
+    )  # fmt: skip
+    plan = plan_train(cfg, device=NOMINAL_DEVICES["neuron"], dry_run=True, cwd=tmp_path)
+    assert plan.run_dir == tmp_path / "runs" / "ft-2"
+    assert plan.log_path == plan.run_dir / "nodes" / "node1" / "train.log"
+    assert {k: plan.env[k] for k in mn.NEURON_EFA_ENV} == mn.NEURON_EFA_ENV
+    argv = plan.argv
+    assert argv[argv.index("--nnodes") + 1] == "2" and argv[argv.index("--rdzv_conf") + 1] == "is_host=0"
+    assert plan.as_dict()["world_size"] == 128
