@@ -1,0 +1,361 @@
+"""The bad-input matrix: whatever a user throws at any subcommand gets the right exit code, a
+one-line message naming the problem and no traceback; a secret in the environment never shows.
+
+Each command's own tests cover its main paths; this file crosses them: every subcommand with
+missing paths, wrong types, out-of-range numbers, unknown choices, contradictory flags, broken
+trnqwen.toml files, hostile logs (non-UTF-8, binary, one 2 GB line), symlink loops, files where
+folders belong, another model family's config.json, a read-only output folder, and HF_TOKEN set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO_ROOT, Result, TRNQWEN, run_subprocess
+
+LOGS = REPO_ROOT / "tests" / "data" / "logs"
+NATIVE_LOG = LOGS / "real_native_tiny_2ranks_finetune.log"
+TINY_CPU = ["--model", "builtin:tiny-qwen3", "--device", "cpu"]
+
+
+def clean_error(r: Result, code: int, *needles: str) -> None:
+    """Exit ``code``, exactly one ``Error:`` line (plus an optional hint), naming the problem."""
+    assert r.code == code, f"exit {r.code} != {code}\n{r.text}"
+    assert "Traceback" not in r.text, r.text
+    assert "internal error" not in r.text, r.text
+    errors = [line for line in r.err.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, r.err
+    for needle in needles:
+        assert needle.lower() in errors[0].lower(), errors[0]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from trnqwen.tiny_model import write_tiny_qwen3
+
+    return write_tiny_qwen3(tmp_path_factory.mktemp("bad-input") / "tiny-qwen3")
+
+
+@pytest.fixture
+def odd_paths(tmp_path) -> dict[str, Path]:
+    """A symlink loop, a dangling link, a plain file, an empty folder."""
+    (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")
+    (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "a_file").write_text("not a folder\n")
+    (tmp_path / "empty").mkdir()
+    return {"loop": tmp_path / "loop_a", "dangling": tmp_path / "dangling", "file": tmp_path / "a_file",
+            "empty": tmp_path / "empty", "missing": tmp_path / "missing"}
+
+
+# --- numbers, types, choices --------------------------------------------------------------------
+
+NUMBERS = [
+    (["train", "--steps", "-1", "--dry-run"], 2, "steps", ">= 1"),
+    (["train", "--steps", "0", "--dry-run"], 2, "steps"),
+    (["train", "--steps", "ten", "--dry-run"], 2, "--steps"),
+    (["train", "--lr", "fast", "--dry-run"], 2, "--lr"),
+    (["train", "--lr", "-0.1", "--dry-run"], 2, "lr"),
+    (["train", "--nproc-per-node", "0", "--dry-run"], 2, "nproc_per_node"),
+    (["train", "--tp", "0", "--dry-run"], 2, "tp"),
+    (["train", "--dp-shard", "0", "--dry-run"], 2, "dp_shard"),
+    (["train", "--seq-len", "4", "--dry-run"], 2, "seq_len"),
+    (["train", "--local-batch-size", "-2", "--dry-run"], 2, "local_batch_size"),
+    (["train", "--top-k", "8", "--num-experts", "4", "--dry-run"], 2, "top_k"),
+    (["train", "--backend", "bogus", "--dry-run"], 2, "backend", "bogus"),
+    (["train", "--device", "tpu", "--dry-run"], 2, "device", "tpu"),
+    (["check-env", "--device", "tpu"], 2, "device"),
+    (["config", "show", "--backend", "torchxla"], 2, "backend"),
+    (["config", "show", "--steps", "-5"], 2, "steps"),
+    (["fetch", "not a repo id!"], 2, "model"),
+    (["fetch", "builtin:tiny-qwen3", "--max-workers", "0"], 2, "--max-workers"),
+    (["fetch", "builtin:tiny-qwen3", "--keep-free", "lots"], 2, "not a size"),
+    (["fetch", "builtin:tiny-qwen3", "--revision", "v2"], 2, "built-in"),
+    (["verify-ckpt", ".", "--step", "-3"], 2, "--step"),
+    (["verify-ckpt", ".", "--max-new-tokens", "0"], 2, "--max-new-tokens"),
+    (["inspect-logs", str(NATIVE_LOG), "--vocab-size", "1"], 2, "--vocab-size"),
+    (["inspect-logs", str(NATIVE_LOG), "--expect-layers", "0"], 2, "--expect-layers"),
+    (["inspect-logs", str(NATIVE_LOG), "--plot", "loss.txt"], 2, "--plot"),
+    (["inspect-logs", "-", "-"], 2, "stdin"),
+]
+
+
+@pytest.mark.parametrize("case", NUMBERS, ids=[" ".join(c[0][:3]) for c in NUMBERS])
+def test_wrong_types_out_of_range_and_unknown_choices(cli, in_tmp, case):
+    args, code, *needles = case
+    clean_error(cli(*args), code, *needles)
+
+
+def test_env_value_of_the_wrong_type_names_its_source(cli, in_tmp, monkeypatch):
+    monkeypatch.setenv("TRNQWEN_STEPS", "many")
+    clean_error(cli("config", "show"), 2, "steps", "env TRNQWEN_STEPS")
+
+
+# --- contradictory flags ----------------------------------------------------------------------------
+
+
+def test_nki_moe_without_torchtitan_neuron(cli, in_tmp, tiny):
+    clean_error(cli("train", *TINY_CPU, "--assets", str(tiny), "--backend", "nki-moe"), 3, "torchtitan-neuron")
+
+
+def test_finetune_without_assets(cli, in_tmp, odd_paths):
+    clean_error(cli("train", *TINY_CPU, "--finetune", "--assets", str(odd_paths["missing"])), 2, "assets", "missing")
+    clean_error(cli("train", *TINY_CPU, "--finetune", "--assets", str(odd_paths["empty"])), 2, "assets")
+
+
+def test_finetune_with_assets_but_no_weights(cli, in_tmp, tiny, tmp_path):
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (no_weights / name).write_bytes((tiny / name).read_bytes())
+    clean_error(cli("train", *TINY_CPU, "--finetune", "--assets", str(no_weights)), 2, "safetensors")
+
+
+def test_raw_flags_without_the_separator(cli, in_tmp):
+    clean_error(cli("train", *TINY_CPU, "metrics.log_freq", "--dry-run"), 2, "unexpected argument")
+
+
+def test_global_batch_not_a_multiple(cli, in_tmp, tiny):
+    r = cli("train", *TINY_CPU, "--assets", str(tiny), "--nproc-per-node", "2", "--global-batch-size", "3")
+    clean_error(r, 2, "global batch 3")
+
+
+# --- NKI RoPE sequence length on a (fake) Trainium host -------------------------------------------
+
+
+@pytest.mark.parametrize("lnc, bad, good", [(2, 300, 512), (1, 200, 256)])
+def test_nki_rope_seq_len_must_be_a_multiple_of_128_x_lnc(tmp_path, tiny, lnc, bad, good):
+    from tests.doubles.neuron import neuron_host
+
+    env = neuron_host(tmp_path, lnc=lnc)
+    args = ["train", "--model", "builtin:tiny-qwen3", "--assets", str(tiny), "--device", "neuron",
+            "--override-imports", "my_kernels.nki_rope_override"]
+    r = run_subprocess(*args, "--seq-len", str(bad), env=env, cwd=tmp_path)
+    clean_error(r, 2, f"seq_len {bad}", f"multiple of {128 * lnc}")
+    assert not (tmp_path / ".trnqwen" / "runs").exists() or not any((tmp_path / ".trnqwen" / "runs").glob("*/run.json"))
+    ok = run_subprocess(*args, "--seq-len", str(good), "--dry-run", "--json", env=env, cwd=tmp_path)
+    assert ok.code == 0, ok.text
+    assert not [f for f in json.loads(ok.out)["preflight"]["findings"] if f["check"] == "seq_len"]
+
+
+# --- trnqwen.toml -----------------------------------------------------------------------------------
+
+TOMLS = [
+    ("steps = 3\nseq_len = [\n", "TOML syntax error"),
+    ("steps = 3\nsteps = 4\n", "TOML syntax error"),
+    ("stepz = 3\n", "did you mean 'steps'"),
+    ("[run]\nbackend = 'native'\nlearning_rate = 1e-4\n", "unknown key 'learning_rate'"),
+    ("steps = 'ten'\n", "steps"),
+    ("backend = 'jax'\n", "backend"),
+    ("assets_dir = 42\n", "assets_dir"),
+]
+
+
+@pytest.mark.parametrize("text, needle", TOMLS)
+@pytest.mark.parametrize("command", [["config", "show"], ["train", "--dry-run"], ["check-env"], ["fetch", "--dry-run"]])
+def test_broken_trnqwen_toml_in_the_project(cli, in_tmp, text, needle, command):
+    (in_tmp / "trnqwen.toml").write_text(text)
+    clean_error(cli(*command), 2, needle)
+
+
+def test_trnqwen_toml_not_utf8_and_binary(cli, in_tmp):
+    (in_tmp / "trnqwen.toml").write_bytes(b"steps = 3\n\xff\xfe\x00\x01")
+    clean_error(cli("config", "show"), 2, "not UTF-8")
+    (in_tmp / "trnqwen.toml").write_bytes(os.urandom(2048).replace(b"\n", b" ") + b"\x00")
+    r = cli("config", "show")
+    clean_error(r, 2, "trnqwen.toml")
+
+
+def test_config_file_flag_pointing_at_odd_things(cli, in_tmp, odd_paths):
+    for key in ("missing", "empty", "loop", "dangling"):
+        clean_error(cli("config", "show", "--config-file", str(odd_paths[key])), 2, "config file")
+
+
+# --- paths: missing, loops, files where folders belong -----------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["missing", "loop", "dangling"])
+def test_missing_and_looping_paths_for_every_reader(cli, in_tmp, odd_paths, tiny, kind):
+    p = str(odd_paths[kind])
+    word = "no such" if kind == "missing" else "symlink"
+    clean_error(cli("verify-ckpt", p), 2, word)
+    clean_error(cli("verify-ckpt", str(tiny), "--compare-to", p), 2, word)
+    clean_error(cli("inspect-logs", p), 2, word)
+    clean_error(cli("inspect-logs", str(NATIVE_LOG), "--compare", p), 2)
+    clean_error(cli("train", *TINY_CPU, "--assets", p), 2, "assets")
+    clean_error(cli("train", *TINY_CPU, "--assets", str(tiny), "--dataset", p, "--dry-run"), 2, "dataset")
+
+
+def test_fetch_into_a_loop_a_link_or_a_file(cli, in_tmp, odd_paths):
+    clean_error(cli("fetch", "builtin:tiny-qwen3", "--local-dir", str(odd_paths["loop"])), 2, "symlink")
+    clean_error(cli("fetch", "builtin:tiny-qwen3", "--local-dir", str(odd_paths["dangling"])), 2, "symbolic link")
+    clean_error(cli("fetch", "builtin:tiny-qwen3", "--local-dir", str(odd_paths["file"])), 2, "not a folder")
+
+
+def test_checkpoint_folder_that_is_really_a_file(cli, in_tmp, odd_paths, tiny):
+    clean_error(cli("verify-ckpt", str(odd_paths["file"])), 2, "not a checkpoint")
+    # train refuses before starting anything (it used to train, then fail at save)
+    r = cli("train", *TINY_CPU, "--assets", str(tiny), "--finetune", "--checkpoint-dir", str(odd_paths["file"]))
+    clean_error(r, 2, "checkpoint folder", "not a folder")
+    r = cli("train", *TINY_CPU, "--assets", str(tiny), "--finetune", "--checkpoint-dir", str(odd_paths["loop"]))
+    clean_error(r, 2, "symlink loop")
+    assert not list((in_tmp / ".trnqwen").rglob("run.json"))
+
+
+def test_empty_folders(cli, in_tmp, odd_paths):
+    clean_error(cli("verify-ckpt", str(odd_paths["empty"])), 2, "empty")
+    clean_error(cli("inspect-logs", str(odd_paths["empty"])), 2, "no run.json or train.log")
+
+
+def test_no_last_run_to_default_to(cli, in_tmp):
+    clean_error(cli("inspect-logs"), 2, "no run found")
+    r = cli("verify-ckpt")
+    assert r.code == 2 and "Traceback" not in r.text
+
+
+def test_config_json_of_another_model_family(cli, in_tmp, tiny, tmp_path):
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    for name in ("model-00001-of-00001.safetensors", "model.safetensors.index.json", "tokenizer.json",
+                 "tokenizer_config.json"):
+        (llama / name).write_bytes((tiny / name).read_bytes())
+    cfg = json.loads((tiny / "config.json").read_text())
+    cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    (llama / "config.json").write_text(json.dumps(cfg))
+    clean_error(cli("verify-ckpt", str(llama)), 2, "llama", "not a Qwen3")
+    clean_error(cli("verify-ckpt", str(tiny), "--assets", str(llama)), 2, "llama")
+    clean_error(cli("train", *TINY_CPU, "--backend", "native", "--assets", str(llama), "--dry-run"), 2, "llama")
+
+
+# --- logs: non-UTF-8, binary, a 2 GB line --------------------------------------------------------------
+
+
+def test_binary_and_non_utf8_logs(cli, tmp_path):
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)) * 64)
+    clean_error(cli("inspect-logs", str(binary)), 1, "does not look like a text log")
+    latin1 = tmp_path / "latin1.log"
+    latin1.write_bytes(b"caf\xe9 \xff\xfe\n" + NATIVE_LOG.read_bytes())
+    r = cli("inspect-logs", str(latin1), "--json")
+    assert r.code == 0, r.text
+    payload = json.loads(r.out)
+    assert payload["summary"]["steps"] if "steps" in payload["summary"] else payload["steps"]
+    assert any("utf" in f["code"].lower() for f in payload["findings"]), payload["findings"]
+
+
+def test_a_2gb_log_line_is_read_in_bounded_memory(tmp_path):
+    """A sparse file: half the real log, one 2 GiB line of NULs, the other half (no 2 GB in memory)."""
+    lines = NATIVE_LOG.read_bytes().splitlines(keepends=True)
+    half = len(lines) // 2
+    log = tmp_path / "huge.log"
+    with open(log, "wb") as fh:
+        fh.writelines(lines[:half])
+        fh.write(b"[rank0]: huge line starts ")
+        fh.seek(2 * 1024**3, os.SEEK_CUR)  # a hole: reads as NUL bytes, costs no disk
+        fh.write(b" huge line ends\n")
+        fh.writelines(lines[half:])
+    assert log.stat().st_size > 2 * 1024**3
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    t0 = time.monotonic()
+    proc = subprocess.run([*TRNQWEN, "inspect-logs", str(log), "--json"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    took = time.monotonic() - t0
+    peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    full = json.loads(run_subprocess("inspect-logs", str(NATIVE_LOG), "--json").out)
+    huge = json.loads(proc.stdout)
+    def strip(steps):
+        return [{k: v for k, v in s.items() if k != "line"} for s in steps]
+
+    assert strip(huge["steps"]) == strip(full["steps"])  # every step on both sides of the line is still found
+    assert any("overlong" in f["code"] for f in huge["findings"]), huge["findings"]
+    assert peak_mib < 1024, f"peak RSS {peak_mib:.0f} MiB for a 2 GiB line"
+    print(f"2 GiB line: {took:.1f}s, peak RSS of children {peak_mib:.0f} MiB")
+
+
+def test_binary_garbage_on_stdin(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.run([*TRNQWEN, "inspect-logs", "-"], input=os.urandom(1 << 20), capture_output=True, env=env,
+                          timeout=120)
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 1 and "Traceback" not in err and "Error:" in err
+
+
+# --- read-only output folders ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A read-only tmpfs (chmod does not stop root, a read-only mount does)."""
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only tmpfs needs root")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_read_only_output_folders(read_only_dir, tiny, tmp_path):
+    ro = read_only_dir
+    r = run_subprocess("train", *TINY_CPU, "--assets", str(tiny), "--steps", "1", cwd=ro)
+    clean_error(r, 2, "read-only")  # the runs dir, found by preflight, nothing started
+    r = run_subprocess("train", *TINY_CPU, "--assets", str(tiny), "--finetune", "--checkpoint-dir", str(ro / "ck"),
+                       cwd=tmp_path)
+    clean_error(r, 2, "checkpoint folder", "read-only")
+    assert not (tmp_path / ".trnqwen").exists() or not list((tmp_path / ".trnqwen").rglob("run.json"))
+    clean_error(run_subprocess("fetch", "builtin:tiny-qwen3", "--local-dir", str(ro / "x")), 3, "read-only")
+    clean_error(run_subprocess("inspect-logs", str(NATIVE_LOG), "--csv", str(ro / "s.csv")), 3, "read-only")
+    clean_error(run_subprocess("inspect-logs", str(NATIVE_LOG), "--plot", str(ro / "s.png")), 3, "read-only")
+    # readers only read: verify-ckpt of a checkpoint on a read-only mount works
+    assert list(ro.iterdir()) == []
+
+
+# --- a token in the environment never shows --------------------------------------------------------------
+
+TOKEN = "hf_FAKEbadInputToken9876543210zyxw"
+PLAIN_TOKEN = "plain-secret-not-hf-shaped-4242"
+
+
+@pytest.mark.parametrize("token", [TOKEN, PLAIN_TOKEN])
+def test_hf_token_never_appears_in_any_output(cli, in_tmp, tiny, monkeypatch, token):
+    monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.setenv("HUGGING_FACE_HUB_TOKEN", token)
+    log = in_tmp / "leaky.log"
+    log.write_text(NATIVE_LOG.read_text() + f"[rank1]: Traceback (most recent call last):\n[rank1]:   File \"x.py\"\n"
+                   f"[rank1]: ValueError: bad auth header Bearer {token} for HF_TOKEN={token}\n")
+    runs = [
+        cli("config", "show", "--json"),
+        cli("config", "show"),
+        cli("check-env", "--json"),
+        cli("check-env"),
+        cli("fetch", "builtin:tiny-qwen3", "--local-dir", str(in_tmp / "t"), "--json"),
+        cli("train", *TINY_CPU, "--assets", str(tiny), "--finetune", "--dry-run", "--json"),
+        cli("train", *TINY_CPU, "--assets", str(tiny), "--finetune", "--dry-run"),
+        cli("train", *TINY_CPU, "--assets", str(tiny), "--export-config", str(in_tmp / "cfg_mod.py")),
+        cli("verify-ckpt", str(tiny), "--json"),
+        cli("verify-ckpt", str(tiny)),
+        cli("inspect-logs", str(log), "--json"),
+        cli("inspect-logs", str(log), "--csv", str(in_tmp / "s.csv")),
+        cli("train", *TINY_CPU, "--assets", f"/nonexistent/{token}", "--finetune"),  # echoed in an error
+    ]
+    for r in runs:
+        assert token not in r.text, r.text
+        assert "Traceback" not in r.text
+    assert runs[10].code == 0 and "ValueError: bad auth header" in runs[10].out
+    for p in in_tmp.rglob("*"):
+        if p.is_file() and p != log:  # everything trnqwen wrote (the CSV, the config module, the fetch)
+            assert token.encode() not in p.read_bytes(), p
