@@ -103,6 +103,7 @@ def _load_model(ckpt: CheckpointFiles, config, device_map: Optional[str], trust_
             "config": config,
             "generation_config": generation_config,
             "trust_remote_code": trust_remote_code,
+            "use_safetensors": True,  # never fall back to unpickling a pytorch_model.bin
         }
         if device_map is not None:
             kwargs["device_map"] = device_map

@@ -580,7 +580,7 @@ def _load_model(spec: HFTrainerSpec, plan: ParallelPlan, local_rank: int):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": torch.float32, "trust_remote_code": spec.trust_remote_code}
+    kwargs: dict[str, Any] = {"dtype": torch.float32, "trust_remote_code": spec.trust_remote_code, "use_safetensors": True}
     kwargs.update(load_kwargs(spec.device, plan, local_rank))
     device_map = kwargs.get("device_map", "cpu")
     if "distributed_config" in kwargs:
