@@ -320,7 +320,9 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
         Path(cache).mkdir(parents=True, exist_ok=True)
     script = (node_dir if multi else plan.run_dir) / COMMAND_SCRIPT
     _write_text_atomic(script, launcher.command_script(plan.argv, plan.env, plan.cwd))
-    script.chmod(0o755)
+    mask = os.umask(0)
+    os.umask(mask)
+    script.chmod(0o777 & ~mask)  # executable, but no more readable than the user's umask allows
     record = RunRecord(
         run_id=plan.run_id,
         run_dir=str(plan.run_dir),
