@@ -298,11 +298,20 @@ def _round_trip(model_config: ModelConfig, tensors: dict[str, TensorInfo], repor
 
     if model_config.data.get("model_type") == "qwen3_moe":
         return {"skipped": "transformers 5 fuses qwen3_moe experts on load; the Hub layout is checked from the headers"}
-    result = round_trip(
-        str(model_config.path.parent),
-        {k: (t.shape, t.dtype) for k, t in tensors.items()},
-        trust_remote_code=trust_remote_code,
-    )
+    try:
+        result = round_trip(
+            str(model_config.path.parent),
+            {k: (t.shape, t.dtype) for k, t in tensors.items()},
+            trust_remote_code=trust_remote_code,
+        )
+    except (ValueError, KeyError, ImportError, OSError) as exc:  # e.g. a config class no AutoModel knows
+        from trnqwen.errors import CheckFailed
+
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckFailed(
+            f"--round-trip: transformers cannot build a model from {model_config.path}: {first[:300]}",
+            hint="check config.json (model_type, architectures, auto_map) against the snapshot it was trained from",
+        ) from None
     shape_bad = {m.key for m in report.mismatched if m.kind == "shape"}
     ours_missing = sorted(set(report.missing_keys) | set(report.expected_missing) | shape_bad)
     disagrees = []
