@@ -190,6 +190,7 @@ def train(
 
     plan = plan_train(resolved, extra_args=extra)
     _print_findings(plan.preflight, quiet_info=json_out, notes=plan.job.notes)
+    plan.preflight.raise_for_errors()  # before announcing a run (and a log path) that will not exist
     if not json_out:
         output.info(
             f"run {plan.run_id}: {plan.config.backend} on {plan.device.type} x {plan.nproc_per_node} rank(s), "
