@@ -120,7 +120,7 @@ class RunConfig(BaseModel):
             raise ValueError("must not be empty")
         if v.startswith(BUILTIN_PREFIX):
             return v
-        if not re.fullmatch(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?", v) and not Path(v).expanduser().exists():
+        if not re.fullmatch(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?", v) and not _expand(v).exists():
             raise ValueError("must be a Hub repo id like Qwen/Qwen3-4B-Instruct-2507, builtin:tiny-qwen3, or a local folder")
         return v
 
@@ -164,7 +164,7 @@ class RunConfig(BaseModel):
     def resolved_assets_dir(self) -> Path:
         if self.assets_dir is not None:
             return self.assets_dir
-        local = Path(self.model).expanduser()
+        local = _expand(self.model)
         if not self.is_builtin and "/" in self.model and local.is_dir() and (local / "config.json").exists():
             return local
         return Path("assets") / "hf" / self.model_name
@@ -179,6 +179,14 @@ class RunConfig(BaseModel):
     @property
     def resolved_export_hf(self) -> bool:
         return self.finetune if self.export_hf is None else self.export_hf
+
+
+def _expand(path: str) -> Path:
+    """``Path(path).expanduser()``, but ``~nosuchuser`` stays as written instead of raising."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        return Path(path)
 
 
 def model_name(model: str) -> str:
@@ -282,7 +290,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
     values = {k.replace("-", "_"): v for k, v in data.items()}
     base = path.parent
     for key in PATH_FIELDS & values.keys():
-        if isinstance(values[key], str) and not Path(values[key]).expanduser().is_absolute():
+        if isinstance(values[key], str) and not _expand(values[key]).is_absolute():
             values[key] = str(base / values[key])
     return values
 

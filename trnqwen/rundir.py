@@ -52,6 +52,8 @@ class RunRecord:
     @classmethod
     def load(cls, run_dir: Path) -> "RunRecord":
         data = json.loads((Path(run_dir) / RUN_RECORD).read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{Path(run_dir) / RUN_RECORD} is not a JSON object")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
 
