@@ -265,6 +265,9 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(getattr(exc, "exit_code", 2))
         if _debug():
             raise
+        if isinstance(exc, RuntimeError) and "home directory" in str(exc):  # expanduser("~nosuchuser/x")
+            report_error(f"cannot expand a path starting with ~: {exc}", "use an absolute path, or ~/ for your own home")
+            sys.exit(2)
         report_error(
             f"internal error: {type(exc).__name__}: {exc}",
             "this is a trnqwen bug; rerun with TRNQWEN_DEBUG=1 for the traceback and report it",
