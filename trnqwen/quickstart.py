@@ -477,7 +477,7 @@ def run_quickstart(
                 st.detail = value
             return value
         except TrnqwenError as exc:
-            st.error = exc.message if isinstance(exc, StageFailed) else f"{exc.message}"
+            st.error = exc.message
             result.failed_stage = name
             result.error = exc.message
             if not isinstance(exc, StageFailed):
