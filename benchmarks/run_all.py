@@ -147,6 +147,13 @@ def machine() -> dict[str, Any]:
     }
 
 
+GPU_NOTE = (
+    "`benchmarks/gpu_check.sh` (one CUDA GPU, under 8 minutes: a Qwen3-0.6B-shaped random-init native run through "
+    "`trnqwen train` and through the equivalent raw torchrun line, tokens/s and MFU of both) is not part of this "
+    "run: it needs a GPU. Where it has been run, its `gpu_check.json` line belongs here; numbers are never estimated."
+)
+
+
 def render_results(rows: list[dict[str, Any]], info: dict[str, Any], *, quick: bool, note: str = "") -> str:
     when = time.strftime("%Y-%m-%d %H:%M %Z")
     lines = [
@@ -166,6 +173,7 @@ def render_results(rows: list[dict[str, Any]], info: dict[str, Any], *, quick: b
     if note:
         lines += ["", f"Note: {note}"]
     lines += ["", "## Summary", "", build_table(rows)]
+    lines += ["## GPU check", "", GPU_NOTE, ""]
     lines += ["## Raw summary lines", "", "```"]
     lines += [json.dumps({"benchmark": r["name"], **(r.get("summary") or {"status": r["status"]})}) for r in rows]
     lines += ["```", ""]
