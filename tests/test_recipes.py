@@ -30,7 +30,7 @@ QWEN3_4B_2507 = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 2560, "num_hidden_layers": 36,
     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 9728,
     "vocab_size": 151936, "tie_word_embeddings": True, "rope_theta": 5000000, "rms_norm_eps": 1e-06,
-    "max_position_embeddings": 262144,
+    "max_position_embeddings": 262144, "torch_dtype": "bfloat16",
 }
 
 
@@ -122,6 +122,7 @@ def test_finetune_sets_the_recipe_checkpoint_fields(qwen3_4b_assets, text_jsonl,
     assert ck.initial_load_in_hf is True and ck.initial_load_model_only is True
     assert ck.last_save_in_hf is True and ck.last_save_model_only is True
     assert ck.interval == cfg.steps
+    assert ck.export_dtype == "bfloat16"  # the published weights' dtype, not the registry's float16
     assert job.checkpoint_dir == tmp_path / "checkpoint_qwen3_4b_ft"
 
 
@@ -131,6 +132,7 @@ def test_export_without_finetune_starts_from_random_init(tiny_assets, tmp_path):
     job, config = job_and_config(cfg, CPU, tmp_path)
     assert config.checkpoint.enable and config.checkpoint.last_save_in_hf
     assert config.checkpoint.initial_load_path is None and not config.checkpoint.initial_load_in_hf
+    assert config.checkpoint.export_dtype == "float32"  # the tiny model's own dtype
     assert job.checkpoint_dir == tmp_path / "ck"
 
 

@@ -291,6 +291,14 @@ def _plan_nki_moe(plan: Plan) -> None:
     plan.flavor = NKI_MOE_FLAVOR
 
 
+def hf_export_dtype(hf_config: Optional[dict[str, Any]]) -> Optional[str]:
+    """The dtype the HF export should use: the assets' own (``dtype``/``torch_dtype``)."""
+    if not hf_config:
+        return None
+    dtype = str(hf_config.get("dtype") or hf_config.get("torch_dtype") or "").removeprefix("torch.")
+    return dtype if dtype in ("float16", "bfloat16", "float32") else None
+
+
 def count_params(d: compat.FlavorDims) -> int:
     """Parameter count of a Qwen3 (dense or MoE) from its dims."""
     attn = d.dim * d.n_heads * d.head_dim * 2 + d.dim * d.n_kv_heads * d.head_dim * 2 + 2 * d.head_dim
@@ -408,6 +416,11 @@ def _render(plan: Plan) -> str:
             "config.checkpoint.last_save_model_only = True",
             "config.checkpoint.last_save_in_hf = True",
         ]
+        export_dtype = hf_export_dtype(plan.hf_config)
+        if export_dtype:
+            # torchtitan's Qwen3 configs export float16; bf16 weights can overflow float16, so the
+            # export keeps the checkpoint's own dtype (bfloat16 for the published Qwen3 models).
+            body.append(f"config.checkpoint.export_dtype = {export_dtype!r}")
         if cfg.finetune:
             body += [
                 f"config.checkpoint.initial_load_path = {assets!r}",
