@@ -407,6 +407,8 @@ class _Handler(BaseHTTPRequestHandler):
                 limit = pos
             if stall_at is not None and stall_at > pos:
                 limit = min(limit, stall_at)
+            elif stall_at is not None:  # at the stall point: wait below (else it streamed straight past)
+                limit = pos
             if limit == pos:
                 if drop_at is not None and pos >= drop_at:
                     self._abort(reset)
