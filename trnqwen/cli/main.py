@@ -209,6 +209,19 @@ def _os_error(exc: OSError) -> tuple[int, str, str]:
     return 2, f"{what}" + (f": {where}" if where else ""), "check the path"
 
 
+def _exit_past_blocked_threads(code: int) -> None:
+    """Ctrl-C must end the command now: worker threads still blocked in a network read (a
+    stalled download's thread pool) would make a normal exit wait for them, possibly for ever.
+    Downloads resume from their .incomplete files and every result file is written atomically."""
+    import threading
+
+    # (daemon or not: concurrent.futures joins its pool workers at exit either way)
+    if any(t.is_alive() for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the app and maps errors to exit codes."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -240,6 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("Interrupted.\n")
+        _exit_past_blocked_threads(EXIT_SIGINT)
         sys.exit(EXIT_SIGINT)
     except BrokenPipeError:
         sys.exit(1)
@@ -259,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
 
             if isinstance(exc, typer.Abort):
                 sys.stderr.write("Interrupted.\n")
+                _exit_past_blocked_threads(EXIT_SIGINT)
                 sys.exit(EXIT_SIGINT)
             if isinstance(exc, typer.TyperException) and hasattr(exc, "show"):
                 exc.show()
@@ -273,6 +288,9 @@ def main(argv: list[str] | None = None) -> None:
             "this is a trnqwen bug; rerun with TRNQWEN_DEBUG=1 for the traceback and report it",
         )
         sys.exit(70)
+    if rv == EXIT_SIGINT:  # typer turns Ctrl-C inside a command into a return value of 130
+        sys.stderr.write("Interrupted.\n")
+        _exit_past_blocked_threads(EXIT_SIGINT)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
