@@ -695,6 +695,29 @@ def fetch(
     return result
 
 
+def _interruptible(fn, *args, **kwargs):
+    """Run ``fn`` in a daemon thread and wait in short joins, so Ctrl-C reaches this (main) thread
+    at once.  Called directly, snapshot_download's thread pool would first wait, on the way out,
+    for every worker still blocked reading a stalled connection."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name="trnqwen-download", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.2)
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
 def _download(repo_id: str, commit: str, local_dir: Path, names: list[str], max_workers: int, progress: bool) -> None:
     from huggingface_hub import snapshot_download
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars, are_progress_bars_disabled
@@ -709,7 +732,8 @@ def _download(repo_id: str, commit: str, local_dir: Path, names: list[str], max_
     try:
         for attempt in range(1, DOWNLOAD_ATTEMPTS + 1):
             try:
-                snapshot_download(
+                _interruptible(
+                    snapshot_download,
                     repo_id,
                     revision=commit,
                     local_dir=str(local_dir),
