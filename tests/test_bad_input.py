@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -264,11 +263,19 @@ def test_a_2gb_log_line_is_read_in_bounded_memory(tmp_path):
         fh.writelines(lines[half:])
     assert log.stat().st_size > 2 * 1024**3
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    t0 = time.monotonic()
-    proc = subprocess.run([*TRNQWEN, "inspect-logs", str(log), "--json"], capture_output=True, text=True, env=env,
-                          timeout=300)
-    took = time.monotonic() - t0
-    peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    # A fresh wrapper process, so RUSAGE_CHILDREN is this one command's peak RSS alone.
+    wrapper = (
+        "import json, resource, subprocess, sys, time\n"
+        "t = time.monotonic()\n"
+        "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+        "json.dump({'rc': p.returncode, 'out': p.stdout, 'err': p.stderr, 's': time.monotonic() - t,\n"
+        "           'rss_kib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}, sys.stdout)\n"
+    )
+    res = json.loads(subprocess.run([sys.executable, "-c", wrapper, *TRNQWEN, "inspect-logs", str(log), "--json"],
+                                    capture_output=True, text=True, env=env, timeout=300, check=True).stdout)
+    proc = subprocess.CompletedProcess(TRNQWEN, res["rc"], res["out"], res["err"])
+    took = res["s"]
+    peak_mib = res["rss_kib"] / 1024
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     full = json.loads(run_subprocess("inspect-logs", str(NATIVE_LOG), "--json").out)
