@@ -46,7 +46,7 @@ from trnqwen.cli._options import (
     given,
 )
 
-HELP = "Train (fine-tune) Qwen3 with torchtitan over torchrun: hf-v5, native or nki-moe backend."
+HELP = "Train (fine-tune) Qwen3 over torchrun: hf-v5, native, nki-moe (torchtitan) or hf-trainer backend."
 EPILOG = """\
 Examples:
 
