@@ -235,10 +235,11 @@ def test_scan_counts_equal_isnan_isinf(tmp_path_factory, specs, chunk, seed):
     h = json.dumps(header).encode()
     path = tmp_path_factory.mktemp("scan") / "s.safetensors"
     path.write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-    seen = []
-    found = scan_nonfinite([read_header(path)], progress=seen.append, chunk=chunk)
-    assert {k: (v.nan, v.inf) for k, v in found.items()} == want
-    assert sum(seen) == pos
+    for workers in (1, 3):  # the threaded scan must merge windows exactly like a serial one
+        seen = []
+        found = scan_nonfinite([read_header(path)], progress=seen.append, chunk=chunk, workers=workers)
+        assert {k: (v.nan, v.inf) for k, v in found.items()} == want
+        assert sum(seen) == pos
 
 
 def test_float8_rules():
