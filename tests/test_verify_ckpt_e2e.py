@@ -54,6 +54,16 @@ def test_real_export_verifies_with_only_tied_head_missing(trained, monkeypatch, 
     assert tree_hash(ckpt) == before
 
 
+def test_explicit_checkpoint_path_finds_the_assets_of_the_run_that_wrote_it(trained, monkeypatch, cli):
+    """As users type it: `trnqwen verify-ckpt ./checkpoint_tiny_qwen3_ft`, no --assets."""
+    work, ckpt, _ = trained
+    monkeypatch.chdir(work)
+    for given in ("checkpoint_tiny_qwen3_ft", "checkpoint_tiny_qwen3_ft/step-2"):
+        res = cli("verify-ckpt", given, "--quick", "--json")
+        assert res.code == 0, res.text
+        assert _json(res)["expected_missing"] == ["lm_head.weight"]
+
+
 def _damaged(ckpt: Path, dst: Path, edit) -> Path:
     from safetensors.torch import load_file, save_file
 

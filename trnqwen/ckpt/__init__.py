@@ -36,6 +36,8 @@ def locate(
     run_assets: Optional[Path] = None
     if checkpoint is None:
         checkpoint, run_assets = _last_run_checkpoint(run_config)
+    else:
+        run_assets = _assets_of_run_that_wrote(Path(checkpoint), run_config)
     ckpt = resolve_checkpoint(checkpoint, step)
     config_assets = Path(run_config.resolved_assets_dir) if run_config is not None else None
     model_config = find_config(ckpt, assets=assets, run_assets=run_assets, config_assets=config_assets)
@@ -68,3 +70,30 @@ def _last_run_checkpoint(run_config) -> tuple[Path, Optional[Path]]:
             hint="pass the checkpoint folder explicitly",
         )
     return path, Path(record.assets_dir) if record.assets_dir else None
+
+
+def _assets_of_run_that_wrote(checkpoint: Path, run_config) -> Optional[Path]:
+    """The assets dir of the newest recorded run whose checkpoint folder is ``checkpoint`` (or
+    holds it, for a ``step-N`` folder), so ``verify-ckpt ./checkpoint_x_ft`` needs no --assets."""
+    from trnqwen.rundir import RUN_RECORD, RunRecord
+
+    runs_dir = Path(run_config.runs_dir) if run_config is not None else Path(".trnqwen/runs")
+    try:
+        target = checkpoint.expanduser().resolve()
+        records = sorted(runs_dir.glob(f"*/{RUN_RECORD}"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except (OSError, RuntimeError):
+        return None
+    for record_file in records[:200]:
+        try:
+            record = RunRecord.load(record_file.parent)
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+        if not record.checkpoint_dir or not record.assets_dir:
+            continue
+        try:
+            written = Path(record.checkpoint_dir).expanduser().resolve()
+        except (OSError, RuntimeError):
+            continue
+        if target == written or written in target.parents:
+            return Path(record.assets_dir)
+    return None
