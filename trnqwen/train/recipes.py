@@ -197,12 +197,12 @@ def _check_nki_moe_available(check_runtime: bool, notes: list[str]) -> None:
 
 
 def _read_assets(assets_dir: Path, cfg: RunConfig, *, check_runtime: bool, notes: list[str]) -> Optional[dict[str, Any]]:
-    fetch_hint = f"download it first: trnqwen fetch --model {cfg.model}"
+    fetch_hint = f"download it first: trnqwen fetch {cfg.model}"
     config_json = assets_dir / "config.json"
     if not config_json.is_file():
         if check_runtime:
             raise UsageError(f"model assets not found: {config_json} is missing", hint=fetch_hint)
-        notes.append(f"{config_json} is missing: run `trnqwen fetch --model {cfg.model}` before training")
+        notes.append(f"{config_json} is missing: run `trnqwen fetch {cfg.model}` before training")
         return None
     try:
         hf_config = json.loads(config_json.read_text())
@@ -247,7 +247,7 @@ def _plan_native(plan: Plan) -> None:
         if guess not in flavors:
             raise UsageError(
                 f"cannot tell the architecture of {plan.cfg.model}: no config.json and no registered flavor in its name",
-                hint=f"trnqwen fetch --model {plan.cfg.model} first",
+                hint=f"trnqwen fetch {plan.cfg.model} first",
             )
         plan.flavor = guess
         plan.dims = flavors[guess]

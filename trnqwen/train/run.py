@@ -174,12 +174,17 @@ def resolve_device(cfg: RunConfig, *, dry_run: bool = False) -> tuple[DeviceInfo
     from trnqwen.device import detect_device
 
     try:
-        return detect_device(cfg.device), []
+        device = detect_device(cfg.device)
     except EnvironmentProblem as exc:
         if dry_run and cfg.device in NOMINAL_DEVICES:
             nominal = NOMINAL_DEVICES[cfg.device]
             return nominal, [f"{exc.message}; showing the command for a {nominal.instance_type or cfg.device}"]
         raise
+    if dry_run and cfg.backend == "nki-moe" and cfg.device == "auto" and device.type != "neuron":
+        # NKI kernels run only on Trainium: a dry run elsewhere shows the Trainium command.
+        nominal = NOMINAL_DEVICES["neuron"]
+        return nominal, [f"nki-moe runs only on Neuron; showing the command for a {nominal.instance_type}"]
+    return device, []
 
 
 # --- planning ---------------------------------------------------------------------------------
