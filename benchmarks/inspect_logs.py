@@ -92,7 +92,7 @@ def generate(path: Path, target_mb: float) -> dict:
             fh.write(text)
             written += len(text)
             lines += len(block)
-        tail = f"[rank0]:[titan] 2026-11-29 11:00:00,000 - root - INFO - Training completed\n"
+        tail = "[rank0]:[titan] 2026-11-29 11:00:00,000 - root - INFO - Training completed\n"
         fh.write(tail)
         lines += 1
     os.replace(tmp, path)

@@ -56,3 +56,23 @@ def assert_clean_error(result: Result, *, code: int, contains: str) -> None:
     assert result.code == code, f"exit {result.code} != {code}\n{result.text}"
     assert contains.lower() in result.text.lower(), result.text
     assert "Traceback" not in result.text, result.text
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(where: Path, options: str):
+    """A real tmpfs (e.g. ``ro,size=1m`` or ``size=3m``): chmod does not stop root, a mount does.
+
+    Skips the test, saying why, where mounting is not allowed.
+    """
+    import pytest
+
+    where.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)

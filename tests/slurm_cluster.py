@@ -214,7 +214,7 @@ def _distinct_node_ids(env: dict[str, str], count: int) -> Optional[str]:
     if ids == [str(i) for i in range(count)]:
         return None
     return (
-        f"{count} slurmd ran on this host but a {count}-node step saw SLURM_NODEID {ids or proc.stderr.strip()[:200]} "
+        f"{count} slurmd ran on this host but a {count}-node step saw SLURM_NODEID {ids or 'none'} "
         "(this SLURM build lacks multiple-slurmd support), so the cluster has 1 node"
     )
 

@@ -13,12 +13,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO_ROOT, Result, TRNQWEN, run_subprocess
+from tests.helpers import mounted_tmpfs, REPO_ROOT, Result, TRNQWEN, run_subprocess
 
 LOGS = REPO_ROOT / "tests" / "data" / "logs"
 NATIVE_LOG = LOGS / "real_native_tiny_2ranks_finetune.log"
@@ -303,17 +302,8 @@ def test_binary_garbage_on_stdin(tmp_path):
 @pytest.fixture
 def read_only_dir(tmp_path):
     """A read-only tmpfs (chmod does not stop root, a read-only mount does)."""
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a read-only tmpfs needs root")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)], capture_output=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "ro", "ro,size=1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_read_only_output_folders(read_only_dir, tiny, tmp_path):

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import REPO_ROOT, TRNQWEN, run_subprocess
+from tests.helpers import mounted_tmpfs, REPO_ROOT, TRNQWEN, run_subprocess
 
 FAKE_TOKEN = "hf_FAKEfaultsToken0123456789abcdef"
 TINY = ["--model", "builtin:tiny-qwen3", "--device", "cpu", "--nproc-per-node", "2", "--seq-len", "128",
@@ -242,17 +241,8 @@ def test_one_rank_crashing_stops_the_run_with_its_root_cause(fetched_tiny, tmp_p
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 3 MiB tmpfs: room for the tiny model's per-rank pieces, not for the consolidated export."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "size=3m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.mark.slow

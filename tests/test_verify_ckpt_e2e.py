@@ -65,7 +65,7 @@ def test_explicit_checkpoint_path_finds_the_assets_of_the_run_that_wrote_it(trai
 
 
 def _damaged(ckpt: Path, dst: Path, edit) -> Path:
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     copy = shutil.copytree(ckpt / "step-2", dst / "step-2")
     shard = next(copy.glob("model-*.safetensors"))

@@ -410,18 +410,9 @@ def write_loss_plot(runs: dict[str, RunInfo], path: Path) -> Path:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("trnqwen quickstart: builtin:tiny-qwen3 on CPU", fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    finally:
-        plt.close(fig)
-    return path
+    from trnqwen.logs.plot import save_figure_atomic
+
+    return save_figure_atomic(fig, path)
 
 
 # --- the whole thing --------------------------------------------------------------------------------

@@ -79,6 +79,15 @@ def _umask() -> int:
     return mask
 
 
+def next_run_id(runs_dir: Path, backend: str) -> str:
+    """``<timestamp>-<backend>[-n]``: the first such name not yet taken under ``runs_dir``."""
+    base = f"{time.strftime('%Y%m%d-%H%M%S')}-{backend}"
+    n = 0
+    while (runs_dir / (base if n == 0 else f"{base}-{n}")).exists():
+        n += 1
+    return base if n == 0 else f"{base}-{n}"
+
+
 def new_run_dir(runs_dir: Path, backend: str) -> tuple[str, Path]:
     """Create ``<runs_dir>/<timestamp>-<backend>[-n]`` and point LAST at it."""
     runs_dir.mkdir(parents=True, exist_ok=True)

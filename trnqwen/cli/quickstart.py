@@ -66,7 +66,6 @@ def quickstart(
     json_out: JsonOpt = False,
 ) -> None:
     """Run the whole lifecycle on the built-in tiny Qwen3."""
-    from trnqwen import output
     from trnqwen.constants import DEVICES
     from trnqwen.errors import UsageError
     from trnqwen.quickstart import DEFAULT_WORKDIR, FINETUNE_BACKENDS, StageFailed, run_quickstart

@@ -9,7 +9,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO, Callable, Optional
 
 from trnqwen.errors import CheckFailed, UsageError

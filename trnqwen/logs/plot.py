@@ -77,11 +77,25 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
     name = title or (log.source if other is None else f"A: {log.source}\nB: {other.source}")
     fig.suptitle(name if len(name) < 120 else "..." + name[-117:], fontsize=10)
     path = Path(path)
+    save_figure_atomic(fig, path)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def save_figure_atomic(fig, path: Path, dpi: int = 110) -> Path:
+    """Write a matplotlib figure to a temp file beside ``path`` and rename it (never half a PNG),
+    with the user's umask; the figure is closed either way."""
+    import matplotlib.pyplot as plt
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix or ".png", dir=path.parent)
     os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110)
+        fig.savefig(tmp, dpi=dpi)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
@@ -89,9 +103,4 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
         raise
     finally:
         plt.close(fig)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    return path

@@ -119,7 +119,6 @@ def sdpa_flex_attention_forward(
 
     HF layout in: ``(B, H, L, D)``; out: ``(B, L, H, D)`` and no LSE, like the original on CPU.
     """
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import BlockMask
 

@@ -240,7 +240,7 @@ def render_dataset_code(spec: DataSpec) -> tuple[list[str], list[str], str]:
         "    return sample[\"text\"]",
         "",
         "",
-        f"# torchtitan's own extension point for datasets: register under a name, select it by name.",
+        "# torchtitan's own extension point for datasets: register under a name, select it by name.",
         f"DATASETS[{DATASET_KEY!r}] = DatasetConfig(path={path_expr}, loader=_load, sample_processor=_text)",
     ]
     return imports, head + body, f"HuggingFaceTextDataLoader.Config(dataset={DATASET_KEY!r})"

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 from trnqwen.config import RunConfig
 from trnqwen.device import DeviceInfo
-from trnqwen.errors import EnvironmentProblem, TrnqwenError, UsageError
+from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen.train import compat
 from trnqwen.train.datasets import DataSpec, render_dataset_code, resolve_dataset
 from trnqwen.train.job import TrainJob

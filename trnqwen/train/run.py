@@ -191,12 +191,9 @@ def resolve_device(cfg: RunConfig, *, dry_run: bool = False) -> tuple[DeviceInfo
 
 
 def _next_run_id(runs_dir: Path, backend: str) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = f"{stamp}-{backend}"
-    n = 0
-    while (runs_dir / (base if n == 0 else f"{base}-{n}")).exists():
-        n += 1
-    return base if n == 0 else f"{base}-{n}"
+    from trnqwen.rundir import next_run_id
+
+    return next_run_id(runs_dir, backend)
 
 
 def build_job(cfg: RunConfig, device: DeviceInfo, run_dir: Path, *, check_runtime: bool = True) -> TrainJob:
