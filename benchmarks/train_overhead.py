@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import shutil
 import statistics
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -31,11 +33,28 @@ sys.path.insert(0, str(REPO))
 from trnqwen.logs.parse import parse_step_line  # noqa: E402
 
 
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
+
+
+def _logged_at(text: str) -> Optional[float]:
+    """The wall-clock time torchtitan stamped on a log line (``2026-11-29 09:08:21,431``)."""
+    m = _STAMP.search(text)
+    if not m:
+        return None
+    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+
+
 def timed_run(argv: list[str], *, cwd: Path, env: dict[str, str]) -> dict:
-    """Run ``argv``; time to the first step line and between step lines, from its merged output."""
+    """Run ``argv``; time to the first step line and between step lines.
+
+    Seconds per step come from the timestamps torchtitan prints on each step line (when it
+    stamped the line, inside the rank), not from when the line reached us: a relaying process
+    (trnqwen's tee, pipe buffering) must not look like slower training.
+    """
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     stamps: list[float] = []
+    logged: list[float] = []
     losses: list[float] = []
     assert proc.stdout is not None
     tail: list[str] = []
@@ -46,9 +65,13 @@ def timed_run(argv: list[str], *, cwd: Path, env: dict[str, str]) -> dict:
         if m is not None:
             stamps.append(time.monotonic() - t0)
             losses.append(m["loss"])
+            at = _logged_at(text)
+            if at is not None:
+                logged.append(at)
     rc = proc.wait()
     wall = time.monotonic() - t0
-    deltas = [b - a for a, b in zip(stamps, stamps[1:])]
+    series = logged if len(logged) == len(stamps) else stamps
+    deltas = [b - a for a, b in zip(series, series[1:])]
     return {
         "rc": rc,
         "wall_s": wall,
