@@ -1,7 +1,6 @@
 """Stream every tensor byte once with bounded memory: non-finite counts and relative change.
 
-The scan walks each file's data section in windows (64 MiB) memory-mapped read-only with
-``MAP_POPULATE`` and looks at the raw bits with numpy integer ops: a float is non-finite exactly
+The scan walks each file's data section in windows (64 MiB) memory-mapped read-only and looks at the raw bits with numpy integer ops: a float is non-finite exactly
 when its exponent bits are all ones, so ``(bits & abs_mask) >= exp_all_ones``.  Per 1 MiB block
 the check is one ``bitwise_and`` into a cache-sized scratch array plus one ``max``; only a block
 whose max crosses the threshold is counted exactly (NaN vs Inf).  That is ~30x cheaper than
@@ -67,15 +66,15 @@ def _chunk_plan(tensors: list[TensorInfo], data_len: int, chunk: int) -> list[tu
 def _open_window(fd: int, header: SafetensorsHeader, begin: int, end: int):
     """Map the data bytes ``[begin, end)`` read-only; returns ``(window, offset of begin)``.
 
-    ``MAP_POPULATE`` (where available) maps the cached pages in one call instead of one fault
-    per page; nothing is copied into user memory.
+    Nothing is copied into user memory.  No ``MAP_POPULATE``: with several scan threads, page
+    faults (the kernel maps cached pages around each fault) run in parallel, while populating
+    serialises the mapping in one call; measured on the 8 GB benchmark, 0.76 s vs 1.12 s.
     """
     lo, hi = header.data_start + begin, header.data_start + end
     if os.fstat(fd).st_size < hi:  # shrank since the header check: never touch unmapped pages
         raise EOFError(f"file shrank below byte {hi:,} while being read")
     base = lo - lo % mmap.ALLOCATIONGRANULARITY
-    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-    return mmap.mmap(fd, hi - base, flags=flags, prot=mmap.PROT_READ, offset=base), lo - base
+    return mmap.mmap(fd, hi - base, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=base), lo - base
 
 
 def _close_window(window) -> None:
