@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.trnqwen-installed
 PYTEST_ARGS ?=
 
-.PHONY: venv quickstart test test-fast bench docs clean
+.PHONY: venv quickstart test test-fast bench docs lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ bench: venv  ## benchmarks (not part of make test); results in benchmarks/RESULT
 
 docs: venv  ## regenerate docs/cli/*.md from the CLI's own help
 	$(BIN)/python -m trnqwen.docgen docs/cli
+
+lint: venv  ## pyflakes-level checks (unused imports, undefined names)
+	$(BIN)/ruff check --select F trnqwen tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) .pytest_cache .trnqwen
