@@ -97,7 +97,8 @@ def test_hf_v5_matches_the_recipe(qwen3_4b_assets, text_jsonl, tmp_path, monkeyp
     assert config.checkpoint.enable is False
     assert config.dump_folder == str((tmp_path / "run").absolute())
     assert config.compile.enable is False
-    assert job.entry_module == "torchtitan.train"  # thin pass-through on Neuron
+    # hf-v5 goes through trnqwen's entry on Neuron too: it re-initialises the rotary buffers
+    assert job.entry_module == "trnqwen.runtime.entry" and "--trnqwen-device" not in job.entry_args
     assert job.entry_args[:4] == ["--module", "trnqwen_run_config", "--config", "trnqwen_hf_v5"]
     assert job.nproc_per_node == 64 and job.world_size == 64 and job.global_batch_size == 64
     assert job.checkpoint_dir is None

@@ -3,8 +3,9 @@
 ``--trnqwen-device cpu`` (stripped before torchtitan parses argv) installs the CPU shims first:
 device selection before any other torchtitan import, sum reductions for FSDP over gloo, the
 dense-mask SDPA attention override for native models (through torchtitan's override registry)
-and an SDPA ``flex_attention_forward`` for the Transformers backend.  Otherwise the entry is a
-pass-through to ``torchtitan.train.main`` (it only expands recipe-style bare-module
+and an SDPA ``flex_attention_forward`` for the Transformers backend.  On every device the
+Transformers backend gets its rotary buffers re-initialised after materialisation
+(:mod:`trnqwen.runtime.hf_rope`).  Otherwise the entry is a pass-through to ``torchtitan.train.main`` (it only expands recipe-style bare-module
 ``--override.imports`` entries for torchtitan versions that want ``module.function``).
 
 It never runs in the launcher process, so touching the Neuron runtime here is fine.
@@ -50,6 +51,10 @@ def _patch_config_parsing(device: Optional[str]) -> None:
 
     def parse_args(self, args=None):
         config = original(self, args)
+        if hasattr(config, "hf_model"):  # the Transformers backend, on every device
+            from trnqwen.runtime import hf_rope
+
+            hf_rope.install()
         imports = list(config.override.imports)
         if compat.detect().override_import_style == "function":
             imports = compat.expand_override_imports(imports, _REGISTRY)

@@ -87,7 +87,9 @@ def build_job(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, ch
     fn = CONFIG_FNS[cfg.backend]
     entry_args = ["--module", CONFIG_MODULE, "--config", fn]
     override_imports = list(cfg.override_imports)
-    needs_entry = device.type == "cpu" or (
+    # hf-v5 always goes through trnqwen's entry: it re-initialises the rotary buffers that
+    # torchtitan 0.3.0 leaves uninitialised with transformers 5.x (trnqwen.runtime.hf_rope).
+    needs_entry = device.type == "cpu" or cfg.backend == "hf-v5" or (
         plan.api.override_import_style == "function" and any(_is_bare_module(t) for t in override_imports)
     )
     if device.type == "cpu":
@@ -435,7 +437,7 @@ def _render(plan: Plan) -> str:
         f"Run it by hand (torchtitan {api.version or '?'}, API shape {api.era}):\n"
         f"    PYTHONPATH=<folder of this file> torchrun --nproc_per_node={plan.nproc_per_node} --rdzv_backend c10d \\\n"
         f"        --rdzv_endpoint localhost:0 --local-ranks-filter 0 --role rank --tee 3 \\\n"
-        f"        -m {ENTRY_MODULE if plan.device.type == 'cpu' else api.trainer_module} "
+        f"        -m {ENTRY_MODULE if plan.device.type == 'cpu' or cfg.backend == 'hf-v5' else api.trainer_module} "
         f"--module <this module> --config {fn}"
         + (" --trnqwen-device cpu" if plan.device.type == "cpu" else "")
         + '\n"""'
