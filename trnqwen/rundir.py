@@ -11,12 +11,12 @@ Layout (``<runs_dir>/<run_id>/``):
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
+
+from trnqwen.fsutil import write_json_atomic  # noqa: F401  (re-exported: callers import it from here)
 
 RUN_RECORD = "run.json"
 LOG_NAME = "train.log"
@@ -56,27 +56,6 @@ class RunRecord:
             raise ValueError(f"{Path(run_dir) / RUN_RECORD} is not a JSON object")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
-
-
-def write_json_atomic(path: Path, payload: Any) -> None:
-    """Write JSON so a reader never sees half a file (temp file + rename in the same dir)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, indent=2, default=str)
-            fh.write("\n")
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def next_run_id(runs_dir: Path, backend: str) -> str:

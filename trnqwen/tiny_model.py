@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from trnqwen.errors import EnvironmentProblem, UsageError
+from trnqwen.fsutil import current_umask, write_text_atomic
 
 NAME = "tiny-qwen3"
 SEED = 1234
@@ -119,7 +120,7 @@ def corpus_jsonl(dest: Path, *, chat: bool = False) -> Path:
         payload = chat_path().read_text(encoding="utf-8")
     else:
         payload = "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in corpus_documents())
-    _write_text_atomic(dest, payload)
+    write_text_atomic(dest, payload)
     return dest
 
 
@@ -211,7 +212,7 @@ def build_snapshot(folder: Path) -> None:
     tensors = init_weights(config)
     _save_weights(folder, tensors)
     (folder / "README.md").write_text(_readme(config, tensors), encoding="utf-8")
-    mode = 0o666 & ~_umask()
+    mode = 0o666 & ~current_umask()
     for name in SNAPSHOT_FILES:
         os.chmod(folder / name, mode)
 
@@ -367,18 +368,6 @@ def _write_json(path: Path, payload: Any) -> None:
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _check_replaceable(dest: Path) -> None:
     if dest.is_symlink() and not dest.exists():
         raise UsageError(f"{dest} is a broken symbolic link or a symlink loop", hint="remove it or pass another --local-dir")
@@ -409,13 +398,7 @@ def _swap_in(tmp: Path, dest: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, dest)
-    os.chmod(dest, 0o777 & ~_umask())
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    os.chmod(dest, 0o777 & ~current_umask())
 
 
 def _require(*modules: str) -> None:

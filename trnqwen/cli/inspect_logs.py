@@ -158,7 +158,9 @@ def _run_compare(a_inp, b_inp, json_out, csv_file, plot_file, judge_kw) -> None:
         w.writeheader()
         for row in cmp["steps"]:
             w.writerow({k: ("" if v is None else v) for k, v in row.items()})
-        report.write_text_atomic(csv_file, buf.getvalue())
+        from trnqwen.fsutil import write_text_atomic
+
+        write_text_atomic(csv_file, buf.getvalue())
         output.info(f"wrote {csv_file}")
     if plot_file is not None:
         from trnqwen.logs.plot import write_plot

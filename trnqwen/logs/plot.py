@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from trnqwen.fsutil import current_umask
 from trnqwen.logs.parse import ParsedLog
 
 
@@ -80,12 +81,6 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
     save_figure_atomic(fig, path)
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def save_figure_atomic(fig, path: Path, dpi: int = 110) -> Path:
     """Write a matplotlib figure to a temp file beside ``path`` and rename it (never half a PNG),
     with the user's umask; the figure is closed either way."""
@@ -96,7 +91,7 @@ def save_figure_atomic(fig, path: Path, dpi: int = 110) -> Path:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=dpi)
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

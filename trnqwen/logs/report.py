@@ -6,14 +6,13 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from trnqwen.logs.judge import Finding, configured_steps, override_table, root_cause
 from trnqwen.logs.parse import STEP_FIELDS, ParsedLog
 from trnqwen.logs.sources import RunContext
+from trnqwen.fsutil import write_text_atomic
 
 
 def _num(x: Any) -> Any:
@@ -228,22 +227,6 @@ def write_csv(log: ParsedLog, path: Path) -> None:
     for s in log.step_list():
         writer.writerow({k: ("" if s.get(k) is None else s.get(k)) for k in (*STEP_FIELDS, "line")})
     write_text_atomic(path, buf.getvalue())
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        from trnqwen.logs.plot import _umask
-
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ---------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from trnqwen.config import RunConfig
 from trnqwen.device import DeviceInfo
 from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen.train import compat
+from trnqwen.train.preflight import count_params  # one parameter formula for both
 from trnqwen.train.datasets import DataSpec, render_dataset_code, resolve_dataset
 from trnqwen.train.job import TrainJob
 
@@ -299,18 +300,6 @@ def hf_export_dtype(hf_config: Optional[dict[str, Any]]) -> Optional[str]:
         return None
     dtype = str(hf_config.get("dtype") or hf_config.get("torch_dtype") or "").removeprefix("torch.")
     return dtype if dtype in ("float16", "bfloat16", "float32") else None
-
-
-def count_params(d: compat.FlavorDims) -> int:
-    """Parameter count of a Qwen3 (dense or MoE) from its dims."""
-    attn = d.dim * d.n_heads * d.head_dim * 2 + d.dim * d.n_kv_heads * d.head_dim * 2 + 2 * d.head_dim
-    if d.num_experts:
-        ffn = d.num_experts * 3 * d.dim * (d.moe_ffn_dim or 0) + d.dim * d.num_experts
-    else:
-        ffn = 3 * d.dim * (d.ffn_dim or 0)
-    per_layer = attn + ffn + 2 * d.dim
-    embed = d.vocab_size * d.dim * (1 if d.tied else 2)
-    return d.n_layers * per_layer + embed + d.dim
 
 
 def _is_bare_module(target: str) -> bool:

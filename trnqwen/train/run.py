@@ -32,6 +32,7 @@ from trnqwen.errors import (
     redact,
     redact_env,
 )
+from trnqwen.fsutil import write_text_atomic
 from trnqwen.rundir import LAST_POINTER, LOG_NAME, RunRecord, write_json_atomic  # noqa: F401
 from trnqwen.train import launcher, multinode
 from trnqwen.train.job import TrainJob
@@ -316,15 +317,13 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
             ) from None
         raise UsageError(f"run directory {plan.run_dir} already exists", hint="start the run again") from None
     if plan.config_module_path is not None and plan.job.config_module_text is not None:
-        _write_text_atomic(plan.config_module_path, plan.job.config_module_text)
+        write_text_atomic(plan.config_module_path, plan.job.config_module_text)
     cache = plan.env.get(launcher.NEFF_CACHE_VAR)
     if cache:  # the persistent compile cache outlives every run
         Path(cache).mkdir(parents=True, exist_ok=True)
     script = (node_dir if multi else plan.run_dir) / COMMAND_SCRIPT
-    _write_text_atomic(script, launcher.command_script(plan.argv, plan.env, plan.cwd))
-    mask = os.umask(0)
-    os.umask(mask)
-    script.chmod(0o777 & ~mask)  # executable, but no more readable than the user's umask allows
+    # executable, but no more readable than the user's umask allows
+    write_text_atomic(script, launcher.command_script(plan.argv, plan.env, plan.cwd), mode=0o777)
     record = RunRecord(
         run_id=plan.run_id,
         run_dir=str(plan.run_dir),
@@ -361,12 +360,6 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
     record.save()
     (plan.run_dir.parent / LAST_POINTER).write_text(plan.run_id + "\n")
     return record
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _step_dirs(checkpoint_dir: Optional[Path], cwd: Path) -> set[str]:
@@ -514,7 +507,7 @@ def export_config(plan: TrainPlan, dest: Path) -> Path:
     if not text:
         raise CheckFailed(f"the {plan.config.backend} backend has no torchtitan config module to export")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    _write_text_atomic(dest, text)
+    write_text_atomic(dest, text)
     return dest
 
 

@@ -1,0 +1,40 @@
+"""Files that are never half-written and follow the user's umask: one implementation for all.
+
+Run records, manifests, CSVs, config modules and plots are written to a temp file in the same
+folder and renamed over the target, so a reader (or a crash) never sees a partial file.
+``mkstemp`` creates files 0600, so the final mode is set from the umask explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_text_atomic(path: Path, text: str, *, mode: int = 0o666) -> None:
+    """Write ``text`` to ``path`` via a temp file + rename; ``mode`` is masked by the umask."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode & ~current_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Pretty JSON (non-JSON values as ``str``), written atomically."""
+    write_text_atomic(path, json.dumps(payload, indent=2, default=str) + "\n")
