@@ -81,26 +81,24 @@ _DATA_DIR = Path(__file__).resolve().parent / "data" / "tiny_corpus"
 # --- the corpus ----------------------------------------------------------------------------
 
 
-def corpus_path() -> Path:
-    """The shipped plain-text corpus: documents separated by blank lines."""
-    path = _DATA_DIR / "corpus.txt"
+def _shipped(name: str, what: str) -> Path:
+    path = _DATA_DIR / name
     if not path.is_file():
         raise EnvironmentProblem(
-            f"the tiny corpus is missing ({path})",
+            f"the {what} is missing ({path})",
             hint="reinstall trnqwen, or regenerate it: python -m trnqwen.data.corpus_recipe",
         )
     return path
+
+
+def corpus_path() -> Path:
+    """The shipped plain-text corpus: documents separated by blank lines."""
+    return _shipped("corpus.txt", "tiny corpus")
 
 
 def chat_path() -> Path:
     """The shipped chat conversations: JSONL, one ``{"messages": [...]}`` per line."""
-    path = _DATA_DIR / "chat.jsonl"
-    if not path.is_file():
-        raise EnvironmentProblem(
-            f"the tiny chat corpus is missing ({path})",
-            hint="reinstall trnqwen, or regenerate it: python -m trnqwen.data.corpus_recipe",
-        )
-    return path
+    return _shipped("chat.jsonl", "tiny chat corpus")
 
 
 def corpus_documents() -> list[str]:
