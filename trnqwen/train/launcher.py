@@ -183,7 +183,6 @@ def _argv_chunks(argv: Sequence[str]) -> list[str]:
 # --- reading the stream -------------------------------------------------------------------
 
 _RANK_PREFIX = re.compile(r"^\s*\[(?:[A-Za-z_]*\d+|[A-Za-z_]+)\]\s*:\s?")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _TRACEBACK_START = "Traceback (most recent call last):"
 # Lines that mean something even without a traceback (device runtimes, the OOM killer).
 _KNOWN_FATAL = re.compile(
@@ -196,15 +195,10 @@ _TORCHRUN_ROOT_CAUSE_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+
 
 def clean_line(line: str) -> str:
     """A log line without ANSI colours and without the torchrun ``[rankN]:`` prefix."""
-    text = _ANSI.sub("", line).rstrip("\r\n")
+    from trnqwen.logs.parse import strip_ansi
+
+    text = strip_ansi(line).rstrip("\r\n")
     return _RANK_PREFIX.sub("", text, count=1)
-
-
-def parse_step(line: str) -> Optional[dict]:
-    """Step metrics from one log line (``trnqwen.logs.parse.parse_step_line``), or None."""
-    from trnqwen.logs.parse import parse_step_line
-
-    return parse_step_line(line)
 
 
 def root_cause(lines: Iterable[str]) -> Optional[str]:
@@ -543,6 +537,8 @@ def supervise(
     lines_seen: list[str] = []  # bounded: early lines (tracebacks come first) + a tail
     max_kept = 5000
 
+    from trnqwen.logs.parse import parse_step_line
+
     def reader() -> None:
         assert proc.stdout is not None
         with open(log_path, "a", encoding="utf-8", errors="replace") as log:
@@ -558,7 +554,7 @@ def supervise(
                         del tail[: len(tail) - max_kept]
                 if echo is not None:
                     echo(line)
-                metrics = parse_step(line) if "step:" in line else None
+                metrics = parse_step_line(line) if "step:" in line else None
                 if metrics is not None:
                     now = time.monotonic() - start
                     if result.time_to_first_step_s is None:
