@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import importlib
-import textwrap
 
 import pytest
 
 from tests.helpers import assert_clean_error, run_subprocess
 from trnqwen.cli import main as cli_main
-from trnqwen.errors import EXIT_USAGE, NotImplementedYet
+from trnqwen.errors import EXIT_USAGE
 
 EXPECTED = ("fetch", "check-env", "train", "verify-ckpt", "inspect-logs", "config")
 
@@ -96,34 +95,6 @@ def test_unknown_command_and_option(cli):
     assert r.code == 2 and "No such command" in r.err and "check-env" in r.err
     r = cli("check-env", "--bogus")
     assert r.code == 2 and "No such option" in r.err and "Traceback" not in r.text
-
-
-def test_not_implemented_mechanism(cli, monkeypatch, tmp_path):
-    with pytest.raises(NotImplementedYet) as exc:
-        from trnqwen.cli.app import not_implemented
-
-        not_implemented("frobnicate")
-    assert exc.value.exit_code == EXIT_USAGE and "not implemented yet" in exc.value.message
-
-    (tmp_path / "stub_cmd.py").write_text(
-        textwrap.dedent(
-            '''
-            from trnqwen.cli.app import not_implemented
-
-            HELP = "Not implemented yet."
-            EPILOG = None
-
-
-            def stub() -> None:
-                not_implemented("stub")
-            '''
-        )
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(cli_main.COMMANDS, "stub", ("stub_cmd", "stub"))
-    monkeypatch.setattr(cli_main, "_APP", None)
-    r = cli("stub")
-    assert_clean_error(r, code=2, contains="`trnqwen stub` is not implemented yet")
 
 
 def test_debug_env_shows_traceback(in_tmp):

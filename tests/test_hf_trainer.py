@@ -19,16 +19,24 @@ import pytest
 
 from tests.helpers import REPO_ROOT
 from trnqwen.runtime import hf_trainer as hft
-from trnqwen.runtime.hf_trainer import (
+from trnqwen.runtime.hf_trainer import format_step_line, step_metrics
+from trnqwen.train.hf_trainer_spec import (
+    SPEC_FILE_NAME,
     HFTrainerSpec,
     SpecError,
+    choose_strategy,
     flops_per_token,
-    format_step_line,
-    plan_parallelism,
     spec_from_argv,
     spec_to_argv,
-    step_metrics,
 )
+from trnqwen.train.topology import topology
+
+
+def _rank_plan(world_size, tp, dp_shard, *, device, local_batch_size=1, global_batch_size=None, **kwargs):
+    """The hf-trainer rank's plan: the topology of its ranks, then the Trainer strategy."""
+    ranks = topology(nproc_per_node=world_size, tp=tp, dp_shard=dp_shard,
+                     local_batch_size=local_batch_size, global_batch_size=global_batch_size)
+    return choose_strategy(ranks, device=device, **kwargs)
 
 STEPS = 3
 SEQ_LEN = 128
@@ -55,7 +63,7 @@ def test_defaults_are_not_written_as_flags():
 
 
 def test_spec_file_then_flags_override(tmp_path):
-    path = tmp_path / hft.SPEC_FILE_NAME
+    path = tmp_path / SPEC_FILE_NAME
     path.write_text(_spec(steps=7).to_json())
     spec = spec_from_argv([str(path), "--steps", "2", "--no-export-hf"])
     assert spec.steps == 2 and spec.export_hf is False and spec.seq_len == 128 and spec.assets_dir == "/a/tiny"
@@ -93,38 +101,38 @@ def test_main_reports_spec_errors_with_exit_2(capsys):
 
 
 def test_plan_shards_over_all_ranks_left_after_tp():
-    plan = plan_parallelism(64, 2, -1, device="neuron")
+    plan = _rank_plan(64, 2, -1, device="neuron")
     assert (plan.tp, plan.fsdp, plan.dp, plan.strategy, plan.grad_accum) == (2, 32, 32, "distributed-config", 1)
 
 
 def test_plan_gradient_accumulation_from_global_batch():
-    plan = plan_parallelism(4, 1, -1, device="cpu", local_batch_size=2, global_batch_size=32)
+    plan = _rank_plan(4, 1, -1, device="cpu", local_batch_size=2, global_batch_size=32)
     assert plan.grad_accum == 4
     with pytest.raises(SpecError, match="multiple"):
-        plan_parallelism(4, 1, -1, device="cpu", local_batch_size=2, global_batch_size=12)
+        _rank_plan(4, 1, -1, device="cpu", local_batch_size=2, global_batch_size=12)
 
 
 @pytest.mark.parametrize("world, tp, dp_shard", [(4, 3, -1), (8, 2, 2), (8, 1, 3)])
 def test_plan_refuses_degrees_that_do_not_cover_the_ranks(world, tp, dp_shard):
     with pytest.raises(SpecError):
-        plan_parallelism(world, tp, dp_shard, device="cpu")
+        _rank_plan(world, tp, dp_shard, device="cpu")
 
 
 def test_plan_without_distributed_config():
-    plan = plan_parallelism(2, 1, -1, device="cpu", has_distributed_config=False)
+    plan = _rank_plan(2, 1, -1, device="cpu", has_distributed_config=False)
     assert plan.strategy == "ddp" and any("DDP" in n for n in plan.notes)
     with pytest.raises(SpecError, match="DistributedConfig"):
-        plan_parallelism(4, 2, -1, device="neuron", has_distributed_config=False)
-    assert plan_parallelism(1, 1, -1, device="cpu").strategy == "single"
-    assert plan_parallelism(2, 1, -1, device="cpu", strategy="ddp").strategy == "ddp"
+        _rank_plan(4, 2, -1, device="neuron", has_distributed_config=False)
+    assert _rank_plan(1, 1, -1, device="cpu").strategy == "single"
+    assert _rank_plan(2, 1, -1, device="cpu", strategy="ddp").strategy == "ddp"
 
 
 def test_load_kwargs_never_auto_and_shard_sizes():
-    dc = plan_parallelism(64, 1, -1, device="neuron")
+    dc = _rank_plan(64, 1, -1, device="neuron")
     assert hft.load_kwargs("neuron", dc, 3) == {"distributed_config": {"tp_size": 1, "fsdp_size": 64}, "device_map": "neuron"}
-    tp = plan_parallelism(4, 2, -1, device="neuron")
+    tp = _rank_plan(4, 2, -1, device="neuron")
     assert hft.load_kwargs("neuron", tp, 0) == {"distributed_config": {"tp_size": 2, "fsdp_size": 2}}  # mesh places shards
-    single = plan_parallelism(1, 1, -1, device="cuda")
+    single = _rank_plan(1, 1, -1, device="cuda")
     assert hft.load_kwargs("cuda", single, 0) == {"device_map": "cuda:0"}
     for device in ("neuron", "cuda", "cpu"):
         for plan in (dc, tp, single):
@@ -132,12 +140,12 @@ def test_load_kwargs_never_auto_and_shard_sizes():
 
 
 def test_training_arguments_follow_the_neuron_rules():
-    plan = plan_parallelism(64, 1, -1, device="neuron", local_batch_size=1, global_batch_size=128)
+    plan = _rank_plan(64, 1, -1, device="neuron", local_batch_size=1, global_batch_size=128)
     args = hft.training_arguments(_spec(device="neuron", compile=True, local_batch_size=1), plan, bf16_supported=True)
     assert args["bf16"] is True and args["torch_compile"] is True and args["dataloader_drop_last"] is True
     assert args["use_cpu"] is False and args["gradient_accumulation_steps"] == 2 and args["max_steps"] == 3
     assert args["save_strategy"] == "no" and args["logging_steps"] == 1
-    cpu_plan = plan_parallelism(2, 1, -1, device="cpu", strategy="ddp")
+    cpu_plan = _rank_plan(2, 1, -1, device="cpu", strategy="ddp")
     cpu = hft.training_arguments(_spec(device="cpu"), cpu_plan, bf16_supported=True)
     assert cpu["bf16"] is False and cpu["use_cpu"] is True and cpu["ddp_backend"] == "gloo"
     assert "seed" not in hft.training_arguments(_spec(seed=None), cpu_plan, bf16_supported=False)
@@ -147,7 +155,7 @@ def test_training_arguments_are_accepted_by_transformers(tmp_path):
     pytest.importorskip("accelerate")
     from transformers import TrainingArguments
 
-    plan = plan_parallelism(1, 1, -1, device="cpu")
+    plan = _rank_plan(1, 1, -1, device="cpu")
     args = TrainingArguments(**hft.training_arguments(_spec(output_dir=str(tmp_path)), plan, bf16_supported=False))
     assert args.dataloader_drop_last and args.max_steps == 3 and not args.bf16
 
@@ -302,7 +310,7 @@ def torchrun_finetune(tiny_assets, tmp_path_factory):
     work = tmp_path_factory.mktemp("hft-run")
     spec = HFTrainerSpec(assets_dir=str(tiny_assets), model="builtin:tiny-qwen3", steps=STEPS, seq_len=SEQ_LEN,
                          finetune=True, checkpoint_dir=str(work / "ckpt"), export_hf=True, output_dir=str(work))
-    spec_file = work / hft.SPEC_FILE_NAME
+    spec_file = work / SPEC_FILE_NAME
     spec_file.write_text(spec.to_json())
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--rdzv_backend", "c10d",
             "--rdzv_endpoint", "localhost:0", "-m", "trnqwen.runtime.hf_trainer", str(spec_file)]

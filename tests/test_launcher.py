@@ -21,6 +21,7 @@ from trnqwen.device import DeviceInfo
 from trnqwen.errors import UsageError
 from trnqwen.train import launcher
 from trnqwen.train.job import TrainJob
+from trnqwen.train.topology import ranks_per_node, topology
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,6 +44,17 @@ def _normalize(tokens: list[str]) -> list[str]:
     return out
 
 
+@pytest.fixture(scope="module")
+def tiny_assets(tmp_path_factory) -> Path:
+    from trnqwen.tiny_model import write_tiny_qwen3
+
+    return write_tiny_qwen3(tmp_path_factory.mktemp("assets") / "tiny-qwen3")
+
+
+def _argv(cfg: RunConfig, job: TrainJob, nproc_per_node: int, **kwargs) -> list[str]:
+    return launcher.build_torchrun_argv(cfg, job, topology(nnodes=cfg.nnodes, nproc_per_node=nproc_per_node), **kwargs)
+
+
 def _recipe_job() -> TrainJob:
     return TrainJob(
         backend="hf-v5",
@@ -57,7 +69,7 @@ def _recipe_job() -> TrainJob:
 
 
 def test_argv_matches_recipe_launch_line_field_by_field():
-    argv = launcher.build_torchrun_argv(RunConfig(), _recipe_job(), 64, python="/opt/py/bin/python")
+    argv = _argv(RunConfig(), _recipe_job(), 64, python="/opt/py/bin/python")
     assert argv[:3] == ["/opt/py/bin/python", "-m", launcher.TORCHRUN_MODULE]
     recipe = _normalize(shlex.split(RECIPE_LAUNCH))[1:]
     ours = argv[3:]
@@ -68,45 +80,52 @@ def test_argv_matches_recipe_launch_line_field_by_field():
 
 
 def test_argv_default_python_is_this_interpreter_and_log_dir_before_module(tmp_path):
-    argv = launcher.build_torchrun_argv(RunConfig(), _recipe_job(), 2, log_dir=tmp_path / "ranks")
+    argv = _argv(RunConfig(), _recipe_job(), 2, log_dir=tmp_path / "ranks")
     assert argv[0] == sys.executable
     i_log, i_mod = argv.index("--log-dir"), argv.index("-m", 3)
     assert argv[i_log + 1] == str(tmp_path / "ranks") and i_log < i_mod
     assert argv[argv.index("--nproc_per_node") + 1] == "2"
 
 
-def test_argv_override_imports_parse_with_installed_torchtitan_and_raw_flags_come_last():
+def test_argv_override_imports_parse_with_installed_torchtitan_and_raw_flags_come_last(tiny_assets):
+    """The recipe puts the override imports into the job; the launcher passes them on exactly once."""
     from torchtitan.config.override import parse_cli_imports
 
-    cfg = RunConfig(override_imports=["pkg_a.kernels.nki_rope", "pkg_b.attn.dense_attention"])
+    from trnqwen.train.recipes import build_job
+
+    cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, backend="native",
+                    override_imports=["pkg_a.kernels.nki_rope", "pkg_b.attn.dense_attention"])
     extra = ["--training.max_norm", "0.5", "--metrics.log_freq", "5"]
-    argv = launcher.build_torchrun_argv(cfg, _recipe_job(), 2, extra_args=extra)
+    cpu = DeviceInfo(type="cpu", count=1)
+    argv = _argv(cfg, build_job(cfg, cpu, None, check_runtime=False), 2, extra_args=extra)
     assert argv[-4:] == extra
+    assert argv.count("--override.imports") == 1
     i = argv.index("--override.imports")
     assert i > argv.index("--config")
     tokens = argv[i + 1 : len(argv) - len(extra)]
     # torchtitan's own CLI parser reads the targets back from our tokens.
     parsed = parse_cli_imports(tokens)
     assert [p if isinstance(p, str) else p[0] for p in parsed] == cfg.override_imports
-    assert launcher.build_torchrun_argv(RunConfig(), _recipe_job(), 2).count("--override.imports") == 0
+    plain = cfg.model_copy(update={"override_imports": []})
+    assert _argv(plain, build_job(plain, cpu, None, check_runtime=False), 2).count("--override.imports") == 0
 
 
 def test_argv_multi_node_fields():
     cfg = RunConfig(nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.5:29500", rdzv_id="job42", max_restarts=3)
-    argv = launcher.build_torchrun_argv(cfg, _recipe_job(), 64)
+    argv = _argv(cfg, _recipe_job(), 64)
     pairs = {argv[i]: argv[i + 1] for i in range(3, argv.index("-m", 3)) if argv[i].startswith("--") and i + 1 < len(argv)}
     assert pairs["--nnodes"] == "2" and pairs["--node-rank"] == "1"
     assert pairs["--rdzv_endpoint"] == "10.0.0.5:29500" and pairs["--rdzv_id"] == "job42"
     assert pairs["--max-restarts"] == "3" and pairs["--nproc_per_node"] == "64"
     with pytest.raises(UsageError, match="rendezvous"):
-        launcher.build_torchrun_argv(RunConfig(nnodes=2), _recipe_job(), 64)
+        _argv(RunConfig(nnodes=2), _recipe_job(), 64)
 
 
 def test_argv_is_accepted_by_torchrun_parser():
     from torch.distributed.run import get_args_parser
 
     cfg = RunConfig(nnodes=2, node_rank=1, rdzv_endpoint="h:29500", rdzv_id="x", max_restarts=1)
-    argv = launcher.build_torchrun_argv(cfg, _recipe_job(), 8, log_dir=Path("/tmp/x"), extra_args=["--a.b", "1"])
+    argv = _argv(cfg, _recipe_job(), 8, log_dir=Path("/tmp/x"), extra_args=["--a.b", "1"])
     args = get_args_parser().parse_args(argv[3:])
     assert args.nproc_per_node == "8" and args.nnodes == "2" and args.node_rank == 1
     assert args.rdzv_backend == "c10d" and args.rdzv_endpoint == "h:29500" and args.rdzv_id == "x"
@@ -125,8 +144,8 @@ def test_argv_is_accepted_by_torchrun_parser():
     ],
 )
 def test_default_ranks_per_device(device, expected):
-    assert launcher.resolve_nproc_per_node(RunConfig(), device) == expected
-    assert launcher.resolve_nproc_per_node(RunConfig(nproc_per_node=3), device) == 3
+    assert ranks_per_node(None, device) == expected
+    assert ranks_per_node(3, device) == 3
 
 
 # --- environment -----------------------------------------------------------------------------
@@ -236,6 +255,7 @@ DRIVER = textwrap.dedent(
     from trnqwen.train.preflight import PreflightReport
     from trnqwen.train.run import TrainPlan, execute
     from trnqwen.train import launcher
+    from trnqwen.train.topology import plan_topology
 
     work, mode, grace = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
     cfg = RunConfig(model="builtin:tiny-qwen3", device="cpu", nproc_per_node=2, steps=1000,
@@ -243,8 +263,9 @@ DRIVER = textwrap.dedent(
     job = TrainJob(backend="native", entry_module="fake_rank", entry_args=[mode, str(work / "pids")])
     device = DeviceInfo(type="cpu", count=1)
     run_dir = work / "runs" / f"run-{mode}"
-    argv = launcher.build_torchrun_argv(cfg, job, 2, log_dir=run_dir / "ranks")
-    plan = TrainPlan(config=cfg, device=device, job=job, nproc_per_node=2, run_id=run_dir.name,
+    topo = plan_topology(cfg, device)
+    argv = launcher.build_torchrun_argv(cfg, job, topo, log_dir=run_dir / "ranks")
+    plan = TrainPlan(config=cfg, device=device, job=job, topology=topo, run_id=run_dir.name,
                      run_dir=run_dir, argv=argv, env={"PYTHONPATH": str(work), "HF_TOKEN": "hf_abcdefghSECRET12345"},
                      preflight=PreflightReport(), cwd=work)
     outcome = execute(plan, grace_s=grace)

@@ -1,4 +1,4 @@
-"""Multi-node: rendezvous argv, parallel plan over N x ranks, EFA env, per-node paths (units);
+"""Multi-node: rendezvous argv, topology over N x ranks, EFA env, per-node paths (units);
 a REAL two-"node" CPU run over a loopback rendezvous (slow)."""
 
 from __future__ import annotations
@@ -7,109 +7,119 @@ import pytest
 
 from trnqwen.config import RunConfig
 from trnqwen.errors import UsageError
+from trnqwen.device import DeviceInfo
 from trnqwen.train import multinode as mn
+from trnqwen.train.topology import plan_topology, topology
 
 
-# --- rendezvous argv ---------------------------------------------------------------------------
+# --- rendezvous argv (the launcher's only source of these flags) --------------------------------
 
 
 def _flags(argv: list[str]) -> dict[str, str]:
     return {argv[i]: argv[i + 1] for i in range(0, len(argv), 2)}
 
 
+def _node(**fields) -> RunConfig:
+    return RunConfig.model_construct(**{**RunConfig().model_dump(), **fields})
+
+
 @pytest.mark.parametrize("rank", [0, 1, 3])
 def test_rendezvous_argv_for_one_node_of_four(rank):
-    argv = mn.rendezvous_argv(nnodes=4, node_rank=rank, endpoint="10.0.0.5:29500", rdzv_id="job-7", max_restarts=2)
-    flags = _flags(argv)
-    assert flags == {
+    cfg = _node(nnodes=4, node_rank=rank, rdzv_endpoint="10.0.0.5:29500", rdzv_id="job-7", max_restarts=2)
+    argv = mn.rendezvous_argv(cfg, 64)
+    assert argv[:4] == ["--nnodes", "4", "--node-rank", str(rank)]
+    assert _flags(argv) == {
         "--nnodes": "4",
-        "--node_rank": str(rank),
+        "--node-rank": str(rank),
+        "--nproc_per_node": "64",
         "--rdzv_backend": "c10d",
         "--rdzv_endpoint": "10.0.0.5:29500",
         "--rdzv_id": "job-7",
-        "--max_restarts": "2",
         "--rdzv_conf": f"is_host={1 if rank == 0 else 0}",
+        "--max-restarts": "2",
     }
 
 
-def test_rendezvous_argv_join_timeout_default_port_and_ipv6():
-    flags = _flags(mn.rendezvous_argv(nnodes=2, node_rank=0, endpoint="head", rdzv_id="x", join_timeout_s=30))
-    assert flags["--rdzv_endpoint"] == f"head:{mn.DEFAULT_RDZV_PORT}"
-    assert flags["--rdzv_conf"] == "is_host=1,join_timeout=30"
-    flags = _flags(mn.rendezvous_argv(nnodes=2, node_rank=1, endpoint="[fd00::1]:1234", rdzv_id="x"))
-    assert flags["--rdzv_endpoint"] == "[fd00::1]:1234"
+def test_rendezvous_argv_keeps_an_ipv6_endpoint():
+    argv = mn.rendezvous_argv(_node(nnodes=2, node_rank=1, rdzv_endpoint="[fd00::1]:1234", rdzv_id="x"), 2)
+    assert _flags(argv)["--rdzv_endpoint"] == "[fd00::1]:1234"
 
 
-def test_single_node_needs_no_rendezvous():
-    assert mn.rendezvous_argv(nnodes=1, node_rank=0, endpoint=None, rdzv_id=None) == []
-    assert mn.rendezvous_argv(nnodes=1, node_rank=0, endpoint=None, rdzv_id=None, max_restarts=3) == ["--max_restarts", "3"]
+def test_single_node_rendezvous_is_local():
+    assert mn.rendezvous_argv(RunConfig(), 2) == [
+        "--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", mn.LOCAL_RDZV_ENDPOINT,
+    ]  # fmt: skip
+    flags = _flags(mn.rendezvous_argv(RunConfig(max_restarts=3), 1))
+    assert flags["--max-restarts"] == "3" and "--nnodes" not in flags and "--rdzv_conf" not in flags
 
 
 @pytest.mark.parametrize(
-    "kwargs, words",
+    "fields, words",
     [
-        (dict(nnodes=2, node_rank=2, endpoint="h:1", rdzv_id="x"), "outside 0..1"),
-        (dict(nnodes=2, node_rank=0, endpoint=None, rdzv_id="x"), "rendezvous endpoint"),
-        (dict(nnodes=2, node_rank=0, endpoint="h:1", rdzv_id=None), "rendezvous id"),
-        (dict(nnodes=2, node_rank=0, endpoint="h:1", rdzv_id="a b"), "letters, digits"),
-        (dict(nnodes=2, node_rank=0, endpoint="h:99999", rdzv_id="x"), "out of range"),
-        (dict(nnodes=2, node_rank=0, endpoint="h:0", rdzv_id="x"), "out of range"),
-        (dict(nnodes=2, node_rank=0, endpoint="a b:1", rdzv_id="x"), "HOST:PORT"),
+        (dict(nnodes=2, node_rank=2, rdzv_endpoint="h:1", rdzv_id="x"), "outside 0..1"),
+        (dict(nnodes=2, node_rank=0, rdzv_endpoint=None, rdzv_id="x"), "rendezvous endpoint"),
+        (dict(nnodes=2, node_rank=0, rdzv_endpoint="h:1", rdzv_id=None), "rendezvous id"),
+        (dict(nnodes=2, node_rank=0, rdzv_endpoint="h:1", rdzv_id="a b"), "letters, digits"),
+        (dict(nnodes=2, node_rank=0, rdzv_endpoint="h:99999", rdzv_id="x"), "out of range"),
+        (dict(nnodes=2, node_rank=0, rdzv_endpoint="h:0", rdzv_id="x"), "out of range"),
+        (dict(nnodes=2, node_rank=0, rdzv_endpoint="a b:1", rdzv_id="x"), "HOST:PORT"),
     ],
 )
-def test_topology_mistakes_are_usage_errors_with_hints(kwargs, words):
+def test_topology_mistakes_are_usage_errors_with_hints(fields, words):
     with pytest.raises(UsageError) as exc:
-        mn.rendezvous_argv(**kwargs)
+        mn.rendezvous_argv(_node(**fields), 2)
     assert words in exc.value.message
     assert exc.value.hint
 
 
-def test_rendezvous_argv_from_config():
-    cfg = RunConfig(nnodes=2, node_rank=1, rdzv_endpoint="node0:29400", rdzv_id="ft1", max_restarts=1)
-    flags = _flags(mn.rendezvous_argv_for(cfg))
-    assert flags["--node_rank"] == "1" and flags["--rdzv_id"] == "ft1" and flags["--max_restarts"] == "1"
+def test_endpoint_without_port_gets_torchruns_default():
+    assert mn.parse_endpoint("head") == ("head", mn.DEFAULT_RDZV_PORT)
+    assert mn.format_endpoint(*mn.parse_endpoint("[fd00::1]:1234")) == "[fd00::1]:1234"
 
 
-# --- parallel plan -----------------------------------------------------------------------------
+# --- topology over N x ranks (trnqwen.train.topology) --------------------------------------------
 
 
-def test_plan_over_two_trn2_nodes_matches_torchtitan_rules():
-    plan = mn.plan_parallelism(nnodes=2, nproc_per_node=64, tp=4, local_batch_size=1, global_batch_size=64)
-    assert plan.world_size == 128 and plan.dp_shard == 32 and plan.tp == 4
-    assert plan.global_batch_size == 64 and plan.grad_accum_steps == 2
-    assert plan.warnings == []
+def test_topology_over_two_trn2_nodes_matches_torchtitan_rules():
+    topo = topology(nnodes=2, nproc_per_node=64, tp=4, local_batch_size=1, global_batch_size=64)
+    assert topo.world_size == 128 and topo.dp == 32 and topo.tp == 4
+    assert topo.sequences_per_step == 64 and topo.grad_accum_steps == 2
+    assert topo.ok and topo.warnings == ()
 
 
-def test_plan_default_global_batch_is_local_times_dp():
-    plan = mn.plan_parallelism(nnodes=3, nproc_per_node=4, local_batch_size=2)
-    assert (plan.world_size, plan.dp_shard, plan.global_batch_size, plan.grad_accum_steps) == (12, 12, 24, 1)
+def test_topology_default_global_batch_is_local_times_dp():
+    topo = topology(nnodes=3, nproc_per_node=4, local_batch_size=2)
+    assert (topo.world_size, topo.dp, topo.sequences_per_step, topo.grad_accum_steps) == (12, 12, 24, 1)
 
 
-def test_plan_warns_when_tp_groups_cross_nodes():
-    plan = mn.plan_parallelism(nnodes=2, nproc_per_node=6, tp=4)
-    assert plan.dp_shard == 3
-    assert any("span" in w for w in plan.warnings)
+def test_topology_warns_when_tp_groups_cross_nodes():
+    topo = topology(nnodes=2, nproc_per_node=6, tp=4)
+    assert topo.dp == 3 and topo.ok
+    assert any("span" in w for w in topo.warnings)
 
 
 @pytest.mark.parametrize(
-    "kwargs, words",
+    "kwargs, check, words, hint",
     [
-        (dict(nnodes=2, nproc_per_node=64, tp=3), "does not divide"),
-        (dict(nnodes=2, nproc_per_node=64, dp_shard=64, tp=1), "64 x TP degree 1 = 64"),
-        (dict(nnodes=2, nproc_per_node=64, local_batch_size=1, global_batch_size=100), "not a multiple"),
-        (dict(nnodes=2, nproc_per_node=64, dp_shard=0), "-1 or >= 1"),
+        (dict(nnodes=2, nproc_per_node=64, tp=3), "parallelism", "--tp 3 does not divide the 128 ranks", "divisors of 128"),
+        (dict(nnodes=2, nproc_per_node=64, dp_shard=64, tp=1), "parallelism", "= 64 ranks, but the run has 128", "--dp-shard -1"),
+        (dict(nnodes=2, nproc_per_node=64, local_batch_size=1, global_batch_size=100), "batch",
+         "global batch 100 is not a multiple of local batch 1 x data-parallel degree 128", "--global-batch-size 128"),
     ],
 )
-def test_plan_rejects_what_torchtitan_would_reject(kwargs, words):
-    with pytest.raises(UsageError) as exc:
-        mn.plan_parallelism(**kwargs)
-    assert words in exc.value.message
+def test_topology_names_what_torchtitan_would_reject(kwargs, check, words, hint):
+    topo = topology(**kwargs)
+    assert not topo.ok and [p.check for p in topo.problems] == [check]
+    assert words in topo.problems[0].message and hint in topo.problems[0].hint
 
 
-def test_plan_for_config_uses_every_node():
-    cfg = RunConfig(nnodes=4, tp=2, local_batch_size=1, global_batch_size=256)
-    plan = mn.plan_for(cfg, 64)
-    assert plan.world_size == 256 and plan.dp_shard == 128 and plan.grad_accum_steps == 2
+def test_plan_topology_counts_every_node_of_the_config():
+    cfg = RunConfig(nnodes=4, tp=2, local_batch_size=1, global_batch_size=256, nproc_per_node=64)
+    topo = plan_topology(cfg, DeviceInfo(type="cpu", count=1))
+    assert topo.world_size == 256 and topo.dp == 128 and topo.grad_accum_steps == 2
+    # Without --nproc-per-node: every device of the node (1 on CPU).
+    assert plan_topology(RunConfig(), DeviceInfo(type="neuron", count=64)).nproc_per_node == 64
+    assert plan_topology(RunConfig(), DeviceInfo(type="cpu", count=8)).nproc_per_node == 1
 
 
 # --- environment -------------------------------------------------------------------------------

@@ -20,8 +20,9 @@ from trnqwen.train.preflight import (
     WARNING,
     count_params,
     estimate_memory,
-    preflight,
 )
+from trnqwen.train.preflight import preflight as _preflight
+from trnqwen.train.topology import plan_topology
 
 GIB = 1024**3
 TRN2 = DeviceInfo(type="neuron", count=64, lnc=2, memory_bytes_per_rank=24 * GIB, instance_type="trn2.48xlarge")
@@ -39,6 +40,12 @@ TINY = {
     "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 96,
     "tie_word_embeddings": True, "rope_theta": 1000000,
 }
+
+
+def preflight(cfg: RunConfig, device: DeviceInfo, job: TrainJob, nproc_per_node: int, **kwargs):
+    """Preflight of ``cfg`` with ``nproc_per_node`` ranks per node (the topology as plan_train makes it)."""
+    topo = plan_topology(cfg.model_copy(update={"nproc_per_node": nproc_per_node}), device)
+    return _preflight(cfg, device, job, topo, **kwargs)
 
 
 def _assets(root: Path, *, config=TINY, weights=True, shards=1, tokenizer=True) -> Path:
@@ -209,9 +216,9 @@ def test_memory_recipe_fits_trn2_and_long_sequences_warn(tmp_path):
     big = preflight(RunConfig(seq_len=32768, local_batch_size=4), TRN2, JOB, 64, assets_dir=assets)
     assert "memory" in _checks(big, WARNING) and big.ok  # a warning, not an error
     # TP splits activations and logits; fewer FSDP ranks mean more state per rank.
-    tp = estimate_memory(dims_from_hf_config(QWEN3_4B), RunConfig(seq_len=32768, local_batch_size=4, tp=8), 64)
+    tp = estimate_memory(dims_from_hf_config(QWEN3_4B), RunConfig(seq_len=32768, local_batch_size=4, tp=8), dp=8)
     assert tp.activations * 8 == pytest.approx(big.memory.activations, rel=0.01)
-    one = estimate_memory(dims_from_hf_config(QWEN3_4B), RunConfig(), 1)
+    one = estimate_memory(dims_from_hf_config(QWEN3_4B), RunConfig(), dp=1)
     assert one.optimizer == pytest.approx(64 * est.optimizer, rel=0.01)
 
 

@@ -273,10 +273,17 @@ def test_missing_assets_and_tokenizer_are_clear(tiny_assets, tmp_path, text_json
         build_job(cfg.model_copy(update={"assets_dir": weightless, "finetune": True}), CPU, None)
 
 
-def test_batch_sizes_must_agree_with_ranks(tiny_assets):
-    cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, global_batch_size=65, backend="native")
-    with pytest.raises(UsageError, match="global batch 65"):
-        build_job(cfg, TRN2, None)
+def test_batch_sizes_must_agree_with_ranks(tiny_assets, tmp_path):
+    """The topology's problem is preflight's to report: the run stops before anything starts."""
+    from trnqwen.train.run import plan_train
+
+    cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, global_batch_size=65, backend="native",
+                    runs_dir=tmp_path / "runs")
+    plan = plan_train(cfg, device=TRN2, cwd=tmp_path)
+    assert [f.check for f in plan.preflight.errors] == ["batch"]
+    with pytest.raises(UsageError, match="global batch 65 is not a multiple of local batch 1 x data-parallel degree 64"):
+        plan.preflight.raise_for_errors()
+    assert not (tmp_path / "runs").exists()
 
 
 # --- data ----------------------------------------------------------------------------------------

@@ -292,14 +292,18 @@ def test_step_selection_and_dcp_only(cli, case):
 
 
 def test_default_is_the_last_runs_checkpoint(cli, case, tmp_path, monkeypatch):
-    from trnqwen.rundir import RunRecord, new_run_dir
+    from trnqwen.rundir import RunRecord, next_run_id, point_last
 
     ckpt, assets, _ = case
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
     assert_clean_error(cli("verify-ckpt"), code=2, contains="no previous run")
-    run_id, run_dir = new_run_dir(Path(".trnqwen/runs"), "hf-v5")
+    runs = Path(".trnqwen/runs")
+    run_id = next_run_id(runs, "hf-v5")
+    run_dir = runs / run_id
+    run_dir.mkdir(parents=True)
+    point_last(runs, run_id)  # what trnqwen train does once the run dir exists
     RunRecord(run_id=run_id, run_dir=str(run_dir), status="succeeded", checkpoint_dir=str(ckpt), assets_dir=str(assets)).save()
     res, doc = verify_json(cli)
     assert res.code == 0, res.text

@@ -60,12 +60,6 @@ class CheckFailed(TrnqwenError):
     exit_code = EXIT_FAILED
 
 
-class NotImplementedYet(TrnqwenError):
-    """A command that exists in the CLI but is not built yet; never pretends to work."""
-
-    exit_code = EXIT_USAGE
-
-
 # --- secrets -------------------------------------------------------------------------
 
 SECRET_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN", "HF_API_TOKEN")

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from trnqwen.fsutil import write_json_atomic  # noqa: F401  (re-exported: callers import it from here)
+from trnqwen.fsutil import write_json_atomic, write_text_atomic  # noqa: F401  (write_json_atomic: re-exported)
 
 RUN_RECORD = "run.json"
 LOG_NAME = "train.log"
@@ -67,21 +67,9 @@ def next_run_id(runs_dir: Path, backend: str) -> str:
     return base if n == 0 else f"{base}-{n}"
 
 
-def new_run_dir(runs_dir: Path, backend: str) -> tuple[str, Path]:
-    """Create ``<runs_dir>/<timestamp>-<backend>[-n]`` and point LAST at it."""
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = f"{stamp}-{backend}"
-    for n in range(1000):
-        run_id = base if n == 0 else f"{base}-{n}"
-        path = runs_dir / run_id
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        (runs_dir / LAST_POINTER).write_text(run_id + "\n")
-        return run_id, path
-    raise RuntimeError(f"could not create a run directory under {runs_dir}")
+def point_last(runs_dir: Path, run_id: str) -> None:
+    """Point ``<runs_dir>/LAST`` at ``run_id`` (atomically: a reader never sees half a name)."""
+    write_text_atomic(Path(runs_dir) / LAST_POINTER, run_id + "\n")
 
 
 def last_run_dir(runs_dir: Path) -> Optional[Path]:

@@ -19,12 +19,3 @@ def make_app(*, help: str, name: str | None = None) -> typer.Typer:
         context_settings=CONTEXT_SETTINGS,
     )
 
-
-def not_implemented(command: str) -> None:
-    """Stubs say so and exit 2: never pretend to work."""
-    from trnqwen.errors import NotImplementedYet
-
-    raise NotImplementedYet(
-        f"`trnqwen {command}` is not implemented yet",
-        hint="see `trnqwen --help` for the commands that work today",
-    )

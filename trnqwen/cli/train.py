@@ -132,7 +132,7 @@ def train(
     from trnqwen import output
     from trnqwen.config import resolve_config
     from trnqwen.errors import UsageError
-    from trnqwen.train.run import run_train
+    from trnqwen.train.run import execute, export_config as write_config_module, plan_train
 
     extra = list(torchtitan_args or [])
     if extra and not extra[0].startswith("-"):
@@ -181,14 +181,13 @@ def train(
     for w in resolved.warnings:
         output.warn(w)
 
-    if dry_run or export_config is not None:
-        outcome = run_train(resolved, extra_args=extra, dry_run=True, export_config_to=export_config)
-        _print_plan(outcome.plan, json_out=json_out, exported=export_config)
+    show_only = dry_run or export_config is not None
+    plan = plan_train(resolved, extra_args=extra, dry_run=show_only)
+    if export_config is not None:
+        write_config_module(plan, export_config)
+    if show_only:
+        _print_plan(plan, json_out=json_out, exported=export_config)
         return
-
-    from trnqwen.train.run import execute, plan_train
-
-    plan = plan_train(resolved, extra_args=extra)
     _print_findings(plan.preflight, quiet_info=json_out, notes=plan.job.notes)
     plan.preflight.raise_for_errors()  # before announcing a run (and a log path) that will not exist
     if not json_out:

@@ -21,258 +21,36 @@ tps: T  tflops: F  mfu: M%``) so ``inspect-logs`` reads both the same way, and t
 saved as HF safetensors in torchtitan's layout (``<checkpoint_dir>/step-N/model-00001-of-00001
 .safetensors`` + ``model.safetensors.index.json``) so ``verify-ckpt`` works unchanged.
 
-The pure helpers at the top (spec, parallel plan, step-line format, FLOPs) import nothing heavy.
+The spec, its flags, the strategy and the FLOPs formula are the launcher's too and live in
+:mod:`trnqwen.train.hf_trainer_spec`; this module is what runs inside a rank.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-SPEC_FILE_NAME = "hf_trainer_spec.json"
+from trnqwen.train.hf_trainer_spec import (
+    HFTrainerSpec,
+    ParallelPlan,
+    SpecError,
+    choose_strategy,
+    flops_per_token,
+    spec_from_argv,
+)
+from trnqwen.train.topology import topology
+
 SAFETENSORS_NAME = "model-00001-of-00001.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 LOG_PREFIX = "[trnqwen-hf]"
-STRATEGIES = ("auto", "ddp", "distributed-config")
-
-
-class SpecError(ValueError):
-    """A bad spec: raised before anything heavy is imported; main() prints it and exits 2."""
-
-
-@dataclass
-class HFTrainerSpec:
-    """Everything one hf-trainer run needs; the recipe writes it, every rank reads it."""
-
-    assets_dir: str = ""
-    model: str = ""  # display name for the start-up line (Hub id or builtin:...)
-    dataset: Optional[str] = None  # file/folder/Hub name; None = the model's default corpus
-    device: str = "cpu"  # neuron | cuda | cpu (already resolved: never "auto")
-    steps: int = 10
-    local_batch_size: int = 1
-    global_batch_size: Optional[int] = None  # None = local batch x data-parallel degree
-    seq_len: int = 2048
-    lr: float = 8e-4
-    warmup_steps: int = 2
-    seed: Optional[int] = 42
-    tp: int = 1
-    dp_shard: int = -1  # -1 = all ranks left after tp
-    compile: bool = False
-    finetune: bool = False  # load the published weights (else random init from config.json)
-    checkpoint_dir: Optional[str] = None
-    export_hf: bool = False  # save the last step as HF safetensors under checkpoint_dir/step-N
-    output_dir: str = "."  # Trainer scratch (the run dir); nothing is checkpointed there
-    peak_flops_per_rank: Optional[float] = None  # bf16 peak, for MFU; None = "N/A"
-    memory_bytes_per_rank: Optional[int] = None  # for the memory percentage
-    trust_remote_code: bool = False
-    max_grad_norm: float = 1.0
-    strategy: str = "auto"  # auto | ddp | distributed-config
-
-    def validate(self) -> "HFTrainerSpec":
-        problems = []
-        if not self.assets_dir:
-            problems.append("assets_dir is required (a local HF snapshot with config.json)")
-        if self.device not in ("neuron", "cuda", "cpu"):
-            problems.append(f"device must be neuron, cuda or cpu, not {self.device!r}")
-        for name in ("steps", "local_batch_size", "seq_len", "tp"):
-            if int(getattr(self, name)) < 1:
-                problems.append(f"{name} must be >= 1")
-        if self.dp_shard == 0 or self.dp_shard < -1:
-            problems.append("dp_shard must be -1 (all ranks) or a positive integer")
-        if self.global_batch_size is not None and self.global_batch_size < 1:
-            problems.append("global_batch_size must be >= 1")
-        if self.strategy not in STRATEGIES:
-            problems.append(f"strategy must be one of {', '.join(STRATEGIES)}")
-        if self.export_hf and not self.checkpoint_dir:
-            problems.append("export_hf needs checkpoint_dir")
-        if problems:
-            raise SpecError("; ".join(problems))
-        return self
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
-
-
-_FIELD_TYPES = {f.name: f.type for f in fields(HFTrainerSpec)}
-_BOOL_FIELDS = [f.name for f in fields(HFTrainerSpec) if f.type in ("bool", bool)]
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def spec_to_argv(spec: HFTrainerSpec) -> list[str]:
-    """The spec as command-line flags (only values that differ from the defaults)."""
-    default = HFTrainerSpec()
-    argv: list[str] = []
-    for f in fields(HFTrainerSpec):
-        value = getattr(spec, f.name)
-        if value == getattr(default, f.name):
-            continue
-        if f.name in _BOOL_FIELDS:
-            argv.append(_flag(f.name) if value else "--no-" + f.name.replace("_", "-"))
-        elif value is None:
-            argv += [_flag(f.name), "none"]
-        else:
-            argv += [_flag(f.name), str(value)]
-    return argv
-
-
-def _optional(kind):
-    def convert(text: str):
-        return None if text.lower() in ("none", "null", "") else kind(text)
-
-    convert.__name__ = kind.__name__
-    return convert
-
-
-def _arg_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m trnqwen.runtime.hf_trainer",
-        allow_abbrev=False,
-        description="Train a causal LM with transformers.Trainer (trnqwen's hf-trainer backend; run under torchrun).",
-    )
-    parser.add_argument("spec_file", nargs="?", default=None, help="JSON spec file (flags given too override its values)")
-    converters = {
-        "int": int, "float": float, "str": str,
-        "Optional[int]": _optional(int), "Optional[float]": _optional(float), "Optional[str]": _optional(str),
-    }
-    for f in fields(HFTrainerSpec):
-        if f.name in _BOOL_FIELDS:
-            parser.add_argument(
-                _flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS
-            )
-        else:  # SUPPRESS: a flag not given leaves no attribute, so "--seed none" can still mean None
-            parser.add_argument(_flag(f.name), dest=f.name, type=converters[str(f.type)], default=argparse.SUPPRESS)
-    return parser
-
-
-def spec_from_argv(argv: Sequence[str]) -> HFTrainerSpec:
-    """Build and validate a spec from ``[spec.json] [--flag value ...]``."""
-    parser = _arg_parser()
-    ns = parser.parse_args(list(argv))
-    values: dict[str, Any] = {}
-    if ns.spec_file:
-        path = Path(ns.spec_file)
-        try:
-            data = json.loads(path.read_text())
-        except OSError as exc:
-            raise SpecError(f"cannot read spec file {path}: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"spec file {path} is not JSON: {exc}") from None
-        unknown = sorted(set(data) - set(_FIELD_TYPES))
-        if unknown:
-            raise SpecError(f"spec file {path}: unknown keys {', '.join(unknown)}")
-        values.update(data)
-    values.update({name: value for name, value in vars(ns).items() if name in _FIELD_TYPES})
-    return HFTrainerSpec(**values).validate()
-
-
-# --- parallelism -------------------------------------------------------------------------------
-
-
-@dataclass
-class ParallelPlan:
-    world_size: int
-    tp: int
-    fsdp: int  # ranks sharing one copy of the weights (DistributedConfig.fsdp_size)
-    strategy: str  # "single" | "ddp" | "distributed-config"
-    grad_accum: int
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def dp(self) -> int:
-        """Ranks that see a distinct batch."""
-        return self.world_size // self.tp
-
-
-def plan_parallelism(
-    world_size: int,
-    tp: int,
-    dp_shard: int,
-    *,
-    device: str,
-    local_batch_size: int = 1,
-    global_batch_size: Optional[int] = None,
-    strategy: str = "auto",
-    has_distributed_config: bool = True,
-) -> ParallelPlan:
-    """Decide how ``world_size`` ranks split into TP x FSDP and how the Trainer runs them.
-
-    ``auto``: one rank -> a plain single-process Trainer; several ranks ->
-    ``DistributedConfig(tp_size, fsdp_size)`` at ``from_pretrained`` (FSDP2 + TP, on every device,
-    CPU/gloo included: measured to work and to match DDP's losses), or, when this transformers has
-    no DistributedConfig and tp is 1, plain DDP (gloo on CPU) with a note saying so.
-    """
-    if world_size < 1:
-        raise SpecError("world size must be >= 1")
-    if world_size % tp:
-        raise SpecError(f"tp ({tp}) must divide the number of ranks ({world_size})")
-    fsdp = world_size // tp if dp_shard == -1 else dp_shard
-    if tp * fsdp != world_size:
-        raise SpecError(
-            f"tp ({tp}) x dp_shard ({fsdp}) = {tp * fsdp} must equal the number of ranks ({world_size}); "
-            "hf-trainer has no replicate dimension (use dp_shard -1)"
-        )
-    dp = fsdp
-    if global_batch_size is None:
-        grad_accum = 1
-    else:
-        per_step = local_batch_size * dp
-        if global_batch_size % per_step:
-            raise SpecError(
-                f"global batch {global_batch_size} must be a multiple of local batch x data-parallel ranks "
-                f"({local_batch_size} x {dp} = {per_step})"
-            )
-        grad_accum = global_batch_size // per_step
-    notes: list[str] = []
-    if strategy == "auto":
-        if world_size == 1:
-            chosen = "single"
-        elif has_distributed_config or tp > 1:
-            chosen = "distributed-config"
-        else:
-            chosen = "ddp"
-            notes.append(
-                "this transformers has no DistributedConfig: data parallel with DDP "
-                f"({'gloo' if device == 'cpu' else 'the device backend'}), parameters replicated, not sharded"
-            )
-    elif strategy == "ddp":
-        if tp > 1:
-            raise SpecError("strategy ddp cannot do tensor parallelism (tp > 1): use distributed-config")
-        chosen = "ddp" if world_size > 1 else "single"
-    else:
-        chosen = "distributed-config"
-    if chosen == "distributed-config" and not has_distributed_config:
-        raise SpecError(
-            "this transformers has no transformers.distributed.DistributedConfig (needed for tp/FSDP sharding at load): "
-            "upgrade transformers (5.x with DistributedConfig), or run with --tp 1 and strategy ddp"
-        )
-    return ParallelPlan(world_size=world_size, tp=tp, fsdp=fsdp, strategy=chosen, grad_accum=grad_accum, notes=notes)
-
 
 # --- metrics -----------------------------------------------------------------------------------
-
-
-def flops_per_token(
-    nparams: int, nparams_embedding: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int, tied: bool
-) -> int:
-    """Training FLOPs per token as torchtitan counts them for its native Qwen3.
-
-    6 per matmul parameter (forward + backward; the token embedding is a lookup, not a matmul,
-    unless it is tied to the output projection) plus 6 x layers x heads x (qk + v head dims) x seq
-    for attention scores and values (causal sparsity ignored, as in torchtitan).
-    """
-    matmul_params = nparams if tied else nparams - nparams_embedding
-    return 6 * matmul_params + 6 * n_layers * n_heads * (2 * head_dim) * seq_len
 
 
 def format_step_line(
@@ -637,15 +415,12 @@ def run(spec: HFTrainerSpec) -> int:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    plan = plan_parallelism(
-        world_size,
-        spec.tp,
-        spec.dp_shard,
-        device=spec.device,
-        local_batch_size=spec.local_batch_size,
-        global_batch_size=spec.global_batch_size,
-        strategy=spec.strategy,
-        has_distributed_config=_has_distributed_config(),
+    ranks = topology(
+        nproc_per_node=world_size, tp=spec.tp, dp_shard=spec.dp_shard,
+        local_batch_size=spec.local_batch_size, global_batch_size=spec.global_batch_size,
+    )
+    plan = choose_strategy(
+        ranks, device=spec.device, strategy=spec.strategy, has_distributed_config=_has_distributed_config()
     )
     if spec.device == "neuron":
         import torch_neuronx  # noqa: F401  (registers the `neuron` device with torch)

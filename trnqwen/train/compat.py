@@ -238,32 +238,6 @@ def register_override(
     return decorator(factory)
 
 
-_OVERRIDE_LINE = re.compile(r"\[Override\]\s+(?P<name>[\w.]+):\s+(?P<fqn>\S+)\s+(?P<src>\S+)\s+->\s+(?P<dst>[\w.]+)")
-_APPLIED_LINE = re.compile(r"Applied (?P<count>\d+) override\(s\)")
-
-
-@dataclass(frozen=True)
-class OverrideLine:
-    name: str
-    fqn: str
-    source: str
-    target: str
-
-
-def parse_override_line(line: str) -> Optional[OverrideLine]:
-    """One ``[Override] ...`` log line (either shape), or None."""
-    match = _OVERRIDE_LINE.search(line)
-    if not match:
-        return None
-    return OverrideLine(match["name"], match["fqn"], match["src"], match["dst"])
-
-
-def parse_applied_count(line: str) -> Optional[int]:
-    """``Applied N override(s)`` (0.3 only) -> N."""
-    match = _APPLIED_LINE.search(line)
-    return int(match["count"]) if match else None
-
-
 def override_name(module: str, function: str, api: Optional[TitanAPI] = None) -> str:
     """How an override shows up in logs and imports: its registered name or ``module.function``."""
     api = api or detect()

@@ -2,7 +2,7 @@
 
 Unlike the torchtitan backends there is no generated config module: the job runs
 ``python -m trnqwen.runtime.hf_trainer <flags>`` under the same torchrun launcher, and the flags
-(see :class:`trnqwen.runtime.hf_trainer.HFTrainerSpec`) say everything, so ``command.sh`` in the
+(see :class:`trnqwen.train.hf_trainer_spec.HFTrainerSpec`) say everything, so ``command.sh`` in the
 run dir re-runs it as is.  Checks that need no torch run here, before any rank starts: the
 dataset resolves, the assets exist, ``accelerate`` (which ``Trainer`` needs) is installed,
 ``DistributedConfig`` exists when sharding needs it.
@@ -14,10 +14,16 @@ import importlib.util
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.errors import EnvironmentProblem, UsageError
+from trnqwen.train.hf_trainer_spec import HFTrainerSpec, SpecError, choose_strategy, spec_to_argv
 from trnqwen.train.job import TrainJob
+from trnqwen.train.topology import Topology, plan_topology
+
+if TYPE_CHECKING:
+    from trnqwen.config import RunConfig
+    from trnqwen.device import DeviceInfo
 
 ENTRY_MODULE = "trnqwen.runtime.hf_trainer"
 
@@ -54,15 +60,7 @@ def _model_facts(hf_config: Optional[dict[str, Any]]) -> tuple[Optional[int], Op
         return hf_config.get("num_hidden_layers"), None, hf_config.get("vocab_size")
 
 
-def _world_size(cfg: Any, device: Any) -> int:
-    if cfg.nproc_per_node:
-        per_node = int(cfg.nproc_per_node)
-    else:
-        per_node = 1 if getattr(device, "type", "cpu") == "cpu" else max(1, int(getattr(device, "count", 1) or 1))
-    return per_node * int(getattr(cfg, "nnodes", 1) or 1)
-
-
-def _dataset_arg(cfg: Any, assets_dir: Path) -> tuple[Optional[str], list[str], str]:
+def _dataset_arg(cfg: RunConfig, assets_dir: Path) -> tuple[Optional[str], list[str], str]:
     """(the dataset as the ranks should see it (local paths absolute), notes, what it resolved to).
 
     Resolving it here makes a bad ``--dataset`` stop the run before torchrun starts."""
@@ -78,10 +76,8 @@ def _dataset_arg(cfg: Any, assets_dir: Path) -> tuple[Optional[str], list[str], 
     return (str(path.absolute()) if path.exists() else cfg.dataset), notes, data.source
 
 
-def build_hf_trainer_spec(cfg: Any, device: Any, run_dir: Optional[Path], *, dataset: Any = ...):
-    """The :class:`~trnqwen.runtime.hf_trainer.HFTrainerSpec` for this run (pure; checks only files)."""
-    from trnqwen.runtime.hf_trainer import HFTrainerSpec
-
+def build_hf_trainer_spec(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, dataset: Any = ...) -> HFTrainerSpec:
+    """The :class:`~trnqwen.train.hf_trainer_spec.HFTrainerSpec` for this run (pure; checks only files)."""
     assets_dir = Path(cfg.resolved_assets_dir).expanduser().absolute()
     export = bool(cfg.resolved_export_hf)
     if dataset is ...:
@@ -112,14 +108,19 @@ def build_hf_trainer_spec(cfg: Any, device: Any, run_dir: Optional[Path], *, dat
     )
 
 
-def build_hf_trainer_job(cfg: Any, device: Any, run_dir: Optional[Path], *, check_runtime: bool = True) -> TrainJob:
+def build_hf_trainer_job(
+    cfg: RunConfig,
+    device: DeviceInfo,
+    run_dir: Optional[Path],
+    *,
+    topology: Optional[Topology] = None,
+    check_runtime: bool = True,
+) -> TrainJob:
     """A TrainJob running :mod:`trnqwen.runtime.hf_trainer` under torchrun for ``cfg`` on ``device``.
 
     ``check_runtime=False`` (``--dry-run``): a missing transformers/accelerate/DistributedConfig is
     a note instead of an error; the dataset is still resolved (it only reads files).
     """
-    from trnqwen.runtime.hf_trainer import SpecError, plan_parallelism, spec_to_argv
-
     if cfg.backend != "hf-trainer":
         raise UsageError(f"build_hf_trainer_job called for backend {cfg.backend!r}")
     if cfg.override_imports:
@@ -153,28 +154,21 @@ def build_hf_trainer_job(cfg: Any, device: Any, run_dir: Optional[Path], *, chec
     notes = ["hf-trainer pads/truncates each document to seq_len (no packing as in torchtitan)"]
     notes += data_notes
     notes += [f"not runnable here: {p.message}" for p in problems]
-    world = _world_size(cfg, device)
+    topology = topology or plan_topology(cfg, device)
     try:
-        plan = plan_parallelism(
-            world, cfg.tp, cfg.dp_shard, device=device_type,
-            local_batch_size=cfg.local_batch_size, global_batch_size=cfg.global_batch_size,
-            has_distributed_config=has_dc,
-        )
+        notes += choose_strategy(topology, device=device_type, has_distributed_config=has_dc).notes
     except SpecError:
-        plan = None  # preflight reports bad degrees/batches with its own hints
-    if plan is not None:
-        notes += plan.notes  # only when DistributedConfig is missing and DDP replicates the model
+        pass  # preflight reports bad degrees and batches (topology.problems)
     env = {"TOKENIZERS_PARALLELISM": "false"}
     local_data = Path(data_source).exists()
     if local_data:  # local assets + local data: nothing may wait on the network
         env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     if device_type == "cpu":
-        per_node = world // max(1, int(getattr(cfg, "nnodes", 1) or 1))
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, per_node)))
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // topology.nproc_per_node))
     if device_type == "neuron":
         env["HF_DEACTIVATE_ASYNC_LOAD"] = "1"  # avoids a reported hang in HF model loading on Neuron
     layers, params, vocab = _model_facts(_read_hf_config(assets_dir))
-    job = TrainJob(
+    return TrainJob(
         backend="hf-trainer",
         entry_module=ENTRY_MODULE,
         entry_args=spec_to_argv(spec),
@@ -184,17 +178,9 @@ def build_hf_trainer_job(cfg: Any, device: Any, run_dir: Optional[Path], *, chec
         num_params=params,
         vocab_size=vocab,
         notes=notes,
+        nproc_per_node=topology.nproc_per_node,
+        world_size=topology.world_size,
+        global_batch_size=topology.sequences_per_step if topology.ok else cfg.global_batch_size,
+        dump_folder=Path(run_dir).absolute() if run_dir is not None else None,
+        dataset=data_source,
     )
-    extra = {  # newer optional TrainJob fields, set where this TrainJob has them
-        "nproc_per_node": world // max(1, int(getattr(cfg, "nnodes", 1) or 1)),
-        "world_size": world,
-        "global_batch_size": (
-            cfg.local_batch_size * plan.dp * plan.grad_accum if plan is not None else cfg.global_batch_size
-        ),
-        "dump_folder": Path(run_dir).absolute() if run_dir is not None else None,
-        "dataset": data_source,
-    }
-    for name, value in extra.items():
-        if hasattr(job, name):
-            setattr(job, name, value)
-    return job

@@ -27,56 +27,34 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, TextIO
 
-from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, UsageError, redact
+from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, redact
+from trnqwen.train.multinode import rendezvous_argv
+
+if TYPE_CHECKING:
+    from trnqwen.config import RunConfig
+    from trnqwen.train.job import TrainJob
+    from trnqwen.train.topology import Topology
 
 TORCHRUN_MODULE = "torch.distributed.run"
-DEFAULT_RDZV_ENDPOINT = "localhost:0"
 DEFAULT_NEFF_CACHE = Path(".trnqwen") / "neff-cache"
 NEFF_CACHE_VAR = "TORCH_NEURONX_NEFF_CACHE_DIR"
 RANK_LOGS_DIR = "ranks"
 DEFAULT_GRACE_S = 20.0
 
 
-# --- how many ranks ------------------------------------------------------------------------
-
-
-def default_nproc_per_node(device: Any) -> int:
-    """Logical NeuronCores on Neuron (64 on trn2.48xlarge), GPUs on CUDA, 1 on CPU."""
-    if getattr(device, "type", "cpu") == "cpu":
-        return 1
-    return max(1, int(getattr(device, "count", 1) or 1))
-
-
-def resolve_nproc_per_node(cfg: Any, device: Any) -> int:
-    """``--nproc-per-node`` when given, else :func:`default_nproc_per_node`."""
-    return int(cfg.nproc_per_node) if cfg.nproc_per_node else default_nproc_per_node(device)
-
-
 # --- the command --------------------------------------------------------------------------
 
 
-def override_imports_argv(imports: Sequence[str]) -> list[str]:
-    """``--override.imports`` in the syntax the installed torchtitan expects.
-
-    The version knowledge lives in :mod:`trnqwen.train.compat`; this is the launcher's only
-    door to it.
-    """
-    from trnqwen.train.compat import format_override_imports
-
-    return format_override_imports(list(imports))
-
-
 def build_torchrun_argv(
-    cfg: Any,
-    job: Any,
-    nproc_per_node: int,
+    cfg: RunConfig,
+    job: TrainJob,
+    topology: Topology,
     *,
     python: Optional[str] = None,
     extra_args: Sequence[str] = (),
     log_dir: Optional[Path] = None,
-    include_override_imports: bool = True,
 ) -> list[str]:
     """The torchrun command for ``job`` as a list of strings (nothing is run).
 
@@ -85,45 +63,20 @@ def build_torchrun_argv(
         python -m torch.distributed.run --nproc_per_node N --rdzv_backend c10d
             --rdzv_endpoint localhost:0 --local-ranks-filter 0 --role rank --tee 3
             [--log-dir RUN/ranks] -m <job.entry_module> <job.entry_args...>
-            [--override.imports ...] [raw torchtitan flags given after `--`]
+            [raw torchtitan flags given after `--`]
 
-    Multi-node (``cfg.nnodes > 1``) adds ``--nnodes``, ``--node-rank``, ``--rdzv_id``,
-    the shared ``--rdzv_endpoint`` and ``--max-restarts``; everything else is the same.
+    The topology and rendezvous flags come from :func:`trnqwen.train.multinode.rendezvous_argv`
+    (multi-node adds ``--nnodes``, ``--node-rank``, ``--rdzv_id``, the shared endpoint and
+    ``--max-restarts``); the recipe's ``entry_args`` already carry any ``--override.imports``.
     """
-    if nproc_per_node < 1:
-        raise UsageError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
     argv: list[str] = [python or sys.executable, "-m", TORCHRUN_MODULE]
-
-    # Topology and rendezvous.
-    nnodes = int(getattr(cfg, "nnodes", 1) or 1)
-    endpoint = getattr(cfg, "rdzv_endpoint", None)
-    if nnodes > 1:
-        if not endpoint:
-            raise UsageError(
-                f"a {nnodes}-node run needs a shared rendezvous endpoint",
-                hint="pass --rdzv-endpoint HOST:PORT (the first node's address) on every node",
-            )
-        argv += ["--nnodes", str(nnodes), "--node-rank", str(cfg.node_rank)]
-    argv += ["--nproc_per_node", str(nproc_per_node)]
-    argv += ["--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint or DEFAULT_RDZV_ENDPOINT]
-    if getattr(cfg, "rdzv_id", None):
-        argv += ["--rdzv_id", str(cfg.rdzv_id)]
-    if nnodes > 1:  # node 0 hosts the rendezvous store, never a race (trnqwen.train.multinode)
-        argv += ["--rdzv_conf", f"is_host={1 if int(cfg.node_rank) == 0 else 0}"]
-    if int(getattr(cfg, "max_restarts", 0) or 0) > 0:
-        argv += ["--max-restarts", str(cfg.max_restarts)]
-
+    argv += rendezvous_argv(cfg, topology.nproc_per_node)
     # Output: rank 0 on the console, every rank tee'd to files.
     argv += ["--local-ranks-filter", "0", "--role", "rank", "--tee", "3"]
     if log_dir is not None:
         argv += ["--log-dir", str(log_dir)]
-
     # What each rank runs.
     argv += ["-m", job.entry_module, *[str(a) for a in job.entry_args]]
-    # The recipe may already carry the override imports in entry_args (TrainJob.override_imports).
-    handled = bool(getattr(job, "override_imports", None)) or "--override.imports" in job.entry_args
-    if include_override_imports and not handled:
-        argv += override_imports_argv(list(getattr(cfg, "override_imports", []) or []))
     argv += [str(a) for a in extra_args]
     return argv
 

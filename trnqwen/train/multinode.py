@@ -1,18 +1,18 @@
-"""One node of an N-node job: rendezvous arguments, parallel degrees, EFA environment, log paths.
+"""One node of an N-node job: rendezvous arguments, EFA environment, log paths.
 
 Pure functions (no torch, no subprocess), shared by the local launcher (``trnqwen train
 --nnodes N --node-rank R --rdzv-endpoint HOST:PORT``), the SLURM script (:mod:`.slurm`) and the
 Kubernetes manifest (:mod:`.k8s`), so all three start exactly the same torchrun on every node.
 
 Rendezvous (torchrun's c10d backend, documented at docs.pytorch.org/docs/stable/elastic/run.html):
-every node runs ``torchrun --nnodes N --node_rank R --rdzv_backend c10d --rdzv_endpoint
+every node runs ``torchrun --nnodes N --node-rank R --rdzv_backend c10d --rdzv_endpoint
 HOST:PORT --rdzv_id ID``; the endpoint is node rank 0's address.  We also pass
 ``--rdzv_conf is_host=1`` on node 0 and ``is_host=0`` elsewhere: torchrun otherwise guesses
 which process hosts the rendezvous store from the hostname, and on one machine (two "nodes" on
 loopback, or containers sharing a host) the first process to start wins the race, so which
 node's death takes the store down would be random.
 
-Note: with c10d rendezvous torchrun assigns global ranks in join order; ``--node_rank`` names the
+Note: with c10d rendezvous torchrun assigns global ranks in join order; ``--node-rank`` names the
 node (logs, the run record) but does not fix its ranks.  Global ranks on one node are
 contiguous, so a tensor-parallel group stays inside a node when TP divides the ranks per node.
 """
@@ -21,18 +21,19 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from trnqwen.errors import UsageError
 
+if TYPE_CHECKING:
+    from trnqwen.config import RunConfig
+
 # torchrun's default port for the c10d rendezvous when an endpoint has none.
 DEFAULT_RDZV_PORT = 29400
-# torchrun's own default (dynamic_rendezvous: join_timeout 600 s); made explicit so the value
-# that bounds "waiting for a missing node" is visible in the command and the docs.
-DEFAULT_JOIN_TIMEOUT_S = 600
 NODES_DIR = "nodes"
+# One node: a local c10d store on a free port.
+LOCAL_RDZV_ENDPOINT = "localhost:0"
 
 # --- Neuron / EFA environment for multi-node jobs ---------------------------------------------
 #
@@ -83,53 +84,27 @@ def format_endpoint(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def rendezvous_argv(
-    *,
-    nnodes: int,
-    node_rank: int,
-    endpoint: Optional[str],
-    rdzv_id: Optional[str],
-    max_restarts: int = 0,
-    join_timeout_s: Optional[int] = None,
-) -> list[str]:
-    """torchrun's topology/rendezvous flags for one node of an ``nnodes``-node job.
+def rendezvous_argv(cfg: "RunConfig", nproc_per_node: int) -> list[str]:
+    """torchrun's topology and rendezvous flags for this node: the launcher's only source of them.
 
-    ``--nnodes N --node_rank R --rdzv_backend c10d --rdzv_endpoint HOST:PORT --rdzv_id ID
-    --max_restarts K --rdzv_conf is_host=0|1[,join_timeout=T]``.  For one node the rendezvous
-    is local and only ``--max_restarts`` (when > 0) is returned.
+    One node: ``--nproc_per_node N --rdzv_backend c10d --rdzv_endpoint localhost:0`` (plus
+    ``--rdzv_id`` / ``--max-restarts`` when set).  N nodes: ``--nnodes N --node-rank R`` first,
+    node 0's shared endpoint, and ``--rdzv_conf is_host=0|1`` (see the module docstring).
     """
-    check_topology(nnodes=nnodes, node_rank=node_rank, endpoint=endpoint, rdzv_id=rdzv_id)
-    if max_restarts < 0:
-        raise UsageError(f"max_restarts must be >= 0, got {max_restarts}")
-    if nnodes == 1:
-        return ["--max_restarts", str(max_restarts)] if max_restarts else []
-    host, port = parse_endpoint(endpoint or "")
-    conf = [f"is_host={1 if node_rank == 0 else 0}"]
-    if join_timeout_s is not None:
-        if join_timeout_s < 1:
-            raise UsageError(f"join timeout must be >= 1 s, got {join_timeout_s}")
-        conf.append(f"join_timeout={int(join_timeout_s)}")
-    return [
-        "--nnodes", str(nnodes),
-        "--node_rank", str(node_rank),
-        "--rdzv_backend", "c10d",
-        "--rdzv_endpoint", format_endpoint(host, port),
-        "--rdzv_id", str(rdzv_id),
-        "--max_restarts", str(max_restarts),
-        "--rdzv_conf", ",".join(conf),
-    ]  # fmt: skip
-
-
-def rendezvous_argv_for(cfg: Any, *, join_timeout_s: Optional[int] = None) -> list[str]:
-    """:func:`rendezvous_argv` from a :class:`~trnqwen.config.RunConfig`."""
-    return rendezvous_argv(
-        nnodes=int(cfg.nnodes),
-        node_rank=int(cfg.node_rank),
-        endpoint=cfg.rdzv_endpoint,
-        rdzv_id=cfg.rdzv_id,
-        max_restarts=int(cfg.max_restarts or 0),
-        join_timeout_s=join_timeout_s,
-    )
+    nnodes = int(cfg.nnodes)
+    argv: list[str] = []
+    if nnodes > 1:
+        check_topology(nnodes=nnodes, node_rank=cfg.node_rank, endpoint=cfg.rdzv_endpoint, rdzv_id=cfg.rdzv_id)
+        argv += ["--nnodes", str(nnodes), "--node-rank", str(cfg.node_rank)]
+    argv += ["--nproc_per_node", str(nproc_per_node)]
+    argv += ["--rdzv_backend", "c10d", "--rdzv_endpoint", cfg.rdzv_endpoint or LOCAL_RDZV_ENDPOINT]
+    if cfg.rdzv_id:
+        argv += ["--rdzv_id", str(cfg.rdzv_id)]
+    if nnodes > 1:  # node 0 hosts the rendezvous store, never a race
+        argv += ["--rdzv_conf", f"is_host={1 if int(cfg.node_rank) == 0 else 0}"]
+    if cfg.max_restarts:
+        argv += ["--max-restarts", str(cfg.max_restarts)]
+    return argv
 
 
 _RDZV_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
@@ -162,115 +137,6 @@ def check_topology(*, nnodes: int, node_rank: int, endpoint: Optional[str], rdzv
             f"--rdzv-id {rdzv_id!r} must be letters, digits, '.', '_' or '-' (at most 128)",
             hint="it names the run directory shared by the nodes",
         )
-
-
-# --- parallel degrees and batch over N x ranks-per-node ---------------------------------------
-
-
-@dataclass
-class ParallelPlan:
-    """The degrees torchtitan will use for ``nnodes x nproc_per_node`` ranks."""
-
-    nnodes: int
-    nproc_per_node: int
-    world_size: int
-    tp: int
-    dp_shard: int  # FSDP degree, -1 resolved
-    dp_degree: int  # ranks that see different data (dp_shard here; no replicate/CP/PP)
-    local_batch_size: int
-    global_batch_size: int
-    grad_accum_steps: int
-    warnings: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "nnodes": self.nnodes,
-            "nproc_per_node": self.nproc_per_node,
-            "world_size": self.world_size,
-            "tp": self.tp,
-            "dp_shard": self.dp_shard,
-            "global_batch_size": self.global_batch_size,
-            "local_batch_size": self.local_batch_size,
-            "grad_accum_steps": self.grad_accum_steps,
-            "warnings": list(self.warnings),
-        }
-
-
-def plan_parallelism(
-    *,
-    nnodes: int,
-    nproc_per_node: int,
-    dp_shard: int = -1,
-    tp: int = 1,
-    local_batch_size: int = 1,
-    global_batch_size: Optional[int] = None,
-) -> ParallelPlan:
-    """Degrees and batch over every rank of the job, with torchtitan's own rules checked first.
-
-    torchtitan requires ``dp_shard * tp == world size`` (dp_shard -1 = world / tp) and
-    ``global_batch % (local_batch * dp) == 0`` (the quotient is the gradient-accumulation
-    count).  A TP group spanning two nodes is allowed but warned about: its collectives would
-    cross EFA on every layer.
-    """
-    if nnodes < 1 or nproc_per_node < 1:
-        raise UsageError(f"need at least one node and one rank per node (got {nnodes} x {nproc_per_node})")
-    if tp < 1:
-        raise UsageError(f"--tp must be >= 1, got {tp}")
-    if local_batch_size < 1:
-        raise UsageError(f"--local-batch-size must be >= 1, got {local_batch_size}")
-    world = nnodes * nproc_per_node
-    where = f"{nnodes} node(s) x {nproc_per_node} rank(s) = {world} ranks"
-    if world % tp:
-        raise UsageError(
-            f"tensor-parallel degree {tp} does not divide the {where}",
-            hint=f"pick --tp from the divisors of {world} (a divisor of {nproc_per_node} keeps TP inside a node)",
-        )
-    if dp_shard == -1:
-        dp_shard = world // tp
-    elif dp_shard < 1:
-        raise UsageError(f"--dp-shard must be -1 or >= 1, got {dp_shard}")
-    if dp_shard * tp != world:
-        raise UsageError(
-            f"FSDP degree {dp_shard} x TP degree {tp} = {dp_shard * tp}, but the job has {where}",
-            hint=f"use --dp-shard -1 (= {world // tp}) or --dp-shard {world // tp}",
-        )
-    per_step = local_batch_size * dp_shard
-    gbs = per_step if global_batch_size is None else int(global_batch_size)
-    if gbs < 1 or gbs % per_step:
-        raise UsageError(
-            f"global batch {gbs} is not a multiple of local batch {local_batch_size} x data-parallel degree {dp_shard} = {per_step}",
-            hint=f"use --global-batch-size {per_step} (or a multiple of it: gradient accumulation), or leave it unset",
-        )
-    warnings = []
-    if nnodes > 1 and nproc_per_node % tp:
-        warnings.append(
-            f"TP degree {tp} does not divide the {nproc_per_node} ranks per node: tensor-parallel groups span "
-            "nodes and every layer's collectives cross the network"
-        )
-    return ParallelPlan(
-        nnodes=nnodes,
-        nproc_per_node=nproc_per_node,
-        world_size=world,
-        tp=tp,
-        dp_shard=dp_shard,
-        dp_degree=dp_shard,
-        local_batch_size=local_batch_size,
-        global_batch_size=gbs,
-        grad_accum_steps=gbs // per_step,
-        warnings=warnings,
-    )
-
-
-def plan_for(cfg: Any, nproc_per_node: int) -> ParallelPlan:
-    """:func:`plan_parallelism` from a RunConfig (the preflight's entry point)."""
-    return plan_parallelism(
-        nnodes=int(cfg.nnodes),
-        nproc_per_node=int(nproc_per_node),
-        dp_shard=int(cfg.dp_shard),
-        tp=int(cfg.tp),
-        local_batch_size=int(cfg.local_batch_size),
-        global_batch_size=cfg.global_batch_size,
-    )
 
 
 # --- environment ------------------------------------------------------------------------------
@@ -337,17 +203,14 @@ def multinode_run_dir(runs_dir: Path, rdzv_id: str, *, node_rank: int = 0) -> tu
     Every node computes the same path from the shared rendezvous id, so on a shared file system
     (FSx, EFS, a PVC) they share one directory; node 0 also points ``LAST`` at it.
     """
-    from trnqwen.rundir import LAST_POINTER
+    from trnqwen.rundir import point_last
 
     if not _RDZV_ID.fullmatch(rdzv_id or ""):
         raise UsageError(f"--rdzv-id {rdzv_id!r} cannot name a run directory")
     path = Path(runs_dir) / rdzv_id
     node_dir(path, node_rank).mkdir(parents=True, exist_ok=True)
     if writes_run_record(node_rank):
-        pointer = Path(runs_dir) / LAST_POINTER
-        tmp = pointer.with_name(f".{LAST_POINTER}.{os.getpid()}")
-        tmp.write_text(rdzv_id + "\n")
-        os.replace(tmp, pointer)
+        point_last(runs_dir, rdzv_id)
     return rdzv_id, path
 
 

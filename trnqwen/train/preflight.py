@@ -16,9 +16,15 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.errors import CheckFailed, UsageError
+from trnqwen.train.topology import PARALLELISM, Topology
+
+if TYPE_CHECKING:
+    from trnqwen.config import RunConfig
+    from trnqwen.device import DeviceInfo
+    from trnqwen.train.job import TrainJob
 
 ERROR = "error"
 WARNING = "warning"
@@ -230,50 +236,28 @@ def check_seq_len(report: PreflightReport, cfg: Any, device: Any) -> None:
         )
 
 
-def parallel_degrees(cfg: Any, world_size: int) -> tuple[int, Optional[str]]:
-    """The data-parallel degree for this world size, or an error message."""
-    if world_size % cfg.tp:
-        return 1, f"--tp {cfg.tp} does not divide the {world_size} ranks"
-    if cfg.dp_shard == -1:
-        return world_size // cfg.tp, None
-    if cfg.dp_shard * cfg.tp != world_size:
-        return cfg.dp_shard, (
-            f"--dp-shard {cfg.dp_shard} x --tp {cfg.tp} = {cfg.dp_shard * cfg.tp} ranks, but the run has {world_size}"
-        )
-    return cfg.dp_shard, None
-
-
-def check_batch(report: PreflightReport, cfg: Any, world_size: int) -> None:
-    dp, problem = parallel_degrees(cfg, world_size)
-    report.world_size = world_size
-    report.dp = dp
-    if problem:
-        report.add(ERROR, "parallelism", problem, "use --dp-shard -1 (shard over all ranks) or matching degrees")
+def check_topology(report: PreflightReport, topo: Topology) -> None:
+    """The degrees cover the ranks and the global batch splits over them (rules: :mod:`.topology`)."""
+    report.world_size = topo.world_size
+    report.dp = topo.dp
+    for problem in topo.problems:
+        report.add(ERROR, problem.check, problem.message, problem.hint)
+    for warning in topo.warnings:
+        report.add(WARNING, PARALLELISM, warning)
+    if topo.problems:
         return
-    per_step = cfg.local_batch_size * dp
-    if cfg.global_batch_size is None:
-        report.grad_accum_steps = 1
-        return
-    if cfg.global_batch_size % per_step:
-        report.add(
-            ERROR,
-            "batch",
-            f"global batch {cfg.global_batch_size} is not a multiple of local batch {cfg.local_batch_size} "
-            f"x data-parallel degree {dp} = {per_step}",
-            f"use --global-batch-size {per_step} (or a multiple of it for gradient accumulation)",
-        )
-        return
-    report.grad_accum_steps = cfg.global_batch_size // per_step
-    if report.grad_accum_steps > 1:
+    report.grad_accum_steps = topo.grad_accum_steps
+    if topo.grad_accum_steps > 1:
+        per_step = topo.local_batch_size * topo.dp
         report.add(
             INFO,
             "batch",
-            f"global batch {cfg.global_batch_size} = {per_step} per micro-step x {report.grad_accum_steps} "
+            f"global batch {topo.global_batch_size} = {per_step} per micro-step x {topo.grad_accum_steps} "
             "gradient-accumulation steps",
         )
 
 
-def check_ranks(report: PreflightReport, cfg: Any, device: Any, nproc_per_node: int) -> None:
+def check_ranks(report: PreflightReport, device: Any, nproc_per_node: int) -> None:
     dtype = getattr(device, "type", "cpu")
     count = int(getattr(device, "count", 1) or 1)
     if dtype in ("neuron", "cuda") and nproc_per_node > count:
@@ -353,7 +337,7 @@ def count_params(dims: Any) -> int:
 def estimate_memory(
     dims: Any,
     cfg: Any,
-    world_size: int,
+    dp: int,
     *,
     capacity: Optional[int] = None,
     num_params: Optional[int] = None,
@@ -368,7 +352,6 @@ def estimate_memory(
     * parameters of two layers all-gathered in bf16 at a time (FSDP prefetch).
     """
     n = int(num_params or count_params(dims))
-    dp, _ = parallel_degrees(cfg, world_size)
     shards = max(1, dp * cfg.tp)
     params = 4 * n // shards
     tokens = cfg.seq_len * cfg.local_batch_size
@@ -403,7 +386,7 @@ def check_memory(
     report: PreflightReport,
     cfg: Any,
     device: Any,
-    world_size: int,
+    dp: int,
     hf_config: Optional[dict[str, Any]],
     num_params: Optional[int] = None,
 ) -> None:
@@ -417,7 +400,7 @@ def check_memory(
     capacity = getattr(device, "memory_bytes_per_rank", None)
     if cfg.backend == "nki-moe":
         num_params = None  # the job's count is the cut model's only if the recipe says so
-    est = estimate_memory(dims, cfg, world_size, capacity=capacity, num_params=num_params)
+    est = estimate_memory(dims, cfg, dp, capacity=capacity, num_params=num_params)
     report.memory = est
     if capacity and est.total > MEMORY_WARN_FRACTION * capacity:
         report.add(
@@ -430,15 +413,16 @@ def check_memory(
         report.add(INFO, "memory", f"estimated {est.describe()}")
 
 
-def preflight(cfg: Any, device: Any, job: Any, nproc_per_node: int, *, assets_dir: Optional[Path] = None) -> PreflightReport:
+def preflight(
+    cfg: RunConfig, device: DeviceInfo, job: TrainJob, topo: Topology, *, assets_dir: Optional[Path] = None
+) -> PreflightReport:
     """Run every check; nothing is started and nothing heavy is imported."""
     report = PreflightReport()
-    world_size = nproc_per_node * int(getattr(cfg, "nnodes", 1) or 1)
     hf_config = check_assets(report, cfg, Path(assets_dir or cfg.resolved_assets_dir))
     check_seq_len(report, cfg, device)
-    check_batch(report, cfg, world_size)
-    check_ranks(report, cfg, device, nproc_per_node)
+    check_topology(report, topo)
+    check_ranks(report, device, topo.nproc_per_node)
     check_outputs(report, cfg, job)
-    if not any(f.check == "parallelism" for f in report.errors):
-        check_memory(report, cfg, device, world_size, hf_config, getattr(job, "num_params", None))
+    if topo.problem(PARALLELISM) is None:
+        check_memory(report, cfg, device, topo.dp, hf_config, job.num_params)
     return report

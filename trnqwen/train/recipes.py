@@ -33,6 +33,7 @@ from trnqwen.train import compat
 from trnqwen.train.preflight import count_params  # one parameter formula for both
 from trnqwen.train.datasets import DataSpec, render_dataset_code, resolve_dataset
 from trnqwen.train.job import TrainJob
+from trnqwen.train.topology import Topology, plan_topology
 
 CONFIG_MODULE = "trnqwen_run_config"
 CONFIG_FNS = {"hf-v5": "trnqwen_hf_v5", "native": "trnqwen_native", "nki-moe": "trnqwen_nki_moe"}
@@ -54,9 +55,7 @@ class Plan:
     assets_dir: Path
     hf_config: Optional[dict[str, Any]]
     data: DataSpec
-    nproc_per_node: int
-    world_size: int
-    dp_degree: int
+    topology: Topology
     checkpoint_dir: Optional[Path]
     dump_folder: Optional[Path]
     flavor: Optional[str] = None  # native: a registered flavor
@@ -73,8 +72,15 @@ class Plan:
 # --- public API ----------------------------------------------------------------------------------
 
 
-def build_job(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, check_runtime: bool = True) -> TrainJob:
-    """The TrainJob for ``cfg`` on ``device``.
+def build_job(
+    cfg: RunConfig,
+    device: DeviceInfo,
+    run_dir: Optional[Path],
+    *,
+    topology: Optional[Topology] = None,
+    check_runtime: bool = True,
+) -> TrainJob:
+    """The TrainJob for ``cfg`` on ``device`` (``topology``: the plan's, else worked out here).
 
     ``check_runtime=False`` (``--dry-run`` / ``--export-config``) only generates text: missing
     torchtitan-neuron or missing assets are then notes, not errors.
@@ -82,8 +88,8 @@ def build_job(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, ch
     if cfg.backend == "hf-trainer":  # no torchtitan config module: trnqwen's Trainer entry point
         from trnqwen.train.hf_trainer_recipe import build_hf_trainer_job
 
-        return build_hf_trainer_job(cfg, device, run_dir, check_runtime=check_runtime)
-    plan = make_plan(cfg, device, run_dir, check_runtime=check_runtime)
+        return build_hf_trainer_job(cfg, device, run_dir, topology=topology, check_runtime=check_runtime)
+    plan = make_plan(cfg, device, run_dir, topology=topology, check_runtime=check_runtime)
     text = _render(plan)
     fn = CONFIG_FNS[cfg.backend]
     entry_args = ["--module", CONFIG_MODULE, "--config", fn]
@@ -100,7 +106,7 @@ def build_job(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, ch
     if plan.data.is_local:  # local assets + local data: nothing may wait on the network
         env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     if device.type == "cpu":
-        threads = max(1, (os.cpu_count() or 1) // max(1, plan.nproc_per_node))
+        threads = max(1, (os.cpu_count() or 1) // plan.topology.nproc_per_node)
         env["OMP_NUM_THREADS"] = str(threads)
     if cfg.backend == "hf-v5":
         env["HF_DEACTIVATE_ASYNC_LOAD"] = "1"
@@ -117,9 +123,9 @@ def build_job(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, ch
         num_params=count_params(plan.dims) if plan.dims else None,
         vocab_size=plan.dims.vocab_size if plan.dims else None,
         notes=plan.notes + plan.data.notes,
-        nproc_per_node=plan.nproc_per_node,
-        world_size=plan.world_size,
-        global_batch_size=cfg.global_batch_size or cfg.local_batch_size * plan.dp_degree,
+        nproc_per_node=plan.topology.nproc_per_node,
+        world_size=plan.topology.world_size,
+        global_batch_size=cfg.global_batch_size or cfg.local_batch_size * plan.topology.dp,
         dump_folder=plan.dump_folder,
         model_flavor=plan.flavor or ("config.json" if plan.custom_dims else None),
         override_imports=override_imports,
@@ -128,15 +134,24 @@ def build_job(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, ch
     return job
 
 
-def render_config_module(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path] = None) -> str:
+def render_config_module(
+    cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path] = None, *, topology: Optional[Topology] = None
+) -> str:
     """The standalone torchtitan config module for ``cfg`` (never needs torchtitan-neuron)."""
-    return _render(make_plan(cfg, device, run_dir, check_runtime=False))
+    return _render(make_plan(cfg, device, run_dir, topology=topology, check_runtime=False))
 
 
 # --- planning ------------------------------------------------------------------------------------
 
 
-def make_plan(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, check_runtime: bool) -> Plan:
+def make_plan(
+    cfg: RunConfig,
+    device: DeviceInfo,
+    run_dir: Optional[Path],
+    *,
+    topology: Optional[Topology] = None,
+    check_runtime: bool,
+) -> Plan:
     if cfg.backend == "hf-trainer":
         raise UsageError(
             "backend hf-trainer does not run through torchtitan recipes",
@@ -151,17 +166,7 @@ def make_plan(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, ch
     assets_dir = cfg.resolved_assets_dir.expanduser().absolute()
     hf_config = _read_assets(assets_dir, cfg, check_runtime=check_runtime, notes=notes)
     data = resolve_dataset(cfg.dataset, model_is_builtin=cfg.is_builtin, assets_dir=assets_dir, api=api)
-    nproc = cfg.nproc_per_node or (1 if device.type == "cpu" else max(1, device.count))
-    world = nproc * cfg.nnodes
-    if world % cfg.tp:
-        raise UsageError(f"tensor-parallel degree {cfg.tp} does not divide {world} ranks", hint="pick --tp dividing the rank count")
-    dp = world // cfg.tp if cfg.dp_shard == -1 else cfg.dp_shard
-    gbs = cfg.global_batch_size
-    if gbs is not None and gbs % (cfg.local_batch_size * dp):
-        raise UsageError(
-            f"global batch {gbs} is not a multiple of local batch {cfg.local_batch_size} x data-parallel degree {dp}",
-            hint=f"use --global-batch-size {cfg.local_batch_size * dp} (or a multiple: gradient accumulation)",
-        )
+    topology = topology or plan_topology(cfg, device)  # its problems are preflight's to report
     export = cfg.resolved_export_hf or cfg.finetune
     ckpt = cfg.resolved_checkpoint_dir.expanduser().absolute() if export else None
     if ckpt is not None and any(ckpt.glob("step-*")):
@@ -171,7 +176,7 @@ def make_plan(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, ch
         )
     plan = Plan(
         cfg=cfg, device=device, api=api, assets_dir=assets_dir, hf_config=hf_config, data=data,
-        nproc_per_node=nproc, world_size=world, dp_degree=dp, checkpoint_dir=ckpt,
+        topology=topology, checkpoint_dir=ckpt,
         dump_folder=Path(run_dir).absolute() if run_dir is not None else None, notes=notes,
     )
     if cfg.backend == "native":
@@ -374,7 +379,7 @@ def _render(plan: Plan) -> str:
         f"config.training.steps = {cfg.steps}",
         f"config.training.local_batch_size = {cfg.local_batch_size}",
     ]
-    gbs = cfg.global_batch_size or (cfg.local_batch_size * plan.dp_degree if cfg.backend == "native" else None)
+    gbs = cfg.global_batch_size or (cfg.local_batch_size * plan.topology.dp if cfg.backend == "native" else None)
     if gbs is not None:
         body.append(f"config.training.global_batch_size = {gbs}")
     body += [
@@ -424,7 +429,7 @@ def _render(plan: Plan) -> str:
     doc = (
         f'"""torchtitan config generated by trnqwen: backend {cfg.backend}, model {cfg.model}.\n\n'
         f"Run it by hand (torchtitan {api.version or '?'}, API shape {api.era}):\n"
-        f"    PYTHONPATH=<folder of this file> torchrun --nproc_per_node={plan.nproc_per_node} --rdzv_backend c10d \\\n"
+        f"    PYTHONPATH=<folder of this file> torchrun --nproc_per_node={plan.topology.nproc_per_node} --rdzv_backend c10d \\\n"
         f"        --rdzv_endpoint localhost:0 --local-ranks-filter 0 --role rank --tee 3 \\\n"
         f"        -m {ENTRY_MODULE if plan.device.type == 'cpu' or cfg.backend == 'hf-v5' else api.trainer_module} "
         f"--module <this module> --config {fn}"

@@ -33,10 +33,12 @@ from trnqwen.errors import (
     redact_env,
 )
 from trnqwen.fsutil import write_text_atomic
-from trnqwen.rundir import LAST_POINTER, LOG_NAME, RunRecord, write_json_atomic  # noqa: F401
+from trnqwen.rundir import LOG_NAME, RunRecord, next_run_id, point_last
 from trnqwen.train import launcher, multinode
 from trnqwen.train.job import TrainJob
 from trnqwen.train.preflight import WARNING, Finding, PreflightReport, preflight
+from trnqwen.train.recipes import build_job
+from trnqwen.train.topology import Topology, plan_topology
 
 COMMAND_SCRIPT = "command.sh"
 VERSION_PACKAGES = (
@@ -61,7 +63,7 @@ class TrainPlan:
     config: RunConfig
     device: DeviceInfo
     job: TrainJob
-    nproc_per_node: int
+    topology: Topology
     run_id: str
     run_dir: Path
     argv: list[str]
@@ -71,6 +73,10 @@ class TrainPlan:
     extra_args: list[str] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.topology.nproc_per_node
 
     @property
     def log_path(self) -> Path:
@@ -101,7 +107,7 @@ class TrainPlan:
             "backend": self.config.backend,
             "device": vars(self.device).copy(),
             "nproc_per_node": self.nproc_per_node,
-            "world_size": self.nproc_per_node * self.config.nnodes,
+            "world_size": self.topology.world_size,
             "command": [redact(a) for a in self.argv],
             "shell_command": self.shell_command,
             "env": redact_env(self.env),
@@ -191,23 +197,6 @@ def resolve_device(cfg: RunConfig, *, dry_run: bool = False) -> tuple[DeviceInfo
 # --- planning ---------------------------------------------------------------------------------
 
 
-def _next_run_id(runs_dir: Path, backend: str) -> str:
-    from trnqwen.rundir import next_run_id
-
-    return next_run_id(runs_dir, backend)
-
-
-def build_job(cfg: RunConfig, device: DeviceInfo, run_dir: Path, *, check_runtime: bool = True) -> TrainJob:
-    """The recipe side (:func:`trnqwen.train.recipes.build_job`, which also routes hf-trainer).
-
-    ``check_runtime=False`` (dry run, export) only renders: missing optional runtimes
-    (torchtitan-neuron) or assets are notes there, not errors.
-    """
-    from trnqwen.train.recipes import build_job as _build_job
-
-    return _build_job(cfg, device, run_dir, check_runtime=check_runtime)
-
-
 def plan_train(
     resolved: ResolvedConfig | RunConfig,
     *,
@@ -228,29 +217,29 @@ def plan_train(
     notes: list[str] = []
     if device is None:
         device, notes = resolve_device(cfg, dry_run=dry_run)
-    nproc = launcher.resolve_nproc_per_node(cfg, device)
+    topo = plan_topology(cfg, device)
     runs_dir = _abs(cfg.runs_dir, cwd)
     if cfg.nnodes > 1:  # every node names the shared run dir after the rendezvous id
         multinode.check_topology(
             nnodes=cfg.nnodes, node_rank=cfg.node_rank, endpoint=cfg.rdzv_endpoint, rdzv_id=cfg.rdzv_id
         )
         run_id = run_id or cfg.rdzv_id
-    run_id = run_id or _next_run_id(runs_dir, cfg.backend)
+    run_id = run_id or next_run_id(runs_dir, cfg.backend)
     run_dir = runs_dir / run_id
     with _no_device_backend_autoload(device):
-        job = build_job(cfg, device, run_dir, check_runtime=not dry_run)
+        job = build_job(cfg, device, run_dir, topology=topo, check_runtime=not dry_run)
     extra = [str(a) for a in extra_args]
     argv = launcher.build_torchrun_argv(
-        cfg, job, nproc, python=python, extra_args=extra,
+        cfg, job, topo, python=python, extra_args=extra,
         log_dir=multinode.node_rank_log_dir(run_dir, cfg.node_rank) if cfg.nnodes > 1 else run_dir / launcher.RANK_LOGS_DIR,
     )
     env = launcher.rank_env(cfg, job, device, run_dir)
     env.update(multinode.multinode_env(device.type, cfg.nnodes))  # EFA on multi-node Neuron; user values win
-    report = preflight(cfg, device, job, nproc, assets_dir=_abs(cfg.resolved_assets_dir, cwd))
+    report = preflight(cfg, device, job, topo, assets_dir=_abs(cfg.resolved_assets_dir, cwd))
     for note in notes:
         report.findings.insert(0, Finding(WARNING, "device", note))
     return TrainPlan(
-        config=cfg, device=device, job=job, nproc_per_node=nproc, run_id=run_id, run_dir=run_dir,
+        config=cfg, device=device, job=job, topology=topo, run_id=run_id, run_dir=run_dir,
         argv=argv, env=env, preflight=report, cwd=cwd, extra_args=extra, sources=dict(sources), notes=notes,
     )
 
@@ -340,7 +329,7 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
         extra={
             "device": vars(plan.device).copy(),
             "nproc_per_node": plan.nproc_per_node,
-            "world_size": plan.nproc_per_node * plan.config.nnodes,
+            "world_size": plan.topology.world_size,
             "cwd": str(plan.cwd),
             "sources": plan.sources,
             "preflight": plan.preflight.as_dict(),
@@ -358,7 +347,7 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
             record.save()
             return record
     record.save()
-    (plan.run_dir.parent / LAST_POINTER).write_text(plan.run_id + "\n")
+    point_last(plan.run_dir.parent, plan.run_id)
     return record
 
 
@@ -503,32 +492,22 @@ def export_config(plan: TrainPlan, dest: Path) -> Path:
             f"{dest.name}: the file name must be a Python module name (letters, digits, _)",
             hint="torchtitan imports it with --module <name>; e.g. --export-config qwen3_ft.py",
         )
-    text = render_config_module(plan)
-    if not text:
-        raise CheckFailed(f"the {plan.config.backend} backend has no torchtitan config module to export")
+    from trnqwen.train.recipes import render_config_module
+
+    # without the run dir: an exported module writes no dump folder into a run that never was
+    text = render_config_module(plan.config, plan.device, topology=plan.topology)
     dest.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(dest, text)
     return dest
 
 
-def render_config_module(plan: TrainPlan) -> Optional[str]:
-    """The recipe's standalone config module (``trnqwen.train.recipes.render_config_module``)."""
-    try:
-        from trnqwen.train.recipes import render_config_module as _render
-    except ImportError:
-        return plan.job.config_module_text
-    return _render(plan.config, plan.device)
-
-
 def hand_run_command(plan: TrainPlan, module_file: Path) -> str:
     """The torchrun line a user types to run an exported config module by hand."""
     module_file = Path(module_file)
-    job = TrainJob(
-        backend=plan.job.backend,
-        entry_module=plan.job.entry_module,
-        entry_args=["--module", module_file.stem, "--config", plan.job.config_fn or "config"],
-    )
-    full = launcher.build_torchrun_argv(plan.config, job, plan.nproc_per_node, extra_args=plan.extra_args)
+    entry_args = list(plan.job.entry_args)  # the recipe's own: device flag, override imports
+    entry_args[entry_args.index("--module") + 1] = module_file.stem
+    job = TrainJob(backend=plan.job.backend, entry_module=plan.job.entry_module, entry_args=entry_args)
+    full = launcher.build_torchrun_argv(plan.config, job, plan.topology, extra_args=plan.extra_args)
     argv = ["torchrun", *full[3:]]  # drop "<python> -m torch.distributed.run"
     env = {k: v for k, v in plan.env.items() if k != "PYTHONPATH"}
     parent = str(module_file.parent.absolute())
@@ -537,29 +516,8 @@ def hand_run_command(plan: TrainPlan, module_file: Path) -> str:
     return redact(f"{prefix} {shlex.join(argv)}")
 
 
-def run_train(
-    resolved: ResolvedConfig | RunConfig,
-    *,
-    extra_args: Sequence[str] = (),
-    dry_run: bool = False,
-    export_config_to: Optional[Path] = None,
-    status: bool = True,
-    echo: Optional[Callable[[str], None]] = None,
-    device: Optional[DeviceInfo] = None,
-    grace_s: float = launcher.DEFAULT_GRACE_S,
-) -> TrainOutcome:
-    """The whole ``trnqwen train``: plan, then (unless dry-run/export) execute."""
-    plan = plan_train(resolved, extra_args=extra_args, device=device, dry_run=dry_run or export_config_to is not None)
-    if export_config_to is not None:
-        export_config(plan, export_config_to)
-        return TrainOutcome(plan=plan)
-    if dry_run:
-        return TrainOutcome(plan=plan)
-    return execute(plan, status=status, echo=echo, grace_s=grace_s)
-
-
 __all__ = [
-    "TrainPlan", "TrainOutcome", "plan_train", "execute", "run_train", "resolve_device",
+    "TrainPlan", "TrainOutcome", "plan_train", "execute", "resolve_device",
     "create_run_dir", "export_config", "hand_run_command", "find_export", "package_versions",
 ]
 

@@ -270,7 +270,7 @@ def launch(
     ``trnqwen inspect-logs`` and ``verify-ckpt`` find the job like a local run; node 0's
     trnqwen rewrites it when the job starts.
     """
-    from trnqwen.rundir import LAST_POINTER, RunRecord, write_json_atomic
+    from trnqwen.rundir import RunRecord, point_last, write_json_atomic
 
     cwd = Path(cwd or Path.cwd()).absolute()
     runs_dir = Path(cfg.runs_dir).expanduser()
@@ -322,7 +322,7 @@ def launch(
         current = None
     if current is None or current.status == "submitted":
         record.save()
-    (runs_dir / LAST_POINTER).write_text(run_id + "\n")
+    point_last(runs_dir, run_id)
     return info
 
 
