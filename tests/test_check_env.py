@@ -71,6 +71,22 @@ def test_cpu_machine_table(cli, in_tmp):
         assert word in r.out, r.out
 
 
+def test_table_shows_brackets_as_typed(cli, in_tmp, monkeypatch):
+    """A fix such as pip install 'trnqwen[train]' reads the same in the table as in --json."""
+    real_version = importlib.metadata.version
+
+    def without_torchtitan(name):
+        if name == "torchtitan":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", without_torchtitan)
+    fix = next(p["fix"] for p in _errors(_json(cli("check-env", "--json"))) if p["message"].startswith("torchtitan"))
+    assert "'trnqwen[train]'" in fix
+    r = cli("check-env")
+    assert r.code == 1 and "'trnqwen[train]'" in r.out and "\\[" not in r.out, r.out
+
+
 def test_torch_build_is_read_without_importing_torch():
     from trnqwen.envprobe import torch_build
 
@@ -214,9 +230,14 @@ def test_driver_sees_no_devices(cli, in_tmp, tmp_path, monkeypatch):
 def test_neuron_ls_failing(cli, in_tmp, tmp_path, monkeypatch):
     _use(monkeypatch, neuron_host(tmp_path, devices=False))
     monkeypatch.setenv("FAKE_NEURON_LS_FAIL", "ERROR: no Neuron devices found")
-    report = _json(cli("check-env", "--json"))
-    assert "no Neuron devices found" in report["neuron"]["neuron_ls_error"]
-    assert _errors(report)
+    r = cli("check-env", "--json")
+    report = _json(r)
+    assert report["neuron"]["neuron_ls_error"] == "neuron-ls --json-output failed (exit 1): ERROR: no Neuron devices found"
+    # the failing tool is reported as what it means: one blocking problem with its fix, exit 1
+    assert r.code == 1 and [p["message"] for p in _errors(report)] == [
+        "no usable Neuron device: the Neuron driver 2.31.7.0 is loaded but sees no devices"
+    ]
+    assert "modprobe" in _errors(report)[0]["fix"] and "--device cpu" in _errors(report)[0]["fix"]
 
 
 def test_legacy_torch_neuronx(cli, in_tmp, tmp_path, monkeypatch):

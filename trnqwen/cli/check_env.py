@@ -52,8 +52,6 @@ def _gib(n):
 
 
 def _render(report) -> None:
-    from rich.markup import escape
-
     from trnqwen import output
 
     d, n, t = report.device, report.neuron, report.torch
@@ -86,15 +84,11 @@ def _render(report) -> None:
         ("known-good set", report.combination["closest"] + (" (matches)" if report.combination["ok"] else " (differs)")
          if report.combination["closest"] else "none recorded"),
     ]
-    # Cells are rich markup: escape so "trnqwen[train]" or "[default]" survive.
-    output.table("Environment", ["item", "value"], [(k, escape(str("" if v is None else v))) for k, v in rows])
-    output.table("Packages", ["package", "version"], [(k, escape(v or "-")) for k, v in report.packages.items()])
+    # output.table escapes every cell ("trnqwen[train]" survives); escaping here too showed a backslash.
+    output.table("Environment", ["item", "value"], rows)
+    output.table("Packages", ["package", "version"], [(k, v or "-") for k, v in report.packages.items()])
     if report.problems:
-        output.table(
-            "Problems",
-            ["severity", "problem", "fix"],
-            [(pr.severity, escape(pr.message), escape(pr.fix)) for pr in report.problems],
-        )
+        output.table("Problems", ["severity", "problem", "fix"], [(pr.severity, pr.message, pr.fix) for pr in report.problems])
     blocking = sum(1 for pr in report.problems if pr.severity == "error")
     if blocking:
         output.console(stderr=False).print(
