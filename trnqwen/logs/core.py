@@ -13,7 +13,8 @@ from typing import BinaryIO, Callable, Optional
 
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.logs.judge import Finding, judge
-from trnqwen.logs.parse import CHUNK_SIZE, MAX_LINE, LogParser, ParsedLog
+from trnqwen.logs.engine import CHUNK_SIZE, MAX_LINE, LogParser
+from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.sources import LogInput, RunContext, fill_from_tensorboard, run_context
 
 

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from trnqwen.logs.parse import HIGH_MEMORY_PCT, ParsedLog
+from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
 from trnqwen.logs.sources import RunContext, known_vocab
 
 SEVERITIES = ("error", "warning", "info")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from trnqwen.fsutil import current_umask
-from trnqwen.logs.parse import ParsedLog
+from trnqwen.logs.record import ParsedLog
 
 
 def _series(log: ParsedLog, key: str) -> tuple[list[int], list[float]]:

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from trnqwen.logs.judge import Finding, configured_steps, override_table, root_cause
-from trnqwen.logs.parse import STEP_FIELDS, ParsedLog
+from trnqwen.logs.record import ParsedLog
+from trnqwen.logs.stepline import STEP_FIELDS
 from trnqwen.logs.sources import RunContext
 from trnqwen.fsutil import write_text_atomic
 

@@ -36,6 +36,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from trnqwen.logs.stepline import format_step_line  # torchtitan's step line has one home
 from trnqwen.train.hf_trainer_spec import (
     HFTrainerSpec,
     ParallelPlan,
@@ -51,30 +52,6 @@ INDEX_NAME = "model.safetensors.index.json"
 LOG_PREFIX = "[trnqwen-hf]"
 
 # --- metrics -----------------------------------------------------------------------------------
-
-
-def format_step_line(
-    step: int,
-    loss: float,
-    grad_norm: float,
-    memory_gib: float,
-    memory_pct: float,
-    tps: float,
-    tflops: float,
-    mfu: Optional[float],
-) -> str:
-    """One step line, character for character torchtitan's (colours off)."""
-    mfu_str = f"{mfu:.2f}%" if mfu is not None else "N/A"
-    return (
-        f"step: {step:2}  "
-        f"loss: {loss:8.5f}  "
-        f"grad_norm: {grad_norm:7.4f}  "
-        f"memory: {memory_gib:5.2f}GiB"
-        f"({memory_pct:.2f}%)  "
-        f"tps: {round(tps):,}  "
-        f"tflops: {tflops:,.2f}  "
-        f"mfu: {mfu_str}"
-    )
 
 
 def step_metrics(

@@ -1,0 +1,436 @@
+"""The streaming engine: raw bytes in (any chunking), a :class:`~trnqwen.logs.record.ParsedLog` out.
+
+Speed and memory: input comes in binary chunks and is split on newlines; lines are capped at
+``max_line`` bytes, so a 2 GB line costs no more memory than a short one.  Until the primary rank
+(rank 0, or the unprefixed stream) is known every line is read one by one.  After that a region
+goes through the fast path: the primary rank's lines and every line that is not a step line are
+read one by one, and the other ranks' step lines in bulk (:mod:`trnqwen.logs.bulk`).
+
+What each line means lives elsewhere: the step line in :mod:`~trnqwen.logs.stepline`, every other
+kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
+:mod:`~trnqwen.logs.tracebacks`.  This module only routes lines to them.
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+from typing import Optional
+
+from trnqwen.logs import bulk
+from trnqwen.logs.patterns import (
+    APPLIED_RE,
+    B_PREFIX_RE,
+    C10_RE,
+    FAILED_RE,
+    GLOG_LEVELS,
+    GLOG_RE,
+    HEADER_RE,
+    NO_REPLACEMENT_RE,
+    PYWARN_RE,
+    TRACEBACK_START,
+    LineAt,
+    normalize,
+    parse_override_line,
+    read_info_line,
+    split_prefix,
+)
+from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
+from trnqwen.logs.stepline import ANSI_RE, fast_step, parse_step_line, parse_validation_line
+from trnqwen.logs.tracebacks import Tracebacks, TorchrunSummary
+
+MAX_LINE = 1 << 20  # bytes kept of any one line
+CHUNK_SIZE = 16 << 20
+MAX_KEPT = 200  # distinct warnings / error lines kept
+NUL_SCAN_BYTES = 1 << 20  # NUL bytes are counted in the first MiB (binary-file detection)
+SUB_BLOCK = 1 << 20  # fast-path granularity: a sub-block with a stray line is picked line by line
+_TB_START = TRACEBACK_START.encode()
+
+
+class LogParser:
+    """Feed raw bytes in any chunking; ``close()`` returns the :class:`ParsedLog`."""
+
+    def __init__(self, source: str = "", *, max_line: int = MAX_LINE, fast: bool = True):
+        self.log = ParsedLog(source=source)
+        self.fast = fast
+        self.max_line = max(64, int(max_line))
+        self.lineno = 0  # the last line read
+        self.rank_prefix: dict[int, bytes] = {}  # rank -> its torchrun prefix as bytes
+        self._carry = b""
+        self._skipping: Optional[bytes] = None  # head of an overlong line being skipped
+        self._primary_decided = False
+        self._primary_prefix: Optional[bytes] = None
+        self._pending: dict[Optional[int], list[dict]] = {}
+        self._last_primary_step: Optional[int] = None
+        self._tracebacks = Tracebacks(self.log)
+        self._torchrun = TorchrunSummary(self.log)
+        self.closed = False
+
+    # -- byte level ---------------------------------------------------------------------------
+
+    def feed(self, block: bytes) -> None:
+        if not block:
+            return
+        log = self.log
+        if log.bytes_read < NUL_SCAN_BYTES:
+            log.nul_bytes += block.count(b"\x00", 0, NUL_SCAN_BYTES - log.bytes_read)
+        log.bytes_read += len(block)
+        if self._skipping is not None:
+            nl = block.find(b"\n")
+            if nl < 0:
+                return
+            head = self._skipping
+            self._skipping = None
+            self.lineno += 1
+            log.overlong_lines.append(self.lineno)
+            self._line(self.lineno, head)
+            block = block[nl + 1:]
+            if not block:
+                return
+        first_nl = block.find(b"\n")
+        if first_nl < 0:
+            self._carry += block
+        else:
+            last_nl = block.rfind(b"\n")
+            if self._carry:
+                # the line that straddles two blocks, on its own (no copy of the whole block)
+                head = self._carry + block[:first_nl]
+                self._carry = b""
+                self._region(head, 0, len(head))
+                if last_nl > first_nl:
+                    self._region(block, first_nl + 1, last_nl)
+            else:
+                self._region(block, 0, last_nl)
+            self._carry = block[last_nl + 1:]
+        if len(self._carry) > self.max_line:
+            self._skipping = self._carry[: self.max_line]
+            self._carry = b""
+
+    def current_steps(self) -> dict[int, dict]:
+        """Steps so far, for a live view (before the primary rank is settled: the lowest rank's)."""
+        if self._primary_decided or not self._pending:
+            return self.log.steps
+        key = sorted(self._pending, key=lambda r: (-1 if r is None else r))[0]
+        return {rec["step"]: rec for rec in self._pending[key]}
+
+    def close(self) -> ParsedLog:
+        if self.closed:
+            return self.log
+        self.closed = True
+        if self._skipping is not None:
+            self.lineno += 1
+            self.log.overlong_lines.append(self.lineno)
+            self.log.ends_mid_line = True
+            self._line(self.lineno, self._skipping)
+            self._skipping = None
+        elif self._carry:
+            self.log.ends_mid_line = True
+            self.lineno += 1
+            self._line(self.lineno, self._carry)
+            self._carry = b""
+        self._decide_primary()
+        self.log.lines = self.lineno
+        self._tracebacks.close_all()
+        return self.log
+
+    def _region(self, buf: bytes, start: int, end: int) -> None:
+        """The whole lines in ``buf[start:end]`` (newline-separated, none after the last)."""
+        base = self.lineno + 1
+        if not self._primary_decided:
+            # Line by line until the primary rank is known: step lines of a second step number
+            # have appeared (every rank has logged the first), or enough lines have passed.
+            pos = start
+            lineno = base
+            while True:
+                stop = buf.find(b"\n", pos, end)
+                last = stop < 0
+                if last:
+                    stop = end
+                self.lineno = lineno
+                self._line(lineno, buf[pos:stop])
+                lineno += 1
+                pos = stop + 1
+                if self._pending and self._ready_to_decide(lineno - 1):
+                    self._decide_primary()
+                    if not last:
+                        self._region_decided(buf, pos, end, lineno)
+                    return
+                if last:
+                    return
+        self._region_decided(buf, start, end, base)
+
+    def _region_decided(self, buf: bytes, start: int, end: int, base: int) -> None:
+        """Lines ``base``.. of ``buf[start:end]``; sets ``self.lineno`` to the last one."""
+        prefix = self._primary_prefix
+        if (
+            prefix is None
+            or not self.fast
+            or self._tracebacks.any_open()
+            or buf.find(_TB_START, start, end) >= 0
+        ):
+            self._slow(buf, start, end, base)
+            return
+        # Fast path.  Every line goes through _line except the step lines of other ranks
+        # (lines with "loss:" that don't start with the primary rank's prefix), which are read
+        # in bulk by bulk.read_other_ranks.  A sub-block where every line is a step line (as
+        # many "loss:" as lines) needs only its primary lines, found with bytes.find;
+        # otherwise the lines to feed are picked with C-level passes (map + list.index).
+        feed = self._line
+        needle = b"\n" + prefix
+        pos = start
+        lineno = base
+        while pos <= end:
+            sub_end = buf.find(b"\n", min(pos + SUB_BLOCK, end), end) if pos + SUB_BLOCK < end else -1
+            if sub_end < 0:
+                sub_end = end
+            # Optimistically collect the primary rank's lines (bytes.find on "\n<prefix>"),
+            # counting newlines on the way; the sub-block is "all step lines" when it has as
+            # many "loss:" as lines.  (A line without "loss:" hidden by another line with two is
+            # the one case this misses; torchtitan prints "loss:" once per step line.)
+            picked = []
+            if buf.startswith(prefix, pos):
+                stop = buf.find(b"\n", pos, sub_end)
+                picked.append((lineno, buf[pos: stop if stop >= 0 else sub_end]))
+            at, at_line = pos, lineno
+            hit = buf.find(needle, pos, sub_end)
+            while hit >= 0:
+                at_line += buf.count(b"\n", at, hit + 1)
+                at = hit + 1
+                stop = buf.find(b"\n", at, sub_end)
+                picked.append((at_line, buf[at: stop if stop >= 0 else sub_end]))
+                hit = buf.find(needle, at, sub_end)
+            n = at_line - lineno + buf.count(b"\n", at, sub_end) + 1
+            if buf.count(b"loss:", pos, sub_end) == n:
+                step_line = self._primary_step_line
+                for num, raw in picked:
+                    step_line(num, raw)
+            else:
+                lines = buf[pos:sub_end].split(b"\n")
+                take: set = set()
+                bulk.indices(list(map(bytes.find, lines, repeat(b"loss:"))), -1, take)
+                bulk.indices(list(map(bytes.startswith, lines, repeat(prefix))), True, take)
+                for i in sorted(take):
+                    feed(lineno + i, lines[i])
+            lineno += n
+            pos = sub_end + 1
+        self.lineno = lineno - 1
+        bulk.read_other_ranks(self, buf, start, end, base, prefix)
+
+    def _primary_step_line(self, lineno: int, raw: bytes) -> None:
+        """A primary-rank line in an all-step-lines sub-block: the step fast path, else _line."""
+        if len(raw) <= self.max_line and b"validate step:" not in raw:
+            try:
+                text = raw[len(self._primary_prefix):].decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+            if text is not None:
+                i = text.find("step:")
+                rec = fast_step(text, i) if i >= 0 else None
+                if rec is not None:
+                    self.log.recognized_lines += 1
+                    self._step(lineno, self.log.primary_rank, rec)
+                    return
+        self._line(lineno, raw)
+
+    def _slow(self, buf: bytes, start: int, end: int, base: int) -> None:
+        lines = buf[start:end].split(b"\n")
+        self.lineno = base + len(lines) - 1
+        for i, raw in enumerate(lines):
+            self._line(base + i, raw)
+
+    def _ready_to_decide(self, lineno: int) -> bool:
+        steps = {rec["step"] for recs in self._pending.values() for rec in recs[:2]}
+        first_line = min(recs[0]["line"] for recs in self._pending.values())
+        return len(steps) > 1 or lineno - first_line > 4096
+
+    # -- line level ----------------------------------------------------------------------------
+
+    def _line(self, lineno: int, raw: bytes) -> None:
+        log = self.log
+        if len(raw) > self.max_line:
+            raw = raw[: self.max_line]
+            if not log.overlong_lines or log.overlong_lines[-1] != lineno:
+                log.overlong_lines.append(lineno)
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        if not raw:
+            return
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = raw.decode("utf-8", "replace")
+            log.invalid_utf8_lines += 1
+            if log.first_invalid_utf8_line is None:
+                log.first_invalid_utf8_line = lineno
+        rank, body = split_prefix(text)
+        if rank is not None and rank not in log.ranks:
+            pm = B_PREFIX_RE.match(raw)
+            self.note_rank(rank, pm.group(0) if pm is not None else None)
+        tb_open = self._tracebacks.is_open(rank)
+        if not tb_open and "loss:" in body and "step:" in body and "validate step:" not in body:
+            rec = parse_step_line(body)
+            if rec is not None:
+                log.recognized_lines += 1
+                self._step(lineno, rank, rec)
+                return
+        if "\x1b" in body:
+            body = ANSI_RE.sub("", body)
+        if tb_open:
+            if self._tracebacks.line(rank, body, lineno):
+                return
+        header = HEADER_RE.search(body) if "[titan]" in body else None
+        if header is not None:
+            log.recognized_lines += 1
+            self._message(lineno, rank, header.group("level"), header.group("msg"))
+            return
+        stripped = body.strip()
+        if not stripped:
+            return
+        if stripped.startswith(TRACEBACK_START):
+            log.recognized_lines += 1
+            self._tracebacks.open(rank, body, lineno)
+            return
+        g = GLOG_RE.match(stripped) or C10_RE.match(stripped)
+        if g is not None:
+            log.recognized_lines += 1
+            self._message(lineno, rank, GLOG_LEVELS[g.group("level")], g.group("msg"), glog=True)
+            return
+        w = PYWARN_RE.match(stripped)
+        if w is not None:
+            log.recognized_lines += 1
+            self._warning(lineno, rank, f"{w.group('cat')}: {w.group('msg')}")
+            return
+        if rank is None and self._torchrun.line(stripped, lineno):
+            log.recognized_lines += 1
+            return
+        # A line without torchtitan's header (another logger, a bare print): still look for
+        # the structured content.
+        if self._message(lineno, rank, None, body):
+            log.recognized_lines += 1
+
+    def _message(self, lineno: int, rank: Optional[int], level: Optional[str], msg: str, glog: bool = False) -> bool:
+        """Interpret one message; True when it was something known."""
+        log = self.log
+        if "step:" in msg:
+            if "validate step:" in msg:
+                rec = parse_validation_line(msg)
+                if rec is not None:
+                    if self._is_primary(rank):
+                        rec["line"] = lineno
+                        log.validations.append(rec)
+                    return True
+            else:
+                rec = parse_step_line(msg)
+                if rec is not None:
+                    self._step(lineno, rank, rec)
+                    return True
+        if "[Override]" in msg:
+            rec = parse_override_line(msg)
+            if rec is not None:
+                rec["line"] = lineno
+                log.overrides.setdefault(rank, []).append(rec)
+                return True
+        if "override(s)" in msg:
+            m = APPLIED_RE.search(msg)
+            if m is not None:
+                log.applied.setdefault(rank, []).append((int(m.group(1)), lineno))
+                return True
+        if level in ("WARNING", "WARN"):
+            m = NO_REPLACEMENT_RE.search(msg)
+            if m is not None and self._is_primary(rank):
+                log.override_no_match.append({"imports": m.group("imports"), "line": lineno})
+            if not glog or not msg.strip().startswith("*****"):
+                self._warning(lineno, rank, msg)
+            if "Ran out of data" in msg and self._is_primary(rank):
+                log.ran_out_of_data_line = lineno
+            return True
+        if level in ("ERROR", "CRITICAL", "FATAL"):
+            self._error(lineno, rank, msg)
+            if glog:
+                fm = FAILED_RE.search(msg)
+                if fm is not None:
+                    fail = log.torchrun_failure
+                    fail.setdefault("failed", []).append(
+                        {"local_rank": int(fm.group("rank")), "exitcode": int(fm.group("code")), "line": lineno}
+                    )
+            return True
+        known = read_info_line(log, msg, LineAt(lineno, rank, self._is_primary(rank)))
+        # Bare lines: only structured content counts as recognized.
+        return known if level is None and not glog else True
+
+    def _warning(self, lineno: int, rank: Optional[int], msg: str) -> None:
+        log = self.log
+        if not msg.strip():
+            return
+        log.warning_count += 1
+        key = normalize(msg)
+        entry = log.warnings.get(key)
+        if entry is None:
+            if len(log.warnings) >= MAX_KEPT:
+                return
+            entry = log.warnings[key] = {"text": msg.strip()[:500], "count": 0, "line": lineno, "ranks": set()}
+        entry["count"] += 1
+        if rank is not None and len(entry["ranks"]) < 4096:
+            entry["ranks"].add(rank)
+
+    def _error(self, lineno: int, rank: Optional[int], msg: str) -> None:
+        log = self.log
+        log.error_count += 1
+        if len(log.errors) < MAX_KEPT:
+            log.errors.append({"line": lineno, "rank": rank, "text": msg.strip()[:500]})
+
+    # -- steps and ranks -----------------------------------------------------------------------
+
+    def _is_primary(self, rank: Optional[int]) -> bool:
+        if not self._primary_decided:
+            return rank is None or rank == 0 or rank == min((r for r in self.log.ranks), default=rank)
+        return rank == self.log.primary_rank
+
+    def _step(self, lineno: int, rank: Optional[int], rec: dict) -> None:
+        rec["line"] = lineno
+        if rank is not None:
+            self.note_rank_step(rank, rec["step"], lineno)
+            pct = rec.get("memory_pct")
+            if pct is not None and pct >= HIGH_MEMORY_PCT:
+                self.note_memory(rank, rec["step"], rec.get("memory_gib"), pct, lineno)
+        if not self._primary_decided:
+            self._pending.setdefault(rank, []).append(rec)
+        elif rank == self.log.primary_rank:
+            self._store_primary(rec)
+
+    def _store_primary(self, rec: dict) -> None:
+        last = self._last_primary_step
+        if last is not None and rec["step"] <= last:
+            self.log.restarts.append(rec["line"])
+        self._last_primary_step = rec["step"]
+        self.log.steps[rec["step"]] = rec
+
+    def _decide_primary(self) -> None:
+        if self._primary_decided or not self._pending:
+            return
+        keys = sorted(self._pending, key=lambda r: (-1 if r is None else r))
+        primary = keys[0]
+        log = self.log
+        log.primary_rank = primary
+        for rec in self._pending[primary]:
+            self._store_primary(rec)
+        self._pending.clear()
+        self._primary_decided = True
+        self._primary_prefix = None if primary is None else self.rank_prefix.get(primary)
+
+    def note_rank(self, rank: int, prefix: Optional[bytes]) -> None:
+        if rank not in self.log.ranks:
+            self.log.ranks.add(rank)
+        if prefix and rank not in self.rank_prefix:
+            self.rank_prefix[rank] = bytes(prefix)
+
+    def note_rank_step(self, rank: int, step: int, lineno: int) -> None:
+        prev = self.log.rank_last_step.get(rank)
+        if prev is None or lineno >= prev[1]:
+            self.log.rank_last_step[rank] = (step, lineno)
+
+    def note_memory(self, rank: int, step: int, gib: Optional[float], pct: Optional[float], lineno: int) -> None:
+        if pct is None:
+            return
+        prev = self.log.rank_high_memory.get(rank)
+        if prev is None or pct > prev["pct"]:
+            self.log.rank_high_memory[rank] = {"pct": pct, "gib": gib, "step": step, "line": lineno}

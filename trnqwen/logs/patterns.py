@@ -1,0 +1,226 @@
+"""The line kinds torchtitan, torchrun and torch print, other than the step line
+(:mod:`trnqwen.logs.stepline`): one regex each, and for the informational lines a table.
+
+To read a new informational line, add one :class:`LinePattern` to :data:`INFO_LINES` (a regex
+and a small function that stores what it matched in :class:`~trnqwen.logs.record.ParsedLog`),
+and the field it fills to ``ParsedLog``.  The streaming engine (:mod:`trnqwen.logs.engine`)
+tries the table, in order, on every INFO-level or bare line that is not a step, validation,
+``[Override]`` or warning/error line; the first pattern whose handler does not return False wins.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
+
+from trnqwen.logs.stepline import strip_ansi, to_number
+
+if TYPE_CHECKING:
+    from trnqwen.logs.record import ParsedLog
+
+# torchrun's per-rank prefix: "[{role}{idx}]:" (role "rank" with --role rank, else "default").
+PREFIX_RE = re.compile(r"\[([A-Za-z][A-Za-z_-]{0,31})(\d{1,6})\]:")
+B_PREFIX_RE = re.compile(rb"\[([A-Za-z][A-Za-z_-]{0,31})(\d{1,6})\]:")
+# torchtitan's logger format: "[titan] %(asctime)s - %(name)s - %(levelname)s - %(message)s".
+HEADER_RE = re.compile(
+    r"\[titan\]\s+(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)?)\s+-\s+(?P<logger>\S+)\s+-\s+"
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\s+-\s?(?P<msg>.*)$"
+)
+# glog-style lines from torch's C++ and torchrun ("W1129 09:54:40.879000 10898 file.py:982] msg").
+GLOG_RE = re.compile(r"(?P<level>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\s]+\] ?(?P<msg>.*)$")
+C10_RE = re.compile(r"\[(?P<level>[IWEF])\d{4} \d\d:\d\d:\d\d[^\]]*\] ?(?P<msg>.*)$")
+GLOG_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+PYWARN_RE = re.compile(r"\S+:\d+: (?P<cat>[A-Z]\w*Warning): (?P<msg>.*)$")
+
+# [Override] NAME: FQN OLD -> NEW[ with k=v, ...]  (NAME is nki_rope in the recipe era, the
+# factory's import path module.function in torchtitan 0.3.0)
+OVERRIDE_RE = re.compile(
+    r"\[Override\]\s+(?P<name>[^:\s]+):\s+(?P<fqn>\S+)\s+(?P<old>\S+)\s+->\s+(?P<new>\S+?)(?:\s+with\s+(?P<kwargs>.*))?\s*$"
+)
+APPLIED_RE = re.compile(r"Applied (\d+) override\(s\)")
+LAYER_RE = re.compile(r"(?:^|\.)layers(?:\.|\[)(\d+)\]?(?:\.|$)")
+NO_REPLACEMENT_RE = re.compile(r"override\.imports=(?P<imports>.*?) produced no replacements")
+
+# torchrun's failure summary ("Root Cause (first observed failure):" ... "rank : 1 (local_rank: 1)")
+TR_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)")
+TR_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+TR_TRACE_RE = re.compile(r"^\s*traceback\s*:\s*(.*)$")
+FAILED_RE = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<rank>\d+)")
+EXC_LINE_RE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure|Fault)\b(?::.*)?$")
+TRACEBACK_START = "Traceback (most recent call last)"
+
+
+def split_prefix(text: str) -> tuple[Optional[int], str]:
+    """``"[rank3]:msg"`` -> (3, "msg"); a line without a torchrun prefix -> (None, text)."""
+    if text.startswith("["):
+        m = PREFIX_RE.match(text)
+        if m is not None:
+            end = m.end()
+            # torchrun can stack its prefix on a line the child already prefixed ("[rank0]:[rank0]:W1129 ...")
+            while text.startswith(m.group(0), end):
+                end += len(m.group(0))
+            return int(m.group(2)), text[end:]
+    return None, text
+
+
+def parse_override_line(line: str) -> Optional[dict]:
+    """An ``[Override] NAME: FQN OLD -> NEW`` line -> {name, fqn, old, new, layer, kwargs}."""
+    if "[Override]" not in line:
+        return None
+    m = OVERRIDE_RE.search(strip_ansi(line))
+    if m is None:
+        return None
+    layer_m = LAYER_RE.search(m.group("fqn"))
+    return {
+        "name": m.group("name"),
+        "fqn": m.group("fqn"),
+        "old": m.group("old"),
+        "new": m.group("new"),
+        "kwargs": m.group("kwargs"),
+        "layer": int(layer_m.group(1)) if layer_m else None,
+    }
+
+
+def normalize(msg: str) -> str:
+    """A message with its numbers masked, so repeated warnings group together."""
+    return re.sub(r"\d+", "N", msg.strip())[:300]
+
+
+# ---------------------------------------------------------------------------------------------
+# informational lines: one row of INFO_LINES each
+
+
+class LineAt(NamedTuple):
+    """Where a message was read: its 1-based line, its rank (None: no torchrun prefix), and
+    whether that rank is the primary one (rank 0 or the unprefixed stream)."""
+
+    lineno: int
+    rank: Optional[int]
+    primary: bool
+
+
+@dataclass(frozen=True)
+class LinePattern:
+    """``regex`` is searched in the message (ANSI codes and torchrun prefix removed); on a match
+    ``store(log, match, at)`` records it.  ``store`` returning False means "not this line after
+    all" and the next pattern is tried.  ``needle``: a cheap substring test run first (matched
+    against the lower-cased message when ``lower``)."""
+
+    name: str
+    regex: "re.Pattern[str]"
+    store: Callable[["ParsedLog", "re.Match[str]", LineAt], Optional[bool]]
+    needle: tuple[str, ...] = ()
+    lower: bool = False
+
+
+def _checkpoint(kind: str) -> Callable[["ParsedLog", "re.Match[str]", LineAt], None]:
+    def store(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+        if not at.primary:
+            return
+        ev: dict = {"kind": kind, "line": at.lineno, "text": m.string.strip()[:500]}
+        gd = m.groupdict()
+        if gd.get("path"):
+            ev["path"] = gd["path"]
+        if gd.get("step"):
+            ev["step"] = int(gd["step"])
+        if gd.get("seconds"):
+            ev["seconds"] = float(gd["seconds"])
+        log.checkpoint_events.append(ev)
+
+    return store
+
+
+def _mesh(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    dims = dict(re.findall(r"(\w+)=(-?\d+)", m.group("dims")))
+    size = 1
+    for key in ("pp", "dp_replicate", "dp_shard", "cp", "tp"):
+        size *= max(1, int(dims.get(key, 1)))
+    log.world_size_hints["mesh"] = size
+
+
+def _trainer(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    log.trainer.update({k: int(v) for k, v in m.groupdict().items() if v is not None})
+
+
+def _building(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> Optional[bool]:
+    if m.group("name") == "device":
+        return False
+    log.model_name = log.model_name or m.group("name")
+    log.model_flavor = log.model_flavor or m.group("flavor")
+    return None
+
+
+def _model_size(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    log.model_name = m.group("name")
+    log.model_flavor = m.group("flavor")
+    log.model_params = int(m.group("params").replace(",", ""))
+
+
+def _version(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    log.torchtitan_version = m.group("version")
+
+
+def _starts(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    if at.primary:
+        log.start_step = int(m.group(1))
+
+
+def _completed(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    if at.primary:
+        log.completed_line = at.lineno
+
+
+def _peak_flops(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    log.trainer.setdefault("peak_flops", to_number(m.group(1)))
+
+
+def _launcher_world(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    log.world_size_hints.setdefault("launcher", int(m.group(1)))
+
+
+_CKPT = ("checkpoint", "safetensors")
+
+INFO_LINES: tuple[LinePattern, ...] = (
+    LinePattern("checkpoint-load", re.compile(r"Loading (?:from )?HF safetensors from (?:--[\w.]+: )?(?P<path>\S+)"), _checkpoint("load"), _CKPT, True),
+    LinePattern("checkpoint-load", re.compile(r"Loading the checkpoint from (?P<path>\S+?)\.?$"), _checkpoint("load"), _CKPT, True),
+    LinePattern("checkpoint-loaded", re.compile(r"Finished loading the checkpoint in (?P<seconds>[\d.]+) seconds"), _checkpoint("loaded"), _CKPT, True),
+    LinePattern("checkpoint-fresh", re.compile(r"No checkpoint was provided, this is a fresh start"), _checkpoint("fresh"), _CKPT, True),
+    LinePattern("checkpoint-save", re.compile(r"Saving a (?:model only|full) checkpoint (?:in \S+ )?at last step, step (?P<step>\d+)"), _checkpoint("save"), _CKPT, True),
+    LinePattern("checkpoint-saved", re.compile(r"Last step checkpoint completed in (?P<seconds>[\d.]+)s"), _checkpoint("saved"), _CKPT, True),
+    LinePattern("checkpoint-saved", re.compile(r"Finished (?:saving|staging) the checkpoint in (?P<seconds>[\d.]+) seconds"), _checkpoint("saved"), _CKPT, True),
+    LinePattern("checkpoint-active", re.compile(r"Checkpointing active\. Checkpoints will be loaded from and saved to (?P<path>\S+)"), _checkpoint("active"), _CKPT, True),
+    LinePattern("checkpoint-save", re.compile(r"^(?:Saving|Staging) the checkpoint\."), _checkpoint("save"), _CKPT, True),
+    LinePattern("checkpoint-seed", re.compile(r"Created seed checkpoint"), _checkpoint("seed"), _CKPT, True),
+    LinePattern("mesh", re.compile(r"Building device mesh with parallelism: (?P<dims>.*)$"), _mesh),
+    LinePattern("trainer", re.compile(
+        r"Trainer is initialized with local batch size (?P<local_batch>\d+), global batch size (?P<global_batch>-?\d+), "
+        r"gradient accumulation steps (?P<grad_accum>\d+), sequence length (?P<seq_len>\d+), total steps (?P<steps>\d+)"
+        r"(?: \(warmup (?P<warmup>\d+)\))?"), _trainer),
+    LinePattern("model", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+)\s*$"), _building),
+    LinePattern("model-size", re.compile(r"Model (?P<name>\S+) (?P<flavor>\S+) size: (?P<params>[\d,]+) total parameters"), _model_size),
+    LinePattern("torchtitan-version", re.compile(r"torchtitan version: (?P<version>\S+)"), _version),
+    LinePattern("start-step", re.compile(r"Training starts at step (\d+)"), _starts),
+    LinePattern("completed", re.compile(r"Training completed"), _completed),
+    LinePattern("peak-flops", re.compile(r"Peak FLOPS used for computing MFU: (\S+)"), _peak_flops),
+    LinePattern("world-size", re.compile(r"(?:world[ _]size|WORLD_SIZE|nproc_per_node)\s*[:=]\s*(\d+)", re.IGNORECASE), _launcher_world),
+    LinePattern("world-size", re.compile(r"(?:launching|starting|with) (\d+) ranks?\b", re.IGNORECASE), _launcher_world),
+)
+
+
+def read_info_line(log: "ParsedLog", msg: str, at: LineAt) -> bool:
+    """Try :data:`INFO_LINES` on one message; True when one of them took it."""
+    lowered = None
+    for pat in INFO_LINES:
+        if pat.needle:
+            hay = msg
+            if pat.lower:
+                if lowered is None:
+                    lowered = msg.lower()
+                hay = lowered
+            if not any(n in hay for n in pat.needle):
+                continue
+        m = pat.regex.search(msg)
+        if m is not None and pat.store(log, m, at) is not False:
+            return True
+    return False

@@ -1,0 +1,80 @@
+"""What one log says: :class:`ParsedLog`, filled by the streaming engine and the line patterns,
+read by the judge and the reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+HIGH_MEMORY_PCT = 90.0
+
+
+@dataclass
+class ParsedLog:
+    """Everything read from one log.  Line numbers are 1-based."""
+
+    source: str = ""
+    bytes_read: int = 0
+    lines: int = 0
+    recognized_lines: int = 0
+    ends_mid_line: bool = False
+    overlong_lines: list[int] = field(default_factory=list)
+    invalid_utf8_lines: int = 0
+    first_invalid_utf8_line: Optional[int] = None
+    nul_bytes: int = 0
+    primary_rank: Optional[int] = None
+    steps: dict[int, dict] = field(default_factory=dict)  # step -> record (+ "line")
+    restarts: list[int] = field(default_factory=list)  # lines where the step counter went back
+    validations: list[dict] = field(default_factory=list)
+    overrides: dict[Optional[int], list[dict]] = field(default_factory=dict)  # rank -> override records
+    applied: dict[Optional[int], list[tuple[int, int]]] = field(default_factory=dict)  # rank -> [(n, line)]
+    override_no_match: list[dict] = field(default_factory=list)
+    ranks: set = field(default_factory=set)  # ranks seen in prefixes
+    world_size_hints: dict[str, int] = field(default_factory=dict)
+    model_name: Optional[str] = None
+    model_flavor: Optional[str] = None
+    model_params: Optional[int] = None
+    torchtitan_version: Optional[str] = None
+    trainer: dict = field(default_factory=dict)  # local_batch, global_batch, seq_len, steps, warmup
+    start_step: Optional[int] = None
+    completed_line: Optional[int] = None
+    ran_out_of_data_line: Optional[int] = None
+    checkpoint_events: list[dict] = field(default_factory=list)
+    warnings: dict[str, dict] = field(default_factory=dict)  # normalized -> {text, count, line, ranks}
+    warning_count: int = 0
+    errors: list[dict] = field(default_factory=list)  # ERROR-level lines {line, rank, text}
+    error_count: int = 0
+    tracebacks: dict[Optional[int], dict] = field(default_factory=dict)  # rank -> {first_root, ...}
+    torchrun_failure: dict = field(default_factory=dict)
+    rank_last_step: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (step, line)
+    rank_high_memory: dict[int, dict] = field(default_factory=dict)  # rank -> {pct, gib, step, line}
+    filled_steps: list[int] = field(default_factory=list)  # steps added from TensorBoard (no log line)
+
+    @property
+    def world_size(self) -> Optional[int]:
+        """Best evidence of the rank count: mesh/launcher lines, else the ranks seen."""
+        for key in ("mesh", "launcher", "structured_logs"):
+            if key in self.world_size_hints:
+                return self.world_size_hints[key]
+        if self.ranks:
+            return max(self.ranks) + 1
+        return None
+
+    @property
+    def looks_binary(self) -> bool:
+        if self.bytes_read == 0:
+            return False
+        return self.nul_bytes > max(8, self.bytes_read // 1000) or (
+            self.recognized_lines == 0 and self.invalid_utf8_lines > max(1, self.lines // 3)
+        )
+
+    def step_list(self) -> list[dict]:
+        return [self.steps[k] for k in sorted(self.steps)]
+
+    def primary_overrides(self) -> list[dict]:
+        if self.primary_rank in self.overrides:
+            return self.overrides[self.primary_rank]
+        if not self.overrides:
+            return []
+        keys = sorted(self.overrides, key=lambda r: (-1 if r is None else r))
+        return self.overrides[keys[0]]
