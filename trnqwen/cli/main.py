@@ -5,6 +5,7 @@ Examples:
   trnqwen fetch Qwen/Qwen3-4B-Instruct-2507
   trnqwen train --backend hf-v5 --finetune
   trnqwen verify-ckpt ./checkpoint_qwen3_4b_ft
+  trnqwen eval --generate 3
   trnqwen inspect-logs --plot loss.png
 
 Start-up is kept instant: this module imports neither typer nor any command module at load.
@@ -36,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-env": ("trnqwen.cli.check_env", "check_env"),
     "train": ("trnqwen.cli.train", "train"),
     "verify-ckpt": ("trnqwen.cli.verify_ckpt", "verify_ckpt"),
+    "eval": ("trnqwen.cli.eval", "eval_cmd"),
     "inspect-logs": ("trnqwen.cli.inspect_logs", "inspect_logs"),
     "quickstart": ("trnqwen.cli.quickstart", "quickstart"),
 }

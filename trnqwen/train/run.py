@@ -460,6 +460,11 @@ def execute(
     exported = find_export(plan.job.checkpoint_dir, plan.cwd) if result.exit_code == 0 else None
     if exported is not None:
         record.extra["exported"] = str(exported)
+        from trnqwen.ckpt.model_folder import complete_run_export  # a whole model folder (issue 15)
+
+        record.extra["export_files"] = complete_run_export(
+            plan.config, plan.run_id, _abs(plan.config.resolved_assets_dir, plan.cwd), exported, result.steps
+        )
     if result.exit_code == 0 and plan.config.resolved_export_hf and plan.job.checkpoint_dir and exported is None:
         record.status = "failed"
         record.ended_by = "no export"

@@ -1,0 +1,200 @@
+"""Make an export a whole model folder: what ``from_pretrained``, ``hf upload``, vLLM and TGI read.
+
+torchtitan (and the hf-trainer backend, which copies its layout) writes only the safetensors and
+their index into ``step-N/``.  After a successful run the launcher completes the folder the way
+every peer does:
+
+  config.json              the base model's, with ``dtype`` set to the dtype the weights were saved in
+  generation_config.json   the base model's (or one derived from config.json)
+  tokenizer files          copied from the base snapshot, the chat template included
+  README.md                a short model card with Hub metadata (``base_model``, ``tags``) naming
+                           the base model, dataset, steps, backend, final and validation loss
+
+Every file is written atomically and only if absent or ours (a file the user put there is kept).
+Pure Python + huggingface_hub's ModelCard: the launcher never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from trnqwen.fsutil import current_umask, write_text_atomic
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
+)
+CARD = "README.md"
+CARD_MARKER = "<!-- written by trnqwen -->"
+
+
+@dataclass
+class CardInfo:
+    """What the model card says about the run that produced the weights."""
+
+    base_model: str  # the Hub repo id, or a local name for builtin/local models
+    backend: str
+    steps: Optional[int] = None
+    dataset: Optional[str] = None
+    final_loss: Optional[float] = None
+    validation_loss: Optional[float] = None
+    eval_results: list[dict[str, Any]] = field(default_factory=list)  # trnqwen eval's rows
+    run_id: Optional[str] = None
+    trnqwen_version: Optional[str] = None
+
+
+def complete_run_export(config, run_id: str, assets: Path, exported: Path, steps: list[dict]) -> list[str]:
+    """:func:`complete_export` for a finished run: ``config`` is its RunConfig, ``steps`` the
+    metrics of its logged steps (the last one's loss is the final loss)."""
+    from trnqwen import __version__
+
+    last = steps[-1] if steps else {}
+    validation = next(
+        (m[key] for m in reversed(steps) for key in ("validation_loss", "val_loss") if m.get(key) is not None), None
+    )
+    info = CardInfo(
+        base_model=config.model_name if config.is_builtin else config.model,
+        backend=config.backend,
+        steps=last.get("step") or config.steps,
+        dataset=config.dataset,
+        final_loss=last.get("loss"),
+        validation_loss=validation,
+        run_id=run_id,
+        trnqwen_version=__version__,
+    )
+    return complete_export(exported, assets, info)
+
+
+def weights_dtype(folder: Path) -> Optional[str]:
+    """The torch dtype name of the first floating tensor in the folder's safetensors."""
+    from trnqwen.ckpt.safetensors_format import DTYPES, read_header
+
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        for info in read_header(path).tensors.values():
+            dtype = DTYPES.get(info.dtype)
+            if dtype is not None and dtype.is_float:
+                return dtype.torch_name
+    return None
+
+
+def complete_export(folder: Path, assets: Path, info: CardInfo) -> list[str]:
+    """Write config, generation config, tokenizer and model card into ``folder``; return the names written."""
+    folder, assets = Path(folder), Path(assets)
+    written: list[str] = []
+    config = json.loads((assets / "config.json").read_text(encoding="utf-8"))
+    dtype = weights_dtype(folder)
+    if dtype:
+        config["dtype"] = dtype
+        if "torch_dtype" in config:  # older readers (vLLM, TGI on transformers 4.x) look here
+            config["torch_dtype"] = dtype
+    if _write_if_ours(folder / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n"):
+        written.append("config.json")
+    generation = assets / "generation_config.json"
+    text = generation.read_text(encoding="utf-8") if generation.is_file() else json.dumps(_generation_from(config), indent=2) + "\n"
+    if _write_if_ours(folder / "generation_config.json", text):
+        written.append("generation_config.json")
+    for name in TOKENIZER_FILES:
+        source = assets / name
+        if source.is_file() and not (folder / name).exists():
+            _copy_atomic(source, folder / name)
+            written.append(name)
+    if write_model_card(folder, info):
+        written.append(CARD)
+    return written
+
+
+def write_model_card(folder: Path, info: CardInfo) -> bool:
+    """README.md with Hub model-card metadata; replaces only a card trnqwen wrote."""
+    return _write_if_ours(Path(folder) / CARD, render_card(info), card=True)
+
+
+def render_card(info: CardInfo) -> str:
+    from huggingface_hub import ModelCard, ModelCardData
+
+    hub_id = info.base_model if _looks_like_hub_id(info.base_model) else None
+    trainer = "transformers-trainer" if info.backend == "hf-trainer" else "torchtitan"
+    data = ModelCardData(
+        base_model=hub_id,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=["trnqwen", trainer, f"trnqwen-{info.backend}", "qwen3", "fine-tuned"],
+        datasets=[info.dataset] if info.dataset and _looks_like_hub_id(info.dataset) else None,
+    )
+    rows = [
+        ("base model", info.base_model),
+        ("dataset", info.dataset or "(the model's default)"),
+        ("steps", info.steps),
+        ("backend", f"{info.backend} ({trainer})"),
+        ("final training loss", _num(info.final_loss)),
+        ("validation loss", _num(info.validation_loss)),
+        ("run", info.run_id),
+        ("trnqwen", info.trnqwen_version),
+    ]
+    table = "\n".join(f"| {k} | {v} |" for k, v in rows if v is not None)
+    body = [
+        f"# {Path(info.base_model).name} fine-tuned with trnqwen",
+        "",
+        CARD_MARKER,
+        f"Fine-tuned from `{info.base_model}` with trnqwen on the {info.backend} backend.",
+        "",
+        "| | |",
+        "|---|---|",
+        table,
+    ]
+    if info.eval_results:
+        body += ["", "## Held-out evaluation (`trnqwen eval`)", "", "| checkpoint | tokens | loss | perplexity | vs base |",
+                 "|---|---|---|---|---|"]
+        for r in info.eval_results:
+            delta = r.get("delta_vs_base")
+            body.append(
+                f"| {r.get('checkpoint')} | {r.get('tokens')} | {_num(r.get('loss'))} | {_num(r.get('perplexity'))} | "
+                f"{'' if delta is None else f'{delta:+.4f}'} |"
+            )
+    body += ["", "Load it with `AutoModelForCausalLM.from_pretrained(path)`; the tokenizer carries the chat template.", ""]
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)))
+
+
+def _num(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return f"{number:.4f}" if math.isfinite(number) else str(number)
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    import re
+
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", name)) and not Path(name).expanduser().exists()
+
+
+def _generation_from(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
+
+
+def _write_if_ours(path: Path, text: str, *, card: bool = False) -> bool:
+    """Write unless a file is there that trnqwen did not write (the user's own card is kept)."""
+    if path.exists():
+        if not card:
+            return False
+        try:
+            if CARD_MARKER not in path.read_text(encoding="utf-8"):
+                return False
+        except (OSError, UnicodeDecodeError):
+            return False
+    write_text_atomic(path, text)
+    return True
+
+
+def _copy_atomic(source: Path, dest: Path) -> None:
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.copyfile(source, tmp)
+    tmp.chmod(0o666 & ~current_umask())
+    tmp.replace(dest)

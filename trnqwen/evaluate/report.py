@@ -1,0 +1,106 @@
+"""The eval result: one table (checkpoint, tokens, loss, perplexity, change against base), the
+answers side by side, and one JSON object with exactly the documented keys.
+
+JSON: ``{"dataset", "results": [{"checkpoint", "tokens", "loss", "perplexity", "delta_vs_base"}],
+"generations": [{"prompt", "reference", "answers": {checkpoint: text}}]}``.  A perplexity too
+large for a float is ``null`` (JSON has no infinity).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+EVAL_RECORD = "eval.json"  # written into the run directory the tuned checkpoint came from
+
+
+@dataclass
+class EvalResult:
+    checkpoint: str
+    tokens: int
+    loss: float
+    perplexity: float
+    delta_vs_base: Optional[float] = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "checkpoint": self.checkpoint,
+            "tokens": self.tokens,
+            "loss": round(self.loss, 6),
+            "perplexity": round(self.perplexity, 4) if math.isfinite(self.perplexity) else None,
+            "delta_vs_base": None if self.delta_vs_base is None else round(self.delta_vs_base, 6),
+        }
+
+
+@dataclass
+class Generation:
+    prompt: str
+    reference: str
+    answers: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prompt": self.prompt, "reference": self.reference, "answers": dict(self.answers)}
+
+
+@dataclass
+class EvalReport:
+    dataset: str
+    results: list[EvalResult] = field(default_factory=list)
+    generations: list[Generation] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "results": [r.to_json() for r in self.results],
+            "generations": [g.to_json() for g in self.generations],
+        }
+
+    @property
+    def base(self) -> Optional[EvalResult]:
+        return next((r for r in self.results if r.checkpoint == "base"), None)
+
+    def summary_line(self) -> Optional[str]:
+        """``validation loss 5.41 -> 3.02 (-2.39) on 1,234 tokens``: base against the last tuned."""
+        base = self.base
+        tuned = [r for r in self.results if r is not base]
+        if base is None or not tuned:
+            return None
+        last = tuned[-1]
+        return (
+            f"validation loss {base.loss:.4f} -> {last.loss:.4f} ({last.loss - base.loss:+.4f}, "
+            f"perplexity {_ppl(base.perplexity)} -> {_ppl(last.perplexity)}) on {last.tokens:,} held-out tokens"
+        )
+
+
+def _ppl(value: float) -> str:
+    return f"{value:,.2f}" if math.isfinite(value) else "inf"
+
+
+def render(report: EvalReport) -> None:
+    """The human output: the table on stdout, then each conversation with every model's answer."""
+    from trnqwen import output
+
+    rows = [
+        (
+            r.checkpoint,
+            f"{r.tokens:,}",
+            f"{r.loss:.4f}",
+            _ppl(r.perplexity),
+            "" if r.delta_vs_base is None else f"{r.delta_vs_base:+.4f}",
+        )
+        for r in report.results
+    ]
+    output.table(f"Held-out loss on {report.dataset}", ["checkpoint", "tokens", "loss", "perplexity", "vs base"], rows)
+    for n, gen in enumerate(report.generations, 1):
+        lines = [f"[bold]#{n} prompt:[/bold] {_escape(gen.prompt)}", f"  [dim]reference:[/dim] {_escape(gen.reference)}"]
+        lines += [f"  [cyan]{_escape(label)}:[/cyan] {_escape(text)}" for label, text in gen.answers.items()]
+        output.console(stderr=False).print("\n".join(lines))
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    from trnqwen.errors import redact
+
+    return escape(redact(text))

@@ -1,0 +1,273 @@
+"""``trnqwen eval`` end to end: resolve every input first, then one model at a time.
+
+Everything a user can get wrong (a missing checkpoint, a run id naming no run, an architecture
+that is not the base's, data with no trained tokens, ``--generate`` without a chat template) is
+checked before any model loads, so a mistake costs a second and writes nothing.  Then each model
+is loaded, scored, asked for its answers and freed before the next one loads: base and tuned never
+sit in memory together.  The report goes to ``<run dir>/eval.json`` of the tuned run (for
+``inspect-logs``) and, when the run tracks to TensorBoard, into its event files.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from trnqwen.errors import UsageError
+from trnqwen.evaluate.data import Conversation, EvalData, from_cache, held_out_conversations, is_cache_dir
+from trnqwen.evaluate.report import EVAL_RECORD, EvalReport, EvalResult, Generation
+from trnqwen.evaluate.targets import (
+    EvalTarget,
+    base_target,
+    check_same_architecture,
+    resolve_target,
+    unique_labels,
+)
+
+DEFAULT_BATCH_SIZE = 4
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+@dataclass
+class EvalPlan:
+    """Everything resolved and checked; nothing loaded yet."""
+
+    targets: list[EvalTarget]  # base first when there is one
+    data: EvalData
+    conversations: list[Conversation]
+    device_type: str
+    batch_size: int
+    max_new_tokens: int
+    trust_remote_code: bool = False
+    record_dir: Optional[Path] = None  # the run dir eval.json goes to
+
+
+def plan_eval(
+    checkpoints: Sequence[str],
+    *,
+    runs_dir: Path,
+    dataset: Optional[str] = None,
+    base: Optional[bool] = None,
+    generate: int = 0,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: str = "auto",
+    seq_len: Optional[int] = None,
+    trust_remote_code: bool = False,
+) -> EvalPlan:
+    """Resolve checkpoints, base, data and prompts; raise :class:`UsageError` on bad input."""
+    if generate < 0:
+        raise UsageError(f"--generate must be >= 0 (got {generate})")
+    if max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be >= 1 (got {batch_size})")
+    runs_dir = Path(runs_dir)
+    targets = [resolve_target(arg, runs_dir) for arg in checkpoints] or [resolve_target(None, runs_dir)]
+    reference = None
+    if base is not False:
+        reference = base_target(targets)
+        if reference is None and base:
+            raise UsageError(
+                "--base: no base model known (no checkpoint came from a recorded run)",
+                hint="pass the base snapshot as a CHECKPOINT too, or drop --base",
+            )
+    if reference is not None:
+        check_same_architecture(reference, targets)
+        targets = [reference, *targets]
+    else:
+        check_same_architecture(targets[0], targets[1:])
+    unique_labels(targets)
+
+    data = eval_data(dataset, targets, seq_len=seq_len)
+    conversations: list[Conversation] = []
+    if generate:
+        require_chat_template(targets[0])
+        conversations = held_out_conversations(data, generate)
+        if not conversations:
+            raise UsageError(
+                f"--generate: {data.name} has no conversation with a prompt and a trained answer",
+                hint="--generate needs chat data (messages, ShareGPT, Alpaca, prompt/completion) trained on its answers",
+            )
+    record_run = next((t.run for t in targets if not t.is_base and t.run is not None), None)
+    return EvalPlan(
+        targets=targets, data=data, conversations=conversations, device_type=detect_device_type(device),
+        batch_size=batch_size, max_new_tokens=max_new_tokens, trust_remote_code=trust_remote_code,
+        record_dir=record_run.run_dir if record_run else None,
+    )
+
+
+def eval_data(dataset: Optional[str], targets: list[EvalTarget], *, seq_len: Optional[int]) -> EvalData:
+    """``--dataset`` (a dataset cache, or any dataset through the training pipeline), else the
+    validation split of the run the first checkpoint came from."""
+    if dataset is not None:
+        path = Path(dataset).expanduser()
+        if path.is_dir() and is_cache_dir(path):
+            from trnqwen.dataset.cache import has_split
+
+            return from_cache(path, "val" if has_split(path, "val") else "train", name=dataset)
+        return prepare_dataset_for(dataset, targets[0], seq_len=seq_len)
+    run = next((t.run for t in targets if not t.is_base and t.run is not None), None) or next(
+        (t.run for t in targets if t.run is not None), None
+    )
+    if run is None:
+        raise UsageError(
+            "no evaluation data: the checkpoint came from no recorded run",
+            hint="pass --dataset D (a JSONL/Parquet file, a folder, a Hub dataset or a dataset cache)",
+        )
+    cache = run.dataset_cache
+    if cache is None:
+        raise UsageError(
+            f"run {run.run_id} recorded no tokenized dataset to take its validation split from",
+            hint="pass --dataset D, or train with --val-split 0.05",
+        )
+    from trnqwen.dataset.cache import has_split
+
+    if not has_split(cache, "val"):
+        raise UsageError(
+            f"run {run.run_id} has no validation split",
+            hint="pass --dataset D, or train with --val-split 0.05 (or --val-dataset PATH)",
+        )
+    return from_cache(cache, "val", name=f"{run.run_id} validation split")
+
+
+def prepare_dataset_for(dataset: str, target: EvalTarget, *, seq_len: Optional[int]) -> EvalData:
+    """Tokenize ``dataset`` with the training pipeline (same template, masks and packing)."""
+    try:
+        from trnqwen.dataset import prepare as pipeline  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            f"--dataset {dataset}: this trnqwen has no data pipeline to tokenize it",
+            hint="pass a tokenized dataset cache folder (trnqwen data writes one)",
+        ) from None
+    raise UsageError(f"--dataset {dataset}: not wired yet", hint="pass a tokenized dataset cache folder")
+
+
+def require_chat_template(target: EvalTarget) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target.tokenizer_dir))
+    if not getattr(tokenizer, "chat_template", None):
+        raise UsageError(
+            f"--generate: the tokenizer in {target.tokenizer_dir} has no chat template",
+            hint="answers are generated with the model's chat template; use an instruct model's snapshot, or drop --generate",
+        )
+
+
+def detect_device_type(requested: str) -> str:
+    from trnqwen.ckpt.generate import detect_device_type as _detect
+
+    return _detect(requested)
+
+
+# --- running ----------------------------------------------------------------------------------------
+
+
+def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> EvalReport:
+    """Each model in turn: load, score, answer, free.  Writes eval.json into the tuned run's dir."""
+    from transformers import AutoTokenizer
+
+    from trnqwen.evaluate import model as m
+
+    report = EvalReport(dataset=plan.data.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(plan.targets[0].tokenizer_dir)) if plan.conversations else None
+    prompt_len = m.prompt_length(plan.conversations) if plan.conversations else 0
+    answers: list[dict[str, str]] = [{} for _ in plan.conversations]
+    for target in plan.targets:
+        started = time.perf_counter()
+        model = m.load_model(target, plan.device_type, trust_remote_code=plan.trust_remote_code)
+        result = m.score(model, plan.data, batch_size=plan.batch_size, static_shapes=plan.device_type == "neuron")
+        if plan.conversations:
+            pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else plan.data.pad_id
+            generated = m.answer(
+                model, plan.conversations, pad_id=pad_id, eos_ids=m.eos_ids_of(model, tokenizer), prompt_len=prompt_len,
+                max_new_tokens=plan.max_new_tokens, batch_size=min(plan.batch_size, len(plan.conversations)),
+                device_type=plan.device_type,
+            )
+            for slot, ids in zip(answers, generated):
+                slot[target.label] = tokenizer.decode(ids, skip_special_tokens=True).strip()
+        m.free(model)
+        del model
+        report.results.append(EvalResult(target.label, result.tokens, result.loss, result.perplexity))
+        if say is not None:
+            say(f"{target.label}: loss {result.loss:.4f} on {result.tokens:,} tokens ({time.perf_counter() - started:.1f}s)")
+    base = report.base
+    for r in report.results:
+        if base is not None and r is not base:
+            r.delta_vs_base = r.loss - base.loss
+    for conversation, slot in zip(plan.conversations, answers):
+        report.generations.append(
+            Generation(
+                prompt=prompt_text(tokenizer, conversation.prompt_ids),
+                reference=tokenizer.decode(conversation.reference_ids, skip_special_tokens=True).strip(),
+                answers=slot,
+            )
+        )
+    if plan.record_dir is not None:
+        record(plan.record_dir, report)
+    return report
+
+
+_LAST_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
+
+
+def prompt_text(tokenizer, prompt_ids: list[int]) -> str:
+    """The last user message of a ChatML prompt, else the prompt without special tokens."""
+    rendered = tokenizer.decode(prompt_ids, skip_special_tokens=False)
+    users = _LAST_USER.findall(rendered)
+    if users:
+        return users[-1].strip()
+    return tokenizer.decode(prompt_ids, skip_special_tokens=True).strip()
+
+
+def record(run_dir: Path, report: EvalReport) -> None:
+    """``<run dir>/eval.json`` (atomic), and the losses into the run's TensorBoard events if any."""
+    from trnqwen.fsutil import write_json_atomic
+
+    payload: dict[str, Any] = {**report.to_json(), "evaluated_at": time.time()}
+    write_json_atomic(Path(run_dir) / EVAL_RECORD, payload)
+
+
+def run_eval(
+    checkpoints: Sequence[str],
+    *,
+    run_flags: dict[str, Any],
+    config_file: Optional[Path] = None,
+    dataset: Optional[str] = None,
+    base: Optional[bool] = None,
+    generate: int = 0,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    json_out: bool = False,
+) -> EvalReport:
+    """The whole command: config -> plan (all checks) -> execute -> table or JSON."""
+    from trnqwen import output
+    from trnqwen.config import resolve_config
+
+    resolved = resolve_config(run_flags, config_file=config_file)
+    for w in resolved.warnings:
+        output.warn(w)
+    cfg = resolved.config
+    plan = plan_eval(
+        checkpoints, runs_dir=Path(cfg.runs_dir), dataset=dataset, base=base, generate=generate,
+        max_new_tokens=max_new_tokens, batch_size=batch_size, device=cfg.device,
+        seq_len=run_flags.get("seq_len"), trust_remote_code=cfg.trust_remote_code,
+    )
+    say = None if json_out or not sys.stderr.isatty() else output.info
+    if say is not None:
+        say(f"evaluating {len(plan.targets)} model(s) on {plan.data.name} ({plan.data.trained_tokens:,} trained tokens, {plan.device_type})")
+    report = execute(plan, say=say)
+    if json_out:
+        output.print_json(report.to_json())
+    else:
+        from trnqwen.evaluate.report import render
+
+        render(report)
+        line = report.summary_line()
+        if line:
+            output.info(line)
+    return report

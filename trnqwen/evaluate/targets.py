@@ -1,0 +1,219 @@
+"""What ``trnqwen eval`` compares: CHECKPOINT arguments -> model folders, their runs, the base.
+
+A CHECKPOINT is any of: an HF model folder (an export, or a base snapshot), a checkpoint folder
+with ``step-N/`` subfolders, a run directory, or a run id (``<runs_dir>/<id>``).  A run names
+its export, the base model it started from (its assets) and the data it validated on, so with
+no argument at all the last run answers every question.
+
+Everything here reads JSON and file names only: no torch, nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from trnqwen.errors import UsageError
+from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir
+
+# config.json fields that must agree for two checkpoints to be the same architecture.
+ARCHITECTURE_FIELDS = (
+    "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "intermediate_size", "tie_word_embeddings",
+)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+@dataclass
+class RunInfo:
+    """A recorded run (``run.json``) and what eval needs from it."""
+
+    run_dir: Path
+    record: RunRecord
+
+    @property
+    def run_id(self) -> str:
+        return self.record.run_id
+
+    @property
+    def assets(self) -> Optional[Path]:
+        return Path(self.record.assets_dir) if self.record.assets_dir else None
+
+    @property
+    def seq_len(self) -> Optional[int]:
+        value = (self.record.config or {}).get("seq_len")
+        return int(value) if isinstance(value, int) else None
+
+    @property
+    def export(self) -> Optional[Path]:
+        """The run's HF export: what the launcher recorded, else its checkpoint folder."""
+        exported = self.record.extra.get("exported")
+        if exported and Path(exported).exists():
+            return Path(exported)
+        if self.record.checkpoint_dir and Path(self.record.checkpoint_dir).exists():
+            return Path(self.record.checkpoint_dir)
+        return None
+
+    @property
+    def dataset_cache(self) -> Optional[Path]:
+        """The tokenized dataset the run trained on (the cache its validation split lives in)."""
+        extra = self.record.extra
+        for value in (extra.get("dataset_cache"), (extra.get("dataset") or {}).get("cache_dir")
+                      if isinstance(extra.get("dataset"), dict) else None):
+            if value and Path(value).is_dir():
+                return Path(value)
+        return None
+
+
+@dataclass
+class EvalTarget:
+    """One model to evaluate."""
+
+    label: str  # the name in the table and the JSON ("base" for the base model)
+    folder: Path  # the folder of HF safetensors from_pretrained reads
+    config_dir: Path  # where its config.json is (the folder itself for a complete export)
+    run: Optional[RunInfo] = None
+    is_base: bool = False
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return json.loads((self.config_dir / "config.json").read_text(encoding="utf-8"))
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        """The tokenizer beside the weights (a complete export), else beside its config.json."""
+        if all((self.folder / name).is_file() for name in TOKENIZER_FILES):
+            return self.folder
+        return self.config_dir
+
+
+def load_run(run_dir: Path) -> RunInfo:
+    try:
+        return RunInfo(Path(run_dir), RunRecord.load(Path(run_dir)))
+    except (OSError, ValueError, TypeError) as exc:
+        raise UsageError(f"cannot read the run record {Path(run_dir) / RUN_RECORD}: {exc}") from None
+
+
+def last_run(runs_dir: Path) -> RunInfo:
+    run_dir = last_run_dir(runs_dir) if runs_dir.is_dir() else None
+    if run_dir is None:
+        raise UsageError(
+            f"no CHECKPOINT given and no previous run under {runs_dir}",
+            hint="train first (trnqwen train --finetune), or pass a checkpoint folder or run id",
+        )
+    return load_run(run_dir)
+
+
+def run_that_wrote(path: Path, runs_dir: Path) -> Optional[RunInfo]:
+    """The newest recorded run whose checkpoint folder or export is ``path`` or holds it."""
+    try:
+        target = path.expanduser().resolve()
+        records = sorted(runs_dir.glob(f"*/{RUN_RECORD}"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except (OSError, RuntimeError):
+        return None
+    for record_file in records[:200]:
+        try:
+            run = RunInfo(record_file.parent, RunRecord.load(record_file.parent))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+        for written in (run.record.checkpoint_dir, run.record.extra.get("exported")):
+            if not written:
+                continue
+            try:
+                written_path = Path(written).expanduser().resolve()
+            except (OSError, RuntimeError):
+                continue
+            if target == written_path or written_path in target.parents or target in written_path.parents:
+                return run
+    return None
+
+
+def resolve_target(arg: Optional[str], runs_dir: Path, *, cwd: Optional[Path] = None) -> EvalTarget:
+    """One CHECKPOINT argument (None = the last run) -> the model folder to load.
+
+    Raises :class:`UsageError` (exit 2) for a path that does not exist and a run id that
+    names no run.
+    """
+    cwd = Path(cwd or Path.cwd())
+    if arg is None:
+        return _target_of_run(last_run(runs_dir))
+    path = Path(arg).expanduser()
+    if not path.is_absolute():
+        path = cwd / path
+    if path.is_dir() and (path / RUN_RECORD).is_file():
+        return _target_of_run(load_run(path))
+    if path.exists():
+        return _target_of_folder(path, arg, run_that_wrote(path, runs_dir))
+    if "/" not in arg and (runs_dir / arg / RUN_RECORD).is_file():
+        return _target_of_run(load_run(runs_dir / arg))
+    if "/" not in arg and not arg.startswith("."):
+        raise UsageError(
+            f"no checkpoint or run named {arg!r}: no such path, and no run {arg} under {runs_dir}",
+            hint=f"pass a checkpoint folder, a run directory, or a run id listed in {runs_dir}",
+        )
+    raise UsageError(f"no such checkpoint: {arg}", hint="pass the export folder (checkpoint_<model>_ft/step-N) or a run id")
+
+
+def _target_of_run(run: RunInfo) -> EvalTarget:
+    export = run.export
+    if export is None:
+        raise UsageError(
+            f"run {run.run_id} has no HF export (status: {run.record.status})",
+            hint="fine-tune with --finetune (exports HF safetensors), or pass a checkpoint folder",
+        )
+    return _target_of_folder(export, run.run_id, run)
+
+
+def _target_of_folder(path: Path, label: str, run: Optional[RunInfo]) -> EvalTarget:
+    from trnqwen.ckpt.layout import find_config, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(path)
+    if ckpt.index is None and [p.name for p in ckpt.files] != ["model.safetensors"] and not (
+        ckpt.root / "config.json"
+    ).is_file():
+        raise UsageError(
+            f"{path} is a loose safetensors file, not a model folder",
+            hint="pass the folder holding model.safetensors.index.json (the export's step-N folder)",
+        )
+    model_config = find_config(ckpt, run_assets=run.assets if run else None)
+    if run is not None and ckpt.step is not None and label == run.run_id:
+        label = f"{run.run_id}/step-{ckpt.step}"
+    return EvalTarget(label=label, folder=ckpt.root, config_dir=model_config.path.parent, run=run)
+
+
+def base_target(targets: list[EvalTarget]) -> Optional[EvalTarget]:
+    """The base model the first target's run started from (its assets), when known."""
+    for target in targets:
+        if target.run is not None and target.run.assets is not None and (target.run.assets / "config.json").is_file():
+            assets = target.run.assets
+            return EvalTarget(label="base", folder=assets, config_dir=assets, run=target.run, is_base=True)
+    return None
+
+
+def check_same_architecture(base: EvalTarget, others: list[EvalTarget]) -> None:
+    """Every checkpoint must be the base's architecture: otherwise the comparison means nothing."""
+    want = base.config
+    for target in others:
+        have = target.config
+        differ = [
+            f"{name} {have.get(name)!r} vs {want.get(name)!r}"
+            for name in ARCHITECTURE_FIELDS
+            if name in want or name in have
+            if have.get(name) != want.get(name)
+        ]
+        if differ:
+            raise UsageError(
+                f"{target.label} is not the base model's architecture ({base.folder}): {', '.join(differ[:3])}",
+                hint="compare checkpoints of one model, or pass --no-base",
+            )
+
+
+def unique_labels(targets: list[EvalTarget]) -> None:
+    seen: dict[str, int] = {}
+    for target in targets:
+        n = seen.get(target.label, 0)
+        seen[target.label] = n + 1
+        if n:
+            target.label = f"{target.label} ({n + 1})"
