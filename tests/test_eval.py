@@ -1,0 +1,287 @@
+"""``trnqwen eval`` on the built-in tiny Qwen3 (real transformers, real files, CPU).
+
+A recorded run is laid out as ``trnqwen train --finetune`` leaves it (run.json, LAST, the export
+in torchtitan's step-N layout completed into a model folder, the tokenized dataset cache with a
+validation split), with the "fine-tuned" weights made by nudging the base weights, so these tests
+need no torchrun; tests/test_eval_e2e.py trains for real.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.ckpt_fixtures import tree_hash
+from tests.eval_fixtures import chat_records, write_chat_cache
+from tests.helpers import assert_clean_error
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from trnqwen.tiny_model import write_tiny_qwen3
+
+    return write_tiny_qwen3(tmp_path_factory.mktemp("eval-tiny") / "tiny-qwen3")
+
+
+@pytest.fixture(scope="module")
+def cache(tiny, tmp_path_factory) -> Path:
+    return write_chat_cache(tmp_path_factory.mktemp("eval-cache"), tiny, chat_records()[:160], val=40)
+
+
+def write_tuned(tiny: Path, step_dir: Path, *, dtype: str = "float32", scale: float = 0.02) -> Path:
+    """The base weights nudged by deterministic noise, saved as torchtitan saves an export."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from trnqwen.tiny_model import WEIGHTS_FILE
+
+    state = load_file(str(tiny / WEIGHTS_FILE))
+    gen = torch.Generator().manual_seed(7)
+    tuned = {k: (v + scale * torch.randn(v.shape, generator=gen) * v.std()).to(getattr(torch, dtype)).contiguous() for k, v in state.items()}
+    step_dir.mkdir(parents=True)
+    save_file(tuned, str(step_dir / WEIGHTS_FILE), metadata={"format": "pt"})
+    shutil.copy(tiny / "model.safetensors.index.json", step_dir / "model.safetensors.index.json")
+    (step_dir / "sharded").mkdir()
+    return step_dir
+
+
+def record_run(work: Path, tiny: Path, export: Path, cache: Path | None, run_id: str = "20261130-120000-native") -> Path:
+    from trnqwen.rundir import RunRecord
+
+    runs = work / ".trnqwen" / "runs"
+    run_dir = runs / run_id
+    run_dir.mkdir(parents=True)
+    extra = {"exported": str(export)}
+    if cache is not None:
+        extra["dataset_cache"] = str(cache)
+    RunRecord(
+        run_id=run_id, run_dir=str(run_dir), status="succeeded", config={"seq_len": 128, "model": "builtin:tiny-qwen3"},
+        checkpoint_dir=str(export.parent), assets_dir=str(tiny), backend="native", steps=3, extra=extra,
+    ).save()
+    (runs / "LAST").write_text(run_id + "\n")
+    return run_dir
+
+
+@pytest.fixture
+def run_work(tiny, cache, tmp_path, monkeypatch):
+    from trnqwen.ckpt.model_folder import CardInfo, complete_export
+
+    export = write_tuned(tiny, tmp_path / "checkpoint_tiny_qwen3_ft" / "step-3")
+    complete_export(export, tiny, CardInfo(base_model="tiny-qwen3", backend="native", steps=3))
+    run_dir = record_run(tmp_path, tiny, export, cache)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path, run_dir, export
+
+
+# --- the numbers ---------------------------------------------------------------------------------
+
+
+def test_packed_loss_equals_each_conversation_scored_alone(tiny, cache):
+    """Block-causal packing and the shifted labels: scoring packed rows gives exactly the
+    token-weighted loss of every conversation run through the model on its own."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from trnqwen.evaluate import model as m
+    from trnqwen.evaluate.data import documents, from_cache
+    from trnqwen.evaluate.targets import EvalTarget
+
+    data = from_cache(cache, "val", name="val")
+    target = EvalTarget(label="base", folder=tiny, config_dir=tiny, is_base=True)
+    model = m.load_model(target, "cpu")
+    packed = m.score(model, data, batch_size=3)  # 3 does not divide the row count: a filler batch
+    assert packed.tokens == data.trained_tokens > 0
+
+    total, count = 0.0, 0
+    with torch.inference_mode():
+        for row in range(len(data)):
+            ids, labels = np.asarray(data.input_ids[row]), np.asarray(data.labels[row])
+            for start, end in documents(data.positions[row]):
+                keep = labels[start:end] != -100
+                if not keep.any():
+                    continue
+                logits = model(input_ids=torch.tensor(ids[start:end])[None].long()).logits[0].float()
+                target_ids = torch.tensor(labels[start:end]).long()
+                total += float(F.cross_entropy(logits[torch.tensor(keep)], target_ids[torch.tensor(keep)], reduction="sum"))
+                count += int(keep.sum())
+    assert count == packed.tokens
+    assert packed.loss == pytest.approx(total / count, rel=1e-5)
+    # a causal (not block-causal) mask would let documents see each other: the loss would differ
+    with torch.inference_mode():
+        ids, _, positions = m._batch(data, 0, 1)
+        plain = model(input_ids=ids).logits
+        blocked = model(input_ids=ids, position_ids=positions).logits
+    assert not torch.allclose(plain, blocked)
+
+
+def test_held_out_conversations_cut_at_the_last_answer(tiny, cache):
+    from transformers import AutoTokenizer
+
+    from trnqwen.evaluate.data import from_cache, held_out_conversations
+
+    tok = AutoTokenizer.from_pretrained(str(tiny))
+    data = from_cache(cache, "val", name="val")
+    conversations = held_out_conversations(data, 3)
+    assert len(conversations) == 3
+    expected = chat_records()[120:123]  # the first three validation records, in order
+    for conv, record in zip(conversations, expected):
+        prompt = tok.apply_chat_template(record["messages"][:-1], tokenize=False, add_generation_prompt=True)
+        assert tok.decode(conv.prompt_ids) == prompt
+        assert tok.decode(conv.reference_ids) == record["messages"][-1]["content"] + "<|im_end|>"
+
+
+def test_eval_json_base_then_tuned_with_deterministic_answers(run_work, cli):
+    work, run_dir, export = run_work
+    first = cli("eval", "--json", "--generate", "2", "--max-new-tokens", "8", "--device", "cpu")
+    assert first.code == 0, first.text
+    doc = json.loads(first.out)
+    assert set(doc) == {"dataset", "results", "generations"}
+    base, tuned = doc["results"]
+    assert set(base) == {"checkpoint", "tokens", "loss", "perplexity", "delta_vs_base"}
+    assert base["checkpoint"] == "base" and base["delta_vs_base"] is None
+    assert tuned["checkpoint"] == f"{run_dir.name}/step-3"
+    assert base["tokens"] == tuned["tokens"] > 0
+    assert tuned["delta_vs_base"] == pytest.approx(tuned["loss"] - base["loss"], abs=2e-6)
+    assert base["perplexity"] == pytest.approx(math.exp(base["loss"]), rel=1e-4)
+    assert len(doc["generations"]) == 2
+    gen = doc["generations"][0]
+    assert set(gen) == {"prompt", "reference", "answers"} and set(gen["answers"]) == {"base", tuned["checkpoint"]}
+    assert gen["prompt"] == [m for m in chat_records()[120]["messages"] if m["role"] == "user"][-1]["content"]
+    saved = json.loads((run_dir / "eval.json").read_text())
+    assert saved["results"] == doc["results"]
+
+    again = cli("eval", str(run_dir), "--json", "--generate", "2", "--max-new-tokens", "8", "--device", "cpu")
+    assert again.code == 0, again.text
+    assert json.loads(again.out) == doc  # a run dir works as CHECKPOINT; greedy answers repeat exactly
+
+
+def test_run_id_export_path_and_no_base(run_work, cli, cache):
+    work, run_dir, export = run_work
+    by_id = cli("eval", run_dir.name, "--no-base", "--json")
+    assert by_id.code == 0, by_id.text
+    assert [r["checkpoint"] for r in json.loads(by_id.out)["results"]] == [f"{run_dir.name}/step-3"]
+    by_path = cli("eval", str(export), "--dataset", str(cache), "--json")
+    assert by_path.code == 0, by_path.text
+    doc = json.loads(by_path.out)
+    assert [r["checkpoint"] for r in doc["results"]] == ["base", str(export)]  # the run that wrote it names the base
+    assert doc["dataset"] == str(cache)
+
+
+def test_table_shows_the_change_against_base(run_work, cli):
+    res = cli("eval", "--device", "cpu")
+    assert res.code == 0, res.text
+    assert "perplexity" in res.out and "vs base" in res.out and "base" in res.out
+    assert "validation loss" in res.err
+
+
+# --- bad input: one line, exit 2, nothing written ------------------------------------------------
+
+
+def _tree(work: Path) -> str:
+    return tree_hash(work)
+
+
+def test_missing_checkpoint_and_unknown_run_id(run_work, cli):
+    work, run_dir, _ = run_work
+    before = _tree(work)
+    assert_clean_error(cli("eval", "./no/such/ckpt"), code=2, contains="no such checkpoint")
+    assert_clean_error(cli("eval", "20990101-000000-native"), code=2, contains="no run 20990101-000000-native")
+    assert _tree(work) == before and not (run_dir / "eval.json").exists()
+
+
+def test_architecture_mismatch_with_base(run_work, cli):
+    work, run_dir, export = run_work
+    config = json.loads((export / "config.json").read_text())
+    config["num_hidden_layers"] = 2
+    (export / "config.json").write_text(json.dumps(config))
+    before = _tree(work)
+    assert_clean_error(cli("eval"), code=2, contains="not the base model's architecture")
+    assert _tree(work) == before
+
+
+def test_dataset_with_no_trained_tokens(run_work, cli, tiny, tmp_path):
+    import numpy as np
+
+    from trnqwen.dataset.cache import SplitArrays, write_cache
+
+    ids = np.full((2, 128), 5, dtype=np.int32)
+    untrained = SplitArrays(ids, np.full_like(ids, -100), np.tile(np.arange(128, dtype=np.int32), (2, 1)), 2, 0)
+    empty = write_cache(tmp_path / "untrained", "k", {"train": untrained}, seq_len=128, packing=True, pad_id=0, eos_id=None)
+    work, run_dir, _ = run_work
+    before = _tree(work)
+    assert_clean_error(cli("eval", "--dataset", str(empty)), code=2, contains="no trained tokens")
+    assert _tree(work) == before
+
+
+def test_generate_without_chat_template(run_work, cli):
+    work, run_dir, export = run_work
+    config = json.loads((export / "tokenizer_config.json").read_text())
+    config.pop("chat_template")
+    (export / "tokenizer_config.json").write_text(json.dumps(config))
+    run = json.loads((run_dir / "run.json").read_text())
+    assets = Path(run["assets_dir"])
+    plain = work / "plain-assets"
+    shutil.copytree(assets, plain)
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    run["assets_dir"] = str(plain)
+    (run_dir / "run.json").write_text(json.dumps(run))
+    before = _tree(work)
+    assert_clean_error(cli("eval", "--generate", "1"), code=2, contains="no chat template")
+    assert _tree(work) == before
+
+
+# --- the export is a whole model folder ------------------------------------------------------------
+
+
+def test_export_loads_with_plain_from_pretrained_and_generates(tiny, tmp_path):
+    """Nothing but transformers on the path: no trnqwen, no assets beside it."""
+    import subprocess
+    import sys
+
+    from huggingface_hub import ModelCard
+
+    from trnqwen.ckpt.model_folder import CardInfo, complete_export
+
+    export = write_tuned(tiny, tmp_path / "ckpt" / "step-5", dtype="bfloat16")
+    written = complete_export(
+        export, tiny,
+        CardInfo(base_model="Qwen/Qwen3-4B-Instruct-2507", backend="hf-v5", steps=5, dataset="mychat.jsonl",
+                 final_loss=1.5, validation_loss=1.75, run_id="r1"),
+    )
+    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "README.md"} <= set(written)
+    assert json.loads((export / "config.json").read_text())["dtype"] == "bfloat16"  # as saved, not the base's float32
+    card = ModelCard.load(export / "README.md")
+    assert card.data.base_model == "Qwen/Qwen3-4B-Instruct-2507" and "trnqwen" in card.data.tags
+    for fact in ("mychat.jsonl", "hf-v5", "1.5000", "1.7500", "| steps | 5 |"):
+        assert fact in card.text
+    script = (
+        "import sys; from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1]); t = AutoTokenizer.from_pretrained(sys.argv[1])\n"
+        "x = t.apply_chat_template([{'role': 'user', 'content': 'Which river is Ashford on?'}], add_generation_prompt=True,"
+        " return_tensors='pt', return_dict=True)\n"
+        "out = m.generate(**x, max_new_tokens=4, do_sample=False)\n"
+        "print(m.dtype, out.shape[1] - x['input_ids'].shape[1])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(export)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["torch.bfloat16", "4"]
+
+
+def test_a_users_own_files_are_kept_and_verify_ckpt_passes(tiny, tmp_path, cli):
+    from trnqwen.ckpt.model_folder import CardInfo, complete_export
+
+    export = write_tuned(tiny, tmp_path / "ckpt" / "step-2")
+    (export / "README.md").write_text("my own card\n")
+    complete_export(export, tiny, CardInfo(base_model="tiny-qwen3", backend="native"))
+    assert (export / "README.md").read_text() == "my own card\n"
+    res = cli("verify-ckpt", str(tmp_path / "ckpt"), "--json")  # config.json now sits beside the weights
+    assert res.code == 0, res.text
+    assert json.loads(res.out)["ok"]
