@@ -32,7 +32,7 @@ def eval_cmd(
             help="Model folders (an HF export or snapshot), checkpoint folders, run directories or run ids. "
             "[default: the last run's export]",
             show_default=False,
-            metavar="[CHECKPOINT]...",
+            metavar="CHECKPOINT",
         ),
     ] = None,
     dataset: Annotated[
