@@ -85,6 +85,12 @@ def test_precedence_file_env_flag(tmp_path):
     assert r.config.seq_len == 512 and r.sources["seq_len"] == f"file {tmp_path / 'trnqwen.toml'}"
     assert r.config.lr == RunConfig().lr and "lr" not in r.sources
 
+    # a source names the flag as the user typed it
+    r = resolve_config({"assets_dir": tmp_path, "time_limit": "1:00:00", "nproc_per_node": 2}, environ={}, cwd=tmp_path)
+    assert [r.sources[k] for k in ("assets_dir", "time_limit", "nproc_per_node")] == [
+        "flag --assets", "flag --time", "flag --nproc-per-node"
+    ]
+
     r = resolve_config({}, environ=env, cwd=tmp_path)
     assert r.config.steps == 5 and r.sources["steps"] == "env TRNQWEN_STEPS"
     r = resolve_config({}, environ={}, cwd=tmp_path)

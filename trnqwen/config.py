@@ -209,6 +209,13 @@ def model_slug(model: str) -> str:
 
 FIELD_NAMES: tuple[str, ...] = tuple(RunConfig.model_fields)
 PATH_FIELDS = {name for name, f in RunConfig.model_fields.items() if "Path" in str(f.annotation)}
+# The command-line flag of each field is --<field-name> except these.
+FLAGS = {"assets_dir": "--assets", "time_limit": "--time"}
+
+
+def flag_of(name: str) -> str:
+    """The flag that sets field ``name`` (what a source line names)."""
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 # --- resolution with provenance -----------------------------------------------------------
@@ -360,7 +367,7 @@ def resolve_config(
         if key not in FIELD_NAMES:
             raise ConfigError([f"internal: flag maps to unknown field '{key}'"])
         merged[key] = value
-        sources[key] = f"flag --{key.replace('_', '-')}"
+        sources[key] = f"flag {flag_of(key)}"
     try:
         config = RunConfig(**merged)
     except ValidationError as exc:

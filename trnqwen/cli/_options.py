@@ -11,7 +11,22 @@ from typing import Annotated, Optional
 
 import typer
 
+from trnqwen.config import RunConfig
 from trnqwen.constants import BACKENDS, DEVICES
+
+
+def _default(name: str) -> str:
+    """``[default: X]`` from RunConfig itself, so each default is written once."""
+    value = RunConfig.model_fields[name].default
+    if isinstance(value, bool):
+        text = "on" if value else "off"
+    elif isinstance(value, float):
+        mantissa, exponent = f"{value:e}".split("e")
+        text = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    else:
+        text = str(value)
+    return f"[default: {text}]"
+
 
 ConfigFileOpt = Annotated[
     Optional[Path],
@@ -28,7 +43,7 @@ ModelOpt = Annotated[
     typer.Option(
         "--model",
         "-m",
-        help="Hub repo id or builtin:tiny-qwen3. Env: TRNQWEN_MODEL. [default: Qwen/Qwen3-4B-Instruct-2507]",
+        help=f"Hub repo id or builtin:tiny-qwen3. Env: TRNQWEN_MODEL. {_default('model')}",
         show_default=False,
     ),
 ]
@@ -46,7 +61,7 @@ BackendOpt = Annotated[
     typer.Option(
         "--backend",
         "-b",
-        help=f"Modeling backend: {', '.join(BACKENDS)}. Env: TRNQWEN_BACKEND. [default: hf-v5]",
+        help=f"Modeling backend: {', '.join(BACKENDS)}. Env: TRNQWEN_BACKEND. {_default('backend')}",
         show_default=False,
     ),
 ]
@@ -54,13 +69,13 @@ DeviceOpt = Annotated[
     Optional[str],
     typer.Option(
         "--device",
-        help=f"Device: {', '.join(DEVICES)}. Env: TRNQWEN_DEVICE. [default: auto]",
+        help=f"Device: {', '.join(DEVICES)}. Env: TRNQWEN_DEVICE. {_default('device')}",
         show_default=False,
     ),
 ]
 StepsOpt = Annotated[
     Optional[int],
-    typer.Option("--steps", help="Training steps. Env: TRNQWEN_STEPS. [default: 10]", show_default=False),
+    typer.Option("--steps", help=f"Training steps. Env: TRNQWEN_STEPS. {_default('steps')}", show_default=False),
 ]
 CheckpointDirOpt = Annotated[
     Optional[Path],
@@ -78,7 +93,7 @@ FinetuneOpt = Annotated[
     Optional[bool],
     typer.Option(
         "--finetune/--no-finetune",
-        help="Start from the published weights and export HF safetensors. Env: TRNQWEN_FINETUNE. [default: off]",
+        help=f"Start from the published weights and export HF safetensors. Env: TRNQWEN_FINETUNE. {_default('finetune')}",
         show_default=False,
     ),
 ]
@@ -92,7 +107,7 @@ DatasetOpt = Annotated[
 ]
 LocalBatchSizeOpt = Annotated[
     Optional[int],
-    typer.Option("--local-batch-size", help="Sequences per rank per step. Env: TRNQWEN_LOCAL_BATCH_SIZE. [default: 1]", show_default=False),
+    typer.Option("--local-batch-size", help=f"Sequences per rank per step. Env: TRNQWEN_LOCAL_BATCH_SIZE. {_default('local_batch_size')}", show_default=False),
 ]
 GlobalBatchSizeOpt = Annotated[
     Optional[int],
@@ -105,19 +120,19 @@ GlobalBatchSizeOpt = Annotated[
 ]
 SeqLenOpt = Annotated[
     Optional[int],
-    typer.Option("--seq-len", help="Sequence length in tokens. Env: TRNQWEN_SEQ_LEN. [default: 2048]", show_default=False),
+    typer.Option("--seq-len", help=f"Sequence length in tokens. Env: TRNQWEN_SEQ_LEN. {_default('seq_len')}", show_default=False),
 ]
 LrOpt = Annotated[
     Optional[float],
-    typer.Option("--lr", help="Peak learning rate. Env: TRNQWEN_LR. [default: 8e-4]", show_default=False),
+    typer.Option("--lr", help=f"Peak learning rate. Env: TRNQWEN_LR. {_default('lr')}", show_default=False),
 ]
 DpShardOpt = Annotated[
     Optional[int],
-    typer.Option("--dp-shard", help="FSDP degree; -1 shards over all ranks. Env: TRNQWEN_DP_SHARD. [default: -1]", show_default=False),
+    typer.Option("--dp-shard", help=f"FSDP degree; -1 shards over all ranks. Env: TRNQWEN_DP_SHARD. {_default('dp_shard')}", show_default=False),
 ]
 TpOpt = Annotated[
     Optional[int],
-    typer.Option("--tp", help="Tensor-parallel degree. Env: TRNQWEN_TP. [default: 1]", show_default=False),
+    typer.Option("--tp", help=f"Tensor-parallel degree. Env: TRNQWEN_TP. {_default('tp')}", show_default=False),
 ]
 NprocPerNodeOpt = Annotated[
     Optional[int],
@@ -137,19 +152,19 @@ OverrideImportsOpt = Annotated[
 ]
 CompileOpt = Annotated[
     Optional[bool],
-    typer.Option("--compile/--no-compile", help="torch.compile the model. Env: TRNQWEN_COMPILE. [default: off]", show_default=False),
+    typer.Option("--compile/--no-compile", help=f"torch.compile the model. Env: TRNQWEN_COMPILE. {_default('compile')}", show_default=False),
 ]
 MoeLayersOpt = Annotated[
     Optional[int],
-    typer.Option("--moe-layers", help="nki-moe: transformer layers kept. Env: TRNQWEN_MOE_LAYERS. [default: 4]", show_default=False),
+    typer.Option("--moe-layers", help=f"nki-moe: transformer layers kept. Env: TRNQWEN_MOE_LAYERS. {_default('moe_layers')}", show_default=False),
 ]
 NumExpertsOpt = Annotated[
     Optional[int],
-    typer.Option("--num-experts", help="nki-moe: experts per MoE layer. Env: TRNQWEN_NUM_EXPERTS. [default: 64]", show_default=False),
+    typer.Option("--num-experts", help=f"nki-moe: experts per MoE layer. Env: TRNQWEN_NUM_EXPERTS. {_default('num_experts')}", show_default=False),
 ]
 TopKOpt = Annotated[
     Optional[int],
-    typer.Option("--top-k", help="nki-moe: experts per token. Env: TRNQWEN_TOP_K. [default: 4]", show_default=False),
+    typer.Option("--top-k", help=f"nki-moe: experts per token. Env: TRNQWEN_TOP_K. {_default('top_k')}", show_default=False),
 ]
 ExportHfOpt = Annotated[
     Optional[bool],
@@ -175,20 +190,20 @@ LauncherOpt = Annotated[
     typer.Option(
         "--launcher",
         help="local (torchrun on this node), slurm (sbatch script, submitted) or k8s (PyTorchJob manifest). "
-        "Env: TRNQWEN_LAUNCHER. [default: local]",
+        f"Env: TRNQWEN_LAUNCHER. {_default('launcher')}",
         show_default=False,
     ),
 ]
 NnodesOpt = Annotated[
     Optional[int],
     typer.Option(
-        "--nnodes", "--nodes", help="Nodes in the job (--nodes for slurm/k8s). Env: TRNQWEN_NNODES. [default: 1]",
+        "--nnodes", "--nodes", help=f"Nodes in the job (--nodes for slurm/k8s). Env: TRNQWEN_NNODES. {_default('nnodes')}",
         show_default=False, min=1,
     ),
 ]
 NodeRankOpt = Annotated[
     Optional[int],
-    typer.Option("--node-rank", help="This node's rank, 0..N-1 (local launcher). Env: TRNQWEN_NODE_RANK. [default: 0]", show_default=False, min=0),
+    typer.Option("--node-rank", help=f"This node's rank, 0..N-1 (local launcher). Env: TRNQWEN_NODE_RANK. {_default('node_rank')}", show_default=False, min=0),
 ]
 RdzvEndpointOpt = Annotated[
     Optional[str],
@@ -203,7 +218,7 @@ RdzvIdOpt = Annotated[
 ]
 MaxRestartsOpt = Annotated[
     Optional[int],
-    typer.Option("--max-restarts", help="torchrun restarts of the worker group. Env: TRNQWEN_MAX_RESTARTS. [default: 0]", show_default=False, min=0),
+    typer.Option("--max-restarts", help=f"torchrun restarts of the worker group. Env: TRNQWEN_MAX_RESTARTS. {_default('max_restarts')}", show_default=False, min=0),
 ]
 PartitionOpt = Annotated[
     Optional[str], typer.Option("--partition", help="SLURM partition. Env: TRNQWEN_PARTITION.", show_default=False)
