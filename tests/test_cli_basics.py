@@ -113,3 +113,13 @@ def test_token_never_in_error_output(in_tmp, token):
     assert token not in r.text, r.text
     r = run_subprocess("check-env", "--json", env={"HF_TOKEN": token}, cwd=in_tmp)
     assert token not in r.text
+
+
+def test_error_table_reaches_every_row():
+    """One table maps error types to output: a row after a base class of its type would never match."""
+    import typer  # noqa: F401  (the table adds typer's rows once typer is loaded)
+
+    rows = [kind for kind, _, _ in cli_main._error_table()]
+    assert rows[-1] is Exception
+    for i, kind in enumerate(rows):
+        assert not any(issubclass(kind, earlier) for earlier in rows[:i]), (kind, rows[:i])

@@ -220,13 +220,14 @@ def test_run_dir_record_log_and_script_follow_the_umask(tmp_path, umask_077):
     from trnqwen.train.job import TrainJob
     from trnqwen.train.preflight import PreflightReport
     from trnqwen.train.run import TrainPlan, execute
+    from trnqwen.train.topology import topology
 
     runs = tmp_path / "runs"
     cfg = RunConfig(model="builtin:tiny-qwen3", device="cpu", steps=1, runs_dir=runs)
     job = TrainJob(backend="native", entry_module="x", config_module="cfg_mod", config_fn="f",
                    config_module_text="def f():\n    return None\n")
     argv = [sys.executable, "-c", "print('[titan] INFO - step:  1  loss:  2.50000  grad_norm: 1.0  tps: 10')"]
-    plan = TrainPlan(config=cfg, device=DeviceInfo(type="cpu", count=1), job=job, nproc_per_node=1, run_id="r1",
+    plan = TrainPlan(config=cfg, device=DeviceInfo(type="cpu", count=1), job=job, topology=topology(nproc_per_node=1), run_id="r1",
                      run_dir=runs / "r1", argv=argv, env={}, preflight=PreflightReport(), cwd=tmp_path)
     outcome = execute(plan, status=False)
     assert outcome.exit_code == 0, outcome.as_dict()

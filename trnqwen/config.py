@@ -23,6 +23,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trnqwen.errors import ConfigError
+from trnqwen.fsutil import expand_user
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -111,6 +112,14 @@ class RunConfig(BaseModel):
         if v == 0 or v < -1:
             raise ValueError("must be -1 (all ranks) or a positive integer")
         return v
+
+    @field_validator("*")
+    @classmethod
+    def _home_exists(cls, value: Any) -> Any:
+        """A path field naming ``~nosuchuser`` is a usage error here, not a crash where it is used."""
+        if isinstance(value, Path) and str(value).startswith("~") and _expand(str(value)) == value:
+            raise ValueError("cannot expand a path starting with ~ (no such user here); use an absolute path, or ~/ for your own home")
+        return value
 
     @field_validator("model")
     @classmethod
@@ -254,7 +263,7 @@ def find_config_file(explicit: Optional[Path] = None, cwd: Optional[Path] = None
     if explicit is None and os.environ.get("TRNQWEN_CONFIG_FILE"):
         explicit = Path(os.environ["TRNQWEN_CONFIG_FILE"])
     if explicit is not None:
-        explicit = explicit.expanduser()
+        explicit = expand_user(explicit)
         if not explicit.is_file():
             raise ConfigError(
                 [f"config file {explicit} does not exist or is not a file"],
@@ -334,7 +343,7 @@ def _format_validation_error(exc: ValidationError, sources: dict[str, str]) -> l
         msg = msg.replace("Input should be", "must be").replace("greater than or equal to", ">=")
         msg = msg.replace("less than or equal to", "<=").replace("greater than", ">")
         where = sources.get(field_name, "") if field_name else ""
-        given_txt = "" if isinstance(given, dict) else f" = {given!r}"
+        given_txt = "" if isinstance(given, dict) else f" = {str(given) if isinstance(given, Path) else given!r}"
         problems.append(f"{loc}{given_txt}: {msg}" + (f" (from {where})" if where else ""))
     return problems
 

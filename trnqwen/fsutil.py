@@ -14,6 +14,19 @@ from pathlib import Path
 from typing import Any
 
 
+def expand_user(path: "str | Path") -> Path:
+    """``Path.expanduser``, with ``~nosuchuser/...`` a one-line usage error instead of a RuntimeError."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        from trnqwen.errors import UsageError
+
+        raise UsageError(
+            f"cannot expand a path starting with ~: {path} (no such user here)",
+            hint="use an absolute path, or ~/ for your own home",
+        ) from None
+
+
 def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from trnqwen.ckpt.verify import VerifyReport
 from trnqwen.errors import CheckFailed, redact
+
+if TYPE_CHECKING:
+    from trnqwen.config import RunConfig
 
 SHOW = 10  # findings listed per kind in the human summary
 
@@ -27,18 +30,14 @@ def run_verify(
     generate: Optional[str],
     max_new_tokens: int,
     json_out: bool,
-    run_flags: dict[str, Any],
-    config_file: Optional[Path],
+    cfg: RunConfig,
 ) -> VerifyReport:
+    """Locate, verify and report one checkpoint; ``cfg`` (resolved by the CLI) names the model,
+    device and trust setting when the checkpoint's own run record does not."""
     from trnqwen import output
     from trnqwen.ckpt import locate, resolve_checkpoint, verify
-    from trnqwen.config import resolve_config
     from trnqwen.errors import UsageError
 
-    resolved = resolve_config(run_flags, config_file=config_file)
-    for w in resolved.warnings:
-        output.warn(w)
-    cfg = resolved.config
     if step is not None and step < 0:
         raise UsageError(f"--step must be >= 0 (got {step})")
     if max_new_tokens < 1:

@@ -7,7 +7,7 @@ Flags default to ``None`` = "not given", so lower-precedence sources still apply
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -231,6 +231,16 @@ ImageOpt = Annotated[
     Optional[str],
     typer.Option("--image", help="Container image with trnqwen (k8s launcher). Env: TRNQWEN_IMAGE.", show_default=False),
 ]
+
+
+def user_paths(value: Any) -> Any:
+    """typer callback for path arguments outside the config: ``~nosuchuser/x`` is a UsageError now."""
+    from trnqwen.fsutil import expand_user
+
+    for item in value if isinstance(value, list) else [value]:
+        if item is not None and item != "-":
+            expand_user(item)
+    return value
 
 
 def given(**flags: object) -> dict[str, object]:

@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from trnqwen.cli._options import ConfigFileOpt, JsonOpt
+from trnqwen.cli._options import ConfigFileOpt, JsonOpt, user_paths
 
 HELP = "Read a torchtitan training log (file, run dir, stdin; default: the last run) and judge the run."
 EPILOG = (
@@ -30,7 +30,11 @@ EPILOG = (
 def inspect_logs(
     logs: Annotated[
         Optional[list[str]],
-        typer.Argument(help="Log files, run directories, or - for stdin. Default: the last run's train.log.", show_default=False),
+        typer.Argument(
+            help="Log files, run directories, or - for stdin. Default: the last run's train.log.",
+            show_default=False,
+            callback=user_paths,
+        ),
     ] = None,
     json_out: JsonOpt = False,
     csv_file: Annotated[Optional[Path], typer.Option("--csv", help="Write one CSV row per step to FILE.", show_default=False)] = None,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from trnqwen import __version__
 
@@ -224,6 +224,66 @@ def _exit_past_blocked_threads(code: int) -> None:
         os._exit(code)
 
 
+def _trnqwen_error(exc) -> int:
+    report_error(exc.message, exc.hint, getattr(exc, "problems", None))
+    return exc.exit_code
+
+
+def _interrupted(exc: BaseException) -> int:
+    from trnqwen.errors import EXIT_SIGINT
+
+    sys.stderr.write("Interrupted.\n")
+    _exit_past_blocked_threads(EXIT_SIGINT)
+    return EXIT_SIGINT
+
+
+def _broken_pipe(exc: BaseException) -> int:
+    return 1  # the reader went away (| head): nothing left to say
+
+
+def _filesystem_error(exc: OSError) -> int:
+    """A filesystem refusal nobody caught (read-only, full, a symlink loop): the path and the
+    problem in one line instead of calling it a trnqwen bug."""
+    code, message, hint = _os_error(exc)
+    report_error(message, hint)
+    return code
+
+
+def _click_error(exc) -> int:
+    """typer's vendored click errors (bad flag, missing argument, no args) print themselves."""
+    if not hasattr(exc, "show"):
+        return _internal_error(exc)
+    exc.show()
+    return getattr(exc, "exit_code", 2)
+
+
+def _internal_error(exc: BaseException) -> int:
+    report_error(
+        f"internal error: {type(exc).__name__}: {exc}",
+        "this is a trnqwen bug; rerun with TRNQWEN_DEBUG=1 for the traceback and report it",
+    )
+    return 70
+
+
+def _error_table() -> list[tuple[type, Callable[[Any], int], bool]]:
+    """The one map from error type to output and exit code: (type, handler, re-raised under
+    TRNQWEN_DEBUG=1).  The first matching row wins, so subclasses come before their bases."""
+    from trnqwen.errors import TrnqwenError
+
+    rows: list[tuple[type, Callable[[Any], int], bool]] = [
+        (TrnqwenError, _trnqwen_error, True),
+        (KeyboardInterrupt, _interrupted, False),
+        (BrokenPipeError, _broken_pipe, False),
+        (OSError, _filesystem_error, True),
+    ]
+    if "typer" in sys.modules:  # only when a command was built
+        import typer
+
+        rows += [(typer.Abort, _interrupted, False), (typer.TyperException, _click_error, False)]
+    rows.append((Exception, _internal_error, True))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the app and maps errors to exit codes."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -242,57 +302,19 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.write(f"trnqwen {__version__}\n")
         sys.exit(0)
 
-    from trnqwen.errors import EXIT_SIGINT, TrnqwenError
+    from trnqwen.errors import EXIT_SIGINT
 
     try:
         # A known command first: build only that one; anything else (typos, root flags) gets all.
         app = build_app(args[0] if args and (args[0] in COMMANDS or args[0] in GROUPS) else None)
         rv = app(args=args, prog_name="trnqwen", standalone_mode=False)
-    except TrnqwenError as exc:
-        if _debug():
+    except (KeyboardInterrupt, Exception) as exc:
+        handler, debug_raises = next((h, d) for kind, h, d in _error_table() if isinstance(exc, kind))
+        if debug_raises and _debug():
             raise
-        report_error(exc.message, exc.hint, getattr(exc, "problems", None))
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.stderr.write("Interrupted.\n")
-        _exit_past_blocked_threads(EXIT_SIGINT)
-        sys.exit(EXIT_SIGINT)
-    except BrokenPipeError:
-        sys.exit(1)
-    except OSError as exc:
-        # A filesystem refusal nobody caught (read-only, full, a symlink loop): name the path and
-        # the problem in one line instead of calling it a trnqwen bug.
-        if _debug():
-            raise
-        code, message, hint = _os_error(exc)
-        report_error(message, hint)
-        sys.exit(code)
-    except Exception as exc:
-        # typer's vendored click errors (bad flag, missing argument, no args) are TyperException
-        # subclasses with show()/exit_code; Abort is ctrl-C at a prompt.
-        if "typer" in sys.modules:
-            import typer
-
-            if isinstance(exc, typer.Abort):
-                sys.stderr.write("Interrupted.\n")
-                _exit_past_blocked_threads(EXIT_SIGINT)
-                sys.exit(EXIT_SIGINT)
-            if isinstance(exc, typer.TyperException) and hasattr(exc, "show"):
-                exc.show()
-                sys.exit(getattr(exc, "exit_code", 2))
-        if _debug():
-            raise
-        if isinstance(exc, RuntimeError) and "home directory" in str(exc):  # expanduser("~nosuchuser/x")
-            report_error(f"cannot expand a path starting with ~: {exc}", "use an absolute path, or ~/ for your own home")
-            sys.exit(2)
-        report_error(
-            f"internal error: {type(exc).__name__}: {exc}",
-            "this is a trnqwen bug; rerun with TRNQWEN_DEBUG=1 for the traceback and report it",
-        )
-        sys.exit(70)
+        sys.exit(handler(exc))
     if rv == EXIT_SIGINT:  # typer turns Ctrl-C inside a command into a return value of 130
-        sys.stderr.write("Interrupted.\n")
-        _exit_past_blocked_threads(EXIT_SIGINT)
+        _interrupted(KeyboardInterrupt())
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from trnqwen.cli._options import AssetsOpt, ConfigFileOpt, DeviceOpt, JsonOpt, ModelOpt, given
+from trnqwen.cli._options import AssetsOpt, ConfigFileOpt, DeviceOpt, JsonOpt, ModelOpt, given, user_paths
 
 HELP = "Check an exported checkpoint: keys, shapes and dtypes against the model, every value finite."
 EPILOG = (
@@ -32,6 +32,7 @@ def verify_ckpt(
             help="Checkpoint folder (with step-N/ subfolders), a step-N folder, or a folder of HF safetensors. "
             "[default: the last run's checkpoint]",
             show_default=False,
+            callback=user_paths,
         ),
     ] = None,
     step: Annotated[
@@ -55,6 +56,7 @@ def verify_ckpt(
             "--compare-to",
             help="Reference checkpoint (e.g. the base assets): per-tensor relative change ||a-b||/||b||.",
             show_default=False,
+            callback=user_paths,
         ),
     ] = None,
     max_rel_change: Annotated[
@@ -79,8 +81,13 @@ def verify_ckpt(
     json_out: JsonOpt = False,
 ) -> None:
     """Verify an exported HF checkpoint."""
+    from trnqwen import output
     from trnqwen.ckpt.report import run_verify
+    from trnqwen.config import resolve_config
 
+    resolved = resolve_config(given(model=model, device=device, trust_remote_code=trust_remote_code), config_file=config_file)
+    for w in resolved.warnings:
+        output.warn(w)
     run_verify(
         checkpoint=checkpoint,
         step=step,
@@ -92,6 +99,5 @@ def verify_ckpt(
         generate=generate,
         max_new_tokens=max_new_tokens,
         json_out=json_out,
-        run_flags=given(model=model, device=device, trust_remote_code=trust_remote_code),
-        config_file=config_file,
+        cfg=resolved.config,
     )

@@ -23,10 +23,13 @@ import os
 import re
 import shlex
 from pathlib import Path, PurePosixPath
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.errors import UsageError
 from trnqwen.train import multinode
+
+if TYPE_CHECKING:
+    from trnqwen.config import RunConfig
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -50,7 +53,7 @@ def job_name(run_id: str) -> str:
     return slug
 
 
-def pod_paths(cfg: Any, mount: str = SHARED_MOUNT) -> dict[str, str]:
+def pod_paths(cfg: RunConfig, mount: str = SHARED_MOUNT) -> dict[str, str]:
     """In-pod paths on the shared volume for everything a run reads or writes.
 
     Relative paths of the local config land under the mount (``./assets/hf/X`` ->
@@ -75,7 +78,7 @@ def pod_paths(cfg: Any, mount: str = SHARED_MOUNT) -> dict[str, str]:
 
 
 def manifest(
-    cfg: Any,
+    cfg: RunConfig,
     *,
     run_id: str,
     image: Optional[str] = None,
@@ -172,7 +175,7 @@ def apply_command(path: Path, namespace: Optional[str] = None) -> str:
 
 
 def launch(
-    cfg: Any,
+    cfg: RunConfig,
     *,
     dry_run: bool = False,
     cwd: Optional[Path] = None,

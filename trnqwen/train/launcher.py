@@ -34,6 +34,7 @@ from trnqwen.train.multinode import rendezvous_argv
 
 if TYPE_CHECKING:
     from trnqwen.config import RunConfig
+    from trnqwen.device import DeviceInfo
     from trnqwen.train.job import TrainJob
     from trnqwen.train.topology import Topology
 
@@ -81,7 +82,7 @@ def build_torchrun_argv(
     return argv
 
 
-def rank_env(cfg: Any, job: Any, device: Any, run_dir: Optional[Path], environ: Optional[dict] = None) -> dict[str, str]:
+def rank_env(cfg: RunConfig, job: TrainJob, device: DeviceInfo, run_dir: Optional[Path], environ: Optional[dict] = None) -> dict[str, str]:
     """The variables trnqwen sets for the ranks (merged over the caller's environment).
 
     * ``job.env`` from the recipe (device selection and the like);
@@ -92,13 +93,13 @@ def rank_env(cfg: Any, job: Any, device: Any, run_dir: Optional[Path], environ: 
     """
     base = os.environ if environ is None else environ
     env: dict[str, str] = {k: str(v) for k, v in (job.env or {}).items()}
-    if run_dir is not None and getattr(job, "config_module", None):
+    if run_dir is not None and job.config_module:
         parts = [str(Path(run_dir).resolve())]
         for existing in (env.get("PYTHONPATH"), base.get("PYTHONPATH")):
             if existing:
                 parts.append(existing)
         env["PYTHONPATH"] = os.pathsep.join(parts)
-    if getattr(device, "type", None) == "neuron" and NEFF_CACHE_VAR not in base and NEFF_CACHE_VAR not in env:
+    if device.type == "neuron" and NEFF_CACHE_VAR not in base and NEFF_CACHE_VAR not in env:
         cache = Path(cfg.compile_cache_dir or DEFAULT_NEFF_CACHE).expanduser()
         env[NEFF_CACHE_VAR] = str(cache.resolve())
     return env

@@ -253,7 +253,7 @@ def explain_failure(error: Optional[str], *, nnodes: int, node_rank: int, run_di
 _NOT_EXPORTED = {"launcher", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id", "partition", "time_limit", "image"}
 
 
-def config_env(cfg: Any, *, overrides: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
+def config_env(cfg: RunConfig, *, overrides: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
     """The run settings as ``TRNQWEN_<FIELD>`` variables, so every node resolves the same config.
 
     Environment beats ./trnqwen.toml in trnqwen's precedence, so a node's own project file
@@ -280,7 +280,7 @@ def config_env(cfg: Any, *, overrides: Optional[Mapping[str, Any]] = None) -> di
     return env
 
 
-def node_env(cfg: Any, *, rdzv_id: str, overrides: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
+def node_env(cfg: RunConfig, *, rdzv_id: str, overrides: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
     """Everything one node's ``trnqwen train`` needs except its rank and the endpoint.
 
     :func:`config_env` plus ``TRNQWEN_LAUNCHER=local`` (on the node, trnqwen runs torchrun

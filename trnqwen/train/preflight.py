@@ -221,10 +221,10 @@ def wants_nki_rope(override_imports: list[str]) -> bool:
     return any(("rope" in t.lower() or "nki" in t.lower()) for t in override_imports)
 
 
-def check_seq_len(report: PreflightReport, cfg: Any, device: Any) -> None:
+def check_seq_len(report: PreflightReport, cfg: RunConfig, device: DeviceInfo) -> None:
     if not wants_nki_rope(list(cfg.override_imports or [])):
         return
-    lnc = int(cfg.lnc or getattr(device, "lnc", None) or 2)
+    lnc = int(cfg.lnc or device.lnc or 2)
     tile = NKI_ROPE_TILE * lnc
     if cfg.seq_len % tile:
         lower = max(tile, cfg.seq_len // tile * tile)
@@ -257,9 +257,9 @@ def check_topology(report: PreflightReport, topo: Topology) -> None:
         )
 
 
-def check_ranks(report: PreflightReport, device: Any, nproc_per_node: int) -> None:
-    dtype = getattr(device, "type", "cpu")
-    count = int(getattr(device, "count", 1) or 1)
+def check_ranks(report: PreflightReport, device: DeviceInfo, nproc_per_node: int) -> None:
+    dtype = device.type
+    count = int(device.count or 1)
     if dtype in ("neuron", "cuda") and nproc_per_node > count:
         unit = "logical NeuronCores" if dtype == "neuron" else "GPUs"
         report.add(
@@ -284,11 +284,11 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def check_outputs(report: PreflightReport, cfg: Any, job: Any) -> None:
+def check_outputs(report: PreflightReport, cfg: RunConfig, job: TrainJob) -> None:
     """The run dir and the checkpoint folder can be created and written: a file in the way, a
     read-only mount or too little disk for the export is found now, not after minutes of training."""
     targets = [("runs dir", Path(cfg.runs_dir).expanduser().absolute(), "runs_dir in trnqwen.toml")]
-    if getattr(job, "checkpoint_dir", None):
+    if job.checkpoint_dir:
         targets.append(("checkpoint folder", Path(job.checkpoint_dir).expanduser().absolute(), "--checkpoint-dir"))
     for label, path, flag in targets:
         if path.is_symlink() and not path.exists():
@@ -304,7 +304,7 @@ def check_outputs(report: PreflightReport, cfg: Any, job: Any) -> None:
         if not os.access(base, os.W_OK | os.X_OK):
             report.add(ERROR, "outputs", f"cannot write {label} {path}: {base} is read-only", f"pick a writable folder with {flag}")
             continue
-        num_params = getattr(job, "num_params", None)
+        num_params = job.num_params
         if label == "checkpoint folder" and num_params:
             import shutil
 
@@ -336,7 +336,7 @@ def count_params(dims: Any) -> int:
 
 def estimate_memory(
     dims: Any,
-    cfg: Any,
+    cfg: RunConfig,
     dp: int,
     *,
     capacity: Optional[int] = None,
@@ -372,7 +372,7 @@ def estimate_memory(
     )
 
 
-def _dims_for(cfg: Any, hf_config: dict[str, Any]) -> Any:
+def _dims_for(cfg: RunConfig, hf_config: dict[str, Any]) -> Any:
     from trnqwen.train.compat import FlavorDims, dims_from_hf_config
 
     dims = dims_from_hf_config(hf_config)
@@ -384,8 +384,8 @@ def _dims_for(cfg: Any, hf_config: dict[str, Any]) -> Any:
 
 def check_memory(
     report: PreflightReport,
-    cfg: Any,
-    device: Any,
+    cfg: RunConfig,
+    device: DeviceInfo,
     dp: int,
     hf_config: Optional[dict[str, Any]],
     num_params: Optional[int] = None,
@@ -397,7 +397,7 @@ def check_memory(
     except (KeyError, TypeError, ValueError):
         report.add(WARNING, "memory", "cannot estimate memory: config.json lacks the usual Qwen3 fields")
         return
-    capacity = getattr(device, "memory_bytes_per_rank", None)
+    capacity = device.memory_bytes_per_rank
     if cfg.backend == "nki-moe":
         num_params = None  # the job's count is the cut model's only if the recipe says so
     est = estimate_memory(dims, cfg, dp, capacity=capacity, num_params=num_params)

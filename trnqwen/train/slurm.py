@@ -29,10 +29,13 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from trnqwen.errors import CheckFailed, EnvironmentProblem, UsageError, redact
 from trnqwen.train import multinode
+
+if TYPE_CHECKING:
+    from trnqwen.config import RunConfig
 
 SCRIPT_NAME = "job.sbatch"
 JOB_RECORD = "slurm.json"
@@ -134,7 +137,7 @@ def sbatch_script(job: SlurmJob) -> str:
 
 
 def job_from_config(
-    cfg: Any,
+    cfg: RunConfig,
     *,
     run_id: str,
     run_dir: Path,
@@ -256,7 +259,7 @@ def wait_for_job(job_id: str, *, timeout_s: float, poll_s: float = 1.0) -> Optio
 
 
 def launch(
-    cfg: Any,
+    cfg: RunConfig,
     *,
     dry_run: bool = False,
     cwd: Optional[Path] = None,
