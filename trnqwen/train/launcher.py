@@ -2,7 +2,7 @@
 
 Three layers, each usable on its own:
 
-* :func:`build_torchrun_argv` -- a pure function from (config, job, ranks) to the argv list.
+* :func:`build_torchrun_argv` -- a pure function from (config, job, topology) to the argv list.
   ``--dry-run`` prints it, ``command.sh`` replays it, tests check it field by field.
 * :func:`rank_env` -- the environment variables trnqwen sets for the ranks (job env, the
   config module's folder on ``PYTHONPATH``, the persistent Neuron compile cache).

@@ -1,10 +1,10 @@
-"""``trnqwen train`` end to end: resolve -> device -> job -> preflight -> run dir -> launch -> record.
+"""``trnqwen train`` end to end: device -> topology -> job -> argv -> preflight -> run dir -> launch -> record.
 
-:func:`plan_train` does everything up to (not including) starting processes and is what
-``--dry-run``, ``--export-config`` and other launchers (quickstart, multi-node, SLURM) reuse;
-:func:`execute` creates the run directory and supervises torchrun; :func:`run_train` is both
-for the CLI.  Core library: no typer, no torch (the launcher process must never initialize a
-device runtime).
+:func:`plan_train` does everything up to (not including) starting processes; the CLI always
+builds that plan, then shows it (``--dry-run``), exports it (``--export-config``) or runs it
+with :func:`execute`, which creates the run directory and supervises torchrun.  Quickstart and
+the scheduler launchers reuse the same two steps.  Core library: no typer, no torch (the
+launcher process must never initialize a device runtime).
 """
 
 from __future__ import annotations
