@@ -39,6 +39,8 @@ RESERVED_ENV = {"TRNQWEN_DEBUG", "TRNQWEN_CONFIG_FILE", "TRNQWEN_NO_COLOR", "TRN
 Backend = Literal["hf-v5", "native", "nki-moe", "hf-trainer"]
 Device = Literal["auto", "neuron", "cuda", "cpu"]
 Launcher = Literal["local", "slurm", "k8s"]
+DatasetFormat = Literal["auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text"]
+LongConversations = Literal["truncate", "drop"]
 
 
 
@@ -56,6 +58,22 @@ class RunConfig(BaseModel):
     finetune: bool = Field(False, description="Load the published weights and export the result as HF safetensors.")
     dataset: Optional[str] = Field(
         None, description="Local JSONL/Parquet/text file or folder, or a Hub dataset name (default: per model)."
+    )
+    # --- your data (trnqwen.dataset: formats, chat template, labels, packing, cache) -------
+    dataset_format: Optional[DatasetFormat] = Field(
+        None, description="Record format: auto (detect), messages, sharegpt, alpaca, prompt-completion or text."
+    )
+    dataset_split: str = Field("train", description="Split of a Hub dataset to train on.")
+    train_on_inputs: bool = Field(False, description="Train on every token, not only the assistant answers.")
+    packing: bool = Field(True, description="Pack conversations into --seq-len rows (off: one per row, padded).")
+    long_conversations: LongConversations = Field(
+        "truncate", description="A conversation longer than --seq-len: truncate or drop (both counted)."
+    )
+    val_split: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of records held out for validation (seeded).")
+    val_dataset: Optional[str] = Field(None, description="Validation records from another file/folder/Hub dataset.")
+    val_every: Optional[int] = Field(None, ge=1, description="Validate every N steps (needs validation data).")
+    data_cache_dir: Optional[Path] = Field(
+        None, description="Tokenized dataset cache (default $XDG_CACHE_HOME/trnqwen/datasets)."
     )
     # --- schedule ---------------------------------------------------------------------
     steps: int = Field(10, ge=1, description="Training steps.")
@@ -153,6 +171,8 @@ class RunConfig(BaseModel):
             raise ValueError(f"top_k ({self.top_k}) must not exceed num_experts ({self.num_experts})")
         if self.node_rank >= self.nnodes:
             raise ValueError(f"node_rank ({self.node_rank}) must be below nnodes ({self.nnodes})")
+        if self.val_split and self.val_dataset:
+            raise ValueError("val_split and val_dataset are both set: pick one source of validation data")
         return self
 
     # --- derived values ------------------------------------------------------------------

@@ -243,6 +243,75 @@ def user_paths(value: Any) -> Any:
     return value
 
 
+# --- your data (trnqwen.dataset; docs/data.md) -------------------------------------------------
+DatasetFormatOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--dataset-format",
+        help="Record format: auto, messages, sharegpt, alpaca, prompt-completion, text. "
+        "Env: TRNQWEN_DATASET_FORMAT. [default: auto (detected from the records)]",
+        show_default=False,
+    ),
+]
+DatasetSplitOpt = Annotated[
+    Optional[str],
+    typer.Option("--dataset-split", help="Hub dataset split. Env: TRNQWEN_DATASET_SPLIT. " + _default("dataset_split"), show_default=False),
+]
+TrainOnInputsOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--train-on-inputs/--no-train-on-inputs",
+        help="Train on every token, not only the assistant answers. Env: TRNQWEN_TRAIN_ON_INPUTS. " + _default("train_on_inputs"),
+        show_default=False,
+    ),
+]
+PackingOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--packing/--no-packing",
+        help="Pack conversations into --seq-len rows (--no-packing: one per row, padded). Env: TRNQWEN_PACKING. " + _default("packing"),
+        show_default=False,
+    ),
+]
+LongConversationsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--long-conversations",
+        help="Conversations longer than --seq-len: truncate or drop (counted either way). "
+        "Env: TRNQWEN_LONG_CONVERSATIONS. " + _default("long_conversations"),
+        show_default=False,
+    ),
+]
+ValSplitOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--val-split",
+        help="Fraction of records held out for validation, e.g. 0.05 (seeded). Env: TRNQWEN_VAL_SPLIT. [default: 0]",
+        show_default=False,
+    ),
+]
+ValDatasetOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--val-dataset",
+        help="Validation records from another file, folder or Hub dataset. Env: TRNQWEN_VAL_DATASET.",
+        show_default=False,
+    ),
+]
+ValEveryOpt = Annotated[
+    Optional[int],
+    typer.Option("--val-every", help="Validate every N steps. Env: TRNQWEN_VAL_EVERY.", show_default=False, min=1),
+]
+DataCacheDirOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--data-cache-dir",
+        help="Tokenized dataset cache. Env: TRNQWEN_DATA_CACHE_DIR. [default: ~/.cache/trnqwen/datasets]",
+        show_default=False,
+    ),
+]
+
+
 def given(**flags: object) -> dict[str, object]:
     """Only the flags the user actually passed (None = not given)."""
     return {k: v for k, v in flags.items() if v is not None}

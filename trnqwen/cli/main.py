@@ -35,6 +35,7 @@ ROOT_HELP = (
 COMMANDS: dict[str, tuple[str, str]] = {
     "fetch": ("trnqwen.cli.fetch", "fetch"),
     "check-env": ("trnqwen.cli.check_env", "check_env"),
+    "data": ("trnqwen.cli.data", "data"),
     "train": ("trnqwen.cli.train", "train"),
     "verify-ckpt": ("trnqwen.cli.verify_ckpt", "verify_ckpt"),
     "eval": ("trnqwen.cli.eval", "eval_cmd"),

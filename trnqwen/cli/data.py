@@ -1,0 +1,90 @@
+"""``trnqwen data``: the data pipeline without training: what will be trained, before any rank starts.
+
+Examples:
+  trnqwen data conversations.jsonl --model builtin:tiny-qwen3 --seq-len 256
+  trnqwen data ./my_chats/ --val-split 0.05 --json | jq .trained_tokens
+  trnqwen data org/dataset --dataset-split train --dataset-format sharegpt
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from trnqwen.cli._options import (
+    AssetsOpt,
+    ConfigFileOpt,
+    DataCacheDirOpt,
+    DatasetFormatOpt,
+    DatasetSplitOpt,
+    JsonOpt,
+    LongConversationsOpt,
+    ModelOpt,
+    PackingOpt,
+    SeqLenOpt,
+    TrainOnInputsOpt,
+    ValDatasetOpt,
+    ValSplitOpt,
+    given,
+)
+
+HELP = "Check and tokenize a dataset with the model's chat template: formats, trained tokens, packing."
+EPILOG = """\
+Examples:
+
+\b
+  trnqwen data conversations.jsonl --model builtin:tiny-qwen3 --seq-len 256
+  trnqwen data ./my_chats/ --val-split 0.05 --json | jq .trained_tokens
+  trnqwen data org/dataset --dataset-split train --dataset-format sharegpt
+
+Uses the same code as `trnqwen train`: the tokenized cache it writes is the one training reads.
+Without DATASET, the dataset from the config (or the bundled calculator chat set) is used.
+Exit 0 ok, 2 bad data (one line naming the file and record), 3 a missing package.
+"""
+
+
+def data(
+    dataset: Annotated[
+        Optional[str],
+        typer.Argument(
+            help="JSONL/JSON/Parquet file, a folder of them, or a Hub dataset name. [default: --dataset from the config]",
+            show_default=False,
+        ),
+    ] = None,
+    model: ModelOpt = None,
+    assets: AssetsOpt = None,
+    seq_len: SeqLenOpt = None,
+    dataset_format: DatasetFormatOpt = None,
+    dataset_split: DatasetSplitOpt = None,
+    packing: PackingOpt = None,
+    long_conversations: LongConversationsOpt = None,
+    train_on_inputs: TrainOnInputsOpt = None,
+    val_split: ValSplitOpt = None,
+    val_dataset: ValDatasetOpt = None,
+    data_cache_dir: DataCacheDirOpt = None,
+    config_file: ConfigFileOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Tokenize a dataset and report what will be trained."""
+    from trnqwen import output
+    from trnqwen.config import resolve_config
+    from trnqwen.dataset.prepare import prepare_dataset
+    from trnqwen.dataset.report import print_report
+
+    resolved = resolve_config(
+        given(
+            dataset=dataset, model=model, assets_dir=assets, seq_len=seq_len, dataset_format=dataset_format,
+            dataset_split=dataset_split, packing=packing, long_conversations=long_conversations,
+            train_on_inputs=train_on_inputs, val_split=val_split, val_dataset=val_dataset,
+            data_cache_dir=data_cache_dir,
+        ),
+        config_file=config_file,
+    )
+    for warning in resolved.warnings:
+        output.warn(warning)
+    prepared = prepare_dataset(resolved.config)
+    if json_out:
+        output.print_json({**prepared.report, "cache_dir": str(prepared.cache_dir), "reused": prepared.reused})
+    else:
+        print_report(prepared, dataset=resolved.config.dataset)

@@ -1,0 +1,217 @@
+"""The model's own chat template, rendered by transformers, and which tokens are trained.
+
+The rule (the one axolotl, LLaMA-Factory and TRL follow, written down):
+
+* each assistant answer is trained: its content and the end-of-turn token ``<|im_end|>`` that
+  closes it, so the model learns to answer *and* to stop;
+* everything else is context only: the system prompt, the user turns, every role header
+  including ``<|im_start|>assistant\\n``, and the newline the template writes after
+  ``<|im_end|>`` (it belongs to the layout between turns, not to the answer; at inference
+  generation stops at ``<|im_end|>`` and never produces it);
+* ``--train-on-inputs`` trains every token; ``text`` records train every token too, each
+  document ending with ``<|endoftext|>``.
+
+Qwen3's templates have no ``{% generation %}`` markers, so the answer spans come from prefix
+rendering: the text up to assistant turn *i* is the template applied to the messages before it
+with the generation prompt.  That is only right when each such prefix is literally the start of
+the whole conversation's rendering (thinking templates rewrite earlier turns), so the property
+is checked for every turn of every conversation, and a conversation that breaks it stops the run
+with its record named: a silently wrong mask is never produced.
+
+Rendering is batched through ``apply_chat_template``; tokenization is one batched call of the
+fast (Rust) tokenizer with character offsets, and spans become token masks with numpy.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trnqwen.dataset.formats import Example
+from trnqwen.errors import EnvironmentProblem, UsageError
+
+END_OF_TURN = "<|im_end|>"
+END_OF_TEXT = "<|endoftext|>"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+)
+_BATCH = 512
+
+
+@dataclass
+class TokenizedDocs:
+    """Documents tokenized back to back: ``ids``/``trained``/``char_starts`` are flat, per token;
+    document ``d`` is ``[bounds[d], bounds[d + 1])``.  ``trained`` = the token is a target."""
+
+    ids: np.ndarray
+    trained: np.ndarray
+    char_starts: np.ndarray
+    bounds: np.ndarray
+    texts: list[str]
+    spans: list[list[tuple[int, int]]]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.bounds)
+
+
+def tokenizer_files(assets_dir: Path) -> list[Path]:
+    """The snapshot files that decide tokens and template (hashed into the cache key)."""
+    return [Path(assets_dir) / name for name in TOKENIZER_FILES if (Path(assets_dir) / name).is_file()]
+
+
+def load_tokenizer(assets_dir: Path):
+    """The snapshot's fast tokenizer (its chat template comes with it)."""
+    assets_dir = Path(assets_dir)
+    if not (assets_dir / "tokenizer.json").is_file() and not (assets_dir / "tokenizer_config.json").is_file():
+        raise UsageError(
+            f"no tokenizer in {assets_dir}",
+            hint="fetch the model first (trnqwen fetch <model>) or point --assets at its snapshot",
+        )
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise EnvironmentProblem("tokenizing needs transformers", hint="pip install 'trnqwen[train]'") from None
+    tokenizer = AutoTokenizer.from_pretrained(str(assets_dir))
+    if not getattr(tokenizer, "is_fast", False):
+        raise EnvironmentProblem(f"the tokenizer in {assets_dir} is not a fast tokenizer", hint="the snapshot needs tokenizer.json")
+    return tokenizer
+
+
+def end_of_turn(tokenizer) -> str:
+    vocab = tokenizer.get_vocab()
+    return END_OF_TURN if END_OF_TURN in vocab else (tokenizer.eos_token or END_OF_TURN)
+
+
+def end_of_text(tokenizer) -> str:
+    vocab = tokenizer.get_vocab()
+    return END_OF_TEXT if END_OF_TEXT in vocab else (tokenizer.eos_token or "")
+
+
+# --- rendering --------------------------------------------------------------------------
+
+
+def render(tokenizer, examples: list[Example], *, train_on_inputs: bool) -> tuple[list[str], list[list[tuple[int, int]]]]:
+    """Each example's text and its trained character spans (see the module rule)."""
+    if examples and examples[0].text is not None:
+        tail = end_of_text(tokenizer)
+        texts = [ex.text + tail for ex in examples]
+        return texts, [[(0, len(t))] for t in texts]
+    if not getattr(tokenizer, "chat_template", None):
+        raise UsageError(
+            "the model's tokenizer has no chat template, so chat records cannot be rendered",
+            hint="use a model snapshot with a chat template (tokenizer_config.json or chat_template.jinja), "
+            "or 'text' records",
+        )
+    conversations = [ex.messages for ex in examples]
+    texts = _render_batched(tokenizer, conversations, examples, generation_prompt=False)
+    if train_on_inputs:
+        return texts, [[(0, len(t))] for t in texts]
+    # One prefix per assistant turn: the messages before it plus the generation prompt.
+    owners: list[tuple[int, int]] = []  # (example index, message index of the assistant turn)
+    prefixes = []
+    for e, messages in enumerate(conversations):
+        for m, message in enumerate(messages):
+            if message["role"] == "assistant":
+                owners.append((e, m))
+                prefixes.append(messages[:m])
+    prefix_texts = _render_batched(tokenizer, prefixes, [examples[e] for e, _ in owners], generation_prompt=True)
+    marker = end_of_turn(tokenizer)
+    spans: list[list[tuple[int, int]]] = [[] for _ in examples]
+    for (e, m), prefix in zip(owners, prefix_texts):
+        spans[e].append(_answer_span(examples[e], m, texts[e], prefix, marker, spans[e]))
+    return texts, spans
+
+
+def _answer_span(example: Example, m: int, full: str, prefix: str, marker: str, before: list[tuple[int, int]]) -> tuple[int, int]:
+    turn = sum(1 for msg in example.messages[: m + 1] if msg["role"] == "assistant")
+    hint = ("use a template that renders earlier turns the same way whatever follows them "
+            "(e.g. the model's non-thinking template), or --train-on-inputs")
+    if not full.startswith(prefix) or (before and len(prefix) < before[-1][1]):
+        raise UsageError(
+            f"{example.where}: the chat template renders assistant turn {turn} differently inside the "
+            "whole conversation than after its own prefix, so its answer cannot be located exactly",
+            hint=hint,
+        )
+    start = len(prefix)
+    end = full.find(marker, start)
+    if end < 0:
+        raise UsageError(
+            f"{example.where}: assistant turn {turn} is not closed by {marker} in the rendered template",
+            hint="the model's chat template must end each turn with its end-of-turn token",
+        )
+    end += len(marker)
+    visible = example.messages[m]["content"].split("</think>")[-1].strip()
+    if visible and visible not in full[start:end]:
+        raise UsageError(
+            f"{example.where}: assistant turn {turn}'s text is not where the template's prefix says it is",
+            hint=hint,
+        )
+    return start, end
+
+
+def _render_batched(tokenizer, conversations: list, examples: list[Example], *, generation_prompt: bool) -> list[str]:
+    out: list[str] = []
+    for lo in range(0, len(conversations), _BATCH):
+        chunk = conversations[lo : lo + _BATCH]
+        try:
+            out.extend(tokenizer.apply_chat_template(chunk, tokenize=False, add_generation_prompt=generation_prompt))
+        except Exception:  # find the record that breaks the template, one by one
+            for conversation, example in zip(chunk, examples[lo : lo + _BATCH]):
+                out.append(_render_one(tokenizer, conversation, example, generation_prompt))
+    return out
+
+
+def _render_one(tokenizer, conversation, example: Example, generation_prompt: bool) -> str:
+    try:
+        return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=generation_prompt)
+    except Exception as exc:  # jinja2 errors, raise_exception() in the template, type errors
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(
+            f"{example.where}: the model's chat template does not render this conversation ({detail})",
+            hint="check the roles and order of its messages against what the model's template accepts",
+        ) from None
+
+
+# --- tokenizing -------------------------------------------------------------------------
+
+
+def tokenize(tokenizer, texts: list[str], spans: list[list[tuple[int, int]]]) -> TokenizedDocs:
+    """One batched fast-tokenizer call (as ``apply_chat_template(tokenize=True)`` encodes:
+    no added special tokens), then spans -> per-token trained flags, vectorised."""
+    ids_list: list[list[int]] = []
+    starts_list: list[list[int]] = []
+    for lo in range(0, len(texts), 4 * _BATCH):
+        enc = tokenizer(texts[lo : lo + 4 * _BATCH], add_special_tokens=False, return_offsets_mapping=True)
+        ids_list.extend(enc["input_ids"])
+        starts_list.extend([s for s, _ in offsets] for offsets in enc["offset_mapping"])
+    lengths = np.fromiter((len(x) for x in ids_list), dtype=np.int64, count=len(ids_list))
+    bounds = np.zeros(len(ids_list) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    total = int(bounds[-1])
+    ids = np.fromiter(itertools.chain.from_iterable(ids_list), dtype=np.int32, count=total)
+    char_starts = np.fromiter(itertools.chain.from_iterable(starts_list), dtype=np.int64, count=total)
+    # Put every document's characters on one global axis, so one searchsorted serves all.
+    text_base = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts)), out=text_base[1:])
+    global_starts = char_starts + np.repeat(text_base[:-1], lengths)
+    flat_spans = np.array(
+        [(text_base[d] + s, text_base[d] + e) for d, doc in enumerate(spans) for s, e in doc], dtype=np.int64
+    ).reshape(-1, 2)
+    which = np.searchsorted(flat_spans[:, 0], global_starts, side="right") - 1
+    trained = (which >= 0) & (global_starts < flat_spans[np.maximum(which, 0), 1])
+    return TokenizedDocs(ids=ids, trained=trained, char_starts=char_starts.astype(np.int32), bounds=bounds,
+                         texts=texts, spans=spans)

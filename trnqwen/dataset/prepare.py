@@ -1,0 +1,244 @@
+"""The launcher's one call: a dataset + the model's tokenizer + settings -> a token cache.
+
+``prepare_dataset(cfg, assets_dir)`` reads the records, detects their format, renders them with
+the model's chat template, masks everything but the answers, packs them into fixed-shape rows
+and writes the cache (``cache.py``) once; a second call with the same dataset bytes, tokenizer
+files and settings finds the cache by its key and reads nothing else.  ``trnqwen data`` and
+``trnqwen train`` call the same function, so what ``data`` reports is what the ranks train on.
+
+Every record dropped or cut is counted with its reason in the report: nothing vanishes silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from trnqwen.dataset import cache
+from trnqwen.dataset.formats import FORMATS, Example, detect_format, normalise
+from trnqwen.dataset.sources import Source, resolve_source
+from trnqwen.errors import UsageError
+
+# Bump when the rendering/masking/packing rules change, so old caches are not reused.
+PIPELINE_VERSION = 1
+REPORT_KEYS = (
+    "format", "records", "kept", "dropped", "truncated", "tokens", "trained_tokens", "sequences",
+    "padding_fraction", "val_records", "problems", "sample",
+)
+
+
+@dataclass
+class DataSettings:
+    """Everything that changes the tokens (all of it goes into the cache key)."""
+
+    dataset: Optional[str] = None  # None = the bundled chat set
+    dataset_format: Optional[str] = None  # None / "auto" = detect from the records
+    dataset_split: str = "train"
+    seq_len: int = 2048
+    packing: bool = True
+    long_conversations: str = "truncate"
+    train_on_inputs: bool = False
+    val_split: float = 0.0
+    val_dataset: Optional[str] = None
+    seed: int = 42
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> DataSettings:
+        """From a RunConfig (fields missing on older configs keep their defaults)."""
+        names = cls.__dataclass_fields__
+        values = {name: getattr(cfg, name) for name in names if getattr(cfg, name, None) is not None}
+        return cls(**values)
+
+    def key_fields(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out.pop("dataset")
+        out.pop("val_dataset")  # their content is hashed instead of their names
+        if not self.val_split:
+            out.pop("seed")
+        return out
+
+
+@dataclass
+class PreparedData:
+    """A ready cache: where it is, whether it was reused, and what is in it (``report``)."""
+
+    cache_dir: Path
+    key: str
+    reused: bool
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def split(self, name: str = "train") -> cache.TokenSplit:
+        return cache.open_split(self.cache_dir, name)
+
+
+def prepare_dataset(cfg: Any, assets_dir: Optional[Path] = None, *, cache_root: Optional[Path] = None) -> PreparedData:
+    """Tokenize ``cfg.dataset`` with the snapshot in ``assets_dir`` into the cache (or reuse it)."""
+    settings = cfg if isinstance(cfg, DataSettings) else DataSettings.from_config(cfg)
+    if assets_dir is None:
+        assets_dir = cfg.resolved_assets_dir
+    if cache_root is None:
+        cache_root = getattr(cfg, "data_cache_dir", None) or cache.default_cache_root()
+    return prepare(settings, Path(assets_dir), Path(cache_root))
+
+
+def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> PreparedData:
+    from trnqwen.dataset import chat
+
+    _check_settings(settings)
+    source = resolve_source(settings.dataset, split=settings.dataset_split)
+    val_source = resolve_source(settings.val_dataset, split=settings.dataset_split) if settings.val_dataset else None
+    key = _key(settings, source, val_source, assets_dir)
+    found = cache.lookup(cache_root, key)
+    if found is not None:
+        return PreparedData(found, key, True, cache.read_meta(found).get("report", {}))
+
+    examples, fmt, records = _examples(source, settings.dataset_format)
+    val_examples: list[Example] = []
+    if val_source is not None:
+        val_examples, _, _ = _examples(val_source, fmt)
+    train_idx, val_idx = _split(len(examples), len(val_examples), settings)
+
+    tokenizer = chat.load_tokenizer(assets_dir)
+    everything = examples + val_examples
+    texts, spans = chat.render(tokenizer, everything, train_on_inputs=settings.train_on_inputs)
+    docs = chat.tokenize(tokenizer, texts, spans)
+    return _pack_and_write(settings, docs, everything, fmt, records, train_idx, val_idx, tokenizer, source,
+                           cache_root, key)
+
+
+def _check_settings(settings: DataSettings) -> None:
+    if settings.dataset_format not in (None, "auto", *FORMATS):
+        raise UsageError(f"--dataset-format must be one of: auto, {', '.join(FORMATS)}")
+    if not 0.0 <= settings.val_split < 1.0:
+        raise UsageError(f"--val-split must be in [0, 1), got {settings.val_split}")
+    if settings.val_split and settings.val_dataset:
+        raise UsageError("--val-split and --val-dataset both given", hint="pick one way to get validation data")
+
+
+def _key(settings: DataSettings, source: Source, val_source: Optional[Source], assets_dir: Path) -> str:
+    from trnqwen.dataset.chat import tokenizer_files
+
+    key = cache.ContentKey()
+    source.add_to_key(key, "data")
+    if val_source is not None:
+        val_source.add_to_key(key, "val")
+    files = tokenizer_files(assets_dir)
+    if not files:
+        raise UsageError(
+            f"no tokenizer in {assets_dir}",
+            hint="fetch the model first (trnqwen fetch <model>) or point --assets at its snapshot",
+        )
+    key.add_files("tokenizer", files)
+    key.add_settings({**settings.key_fields(), "pipeline": PIPELINE_VERSION})
+    return key.hexdigest()
+
+
+def _examples(source: Source, forced: Optional[str]) -> tuple[list[Example], str, int]:
+    records = source.records()
+    if not records:
+        raise UsageError(f"dataset {source.name} has no records", hint="point --dataset at data with records in it")
+    fmt = forced if forced not in (None, "auto") else detect_format(records[0], columns=source.columns)
+    return normalise(records, fmt), fmt, len(records)
+
+
+def _split(n_train: int, n_val_dataset: int, settings: DataSettings) -> tuple[np.ndarray, np.ndarray]:
+    """Indices into ``examples + val_examples`` for train and val (deterministic, seeded)."""
+    if n_val_dataset:
+        return np.arange(n_train), np.arange(n_train, n_train + n_val_dataset)
+    if not settings.val_split:
+        return np.arange(n_train), np.arange(0)
+    n_val = max(1, round(n_train * settings.val_split))
+    if n_val >= n_train:
+        raise UsageError(
+            f"--val-split {settings.val_split} leaves no training records out of {n_train}",
+            hint="use a smaller --val-split or more data",
+        )
+    order = np.random.default_rng(settings.seed).permutation(n_train)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+def _pack_and_write(settings, docs, examples, fmt, n_records, train_idx, val_idx, tokenizer, source, cache_root, key):
+    from trnqwen.dataset import packing
+
+    fitted = packing.fit_documents(docs, settings.seq_len, settings.long_conversations)
+    kept = set(fitted.keep.tolist())
+    train_docs = np.array([d for d in train_idx.tolist() if d in kept], dtype=np.int64)
+    val_docs = np.array([d for d in val_idx.tolist() if d in kept], dtype=np.int64)
+    if not len(train_docs):
+        raise UsageError(
+            f"dataset {source.name}: no trained tokens left in any record within --seq-len {settings.seq_len}",
+            hint="raise --seq-len, or use --long-conversations truncate with shorter prompts",
+        )
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    build = dict(seq_len=settings.seq_len, packing=settings.packing, pad_id=int(pad_id))
+    splits = {"train": packing.build_rows(docs, fitted, train_docs, **build)}
+    if len(val_docs):
+        splits["val"] = packing.build_rows(docs, fitted, val_docs, **build)
+    elif len(val_idx):
+        raise UsageError("every validation record was dropped", hint="raise --seq-len or pick other validation data")
+    report = _report(settings, fmt, n_records, docs, examples, fitted, splits, train_docs, len(val_docs), tokenizer)
+    directory = cache.write_cache(
+        cache_root, key, splits, seq_len=settings.seq_len, packing=settings.packing, pad_id=int(pad_id),
+        eos_id=tokenizer.convert_tokens_to_ids(_eos_token(tokenizer)),
+        extra_meta={"format": fmt, "source": source.name, "report": report,
+                    "settings": {**settings.__dict__}},
+    )
+    return PreparedData(directory, key, False, report)
+
+
+def _eos_token(tokenizer) -> str:
+    from trnqwen.dataset.chat import end_of_turn
+
+    return end_of_turn(tokenizer)
+
+
+def _report(settings, fmt, n_records, docs, examples, fitted, splits, train_docs, n_val, tokenizer) -> dict[str, Any]:
+    train = splits["train"].stats()
+    seq_len = settings.seq_len
+    problems = []
+    if fitted.truncated:
+        problems.append(
+            f"{len(fitted.truncated)} record(s) longer than {seq_len} tokens truncated to {seq_len} "
+            f"(first: {examples[fitted.truncated[0]].where})"
+        )
+    for reason, indices in fitted.dropped.items():
+        problems.append(f"{len(indices)} record(s) dropped: {reason} (first: {examples[indices[0]].where})")
+    dropped = sum(len(v) for v in fitted.dropped.values())
+    return {
+        "format": fmt,
+        "records": int(n_records),
+        "kept": int(len(fitted.keep)),
+        "dropped": int(dropped),
+        "dropped_reasons": {reason: len(v) for reason, v in fitted.dropped.items()},
+        "truncated": len(fitted.truncated),
+        "tokens": train["tokens"],
+        "trained_tokens": train["trained_tokens"],
+        "sequences": train["sequences"],
+        "seq_len": seq_len,
+        "packing": settings.packing,
+        "padding_fraction": round(train["padding_tokens"] / max(1, train["sequences"] * seq_len), 4),
+        "val_records": int(n_val),
+        "val_sequences": splits["val"].stats()["sequences"] if "val" in splits else 0,
+        "problems": problems,
+        "sample": _sample(docs, fitted, int(train_docs[0]), tokenizer, seq_len),
+    }
+
+
+def _sample(docs, fitted, d: int, tokenizer, seq_len: int) -> dict[str, Any]:
+    """The first training document as text, with the character spans that are trained.
+
+    A token counts as trained when it is a target (the model predicts it); a truncated document
+    is shown only up to what fits in ``seq_len``.
+    """
+    start, end = int(docs.bounds[d]), int(docs.bounds[d + 1])
+    length = min(end - start, seq_len)
+    text = docs.texts[d]
+    limit = int(docs.char_starts[start + length]) if length < end - start else len(text)
+    spans = [(s, min(e, limit)) for s, e in docs.spans[d] if s < limit]
+    if spans and spans[0][0] == 0 and docs.trained[start]:  # the very first token is never a target
+        first_end = int(docs.char_starts[start + 1]) if length > 1 else limit
+        spans[0] = (first_end, spans[0][1])
+    return {"text": text[:limit], "trained_spans": [[int(s), int(e)] for s, e in spans if e > s]}
