@@ -375,3 +375,96 @@ def test_tilde_of_an_unknown_user(cli, in_tmp, args):
     else:
         clean_error(r, 2, "cannot expand a path starting with ~", "~nosuchuser_xyz")
         assert "use an absolute path, or ~/ for your own home" in r.err
+
+
+# =================================================================================================
+# --- issue 14: bad data for `trnqwen data` (and `train`, which prepares through the same code) ---
+# One line naming the file and the record (1-based JSONL line), exit 2, nothing written.
+# =================================================================================================
+
+_GOOD_TURNS = [{"role": "user", "content": "2 plus 2?"}, {"role": "assistant", "content": "4."}]
+BAD_RECORDS = [
+    ("not_json", ['{"messages": ' + json.dumps(_GOOD_TURNS) + "}", "{not json"], ["line 2", "not valid json"]),
+    ("unknown_role", [{"messages": [{"role": "bot", "content": "hi"}, _GOOD_TURNS[1]]}], ["line 1", "unknown role 'bot'"]),
+    ("no_assistant", [{"messages": [_GOOD_TURNS[0]]}], ["line 1", "no assistant turn"]),
+    ("empty_content", [{"messages": [_GOOD_TURNS[0], {"role": "assistant", "content": "  "}]}], ["line 1", "empty"]),
+    ("content_type", [{"messages": _GOOD_TURNS}, {"messages": [_GOOD_TURNS[0], {"role": "assistant", "content": 4}]}],
+     ["line 2", "must be a string, not a number"]),
+    ("messages_type", [{"messages": "hello"}], ["line 1", "must be a non-empty list"]),
+    ("sharegpt_role", [{"conversations": [{"from": "human", "value": "hi"}, {"from": "robot", "value": "yo"}]}],
+     ["line 1", "unknown role 'robot'"]),
+    ("alpaca_type", [{"instruction": ["a"], "output": "b"}], ["line 1", "'instruction' must be a string, not a list"]),
+    ("mixed_formats", [{"messages": _GOOD_TURNS}, {"text": "plain"}], ["line 2", "no 'messages' field"]),
+    ("unknown_fields", [{"question": "q", "answer": "a"}], ["line 1", "found: question, answer"]),
+]
+
+
+def _write_records(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def _data_args(tiny: Path, cache: Path, dataset: Path, *extra: str) -> list[str]:
+    return ["data", str(dataset), "--model", "builtin:tiny-qwen3", "--assets", str(tiny),
+            "--data-cache-dir", str(cache), *extra]
+
+
+def _nothing_written(cache: Path) -> None:
+    assert not cache.exists() or not any(cache.iterdir()), list(cache.iterdir())
+
+
+@pytest.mark.parametrize("name,rows,needles", BAD_RECORDS, ids=[c[0] for c in BAD_RECORDS])
+def test_bad_records_name_file_and_line(cli, in_tmp, tiny, name, rows, needles):
+    data = _write_records(in_tmp / f"{name}.jsonl", rows)
+    r = cli(*_data_args(tiny, in_tmp / "cache", data))
+    clean_error(r, 2, f"{name}.jsonl", *needles)
+    _nothing_written(in_tmp / "cache")
+
+
+def test_template_that_does_not_render_names_the_record(cli, in_tmp, tiny):
+    snapshot = in_tmp / "strict"
+    snapshot.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (snapshot / name).write_bytes((tiny / name).read_bytes())
+    cfg = json.loads((snapshot / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = (
+        "{%- for m in messages %}{%- if m.role == 'system' %}{{ raise_exception('System role not supported') }}"
+        "{%- endif %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+    (snapshot / "tokenizer_config.json").write_text(json.dumps(cfg))
+    data = _write_records(in_tmp / "sys.jsonl", [{"messages": _GOOD_TURNS}, {"messages": [{"role": "system", "content": "x"}, *_GOOD_TURNS]}])
+    r = cli(*_data_args(snapshot, in_tmp / "cache", data))
+    clean_error(r, 2, "sys.jsonl line 2", "does not render", "system role not supported")
+    _nothing_written(in_tmp / "cache")
+
+
+def test_no_trained_tokens_left_after_truncation(cli, in_tmp, tiny):
+    long_prompt = {"messages": [{"role": "system", "content": "You are a calculator. " * 5}, *_GOOD_TURNS]}
+    data = _write_records(in_tmp / "long.jsonl", [long_prompt] * 3)
+    r = cli(*_data_args(tiny, in_tmp / "cache", data, "--seq-len", "16"))
+    clean_error(r, 2, "long.jsonl", "no trained tokens", "--seq-len 16")
+    _nothing_written(in_tmp / "cache")
+
+
+def test_parquet_without_recognised_columns_names_the_columns(cli, in_tmp, tiny):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"question": "q", "reply": "a"}]), in_tmp / "qa.parquet")
+    r = cli(*_data_args(tiny, in_tmp / "cache", in_tmp / "qa.parquet"))
+    clean_error(r, 2, "qa.parquet", "no recognised columns", "question, reply")
+    _nothing_written(in_tmp / "cache")
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--dataset-format", "yaml"], "dataset_format"),
+    (["--long-conversations", "wrap"], "long_conversations"),
+    (["--val-split", "1.5"], "val_split"),
+    (["--val-split", "0.1", "--val-dataset", "x.jsonl"], "val_split and val_dataset"),
+])
+def test_bad_data_flags(cli, in_tmp, tiny, extra, needle):
+    data = _write_records(in_tmp / "ok.jsonl", [{"messages": _GOOD_TURNS}])
+    r = cli(*_data_args(tiny, in_tmp / "cache", data, *extra))
+    clean_error(r, 2, needle)
+    _nothing_written(in_tmp / "cache")
