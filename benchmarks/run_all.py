@@ -39,6 +39,8 @@ class Bench:
 # Ordered cheapest first.  Scripts that are missing are reported as such, never invented.
 BENCHES = [
     Bench("startup", "CLI start-up: `trnqwen --help` and subcommand help vs `hf --help`", [], ["-n", "3"]),
+    Bench("data_prep", "tokenize+mask+pack a chat set vs a Python loop over apply_chat_template (tiny model)",
+          [], ["--records", "2000", "--repeats", "1"]),
     Bench("inspect_logs", "inspect-logs MB/s on a generated 64-rank log vs `grep -c step:`", [], ["-n", "1", "--mb", "20"]),
     Bench("fetch_throughput", "fetch from a loopback Hub vs `hf download` (same server, same files)", [],
           ["--size-mb", "20", "--runs", "1"]),

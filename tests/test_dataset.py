@@ -418,3 +418,38 @@ def test_val_dataset_becomes_the_val_split(tmp_path, tiny):
     assert prepared.report["val_records"] == 3 and prepared.report["records"] == 300
     assert len(documents(prepared.split("val"))) == 3
     assert run(tmp_path, tiny).cache_dir != prepared.cache_dir
+
+
+# --- encoding: pieces between special tokens, checked against whole-text encoding -------------------
+
+
+def test_piece_encoding_equals_whole_text_encoding(tokenizer):
+    from trnqwen.dataset import encode
+
+    texts = [
+        "<|im_start|>user\nCafe\u0301 na\u00efve  spaces\t\ttabs<|im_end|>\n<|im_start|>assistant\n\u0301combining<|im_end|>\n",
+        "<|im_start|>system\nYou add numbers.<|im_end|>\n<|im_start|>user\n12+30?<|im_end|>\n",
+        "no special tokens at all, just text  \n\n",
+        "<|endoftext|><|im_end|><|im_start|>",
+    ] * 3
+    backend = tokenizer.backend_tokenizer
+    ids, starts, lengths = encode._by_pieces(tokenizer, backend, texts)
+    assert ids is not None  # the piece path was taken for the tiny (Qwen-style) tokenizer
+    whole_ids, whole_starts, whole_lengths = encode._whole(backend, texts)
+    np.testing.assert_array_equal(ids, whole_ids)
+    np.testing.assert_array_equal(starts, whole_starts)
+    np.testing.assert_array_equal(lengths, whole_lengths)
+
+
+def test_added_tokens_that_strip_spaces_fall_back_to_whole_text(tmp_path, tiny):
+    snapshot = with_template(tiny, tmp_path / "lstrip", json.loads((tiny / "tokenizer_config.json").read_text())["chat_template"])
+    cfg = json.loads((snapshot / "tokenizer_config.json").read_text())
+    for token in cfg["added_tokens_decoder"].values():
+        token["lstrip"] = True
+    (snapshot / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = chat.load_tokenizer(snapshot)
+    from trnqwen.dataset import encode
+
+    assert encode._by_pieces(tok, tok.backend_tokenizer, ["a <|im_end|>"])[0] is None
+    docs = encode.tokenize(tok, ["a <|im_end|>", "b"], [[(0, 1)], [(0, 1)]])
+    assert docs.ids.tolist() == tok("a <|im_end|>", add_special_tokens=False)["input_ids"] + tok("b")["input_ids"]

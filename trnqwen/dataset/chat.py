@@ -18,18 +18,15 @@ the whole conversation's rendering (thinking templates rewrite earlier turns), s
 is checked for every turn of every conversation, and a conversation that breaks it stops the run
 with its record named: a silently wrong mask is never produced.
 
-Rendering is batched through ``apply_chat_template``; tokenization is one batched call of the
-fast (Rust) tokenizer with character offsets, and spans become token masks with numpy.
+Rendering uses transformers' compiled template in batches; ``encode.py`` turns the
+texts and spans into token ids and trained flags.
 """
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
+from trnqwen.dataset.encode import TokenizedDocs, tokenize  # noqa: F401  (the pipeline's next step)
 from trnqwen.dataset.formats import Example
 from trnqwen.errors import EnvironmentProblem, UsageError
 
@@ -46,26 +43,6 @@ TOKENIZER_FILES = (
     "merges.txt",
 )
 _BATCH = 512
-
-
-@dataclass
-class TokenizedDocs:
-    """Documents tokenized back to back: ``ids``/``trained``/``char_starts`` are flat, per token;
-    document ``d`` is ``[bounds[d], bounds[d + 1])``.  ``trained`` = the token is a target."""
-
-    ids: np.ndarray
-    trained: np.ndarray
-    char_starts: np.ndarray
-    bounds: np.ndarray
-    texts: list[str]
-    spans: list[list[tuple[int, int]]]
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.bounds)
 
 
 def tokenizer_files(assets_dir: Path) -> list[Path]:
@@ -164,15 +141,40 @@ def _answer_span(example: Example, m: int, full: str, prefix: str, marker: str, 
 
 
 def _render_batched(tokenizer, conversations: list, examples: list[Example], *, generation_prompt: bool) -> list[str]:
+    render_many = _batch_renderer(tokenizer)
     out: list[str] = []
     for lo in range(0, len(conversations), _BATCH):
         chunk = conversations[lo : lo + _BATCH]
         try:
-            out.extend(tokenizer.apply_chat_template(chunk, tokenize=False, add_generation_prompt=generation_prompt))
+            out.extend(render_many(chunk, generation_prompt))
         except Exception:  # find the record that breaks the template, one by one
             for conversation, example in zip(chunk, examples[lo : lo + _BATCH]):
                 out.append(_render_one(tokenizer, conversation, example, generation_prompt))
     return out
+
+
+def _batch_renderer(tokenizer):
+    """transformers' compiled template (the object ``apply_chat_template`` renders with) called
+    directly: our messages are already plain ``{role, content}`` string dicts, so its per-call
+    copying and normalising would only cost time.  ``apply_chat_template`` itself where that
+    internal is not available; the labels tests compare both against ``apply_chat_template``."""
+    template = tokenizer.get_chat_template()
+    extra = dict(tokenizer.special_tokens_map)
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        compiled = _compile_jinja_template(template)
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - other transformers versions
+        return lambda chunk, gen: tokenizer.apply_chat_template(chunk, tokenize=False, add_generation_prompt=gen)
+
+    def render_many(chunk, generation_prompt):
+        return [
+            compiled.render(messages=messages, tools=None, documents=None, add_generation_prompt=generation_prompt,
+                            **extra)
+            for messages in chunk
+        ]
+
+    return render_many
 
 
 def _render_one(tokenizer, conversation, example: Example, generation_prompt: bool) -> str:
@@ -184,34 +186,3 @@ def _render_one(tokenizer, conversation, example: Example, generation_prompt: bo
             f"{example.where}: the model's chat template does not render this conversation ({detail})",
             hint="check the roles and order of its messages against what the model's template accepts",
         ) from None
-
-
-# --- tokenizing -------------------------------------------------------------------------
-
-
-def tokenize(tokenizer, texts: list[str], spans: list[list[tuple[int, int]]]) -> TokenizedDocs:
-    """One batched fast-tokenizer call (as ``apply_chat_template(tokenize=True)`` encodes:
-    no added special tokens), then spans -> per-token trained flags, vectorised."""
-    ids_list: list[list[int]] = []
-    starts_list: list[list[int]] = []
-    for lo in range(0, len(texts), 4 * _BATCH):
-        enc = tokenizer(texts[lo : lo + 4 * _BATCH], add_special_tokens=False, return_offsets_mapping=True)
-        ids_list.extend(enc["input_ids"])
-        starts_list.extend([s for s, _ in offsets] for offsets in enc["offset_mapping"])
-    lengths = np.fromiter((len(x) for x in ids_list), dtype=np.int64, count=len(ids_list))
-    bounds = np.zeros(len(ids_list) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=bounds[1:])
-    total = int(bounds[-1])
-    ids = np.fromiter(itertools.chain.from_iterable(ids_list), dtype=np.int32, count=total)
-    char_starts = np.fromiter(itertools.chain.from_iterable(starts_list), dtype=np.int64, count=total)
-    # Put every document's characters on one global axis, so one searchsorted serves all.
-    text_base = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts)), out=text_base[1:])
-    global_starts = char_starts + np.repeat(text_base[:-1], lengths)
-    flat_spans = np.array(
-        [(text_base[d] + s, text_base[d] + e) for d, doc in enumerate(spans) for s, e in doc], dtype=np.int64
-    ).reshape(-1, 2)
-    which = np.searchsorted(flat_spans[:, 0], global_starts, side="right") - 1
-    trained = (which >= 0) & (global_starts < flat_spans[np.maximum(which, 0), 1])
-    return TokenizedDocs(ids=ids, trained=trained, char_starts=char_starts.astype(np.int32), bounds=bounds,
-                         texts=texts, spans=spans)

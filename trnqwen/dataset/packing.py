@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trnqwen.dataset.cache import IGNORE_INDEX, SplitArrays
-from trnqwen.dataset.chat import TokenizedDocs
+from trnqwen.dataset.encode import TokenizedDocs
 
 LONG_POLICIES = ("truncate", "drop")
 

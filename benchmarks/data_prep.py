@@ -1,0 +1,127 @@
+"""Dataset preprocessing: trnqwen's tokenize-and-mask pipeline vs a plain Python loop, same run.
+
+The baseline is what a user writes first: ``for r in records: tok.apply_chat_template(r,
+tokenize=True)`` (tokens only, no loss mask).  trnqwen does more (one prefix rendering per
+assistant turn, the prefix check, character offsets -> masks, packing into rows) with batched
+template rendering and one batched call of the fast tokenizer.  Reported: records/s of both and
+``speedup`` = baseline seconds / trnqwen seconds (above 1 = trnqwen is faster), plus the whole
+``prepare`` (read JSONL, detect, tokenize, pack, write the cache) for context.
+
+The records come from the bundled chat set's recipe, with new seeds up to ``--records``; the tokenizer is the
+built-in tiny model's (built here, offline) unless ``--assets`` points at a real snapshot.
+
+Usage:
+  .venv/bin/python benchmarks/data_prep.py                      # 20,000 conversations
+  .venv/bin/python benchmarks/data_prep.py --records 2000 --repeats 1 --json
+  .venv/bin/python benchmarks/data_prep.py --assets assets/hf/Qwen3-4B-Instruct-2507
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _records(n: int) -> list[list[dict[str, str]]]:
+    """``n`` conversations from the bundled chat recipe, new seeds until there are enough (no
+    record repeated: repeats would flatter the piece cache)."""
+    from trnqwen.data import chat_recipe
+
+    out: list[list[dict[str, str]]] = []
+    seed = chat_recipe.SEED
+    while len(out) < n:
+        out.extend(chat_recipe.build(seed))
+        seed += 1
+    return out[:n]
+
+
+def _baseline(tokenizer, conversations) -> float:
+    start = time.perf_counter()
+    for messages in conversations:
+        tokenizer.apply_chat_template(messages, tokenize=True)
+    return time.perf_counter() - start
+
+
+def _pipeline(tokenizer, examples, seq_len: int) -> float:
+    import numpy as np
+
+    from trnqwen.dataset import chat, packing
+
+    start = time.perf_counter()
+    texts, spans = chat.render(tokenizer, examples, train_on_inputs=False)
+    docs = chat.tokenize(tokenizer, texts, spans)
+    fitted = packing.fit_documents(docs, seq_len, "truncate")
+    packing.build_rows(docs, fitted, fitted.keep, seq_len=seq_len, packing=True, pad_id=0)
+    _ = np  # numpy is part of the measured path
+    return time.perf_counter() - start
+
+
+def _prepare(assets: Path, conversations, seq_len: int, work: Path) -> float:
+    from trnqwen.dataset.prepare import DataSettings, prepare
+
+    data = work / "chats.jsonl"
+    data.write_text("".join(json.dumps({"messages": m}) + "\n" for m in conversations))
+    start = time.perf_counter()
+    prepare(DataSettings(dataset=str(data), seq_len=seq_len), assets, work / f"cache-{time.time_ns()}")
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=20_000, help="conversations to process")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (median reported)")
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--assets", type=Path, help="a model snapshot (default: the built-in tiny model)")
+    ap.add_argument("--json", action="store_true", help="also print one JSON summary line")
+    args = ap.parse_args()
+
+    from trnqwen.dataset import chat
+    from trnqwen.dataset.formats import Example
+
+    with tempfile.TemporaryDirectory(prefix="trnqwen-bench-data-") as tmp:
+        work = Path(tmp)
+        assets = args.assets
+        if assets is None:
+            from trnqwen.tiny_model import write_tiny_qwen3
+
+            assets = write_tiny_qwen3(work / "tiny-qwen3")
+        tokenizer = chat.load_tokenizer(assets)
+        conversations = _records(args.records)
+        examples = [Example(f"record {i}", messages=m) for i, m in enumerate(conversations, start=1)]
+        _pipeline(tokenizer, examples[:200], args.seq_len)  # warm-up (template compile, thread pool)
+        _baseline(tokenizer, conversations[:200])
+        base, ours, whole = [], [], []
+        for _ in range(args.repeats):
+            base.append(_baseline(tokenizer, conversations))
+            ours.append(_pipeline(tokenizer, examples, args.seq_len))
+            whole.append(_prepare(assets, conversations, args.seq_len, work))
+    b, o, w = statistics.median(base), statistics.median(ours), statistics.median(whole)
+    n = args.records
+    print(f"records                          {n:,}  (tokenizer: {'tiny model' if args.assets is None else assets})")
+    print(f"baseline loop (tokens only)      {b:8.3f} s  {n / b:10,.0f} records/s")
+    print(f"trnqwen render+mask+pack         {o:8.3f} s  {n / o:10,.0f} records/s   speedup x{b / o:.2f}")
+    print(f"trnqwen prepare (read..write)    {w:8.3f} s  {n / w:10,.0f} records/s")
+    if args.json:
+        print(json.dumps({
+            "benchmark": "data_prep",
+            "records": n,
+            "baseline_s": round(b, 4),
+            "trnqwen_s": round(o, 4),
+            "prepare_s": round(w, 4),
+            "baseline_records_per_s": round(n / b, 1),
+            "trnqwen_records_per_s": round(n / o, 1),
+            "speedup": round(b / o, 3),
+            "ratio": round(o / b, 3),
+        }))
+
+
+if __name__ == "__main__":
+    main()
