@@ -180,6 +180,7 @@ def _pack_and_write(settings, docs, examples, fmt, n_records, train_idx, val_idx
     elif len(val_idx):
         raise UsageError("every validation record was dropped", hint="raise --seq-len or pick other validation data")
     report = _report(settings, fmt, n_records, docs, examples, fitted, splits, train_docs, len(val_docs), tokenizer)
+    report["source"] = source.name
     directory = cache.write_cache(
         cache_root, key, splits, seq_len=settings.seq_len, packing=settings.packing, pad_id=int(pad_id),
         eos_id=tokenizer.convert_tokens_to_ids(_eos_token(tokenizer)),

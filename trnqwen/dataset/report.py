@@ -51,9 +51,9 @@ def print_report(prepared, *, dataset: Optional[str] = None) -> None:
 
     report = prepared.report
     out = console(stderr=False)
-    table = Table(title=f"Dataset {dataset or report.get('source', '')}".strip(), title_justify="left", show_header=False)
+    table = Table(title=f"Dataset {report.get('source') or dataset or ''}".strip(), title_justify="left", show_header=False)
     table.add_column("", style="bold")
-    table.add_column("")
+    table.add_column("", overflow="fold")
     for name, value in summary_rows(report):
         table.add_row(name, value)
     table.add_row("cache", f"{prepared.cache_dir} ({'reused' if prepared.reused else 'written'})")
