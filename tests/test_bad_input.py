@@ -462,6 +462,7 @@ def test_parquet_without_recognised_columns_names_the_columns(cli, in_tmp, tiny)
     (["--long-conversations", "wrap"], "long_conversations"),
     (["--val-split", "1.5"], "val_split"),
     (["--val-split", "0.1", "--val-dataset", "x.jsonl"], "val_split and val_dataset"),
+    (["--val-dataset", "~nosuchuser_xyz/v.jsonl"], "cannot expand a path starting with ~"),
 ])
 def test_bad_data_flags(cli, in_tmp, tiny, extra, needle):
     data = _write_records(in_tmp / "ok.jsonl", [{"messages": _GOOD_TURNS}])

@@ -16,6 +16,7 @@ from typing import Any
 
 from trnqwen.dataset.cache import ContentKey
 from trnqwen.errors import EnvironmentProblem, UsageError
+from trnqwen.fsutil import expand_user
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?")
@@ -85,7 +86,7 @@ def bundled_chat_path() -> Path:
 def resolve_source(dataset: str | os.PathLike | None, *, split: str = "train") -> Source:
     """``dataset`` (a path or Hub name; None = the bundled chat set) as a :class:`Source`."""
     name = str(dataset) if dataset is not None else str(bundled_chat_path())
-    path = Path(name).expanduser()
+    path = expand_user(name)
     if path.exists():
         return Source(name=name, files=_local_files(path.resolve()), split=split)
     if name.startswith((".", "/", "~")) or Path(name).suffix.lower() in SUFFIXES or name.endswith("/"):
