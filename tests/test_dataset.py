@@ -453,3 +453,22 @@ def test_added_tokens_that_strip_spaces_fall_back_to_whole_text(tmp_path, tiny):
     assert encode._by_pieces(tok, tok.backend_tokenizer, ["a <|im_end|>"])[0] is None
     docs = encode.tokenize(tok, ["a <|im_end|>", "b"], [[(0, 1)], [(0, 1)]])
     assert docs.ids.tolist() == tok("a <|im_end|>", add_special_tokens=False)["input_ids"] + tok("b")["input_ids"]
+
+
+def test_template_from_chat_template_jinja_and_missing_template(tmp_path, tiny):
+    snapshot = tmp_path / "jinja"
+    snapshot.mkdir()
+    shutil.copy(tiny / "tokenizer.json", snapshot / "tokenizer.json")
+    cfg = json.loads((tiny / "tokenizer_config.json").read_text())
+    template = cfg.pop("chat_template")
+    (snapshot / "tokenizer_config.json").write_text(json.dumps(cfg))
+    data = write_jsonl(tmp_path / "d.jsonl", [RECORDS["messages"]])
+    with pytest.raises(UsageError, match="no chat template"):
+        run(tmp_path, snapshot, dataset=str(data))
+    (snapshot / "chat_template.jinja").write_text(template)
+    from_jinja = run(tmp_path, snapshot, dataset=str(data))
+    assert from_jinja.report["sample"] == run(tmp_path, tiny, dataset=str(data)).report["sample"]
+    changed = template.replace("'\\n' }}{%- endfor", "'\\n\\n' }}{%- endfor")
+    assert changed != template
+    (snapshot / "chat_template.jinja").write_text(changed)
+    assert run(tmp_path, snapshot, dataset=str(data)).cache_dir != from_jinja.cache_dir

@@ -83,7 +83,8 @@ def data(
     )
     for warning in resolved.warnings:
         output.warn(warning)
-    prepared = prepare_dataset(resolved.config)
+    with output.console().status("Reading and tokenizing the dataset...", spinner="dots"):
+        prepared = prepare_dataset(resolved.config)
     if json_out:
         output.print_json({**prepared.report, "cache_dir": str(prepared.cache_dir), "reused": prepared.reused})
     else:

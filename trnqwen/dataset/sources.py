@@ -39,12 +39,6 @@ class Source:
     columns: list[str] | None = None  # Parquet / Hub: the columns, for "no recognised column" errors
     _hub_dataset: Any = field(default=None, repr=False)
 
-    @property
-    def kind(self) -> str:
-        if self.hub_name:
-            return "hub"
-        return SUFFIXES[self.files[0].suffix.lower()]
-
     def add_to_key(self, key: ContentKey, label: str) -> None:
         """Hash what the records are made of: file bytes, or the Hub dataset's fingerprint."""
         if self.hub_name:
