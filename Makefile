@@ -27,7 +27,7 @@ bench: venv  ## benchmarks (not part of make test); results in benchmarks/RESULT
 	$(BIN)/python benchmarks/run_all.py
 
 docs: venv  ## regenerate docs/cli/*.md from the CLI's own help
-	$(BIN)/python -m trnqwen.docgen docs/cli
+	$(BIN)/python -m trnqwen.cli.docgen docs/cli
 
 lint: venv  ## pyflakes-level checks (unused imports, undefined names)
 	$(BIN)/ruff check --select F trnqwen tests benchmarks examples

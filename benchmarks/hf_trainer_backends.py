@@ -67,7 +67,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
 
     work = Path(tempfile.mkdtemp(prefix="trnqwen-hft-bench-"))
     assets = write_tiny_qwen3(work / "assets" / "hf" / "tiny-qwen3")

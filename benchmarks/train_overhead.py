@@ -92,7 +92,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="also print one JSON summary line")
     args = ap.parse_args()
 
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
 
     work = Path(tempfile.mkdtemp(prefix="trnqwen-bench-"))
     try:

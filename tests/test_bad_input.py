@@ -37,7 +37,7 @@ def clean_error(r: Result, code: int, *needles: str) -> None:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
 
     return write_tiny_qwen3(tmp_path_factory.mktemp("bad-input") / "tiny-qwen3")
 

@@ -16,9 +16,12 @@ from pathlib import Path
 import pytest
 
 from tests.doubles.neuron import CUDA_BIN, DRIVER_VERSION, GiB, neuron_host
-from trnqwen.envprobe import ProbeContext, detect_device, neuron_facts, probe_environment
+from trnqwen.env.context import ProbeContext
+from trnqwen.env.device import detect_device
+from trnqwen.env.neuron import neuron_facts
+from trnqwen.env.probe import probe_environment
 from trnqwen.errors import EXIT_ENVIRONMENT, EnvironmentProblem
-from trnqwen.versions import check_combination, is_legacy_torch_neuronx, release_tuple, version_matches
+from trnqwen.env.versions import check_combination, is_legacy_torch_neuronx, release_tuple, version_matches
 
 
 def _use(monkeypatch, env: dict[str, str]) -> None:
@@ -88,7 +91,7 @@ def test_table_shows_brackets_as_typed(cli, in_tmp, monkeypatch):
 
 
 def test_torch_build_is_read_without_importing_torch():
-    from trnqwen.envprobe import torch_build
+    from trnqwen.env.versions import torch_build
 
     info = torch_build()
     assert info["version"].split("+")[0] == importlib.metadata.version("torch")

@@ -14,7 +14,7 @@ CLI_DOCS = DOCS / "cli"
 
 
 def test_committed_cli_and_config_pages_equal_the_generated_ones():
-    from trnqwen import docgen
+    from trnqwen.cli import docgen
 
     files = docgen.generate(CLI_DOCS)
     problems = docgen.stale(files, CLI_DOCS)
@@ -32,7 +32,7 @@ def test_every_command_has_a_page_and_the_index_lists_it():
 
 def test_a_page_is_the_commands_own_help(cli, monkeypatch):
     """The verbatim block on the page is what `trnqwen train --help` prints at the same width."""
-    from trnqwen import docgen
+    from trnqwen.cli import docgen
 
     monkeypatch.setenv("COLUMNS", str(docgen.WIDTH))
     result = cli("train", "--help")
@@ -44,7 +44,7 @@ def test_a_page_is_the_commands_own_help(cli, monkeypatch):
 
 def test_generation_detects_a_changed_help_text(tmp_path, monkeypatch):
     """The check can fail: change one command's help and the committed page is reported stale."""
-    from trnqwen import docgen
+    from trnqwen.cli import docgen
     from trnqwen.cli import main as cli_main
 
     out = tmp_path / "cli"
@@ -76,7 +76,7 @@ def test_config_reference_lists_every_field_with_env_and_default():
 
 
 def test_docgen_check_mode_exit_codes(tmp_path):
-    from trnqwen import docgen
+    from trnqwen.cli import docgen
 
     out = tmp_path / "cli"
     assert docgen.main([str(out), "--check"]) == 1  # nothing there yet
@@ -104,8 +104,8 @@ def test_readme_links_resolve_and_lead_with_the_two_commands():
 
 
 def test_versions_page_lists_every_known_good_combination():
-    """docs/versions.md is hand-written; it must still say what trnqwen.versions knows."""
-    from trnqwen.versions import KNOWN_GOOD
+    """docs/versions.md is hand-written; it must still say what trnqwen.env.versions knows."""
+    from trnqwen.env.versions import KNOWN_GOOD
 
     text = (DOCS / "versions.md").read_text()
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ") and line.count("|") >= 5}

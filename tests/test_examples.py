@@ -194,7 +194,7 @@ def test_real_run_logs_the_override_exactly_once_per_layer(override_run):
     from trnqwen.logs.core import inspect_input
     from trnqwen.logs.judge import override_table
     from trnqwen.logs.sources import resolve_input
-    from trnqwen.tiny_model import tiny_qwen3_config
+    from trnqwen.fetch.builtin import tiny_qwen3_config
 
     outcome, _work = override_run
     n_layers = tiny_qwen3_config()["num_hidden_layers"]

@@ -170,7 +170,7 @@ def test_complete_snapshot_is_verified_not_downloaded_again(hub, tmp_path):
     assert out["verified"] and out["to_download"] == [] and out["downloaded_bytes"] == 0
     assert _resolve_gets(hub, mark) == []
 
-    from trnqwen.hub import snapshot_status
+    from trnqwen.fetch.verify import snapshot_status
 
     status = snapshot_status(dest)
     assert status["complete"] and status["repo_id"] == REPO and status["commit"] == out["commit"]
@@ -468,7 +468,7 @@ def test_disk_space_refused_on_a_small_filesystem(hub, small_fs):
 
 def test_parse_size():
     from trnqwen.errors import UsageError
-    from trnqwen.hub import parse_size
+    from trnqwen.units import parse_size
 
     assert parse_size("0") == 0
     assert parse_size("512") == 512
@@ -484,7 +484,7 @@ def test_parse_size():
 )
 def test_check_repo_path_refuses(name):
     from trnqwen.errors import CheckFailed
-    from trnqwen.hub import check_repo_path
+    from trnqwen.fetch.plan import check_repo_path
 
     with pytest.raises(CheckFailed):
         check_repo_path(name)
@@ -492,13 +492,13 @@ def test_check_repo_path_refuses(name):
 
 @pytest.mark.parametrize("name", ["config.json", "sub/dir/model.safetensors", "a..b.json", ".gitattributes"])
 def test_check_repo_path_accepts(name):
-    from trnqwen.hub import check_repo_path
+    from trnqwen.fetch.plan import check_repo_path
 
     assert check_repo_path(name) == name
 
 
 def test_default_selection():
-    from trnqwen.hub import RemoteFile, select_files
+    from trnqwen.fetch.plan import RemoteFile, select_files
 
     names = [
         "config.json", "generation_config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json",
@@ -515,26 +515,27 @@ def test_default_selection():
 def test_safetensors_header_checks(tmp_path):
     import numpy as np
 
-    from trnqwen.hub import read_safetensors_header
+    from trnqwen.safetensors_format import SafetensorsFormatError, read_header
 
     good = tmp_path / "good.safetensors"
     good.write_bytes(_safetensors({"w": np.zeros((4, 4), np.float32)}))
-    assert set(read_safetensors_header(good)) >= {"w"}
+    assert set(read_header(good, known_dtypes=False).tensors) >= {"w"}
     truncated = tmp_path / "cut.safetensors"
     truncated.write_bytes(good.read_bytes()[:-8])
-    with pytest.raises(ValueError, match="outside"):
-        read_safetensors_header(truncated)
+    with pytest.raises(SafetensorsFormatError, match="truncated"):
+        read_header(truncated, known_dtypes=False)
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"\xff" * 64)
-    with pytest.raises(ValueError):
-        read_safetensors_header(junk)
+    with pytest.raises(SafetensorsFormatError):
+        read_header(junk, known_dtypes=False)
 
 
 def test_tail_hasher_hashes_while_writing_and_only_trusts_the_renamed_inode(tmp_path):
     """The in-flight hash follows an appended .incomplete file the way huggingface_hub writes it."""
     import hashlib
 
-    from trnqwen.hub import RemoteFile, _TailHasher
+    from trnqwen.fetch.download import TailHasher
+    from trnqwen.fetch.plan import RemoteFile
 
     data = os.urandom(3 * 1024 * 1024 + 17)
     other = os.urandom(1024 * 1024)
@@ -542,7 +543,7 @@ def test_tail_hasher_hashes_while_writing_and_only_trusts_the_renamed_inode(tmp_
     files = [RemoteFile("a.safetensors", len(data), sha256=sha), RemoteFile("b.safetensors", len(other), sha256=sha_other)]
     folder = tmp_path / ".cache" / "huggingface" / "download"
     folder.mkdir(parents=True)
-    with _TailHasher(tmp_path, files) as hashed:
+    with TailHasher(tmp_path, files) as hashed:
         part = folder / f"abc123.{sha}.deadbeef.incomplete"
         with open(part, "wb") as fh:
             for i in range(0, len(data), 512 * 1024):

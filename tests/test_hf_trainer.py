@@ -228,7 +228,7 @@ def _cfg(**over):
 
 
 def test_recipe_job_carries_the_run_config(tmp_path):
-    from trnqwen.device import DeviceInfo
+    from trnqwen.env.device import DeviceInfo
     from trnqwen.train.hf_trainer_recipe import build_hf_trainer_job
 
     data = tmp_path / "d.jsonl"
@@ -245,7 +245,7 @@ def test_recipe_job_carries_the_run_config(tmp_path):
 
 
 def test_recipe_refuses_override_imports_and_missing_data(tmp_path):
-    from trnqwen.device import DeviceInfo
+    from trnqwen.env.device import DeviceInfo
     from trnqwen.errors import UsageError
     from trnqwen.train.hf_trainer_recipe import build_hf_trainer_job
 
@@ -259,7 +259,7 @@ def test_recipe_refuses_override_imports_and_missing_data(tmp_path):
 def test_recipe_needs_accelerate(tmp_path, monkeypatch):
     import importlib.util
 
-    from trnqwen.device import DeviceInfo
+    from trnqwen.env.device import DeviceInfo
     from trnqwen.errors import EnvironmentProblem
     from trnqwen.train import hf_trainer_recipe
 
@@ -294,7 +294,7 @@ def _subprocess_env(home: Path) -> dict[str, str]:
 
 
 def _write_tiny(dest: Path) -> Path:
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
 
     return write_tiny_qwen3(dest)
 

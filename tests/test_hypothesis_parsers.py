@@ -108,7 +108,7 @@ def test_run_record_reader_any_bytes(tmp_path, data):
 @SETTINGS
 @given(text=st.text(max_size=20))
 def test_parse_size_any_text(text):
-    from trnqwen.hub import parse_size
+    from trnqwen.units import parse_size
 
     try:
         n = parse_size(text)
@@ -120,7 +120,7 @@ def test_parse_size_any_text(text):
 @SETTINGS
 @given(name=st.text(max_size=40))
 def test_hub_names_accepted_stay_inside(name):
-    from trnqwen.hub import check_repo_path
+    from trnqwen.fetch.plan import check_repo_path
 
     try:
         ok = check_repo_path(name)

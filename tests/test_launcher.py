@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from trnqwen.config import RunConfig
-from trnqwen.device import DeviceInfo
+from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import UsageError
 from trnqwen.train import launcher
 from trnqwen.train.job import TrainJob
@@ -46,7 +46,7 @@ def _normalize(tokens: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tiny_assets(tmp_path_factory) -> Path:
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
 
     return write_tiny_qwen3(tmp_path_factory.mktemp("assets") / "tiny-qwen3")
 
@@ -250,7 +250,7 @@ DRIVER = textwrap.dedent(
     import json, sys
     from pathlib import Path
     from trnqwen.config import RunConfig
-    from trnqwen.device import DeviceInfo
+    from trnqwen.env.device import DeviceInfo
     from trnqwen.train.job import TrainJob
     from trnqwen.train.preflight import PreflightReport
     from trnqwen.train.run import TrainPlan, execute

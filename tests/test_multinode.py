@@ -7,7 +7,7 @@ import pytest
 
 from trnqwen.config import RunConfig
 from trnqwen.errors import UsageError
-from trnqwen.device import DeviceInfo
+from trnqwen.env.device import DeviceInfo
 from trnqwen.train import multinode as mn
 from trnqwen.train.topology import plan_topology, topology
 
@@ -244,7 +244,7 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 
 def _work(tmp_path: Path) -> Path:
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
 
     work = tmp_path / "work"
     write_tiny_qwen3(work / "assets" / "hf" / "tiny-qwen3")
@@ -324,7 +324,7 @@ def test_a_node_that_dies_mid_run_stops_the_other_with_a_clear_message(tmp_path)
 
 def test_multinode_plan_on_a_trainium_host_carries_efa_env_and_node_paths(tmp_path):
     """plan_train (no side effects) for node 1 of 2 on a (nominal) trn2: EFA vars, shared run dir, node log."""
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
     from trnqwen.train.run import NOMINAL_DEVICES, plan_train
 
     assets = write_tiny_qwen3(tmp_path / "assets" / "hf" / "tiny-qwen3")

@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from trnqwen.config import RunConfig
-from trnqwen.device import DeviceInfo
+from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import UsageError
 from trnqwen.train.compat import dims_from_hf_config
 from trnqwen.train.job import TrainJob

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from trnqwen.config import RunConfig
-from trnqwen.device import DeviceInfo
+from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import EnvironmentProblem, TrnqwenError, UsageError
 from trnqwen.train import compat
 from trnqwen.train.datasets import resolve_dataset
@@ -36,7 +36,7 @@ QWEN3_4B_2507 = {
 
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory) -> Path:
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
 
     return write_tiny_qwen3(tmp_path_factory.mktemp("assets") / "tiny-qwen3")
 
@@ -255,22 +255,29 @@ def test_hf_trainer_has_no_torchtitan_config_module(tiny_assets):
         render_config_module(cfg, CPU)
 
 
-def test_missing_assets_and_tokenizer_are_clear(tiny_assets, tmp_path, text_jsonl):
+def test_missing_assets_are_reported_by_preflight_not_the_recipe(tiny_assets, tmp_path, text_jsonl):
+    """The recipe builds the job without assets (config.json read as None); preflight is the one
+    place that reports what is missing, each with the fetch command as the fix."""
+    from trnqwen.train.preflight import preflight
+
     cfg = RunConfig(model="Qwen/Qwen3-4B-Instruct-2507", assets_dir=tmp_path / "nope", dataset=str(text_jsonl))
-    with pytest.raises(UsageError, match="config.json is missing") as err:
-        build_job(cfg, CPU, None)
-    assert "trnqwen fetch" in err.value.hint
+    job = build_job(cfg, CPU, None)
+    err = preflight(cfg, CPU, job, 1, assets_dir=tmp_path / "nope").errors
+    assert "model assets not found" in err[0].message and "trnqwen fetch" in err[0].hint
     partial = tmp_path / "partial"
     shutil.copytree(tiny_assets, partial)
     (partial / "tokenizer.json").unlink()
-    with pytest.raises(UsageError, match="tokenizer files missing"):
-        build_job(cfg.model_copy(update={"assets_dir": partial}), CPU, None)
+    cfg_partial = cfg.model_copy(update={"assets_dir": partial})
+    err = preflight(cfg_partial, CPU, build_job(cfg_partial, CPU, None), 1, assets_dir=partial).errors
+    assert [e.message for e in err] == [f"no tokenizer files in {partial} (need tokenizer.json, or vocab.json + merges.txt)"]
     weightless = tmp_path / "weightless"
     shutil.copytree(tiny_assets, weightless)
     for f in weightless.glob("*.safetensors"):
         f.unlink()
-    with pytest.raises(UsageError, match="no \\*.safetensors"):
-        build_job(cfg.model_copy(update={"assets_dir": weightless, "finetune": True}), CPU, None)
+    cfg_w = cfg.model_copy(update={"assets_dir": weightless, "finetune": True})
+    (weightless / "model.safetensors.index.json").unlink()
+    err = preflight(cfg_w, CPU, build_job(cfg_w, CPU, None), 1, assets_dir=weightless).errors
+    assert len(err) == 1 and "no *.safetensors" in err[0].message
 
 
 def test_batch_sizes_must_agree_with_ranks(tiny_assets, tmp_path):
@@ -314,7 +321,7 @@ def test_dataset_resolution(tmp_path, tiny_assets, text_jsonl):
 
 
 def test_chat_data_uses_torchtitans_chat_loader(tmp_path, tiny_assets):
-    from trnqwen.tiny_model import corpus_jsonl
+    from trnqwen.fetch.builtin import corpus_jsonl
 
     chat = corpus_jsonl(tmp_path / "chat.jsonl", chat=True)
     first = json.loads(chat.read_text().splitlines()[0])

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from trnqwen.config import RunConfig
-from trnqwen.device import DeviceInfo
+from trnqwen.env.device import DeviceInfo
 from trnqwen.train.recipes import build_job
 
 pytestmark = pytest.mark.slow
@@ -91,7 +91,7 @@ def _trained_assets(tiny: Path, export: Path, dest: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def cpu_runs(tmp_path_factory) -> dict[str, Run]:
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
 
     root = tmp_path_factory.mktemp("cpu_runs")
     tiny = write_tiny_qwen3(root / "assets" / "tiny-qwen3")

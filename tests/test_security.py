@@ -62,7 +62,7 @@ def _parsed():
 
 def test_the_scan_sees_the_package():
     names = {p.relative_to(REPO_ROOT).as_posix() for p in SOURCES}
-    assert "trnqwen/ckpt/generate.py" in names and "trnqwen/hub.py" in names
+    assert "trnqwen/ckpt/generate.py" in names and "trnqwen/fetch/download.py" in names
 
 
 def test_no_unpickling_anywhere_in_the_source():
@@ -155,7 +155,7 @@ class EvilConfig(Qwen3Config):
 @pytest.fixture(scope="module")
 def repo_with_code(tmp_path_factory) -> Path:
     """The tiny model's files plus a config.json whose auto_map points at code in the folder."""
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
 
     folder = write_tiny_qwen3(tmp_path_factory.mktemp("remote-code") / "tiny")
     cfg = json.loads((folder / "config.json").read_text())
@@ -183,7 +183,7 @@ def test_remote_code_runs_only_when_asked(repo_with_code, tmp_path):
                                   "/etc/passwd", "..", "x\0.json", "ok/\n.json"])
 def test_hub_names_that_escape_are_refused(name):
     from trnqwen.errors import CheckFailed
-    from trnqwen.hub import check_repo_path
+    from trnqwen.fetch.plan import check_repo_path
 
     with pytest.raises(CheckFailed, match="escape"):
         check_repo_path(name)
@@ -216,7 +216,7 @@ def _loose(root: Path) -> list[str]:
 def test_run_dir_record_log_and_script_follow_the_umask(tmp_path, umask_077):
     """A real execute(): run dir, run.json, train.log, command.sh, config module, LAST."""
     from trnqwen.config import RunConfig
-    from trnqwen.device import DeviceInfo
+    from trnqwen.env.device import DeviceInfo
     from trnqwen.train.job import TrainJob
     from trnqwen.train.preflight import PreflightReport
     from trnqwen.train.run import TrainPlan, execute

@@ -107,7 +107,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_real_slurm_job_trains_the_tiny_model(slurm_cluster, tmp_path, monkeypatch):  # noqa: F811
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
 
     for key, value in slurm_cluster.env.items():
         monkeypatch.setenv(key, value)

@@ -48,4 +48,4 @@ def test_check_env_does_not_import_torch_in_process():
 
 
 def test_detect_device_does_not_import_torch():
-    assert _loaded_after("from trnqwen.device import detect_device\ndetect_device('auto')") == []
+    assert _loaded_after("from trnqwen.env.device import detect_device\ndetect_device('auto')") == []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trnqwen import tiny_model
+from trnqwen.fetch import builtin as tiny_model
 from trnqwen.data import corpus_recipe
 
 

@@ -25,7 +25,7 @@ TINY = ["--model", "builtin:tiny-qwen3", "--device", "cpu", "--nproc-per-node", 
 @pytest.fixture(scope="session")
 def tiny_assets(tmp_path_factory) -> Path:
     """One tiny Qwen3 HF snapshot for the whole session (built offline, deterministic)."""
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
 
     return write_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "assets" / "hf" / "tiny-qwen3")
 

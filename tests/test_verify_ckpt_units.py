@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.ckpt_fixtures import make_case, write_export
-from trnqwen.ckpt.safetensors_format import DTYPES, SafetensorsFormatError, read_header
+from trnqwen.safetensors_format import DTYPES, SafetensorsFormatError, read_header
 from trnqwen.ckpt.spec import expected_tensors
 
 # --- the analytic spec is the model's state dict --------------------------------------------------
@@ -257,7 +257,7 @@ def test_float8_rules():
 
 
 def test_chunk_plan_ends_on_element_boundaries():
-    from trnqwen.ckpt.safetensors_format import TensorInfo
+    from trnqwen.safetensors_format import TensorInfo
     from trnqwen.ckpt.scan import _chunk_plan
 
     tensors = [TensorInfo("a", "BF16", (3,), 0, 6), TensorInfo("b", "F32", (5,), 6, 26), TensorInfo("c", "F64", (2,), 26, 42)]

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 
 def expand_user(path: "str | Path") -> Path:
@@ -51,3 +52,26 @@ def write_text_atomic(path: Path, text: str, *, mode: int = 0o666) -> None:
 def write_json_atomic(path: Path, payload: Any) -> None:
     """Pretty JSON (non-JSON values as ``str``), written atomically."""
     write_text_atomic(path, json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` itself, or its nearest parent that exists (what a new file there would land on)."""
+    p = Path(path).expanduser().absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def free_bytes(path: Path) -> tuple[Path, Optional[int]]:
+    """Free space on the filesystem that holds ``path`` (or its nearest existing parent), and that
+    parent; the size is None when it cannot be read."""
+    p = nearest_existing(path)
+    try:
+        return p, shutil.disk_usage(p).free
+    except OSError:
+        return p, None
+
+
+def writable(path: Path) -> bool:
+    """Whether ``path`` (or, not there yet, its nearest existing parent) can be written."""
+    return os.access(nearest_existing(path), os.W_OK)

@@ -194,7 +194,7 @@ def _fresh_dir(path: Path, workdir: Path) -> Path:
 
 
 def stage_check_env(device: str, assets: Path) -> tuple[str, dict[str, Any]]:
-    from trnqwen.envprobe import probe_environment
+    from trnqwen.env.probe import probe_environment
 
     report = probe_environment(device=device, assets_dir=assets)
     errors = [p for p in report.problems if p.severity == "error"]
@@ -213,14 +213,16 @@ def stage_check_env(device: str, assets: Path) -> tuple[str, dict[str, Any]]:
 
 
 def stage_fetch(assets: Path) -> str:
-    from trnqwen import hub
+    from trnqwen.fetch.download import fetch
+    from trnqwen.units import format_bytes
 
-    result = hub.fetch(TINY_MODEL, assets, progress=False)
+    result = fetch(TINY_MODEL, assets, progress=False)
     if not result.verified:
         raise StageFailed("fetch", "; ".join(result.problems) or "the snapshot did not verify",
                           hint=f"delete {assets} and run the quickstart again")
     how = "written" if result.to_download else "reused"
-    return f"{TINY_MODEL} -> {assets} ({len(result.files)} files, {result.bytes / 2**20:.1f} MiB, {how}, verified)"
+    size = format_bytes(result.bytes, smallest="MiB", largest="MiB")
+    return f"{TINY_MODEL} -> {assets} ({len(result.files)} files, {size}, {how}, verified)"
 
 
 def run_config(**values: Any):

@@ -4,9 +4,9 @@
     ckpt, model_config = locate(Path("checkpoint_qwen3_4b_ft"), run_config=cfg)
     report = verify(ckpt, model_config)          # VerifyReport; report.ok, report.to_json()
 
-Modules: ``layout`` (which files, which config.json), ``safetensors_format`` (headers, no data),
-``spec`` (expected tensors of a Qwen3 config; the meta-device round trip), ``scan`` (streaming
-NaN/Inf counts and relative change), ``generate`` (``--generate``), ``verify`` (orchestration).
+Modules: ``layout`` (which files, which config.json), ``spec`` (expected tensors of a Qwen3
+config; the meta-device round trip), ``scan`` (streaming NaN/Inf counts and relative change), ``generate`` (``--generate``), ``verify`` (orchestration).
+Headers come from :mod:`trnqwen.safetensors_format` (shared with fetch and preflight).
 No module imports torch or numpy at import time.
 """
 

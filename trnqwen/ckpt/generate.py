@@ -25,10 +25,10 @@ def detect_device_type(requested: str = "auto") -> str:
     if requested in ("cpu", "neuron", "cuda"):
         return requested
     try:
-        from trnqwen.device import detect_device
+        from trnqwen.env.device import detect_device
 
         return detect_device(requested).type
-    except Exception:  # no envprobe / no devices: CPU is always there
+    except Exception:  # no device probe / no devices: CPU is always there
         return "cpu"
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Optional
 
 from trnqwen.ckpt.verify import VerifyReport
 from trnqwen.errors import CheckFailed, redact
+from trnqwen.units import format_bytes
 
 if TYPE_CHECKING:
     from trnqwen.config import RunConfig
@@ -115,11 +116,7 @@ class _Progress:
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return str(n)
+    return format_bytes(n, digits=2, si=True)
 
 
 def render(report: VerifyReport, other_steps: list[int] | None = None) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from trnqwen.ckpt.safetensors_format import DTYPES, SafetensorsHeader, TensorInfo
+from trnqwen.safetensors_format import DTYPES, SafetensorsHeader, TensorInfo
 
 CHUNK_BYTES = 64 << 20
 BLOCK_BYTES = 1 << 20  # inner block: scratch stays in L2 cache

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from trnqwen.ckpt.safetensors_format import TORCH_TO_ST
+from trnqwen.safetensors_format import TORCH_TO_ST
 from trnqwen.errors import UsageError
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
@@ -189,7 +189,7 @@ def round_trip(config_dir: str, header_tensors: dict[str, tuple[tuple[int, ...],
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trnqwen.ckpt.safetensors_format import DTYPES
+    from trnqwen.safetensors_format import DTYPES
 
     config = AutoConfig.from_pretrained(config_dir, trust_remote_code=trust_remote_code)
     with torch.device("meta"):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from trnqwen.ckpt.layout import INDEX_NAME, CheckpointFiles, ModelConfig
-from trnqwen.ckpt.safetensors_format import SafetensorsFormatError, SafetensorsHeader, TensorInfo, read_header
+from trnqwen.safetensors_format import SafetensorsFormatError, SafetensorsHeader, TensorInfo, read_header
 from trnqwen.ckpt.spec import ModelSpec, expected_tensors
 
 DEFAULT_MAX_REL_CHANGE = 1.0
@@ -170,7 +170,7 @@ def compare_keys(spec: ModelSpec, tensors: dict[str, TensorInfo]) -> tuple[list[
     missing = [k for k in absent if k not in spec.expected_missing]
     unexpected = sorted(k for k in tensors if k not in spec.tensors)
     mismatched: list[Mismatch] = []
-    from trnqwen.ckpt.safetensors_format import DTYPES
+    from trnqwen.safetensors_format import DTYPES
 
     for name in sorted(set(spec.tensors) & set(tensors)):
         want, have = spec.tensors[name], tensors[name]

@@ -31,7 +31,7 @@ def check_env(
     """Report versions, the device and every problem with its fix."""
     from trnqwen import output
     from trnqwen.config import resolve_config
-    from trnqwen.envprobe import probe_environment
+    from trnqwen.env.probe import probe_environment
 
     resolved = resolve_config(given(device=device, assets_dir=assets_dir, model=model), config_file=config_file)
     for w in resolved.warnings:
@@ -48,7 +48,9 @@ def check_env(
 
 
 def _gib(n):
-    return None if n is None else f"{n / 1024**3:.1f} GiB"
+    from trnqwen.units import format_bytes
+
+    return None if n is None else format_bytes(n, smallest="GiB", largest="GiB")
 
 
 def _render(report) -> None:

@@ -95,9 +95,12 @@ def fetch(
     """Fetch and verify a model snapshot."""
     from pathlib import Path as _Path
 
-    from trnqwen import hub, output
+    from trnqwen import output
     from trnqwen.config import resolve_config
     from trnqwen.errors import UsageError
+    from trnqwen.fetch.download import fetch
+    from trnqwen.fetch.plan import DEFAULT_KEEP_FREE, DEFAULT_MAX_WORKERS, FetchResult
+    from trnqwen.units import format_bytes, parse_size
 
     resolved = resolve_config(given(model=repo_id, assets_dir=local_dir), config_file=config_file)
     for w in resolved.warnings:
@@ -108,28 +111,28 @@ def fetch(
         raise UsageError(f"{model} is a local folder: nothing to fetch", hint="pass it to train with --assets-dir")
     target = cfg.resolved_assets_dir
 
-    def show_plan(plan: hub.FetchResult) -> None:
+    def show_plan(plan: FetchResult) -> None:
         if json_out or not plan.dry_run:
             return
         output.table(
             f"{plan.repo_id} @ {plan.commit or plan.revision} -> {plan.local_dir}",
             ["file", "size", "status"],
             [
-                (name, hub.human_bytes(plan.sizes[name]) if name in plan.sizes else "?",
+                (name, format_bytes(plan.sizes[name]) if name in plan.sizes else "?",
                  "download" if name in plan.to_download else "present")
                 for name in plan.files
             ],
         )
 
-    result = hub.fetch(
+    result = fetch(
         model,
         _Path(target),
         revision=revision,
         include=include,
         exclude=exclude,
-        max_workers=max_workers or hub.DEFAULT_MAX_WORKERS,
+        max_workers=max_workers or DEFAULT_MAX_WORKERS,
         dry_run=dry_run,
-        keep_free=hub.parse_size(keep_free) if keep_free is not None else hub.DEFAULT_KEEP_FREE,
+        keep_free=parse_size(keep_free) if keep_free is not None else DEFAULT_KEEP_FREE,
         progress=not no_progress,
         on_plan=show_plan,
     )
@@ -144,7 +147,7 @@ def fetch(
 
 def _render(result) -> None:
     from trnqwen import output
-    from trnqwen.hub import human_bytes
+    from trnqwen.units import format_bytes
 
     for w in result.warnings:
         output.warn(w)
@@ -154,7 +157,7 @@ def _render(result) -> None:
             output.info(f"dry run: {result.repo_id} {state} in {result.local_dir}")
         else:
             output.info(
-                f"dry run: {len(result.files)} files, {human_bytes(result.bytes)} in total; "
+                f"dry run: {len(result.files)} files, {format_bytes(result.bytes)} in total; "
                 f"{len(result.to_download)} to download; nothing written"
             )
         return
@@ -166,7 +169,7 @@ def _render(result) -> None:
             what = "written" if result.to_download else "already present"
         output.info(
             f"[green]ok[/green] {result.repo_id} -> {result.local_dir} ({len(result.files)} files, "
-            f"{human_bytes(result.bytes)}, {what}; verified)"
+            f"{format_bytes(result.bytes)}, {what}; verified)"
         )
     else:
         output.info(

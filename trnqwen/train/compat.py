@@ -76,12 +76,9 @@ API_03 = TitanAPI(era=ERA_03)
 
 
 def installed_version() -> Optional[str]:
-    from importlib.metadata import PackageNotFoundError, version
+    from trnqwen.env.versions import package_versions
 
-    try:
-        return version("torchtitan")
-    except PackageNotFoundError:
-        return None
+    return package_versions(("torchtitan",))["torchtitan"]
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:

@@ -45,9 +45,9 @@ class DataSpec:
 def default_dataset(model_is_builtin: bool) -> str:
     """The tiny model trains on its bundled corpus; real models on torchtitan's ``c4``."""
     if model_is_builtin:
-        from trnqwen import tiny_model
+        from trnqwen.fetch.builtin import corpus_path
 
-        return str(tiny_model.corpus_path())  # plain text, documents separated by blank lines
+        return str(corpus_path())  # plain text, documents separated by blank lines
     return "c4"
 
 

@@ -11,11 +11,11 @@ dataset resolves, the assets exist, ``accelerate`` (which ``Trainer`` needs) is 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from trnqwen.assets import read_config_json
 from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen.train.hf_trainer_spec import HFTrainerSpec, SpecError, choose_strategy, spec_to_argv
 from trnqwen.train.job import TrainJob
@@ -23,7 +23,7 @@ from trnqwen.train.topology import Topology, plan_topology
 
 if TYPE_CHECKING:
     from trnqwen.config import RunConfig
-    from trnqwen.device import DeviceInfo
+    from trnqwen.env.device import DeviceInfo
 
 ENTRY_MODULE = "trnqwen.runtime.hf_trainer"
 
@@ -37,13 +37,6 @@ def transformers_has_distributed_config() -> bool:
     if spec is None or not spec.origin:
         return False
     return (Path(spec.origin).parent / "distributed" / "configuration_utils.py").is_file()
-
-
-def _read_hf_config(assets_dir: Path) -> Optional[dict[str, Any]]:
-    try:
-        return json.loads((assets_dir / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def _model_facts(hf_config: Optional[dict[str, Any]]) -> tuple[Optional[int], Optional[int], Optional[int]]:
@@ -167,7 +160,7 @@ def build_hf_trainer_job(
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // topology.nproc_per_node))
     if device_type == "neuron":
         env["HF_DEACTIVATE_ASYNC_LOAD"] = "1"  # avoids a reported hang in HF model loading on Neuron
-    layers, params, vocab = _model_facts(_read_hf_config(assets_dir))
+    layers, params, vocab = _model_facts(read_config_json(assets_dir))
     return TrainJob(
         backend="hf-trainer",
         entry_module=ENTRY_MODULE,

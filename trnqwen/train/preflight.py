@@ -12,18 +12,20 @@ the devices present, and a per-rank memory estimate against the device's memory.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from trnqwen import assets
 from trnqwen.errors import CheckFailed, UsageError
+from trnqwen.fsutil import free_bytes
 from trnqwen.train.topology import PARALLELISM, Topology
+from trnqwen.units import format_bytes
 
 if TYPE_CHECKING:
     from trnqwen.config import RunConfig
-    from trnqwen.device import DeviceInfo
+    from trnqwen.env.device import DeviceInfo
     from trnqwen.train.job import TrainJob
 
 ERROR = "error"
@@ -31,7 +33,6 @@ WARNING = "warning"
 INFO = "info"
 
 GIB = 1024**3
-TOKENIZER_SETS = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",))
 NKI_ROPE_TILE = 128
 MEMORY_WARN_FRACTION = 0.9
 
@@ -77,9 +78,7 @@ class MemoryEstimate:
 
 
 def _size(n: int) -> str:
-    if n >= GIB:
-        return f"{n / GIB:.2f} GiB"
-    return f"{n / 1024**2:.1f} MiB"
+    return format_bytes(n, digits=2 if n >= GIB else 1, smallest="MiB", largest="GiB")
 
 
 @dataclass
@@ -132,14 +131,6 @@ USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset",
 # --- the checks ---------------------------------------------------------------------------
 
 
-def read_hf_config(assets_dir: Path) -> Optional[dict[str, Any]]:
-    path = Path(assets_dir) / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def check_assets(report: PreflightReport, cfg: Any, assets_dir: Path) -> Optional[dict[str, Any]]:
     """config.json, tokenizer files, and (fine-tuning) every safetensors shard."""
     fetch_hint = f"run `trnqwen fetch {cfg.model}` or pass --assets DIR with the model's HF files"
@@ -147,14 +138,13 @@ def check_assets(report: PreflightReport, cfg: Any, assets_dir: Path) -> Optiona
     if not assets_dir.is_dir():
         report.add(ERROR, "assets", f"model assets not found: {assets_dir} is not a folder", fetch_hint)
         return None
-    config_path = assets_dir / "config.json"
-    hf_config = read_hf_config(assets_dir)
+    config_path = assets_dir / assets.CONFIG_NAME
+    hf_config = assets.read_config_json(assets_dir)
     if not config_path.is_file():
         report.add(ERROR, "assets", f"{config_path} is missing", fetch_hint)
-    elif hf_config is None or not isinstance(hf_config, dict):
+    elif hf_config is None:
         report.add(ERROR, "assets", f"{config_path} is not valid JSON (incomplete download?)", fetch_hint)
-        hf_config = None
-    if not any(all((assets_dir / name).is_file() for name in group) for group in TOKENIZER_SETS):
+    if not assets.has_tokenizer(assets_dir):
         report.add(
             ERROR,
             "assets",
@@ -167,25 +157,21 @@ def check_assets(report: PreflightReport, cfg: Any, assets_dir: Path) -> Optiona
 
 
 def _check_weights(report: PreflightReport, assets_dir: Path, fetch_hint: str) -> None:
-    index = assets_dir / "model.safetensors.index.json"
-    shards = sorted(assets_dir.glob("*.safetensors"))
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text()).get("weight_map", {})
-        except ValueError:
-            report.add(ERROR, "assets", f"{index} is not valid JSON (incomplete download?)", fetch_hint)
-            return
-        missing = sorted({f for f in weight_map.values() if not (assets_dir / f).is_file()})
-        if missing:
-            report.add(
-                ERROR,
-                "assets",
-                f"--finetune needs every weight shard; missing in {assets_dir}: {', '.join(missing[:4])}"
-                + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""),
-                fetch_hint,
-            )
-            return
-        shards = [assets_dir / f for f in sorted(set(weight_map.values()))]
+    try:
+        missing = assets.missing_shards(assets_dir)
+    except ValueError:
+        report.add(ERROR, "assets", f"{assets_dir / assets.INDEX_NAME} is not valid JSON (incomplete download?)", fetch_hint)
+        return
+    if missing:
+        report.add(
+            ERROR,
+            "assets",
+            f"--finetune needs every weight shard; missing in {assets_dir}: {', '.join(missing[:4])}"
+            + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""),
+            fetch_hint,
+        )
+        return
+    shards = assets.weight_shards(assets_dir)
     if not shards:
         report.add(
             ERROR,
@@ -195,26 +181,8 @@ def _check_weights(report: PreflightReport, assets_dir: Path, fetch_hint: str) -
         )
         return
     for shard in shards:
-        if not _safetensors_header_ok(shard):
+        if assets.header_problem(shard) is not None:
             report.add(ERROR, "assets", f"{shard} is truncated or not a safetensors file", fetch_hint)
-
-
-def _safetensors_header_ok(path: Path) -> bool:
-    """The 8-byte header length + JSON header fit in the file, and the data is all there."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                return False
-            n = int.from_bytes(head, "little")
-            if n <= 0 or 8 + n > size:
-                return False
-            header = json.loads(fh.read(n))
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-        return 8 + n + end <= size
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
 
 
 def wants_nki_rope(override_imports: list[str]) -> bool:
@@ -306,11 +274,9 @@ def check_outputs(report: PreflightReport, cfg: RunConfig, job: TrainJob) -> Non
             continue
         num_params = job.num_params
         if label == "checkpoint folder" and num_params:
-            import shutil
-
             need = 2 * 2 * int(num_params)  # bf16 export: per-rank pieces under sharded/ + the consolidated files
-            free = shutil.disk_usage(base).free
-            if free < need:
+            _, free = free_bytes(base)
+            if free is not None and free < need:
                 report.add(
                     WARNING, "outputs",
                     f"only {_size(free)} free at {base}; the HF export of the last step needs about {_size(need)}",

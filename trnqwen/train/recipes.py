@@ -19,15 +19,15 @@ Each backend builds its config the way the published recipe does by hand
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from trnqwen.assets import read_config_json
 from trnqwen.config import RunConfig
-from trnqwen.device import DeviceInfo
+from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen.train import compat
 from trnqwen.train.preflight import count_params  # one parameter formula for both
@@ -42,7 +42,6 @@ CPU_ATTENTION_OVERRIDE = "trnqwen.runtime.cpu_attention.cpu_dense_attention"
 NKI_MOE_MODULE = "torchtitan_neuron.models.qwen3.config_registry"
 NKI_MOE_FN = "qwen3_nki_moe_config"
 NKI_MOE_FLAVOR = "30B-A3B"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 @dataclass
@@ -83,7 +82,8 @@ def build_job(
     """The TrainJob for ``cfg`` on ``device`` (``topology``: the plan's, else worked out here).
 
     ``check_runtime=False`` (``--dry-run`` / ``--export-config``) only generates text: missing
-    torchtitan-neuron or missing assets are then notes, not errors.
+    torchtitan-neuron is then a note, not an error.  Missing or broken assets never stop the
+    recipe: preflight reports them (:func:`trnqwen.train.preflight.check_assets`).
     """
     if cfg.backend == "hf-trainer":  # no torchtitan config module: trnqwen's Trainer entry point
         from trnqwen.train.hf_trainer_recipe import build_hf_trainer_job
@@ -164,7 +164,7 @@ def make_plan(
     if cfg.backend == "nki-moe":
         _check_nki_moe_available(check_runtime, notes)
     assets_dir = cfg.resolved_assets_dir.expanduser().absolute()
-    hf_config = _read_assets(assets_dir, cfg, check_runtime=check_runtime, notes=notes)
+    hf_config = read_config_json(assets_dir)  # missing or broken assets: preflight reports them
     data = resolve_dataset(cfg.dataset, model_is_builtin=cfg.is_builtin, assets_dir=assets_dir, api=api)
     topology = topology or plan_topology(cfg, device)  # its problems are preflight's to report
     export = cfg.resolved_export_hf or cfg.finetune
@@ -202,46 +202,6 @@ def _check_nki_moe_available(check_runtime: bool, notes: list[str]) -> None:
             "pip repository, --no-deps to keep the Neuron torch); --dry-run/--export-config work without it",
         )
     notes.append("torchtitan-neuron is not installed here: the config is generated but cannot run on this machine")
-
-
-def _read_assets(assets_dir: Path, cfg: RunConfig, *, check_runtime: bool, notes: list[str]) -> Optional[dict[str, Any]]:
-    fetch_hint = f"download it first: trnqwen fetch {cfg.model}"
-    config_json = assets_dir / "config.json"
-    if not config_json.is_file():
-        if check_runtime:
-            raise UsageError(f"model assets not found: {config_json} is missing", hint=fetch_hint)
-        notes.append(f"{config_json} is missing: run `trnqwen fetch {cfg.model}` before training")
-        return None
-    try:
-        hf_config = json.loads(config_json.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"{config_json} is not valid JSON: {exc}", hint=fetch_hint) from None
-    missing = [name for name in TOKENIZER_FILES if not (assets_dir / name).is_file()]
-    if missing:
-        message = f"tokenizer files missing in {assets_dir}: {', '.join(missing)}"
-        if check_runtime:
-            raise UsageError(message, hint=fetch_hint)
-        notes.append(message)
-    if cfg.finetune and check_runtime:
-        _check_weights(assets_dir, fetch_hint)
-    return hf_config
-
-
-def _check_weights(assets_dir: Path, fetch_hint: str) -> None:
-    if not any(assets_dir.glob("*.safetensors")):
-        raise UsageError(f"--finetune needs the model weights, and {assets_dir} has no *.safetensors", hint=fetch_hint)
-    index = assets_dir / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
-        except (OSError, json.JSONDecodeError):
-            shards = set()
-        missing = sorted(s for s in shards if not (assets_dir / s).is_file())
-        if missing:
-            raise UsageError(
-                f"--finetune: {assets_dir} is incomplete ({len(missing)} weight shard(s) missing, e.g. {missing[0]})",
-                hint=fetch_hint,
-            )
 
 
 _NAME_FLAVOR = re.compile(r"qwen3-(\d+(?:\.\d+)?b(?:-a\d+b)?)", re.IGNORECASE)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from trnqwen.config import ResolvedConfig, RunConfig
-from trnqwen.device import DeviceInfo
+from trnqwen.env.device import DeviceInfo
+from trnqwen.env.versions import package_versions
 from trnqwen.errors import (
     EXIT_FAILED,
     EXIT_SIGINT,
@@ -178,7 +179,7 @@ class TrainOutcome:
 
 def resolve_device(cfg: RunConfig, *, dry_run: bool = False) -> tuple[DeviceInfo, list[str]]:
     """The device the run gets.  ``--dry-run`` for an absent neuron/cuda device shows a nominal one."""
-    from trnqwen.device import detect_device
+    from trnqwen.env.device import detect_device
 
     try:
         device = detect_device(cfg.device)
@@ -277,16 +278,9 @@ def _abs(path: Path, cwd: Path) -> Path:
 # --- the run directory --------------------------------------------------------------------------
 
 
-def package_versions() -> dict[str, Optional[str]]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out: dict[str, Optional[str]] = {"python": platform.python_version()}
-    for name in VERSION_PACKAGES:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
+def run_versions() -> dict[str, Optional[str]]:
+    """What run.json records: Python and the packages a run depends on."""
+    return {"python": platform.python_version(), **package_versions(VERSION_PACKAGES)}
 
 
 def create_run_dir(plan: TrainPlan) -> RunRecord:
@@ -320,7 +314,7 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
         config=plan.config.model_dump(mode="json"),
         command=[redact(a) for a in plan.argv],
         env=redact_env(plan.env),
-        versions=package_versions(),
+        versions=run_versions(),
         log_path=str(plan.log_path),
         checkpoint_dir=str(_abs(plan.job.checkpoint_dir, plan.cwd)) if plan.job.checkpoint_dir else None,
         assets_dir=str(_abs(plan.config.resolved_assets_dir, plan.cwd)),
@@ -523,7 +517,7 @@ def hand_run_command(plan: TrainPlan, module_file: Path) -> str:
 
 __all__ = [
     "TrainPlan", "TrainOutcome", "plan_train", "execute", "resolve_device",
-    "create_run_dir", "export_config", "hand_run_command", "find_export", "package_versions",
+    "create_run_dir", "export_config", "hand_run_command", "find_export", "run_versions",
 ]
 
 if sys.version_info < (3, 10):  # pragma: no cover

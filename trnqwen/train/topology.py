@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from trnqwen.config import RunConfig
-    from trnqwen.device import DeviceInfo
+    from trnqwen.env.device import DeviceInfo
 
 PARALLELISM = "parallelism"  # preflight check names of the problems
 BATCH = "batch"

@@ -2,15 +2,19 @@
 
 Patterns are shell-style (``2.14.*``) and match the installed version with its local part
 (``+cpu``, ``+cu130``) dropped unless the pattern itself has one.  Import-free on purpose:
-``trnqwen check-env`` must not import torch to know what is installed.
+``trnqwen check-env`` must not import torch to know what is installed: versions come from
+package metadata (:func:`package_versions`) and torch's own ``version.py`` (:func:`torch_build`).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import importlib.metadata
+import importlib.util
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from pathlib import Path
+from typing import Any, Mapping, Optional
 
 # Every package check-env reports, as distribution names (importlib.metadata spelling).
 REPORTED_PACKAGES: tuple[str, ...] = (
@@ -138,3 +142,53 @@ def check_combination(
     scored = sorted(((len(c.mismatches(installed, python)), i, c) for i, c in enumerate(candidates)))
     best = scored[0][2]
     return ComboCheck(best, best.mismatches(installed, python))
+
+
+# --- what is installed (metadata only, nothing imported) -------------------------------------------
+
+
+def package_versions(names: tuple[str, ...] = REPORTED_PACKAGES) -> dict[str, Optional[str]]:
+    """Installed distribution versions from metadata; nothing is imported."""
+    out: dict[str, Optional[str]] = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def is_placeholder_distribution(name: str) -> bool:
+    """The public index's Neuron names are empty placeholders ("WRONG PACKAGE")."""
+    try:
+        meta = importlib.metadata.metadata(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    text = " ".join(str(meta.get(k) or "") for k in ("Summary", "Description")) + " " + str(meta.get_payload() or "")
+    return "wrong package" in text.lower()
+
+
+def torch_build() -> dict[str, Any]:
+    """torch's version and build (cuda/rocm/cpu) read from ``torch/version.py``, not by importing torch."""
+    info: dict[str, Any] = {"version": None, "build": None, "cuda": None, "hip": None}
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin:
+        return info
+    try:
+        text = (Path(spec.origin).parent / "version.py").read_text()
+    except OSError:
+        return info
+    values: dict[str, Any] = {}
+    for key in ("__version__", "cuda", "hip"):
+        m = re.search(rf"^{re.escape(key)}\s*(?::[^=\n]*)?=\s*(.+)$", text, re.MULTILINE)
+        if m:
+            raw = m.group(1).strip()
+            values[key] = None if raw == "None" else raw.strip("'\"")
+    info["version"] = values.get("__version__")
+    info["cuda"] = values.get("cuda")
+    info["hip"] = values.get("hip")
+    info["build"] = "cuda" if info["cuda"] else ("rocm" if info["hip"] else "cpu")
+    return info

@@ -1,5 +1,8 @@
 """``builtin:tiny-qwen3``: a complete, deterministic HF snapshot of a tiny Qwen3, made offline.
 
+:func:`fetch_builtin` is what ``trnqwen fetch builtin:tiny-qwen3`` runs: it writes the snapshot
+(unless a verified copy is already there) and verifies it like a Hub download.
+
 What :func:`write_tiny_qwen3` writes is shaped like a real Qwen3 instruct repo on the Hub
 (Qwen3-4B-Instruct-2507 in miniature), so everything downstream (``train`` with the native and
 hf-v5 backends, ``verify-ckpt``, transformers) treats it like the real thing:
@@ -31,10 +34,15 @@ import json
 import os
 import shutil
 import tempfile
+import time
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
+from trnqwen.constants import TINY_MODEL
 from trnqwen.errors import EnvironmentProblem, UsageError
+from trnqwen.fetch.plan import FetchResult, RemoteFile
+from trnqwen.fetch.verify import file_digest, read_manifest, verify_snapshot, write_manifest
 from trnqwen.fsutil import current_umask, write_text_atomic
 
 NAME = "tiny-qwen3"
@@ -75,7 +83,7 @@ SNAPSHOT_FILES = (
     "tokenizer_config.json",
 )
 
-_DATA_DIR = Path(__file__).resolve().parent / "data" / "tiny_corpus"
+_DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "tiny_corpus"
 
 
 # --- the corpus ----------------------------------------------------------------------------
@@ -408,3 +416,63 @@ def _require(*modules: str) -> None:
             f"writing the tiny model needs {', '.join(missing)}",
             hint="pip install 'trnqwen[train]' (and torch)",
         )
+
+
+# --- fetch builtin:... ------------------------------------------------------------------------
+
+BUILTINS = (TINY_MODEL,)
+_TINY_RECIPE_VERSION = 1
+
+
+def fetch_builtin(repo_id: str, local_dir: Path, *, dry_run: bool = False) -> FetchResult:
+    """Write a built-in model (offline) and verify it; a verified copy is left as it is."""
+    if repo_id not in BUILTINS:
+        raise UsageError(f"unknown built-in model {repo_id!r}", hint=f"built-in models: {', '.join(BUILTINS)}")
+    manifest = read_manifest(local_dir)
+    expected: Optional[list[RemoteFile]] = None
+    if manifest and manifest.get("repo_id") == repo_id and manifest.get("recipe") == _TINY_RECIPE_VERSION:
+        expected = [RemoteFile(**f) for f in manifest.get("expected", [])]
+    current = verify_snapshot(local_dir, expected, known=manifest.get("files") if manifest else None) if expected else None
+    up_to_date = current is not None and current.ok
+    names = list(SNAPSHOT_FILES)
+    result = FetchResult(
+        repo_id=repo_id,
+        local_dir=str(local_dir),
+        revision=f"recipe-{_TINY_RECIPE_VERSION}",
+        commit=manifest.get("commit") if up_to_date and manifest else None,
+        files=names,
+        bytes=sum(f.size for f in expected) if up_to_date and expected else 0,
+        dry_run=dry_run,
+        to_download=[] if up_to_date else names,
+    )
+    if dry_run:
+        result.verified = up_to_date
+        return result
+    if not up_to_date:
+        write_tiny_qwen3(local_dir)
+        expected = [
+            RemoteFile(n, (local_dir / n).stat().st_size, sha256=file_digest(local_dir / n, "sha256")) for n in names
+        ]
+        result.repaired = list(current.bad_files) if current else []
+    assert expected is not None
+    report = verify_snapshot(local_dir, expected, known=manifest.get("files") if up_to_date and manifest else None)
+    digest = snapshot_digest(local_dir)
+    result.commit = digest[:40]
+    result.bytes = sum(f.size for f in expected)
+    result.sizes = {f.path: f.size for f in expected}
+    result.verified = report.ok
+    result.problems, result.warnings = report.problems, report.warnings
+    write_manifest(
+        local_dir,
+        {
+            "repo_id": repo_id,
+            "revision": result.revision,
+            "commit": result.commit,
+            "recipe": _TINY_RECIPE_VERSION,
+            "verified": report.ok,
+            "verified_at": time.time(),
+            "files": report.checked,
+            "expected": [asdict(f) for f in expected],
+        },
+    )
+    return result

@@ -10,6 +10,11 @@ expose the byte offsets (which the streaming scan needs) and its errors
 itself, applies the library's rules (contiguous, non-overlapping, sized exactly, data section
 filling the rest of the file) and words each failure for a person.  Tests check that everything
 rejected here is rejected by ``safetensors.safe_open`` too.
+
+One reader for the whole package: ``fetch`` checks every downloaded shard with it, preflight
+checks the shards a fine-tune will load (:mod:`trnqwen.assets`), and ``verify-ckpt`` reads the
+exported checkpoint's headers and byte ranges from it.  ``verify-ckpt`` scans values and so needs
+every dtype known (``known_dtypes=True``); fetch and preflight accept any dtype the format has.
 """
 
 from __future__ import annotations
@@ -66,6 +71,10 @@ DTYPES: dict[str, DType] = {
         DType("U64", 8, torch_name="uint64"),
     )
 }
+# Element sizes of the format's other dtypes: a header with them is valid, only the value scan
+# of verify-ckpt cannot read them.  F4 packs two values per byte (no whole-byte size).
+OTHER_DTYPE_BYTES = {"F8_E8M0": 1, "C64": 8}
+OTHER_DTYPES = ("F4", *OTHER_DTYPE_BYTES)
 TORCH_TO_ST = {d.torch_name: d.name for d in DTYPES.values()}
 TORCH_TO_ST.update({"float": "F32", "half": "F16", "double": "F64"})
 
@@ -112,8 +121,10 @@ class SafetensorsFormatError(ValueError):
     """The file is not a valid safetensors file; the message says how, for a person."""
 
 
-def read_header(path: Path) -> SafetensorsHeader:
-    """Parse and validate one file's header; reads 8 + N bytes, never the tensor data."""
+def read_header(path: Path, *, known_dtypes: bool = True) -> SafetensorsHeader:
+    """Parse and validate one file's header; reads 8 + N bytes, never the tensor data.
+
+    ``known_dtypes=False`` also accepts the format's dtypes trnqwen cannot scan (F4, F8_E8M0, C64)."""
     path = Path(path)
     try:
         file_size = os.path.getsize(path)
@@ -135,10 +146,10 @@ def read_header(path: Path) -> SafetensorsHeader:
             raw = fh.read(n)
     except OSError as exc:
         raise SafetensorsFormatError(f"cannot read: {exc.strerror or exc}") from None
-    return parse_header(path, raw, file_size)
+    return parse_header(path, raw, file_size, known_dtypes=known_dtypes)
 
 
-def parse_header(path: Path, raw: bytes, file_size: int) -> SafetensorsHeader:
+def parse_header(path: Path, raw: bytes, file_size: int, *, known_dtypes: bool = True) -> SafetensorsHeader:
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -156,11 +167,12 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> SafetensorsHeader:
             begin, end = (int(o) for o in entry["data_offsets"])
         except (TypeError, KeyError, ValueError):
             raise SafetensorsFormatError(f"bad header: entry for {name!r} lacks dtype/shape/data_offsets") from None
-        if dtype not in DTYPES:
+        if dtype not in DTYPES and (known_dtypes or dtype not in OTHER_DTYPES):
             raise SafetensorsFormatError(f"tensor {name!r} has a dtype trnqwen cannot check: {dtype}")
         if any(s < 0 for s in shape) or begin < 0 or end < begin:
             raise SafetensorsFormatError(f"bad header: negative shape or offsets for {name!r}")
-        expected = math.prod(shape) * DTYPES[dtype].itemsize
+        width = DTYPES[dtype].itemsize if dtype in DTYPES else OTHER_DTYPE_BYTES.get(dtype)
+        expected = math.prod(shape) * width if width else end - begin
         if end - begin != expected:
             raise SafetensorsFormatError(
                 f"bad header: {name!r} is {dtype}{list(shape)} = {expected:,} bytes but its offsets span {end - begin:,}"

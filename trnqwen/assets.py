@@ -1,0 +1,74 @@
+"""Is this folder a model: the one place that reads a Hugging Face model folder's make-up.
+
+A model folder (what ``trnqwen fetch`` writes, or any HF snapshot) holds ``config.json``,
+tokenizer files and, for a fine-tune, safetensors weight shards (listed by
+``model.safetensors.index.json`` when sharded).  The recipes read ``config.json`` from here,
+preflight turns what is missing into findings (the one place asset problems are reported), and
+fetch / verify-ckpt share the safetensors header reader (:mod:`trnqwen.safetensors_format`).
+
+Plain file reads only: no torch, no transformers, no tensor data.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from trnqwen.safetensors_format import SafetensorsFormatError, read_header
+
+CONFIG_NAME = "config.json"
+INDEX_NAME = "model.safetensors.index.json"
+# Any one of these sets is a tokenizer torchtitan / transformers can load.
+TOKENIZER_SETS = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",))
+
+
+def read_config_json(folder: Path) -> Optional[dict[str, Any]]:
+    """The folder's ``config.json`` as a dict; None when it is missing, unreadable or not a JSON object."""
+    try:
+        config = json.loads((Path(folder) / CONFIG_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def has_tokenizer(folder: Path) -> bool:
+    """Whether one complete tokenizer set is present (:data:`TOKENIZER_SETS`)."""
+    return any(all((Path(folder) / name).is_file() for name in group) for group in TOKENIZER_SETS)
+
+
+def index_weight_map(folder: Path) -> Optional[dict[str, str]]:
+    """The index's tensor -> shard map; None without an index.  Raises ValueError when the index
+    is there but not valid JSON (an incomplete download)."""
+    index = Path(folder) / INDEX_NAME
+    if not index.is_file():
+        return None
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+    except (OSError, AttributeError) as exc:
+        raise ValueError(str(exc)) from None
+    return weight_map if isinstance(weight_map, dict) else {}
+
+
+def missing_shards(folder: Path) -> list[str]:
+    """Shard files the index names that are not in the folder (sorted); [] without an index."""
+    weight_map = index_weight_map(folder) or {}
+    return sorted({name for name in weight_map.values() if not (Path(folder) / name).is_file()})
+
+
+def weight_shards(folder: Path) -> list[Path]:
+    """The safetensors files a load reads: the ones the index names, else every ``*.safetensors``."""
+    folder = Path(folder)
+    weight_map = index_weight_map(folder)
+    if weight_map is not None:
+        return [folder / name for name in sorted(set(weight_map.values()))]
+    return sorted(folder.glob("*.safetensors"))
+
+
+def header_problem(path: Path) -> Optional[str]:
+    """Why ``path`` is not a readable, complete safetensors file (None when it is)."""
+    try:
+        read_header(path, known_dtypes=False)
+    except SafetensorsFormatError as exc:
+        return str(exc)
+    return None
