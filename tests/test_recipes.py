@@ -258,7 +258,12 @@ def test_hf_trainer_has_no_torchtitan_config_module(tiny_assets):
 def test_missing_assets_are_reported_by_preflight_not_the_recipe(tiny_assets, tmp_path, text_jsonl):
     """The recipe builds the job without assets (config.json read as None); preflight is the one
     place that reports what is missing, each with the fetch command as the fix."""
-    from trnqwen.train.preflight import preflight
+    from trnqwen.train.preflight import preflight as _preflight
+    from trnqwen.train.topology import plan_topology
+
+    def preflight(cfg, device, job, nproc, **kwargs):
+        topo = plan_topology(cfg.model_copy(update={"nproc_per_node": nproc}), device)
+        return _preflight(cfg, device, job, topo, **kwargs)
 
     cfg = RunConfig(model="Qwen/Qwen3-4B-Instruct-2507", assets_dir=tmp_path / "nope", dataset=str(text_jsonl))
     job = build_job(cfg, CPU, None)
