@@ -81,6 +81,6 @@ def write_chat_cache(root: Path, assets: Path, records: list[dict], *, val: int,
 
 
 def chat_records() -> list[dict]:
-    from trnqwen.tiny_model import chat_path
+    from trnqwen.fetch.builtin import chat_path
 
     return [json.loads(line) for line in chat_path().read_text(encoding="utf-8").splitlines()]

@@ -22,7 +22,7 @@ from tests.helpers import assert_clean_error
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
 
     return write_tiny_qwen3(tmp_path_factory.mktemp("eval-tiny") / "tiny-qwen3")
 
@@ -37,7 +37,7 @@ def write_tuned(tiny: Path, step_dir: Path, *, dtype: str = "float32", scale: fl
     import torch
     from safetensors.torch import load_file, save_file
 
-    from trnqwen.tiny_model import WEIGHTS_FILE
+    from trnqwen.fetch.builtin import WEIGHTS_FILE
 
     state = load_file(str(tiny / WEIGHTS_FILE))
     gen = torch.Generator().manual_seed(7)

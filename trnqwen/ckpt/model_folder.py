@@ -72,7 +72,7 @@ def complete_run_export(config, run_id: str, assets: Path, exported: Path, steps
 
 def weights_dtype(folder: Path) -> Optional[str]:
     """The torch dtype name of the first floating tensor in the folder's safetensors."""
-    from trnqwen.ckpt.safetensors_format import DTYPES, read_header
+    from trnqwen.safetensors_format import DTYPES, read_header
 
     for path in sorted(Path(folder).glob("*.safetensors")):
         for info in read_header(path).tensors.values():

@@ -34,7 +34,7 @@ from trnqwen.train.multinode import rendezvous_argv
 
 if TYPE_CHECKING:
     from trnqwen.config import RunConfig
-    from trnqwen.device import DeviceInfo
+    from trnqwen.env.device import DeviceInfo
     from trnqwen.train.job import TrainJob
     from trnqwen.train.topology import Topology
 
