@@ -90,7 +90,7 @@ def main() -> None:
         work = Path(tmp)
         assets = args.assets
         if assets is None:
-            from trnqwen.tiny_model import write_tiny_qwen3
+            from trnqwen.fetch.builtin import write_tiny_qwen3
 
             assets = write_tiny_qwen3(work / "tiny-qwen3")
         tokenizer = chat.load_tokenizer(assets)

@@ -15,7 +15,7 @@ KEYS = {"format", "records", "kept", "dropped", "truncated", "tokens", "trained_
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
 
     return write_tiny_qwen3(tmp_path_factory.mktemp("data-cli") / "tiny-qwen3")
 

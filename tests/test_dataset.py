@@ -60,7 +60,7 @@ GENERATION_TEMPLATE = (  # the tiny model's ChatML with {% generation %} around 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    from trnqwen.tiny_model import write_tiny_qwen3
+    from trnqwen.fetch.builtin import write_tiny_qwen3
 
     return write_tiny_qwen3(tmp_path_factory.mktemp("dataset") / "tiny-qwen3")
 
