@@ -46,6 +46,8 @@ BENCHES = [
           ["--size-mb", "20", "--runs", "1"]),
     Bench("verify_ckpt", "verify-ckpt on a generated Qwen3-4B-shaped 8 GB checkpoint vs `cat` (time, peak RSS)",
           ["--skip-naive"], ["--repeat", "1", "--skip-naive"]),
+    Bench("eval_throughput", "eval tokens/s vs a plain transformers model(**batch) loop (same rows, same model)", [],
+          ["--rows", "4", "--seq-len", "256", "--repeats", "1"]),
     Bench("train_overhead", "`trnqwen train` vs the same torchrun command by hand (tiny model, 2 CPU ranks)", [],
           ["--steps", "2", "--repeats", "1"]),
     Bench("hf_trainer_backends", "hf-trainer backend vs the torchtitan backends (tiny model, CPU)", [],

@@ -111,12 +111,13 @@ def test_packed_loss_equals_each_conversation_scored_alone(tiny, cache):
                 count += int(keep.sum())
     assert count == packed.tokens
     assert packed.loss == pytest.approx(total / count, rel=1e-5)
-    # a causal (not block-causal) mask would let documents see each other: the loss would differ
+    # the mask matters: with a KV cache transformers ignores the documents (plain causal mask),
+    # and packed documents then see each other
     with torch.inference_mode():
         ids, _, positions = m._batch(data, 0, 1)
-        plain = model(input_ids=ids).logits
-        blocked = model(input_ids=ids, position_ids=positions).logits
-    assert not torch.allclose(plain, blocked)
+        causal = model(input_ids=ids, position_ids=positions, use_cache=True).logits
+        blocked = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+    assert not torch.allclose(causal, blocked)
 
 
 def test_held_out_conversations_cut_at_the_last_answer(tiny, cache):
