@@ -286,3 +286,50 @@ def test_a_users_own_files_are_kept_and_verify_ckpt_passes(tiny, tmp_path, cli):
     res = cli("verify-ckpt", str(tmp_path / "ckpt"), "--json")  # config.json now sits beside the weights
     assert res.code == 0, res.text
     assert json.loads(res.out)["ok"]
+
+
+# --- --dataset goes through the training pipeline: the same rows training reads ------------------
+
+
+def test_dataset_file_is_scored_on_exactly_the_rows_training_reads(run_work, cli, tiny, tmp_path):
+    """`eval --dataset FILE` tokenizes with trnqwen.dataset's pipeline under the run's settings, so
+    it lands on the very cache a `train --dataset FILE` run reads (same key), and each document's
+    tokens and masks match an independent apply_chat_template rendering."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from tests.eval_fixtures import render
+    from trnqwen.dataset.prepare import prepare_dataset
+    from trnqwen.evaluate.data import documents, eval_data
+    from trnqwen.evaluate.targets import resolve_target
+
+    work, run_dir, export = run_work
+    records = chat_records()[:30]
+    data_file = tmp_path / "held_out.jsonl"
+    data_file.write_text("".join(json.dumps(r) + "\n" for r in records))
+    target = resolve_target(str(export), work / ".trnqwen" / "runs")
+    scored = eval_data(str(data_file), [target], seq_len=128)
+    training = prepare_dataset(SimpleNamespace(dataset=str(data_file), seq_len=128), tiny)  # what the launcher calls
+    assert scored.source == training.cache_dir
+    split = training.split("train")
+    assert np.array_equal(scored.labels, split.labels) and np.array_equal(scored.input_ids, split.input_ids)
+
+    tok = AutoTokenizer.from_pretrained(str(tiny))
+    expected = set()
+    for record in records:
+        ids, trained = render(tok, record["messages"])
+        labels = [ids[t + 1] if t + 1 < len(ids) and trained[t + 1] else -100 for t in range(len(ids))]
+        expected.add((tuple(ids), tuple(labels)))
+    found = set()
+    for row in range(len(scored)):
+        for start, end in documents(scored.positions[row]):
+            ids = tuple(int(x) for x in scored.input_ids[row][start:end])
+            if any(int(x) != -100 for x in scored.labels[row][start:end]):
+                found.add((ids, tuple(int(x) for x in scored.labels[row][start:end])))
+    assert found == expected
+
+    res = cli("eval", str(export), "--dataset", str(data_file), "--seq-len", "128", "--json")
+    assert res.code == 0, res.text
+    assert {r["tokens"] for r in json.loads(res.out)["results"]} == {scored.trained_tokens}

@@ -9,7 +9,6 @@ Examples:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.errors import UsageError
+
+if TYPE_CHECKING:
+    from trnqwen.evaluate.targets import EvalTarget, RunInfo
 
 IGNORE_INDEX = -100
 
@@ -129,3 +132,77 @@ def held_out_conversations(data: EvalData, limit: int) -> list[Conversation]:
             if len(found) >= limit:
                 return found
     return found
+
+
+# --- where the rows come from ------------------------------------------------------------------
+
+
+def eval_data(
+    dataset: Optional[str], targets: list[EvalTarget], *, seq_len: Optional[int] = None, data_cache_dir: Optional[Path] = None
+) -> EvalData:
+    """``--dataset`` (a prepared cache, or any dataset through the training pipeline), else the
+    validation split of the run the (first tuned) checkpoint came from."""
+    run = next((t.run for t in targets if not t.is_base and t.run is not None), None) or next(
+        (t.run for t in targets if t.run is not None), None
+    )
+    if dataset is not None:
+        path = Path(dataset).expanduser()
+        if path.is_dir() and is_cache_dir(path):
+            from trnqwen.dataset.cache import has_split
+
+            return from_cache(path, "val" if has_split(path, "val") else "train", name=dataset)
+        settings = dict(run.record.config) if run is not None else {}
+        settings.update(dataset=dataset, val_split=0.0, val_dataset=None)
+        if seq_len or not settings.get("seq_len"):
+            settings["seq_len"] = seq_len or 2048
+        cache = _prepare(settings, targets[0].tokenizer_dir, data_cache_dir or settings.get("data_cache_dir"))
+        return from_cache(cache, "train", name=dataset)
+    if run is None:
+        raise UsageError(
+            "no evaluation data: the checkpoint came from no recorded run",
+            hint="pass --dataset D (a JSONL/Parquet file, a folder, a Hub dataset or a prepared dataset cache)",
+        )
+    cache = run_cache(run)
+    from trnqwen.dataset.cache import has_split
+
+    if cache is None or not has_split(cache, "val"):
+        raise UsageError(
+            f"run {run.run_id} has no validation split",
+            hint="pass --dataset D, or train with --val-split 0.05 (or --val-dataset PATH)",
+        )
+    return from_cache(cache, "val", name=f"{run.run_id} validation split")
+
+
+def run_cache(run: RunInfo) -> Optional[Path]:
+    """The token cache a run trained on: recorded, else found again by its key from the run's
+    own data settings (the same call the launcher made, so the same rows)."""
+    if run.dataset_cache is not None:
+        return run.dataset_cache
+    config = dict(run.record.config or {})
+    dataset = config.get("dataset")
+    if not dataset or run.assets is None:
+        return None
+    cwd = Path(run.record.extra.get("cwd") or ".")
+    path = Path(dataset).expanduser()
+    if not path.is_absolute() and (cwd / path).exists():
+        config["dataset"] = dataset = str(cwd / path)
+    if Path(dataset).is_dir() and is_cache_dir(Path(dataset)):
+        return Path(dataset)
+    if config.get("val_dataset") and not Path(config["val_dataset"]).is_absolute():
+        config["val_dataset"] = str(cwd / config["val_dataset"])
+    if not (config.get("val_split") or config.get("val_dataset")):
+        return None
+    root = config.get("data_cache_dir")
+    return _prepare(config, run.assets, (cwd / root) if root and not Path(root).is_absolute() else root)
+
+
+def _prepare(settings: dict[str, Any], assets: Path, cache_root: Optional[Any]) -> Path:
+    """trnqwen.dataset's pipeline (template, masks, packing as in training) -> the cache folder."""
+    from types import SimpleNamespace
+
+    from trnqwen.dataset.cache import default_cache_root
+    from trnqwen.dataset.prepare import DataSettings, prepare
+
+    return prepare(
+        DataSettings.from_config(SimpleNamespace(**settings)), Path(assets), Path(cache_root or default_cache_root())
+    ).cache_dir

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from trnqwen.errors import UsageError
-from trnqwen.evaluate.data import Conversation, EvalData, from_cache, held_out_conversations, is_cache_dir
+from trnqwen.evaluate.data import Conversation, EvalData, eval_data, held_out_conversations
 from trnqwen.evaluate.report import EVAL_RECORD, EvalReport, EvalResult, Generation
 from trnqwen.evaluate.targets import (
     EvalTarget,
@@ -57,6 +57,7 @@ def plan_eval(
     batch_size: int = DEFAULT_BATCH_SIZE,
     device: str = "auto",
     seq_len: Optional[int] = None,
+    data_cache_dir: Optional[Path] = None,
     trust_remote_code: bool = False,
 ) -> EvalPlan:
     """Resolve checkpoints, base, data and prompts; raise :class:`UsageError` on bad input."""
@@ -83,7 +84,7 @@ def plan_eval(
         check_same_architecture(targets[0], targets[1:])
     unique_labels(targets)
 
-    data = eval_data(dataset, targets, seq_len=seq_len)
+    data = eval_data(dataset, targets, seq_len=seq_len, data_cache_dir=data_cache_dir)
     conversations: list[Conversation] = []
     if generate:
         require_chat_template(targets[0])
@@ -99,52 +100,6 @@ def plan_eval(
         batch_size=batch_size, max_new_tokens=max_new_tokens, trust_remote_code=trust_remote_code,
         record_dir=record_run.run_dir if record_run else None,
     )
-
-
-def eval_data(dataset: Optional[str], targets: list[EvalTarget], *, seq_len: Optional[int]) -> EvalData:
-    """``--dataset`` (a dataset cache, or any dataset through the training pipeline), else the
-    validation split of the run the first checkpoint came from."""
-    if dataset is not None:
-        path = Path(dataset).expanduser()
-        if path.is_dir() and is_cache_dir(path):
-            from trnqwen.dataset.cache import has_split
-
-            return from_cache(path, "val" if has_split(path, "val") else "train", name=dataset)
-        return prepare_dataset_for(dataset, targets[0], seq_len=seq_len)
-    run = next((t.run for t in targets if not t.is_base and t.run is not None), None) or next(
-        (t.run for t in targets if t.run is not None), None
-    )
-    if run is None:
-        raise UsageError(
-            "no evaluation data: the checkpoint came from no recorded run",
-            hint="pass --dataset D (a JSONL/Parquet file, a folder, a Hub dataset or a dataset cache)",
-        )
-    cache = run.dataset_cache
-    if cache is None:
-        raise UsageError(
-            f"run {run.run_id} recorded no tokenized dataset to take its validation split from",
-            hint="pass --dataset D, or train with --val-split 0.05",
-        )
-    from trnqwen.dataset.cache import has_split
-
-    if not has_split(cache, "val"):
-        raise UsageError(
-            f"run {run.run_id} has no validation split",
-            hint="pass --dataset D, or train with --val-split 0.05 (or --val-dataset PATH)",
-        )
-    return from_cache(cache, "val", name=f"{run.run_id} validation split")
-
-
-def prepare_dataset_for(dataset: str, target: EvalTarget, *, seq_len: Optional[int]) -> EvalData:
-    """Tokenize ``dataset`` with the training pipeline (same template, masks and packing)."""
-    try:
-        from trnqwen.dataset import prepare as pipeline  # noqa: F401
-    except ImportError:
-        raise UsageError(
-            f"--dataset {dataset}: this trnqwen has no data pipeline to tokenize it",
-            hint="pass a tokenized dataset cache folder (trnqwen data writes one)",
-        ) from None
-    raise UsageError(f"--dataset {dataset}: not wired yet", hint="pass a tokenized dataset cache folder")
 
 
 def require_chat_template(target: EvalTarget) -> None:
@@ -255,7 +210,7 @@ def run_eval(
     plan = plan_eval(
         checkpoints, runs_dir=Path(cfg.runs_dir), dataset=dataset, base=base, generate=generate,
         max_new_tokens=max_new_tokens, batch_size=batch_size, device=cfg.device,
-        seq_len=run_flags.get("seq_len"), trust_remote_code=cfg.trust_remote_code,
+        seq_len=run_flags.get("seq_len"), data_cache_dir=cfg.data_cache_dir, trust_remote_code=cfg.trust_remote_code,
     )
     say = None if json_out or not sys.stderr.isatty() else output.info
     if say is not None:
