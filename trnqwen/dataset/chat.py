@@ -155,22 +155,26 @@ def _render_batched(tokenizer, conversations: list, examples: list[Example], *, 
 
 def _batch_renderer(tokenizer):
     """transformers' compiled template (the object ``apply_chat_template`` renders with) called
-    directly: our messages are already plain ``{role, content}`` string dicts, so its per-call
-    copying and normalising would only cost time.  ``apply_chat_template`` itself where that
-    internal is not available; the labels tests compare both against ``apply_chat_template``."""
+    directly.  Our messages are already plain ``{role, content}`` string dicts, so its per-call
+    copying is not needed, and the template's globals are merged into the context once instead
+    of on every render (jinja's ``shared`` context): about twice as fast on chat data.  Any
+    failure re-renders that batch through ``apply_chat_template`` itself, one conversation at a
+    time, for the error message; the labels tests compare the texts with ``apply_chat_template``."""
     template = tokenizer.get_chat_template()
     extra = dict(tokenizer.special_tokens_map)
     try:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
         compiled = _compile_jinja_template(template)
+        base = dict(compiled.globals)
+        concat = compiled.environment.concat
     except (ImportError, AttributeError, TypeError):  # pragma: no cover - other transformers versions
         return lambda chunk, gen: tokenizer.apply_chat_template(chunk, tokenize=False, add_generation_prompt=gen)
 
     def render_many(chunk, generation_prompt):
+        fixed = {**base, "tools": None, "documents": None, "add_generation_prompt": generation_prompt, **extra}
         return [
-            compiled.render(messages=messages, tools=None, documents=None, add_generation_prompt=generation_prompt,
-                            **extra)
+            concat(compiled.root_render_func(compiled.new_context({**fixed, "messages": messages}, shared=True)))
             for messages in chunk
         ]
 
