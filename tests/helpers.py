@@ -58,6 +58,16 @@ def assert_clean_error(result: Result, *, code: int, contains: str) -> None:
     assert "Traceback" not in result.text, result.text
 
 
+def assert_verified_export(doc: dict, step_dir: Path, *, step: int) -> None:
+    """What verify-ckpt reports for a whole tiny-Qwen3 export: the run's step, every value scanned."""
+    assert doc["ok"] and doc["problems"] == [], doc["problems"]
+    assert doc["checkpoint"] == str(step_dir) and doc["step"] == step
+    assert doc["config_source"] == "the run record's assets" and doc["scanned"]
+    assert doc["missing_keys"] == [] and doc["unexpected_keys"] == [] and doc["nonfinite"] == {}
+    assert doc["expected_missing"] == ["lm_head.weight"]  # tied to the embedding: not saved twice
+    assert doc["num_tensors"] > 0 and doc["num_parameters"] > 0
+
+
 @contextlib.contextmanager
 def mounted_tmpfs(where: Path, options: str):
     """A real tmpfs (e.g. ``ro,size=1m`` or ``size=3m``): chmod does not stop root, a mount does.

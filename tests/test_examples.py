@@ -96,8 +96,11 @@ def test_example_configs_plan_a_64_rank_run_on_a_nominal_trn2(in_tmp):
     cfg = resolve_config({"assets_dir": str(in_tmp / "missing")}, config_file=EXAMPLES / "trn2-native.toml",
                          environ={}).config
     plan = plan_train(cfg, dry_run=True)
-    assert plan.nproc_per_node == 64
-    assert any(tok.endswith("64") for tok in plan.argv if "nproc" in tok) or "64" in plan.argv
+    assert plan.device.type == "neuron" and plan.topology.world_size == plan.nproc_per_node == 64
+    argv = plan.argv
+    assert argv[argv.index("--nproc_per_node") + 1] == "64"
+    assert argv[argv.index("--rdzv_endpoint") + 1] == "localhost:0"
+    assert argv[argv.index("-m", 3) + 1] == plan.job.entry_module and plan.job.backend == cfg.backend == "native"
 
 
 # --- (1) the pure-PyTorch RoPE equals torchtitan's exactly ------------------------------------------

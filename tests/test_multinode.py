@@ -205,7 +205,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from tests.helpers import REPO_ROOT, run_subprocess  # noqa: E402
+from tests.helpers import REPO_ROOT, assert_verified_export, run_subprocess  # noqa: E402
 
 TINY_RUN = ["--model", "builtin:tiny-qwen3", "--device", "cpu", "--nproc-per-node", "1", "--seq-len", "128", "--finetune"]
 
@@ -285,8 +285,9 @@ def test_two_nodes_on_loopback_train_one_consolidated_checkpoint(tmp_path):
     # ONE consolidated HF checkpoint that verify-ckpt accepts (default: the last run's export).
     exports = list((work / "checkpoint_tiny_qwen3_ft").glob("step-*/model-*.safetensors"))
     assert [p.name for p in exports] == ["model-00001-of-00001.safetensors"]
-    r = run_subprocess("verify-ckpt", cwd=work, timeout=300)
+    r = run_subprocess("verify-ckpt", "--json", cwd=work, timeout=300)
     assert r.code == 0, r.text
+    assert_verified_export(json.loads(r.out), exports[0].parent, step=2)
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_subprocess
+from tests.helpers import assert_verified_export, run_subprocess
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 from trnqwen.config import RunConfig
 from trnqwen.errors import CheckFailed, UsageError
@@ -151,5 +151,7 @@ def test_real_slurm_job_trains_the_tiny_model(slurm_cluster, tmp_path, monkeypat
     report = json.loads(logs.out)
     assert report["source"] == str(node_logs[0])
     assert [s["step"] for s in report["steps"]] == [1, 2]
-    ckpt = run_subprocess("verify-ckpt", cwd=work, timeout=300)
+    ckpt = run_subprocess("verify-ckpt", "--json", cwd=work, timeout=300)
     assert ckpt.code == 0, ckpt.text
+    (export,) = sorted((work / "checkpoint_tiny_qwen3_ft").glob("step-*"))
+    assert_verified_export(json.loads(ckpt.out), export, step=2)
