@@ -62,7 +62,9 @@ def assert_verified_export(doc: dict, step_dir: Path, *, step: int) -> None:
     """What verify-ckpt reports for a whole tiny-Qwen3 export: the run's step, every value scanned."""
     assert doc["ok"] and doc["problems"] == [], doc["problems"]
     assert doc["checkpoint"] == str(step_dir) and doc["step"] == step
-    assert doc["config_source"] == "the run record's assets" and doc["scanned"]
+    # exports are whole model folders: the model is built from the config.json written beside them
+    assert doc["config_source"] == "beside the checkpoint" and doc["config_path"] == str(step_dir / "config.json")
+    assert doc["scanned"]
     assert doc["missing_keys"] == [] and doc["unexpected_keys"] == [] and doc["nonfinite"] == {}
     assert doc["expected_missing"] == ["lm_head.weight"]  # tied to the embedding: not saved twice
     assert doc["num_tensors"] > 0 and doc["num_parameters"] > 0
