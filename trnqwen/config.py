@@ -109,6 +109,8 @@ class RunConfig(BaseModel):
         None, description="Save the last step as HF safetensors (default: on with --finetune)."
     )
     runs_dir: Path = Field(Path(".trnqwen/runs"), description="Where run directories (logs, records) are kept.")
+    tensorboard: bool = Field(False, description="Write TensorBoard events into the run dir (the trainer's own writer).")
+    wandb: bool = Field(False, description="Log to Weights & Biases (needs wandb installed and logged in).")
     compile_cache_dir: Optional[Path] = Field(
         None, description="Neuron compile cache (default .trnqwen/neff-cache; TORCH_NEURONX_NEFF_CACHE_DIR wins)."
     )

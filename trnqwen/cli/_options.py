@@ -166,6 +166,22 @@ TopKOpt = Annotated[
     Optional[int],
     typer.Option("--top-k", help=f"nki-moe: experts per token. Env: TRNQWEN_TOP_K. {_default('top_k')}", show_default=False),
 ]
+TensorboardOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--tensorboard/--no-tensorboard",
+        help="TensorBoard events in the run dir (<run>/tb), validation included. Env: TRNQWEN_TENSORBOARD. [default: off]",
+        show_default=False,
+    ),
+]
+WandbOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--wandb/--no-wandb",
+        help="Log to Weights & Biases (wandb installed and logged in; project trnqwen). Env: TRNQWEN_WANDB. [default: off]",
+        show_default=False,
+    ),
+]
 ExportHfOpt = Annotated[
     Optional[bool],
     typer.Option(

@@ -43,6 +43,8 @@ from trnqwen.cli._options import (
     TimeLimitOpt,
     TopKOpt,
     TpOpt,
+    TensorboardOpt,
+    WandbOpt,
     given,
 )
 
@@ -111,6 +113,8 @@ def train(
     num_experts: NumExpertsOpt = None,
     top_k: TopKOpt = None,
     export_hf: ExportHfOpt = None,
+    tensorboard: TensorboardOpt = None,
+    wandb: WandbOpt = None,
     launcher: LauncherOpt = None,
     nnodes: NnodesOpt = None,
     node_rank: NodeRankOpt = None,
@@ -163,6 +167,8 @@ def train(
             num_experts=num_experts,
             top_k=top_k,
             export_hf=export_hf,
+            tensorboard=tensorboard,
+            wandb=wandb,
             launcher=launcher,
             nnodes=nnodes,
             node_rank=node_rank,

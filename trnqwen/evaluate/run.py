@@ -163,7 +163,9 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
             )
         )
     if plan.record_dir is not None:
-        record(plan.record_dir, report)
+        run = next(t.run for t in plan.targets if t.run is not None and t.run.run_dir == plan.record_dir)
+        last = (run.record.extra.get("summary") or {}).get("last_step")
+        record(plan.record_dir, report, step=(last.get("step") if isinstance(last, dict) else None) or run.record.steps)
     return report
 
 
@@ -179,12 +181,15 @@ def prompt_text(tokenizer, prompt_ids: list[int]) -> str:
     return tokenizer.decode(prompt_ids, skip_special_tokens=True).strip()
 
 
-def record(run_dir: Path, report: EvalReport) -> None:
+def record(run_dir: Path, report: EvalReport, *, step: Optional[int] = None) -> None:
     """``<run dir>/eval.json`` (atomic), and the losses into the run's TensorBoard events if any."""
     from trnqwen.fsutil import write_json_atomic
+    from trnqwen.train.tracking import log_eval
 
-    payload: dict[str, Any] = {**report.to_json(), "evaluated_at": time.time()}
+    results = report.to_json()["results"]
+    payload: dict[str, Any] = {**report.to_json(), "step": step, "evaluated_at": time.time()}
     write_json_atomic(Path(run_dir) / EVAL_RECORD, payload)
+    log_eval(Path(run_dir), results, step if isinstance(step, int) else None)
 
 
 def run_eval(

@@ -314,7 +314,7 @@ def training_arguments(spec: HFTrainerSpec, plan: ParallelPlan, *, bf16_supporte
         logging_steps=1,
         logging_first_step=True,
         save_strategy="no",  # the HF export below is the checkpoint
-        report_to="none",
+        report_to=[name for name in spec.report_to.split(",") if name] or "none",
         disable_tqdm=True,
         dataloader_drop_last=True,  # a short last batch would be a new shape: a recompile on Neuron
         bf16=spec.device != "cpu" and bf16_supported,  # mixed precision; fp32 master weights

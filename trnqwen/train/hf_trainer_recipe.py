@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.assets import read_config_json
 from trnqwen.errors import EnvironmentProblem, UsageError
+from trnqwen.train import tracking
 from trnqwen.train.hf_trainer_spec import HFTrainerSpec, SpecError, choose_strategy, spec_to_argv
 from trnqwen.train.job import TrainJob
 from trnqwen.train.topology import Topology, plan_topology
@@ -98,6 +99,7 @@ def build_hf_trainer_spec(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[
         peak_flops_per_rank=getattr(device, "peak_flops_per_rank", None),
         memory_bytes_per_rank=getattr(device, "memory_bytes_per_rank", None),
         trust_remote_code=cfg.trust_remote_code,
+        report_to=",".join(tracking.report_to(cfg)),
     )
 
 
@@ -160,6 +162,8 @@ def build_hf_trainer_job(
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // topology.nproc_per_node))
     if device_type == "neuron":
         env["HF_DEACTIVATE_ASYNC_LOAD"] = "1"  # avoids a reported hang in HF model loading on Neuron
+    env.update(tracking.rank_env(cfg, run_dir))
+    notes += tracking.check(cfg, check_runtime=check_runtime)
     layers, params, vocab = _model_facts(read_config_json(assets_dir))
     return TrainJob(
         backend="hf-trainer",

@@ -52,6 +52,7 @@ class HFTrainerSpec:
     trust_remote_code: bool = False
     max_grad_norm: float = 1.0
     strategy: str = "auto"  # auto | ddp | distributed-config
+    report_to: str = ""  # comma-separated Trainer report_to ("tensorboard,wandb"): --tensorboard / --wandb
 
     def validate(self) -> "HFTrainerSpec":
         problems = []

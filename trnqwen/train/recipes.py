@@ -29,7 +29,7 @@ from trnqwen.assets import read_config_json
 from trnqwen.config import RunConfig
 from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import EnvironmentProblem, UsageError
-from trnqwen.train import compat
+from trnqwen.train import compat, tracking
 from trnqwen.train.preflight import count_params  # one parameter formula for both
 from trnqwen.train.datasets import DataSpec, render_dataset_code, resolve_dataset
 from trnqwen.train.job import TrainJob
@@ -110,6 +110,7 @@ def build_job(
         env["OMP_NUM_THREADS"] = str(threads)
     if cfg.backend == "hf-v5":
         env["HF_DEACTIVATE_ASYNC_LOAD"] = "1"
+    env.update(tracking.rank_env(cfg, run_dir))
     job = TrainJob(
         backend=cfg.backend,
         entry_module=ENTRY_MODULE if needs_entry else plan.api.trainer_module,
@@ -174,6 +175,7 @@ def make_plan(
             f"{ckpt} already holds checkpoints: torchtitan resumes from its latest step instead of the "
             "initial load; pass --checkpoint-dir for a fresh run"
         )
+    notes += tracking.check(cfg, check_runtime=check_runtime)
     plan = Plan(
         cfg=cfg, device=device, api=api, assets_dir=assets_dir, hf_config=hf_config, data=data,
         topology=topology, checkpoint_dir=ckpt,
@@ -355,6 +357,7 @@ def _render(plan: Plan) -> str:
         f"config.optimizer = default_adamw(lr={cfg.lr!r})",
         f"config.lr_scheduler.warmup_steps = {min(cfg.warmup_steps, cfg.steps)}",
         "config.metrics.log_freq = 1",
+        *tracking.titan_lines(cfg),  # --tensorboard / --wandb: torchtitan's own writers
     ]
     if cfg.seed is not None:
         body.append(f"config.debug.seed = {cfg.seed}")
