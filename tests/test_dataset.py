@@ -472,3 +472,9 @@ def test_template_from_chat_template_jinja_and_missing_template(tmp_path, tiny):
     assert changed != template
     (snapshot / "chat_template.jinja").write_text(changed)
     assert run(tmp_path, snapshot, dataset=str(data)).cache_dir != from_jinja.cache_dir
+
+
+def test_a_cache_folder_as_dataset_is_used_as_it_is(tmp_path, tiny):
+    first = run(tmp_path, tiny, seq_len=128)
+    again = run(tmp_path, tiny, dataset=str(first.cache_dir), seq_len=4096)
+    assert again.reused and again.cache_dir == first.cache_dir and again.report == first.report

@@ -21,6 +21,7 @@ from trnqwen.dataset import cache
 from trnqwen.dataset.formats import FORMATS, Example, detect_format, normalise
 from trnqwen.dataset.sources import Source, resolve_source
 from trnqwen.errors import UsageError
+from trnqwen.fsutil import expand_user
 
 # Bump when the rendering/masking/packing rules change, so old caches are not reused.
 PIPELINE_VERSION = 1
@@ -88,6 +89,9 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
     from trnqwen.dataset import chat
 
     _check_settings(settings)
+    prepared = _existing_cache(settings.dataset)
+    if prepared is not None:
+        return prepared
     source = resolve_source(settings.dataset, split=settings.dataset_split)
     val_source = resolve_source(settings.val_dataset, split=settings.dataset_split) if settings.val_dataset else None
     key = _key(settings, source, val_source, assets_dir)
@@ -107,6 +111,17 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
     docs = chat.tokenize(tokenizer, texts, spans)
     return _pack_and_write(settings, docs, everything, fmt, records, train_idx, val_idx, tokenizer, source,
                            cache_root, key)
+
+
+def _existing_cache(dataset: Optional[str]) -> Optional[PreparedData]:
+    """``--dataset`` naming a cache folder itself (what ``trnqwen data`` printed): use it as is."""
+    if not dataset:
+        return None
+    path = expand_user(dataset)
+    found = cache.lookup(path.parent, path.name) if path.is_dir() else None
+    if found is None:
+        return None
+    return PreparedData(found, path.name, True, cache.read_meta(found).get("report", {}))
 
 
 def _check_settings(settings: DataSettings) -> None:
