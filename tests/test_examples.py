@@ -1,6 +1,8 @@
 """examples/: the trnqwen.toml files load, the pure-PyTorch RoPE override equals torchtitan's
-rotary embedding bit for bit, a real CPU run logs its override once per layer, and the NKI
-example works against test doubles of torch-neuronx and nkilib."""
+rotary embedding bit for bit (with per-document positions too, forward and backward), a real CPU
+run logs its override once per layer, runs the custom path on every call and trains to the same
+losses as torchtitan's own RoPE, and the NKI example works against test doubles of torch-neuronx
+and nkilib."""
 
 from __future__ import annotations
 
@@ -65,6 +67,29 @@ def _titan_rope(head_dim=32, max_seq_len=512, theta=1e6):
     from torchtitan.models.common.rope import CosSinRoPE
 
     return CosSinRoPE.Config(dim=head_dim, max_seq_len=max_seq_len, theta=theta)
+
+
+def _packed_positions(batch=2, seq=256):
+    """Per-document positions as torchtitan 0.3.0's text dataloader yields them: each row packs
+    several documents, positions restart at 0 at each document, and the rows differ."""
+    import torch
+
+    rows = [[100, 156], [30, 200, 26], [7, 1, 120, 128]]
+    return torch.stack([torch.cat([torch.arange(n) for n in rows[i % len(rows)]]) for i in range(batch)])
+
+
+def _rope_results(module, q, k, positions=None):
+    """(q_out, k_out, dq, dk) through ``module`` for a loss that weighs every output differently."""
+    import torch
+
+    qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
+    out_q, out_k = module(qq, kk, positions)
+    (out_q.square().sum() + (out_k * torch.arange(float(k.shape[-1]))).sum()).backward()
+    return out_q.detach(), out_k.detach(), qq.grad, kk.grad
+
+
+def _calls(module):
+    return int(module.custom_calls), int(module.fallback_calls)
 
 
 # --- trnqwen.toml examples ------------------------------------------------------------------------
@@ -135,6 +160,68 @@ def test_torch_rope_gradients_match_torchtitan(torch_rope):
         (out_q.square().sum() + (out_k * 3).sum()).backward()
         grads.append((qq.grad, kk.grad))
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+@pytest.mark.parametrize("rows", ["per-row", "shared"])
+def test_torch_rope_with_per_document_positions_equals_torchtitan_forward_and_backward(torch_rope, rows):
+    """Packed documents whose positions reset mid-sequence: the twin takes its own path (a
+    gathered [batch, seq, head_dim*2] cache) and matches CosSinRoPE exactly, max abs diff 0."""
+    titan = _titan_rope().build()
+    ours = torch_rope.TorchRoPE.Config(dim=32, max_seq_len=512, theta=1e6).build()
+    q, k = _qk(batch=3, seq=256)
+    positions = _packed_positions(batch=3) if rows == "per-row" else _packed_positions(batch=1)
+    assert (positions[:, 1:] == 0).any()  # a document starts mid-window
+    ref = _rope_results(titan, q, k, positions)
+    got = _rope_results(ours, q, k, positions)
+    for r, g in zip(ref, got):
+        assert g.shape == r.shape and (g - r).abs().max().item() == 0.0
+    assert _calls(ours) == (1, 0)
+    # the positions matter: the prefix cache would give a different answer
+    assert (_rope_results(titan, q, k)[0] - got[0]).abs().max().item() > 0.1
+
+
+def test_gathered_cache_has_one_row_per_token(torch_rope):
+    import torch
+
+    cache = _titan_rope().build().cache
+    positions = _packed_positions(batch=2)
+    gathered, why = torch_rope.gather_rope_cache(cache, positions, 2, 256)
+    assert why == "" and gathered.shape == (2, 256, 64) and gathered.is_contiguous()
+    assert torch.equal(gathered[1, 30], cache[0]) and torch.equal(gathered[1, 229], cache[199])
+    single, _ = torch_rope.gather_rope_cache(cache, positions[:1], 2, 256)
+    assert single.shape == (256, 64) and torch.equal(single[100], cache[0])
+    prefix, _ = torch_rope.gather_rope_cache(cache, None, 2, 256)
+    assert torch.equal(prefix, cache[:256])
+    none, why = torch_rope.gather_rope_cache(cache, positions[:, :128], 2, 256)
+    assert none is None and "do not match" in why
+
+
+def test_torch_rope_counts_fallbacks_and_logs_one_calls_line_after_the_first_step(torch_rope, caplog):
+    """A call it cannot serve falls back (counted, warned); the first optimizer step logs the
+    documented line once; later steps log nothing more."""
+    import logging
+
+    import torch
+
+    titan = _titan_rope().build()
+    ours = torch_rope.TorchRoPE.Config(dim=32, max_seq_len=512, theta=1e6, override_name="test.torch_rope").build()
+    assert ours.counter is torch_rope.counter_for("test.torch_rope")
+    q, k = _qk(batch=2, seq=256)
+    ours(q, k, _packed_positions(batch=2))
+    bad = _packed_positions(batch=2)[:, :128]  # positions that do not fit q: torchtitan's path
+    with pytest.raises(RuntimeError):  # ...which rejects them too: the fallback really ran it
+        ours(q, k, bad)
+    assert _calls(ours) == (1, 1)
+    param = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([param], lr=0.1)
+    with caplog.at_level(logging.INFO, logger=""):
+        for _ in range(2):
+            param.sum().backward()
+            opt.step()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[OverrideCalls] test.torch_rope")]
+    assert lines == ["[OverrideCalls] test.torch_rope: calls=1 fallbacks=1 modules=1 rank=0 step=1 reason: "
+                     "positions of shape (2, 128) do not match q's local [batch=2, seq=256]"]
+    del titan
 
 
 def test_torch_rope_override_replaces_every_layer_of_a_qwen3_config(torch_rope):
@@ -244,14 +331,76 @@ def test_nki_seq_len_check_rejects_300_at_lnc2(nki_example, monkeypatch):
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
     with pytest.raises(ValueError, match="got 300"):
         nki_example.check_seq_len(300)
-    # the module refuses before launching the kernel, and so does the override factory
-    rope = nki_example.NKIRoPE.Config(dim=32, max_seq_len=512, theta=1e6).build()
-    q, k = _qk(seq=300)
-    with pytest.raises(ValueError, match="got 300"):
-        rope(q, k)
+    # the override factory refuses it when told the training length...
     with pytest.raises(ValueError, match="got 300"):
         nki_example.nki_rope(_titan_rope(), seq_len=300)
     assert type(nki_example.nki_rope(_titan_rope(), seq_len=2048)) is nki_example.NKIRoPE.Config
+
+
+def test_nki_rope_falls_back_where_the_kernel_cannot_tile_counted_and_named(nki_example, monkeypatch):
+    """seq 300 at LNC=2: never launched (the kernel would assert), torchtitan's rotation instead,
+    counted as a fallback with the reason; a tileable length runs the kernel again."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    titan = _titan_rope().build()
+    rope = nki_example.NKIRoPE.Config(dim=32, max_seq_len=512, theta=1e6, override_name="test.nki_300").build()
+    q, k = _qk(seq=300)
+    for got, ref in zip(_rope_results(rope, q, k), _rope_results(titan, q, k)):
+        assert (got - ref).abs().max().item() == 0.0
+    assert _calls(rope) == (0, 1)
+    line = rope.counter.line()
+    assert " calls=0 fallbacks=1 modules=0 " in line
+    assert line.endswith("reason: NKI rope_hf needs the sequence length to be a multiple of 256 (128 x LNC=2), "
+                         "got 300; use --seq-len 256 or 512")
+    rope(*_qk(seq=256))
+    assert _calls(rope) == (1, 1)
+
+
+@pytest.mark.parametrize("rows", ["per-row", "shared", "none"])
+def test_nki_rope_with_per_document_positions_runs_the_kernel_and_matches(nki_example, monkeypatch, rows):
+    """Packed documents (positions reset mid-window): the kernel runs with the gathered cache,
+    [batch, seq, head_dim*2] (per-row positions) or [seq, head_dim*2]; forward and backward
+    (rope_bwd through register_autograd) equal CosSinRoPE's exactly."""
+    import torch
+
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    titan = _titan_rope().build()
+    nki = nki_example.NKIRoPE.Config(dim=32, max_seq_len=512, theta=1e6, override_name=f"test.nki_{rows}").build()
+    q, k = _qk(batch=3, seq=256)
+    positions = {"per-row": _packed_positions(batch=3), "shared": _packed_positions(batch=1), "none": None}[rows]
+    seen = []
+    kernel = nki_example.rope_hf.func
+
+    def recording_kernel(q, k, q_out, k_out, cos=None, sin=None, rope_cache=None, backward=False):
+        seen.append((tuple(rope_cache.shape), backward))
+        return kernel(q, k, q_out, k_out, cos=cos, sin=sin, rope_cache=rope_cache, backward=backward)
+
+    monkeypatch.setattr(nki_example.rope_hf, "func", recording_kernel)
+    got = _rope_results(nki, q, k, positions)
+    ref = _rope_results(titan, q, k, positions)
+    for r, g in zip(ref, got):
+        assert g.shape == r.shape and (g - r).abs().max().item() == 0.0
+    cache_shape = (3, 256, 64) if rows == "per-row" else (256, 64)
+    assert seen == [(cache_shape, False), (cache_shape, True)]  # the forward and the backward kernel
+    assert _calls(nki) == (1, 0) and nki.counter.name == f"test.nki_{rows}"
+    assert torch.equal(nki.custom_calls, torch.tensor(1))
+
+
+def test_nki_kernel_double_takes_the_batched_cache_like_rope_hf(nki_example):
+    """nkilib's rope_hf: rope_cache is [optional(batch), seq, head_dim*2]; a 3-D cache gives
+    each sequence of the batch its own table (same result as one 2-D call per row)."""
+    import torch
+
+    q, k = (t.transpose(1, 2).contiguous() for t in _qk(batch=2, seq=128))
+    cache = _titan_rope().build().cache
+    batched = torch.stack([cache[:128], cache[200:328]])
+    call = nki_example.wrap_nki(nki_example.rope_hf)[(1,)]
+    q_out, k_out = call(q, k, torch.empty_like(q), torch.empty_like(k), rope_cache=batched)
+    for row in range(2):
+        rq, rk = call(q[row:row + 1], k[row:row + 1], torch.empty_like(q[:1]), torch.empty_like(k[:1]),
+                      rope_cache=batched[row])
+        assert torch.equal(q_out[row:row + 1], rq) and torch.equal(k_out[row:row + 1], rk)
+    with pytest.raises(AssertionError, match="batch size"):
+        call(q, k, torch.empty_like(q), torch.empty_like(k), rope_cache=batched[:1].expand(3, -1, -1))
 
 
 def test_nki_rope_module_matches_torchtitan_forward_and_backward(nki_example, monkeypatch):

@@ -8,10 +8,16 @@ Written for torchtitan 0.3.0's override registry and torch-neuronx's NKI operato
    PyTorch operators (eager and ``torch.compile``), and ``register_autograd`` makes the
    backward kernel (``rope_hf(..., backward=True)``) the forward's gradient;
 3. torchtitan stores q/k as ``[batch, seq, heads, head_dim]`` and ``rope_hf`` wants
-   ``[batch, heads, seq, head_dim]``: ``NKIRoPE`` transposes in and out, and passes the rotary
-   cache as ``[seq, head_dim * 2]`` (cosines first, sines second);
-4. ``rope_hf`` needs the sequence length to be a multiple of ``128 * LNC`` (256 at LNC=2):
-   :func:`check_seq_len` refuses anything else before the kernel is ever launched;
+   ``[batch, heads, seq, head_dim]``: ``NKIRoPE`` transposes in and out.  The rotary cache rows
+   are ``[cos | sin]`` (``head_dim * 2`` wide, torchtitan's ``CosSinRoPE`` cache).  torchtitan
+   0.3.0's dataloader yields per-document ``positions`` (they restart at 0 at every document
+   packed into a window), so ``NKIRoPE`` gathers one cache row per token and hands ``rope_hf``
+   the batched cache it accepts, ``[batch, seq, head_dim * 2]`` (``[seq, head_dim * 2]`` when all
+   rows share their positions or none are given);
+4. ``rope_hf`` needs the sequence length to be a multiple of ``128 * LNC`` (256 at LNC=2): a
+   call with any other length runs torchtitan's own rotation instead, counted as a fallback and
+   warned about once; :func:`check_seq_len` refuses such a length when the override is applied
+   if you pass it ``seq_len``;
 5. ``NKIRoPE(CosSinRoPE)`` with its own ``Config`` is attached by ``@override(target=
    CosSinRoPE.Config, exact=True, ...)``; the factory returns ``derive(cfg, NKIRoPE.Config)``.
 
@@ -23,33 +29,45 @@ factory's ``module.function`` path)::
         --override-imports my_neuron_kernels.nki_rope
 
 torchtitan then logs one ``[Override] my_neuron_kernels.nki_rope: model_spec.model.layers.N.
-attention.rope CosSinRoPE.Config -> NKIRoPE.Config`` line per Qwen3 layer (36 for Qwen3-4B);
-``trnqwen inspect-logs`` checks there is exactly one per layer.  To check the training length
+attention.rope CosSinRoPE.Config -> NKIRoPE.Config`` line per Qwen3 layer (36 for Qwen3-4B).
+That proves the module was installed, not that the kernel ran: after the first optimizer step
+each rank logs ``[OverrideCalls] my_neuron_kernels.nki_rope: calls=72 fallbacks=0 modules=36
+rank=R step=1`` (calls that launched ``rope_fwd``, calls that fell back, layers that ran it).
+``trnqwen inspect-logs`` checks both: one ``[Override]`` line per layer, kernel calls, no fallbacks.  To check the training length
 when the override is applied (before any step), pass it along:
 ``--override-imports 'my_neuron_kernels.nki_rope={"seq_len": 2048}'``.
 
 To replace only layers 10-19, use ``nki_rope_layers_10_19`` instead (``fqns`` selects nodes by
 glob; two overrides claiming one node stop torchtitan, and one matching nothing is a warning).
 
-Needs: torch-neuronx (2.13+, native ``neuron`` device), nkilib, torchtitan 0.3.0.
+Needs: torch-neuronx (2.13+, native ``neuron`` device), nkilib, torchtitan 0.3.0.  The file
+imports nothing from trnqwen: copy it and change the kernel.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
+from torch.distributed.tensor import DTensor
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch_neuronx import nki_op, wrap_nki
 from torchtitan.config import derive, override
 from torchtitan.models.common.rope import CosSinRoPE
+from torchtitan.tools.logging import logger
 
 from nkilib.core.embeddings.rope_hf import rope_hf
 
 __all__ = [
+    "CALLS_TAG",
+    "CallCounter",
     "NKI_TILE",
     "NKIRoPE",
     "check_seq_len",
+    "gather_rope_cache",
     "logical_cores",
     "nki_rope",
     "nki_rope_layers_10_19",
@@ -59,6 +77,7 @@ __all__ = [
 
 NKI_TILE = 128  # rope_hf processes the sequence in 128-row tiles on each logical-core shard
 ALL_LAYERS = ["*layers.*.attention.rope"]
+CALLS_TAG = "[OverrideCalls]"
 
 
 def logical_cores() -> int:
@@ -83,12 +102,111 @@ def check_seq_len(seq_len: int, lnc: int | None = None) -> None:
         )
 
 
+# --- proof that the custom path ran -------------------------------------------------------------
+
+
+class CallCounter:
+    """Counts, per override, the calls that ran the custom path and the calls that fell back.
+
+    Each module keeps two 0-d int64 buffers and adds 1 to one of them per call: a tensor op, so
+    the count stays right under ``torch.compile`` (a Python ``+= 1`` would be traced once).  After
+    the first optimizer step of the process (torch's global step hook) one line is logged::
+
+        [OverrideCalls] NAME: calls=C fallbacks=F modules=M rank=R step=1[ reason: TEXT]
+
+    ``calls``: forward calls that ran the custom rotation (summed over the modules of this rank;
+    activation recomputation counts again); ``fallbacks``: calls that ran torchtitan's own path
+    instead; ``modules``: how many module instances ran the custom path at least once (one per
+    layer the override replaced); ``reason``: why the first fallback happened.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        self.modules: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+        self.reason: Optional[str] = None
+        self.steps_seen = 0
+        self._hook = None
+
+    def track(self, module: torch.nn.Module) -> None:
+        self.modules.add(module)
+        if self._hook is None:
+            self._hook = register_optimizer_step_post_hook(self._after_step)
+
+    def fell_back(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            logger.warning(f"{self.name}: falling back to torchtitan's rotation: {reason}")
+
+    def totals(self) -> tuple[int, int, int]:
+        calls = fallbacks = modules = 0
+        for module in list(self.modules):
+            if module.custom_calls.is_meta:  # built on the meta device and never materialised
+                continue
+            c, f = _count(module.custom_calls), _count(module.fallback_calls)
+            calls, fallbacks, modules = calls + c, fallbacks + f, modules + (c > 0)
+        return calls, fallbacks, modules
+
+    def line(self) -> str:
+        calls, fallbacks, modules = self.totals()
+        rank = os.environ.get("RANK", "0")
+        text = f"{CALLS_TAG} {self.name}: calls={calls} fallbacks={fallbacks} modules={modules} rank={rank} step=1"
+        return text + (f" reason: {self.reason}" if fallbacks and self.reason else "")
+
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        # The hook stays registered (torch iterates the hooks while calling them: removing one
+        # here would break the step); it only counts from now on.
+        self.steps_seen += 1
+        if self.steps_seen == 1:
+            logger.info(self.line())
+
+
+def _count(buf: torch.Tensor) -> int:
+    return int((buf.to_local() if isinstance(buf, DTensor) else buf).item())
+
+
+
+# One counter per override: the config of each replaced node names the override that made it.
+COUNTERS: dict[str, CallCounter] = {}
+
+
+def counter_for(name: str) -> CallCounter:
+    if name not in COUNTERS:
+        COUNTERS[name] = CallCounter(name)
+    return COUNTERS[name]
+
+
+def gather_rope_cache(
+    cache: torch.Tensor, positions: Optional[torch.Tensor], batch: int, seq_len: int
+) -> tuple[Optional[torch.Tensor], str]:
+    """The kernel's cache for these positions, or ``(None, why)`` when it cannot be built.
+
+    No positions: the cache's first ``seq_len`` rows (``[seq, 2d]``).  Positions ``[1, seq]`` or
+    ``[batch, seq]`` (per-document positions restart at 0 mid-window): one cache row per token,
+    ``[seq, 2d]`` for a single row, ``[batch, seq, 2d]`` otherwise.
+    """
+    if positions is None:
+        if cache.shape[0] < seq_len:
+            return None, f"the rope cache has {cache.shape[0]} rows, the sequence {seq_len}"
+        return cache[:seq_len], ""
+    if isinstance(positions, DTensor):
+        positions = positions.to_local()
+    if positions.dim() == 1:
+        positions = positions.unsqueeze(0)
+    if positions.dim() != 2 or positions.shape[-1] != seq_len or positions.shape[0] not in (1, batch):
+        return None, f"positions of shape {tuple(positions.shape)} do not match q's local [batch={batch}, seq={seq_len}]"
+    if not torch.compiler.is_compiling():  # the same asynchronous bounds check as torchtitan's
+        torch._assert_async(torch.all(positions < cache.shape[0]), "positions exceed the rope cache")
+    if positions.shape[0] == 1:
+        return cache[positions[0]], ""
+    return cache[positions], ""  # [batch, seq, 2d], contiguous (advanced indexing copies)
+
+
 # --- the operators -------------------------------------------------------------------------------
 
 
 @nki_op("my_kernels::rope_fwd", mutates_args={})
 def rope_fwd(q: torch.Tensor, k: torch.Tensor, rope_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE forward on ``[batch, heads, seq, head_dim]`` q/k with a ``[seq, head_dim*2]`` cache."""
+    """RoPE forward on ``[batch, heads, seq, head_dim]`` q/k with a ``[(batch,) seq, head_dim*2]`` cache."""
     q_out = torch.empty_like(q)
     k_out = torch.empty_like(k)
     q_out, k_out = wrap_nki(rope_hf)[(logical_cores(),)](q, k, q_out, k_out, rope_cache=rope_cache, backward=False)
@@ -133,7 +251,25 @@ class NKIRoPE(CosSinRoPE):
 
     @dataclass(kw_only=True, slots=True)
     class Config(CosSinRoPE.Config):
-        pass
+        override_name: str = f"{__name__}.nki_rope"  # whose [OverrideCalls] line counts this module
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self.register_buffer("custom_calls", torch.zeros((), dtype=torch.int64), persistent=False)
+        self.register_buffer("fallback_calls", torch.zeros((), dtype=torch.int64), persistent=False)
+        self.counter = counter_for(config.override_name)
+        self.counter.track(self)
+
+    def _init_self_buffers(self, *, buffer_device: torch.device | None = None) -> None:
+        super()._init_self_buffers(buffer_device=buffer_device)
+        device = self.cache.device if buffer_device is None else buffer_device
+        self.custom_calls = torch.zeros((), dtype=torch.int64, device=device)  # to_empty() left garbage
+        self.fallback_calls = torch.zeros((), dtype=torch.int64, device=device)
+
+    def _fall_back(self, why: str, query, key, positions):
+        self.fallback_calls.add_(1)
+        self.counter.fell_back(why)
+        return super().forward(query, key, positions)
 
     def forward(
         self,
@@ -141,15 +277,29 @@ class NKIRoPE(CosSinRoPE):
         key: torch.Tensor,
         positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if positions is not None:  # per-token positions: rope_hf takes a contiguous prefix cache
-            return super().forward(query, key, positions)
-        batch, seq_len, _heads, head_dim = query.shape
-        check_seq_len(seq_len)
-        rope_cache = self.cache[:seq_len].reshape(seq_len, head_dim * 2).contiguous()
-        q = query.transpose(1, 2).contiguous()  # [b, s, h, d] -> [b, h, s, d]
-        k = key.transpose(1, 2).contiguous()
-        q_out, k_out = rope_fwd(q, k, rope_cache)
-        return q_out.transpose(1, 2), k_out.transpose(1, 2)  # back to [b, s, h, d]
+        sharded = isinstance(query, DTensor)
+        q = query.to_local() if sharded else query
+        k = key.to_local() if sharded else key
+        batch, seq_len, _heads, _head_dim = q.shape
+        try:
+            check_seq_len(seq_len)
+        except ValueError as exc:  # rope_hf cannot tile this length: torchtitan's rotation, counted
+            return self._fall_back(str(exc), query, key, positions)
+        cache = self.cache.to_local() if isinstance(self.cache, DTensor) else self.cache
+        rope_cache, why = gather_rope_cache(cache, positions, batch, seq_len)
+        if rope_cache is None:
+            return self._fall_back(why, query, key, positions)
+        self.custom_calls.add_(1)
+        q_out, k_out = rope_fwd(
+            q.transpose(1, 2).contiguous(),  # [b, s, h, d] -> [b, h, s, d]
+            k.transpose(1, 2).contiguous(),
+            rope_cache.contiguous(),
+        )
+        q_out, k_out = q_out.transpose(1, 2), k_out.transpose(1, 2)  # back to [b, s, h, d]
+        if sharded:
+            q_out = DTensor.from_local(q_out, query.device_mesh, query.placements, run_check=False)
+            k_out = DTensor.from_local(k_out, key.device_mesh, key.placements, run_check=False)
+        return q_out, k_out
 
 
 @override(
@@ -162,7 +312,7 @@ def nki_rope(cfg: CosSinRoPE.Config, seq_len: int | None = None) -> NKIRoPE.Conf
     """Every Qwen3 layer's RoPE -> :class:`NKIRoPE`; ``seq_len`` (optional) is checked now."""
     if seq_len is not None:
         check_seq_len(int(seq_len))
-    return derive(cfg, NKIRoPE.Config)
+    return derive(cfg, NKIRoPE.Config, override_name=f"{__name__}.nki_rope")
 
 
 @override(
@@ -172,4 +322,4 @@ def nki_rope(cfg: CosSinRoPE.Config, seq_len: int | None = None) -> NKIRoPE.Conf
     fqns=["*layers.1[0-9].attention.rope"],
 )
 def nki_rope_layers_10_19(cfg: CosSinRoPE.Config) -> NKIRoPE.Config:
-    return derive(cfg, NKIRoPE.Config)
+    return derive(cfg, NKIRoPE.Config, override_name=f"{__name__}.nki_rope_layers_10_19")

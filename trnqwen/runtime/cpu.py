@@ -124,6 +124,9 @@ def sdpa_flex_attention_forward(
 
     if softcap is not None or s_aux is not None or position_bias is not None:
         raise NotImplementedError("the CPU attention shim supports neither softcap, sinks nor position bias")
+    from trnqwen.runtime.override_calls import counter
+
+    counter(HF_ATTENTION_CALLS).ran(module)
     batch, _, q_len, _ = query.shape
     kv_len = key.shape[-2]
     if isinstance(attention_mask, BlockMask):
@@ -143,6 +146,9 @@ def sdpa_flex_attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+HF_ATTENTION_CALLS = f"{__name__}.sdpa_flex_attention_forward"  # its [OverrideCalls] name
+
+
 def install_hf_backend_attention() -> None:
     """Give the Transformers modeling backend an SDPA equivalent of ``flex_attention_forward``.
 
@@ -151,4 +157,7 @@ def install_hf_backend_attention() -> None:
     """
     import torchtitan.experiments.transformers_modeling_backend.model as hf_model
 
+    from trnqwen.runtime.override_calls import counter
+
     hf_model.flex_attention_forward = sdpa_flex_attention_forward
+    counter(HF_ATTENTION_CALLS).arm()  # after step 1: how many attention calls it served

@@ -4,7 +4,9 @@ FlexAttention has no backward on CPU.  :func:`cpu_dense_attention` replaces ever
 ``FlexAttention.Config`` in the model tree with :class:`DenseMaskAttention`, which turns the
 block mask's ``mask_mod`` into a dense boolean mask and calls SDPA (with ``enable_gqa``).
 Activated by listing ``trnqwen.runtime.cpu_attention.cpu_dense_attention`` in
-``override.imports`` (the rank entry does that on CPU).
+``override.imports`` (the rank entry does that on CPU).  Every call is counted and the rank logs
+``[OverrideCalls] <name>: calls=C fallbacks=0 modules=<layers> ...`` after its first step
+(:mod:`trnqwen.runtime.override_calls`): the module has no fallback, it runs or raises.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from torchtitan.config import derive
 from torchtitan.models.common.attention import FlexAttention
 
 from trnqwen.runtime.cpu import dense_mask_from_block_mask
+from trnqwen.runtime.override_calls import counter
 from trnqwen.train import compat
 
 OVERRIDE_TARGET = f"{__name__}.cpu_dense_attention"
+CALLS = counter(compat.override_name(__name__, "cpu_dense_attention"))
 
 
 class DenseMaskAttention(FlexAttention):
@@ -44,6 +48,7 @@ class DenseMaskAttention(FlexAttention):
     ) -> torch.Tensor:
         if score_mod is not None or out_transform is not None:
             raise NotImplementedError("the CPU dense attention supports neither score_mod nor out_transform")
+        CALLS.ran(self)
         q = q_BLNH.transpose(1, 2)
         k = k_BLNH.transpose(1, 2)
         v = v_BLNH.transpose(1, 2)
@@ -55,6 +60,7 @@ class DenseMaskAttention(FlexAttention):
 
 
 def cpu_dense_attention(cfg: FlexAttention.Config) -> DenseMaskAttention.Config:
+    CALLS.arm()  # the override is being applied in this rank: report its calls after step 1
     return derive(cfg, DenseMaskAttention.Config)
 
 

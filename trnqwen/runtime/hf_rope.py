@@ -9,12 +9,20 @@ on garbage frequencies.  Measured here: step-1 loss differed run to run on ident
 and data (7.678-7.719), and about one run in eight hit NaN at step 1.
 
 This recomputes ``inv_freq`` (and ``original_inv_freq``) from the module's own config with the
-same functions its ``__init__`` uses, for every rotary module torchtitan skipped.
+same functions its ``__init__`` uses, for every rotary module torchtitan skipped.  After the
+first step the rank logs ``[OverrideCalls] trnqwen.runtime.hf_rope: calls=C fallbacks=F
+modules=M ...``: ``calls`` counts ``init_states`` calls that re-initialised at least one rotary
+module, ``modules`` how many modules were re-initialised, ``fallbacks`` ``init_states`` calls
+that found none (the fix did nothing there).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from trnqwen.runtime.override_calls import counter
+
+CALLS = counter(__name__)
 
 
 def rope_parameters_fn(module: Any):
@@ -63,7 +71,12 @@ def install() -> None:
 
     def init_states(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        reinit_rotary_buffers(self.model)
+        rotary = [m for m in self.model.modules() if hasattr(m, "inv_freq") and hasattr(m, "config")]
+        if reinit_rotary_buffers(self.model):
+            CALLS.ran(*rotary)
+        else:
+            CALLS.fell_back("init_states found no rotary module with inv_freq and config to re-initialise")
 
     init_states._trnqwen_rope = True  # type: ignore[attr-defined]
     cls.init_states = init_states
+    CALLS.arm()
