@@ -256,27 +256,52 @@ class _Holder:
 
 
 @pytest.fixture(scope="session")
-def override_run(tmp_path_factory):
-    """``trnqwen train --override-imports torch_rope_override.torch_rope`` for real: native
-    backend, the built-in tiny Qwen3, 1 CPU rank, 2 steps."""
-    import os
-
-    work = tmp_path_factory.mktemp("override_run")
+def tiny_assets(tmp_path_factory):
+    work = tmp_path_factory.mktemp("override_assets")
     assets = work / "assets"
     fetched = run_subprocess("fetch", "builtin:tiny-qwen3", "--local-dir", str(assets), cwd=work)
     assert fetched.code == 0, fetched.text
+    return assets
+
+
+def _train_tiny(work: Path, assets: Path, *extra: str) -> dict:
+    """``trnqwen train`` for real: native backend, the built-in tiny Qwen3 (seeded random init,
+    the same data every time), 1 CPU rank, 2 steps."""
+    import os
+
     env = {
         "PYTHONPATH": os.pathsep.join([str(TORCH_ROPE_DIR), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
         "HF_HUB_OFFLINE": "1",
     }
     result = run_subprocess(
         "train", "--backend", "native", "--model", "builtin:tiny-qwen3", "--assets", str(assets),
-        "--device", "cpu", "--nproc-per-node", "1", "--steps", "2", "--seq-len", "256",
-        "--override-imports", "torch_rope_override.torch_rope", "--json",
+        "--device", "cpu", "--nproc-per-node", "1", "--steps", "2", "--seq-len", "256", "--json", *extra,
         env=env, cwd=work, timeout=600,
     )
     assert result.code == 0, result.text[-4000:]
-    return json.loads(result.out), work
+    return json.loads(result.out)
+
+
+@pytest.fixture(scope="session")
+def override_run(tmp_path_factory, tiny_assets):
+    """``trnqwen train --override-imports torch_rope_override.torch_rope``."""
+    work = tmp_path_factory.mktemp("override_run")
+    return _train_tiny(work, tiny_assets, "--override-imports", "torch_rope_override.torch_rope"), work
+
+
+@pytest.fixture(scope="session")
+def baseline_run(tmp_path_factory, tiny_assets):
+    """The same run with torchtitan's own RoPE."""
+    work = tmp_path_factory.mktemp("baseline_run")
+    return _train_tiny(work, tiny_assets), work
+
+
+def _calls_lines(log_path) -> list[dict]:
+    from trnqwen.logs.parse import strip_ansi
+    from trnqwen.runtime.override_calls import parse_calls_line
+
+    lines = Path(log_path).read_text(errors="replace").splitlines()
+    return [rec for rec in (parse_calls_line(strip_ansi(line)) for line in lines) if rec]
 
 
 @pytest.mark.slow
@@ -300,6 +325,40 @@ def test_real_run_logs_the_override_exactly_once_per_layer(override_run):
     assert not [f for f in inspection.findings if f.code.startswith("override-") and f.severity == "error"]
     steps = inspection.log.step_list()
     assert [s["step"] for s in steps] == [1, 2]
+
+
+@pytest.mark.slow
+def test_real_run_takes_the_custom_path_on_every_call_and_every_layer(override_run):
+    """The proof the [Override] lines cannot give: the twin's own rotation ran (calls > 0) on
+    every layer, and never fell back, on the per-document positions torchtitan's loader yields."""
+    from trnqwen.tiny_model import tiny_qwen3_config
+
+    outcome, _work = override_run
+    n_layers = tiny_qwen3_config()["num_hidden_layers"]
+    recs = {rec["name"]: rec for rec in _calls_lines(outcome["log"])}
+    twin = recs["torch_rope_override.torch_rope"]
+    assert twin["calls"] > 0 and twin["calls"] % n_layers == 0, twin
+    assert twin["fallbacks"] == 0 and twin["modules"] == n_layers and twin["rank"] == 0, twin
+    # trnqwen's own CPU attention override reports the same way
+    attention = recs["trnqwen.runtime.cpu_attention.cpu_dense_attention"]
+    assert attention["calls"] == twin["calls"] and attention["fallbacks"] == 0 and attention["modules"] == n_layers
+
+
+@pytest.mark.slow
+def test_real_run_with_the_twin_trains_to_torchtitans_losses(override_run, baseline_run):
+    """Same weights (seeded init), same data: the step losses with the twin override equal the
+    losses with torchtitan's CosSinRoPE (to the printed 5 decimals, so within 1e-5)."""
+    from trnqwen.logs.core import inspect_input
+    from trnqwen.logs.sources import resolve_input
+
+    losses = []
+    for outcome, _work in (override_run, baseline_run):
+        inspection = inspect_input(resolve_input(outcome["run_dir"]))
+        losses.append({s["step"]: s["loss"] for s in inspection.log.step_list()})
+    assert sorted(losses[0]) == sorted(losses[1]) == [1, 2]
+    assert all(abs(losses[0][k] - losses[1][k]) <= 1e-5 for k in losses[0]), losses
+    # the baseline really ran without it
+    assert not [r for r in _calls_lines(baseline_run[0]["log"]) if r["name"].startswith("torch_rope_override")]
 
 
 # --- (3) the NKI example against test doubles ---------------------------------------------------

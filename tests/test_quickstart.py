@@ -39,7 +39,7 @@ def test_quickstart_runs_every_stage(quickstart_run):
     names = [s["name"] for s in summary["stages"]]
     assert names == [
         "check-env", "fetch", "pre-train", "snapshot",
-        "train --finetune (native)", "train --finetune (hf-v5)", "train --finetune (hf-trainer)",
+        "train --finetune (native)", "train --finetune (hf-v5)", "train --finetune (hf-trainer)", "override",
         "verify-ckpt (native)", "verify-ckpt (hf-v5)", "verify-ckpt (hf-trainer)", "inspect-logs",
     ]
     assert all(s["ok"] for s in summary["stages"]), summary["stages"]
@@ -56,7 +56,7 @@ def test_quickstart_finetunes_start_far_below_random_init(quickstart_run):
     result, _ = quickstart_run
     summary = json.loads(result.out)
     runs = summary["runs"]
-    assert set(runs) == {"pretrain", "native", "hf-v5", "hf-trainer"}
+    assert set(runs) == {"pretrain", "native", "hf-v5", "hf-trainer", "override"}
     pre = runs["pretrain"]
     assert pre["finetune"] is False and len(pre["losses"]) == PRETRAIN_STEPS
     vocab = json.loads((Path(summary["files"]["assets"]) / "config.json").read_text())["vocab_size"]
@@ -95,6 +95,8 @@ def test_quickstart_checkpoints_and_files(quickstart_run):
         embed = fh.get_tensor("model.embed_tokens.weight")
     assert str(embed.dtype) == "float32"  # converted to config.json's torch_dtype
     for label, run in summary["runs"].items():
+        if label == "override":  # a native fine-tune again, to show the custom path runs: no export
+            continue
         run_dir = Path(run["run_dir"])
         assert (run_dir / "run.json").is_file() and (run_dir / "train.log").is_file()
         record = json.loads((run_dir / "run.json").read_text())
@@ -110,6 +112,28 @@ def test_quickstart_checkpoints_and_files(quickstart_run):
             assert v["round_trip"]["unexpected_keys"] == []
         else:
             assert record["config"]["finetune"] is False and record["config"]["export_hf"] is True
+
+
+@pytest.mark.slow
+def test_quickstart_override_stage_shows_the_custom_path_ran(quickstart_run):
+    """The custom-kernel workflow: the CPU twin of the NKI example ran its own rotation on every
+    layer (its [OverrideCalls] line: calls > 0, no fallback) and trained to the native losses."""
+    from trnqwen.runtime.override_calls import parse_calls_line
+    from trnqwen.tiny_model import tiny_qwen3_config
+
+    result, _ = quickstart_run
+    summary = json.loads(result.out)
+    stage = next(s for s in summary["stages"] if s["name"] == "override")
+    n_layers = tiny_qwen3_config()["num_hidden_layers"]
+    assert stage["ok"] and f"on {n_layers}/{n_layers} layers" in stage["detail"] and "fallbacks=0" in stage["detail"]
+    assert "step losses equal native's" in stage["detail"], stage["detail"]
+    run, native = summary["runs"]["override"], summary["runs"]["native"]
+    assert max(abs(a - b) for a, b in zip(run["losses"], native["losses"])) <= 1e-5
+    log = Path(run["log"]).read_text()
+    recs = [r for r in map(parse_calls_line, log.splitlines()) if r and r["name"] == "torch_rope_override.torch_rope"]
+    assert recs and all(r["calls"] > 0 and r["fallbacks"] == 0 and r["modules"] == n_layers for r in recs), recs
+    assert "[Override] torch_rope_override.torch_rope" in log
+    assert not [f for f in run["findings"] if f["severity"] == "error"]
 
 
 # --- failures name their stage ------------------------------------------------------------------

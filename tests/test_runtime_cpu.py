@@ -166,3 +166,21 @@ def test_cpu_attention_override_is_applied_through_torchtitans_registry(cpu_runs
     lines = [l for l in log.splitlines() if "[Override] trnqwen.runtime.cpu_attention.cpu_dense_attention" in l]
     assert len(lines) == 4  # one per layer of the tiny model
     assert "Applied 4 override(s)" in log
+
+
+def test_every_trnqwen_override_reports_that_it_ran(cpu_runs):
+    """[Override] lines (or an installed patch) do not prove a replacement ran; the
+    [OverrideCalls] line each of trnqwen's own overrides logs after step 1 does."""
+    from trnqwen.runtime.override_calls import parse_calls_line
+
+    def calls(run):
+        recs = [parse_calls_line(_ANSI.sub("", line)) for line in run.log.splitlines()]
+        return {r["name"]: r for r in recs if r}
+
+    native = calls(cpu_runs["native_ft"])["trnqwen.runtime.cpu_attention.cpu_dense_attention"]
+    assert native["calls"] > 0 and native["fallbacks"] == 0 and native["modules"] == 4, native
+    hf = calls(cpu_runs["hf_ft"])
+    attention = hf["trnqwen.runtime.cpu.sdpa_flex_attention_forward"]
+    assert attention["calls"] > 0 and attention["fallbacks"] == 0 and attention["modules"] == 4, attention
+    rope_fix = hf["trnqwen.runtime.hf_rope"]
+    assert rope_fix["calls"] >= 1 and rope_fix["fallbacks"] == 0 and rope_fix["modules"] == 1, rope_fix

@@ -8,6 +8,9 @@ No network, no accelerator, in a working folder of its own (default ``./trnqwen-
   4. snapshot       those weights + the model's config and tokenizer = a "published" model
   5. fine-tune      ``train --finetune`` from that snapshot with each backend (native, hf-v5,
                     hf-trainer), each through the real launcher: torchrun, run dir, logs
+     override       the native fine-tune again with the custom-kernel example's CPU twin
+                    (``examples/torch_rope``): its rotation must run on every layer with no
+                    fallback (its ``[OverrideCalls]`` line) and give the native run's losses
   6. verify-ckpt    every exported checkpoint: keys/shapes/dtypes, NaN/Inf scan, round trip
   7. inspect-logs   every run judged; the fine-tunes' step-1 loss must sit far below the
                     random-init run's (the recipe's 6.54 vs 12.43), and a loss plot is written
@@ -41,6 +44,8 @@ DEFAULT_PRETRAIN_STEPS = 20
 DEFAULT_FINETUNE_STEPS = 3
 DEFAULT_SEQ_LEN = 256
 DEFAULT_LOCAL_BATCH = 2
+OVERRIDE_EXAMPLE = "torch_rope_override.torch_rope"  # examples/torch_rope, the NKI example's CPU twin
+OVERRIDE_LOSS_TOLERANCE = 1e-5  # the same weights and data through the twin: the same losses
 PRETRAIN_LR = 5e-3
 FINETUNE_LR = 1e-3
 # The fine-tunes must keep at least this share of what pre-training took off the loss
@@ -233,11 +238,16 @@ def run_config(**values: Any):
     return RunConfig(**values)
 
 
-def train_run(stage: str, info: RunInfo, cfg: Any, workdir: Path, progress: Progress, *, status: bool) -> RunInfo:
-    """One ``trnqwen train`` through the real planner and launcher (run dir, torchrun, record)."""
+def train_run(stage: str, info: RunInfo, cfg: Any, workdir: Path, progress: Progress, *, status: bool,
+              pythonpath: Optional[Path] = None) -> RunInfo:
+    """One ``trnqwen train`` through the real planner and launcher (run dir, torchrun, record);
+    ``pythonpath`` goes first on the ranks' ``PYTHONPATH`` (where an override module lives)."""
     from trnqwen.train.run import execute, plan_train
 
     plan = plan_train(cfg, cwd=workdir)
+    if pythonpath is not None:
+        rest = plan.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
+        plan.env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *([rest] if rest else [])])
     info.run_dir = str(plan.run_dir)
     info.log = str(plan.log_path)
     info.nproc_per_node = plan.nproc_per_node
@@ -347,6 +357,44 @@ def inspect_run(info: RunInfo) -> Any:
     return inspection
 
 
+def override_example_dir() -> Optional[Path]:
+    """``examples/torch_rope`` of the source tree trnqwen runs from (None in a wheel install)."""
+    folder = Path(__file__).resolve().parent.parent / "examples" / "torch_rope"
+    return folder if (folder / (OVERRIDE_EXAMPLE.split(".")[0] + ".py")).is_file() else None
+
+
+def check_override_ran(info: RunInfo, num_layers: int, reference: Optional[RunInfo]) -> str:
+    """The override run's proof: every rank that reported ran the twin's own rotation on every
+    layer with no fallback, and (given the plain native run) trained to the same losses."""
+    from trnqwen.logs.parse import strip_ansi
+    from trnqwen.runtime.override_calls import parse_calls_line
+
+    stage = "override"
+    text = Path(info.log).read_text(errors="replace") if info.log else ""
+    recs = [r for r in (parse_calls_line(strip_ansi(line)) for line in text.splitlines()) if r]
+    mine = [r for r in recs if r["name"] == OVERRIDE_EXAMPLE]
+    if not mine:
+        raise StageFailed(stage, f"{OVERRIDE_EXAMPLE} logged no [OverrideCalls] line: it never reported running",
+                          hint=f"see {info.log}")
+    for r in mine:
+        if r["calls"] == 0 or r["fallbacks"] or r["modules"] != num_layers:
+            raise StageFailed(stage, f"rank {r['rank']}: calls={r['calls']} fallbacks={r['fallbacks']} on "
+                                     f"{r['modules']} of {num_layers} layers" + (f" ({r['reason']})" if r["reason"] else ""),
+                              hint=f"see {info.log}")
+    calls = ", ".join(f"rank {r['rank']} calls={r['calls']} fallbacks={r['fallbacks']}" for r in mine)
+    detail = f"{OVERRIDE_EXAMPLE} ran its own rotation on {num_layers}/{num_layers} layers ({calls})"
+    if reference is not None and reference.losses:
+        pairs = list(zip(info.losses, reference.losses))
+        if len(info.losses) != len(reference.losses) or not all(_finite(a) and _finite(b) for a, b in pairs):
+            raise StageFailed(stage, f"step losses {info.losses} cannot be compared with {reference.label}'s {reference.losses}")
+        diff = max(abs(a - b) for a, b in pairs)
+        if diff > OVERRIDE_LOSS_TOLERANCE:
+            raise StageFailed(stage, f"step losses differ from {reference.label}'s by {diff:.2e} "
+                                     f"(> {OVERRIDE_LOSS_TOLERANCE:g}): {info.losses} vs {reference.losses}")
+        detail += f"; step losses equal {reference.label}'s (max diff {diff:.1e})"
+    return detail
+
+
 def compare_losses(runs: dict[str, RunInfo], pretrain: str = "pretrain") -> dict[str, Any]:
     """The recipe's sanity check: fine-tunes start far below the random-init run's step-1 loss."""
     base = runs[pretrain]
@@ -446,7 +494,8 @@ def run_quickstart(
     workdir = prepare_workdir(workdir)
     result = QuickstartResult(workdir=str(workdir), device=device)
     status = progress if status is None else status
-    n_stages = 4 + 2 * len(backends) + 1
+    example = override_example_dir()
+    n_stages = 4 + 2 * len(backends) + 1 + (example is not None)
     prog = Progress(progress, n_stages)
     assets = workdir / "assets" / "tiny-qwen3"
     pretrained = workdir / "assets" / "tiny-qwen3-pretrained"
@@ -535,6 +584,24 @@ def run_quickstart(
 
             result.runs[backend] = info
             stage(f"train --finetune ({backend})", f"from {pretrained.name}, {steps} step(s)", finetune)
+
+        if example is not None:  # the custom-kernel workflow, with the NKI example's CPU twin
+            from trnqwen.tiny_model import tiny_qwen3_config
+
+            ov = RunInfo(label="override", backend="native", finetune=True, steps=steps, nproc_per_node=ft_ranks)
+            ov_cfg = run_config(
+                **common, assets_dir=pretrained, backend="native", finetune=True, steps=steps, lr=FINETUNE_LR,
+                checkpoint_dir=_fresh_dir(ckpts / "override", workdir), nproc_per_node=ft_ranks,
+                override_imports=[OVERRIDE_EXAMPLE], export_hf=False,
+            )
+
+            def override() -> str:
+                train_run("override", ov, ov_cfg, workdir, prog, status=status, pythonpath=example)
+                inspect_run(ov)
+                return check_override_ran(ov, tiny_qwen3_config()["num_hidden_layers"], result.runs.get("native"))
+
+            result.runs["override"] = ov
+            stage("override", f"native fine-tune with --override-imports {OVERRIDE_EXAMPLE}", override)
 
         for backend in backends:
             info = result.runs[backend]

@@ -22,9 +22,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any, Optional
 
 CALLS_TAG = "[OverrideCalls]"
+_CALLS_RE = re.compile(
+    r"\[OverrideCalls\]\s+(?P<name>[^:\s]+):\s+calls=(?P<calls>\d+)\s+fallbacks=(?P<fallbacks>\d+)"
+    r"\s+modules=(?P<modules>\d+)\s+rank=(?P<rank>\d+)\s+step=(?P<step>\d+)(?:\s+reason:\s*(?P<reason>.*?))?\s*$"
+)
 
 _log = logging.getLogger()  # the root logger: torchtitan's ``logger`` and its format
 
@@ -35,6 +40,20 @@ def format_calls_line(
     """The one documented line shape (see the module docstring)."""
     text = f"{CALLS_TAG} {name}: calls={calls} fallbacks={fallbacks} modules={modules} rank={rank} step={step}"
     return text + (f" reason: {reason}" if fallbacks and reason else "")
+
+
+def parse_calls_line(line: str) -> Optional[dict]:
+    """One ``[OverrideCalls]`` line (any prefix, no ANSI colours) -> {name, calls, fallbacks,
+    modules, rank, step, reason}, or None."""
+    if CALLS_TAG not in line:
+        return None
+    m = _CALLS_RE.search(line)
+    if not m:
+        return None
+    rec: dict = {k: int(m.group(k)) for k in ("calls", "fallbacks", "modules", "rank", "step")}
+    rec["name"] = m.group("name")
+    rec["reason"] = m.group("reason") or None
+    return rec
 
 
 class OverrideCalls:
