@@ -333,15 +333,23 @@ def test_real_run_takes_the_custom_path_on_every_call_and_every_layer(override_r
     every layer, and never fell back, on the per-document positions torchtitan's loader yields."""
     from trnqwen.tiny_model import tiny_qwen3_config
 
-    outcome, _work = override_run
+    outcome, work = override_run
     n_layers = tiny_qwen3_config()["num_hidden_layers"]
     recs = {rec["name"]: rec for rec in _calls_lines(outcome["log"])}
     twin = recs["torch_rope_override.torch_rope"]
     assert twin["calls"] > 0 and twin["calls"] % n_layers == 0, twin
     assert twin["fallbacks"] == 0 and twin["modules"] == n_layers and twin["rank"] == 0, twin
+    # inspect-logs --json reads it: overrides[<name>].calls / .fallbacks, and judges it healthy
+    shown = run_subprocess("inspect-logs", outcome["run_dir"], "--json", cwd=work)
+    assert shown.code == 0, shown.text
+    report = json.loads(shown.out)
+    entry = report["overrides"]["torch_rope_override.torch_rope"]
+    assert (entry["count"], entry["calls"], entry["fallbacks"], entry["modules"]) == (n_layers, twin["calls"], 0, n_layers)
+    codes = {(f["code"], f["severity"]) for f in report["findings"] if "torch_rope_override" in f["message"]}
+    assert ("override-ran", "info") in codes and not [c for c in codes if c[1] != "info"], codes
     # trnqwen's own CPU attention override reports the same way
-    attention = recs["trnqwen.runtime.cpu_attention.cpu_dense_attention"]
-    assert attention["calls"] == twin["calls"] and attention["fallbacks"] == 0 and attention["modules"] == n_layers
+    attention = report["overrides"]["trnqwen.runtime.cpu_attention.cpu_dense_attention"]
+    assert (attention["calls"], attention["fallbacks"], attention["modules"]) == (twin["calls"], 0, n_layers)
 
 
 @pytest.mark.slow

@@ -363,25 +363,21 @@ def override_example_dir() -> Optional[Path]:
     return folder if (folder / (OVERRIDE_EXAMPLE.split(".")[0] + ".py")).is_file() else None
 
 
-def check_override_ran(info: RunInfo, num_layers: int, reference: Optional[RunInfo]) -> str:
-    """The override run's proof: every rank that reported ran the twin's own rotation on every
-    layer with no fallback, and (given the plain native run) trained to the same losses."""
-    from trnqwen.logs.parse import strip_ansi
-    from trnqwen.runtime.override_calls import parse_calls_line
-
+def check_override_ran(info: RunInfo, inspection: Any, num_layers: int, reference: Optional[RunInfo]) -> str:
+    """The override run's proof, as ``inspect-logs`` reads it: every rank that reported ran the
+    twin's own rotation on every layer with no fallback, and (given the plain native run) the
+    step losses equal that run's."""
     stage = "override"
-    text = Path(info.log).read_text(errors="replace") if info.log else ""
-    recs = [r for r in (parse_calls_line(strip_ansi(line)) for line in text.splitlines()) if r]
-    mine = [r for r in recs if r["name"] == OVERRIDE_EXAMPLE]
-    if not mine:
-        raise StageFailed(stage, f"{OVERRIDE_EXAMPLE} logged no [OverrideCalls] line: it never reported running",
+    per_rank = inspection.log.override_calls.get(OVERRIDE_EXAMPLE, {})
+    if not per_rank:
+        raise StageFailed(stage, f"{OVERRIDE_EXAMPLE} logged no [OverrideCalls] line: nothing shows it ran",
                           hint=f"see {info.log}")
-    for r in mine:
+    for rank, r in sorted(per_rank.items()):
         if r["calls"] == 0 or r["fallbacks"] or r["modules"] != num_layers:
-            raise StageFailed(stage, f"rank {r['rank']}: calls={r['calls']} fallbacks={r['fallbacks']} on "
+            raise StageFailed(stage, f"rank {rank}: calls={r['calls']} fallbacks={r['fallbacks']} on "
                                      f"{r['modules']} of {num_layers} layers" + (f" ({r['reason']})" if r["reason"] else ""),
                               hint=f"see {info.log}")
-    calls = ", ".join(f"rank {r['rank']} calls={r['calls']} fallbacks={r['fallbacks']}" for r in mine)
+    calls = ", ".join(f"rank {rank} calls={r['calls']} fallbacks={r['fallbacks']}" for rank, r in sorted(per_rank.items()))
     detail = f"{OVERRIDE_EXAMPLE} ran its own rotation on {num_layers}/{num_layers} layers ({calls})"
     if reference is not None and reference.losses:
         pairs = list(zip(info.losses, reference.losses))
@@ -597,8 +593,9 @@ def run_quickstart(
 
             def override() -> str:
                 train_run("override", ov, ov_cfg, workdir, prog, status=status, pythonpath=example)
-                inspect_run(ov)
-                return check_override_ran(ov, tiny_qwen3_config()["num_hidden_layers"], result.runs.get("native"))
+                inspection = inspect_run(ov)
+                return check_override_ran(ov, inspection, tiny_qwen3_config()["num_hidden_layers"],
+                                          result.runs.get("native"))
 
             result.runs["override"] = ov
             stage("override", f"native fine-tune with --override-imports {OVERRIDE_EXAMPLE}", override)

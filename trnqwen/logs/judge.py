@@ -51,6 +51,7 @@ def judge(log: ParsedLog, ctx: Optional[RunContext] = None) -> list[Finding]:
         _check_steps_present,
         _check_weights_loaded,
         _check_overrides,
+        _check_override_calls,
         _check_nonfinite,
         _check_exploding,
         _check_grad_spikes,
@@ -242,6 +243,60 @@ def _check_overrides(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         out.append(Finding("warning", "override-rank-mismatch",
                            f"rank(s) {_layers_text(odd)} logged a different number of [Override] lines than rank {log.primary_rank} ({base})",
                            [log.overrides[r][0]["line"] for r in odd[:3] if log.overrides[r]]))
+    return out
+
+
+def override_calls(log: ParsedLog) -> dict[str, dict]:
+    """Override name -> {calls, fallbacks, modules, ranks, reason, lines}, summed over the ranks'
+    ``[OverrideCalls]`` lines (``modules``: the most any one rank ran it on)."""
+    out: dict[str, dict] = {}
+    for name, per_rank in log.override_calls.items():
+        recs = [per_rank[r] for r in sorted(per_rank)]
+        out[name] = {
+            "calls": sum(r["calls"] for r in recs),
+            "fallbacks": sum(r["fallbacks"] for r in recs),
+            "modules": max(r["modules"] for r in recs),
+            "ranks": sorted(per_rank),
+            "reason": next((r["reason"] for r in recs if r["reason"]), None),
+            "lines": [r["line"] for r in recs],
+        }
+    return out
+
+
+def _check_override_calls(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    """An override is healthy only when its code ran: an ``[Override]`` line says it was put in
+    place, its ``[OverrideCalls]`` line says how many calls ran it and how many fell back."""
+    out = []
+    calls = override_calls(log)
+    applied = override_table(log, ctx.num_layers)
+    for name, c in calls.items():
+        where = f"{c['calls'] + c['fallbacks']} call(s) on {len(c['ranks'])} rank(s)"
+        why = f": {c['reason']}" if c["reason"] else ""
+        if c["calls"] == 0 and c["fallbacks"] == 0:
+            out.append(Finding("error", "override-never-ran",
+                               f"override {name} was installed but never called: its code did not run", c["lines"][:3]))
+        elif c["calls"] == 0:
+            out.append(Finding("error", "override-always-fell-back",
+                               f"override {name} fell back on every call ({where}): its own code never ran{why}",
+                               c["lines"][:3]))
+        elif c["fallbacks"]:
+            out.append(Finding("warning", "override-fallbacks",
+                               f"override {name} fell back on {c['fallbacks']} of {where}{why}", c["lines"][:3]))
+        replaced = applied.get(name, {}).get("count", 0)
+        if c["calls"] and replaced and c["modules"] < replaced:
+            out.append(Finding("warning", "override-idle-layers",
+                               f"override {name} ran on {c['modules']} module(s) of the {replaced} it replaced", c["lines"][:3]))
+        elif c["calls"] and not c["fallbacks"]:
+            out.append(Finding("info", "override-ran",
+                               f"override {name} ran its own code: {c['calls']} call(s) on {c['modules']} module(s), "
+                               f"no fallback ({len(c['ranks'])} rank(s))", c["lines"][:1]))
+    if log.steps:
+        for name, entry in applied.items():
+            if name not in calls:
+                out.append(Finding("warning", "override-unverified",
+                                   f"override {name} was applied but logged no [OverrideCalls] line, so nothing shows "
+                                   "its code ran (one [Override] line per layer proves only that it was installed)",
+                                   entry["lines"][:1]))
     return out
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from trnqwen.logs.stepline import strip_ansi, to_number
+from trnqwen.runtime.override_calls import CALLS_RE, CALLS_TAG
 
 if TYPE_CHECKING:
     from trnqwen.logs.record import ParsedLog
@@ -179,6 +180,15 @@ def _launcher_world(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.world_size_hints.setdefault("launcher", int(m.group(1)))
 
 
+def _override_calls(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    """``[OverrideCalls] NAME: calls=C fallbacks=F modules=M rank=R step=S[ reason: TEXT]``
+    (:mod:`trnqwen.runtime.override_calls`), kept per override and rank (the line's own rank)."""
+    rec: dict = {k: int(m.group(k)) for k in ("calls", "fallbacks", "modules", "step")}
+    rec["reason"] = m.group("reason") or None
+    rec["line"] = at.lineno
+    log.override_calls.setdefault(m.group("name"), {})[int(m.group("rank"))] = rec
+
+
 _CKPT = ("checkpoint", "safetensors")
 
 INFO_LINES: tuple[LinePattern, ...] = (
@@ -203,6 +213,7 @@ INFO_LINES: tuple[LinePattern, ...] = (
     LinePattern("start-step", re.compile(r"Training starts at step (\d+)"), _starts),
     LinePattern("completed", re.compile(r"Training completed"), _completed),
     LinePattern("peak-flops", re.compile(r"Peak FLOPS used for computing MFU: (\S+)"), _peak_flops),
+    LinePattern("override-calls", CALLS_RE, _override_calls, (CALLS_TAG,)),
     LinePattern("world-size", re.compile(r"(?:world[ _]size|WORLD_SIZE|nproc_per_node)\s*[:=]\s*(\d+)", re.IGNORECASE), _launcher_world),
     LinePattern("world-size", re.compile(r"(?:launching|starting|with) (\d+) ranks?\b", re.IGNORECASE), _launcher_world),
 )

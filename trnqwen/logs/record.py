@@ -29,6 +29,8 @@ class ParsedLog:
     overrides: dict[Optional[int], list[dict]] = field(default_factory=dict)  # rank -> override records
     applied: dict[Optional[int], list[tuple[int, int]]] = field(default_factory=dict)  # rank -> [(n, line)]
     override_no_match: list[dict] = field(default_factory=list)
+    # [OverrideCalls] lines: name -> rank -> {calls, fallbacks, modules, step, reason, line}
+    override_calls: dict[str, dict[int, dict]] = field(default_factory=dict)
     ranks: set = field(default_factory=set)  # ranks seen in prefixes
     world_size_hints: dict[str, int] = field(default_factory=dict)
     model_name: Optional[str] = None

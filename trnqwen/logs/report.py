@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from trnqwen.logs.judge import Finding, configured_steps, override_table, root_cause
+from trnqwen.logs.judge import Finding, configured_steps, override_calls, override_table, root_cause
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.stepline import STEP_FIELDS
 from trnqwen.logs.sources import RunContext
@@ -105,6 +105,13 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> dict:
         name: {k: e[k] for k in ("count", "layers", "missing_layers", "duplicate_layers", "other_nodes", "old", "new")}
         for name, e in table.items()
     }
+    # calls/fallbacks: from the [OverrideCalls] lines (None: the override logged none)
+    calls = override_calls(log)
+    for name in [*overrides, *(n for n in calls if n not in overrides)]:
+        entry = overrides.setdefault(name, {"count": 0, "layers": [], "missing_layers": [], "duplicate_layers": [],
+                                            "other_nodes": 0, "old": None, "new": None})
+        c = calls.get(name)
+        entry.update({k: (c[k] if c else None) for k in ("calls", "fallbacks", "modules", "ranks", "reason")})
     return {
         "source": log.source,
         "world_size": log.world_size,
@@ -180,13 +187,24 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
         ck.append("saved")
     t.add_row("checkpoint", ", ".join(ck) or "-")
     table = override_table(log, ctx.num_layers)
-    for name, e in table.items():
-        per_layer = f"{e['count']} line(s), layers {_layers(e['layers'])}"
-        if e["missing_layers"]:
-            per_layer += f", [red]missing {_layers(e['missing_layers'])}[/red]"
-        if e["duplicate_layers"]:
-            per_layer += f", [red]duplicated {_layers(e['duplicate_layers'])}[/red]"
-        t.add_row(f"override {name}", redact(per_layer))
+    calls = override_calls(log)
+    for name in [*table, *(n for n in calls if n not in table)]:
+        e, c = table.get(name), calls.get(name)
+        parts = []
+        if e is not None:
+            per_layer = f"{e['count']} line(s), layers {_layers(e['layers'])}"
+            if e["missing_layers"]:
+                per_layer += f", [red]missing {_layers(e['missing_layers'])}[/red]"
+            if e["duplicate_layers"]:
+                per_layer += f", [red]duplicated {_layers(e['duplicate_layers'])}[/red]"
+            parts.append(per_layer)
+        if c is None:
+            parts.append("[yellow]calls not reported[/yellow]")
+        else:
+            bad = c["calls"] == 0 or c["fallbacks"]
+            text = f"calls {c['calls']}, fallbacks {c['fallbacks']}"
+            parts.append(f"[red]{text}[/red]" if bad else text)
+        t.add_row(f"override {name}", redact("; ".join(parts)))
     t.add_row("warnings / errors", f"{s['warnings']} / {s['errors']}")
     if s["root_cause"]:
         rc = s["root_cause"]

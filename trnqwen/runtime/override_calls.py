@@ -26,7 +26,7 @@ import re
 from typing import Any, Optional
 
 CALLS_TAG = "[OverrideCalls]"
-_CALLS_RE = re.compile(
+CALLS_RE = re.compile(
     r"\[OverrideCalls\]\s+(?P<name>[^:\s]+):\s+calls=(?P<calls>\d+)\s+fallbacks=(?P<fallbacks>\d+)"
     r"\s+modules=(?P<modules>\d+)\s+rank=(?P<rank>\d+)\s+step=(?P<step>\d+)(?:\s+reason:\s*(?P<reason>.*?))?\s*$"
 )
@@ -47,7 +47,7 @@ def parse_calls_line(line: str) -> Optional[dict]:
     modules, rank, step, reason}, or None."""
     if CALLS_TAG not in line:
         return None
-    m = _CALLS_RE.search(line)
+    m = CALLS_RE.search(line)
     if not m:
         return None
     rec: dict = {k: int(m.group(k)) for k in ("calls", "fallbacks", "modules", "rank", "step")}
