@@ -68,6 +68,7 @@ __all__ = [
     "NKIRoPE",
     "check_seq_len",
     "gather_rope_cache",
+    "seq_len_problem",
     "logical_cores",
     "nki_rope",
     "nki_rope_layers_10_19",
@@ -90,16 +91,22 @@ def logical_cores() -> int:
         return int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
 
 
-def check_seq_len(seq_len: int, lnc: int | None = None) -> None:
-    """Refuse a sequence length ``rope_hf`` cannot tile: it must be a multiple of 128 x LNC."""
+def seq_len_problem(seq_len: int, lnc: int | None = None) -> Optional[str]:
+    """Why ``rope_hf`` cannot tile this sequence length (a multiple of 128 x LNC), or None."""
     lnc = logical_cores() if lnc is None else int(lnc)
     tile = NKI_TILE * lnc
-    if seq_len <= 0 or seq_len % tile:
-        lower = max(tile, seq_len // tile * tile)
-        raise ValueError(
-            f"NKI rope_hf needs the sequence length to be a multiple of {tile} (128 x LNC={lnc}), "
-            f"got {seq_len}; use --seq-len {lower} or {lower + tile}"
-        )
+    if seq_len > 0 and seq_len % tile == 0:
+        return None
+    lower = max(tile, seq_len // tile * tile)
+    return (f"NKI rope_hf needs the sequence length to be a multiple of {tile} (128 x LNC={lnc}), "
+            f"got {seq_len}; use --seq-len {lower} or {lower + tile}")
+
+
+def check_seq_len(seq_len: int, lnc: int | None = None) -> None:
+    """Refuse a sequence length ``rope_hf`` cannot tile (ValueError naming two lengths it can)."""
+    problem = seq_len_problem(seq_len, lnc)
+    if problem:
+        raise ValueError(problem)
 
 
 # --- proof that the custom path ran -------------------------------------------------------------
@@ -162,7 +169,6 @@ class CallCounter:
 
 def _count(buf: torch.Tensor) -> int:
     return int((buf.to_local() if isinstance(buf, DTensor) else buf).item())
-
 
 
 # One counter per override: the config of each replaced node names the override that made it.
@@ -281,10 +287,9 @@ class NKIRoPE(CosSinRoPE):
         q = query.to_local() if sharded else query
         k = key.to_local() if sharded else key
         batch, seq_len, _heads, _head_dim = q.shape
-        try:
-            check_seq_len(seq_len)
-        except ValueError as exc:  # rope_hf cannot tile this length: torchtitan's rotation, counted
-            return self._fall_back(str(exc), query, key, positions)
+        problem = seq_len_problem(seq_len)
+        if problem:  # rope_hf cannot tile this length: torchtitan's rotation, counted
+            return self._fall_back(problem, query, key, positions)
         cache = self.cache.to_local() if isinstance(self.cache, DTensor) else self.cache
         rope_cache, why = gather_rope_cache(cache, positions, batch, seq_len)
         if rope_cache is None:
