@@ -478,3 +478,8 @@ def test_a_cache_folder_as_dataset_is_used_as_it_is(tmp_path, tiny):
     first = run(tmp_path, tiny, seq_len=128)
     again = run(tmp_path, tiny, dataset=str(first.cache_dir), seq_len=4096)
     assert again.reused and again.cache_dir == first.cache_dir and again.report == first.report
+
+
+def test_auto_format_and_no_format_share_a_cache(tmp_path, tiny):
+    data = write_jsonl(tmp_path / "d.jsonl", [RECORDS["messages"]])
+    assert run(tmp_path, tiny, dataset=str(data)).cache_dir == run(tmp_path, tiny, dataset=str(data), dataset_format="auto").cache_dir

@@ -57,6 +57,7 @@ class DataSettings:
         out = dict(self.__dict__)
         out.pop("dataset")
         out.pop("val_dataset")  # their content is hashed instead of their names
+        out["dataset_format"] = self.dataset_format or "auto"
         if not self.val_split:
             out.pop("seed")
         return out
