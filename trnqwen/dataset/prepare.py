@@ -83,6 +83,15 @@ def prepare_dataset(cfg: Any, assets_dir: Optional[Path] = None, *, cache_root: 
         assets_dir = cfg.resolved_assets_dir
     if cache_root is None:
         cache_root = getattr(cfg, "data_cache_dir", None) or cache.default_cache_root()
+    model = getattr(cfg, "model", None)
+    if model and not _existing_cache(settings.dataset):
+        from trnqwen.dataset.chat import tokenizer_files
+
+        if not tokenizer_files(Path(assets_dir)):
+            raise UsageError(
+                f"no tokenizer in {assets_dir}: the data is tokenized with the model's own tokenizer and template",
+                hint=f"trnqwen fetch {model} first, or point --assets at the model's snapshot",
+            )
     return prepare(settings, Path(assets_dir), Path(cache_root))
 
 
