@@ -333,3 +333,32 @@ def test_dataset_file_is_scored_on_exactly_the_rows_training_reads(run_work, cli
     res = cli("eval", str(export), "--dataset", str(data_file), "--seq-len", "128", "--json")
     assert res.code == 0, res.text
     assert {r["tokens"] for r in json.loads(res.out)["results"]} == {scored.trained_tokens}
+
+
+# --- in the lifecycle ------------------------------------------------------------------------------
+
+
+def test_finetune_line_and_card_carry_validation_before_and_after(run_work):
+    """What `train --finetune` prints last (eval in a child process), and the export's card."""
+    from huggingface_hub import ModelCard
+
+    from trnqwen.evaluate.lifecycle import validation_before_after
+
+    work, run_dir, export = run_work
+    got = validation_before_after(run_dir, device="cpu")
+    assert got is not None, "the run has a validation split"
+    saved = json.loads((run_dir / "eval.json").read_text())["results"]
+    assert (got["before"], got["after"]) == (saved[0]["loss"], saved[1]["loss"])
+    assert got["line"].startswith(f"validation loss before {saved[0]['loss']:.4f} -> after {saved[1]['loss']:.4f}")
+    card = ModelCard.load(export / "README.md")
+    assert "Held-out evaluation" in card.text and f"{saved[1]['loss']:.4f}" in card.text
+    assert card.data.tags and "trnqwen" in card.data.tags
+
+
+def test_no_validation_split_no_line(tiny, tmp_path):
+    from trnqwen.evaluate.lifecycle import validation_before_after
+
+    export = write_tuned(tiny, tmp_path / "ck" / "step-1")
+    run_dir = record_run(tmp_path, tiny, export, cache=None)
+    assert validation_before_after(run_dir) is None
+    assert not (run_dir / "eval.json").exists()

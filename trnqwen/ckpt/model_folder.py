@@ -44,30 +44,53 @@ class CardInfo:
     final_loss: Optional[float] = None
     validation_loss: Optional[float] = None
     eval_results: list[dict[str, Any]] = field(default_factory=list)  # trnqwen eval's rows
+    eval_dataset: Optional[str] = None
     run_id: Optional[str] = None
     trnqwen_version: Optional[str] = None
 
 
-def complete_run_export(config, run_id: str, assets: Path, exported: Path, steps: list[dict]) -> list[str]:
-    """:func:`complete_export` for a finished run: ``config`` is its RunConfig, ``steps`` the
-    metrics of its logged steps (the last one's loss is the final loss)."""
+def card_info(record: Any, eval_results: Optional[list[dict[str, Any]]] = None, eval_dataset: Optional[str] = None) -> CardInfo:
+    """What the card says about a run, from its record (:class:`trnqwen.rundir.RunRecord`):
+    base model, dataset, steps, backend, the last logged loss, the last validation loss."""
     from trnqwen import __version__
 
-    last = steps[-1] if steps else {}
-    validation = next(
-        (m[key] for m in reversed(steps) for key in ("validation_loss", "val_loss") if m.get(key) is not None), None
-    )
-    info = CardInfo(
-        base_model=config.model_name if config.is_builtin else config.model,
-        backend=config.backend,
-        steps=last.get("step") or config.steps,
-        dataset=config.dataset,
+    config = record.config or {}
+    model = str(config.get("model") or "")
+    last = (record.extra.get("summary") or {}).get("last_step") or {}
+    return CardInfo(
+        base_model=model.split(":", 1)[1] if model.startswith("builtin:") else model,
+        backend=str(record.backend or config.get("backend") or ""),
+        steps=last.get("step") or record.steps,
+        dataset=config.get("dataset"),
         final_loss=last.get("loss"),
-        validation_loss=validation,
-        run_id=run_id,
+        validation_loss=last_validation_loss(Path(record.log_path)) if record.log_path else None,
+        eval_results=list(eval_results or []),
+        eval_dataset=eval_dataset,
+        run_id=record.run_id,
         trnqwen_version=__version__,
     )
-    return complete_export(exported, assets, info)
+
+
+def complete_run_export(record: Any, exported: Path) -> list[str]:
+    """:func:`complete_export` for a finished run, from its record (assets, config, summary, log)."""
+    return complete_export(exported, Path(record.assets_dir), card_info(record))
+
+
+def last_validation_loss(log_path: Path) -> Optional[float]:
+    """The loss of the last ``validate step:`` line of a run's log (torchtitan's validator)."""
+    from trnqwen.logs.stepline import parse_validation_line
+
+    found = None
+    try:
+        with open(log_path, "rb") as fh:
+            for raw in fh:
+                if b"validate step:" in raw:
+                    parsed = parse_validation_line(raw.decode("utf-8", "replace"))
+                    if parsed and parsed.get("loss") is not None:
+                        found = parsed["loss"]
+    except OSError:
+        return None
+    return found
 
 
 def weights_dtype(folder: Path) -> Optional[str]:
@@ -147,7 +170,8 @@ def render_card(info: CardInfo) -> str:
         table,
     ]
     if info.eval_results:
-        body += ["", "## Held-out evaluation (`trnqwen eval`)", "", "| checkpoint | tokens | loss | perplexity | vs base |",
+        on = f" on {info.eval_dataset}" if info.eval_dataset else ""
+        body += ["", f"## Held-out evaluation (`trnqwen eval`{on})", "", "| checkpoint | tokens | loss | perplexity | vs base |",
                  "|---|---|---|---|---|"]
         for r in info.eval_results:
             delta = r.get("delta_vs_base")

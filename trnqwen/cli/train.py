@@ -203,10 +203,17 @@ def train(
         )
     echo = sys.stderr.write if show_log else None
     outcome = execute(plan, echo=echo, status=True)
+    validation = None
+    if outcome.exit_code == 0 and plan.config.finetune and outcome.exported is not None:
+        from trnqwen.evaluate.lifecycle import validation_before_after  # base vs export, when a val split exists
+
+        validation = validation_before_after(plan.run_dir, device=plan.device.type)
     if json_out:
-        output.print_json(outcome.as_dict())
+        output.print_json({**outcome.as_dict(), **({"validation": validation} if validation else {})})
     else:
         _print_outcome(outcome)
+        if validation:
+            output.info(validation["line"])
     outcome.raise_for_status()
 
 

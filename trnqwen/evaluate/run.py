@@ -22,6 +22,7 @@ from trnqwen.evaluate.data import Conversation, EvalData, eval_data, held_out_co
 from trnqwen.evaluate.report import EVAL_RECORD, EvalReport, EvalResult, Generation
 from trnqwen.evaluate.targets import (
     EvalTarget,
+    RunInfo,
     base_target,
     check_same_architecture,
     resolve_target,
@@ -163,9 +164,10 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
             )
         )
     if plan.record_dir is not None:
-        run = next(t.run for t in plan.targets if t.run is not None and t.run.run_dir == plan.record_dir)
-        last = (run.record.extra.get("summary") or {}).get("last_step")
-        record(plan.record_dir, report, step=(last.get("step") if isinstance(last, dict) else None) or run.record.steps)
+        tuned = next(t for t in plan.targets if not t.is_base and t.run is not None and t.run.run_dir == plan.record_dir)
+        last = (tuned.run.record.extra.get("summary") or {}).get("last_step")
+        step = (last.get("step") if isinstance(last, dict) else None) or tuned.run.record.steps
+        record(plan.record_dir, report, step=step, folder=tuned.folder, run=tuned.run)
     return report
 
 
@@ -181,7 +183,9 @@ def prompt_text(tokenizer, prompt_ids: list[int]) -> str:
     return tokenizer.decode(prompt_ids, skip_special_tokens=True).strip()
 
 
-def record(run_dir: Path, report: EvalReport, *, step: Optional[int] = None) -> None:
+def record(
+    run_dir: Path, report: EvalReport, *, step: Optional[int] = None, folder: Optional[Path] = None, run: Optional[RunInfo] = None
+) -> None:
     """``<run dir>/eval.json`` (atomic), and the losses into the run's TensorBoard events if any."""
     from trnqwen.fsutil import write_json_atomic
     from trnqwen.train.tracking import log_eval
@@ -190,6 +194,10 @@ def record(run_dir: Path, report: EvalReport, *, step: Optional[int] = None) -> 
     payload: dict[str, Any] = {**report.to_json(), "step": step, "evaluated_at": time.time()}
     write_json_atomic(Path(run_dir) / EVAL_RECORD, payload)
     log_eval(Path(run_dir), results, step if isinstance(step, int) else None)
+    if folder is not None and run is not None and run.record.assets_dir:
+        from trnqwen.ckpt.model_folder import card_info, write_model_card
+
+        write_model_card(folder, card_info(run.record, results, report.dataset))  # only replaces a card trnqwen wrote
 
 
 def run_eval(

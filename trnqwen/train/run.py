@@ -456,9 +456,7 @@ def execute(
         record.extra["exported"] = str(exported)
         from trnqwen.ckpt.model_folder import complete_run_export  # a whole model folder (issue 15)
 
-        record.extra["export_files"] = complete_run_export(
-            plan.config, plan.run_id, _abs(plan.config.resolved_assets_dir, plan.cwd), exported, result.steps
-        )
+        record.extra["export_files"] = complete_run_export(record, exported)
     if result.exit_code == 0 and plan.config.resolved_export_hf and plan.job.checkpoint_dir and exported is None:
         record.status = "failed"
         record.ended_by = "no export"

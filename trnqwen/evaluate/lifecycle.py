@@ -1,0 +1,62 @@
+"""The fine-tune's last line: validation loss before (the base model) and after (the export).
+
+``trnqwen train --finetune`` calls :func:`validation_before_after` when the run has a validation
+split.  It runs ``trnqwen eval <run dir> --json`` in a child process, because the launcher never
+imports torch or claims a Neuron device itself (and a quickstart runs several trainings from one
+process).  The child writes ``eval.json`` into the run dir like any eval does.  A failed eval is
+reported, never turned into a failed training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+EVAL_TIMEOUT_S = 3600
+
+
+def has_validation(run_dir: Path) -> bool:
+    """Whether the run trained on a token cache with a ``val`` split."""
+    from trnqwen.dataset.cache import has_split
+    from trnqwen.errors import TrnqwenError
+    from trnqwen.evaluate.data import run_cache
+    from trnqwen.evaluate.targets import load_run
+
+    try:
+        cache = run_cache(load_run(run_dir))
+    except (TrnqwenError, OSError, ValueError):
+        return False
+    return cache is not None and has_split(cache, "val")
+
+
+def validation_before_after(run_dir: Path, *, device: str = "auto", timeout: float = EVAL_TIMEOUT_S) -> Optional[dict[str, Any]]:
+    """``{"before", "after", "tokens", "line"}`` (or ``{"error", "line"}``); None without a validation split."""
+    if not has_validation(run_dir):
+        return None
+    argv = [sys.executable, "-m", "trnqwen", "eval", str(run_dir), "--json", "--device", device]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
+    except subprocess.TimeoutExpired:
+        return {"error": "timed out", "line": f"validation loss before/after: eval timed out after {timeout:.0f}s"}
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or ["no output"])[0].removeprefix("Error: ")
+        return {"error": why, "line": f"validation loss before/after: not measured ({why}); try `trnqwen eval {run_dir}`"}
+    results = json.loads(proc.stdout)["results"]
+    base = next((r for r in results if r["checkpoint"] == "base"), None)
+    tuned = [r for r in results if r is not base]
+    if base is None or not tuned:
+        return None
+    after = tuned[-1]
+    return {
+        "before": base["loss"],
+        "after": after["loss"],
+        "tokens": after["tokens"],
+        "line": (
+            f"validation loss before {base['loss']:.4f} -> after {after['loss']:.4f} "
+            f"({after['loss'] - base['loss']:+.4f}) on {after['tokens']:,} held-out tokens"
+        ),
+    }
