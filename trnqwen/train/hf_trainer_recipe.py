@@ -76,7 +76,7 @@ def build_hf_trainer_spec(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[
     export = bool(cfg.resolved_export_hf)
     if dataset is ...:
         dataset, _, _ = _dataset_arg(cfg, assets_dir)
-    device_type = getattr(device, "type", "cpu")
+    device_type = device.type
     return HFTrainerSpec(
         assets_dir=str(assets_dir),
         model=cfg.model,
@@ -96,8 +96,8 @@ def build_hf_trainer_spec(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[
         checkpoint_dir=str(Path(cfg.resolved_checkpoint_dir).expanduser().absolute()) if export else None,
         export_hf=export,
         output_dir=str(Path(run_dir if run_dir is not None else cfg.runs_dir).expanduser().absolute()),
-        peak_flops_per_rank=getattr(device, "peak_flops_per_rank", None),
-        memory_bytes_per_rank=getattr(device, "memory_bytes_per_rank", None),
+        peak_flops_per_rank=device.peak_flops_per_rank,
+        memory_bytes_per_rank=device.memory_bytes_per_rank,
         trust_remote_code=cfg.trust_remote_code,
         report_to=",".join(tracking.report_to(cfg)),
     )

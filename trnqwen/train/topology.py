@@ -72,19 +72,19 @@ class Topology:
         }
 
 
-def ranks_per_node(nproc_per_node: Optional[int], device: "DeviceInfo | Any") -> int:
+def ranks_per_node(nproc_per_node: Optional[int], device: DeviceInfo) -> int:
     """``--nproc-per-node`` when given, else every device of the node (1 on CPU).
 
     Logical NeuronCores on Neuron (64 on a trn2.48xlarge at LNC 2), GPUs on CUDA.
     """
     if nproc_per_node:
         return int(nproc_per_node)
-    if getattr(device, "type", "cpu") == "cpu":
+    if device.type == "cpu":
         return 1
-    return max(1, int(getattr(device, "count", 1) or 1))
+    return max(1, int(device.count or 1))
 
 
-def plan_topology(cfg: "RunConfig", device: "DeviceInfo | Any") -> Topology:
+def plan_topology(cfg: RunConfig, device: DeviceInfo) -> Topology:
     """The topology of ``cfg`` on ``device`` (every node of the job counted)."""
     return topology(
         nnodes=cfg.nnodes,
