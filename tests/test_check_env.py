@@ -21,7 +21,30 @@ from trnqwen.env.device import detect_device
 from trnqwen.env.neuron import neuron_facts
 from trnqwen.env.probe import probe_environment
 from trnqwen.errors import EXIT_ENVIRONMENT, EnvironmentProblem
-from trnqwen.env.versions import check_combination, is_legacy_torch_neuronx, release_tuple, version_matches
+from trnqwen.env.versions import (
+    check_combination,
+    is_legacy_torch_neuronx,
+    neuron_combo_for,
+    neuron_series,
+    release_tuple,
+    version_matches,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_snapshot(tmp_path_factory) -> Path:
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    return write_tiny_qwen3(tmp_path_factory.mktemp("check-env") / "tiny-qwen3")
+
+
+@pytest.fixture
+def fetched(in_tmp, tiny_snapshot) -> Path:
+    """A model where check-env looks by default (missing assets block training, issue 18 item 8)."""
+    where = in_tmp / "assets" / "hf" / "Qwen3-4B-Instruct-2507"
+    where.parent.mkdir(parents=True)
+    where.symlink_to(tiny_snapshot, target_is_directory=True)
+    return where
 
 
 def _use(monkeypatch, env: dict[str, str]) -> None:
@@ -45,7 +68,7 @@ def _errors(report: dict) -> list[dict]:
 # --- the real CPU machine ----------------------------------------------------------------------
 
 
-def test_cpu_machine_json(cli, in_tmp):
+def test_cpu_machine_json(cli, in_tmp, fetched):
     r = cli("check-env", "--json")
     report = _json(r)
     assert r.code == 0, report["problems"]
@@ -67,7 +90,7 @@ def test_cpu_machine_json(cli, in_tmp):
     assert report["ok"] is True
 
 
-def test_cpu_machine_table(cli, in_tmp):
+def test_cpu_machine_table(cli, in_tmp, fetched):
     r = cli("check-env")
     assert r.code == 0, r.text
     for word in ("Environment", "Packages", "torchtitan", "device", "cpu x 1", "Ready"):
@@ -158,7 +181,7 @@ def test_cuda_count_from_nvidia_smi(monkeypatch):
 # --- the Neuron branches, against test doubles --------------------------------------------------
 
 
-def test_trn2_lnc2_64_ranks(cli, in_tmp, tmp_path, monkeypatch):
+def test_trn2_lnc2_64_ranks(cli, in_tmp, fetched, tmp_path, monkeypatch):
     _use(monkeypatch, neuron_host(tmp_path))
     r = cli("check-env", "--json")
     report = _json(r)
@@ -185,7 +208,7 @@ def test_trn2_lnc2_64_ranks(cli, in_tmp, tmp_path, monkeypatch):
     assert detect_device("neuron").count == 64
 
 
-def test_trn2_lnc1_128_ranks(cli, in_tmp, tmp_path, monkeypatch):
+def test_trn2_lnc1_128_ranks(cli, in_tmp, fetched, tmp_path, monkeypatch):
     _use(monkeypatch, neuron_host(tmp_path, lnc=1))
     r = cli("check-env", "--json")
     report = _json(r)
@@ -213,7 +236,7 @@ def test_cores_held_by_another_process(cli, in_tmp, tmp_path, monkeypatch):
     assert table.code == 1 and "113985" in table.out and "block training on neuron" in table.out
 
 
-def test_driver_sees_no_devices(cli, in_tmp, tmp_path, monkeypatch):
+def test_driver_sees_no_devices(cli, in_tmp, fetched, tmp_path, monkeypatch):
     _use(monkeypatch, neuron_host(tmp_path, devices=False))
     r = cli("check-env", "--json")
     report = _json(r)
@@ -230,7 +253,7 @@ def test_driver_sees_no_devices(cli, in_tmp, tmp_path, monkeypatch):
     assert r_cpu.code == 0, _errors(_json(r_cpu))
 
 
-def test_neuron_ls_failing(cli, in_tmp, tmp_path, monkeypatch):
+def test_neuron_ls_failing(cli, in_tmp, fetched, tmp_path, monkeypatch):
     _use(monkeypatch, neuron_host(tmp_path, devices=False))
     monkeypatch.setenv("FAKE_NEURON_LS_FAIL", "ERROR: no Neuron devices found")
     r = cli("check-env", "--json")
@@ -251,7 +274,8 @@ def test_legacy_torch_neuronx(cli, in_tmp, tmp_path, monkeypatch):
     assert report["packages"]["torch-neuronx"] == "2.9.0.2.15.1"
     assert report["torch"]["torch_neuronx_legacy"] is True
     legacy = [p for p in _errors(report) if "legacy" in p["message"]]
-    assert legacy and "torch-neuronx==2.14.*" in legacy[0]["fix"] and "--no-deps" in legacy[0]["fix"]
+    series = neuron_series(neuron_combo_for(sys.version_info[:2]))  # 2.14 needs Python >= 3.12
+    assert legacy and f"torch-neuronx=={series}.*" in legacy[0]["fix"] and "--no-deps" in legacy[0]["fix"]
     # the device itself is fine: 64 logical cores are still detected for the launcher
     assert report["device"]["count"] == 64
 
@@ -279,11 +303,19 @@ def test_lnc_from_system_file(tmp_path):
     assert facts.lnc_source.endswith("logical_nc_config")
 
 
-def test_probe_environment_explicit_roots(tmp_path, monkeypatch):
+def test_probe_environment_explicit_roots(tmp_path, monkeypatch, tiny_snapshot):
     env = {**os.environ, **neuron_host(tmp_path)}
     monkeypatch.syspath_prepend(env["PYTHONPATH"])
-    report = probe_environment(root=Path(env["TRNQWEN_SYSFS_ROOT"]), env=env, assets_dir=tmp_path / "a")
+    report = probe_environment(root=Path(env["TRNQWEN_SYSFS_ROOT"]), env=env, assets_dir=tiny_snapshot)
     assert report.ok and report.device["count"] == 64
+    # without the model nothing trains: a blocking problem whose fix is the fetch command
+    report = probe_environment(root=Path(env["TRNQWEN_SYSFS_ROOT"]), env=env, assets_dir=tmp_path / "a", model="Qwen/Qwen3-0.6B")
+    assert not report.ok and [p.fix for p in report.problems if p.severity == "error"] == [
+        f"fetch it: trnqwen fetch Qwen/Qwen3-0.6B --local-dir {tmp_path / 'a'}"
+    ]
+    assert probe_environment(
+        root=Path(env["TRNQWEN_SYSFS_ROOT"]), env=env, assets_dir=tmp_path / "a", check_assets=False
+    ).ok
 
 
 def test_missing_torch_neuronx_on_neuron_host(cli, in_tmp, tmp_path, monkeypatch):
@@ -327,3 +359,34 @@ def test_unknown_device_is_a_usage_error():
 
     with pytest.raises(UsageError):
         detect_device("tpu")
+
+
+# --- issue 18 item 13: one recommendation per Python, fixes printed whole ----------------------
+
+
+def test_neuron_set_recommended_follows_python():
+    """torch 2.14's Neuron set needs Python >= 3.12: 3.10 and 3.11 are pointed at the 2.13 set."""
+    assert neuron_series(neuron_combo_for((3, 11))) == "2.13"
+    assert neuron_series(neuron_combo_for((3, 10))) == "2.13"
+    assert neuron_series(neuron_combo_for((3, 12))) == "2.14"
+    assert neuron_series(neuron_combo_for((3, 14))) == "2.14"
+
+
+def test_missing_torch_neuronx_fix_names_the_set_for_this_python(cli, in_tmp, fetched):
+    report = _json(cli("check-env", "--json", "--device", "neuron"))
+    series = neuron_series(neuron_combo_for(sys.version_info[:2]))
+    fix = next(p["fix"] for p in _errors(report) if "torch-neuronx not installed" in p["message"])
+    assert f"torch-neuronx=={series}.*" in fix and "Python >= 3.12" in fix, fix
+    combination = [p for p in report["problems"] if p["message"].startswith("untested combination")]
+    # the known-good set it compares against is the same one the fix installs (never 2.13 and 2.14 at once)
+    assert all(f"torch {series}" in p["message"] for p in combination), combination
+
+
+def test_fixes_are_printed_whole(cli, in_tmp, fetched):
+    """A fix is a command or URL to copy: never cut to a table column with an ellipsis."""
+    from trnqwen.env.versions import NEURON_PIP_REPO
+
+    r = cli("check-env", "--device", "neuron")
+    assert r.code == 1
+    assert "…" not in r.out, r.out
+    assert f"--extra-index-url {NEURON_PIP_REPO} 'torch-neuronx==" in r.out.replace("\n", " "), r.out

@@ -124,3 +124,26 @@ def test_troubleshooting_covers_the_errors_users_meet():
     for needle in ("recompil", "LNC", 'device_map="auto"', "HBM out of memory", "Weights not loaded",
                    "TDRV:dmem_alloc_internal", "NCC_EOOM001", "NCC_EARG001", "NeuronCore(s) not available"):
         assert needle in text, needle
+
+
+def test_getting_started_installs_what_check_env_recommends():
+    """Issue 18 item 13: the install line pins a known-good Neuron set, names the set check-env
+    recommends on older Pythons, and says where the torch 2.14 set's Python >= 3.12 matters."""
+    import re
+
+    from trnqwen.env.versions import KNOWN_GOOD, neuron_combo_for, neuron_series, python_note
+
+    text = (DOCS / "getting-started.md").read_text()
+    neuron = [c for c in KNOWN_GOOD if c.device == "neuron"]
+    pinned = set(re.findall(r"torch-neuronx==(\d+\.\d+)\.\*", text))
+    assert pinned == {neuron_series(c) for c in neuron}, pinned
+    for combo in neuron:
+        if python_note(combo):  # a set that does not run on every Python says so next to its pin
+            lo = combo.python[0]
+            assert f"torch {neuron_series(combo)} set needs\nPython >= {lo[0]}.{lo[1]}" in text or (
+                f"Python >= {lo[0]}.{lo[1]} (torch {neuron_series(combo)} set)" in text
+            ), combo.name
+    for py in ((3, 10), (3, 11)):
+        assert f"torch-neuronx=={neuron_series(neuron_combo_for(py))}.*" in text
+    compiler = {c.packages["neuronx-cc"].split(".")[0] + "." + c.packages["neuronx-cc"].split(".")[1] for c in neuron}
+    assert set(re.findall(r"neuronx-cc==(\d+\.\d+)\.\*", text)) <= compiler

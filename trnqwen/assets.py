@@ -12,9 +12,11 @@ Plain file reads only: no torch, no transformers, no tensor data.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from trnqwen.fsutil import broken_link
 from trnqwen.safetensors_format import SafetensorsFormatError, read_header
 
 CONFIG_NAME = "config.json"
@@ -67,8 +69,72 @@ def weight_shards(folder: Path) -> list[Path]:
 
 def header_problem(path: Path) -> Optional[str]:
     """Why ``path`` is not a readable, complete safetensors file (None when it is)."""
+    link = broken_link(path)
+    if link:
+        return link
     try:
         read_header(path, known_dtypes=False)
     except SafetensorsFormatError as exc:
         return str(exc)
     return None
+
+
+@dataclass(frozen=True)
+class AssetProblem:
+    """One thing that stops a run from loading the folder; ``alternative`` is another way out
+    besides fetching the model again (appended to the caller's fix)."""
+
+    message: str
+    alternative: str = ""
+
+
+def folder_problems(folder: Path, *, weights: bool) -> list[AssetProblem]:
+    """Everything that stops training from loading ``folder``: not a folder, ``config.json``
+    missing or broken, no tokenizer set, and (``weights``: a fine-tune) shards missing, absent or
+    unreadable.  Preflight and check-env both report these, each with the ``fetch`` command."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        link = broken_link(folder)
+        what = f"{folder} is {link}" if link else f"{folder} is not a folder"
+        return [AssetProblem(f"model assets not found: {what}")]
+    problems = []
+    config_path = folder / CONFIG_NAME
+    if not config_path.is_file():
+        problems.append(AssetProblem(f"{config_path} is missing"))
+    elif read_config_json(folder) is None:
+        problems.append(AssetProblem(f"{config_path} is not valid JSON (incomplete download?)"))
+    if not has_tokenizer(folder):
+        problems.append(AssetProblem(f"no tokenizer files in {folder} (need tokenizer.json, or vocab.json + merges.txt)"))
+    if weights:
+        problems += _weight_problems(folder)
+    return problems
+
+
+def _weight_problems(folder: Path) -> list[AssetProblem]:
+    try:
+        missing = missing_shards(folder)
+    except ValueError:
+        return [AssetProblem(f"{folder / INDEX_NAME} is not valid JSON (incomplete download?)")]
+    if missing:
+        return [
+            AssetProblem(
+                f"--finetune needs every weight shard; missing in {folder}: {', '.join(missing[:4])}"
+                + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else "")
+            )
+        ]
+    shards = weight_shards(folder)
+    if not shards:
+        return [
+            AssetProblem(
+                f"--finetune loads the published weights, but {folder} has no *.safetensors",
+                alternative=", or drop --finetune to train from random init",
+            )
+        ]
+    out = []
+    for shard in shards:
+        link = broken_link(shard)
+        if link:
+            out.append(AssetProblem(f"{shard} is {link}, not a safetensors file"))
+        elif header_problem(shard) is not None:
+            out.append(AssetProblem(f"{shard} is truncated or not a safetensors file"))
+    return out

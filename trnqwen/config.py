@@ -376,10 +376,13 @@ def resolve_config(
     config_file: Optional[Path] = None,
     environ: Optional[dict[str, str]] = None,
     cwd: Optional[Path] = None,
+    labels: Optional[dict[str, str]] = None,
 ) -> ResolvedConfig:
     """Merge defaults < trnqwen.toml < TRNQWEN_* < flags and validate once.
 
     ``cli`` holds only the flags the user actually gave (``None`` values are dropped).
+    ``labels`` names what the command line calls a field when it is not the usual flag
+    (``fetch REPO`` sets ``model``: an error must blame ``argument REPO``, not ``--model``).
     """
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -398,7 +401,7 @@ def resolve_config(
         if key not in FIELD_NAMES:
             raise ConfigError([f"internal: flag maps to unknown field '{key}'"])
         merged[key] = value
-        sources[key] = f"flag {flag_of(key)}"
+        sources[key] = (labels or {}).get(key) or f"flag {flag_of(key)}"
     try:
         config = RunConfig(**merged)
     except ValidationError as exc:

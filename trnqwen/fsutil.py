@@ -7,6 +7,7 @@ folder and renamed over the target, so a reader (or a crash) never sees a partia
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -75,3 +76,20 @@ def free_bytes(path: Path) -> tuple[Path, Optional[int]]:
 def writable(path: Path) -> bool:
     """Whether ``path`` (or, not there yet, its nearest existing parent) can be written."""
     return os.access(nearest_existing(path), os.W_OK)
+
+
+def broken_link(path: Path) -> Optional[str]:
+    """What a symbolic link that leads nowhere is ("a symbolic link to itself", "a symlink loop",
+    "a broken symbolic link to X"), or None when ``path`` is not such a link."""
+    p = Path(path)
+    if not p.is_symlink() or p.exists():
+        return None
+    target = os.readlink(p)
+    if (p.parent / target).absolute() == p.absolute():
+        return "a symbolic link to itself"
+    try:
+        os.stat(p)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop"
+    return f"a broken symbolic link (to {target}, which does not exist)"

@@ -201,7 +201,7 @@ def _fresh_dir(path: Path, workdir: Path) -> Path:
 def stage_check_env(device: str, assets: Path) -> tuple[str, dict[str, Any]]:
     from trnqwen.env.probe import probe_environment
 
-    report = probe_environment(device=device, assets_dir=assets)
+    report = probe_environment(device=device, assets_dir=assets, check_assets=False)  # the next stage fetches
     errors = [p for p in report.problems if p.severity == "error"]
     if errors:
         raise StageFailed(

@@ -10,8 +10,8 @@ import re
 
 from trnqwen.errors import UsageError
 
-_BINARY = ("B", "KiB", "MiB", "GiB", "TiB")
-_SI = ("B", "KB", "MB", "GB", "TB")
+_BINARY = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_SI = ("B", "KB", "MB", "GB", "TB", "PB")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)?\s*$", re.IGNORECASE)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trnqwen.errors import CheckFailed, UsageError
+from trnqwen.fsutil import broken_link
 
 INDEX_NAME = "model.safetensors.index.json"
 STEP_RE = re.compile(r"^step-(\d+)$")
@@ -155,6 +156,13 @@ def _explain_unusable(folder: Path, all_steps: Optional[list[int]] = None) -> No
         )
     if any(folder.iterdir()):
         _refuse_pickles(folder)
+        for path in sorted(folder.glob("*.safetensors")):
+            link = broken_link(path)
+            if link:  # listed by the glob, but not a file: say what it is, not "no *.safetensors"
+                raise UsageError(
+                    f"{path} is {link}, not a safetensors file",
+                    hint="replace the link with the real file (or point it at one), then run verify-ckpt again",
+                )
         raise UsageError(
             f"no checkpoint in {folder}: no *.safetensors, no {INDEX_NAME}, no step-N/ folders",
             hint="pass the checkpoint folder torchtitan wrote (checkpoint.folder) or a step-N folder inside it",

@@ -38,7 +38,7 @@ def check_env(
         output.warn(w)
     cfg = resolved.config
     report = probe_environment(
-        device=cfg.device, assets_dir=cfg.resolved_assets_dir, compile_cache_dir=cfg.compile_cache_dir
+        device=cfg.device, assets_dir=cfg.resolved_assets_dir, compile_cache_dir=cfg.compile_cache_dir, model=cfg.model
     )
     if json_out:
         output.print_json(report.as_dict())
@@ -90,7 +90,7 @@ def _render(report) -> None:
     output.table("Environment", ["item", "value"], rows)
     output.table("Packages", ["package", "version"], [(k, v or "-") for k, v in report.packages.items()])
     if report.problems:
-        output.table("Problems", ["severity", "problem", "fix"], [(pr.severity, pr.message, pr.fix) for pr in report.problems])
+        _print_problems(report.problems)
     blocking = sum(1 for pr in report.problems if pr.severity == "error")
     if blocking:
         output.console(stderr=False).print(
@@ -98,3 +98,22 @@ def _render(report) -> None:
         )
     else:
         output.console(stderr=False).print(f"[green]Ready:[/green] nothing blocks training on {d['type']}.")
+
+
+def _print_problems(problems) -> None:
+    """Each problem on its line and its fix whole on the next: a fix is a command or a URL to copy,
+    so it is never cut to a table column (rich would end it with an ellipsis)."""
+    from rich.text import Text
+
+    from trnqwen import output
+    from trnqwen.errors import redact
+
+    colour = {"error": "red", "warning": "yellow", "info": "cyan"}
+    console = output.console(stderr=False)
+    console.print(Text("Problems", style="italic"))
+    for pr in problems:
+        line = Text(f"{pr.severity:<8} ", style=colour.get(pr.severity, ""))
+        line.append(redact(pr.message))
+        console.print(line, soft_wrap=True)
+        if pr.fix:
+            console.print(Text(f"{'':<9}fix: {redact(pr.fix)}"), soft_wrap=True)

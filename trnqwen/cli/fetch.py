@@ -102,7 +102,11 @@ def fetch(
     from trnqwen.fetch.plan import DEFAULT_KEEP_FREE, DEFAULT_MAX_WORKERS, FetchResult
     from trnqwen.units import format_bytes, parse_size
 
-    resolved = resolve_config(given(model=repo_id, assets_dir=local_dir), config_file=config_file)
+    resolved = resolve_config(
+        given(model=repo_id, assets_dir=local_dir),
+        config_file=config_file,
+        labels={"model": "argument REPO", "assets_dir": "flag --local-dir"},
+    )
     for w in resolved.warnings:
         output.warn(w)
     cfg = resolved.config

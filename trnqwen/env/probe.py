@@ -14,11 +14,13 @@ issue; the device decision itself is :mod:`trnqwen.env.device`, which the launch
 from __future__ import annotations
 
 import platform
+import shlex
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from trnqwen.assets import folder_problems
 from trnqwen.env.context import ProbeContext, as_int
 from trnqwen.env.cuda import cuda_facts
 from trnqwen.env.device import DeviceInfo, device_from_facts
@@ -32,12 +34,16 @@ from trnqwen.env.neuron import (
     probe_torch_neuronx,
 )
 from trnqwen.env.versions import (
+    KNOWN_GOOD,
     NEURON_PACKAGES,
     NEURON_PIP_REPO,
     check_combination,
     is_legacy_torch_neuronx,
     is_placeholder_distribution,
+    neuron_combo_for,
+    neuron_series,
     package_versions,
+    python_note,
     release_tuple,
     torch_build,
 )
@@ -103,8 +109,13 @@ def probe_environment(
     root: Optional[Path] = None,
     env: Optional[Mapping[str, str]] = None,
     ctx: Optional[ProbeContext] = None,
+    model: Optional[str] = None,
+    check_assets: bool = True,
 ) -> EnvReport:
-    """Everything ``trnqwen check-env`` shows, with one :class:`Problem` (and its fix) per issue."""
+    """Everything ``trnqwen check-env`` shows, with one :class:`Problem` (and its fix) per issue.
+
+    ``model`` names the fetch command in the fix for missing assets; ``check_assets=False`` skips
+    the model folder (the quickstart checks the machine before it fetches)."""
     ctx = ctx or ProbeContext.from_env(root, env)
     requested = (device or "auto").lower()
     problems: list[Problem] = []
@@ -150,7 +161,11 @@ def probe_environment(
     ):
         if packages.get(name) is None:
             if name == "torch" and target == "neuron":
-                fix = "install the Neuron build of torch (torch 2.14 with torch-neuronx 2.14.*) from the Neuron repository"
+                series = neuron_series(neuron_combo_for(sys.version_info[:2]))
+                fix = (
+                    f"install the Neuron build of torch (torch {series} with torch-neuronx {series}.*) "
+                    "from the Neuron repository"
+                )
             elif name == "torch":
                 fix = "pip install torch==2.14.1 (CPU/CUDA build), or `make venv`"
             elif name == "torchtitan":
@@ -248,6 +263,11 @@ def probe_environment(
             )
         )
 
+    # -- the model: training cannot start without it --
+    if check_assets:
+        fix = f"fetch it: {fetch_command(model, assets)}"
+        problems.extend(Problem("error", p.message, fix) for p in folder_problems(assets, weights=False))
+
     # -- Hugging Face --
     token_set = any(ctx.env.get(n) for n in SECRET_ENV_VARS) or _hf_token_file(ctx).is_file()
     offline = ctx.env.get("HF_HUB_OFFLINE")
@@ -315,6 +335,15 @@ def probe_environment(
     )
 
 
+def fetch_command(model: Optional[str], assets: Path) -> str:
+    """The ``trnqwen fetch`` line that puts ``model`` where training will look (``assets``)."""
+    from trnqwen.fetch.plan import default_local_dir
+
+    if model and Path(assets) == default_local_dir(model):
+        return shlex.join(["trnqwen", "fetch", model])
+    return shlex.join(["trnqwen", "fetch", model or "MODEL", "--local-dir", str(assets)])
+
+
 def _hf_token_file(ctx: ProbeContext) -> Path:
     hf_home = ctx.env.get("HF_HOME") or str(Path(ctx.env.get("HOME", "~")).expanduser() / ".cache" / "huggingface")
     return Path(ctx.env.get("HF_TOKEN_PATH") or Path(hf_home) / "token")
@@ -332,11 +361,21 @@ def _neuron_problems(
 ) -> None:
     """Problems of the Neuron stack; ``strict`` when the run will use it (else warnings)."""
     blocking = "error" if strict else "warning"
+    # One recommendation per Python: the torch 2.14 set needs Python >= 3.12 (3.10/3.11 get 2.13).
+    combo = neuron_combo_for(sys.version_info[:2])
+    series = neuron_series(combo)
+    tnx_pin = f"torch-neuronx=={series}.*"
+    newest = next(c for c in KNOWN_GOOD if c.device == "neuron")
+    newer = (
+        f"; torch-neuronx {neuron_series(newest)} needs Python >= {newest.python[0][0]}.{newest.python[0][1]}"
+        if newest is not combo
+        else python_note(combo).replace(" (needs", "; it needs").rstrip(")")
+    )
     tnx_ver = packages.get("torch-neuronx")
     if tnx_ver is None:
         problems.append(
             Problem(blocking, "torch-neuronx not installed: the native `neuron` device needs it",
-                    NEURON_INSTALL_FIX.format(pkg="torch-neuronx==2.14.*"))
+                    NEURON_INSTALL_FIX.format(pkg=tnx_pin) + newer)
         )
     elif is_legacy_torch_neuronx(tnx_ver):
         problems.append(
@@ -345,8 +384,8 @@ def _neuron_problems(
                 f"torch-neuronx {tnx_ver} is the legacy XLA-based library (before 2.13), not the native "
                 "`neuron` device torchtitan needs",
                 "upgrade to the native backend (Neuron SDK 2.33): "
-                + NEURON_INSTALL_FIX.format(pkg="torch-neuronx==2.14.*")
-                + " with torch 2.14",
+                + NEURON_INSTALL_FIX.format(pkg=tnx_pin)
+                + f" with torch {series}{newer}",
             )
         )
     else:

@@ -102,6 +102,24 @@ KNOWN_GOOD: tuple[Combo, ...] = (
 )
 
 
+def neuron_combo_for(python: tuple[int, int]) -> Combo:
+    """The Neuron set to recommend on this Python: the first (newest) one whose Python range holds
+    it (the torch 2.14 set needs Python >= 3.12, so 3.10 and 3.11 get the 2.13 set)."""
+    neuron = [c for c in KNOWN_GOOD if c.device == "neuron"]
+    return next((c for c in neuron if c.python[0] <= python <= c.python[1]), neuron[0])
+
+
+def neuron_series(combo: Combo) -> str:
+    """``2.14`` for a set pinning torch ``2.14.*``: the major.minor torch and torch-neuronx share."""
+    return ".".join(combo.packages["torch"].split(".")[:2])
+
+
+def python_note(combo: Combo) -> str:
+    """`` (needs Python >= 3.12)`` when the set does not cover every Python trnqwen runs on."""
+    lo = combo.python[0]
+    return f" (needs Python >= {lo[0]}.{lo[1]})" if lo > (3, 10) else ""
+
+
 def version_matches(version: str, pattern: str) -> bool:
     """``2.14.1+cu130`` matches ``2.14.*`` and ``2.14.1``; ``0.2.2+neuron.1`` needs its local part."""
     candidate = version if "+" in pattern else version.split("+", 1)[0]

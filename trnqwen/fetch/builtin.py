@@ -41,7 +41,7 @@ from typing import Any, Iterator, Optional
 
 from trnqwen.constants import TINY_MODEL
 from trnqwen.errors import EnvironmentProblem, UsageError
-from trnqwen.fetch.plan import FetchResult, RemoteFile
+from trnqwen.fetch.plan import DEFAULT_KEEP_FREE, FetchResult, RemoteFile, check_disk
 from trnqwen.fetch.verify import file_digest, read_manifest, verify_snapshot, write_manifest
 from trnqwen.fsutil import current_umask, write_text_atomic
 
@@ -422,10 +422,16 @@ def _require(*modules: str) -> None:
 
 BUILTINS = (TINY_MODEL,)
 _TINY_RECIPE_VERSION = 1
+# An upper bound of what the snapshot takes on disk (about 4.2 MiB today; a test keeps it a bound),
+# checked against --keep-free before anything is written.
+SNAPSHOT_BYTES_BOUND = 8 * 1024**2
 
 
-def fetch_builtin(repo_id: str, local_dir: Path, *, dry_run: bool = False) -> FetchResult:
-    """Write a built-in model (offline) and verify it; a verified copy is left as it is."""
+def fetch_builtin(
+    repo_id: str, local_dir: Path, *, dry_run: bool = False, keep_free: int = DEFAULT_KEEP_FREE
+) -> FetchResult:
+    """Write a built-in model (offline) and verify it; a verified copy is left as it is.  Like a
+    Hub download, writing it must leave ``keep_free`` bytes free (checked before a byte is written)."""
     if repo_id not in BUILTINS:
         raise UsageError(f"unknown built-in model {repo_id!r}", hint=f"built-in models: {', '.join(BUILTINS)}")
     manifest = read_manifest(local_dir)
@@ -449,6 +455,7 @@ def fetch_builtin(repo_id: str, local_dir: Path, *, dry_run: bool = False) -> Fe
         result.verified = up_to_date
         return result
     if not up_to_date:
+        check_disk(repo_id, local_dir, SNAPSHOT_BYTES_BOUND, keep_free, verb="write")
         write_tiny_qwen3(local_dir)
         expected = [
             RemoteFile(n, (local_dir / n).stat().st_size, sha256=file_digest(local_dir / n, "sha256")) for n in names

@@ -27,7 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from trnqwen.errors import EnvironmentProblem, TrnqwenError, UsageError
+from trnqwen.errors import TrnqwenError, UsageError
 from trnqwen.fetch.builtin import fetch_builtin
 from trnqwen.fetch.errors import HubUnreachable, hub_error, offline_mode
 from trnqwen.fetch.plan import (
@@ -35,6 +35,7 @@ from trnqwen.fetch.plan import (
     DEFAULT_MAX_WORKERS,
     FetchResult,
     RemoteFile,
+    check_disk,
     check_repo_path,
     exact_pattern,
     is_builtin,
@@ -50,8 +51,6 @@ from trnqwen.fetch.verify import (
     verify_snapshot,
     write_manifest,
 )
-from trnqwen.fsutil import free_bytes
-from trnqwen.units import format_bytes
 
 DOWNLOAD_ATTEMPTS = 3  # passes of snapshot_download when the connection is lost mid-way
 RETRY_BACKOFF_S = 1.0
@@ -63,18 +62,6 @@ def _stale_partials(local_dir: Path) -> list[Path]:
     resumed by a later run: it only takes space."""
     folder = local_dir / ".cache" / "huggingface" / "download"
     return sorted(folder.rglob("*.incomplete")) if folder.is_dir() else []
-
-
-def check_disk(repo_id: str, local_dir: Path, need: int, keep_free: int, *, verb: str = "download") -> None:
-    """Refuse, before a byte is written, when ``need`` more bytes would leave less than
-    ``keep_free`` free where ``local_dir`` lives."""
-    _, free = free_bytes(local_dir)
-    if free is not None and free - need < keep_free:
-        raise EnvironmentProblem(
-            f"not enough disk space for {repo_id} in {local_dir}: {format_bytes(need)} to {verb}, "
-            f"{format_bytes(free)} free, {format_bytes(keep_free)} to keep free",
-            hint="free some space, choose another --local-dir, or lower --keep-free; nothing was written",
-        )
 
 
 @contextmanager
@@ -120,7 +107,7 @@ def fetch(
     if is_builtin(repo_id):
         if revision or include or exclude:
             raise UsageError("built-in models have no revisions and no file filters", hint=f"run: trnqwen fetch {repo_id}")
-        result = fetch_builtin(repo_id, local_dir, dry_run=dry_run)
+        result = fetch_builtin(repo_id, local_dir, dry_run=dry_run, keep_free=keep_free)
         result.seconds = round(time.monotonic() - started, 3)
         return result
     if max_workers < 1:

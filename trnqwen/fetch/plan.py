@@ -16,6 +16,8 @@ from typing import Any, Iterable, Optional
 from trnqwen.constants import BUILTIN_PREFIX
 from trnqwen.errors import CheckFailed, EnvironmentProblem, TrnqwenError
 from trnqwen.fetch.errors import hub_error
+from trnqwen.fsutil import free_bytes, writable
+from trnqwen.units import format_bytes
 
 # Default allow-list: what training needs and nothing else.
 DEFAULT_INCLUDE: tuple[str, ...] = (
@@ -127,6 +129,23 @@ def exact_pattern(name: str) -> str:
 def is_builtin(repo_id: str) -> bool:
     return repo_id.startswith(BUILTIN_PREFIX)
 
+
+
+def check_disk(repo_id: str, local_dir: Path, need: int, keep_free: int, *, verb: str = "download") -> None:
+    """Refuse, before a byte is written, when ``need`` more bytes would leave less than
+    ``keep_free`` free where ``local_dir`` lives."""
+    base, free = free_bytes(local_dir)
+    if not writable(base):  # a read-only mount says so, not "not enough space"
+        raise EnvironmentProblem(
+            f"cannot write {local_dir}: {base} is read-only (or not writable by this user)",
+            hint="pick a writable folder with --local-dir (or fix its permissions/mount); nothing was written",
+        )
+    if free is not None and free - need < keep_free:
+        raise EnvironmentProblem(
+            f"not enough disk space for {repo_id} in {local_dir}: {format_bytes(need)} to {verb}, "
+            f"{format_bytes(free)} free, {format_bytes(keep_free)} to keep free",
+            hint="free some space, choose another --local-dir, or lower --keep-free; nothing was written",
+        )
 
 
 def remote_files(repo_id: str, revision: Optional[str]) -> tuple[str, list[RemoteFile]]:

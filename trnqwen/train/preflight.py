@@ -132,57 +132,11 @@ USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset",
 
 
 def check_assets(report: PreflightReport, cfg: Any, assets_dir: Path) -> Optional[dict[str, Any]]:
-    """config.json, tokenizer files, and (fine-tuning) every safetensors shard."""
+    """config.json, tokenizer files, and (fine-tuning) every safetensors shard (:mod:`trnqwen.assets`)."""
     fetch_hint = f"run `trnqwen fetch {cfg.model}` or pass --assets DIR with the model's HF files"
-    assets_dir = Path(assets_dir)
-    if not assets_dir.is_dir():
-        report.add(ERROR, "assets", f"model assets not found: {assets_dir} is not a folder", fetch_hint)
-        return None
-    config_path = assets_dir / assets.CONFIG_NAME
-    hf_config = assets.read_config_json(assets_dir)
-    if not config_path.is_file():
-        report.add(ERROR, "assets", f"{config_path} is missing", fetch_hint)
-    elif hf_config is None:
-        report.add(ERROR, "assets", f"{config_path} is not valid JSON (incomplete download?)", fetch_hint)
-    if not assets.has_tokenizer(assets_dir):
-        report.add(
-            ERROR,
-            "assets",
-            f"no tokenizer files in {assets_dir} (need tokenizer.json, or vocab.json + merges.txt)",
-            fetch_hint,
-        )
-    if cfg.finetune:
-        _check_weights(report, assets_dir, fetch_hint)
-    return hf_config
-
-
-def _check_weights(report: PreflightReport, assets_dir: Path, fetch_hint: str) -> None:
-    try:
-        missing = assets.missing_shards(assets_dir)
-    except ValueError:
-        report.add(ERROR, "assets", f"{assets_dir / assets.INDEX_NAME} is not valid JSON (incomplete download?)", fetch_hint)
-        return
-    if missing:
-        report.add(
-            ERROR,
-            "assets",
-            f"--finetune needs every weight shard; missing in {assets_dir}: {', '.join(missing[:4])}"
-            + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""),
-            fetch_hint,
-        )
-        return
-    shards = assets.weight_shards(assets_dir)
-    if not shards:
-        report.add(
-            ERROR,
-            "assets",
-            f"--finetune loads the published weights, but {assets_dir} has no *.safetensors",
-            fetch_hint + ", or drop --finetune to train from random init",
-        )
-        return
-    for shard in shards:
-        if assets.header_problem(shard) is not None:
-            report.add(ERROR, "assets", f"{shard} is truncated or not a safetensors file", fetch_hint)
+    for problem in assets.folder_problems(assets_dir, weights=bool(cfg.finetune)):
+        report.add(ERROR, "assets", problem.message, fetch_hint + problem.alternative)
+    return assets.read_config_json(assets_dir)
 
 
 def wants_nki_rope(override_imports: list[str]) -> bool:
