@@ -331,7 +331,7 @@ def test_real_run_logs_the_override_exactly_once_per_layer(override_run):
 def test_real_run_takes_the_custom_path_on_every_call_and_every_layer(override_run):
     """The proof the [Override] lines cannot give: the twin's own rotation ran (calls > 0) on
     every layer, and never fell back, on the per-document positions torchtitan's loader yields."""
-    from trnqwen.tiny_model import tiny_qwen3_config
+    from trnqwen.fetch.builtin import tiny_qwen3_config
 
     outcome, work = override_run
     n_layers = tiny_qwen3_config()["num_hidden_layers"]

@@ -582,7 +582,7 @@ def run_quickstart(
             stage(f"train --finetune ({backend})", f"from {pretrained.name}, {steps} step(s)", finetune)
 
         if example is not None:  # the custom-kernel workflow, with the NKI example's CPU twin
-            from trnqwen.tiny_model import tiny_qwen3_config
+            from trnqwen.fetch.builtin import tiny_qwen3_config
 
             ov = RunInfo(label="override", backend="native", finetune=True, steps=steps, nproc_per_node=ft_ranks)
             ov_cfg = run_config(
