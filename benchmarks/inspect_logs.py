@@ -47,8 +47,9 @@ def _step(step: int, loss: float, gn: float, gib: float, pct: float, tps: float,
     )
 
 
-def generate(path: Path, target_mb: float) -> dict:
-    """Write the log; returns its facts (steps, lines)."""
+def generate(path: Path, target_mb: float = 0.0, *, ranks: int = RANKS, steps: int = 0) -> dict:
+    """Write the log (``ranks`` ranks, until ``target_mb`` MB or ``steps`` steps); returns its
+    facts (steps, lines)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     target = int(target_mb * 1e6)
@@ -56,10 +57,10 @@ def generate(path: Path, target_mb: float) -> dict:
     lines = 0
     with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
         head = []
-        for r in range(RANKS):
+        for r in range(ranks):
             p = f"[rank{r}]:[titan] 2026-11-29 09:00:00,{r:03d} - root - INFO - "
             head.append(p + "torchtitan version: 0.3.0 (0.0.0 means __version__ is not defined correctly).\n")
-            head.append(p + "Building device mesh with parallelism: pp=1, dp_replicate=1, dp_shard=64, cp=1, tp=1, ep=1\n")
+            head.append(p + f"Building device mesh with parallelism: pp=1, dp_replicate=1, dp_shard={ranks}, cp=1, tp=1, ep=1\n")
             for layer in range(LAYERS):
                 head.append(p + f"[Override] my_kernels.nki_rope: model_spec.model.layers.{layer}.attention.rope "
                                  "CosSinRoPE.Config -> NKIRoPE.Config\n")
@@ -67,20 +68,20 @@ def generate(path: Path, target_mb: float) -> dict:
             head.append(p + "Building qwen3 4B\n")
             head.append(p + f"{E}[34mModel qwen3 4B {E}[31msize: 4,022,468,096 total parameters{E}[39m\n")
             head.append(p + "Loading from HF safetensors from --checkpoint.initial_load_path: /data/assets/hf/Qwen3-4B\n")
-            head.append(p + "Trainer is initialized with local batch size 1, global batch size 64, gradient accumulation "
-                            "steps 1, sequence length 2048, total steps 100000 (warmup 2)\n")
+            head.append(p + f"Trainer is initialized with local batch size 1, global batch size {ranks}, gradient accumulation "
+                            f"steps 1, sequence length 2048, total steps {steps or 100000} (warmup 2)\n")
             head.append(p + "Training starts at step 1\n")
         text = "".join(head)
         fh.write(text)
         written += len(text)
         lines += len(head)
         step = 0
-        while written < target:
+        while (written < target) if steps <= 0 else (step < steps):
             step += 1
             loss = 6.54 / (1 + step / 2000) + 0.5
             block = []
             sec = step % 60
-            for r in range(RANKS):
+            for r in range(ranks):
                 pre = f"[rank{r}]:[titan] 2026-11-29 10:{(step // 60) % 60:02d}:{sec:02d},{(r * 13) % 1000:03d} - root - INFO - "
                 tps = 55.0 if step == 1 else 1234.0 + (r * 7 + step) % 50
                 block.append(pre + _step(step, loss, 1.0 + (step % 17) / 10, 14.2 + r / 100, 59.2 + r / 50, tps,

@@ -110,10 +110,10 @@ def _run_inspect(inputs, json_out, csv_file, plot_file, strict, judge_kw) -> Non
     if json_out:
         if len(results) == 1:
             r = results[0]
-            output.print_json(report.payload(r.log, r.ctx, r.findings))
+            report.write_json(report.payload(r.log, r.ctx, r.findings, stream=True))
         else:
-            objs = [report.payload(r.log, r.ctx, r.findings) for r in results]
-            output.print_json({
+            objs = [report.payload(r.log, r.ctx, r.findings, stream=True) for r in results]
+            report.write_json({
                 "logs": objs,
                 "findings": [dict(f, source=o["source"]) for o in objs for f in o["findings"]],
                 "summary": {"logs": len(objs), "errors": sum(1 for r in results if r.has_errors)},
@@ -199,7 +199,7 @@ def _run_follow(inp, json_out, csv_file, plot_file, strict, idle_timeout, judge_
     result = core.follow(inp, on_step=on_step, idle_timeout_s=idle_timeout, **judge_kw)
     _write_files(result, csv_file, plot_file)
     if json_out:
-        output.print_json(report.payload(result.log, result.ctx, result.findings))
+        report.write_json(report.payload(result.log, result.ctx, result.findings, stream=True))
     else:
         report.render(result.log, result.ctx, result.findings)
     _finish([result], strict)

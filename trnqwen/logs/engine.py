@@ -13,7 +13,7 @@ kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
 
 from __future__ import annotations
 
-from itertools import repeat
+from itertools import compress
 from typing import Optional
 
 from trnqwen.logs import bulk
@@ -35,14 +35,13 @@ from trnqwen.logs.patterns import (
     split_prefix,
 )
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
-from trnqwen.logs.stepline import ANSI_RE, fast_step, parse_step_line, parse_validation_line
+from trnqwen.logs.stepline import ANSI_RE, parse_step_line, parse_validation_line
 from trnqwen.logs.tracebacks import Tracebacks, TorchrunSummary
 
 MAX_LINE = 1 << 20  # bytes kept of any one line
 CHUNK_SIZE = 16 << 20
 MAX_KEPT = 200  # distinct warnings / error lines kept
 NUL_SCAN_BYTES = 1 << 20  # NUL bytes are counted in the first MiB (binary-file detection)
-SUB_BLOCK = 1 << 20  # fast-path granularity: a sub-block with a stray line is picked line by line
 _TB_START = TRACEBACK_START.encode()
 
 
@@ -59,6 +58,7 @@ class LogParser:
         self._skipping: Optional[bytes] = None  # head of an overlong line being skipped
         self._primary_decided = False
         self._primary_prefix: Optional[bytes] = None
+        self.primary_prefix_text = ""
         self._pending: dict[Optional[int], list[dict]] = {}
         self._last_primary_step: Optional[int] = None
         self._tracebacks = Tracebacks(self.log)
@@ -161,75 +161,27 @@ class LogParser:
     def _region_decided(self, buf: bytes, start: int, end: int, base: int) -> None:
         """Lines ``base``.. of ``buf[start:end]``; sets ``self.lineno`` to the last one."""
         prefix = self._primary_prefix
-        if (
-            prefix is None
-            or not self.fast
-            or self._tracebacks.any_open()
-            or buf.find(_TB_START, start, end) >= 0
-        ):
+        if prefix is None or not self.fast or self._tracebacks.any_open():
             self._slow(buf, start, end, base)
             return
-        # Fast path.  Every line goes through _line except the step lines of other ranks
-        # (lines with "loss:" that don't start with the primary rank's prefix), which are read
-        # in bulk by bulk.read_other_ranks.  A sub-block where every line is a step line (as
-        # many "loss:" as lines) needs only its primary lines, found with bytes.find;
-        # otherwise the lines to feed are picked with C-level passes (map + list.index).
+        # Fast path: the region is cut at the primary rank's prefix (bulk.cut_region); the
+        # primary rank's step lines are read in bulk, lines without "loss:" (and the primary
+        # rank's validation lines) one by one, the other ranks' step lines only in bulk summary.
+        n, primary, bodies, single, joined = bulk.cut_region(buf, start, end, prefix)
+        if any(_TB_START in raw for _, raw in single):  # a crash: every line in order
+            self._slow(buf, start, end, base)
+            return
+        self.lineno = base + n - 1
         feed = self._line
-        needle = b"\n" + prefix
-        pos = start
-        lineno = base
-        while pos <= end:
-            sub_end = buf.find(b"\n", min(pos + SUB_BLOCK, end), end) if pos + SUB_BLOCK < end else -1
-            if sub_end < 0:
-                sub_end = end
-            # Optimistically collect the primary rank's lines (bytes.find on "\n<prefix>"),
-            # counting newlines on the way; the sub-block is "all step lines" when it has as
-            # many "loss:" as lines.  (A line without "loss:" hidden by another line with two is
-            # the one case this misses; torchtitan prints "loss:" once per step line.)
-            picked = []
-            if buf.startswith(prefix, pos):
-                stop = buf.find(b"\n", pos, sub_end)
-                picked.append((lineno, buf[pos: stop if stop >= 0 else sub_end]))
-            at, at_line = pos, lineno
-            hit = buf.find(needle, pos, sub_end)
-            while hit >= 0:
-                at_line += buf.count(b"\n", at, hit + 1)
-                at = hit + 1
-                stop = buf.find(b"\n", at, sub_end)
-                picked.append((at_line, buf[at: stop if stop >= 0 else sub_end]))
-                hit = buf.find(needle, at, sub_end)
-            n = at_line - lineno + buf.count(b"\n", at, sub_end) + 1
-            if buf.count(b"loss:", pos, sub_end) == n:
-                step_line = self._primary_step_line
-                for num, raw in picked:
-                    step_line(num, raw)
-            else:
-                lines = buf[pos:sub_end].split(b"\n")
-                take: set = set()
-                bulk.indices(list(map(bytes.find, lines, repeat(b"loss:"))), -1, take)
-                bulk.indices(list(map(bytes.startswith, lines, repeat(prefix))), True, take)
-                for i in sorted(take):
-                    feed(lineno + i, lines[i])
-            lineno += n
-            pos = sub_end + 1
-        self.lineno = lineno - 1
+        if bulk.read_primary_steps(self, bodies, primary, base, joined):
+            for i, raw in single:
+                feed(base + i, raw)
+        else:  # not the exact layout somewhere: every line that matters, in order
+            todo = dict(single)
+            todo.update(zip(primary, map(prefix.__add__, bodies)))
+            for i in sorted(todo):
+                feed(base + i, todo[i])
         bulk.read_other_ranks(self, buf, start, end, base, prefix)
-
-    def _primary_step_line(self, lineno: int, raw: bytes) -> None:
-        """A primary-rank line in an all-step-lines sub-block: the step fast path, else _line."""
-        if len(raw) <= self.max_line and b"validate step:" not in raw:
-            try:
-                text = raw[len(self._primary_prefix):].decode("utf-8")
-            except UnicodeDecodeError:
-                text = None
-            if text is not None:
-                i = text.find("step:")
-                rec = fast_step(text, i) if i >= 0 else None
-                if rec is not None:
-                    self.log.recognized_lines += 1
-                    self._step(lineno, self.log.primary_rank, rec)
-                    return
-        self._line(lineno, raw)
 
     def _slow(self, buf: bytes, start: int, end: int, base: int) -> None:
         lines = buf[start:end].split(b"\n")
@@ -402,7 +354,28 @@ class LogParser:
         if last is not None and rec["step"] <= last:
             self.log.restarts.append(rec["line"])
         self._last_primary_step = rec["step"]
-        self.log.steps[rec["step"]] = rec
+        self.log.steps.append(rec)
+
+    def store_primary_steps(self, steps, lines, values: dict, missing: dict) -> None:
+        """Many primary-rank steps at once (columns from bulk.read_primary_steps); the same
+        bookkeeping as :meth:`_step` for each."""
+        log = self.log
+        last = self._last_primary_step
+        if (last is not None and steps[0] <= last) or any(map(int.__ge__, steps[:-1], steps[1:])):
+            for step, line in zip(steps, lines):
+                if last is not None and step <= last:
+                    log.restarts.append(line)
+                last = step
+        self._last_primary_step = steps[-1]
+        rank = log.primary_rank
+        self.note_rank_step(rank, steps[-1], lines[-1])
+        pct = values["memory_pct"]
+        if any(map(HIGH_MEMORY_PCT.__le__, pct)):
+            gib = values["memory_gib"]
+            gone = set(missing.get("memory_gib", ()))
+            for i in compress(range(len(pct)), map(HIGH_MEMORY_PCT.__le__, pct)):
+                self.note_memory(rank, steps[i], None if i in gone else gib[i], pct[i], lines[i])
+        log.steps.extend(steps, lines, values, missing)
 
     def _decide_primary(self) -> None:
         if self._primary_decided or not self._pending:
@@ -416,6 +389,7 @@ class LogParser:
         self._pending.clear()
         self._primary_decided = True
         self._primary_prefix = None if primary is None else self.rank_prefix.get(primary)
+        self.primary_prefix_text = self._primary_prefix.decode("utf-8", "replace") if self._primary_prefix else ""
 
     def note_rank(self, rank: int, prefix: Optional[bytes]) -> None:
         if rank not in self.log.ranks:

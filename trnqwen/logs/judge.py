@@ -105,10 +105,9 @@ def _vocab(log: ParsedLog, ctx: RunContext) -> tuple[Optional[int], str]:
 
 
 def _check_weights_loaded(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    steps = log.step_list()
-    if not steps:
+    if not log.steps:
         return []
-    first = steps[0]
+    first = log.steps.row(0)
     if first["step"] != 1 or (log.start_step not in (None, 1)):
         return []  # resumed run: step 1 is not in this log
     loss = first["loss"]
@@ -301,58 +300,84 @@ def _check_override_calls(log: ParsedLog, ctx: RunContext) -> list[Finding]:
 
 
 def _check_nonfinite(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    import numpy as np
+
     out = []
+    t = log.steps
     for key, label in (("loss", "loss"), ("grad_norm", "grad norm")):
-        bad = [s for s in log.step_list() if s.get(key) is not None and not math.isfinite(s[key])]
+        bad = np.flatnonzero(~np.isfinite(t.np(key)) & t.present(key)).tolist()
         if bad:
+            i = bad[0]
             out.append(Finding("error", f"nonfinite-{key.replace('_', '-')}",
-                               f"{label} is {bad[0][key]} from step {bad[0]['step']} ({len(bad)} step(s) in all)",
-                               [s["line"] for s in bad[:5]]))
+                               f"{label} is {t.value(key, i)} from step {t.step[i]} ({len(bad)} step(s) in all)",
+                               [t.line[j] or None for j in bad[:5]]))
     return out
 
 
 def _check_exploding(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    steps = [s for s in log.step_list() if _finite(s.get("loss"))]
-    if len(steps) < 2:
+    import numpy as np
+
+    t = log.steps
+    rows, loss = t.finite("loss")
+    if len(rows) < 2:
         return []
-    first = steps[0]["loss"]
-    best = first
-    for s in steps[1:]:
-        loss = s["loss"]
-        if loss > max(first, best) * EXPLODE_RATIO and loss - best > EXPLODE_MIN_RISE:
-            return [Finding("error", "loss-exploding",
-                            f"loss rose to {loss:.4f} at step {s['step']} (first {first:.4f}, lowest so far {best:.4f}): training is diverging",
-                            [s["line"]])]
-        best = min(best, loss)
-    return []
+    first = float(loss[0])
+    best = np.minimum.accumulate(loss)[:-1]  # lowest before each later step
+    rise = (loss[1:] > np.maximum(first, best) * EXPLODE_RATIO) & (loss[1:] - best > EXPLODE_MIN_RISE)
+    hit = np.flatnonzero(rise)
+    if not hit.size:
+        return []
+    k = int(hit[0]) + 1
+    i = int(rows[k])
+    return [Finding("error", "loss-exploding",
+                    f"loss rose to {float(loss[k]):.4f} at step {t.step[i]} (first {first:.4f}, lowest so far {float(best[k - 1]):.4f}): "
+                    "training is diverging", [t.line[i] or None])]
+
+
+def _rolling_medians(values, width: int, start: int):
+    """median(values[max(0, i - width):i]) for i in start..len-1 (numpy; the short windows at
+    the start as statistics.median computes them)."""
+    import numpy as np
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    n = len(values)
+    head = [statistics.median(values[max(0, i - width):i].tolist()) for i in range(start, min(width, n))]
+    tail = np.median(sliding_window_view(values, width)[: max(0, n - width)], axis=1) if n > width else np.zeros(0)
+    return np.concatenate([np.asarray(head, dtype=np.float64), tail])
 
 
 def _check_grad_spikes(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    steps = [s for s in log.step_list() if _finite(s.get("grad_norm"))]
-    spikes = []
-    for i in range(3, len(steps)):
-        window = [s["grad_norm"] for s in steps[max(0, i - 8):i]]
-        med = statistics.median(window)
-        if med > 0 and steps[i]["grad_norm"] > GRAD_SPIKE_RATIO * med:
-            spikes.append((steps[i], med))
-    if not spikes:
+    import numpy as np
+
+    t = log.steps
+    rows, grad = t.finite("grad_norm")
+    if len(rows) < 4:
         return []
-    s, med = spikes[0]
+    med = _rolling_medians(grad, 8, 3)  # for steps 3.. of the finite ones
+    spike = np.flatnonzero((med > 0) & (grad[3:] > GRAD_SPIKE_RATIO * med))
+    if not spike.size:
+        return []
+    k = int(spike[0])
+    i = int(rows[k + 3])
     return [Finding("warning", "grad-norm-spike",
-                    f"grad norm spiked to {s['grad_norm']:.4g} at step {s['step']} (median of the steps before: {med:.4g}); "
-                    f"{len(spikes)} spike(s) over {GRAD_SPIKE_RATIO:g}x",
-                    [x[0]["line"] for x in spikes[:5]])]
+                    f"grad norm spiked to {float(grad[k + 3]):.4g} at step {t.step[i]} (median of the steps before: {float(med[k]):.4g}); "
+                    f"{spike.size} spike(s) over {GRAD_SPIKE_RATIO:g}x",
+                    [t.line[int(rows[j + 3])] or None for j in spike[:5].tolist()])]
 
 
 def _check_memory(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    high = [s for s in log.step_list() if _finite(s.get("memory_pct")) and s["memory_pct"] > HIGH_MEMORY_PCT]
+    import numpy as np
+
+    t = log.steps
+    rows, pct = t.finite("memory_pct")
+    high = rows[pct > HIGH_MEMORY_PCT]
     ranks = {r: v for r, v in log.rank_high_memory.items() if v["pct"] > HIGH_MEMORY_PCT}
-    if not high and not ranks:
+    if not high.size and not ranks:
         return []
-    if high:
-        peak = max(high, key=lambda s: s["memory_pct"])
-        lines = [peak["line"]]
-        msg = (f"device memory reached {peak['memory_pct']:.2f}% ({peak['memory_gib']} GiB) at step {peak['step']}"
+    if high.size:
+        i = int(high[int(np.argmax(t.np("memory_pct")[high]))])
+        lines = [t.line[i] or None]
+        msg = (f"device memory reached {t.value('memory_pct', i):.2f}% ({t.value('memory_gib', i)} GiB) at step {t.step[i]}"
                f" on rank {log.primary_rank if log.primary_rank is not None else 0}: near capacity (>{HIGH_MEMORY_PCT:g}%)")
     else:
         r, v = max(ranks.items(), key=lambda kv: kv[1]["pct"])
@@ -362,24 +387,28 @@ def _check_memory(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     if others:
         msg += f"; ranks above {HIGH_MEMORY_PCT:g}%: {_layers_text(others)}"
         lines += [ranks[r]["line"] for r in others[:3]]
-    return [Finding("warning", "memory-high", msg, sorted(set(lines)))]
+    return [Finding("warning", "memory-high", msg, sorted(set(x for x in lines if x is not None)))]
 
 
 def _check_throughput(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    steps = [s for s in log.step_list() if _finite(s.get("tps")) and s["step"] > 1]
-    if len(steps) < 3:
+    import numpy as np
+
+    t = log.steps
+    rows, tps = t.finite("tps")
+    keep = t.np("step")[rows] > 1
+    rows, tps = rows[keep], tps[keep]
+    if len(rows) < 3:
         return []
-    for i in range(2, len(steps)):
-        base = statistics.median(s["tps"] for s in steps[max(0, i - 5):i])
-        if not (base > 0 and steps[i]["tps"] < THROUGHPUT_DROP_RATIO * base):
-            continue
-        rest = [s["tps"] for s in steps[i:i + 50]]  # it stays down (not a one-step hiccup)
-        if statistics.median(rest) < THROUGHPUT_DROP_RATIO * base:
-            s = steps[i]
+    base = _rolling_medians(tps, 5, 2)  # for steps 2.. of these
+    for k in np.flatnonzero((base > 0) & (tps[2:] < THROUGHPUT_DROP_RATIO * base)).tolist():
+        b = float(base[k])
+        rest = statistics.median(tps[k + 2:k + 52].tolist())  # it stays down (not a one-step hiccup)
+        if rest < THROUGHPUT_DROP_RATIO * b:
+            i = int(rows[k + 2])
             return [Finding("warning", "throughput-collapse",
-                            f"throughput fell to {s['tps']:,} tps at step {s['step']} from about {base:,.0f} tps "
+                            f"throughput fell to {t.value('tps', i):,} tps at step {t.step[i]} from about {b:,.0f} tps "
                             f"and stayed below {THROUGHPUT_DROP_RATIO:.0%} of it (step 1 excluded: it includes compilation)",
-                            [s["line"]])]
+                            [t.line[i] or None])]
     return []
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -27,20 +28,29 @@ def _nonfinite_name(x: float) -> str:
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
-def _mean(values: Iterable[Optional[float]]) -> Optional[float]:
-    vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
-    return sum(vals) / len(vals) if vals else None
+def _column_mean(t, name: str, rows) -> Optional[float]:
+    """Mean of the finite values of ``name`` in ``rows`` (Python's sum, as for a list)."""
+    import numpy as np
+
+    values = t.np(name)[rows]
+    values = values[np.isfinite(values)]
+    return sum(values.tolist()) / len(values) if len(values) else None
 
 
 def summarize(log: ParsedLog, ctx: RunContext) -> dict:
-    steps = log.step_list()
-    finite = [s for s in steps if isinstance(s.get("loss"), (int, float)) and math.isfinite(s["loss"])]
-    after_first = [s for s in steps if s["step"] > 1] if len(steps) > 1 else []
-    mem = [s for s in steps if isinstance(s.get("memory_gib"), (int, float)) and math.isfinite(s["memory_gib"])]
-    peak = max(mem, key=lambda s: s["memory_gib"]) if mem else None
-    best = min(finite, key=lambda s: s["loss"]) if finite else None
+    import numpy as np
+
+    t = log.steps
+    n = len(t)
+    rows, losses = t.finite("loss")
+    best = int(rows[int(np.argmin(losses))]) if len(rows) else None
+    mem_rows, mem = t.finite("memory_gib")
+    peak = int(mem_rows[int(np.argmax(mem))]) if len(mem_rows) else None
+    after_first = np.flatnonzero(t.np("step") > 1) if n > 1 else np.zeros(0, dtype=np.int64)
     cause = root_cause(log)
     target = configured_steps(log, ctx)
+    first_step = t.step[0] if n else None
+    last_step = t.step[-1] if n else None
     return {
         "source": log.source,
         "model": log.model_name,
@@ -49,22 +59,22 @@ def summarize(log: ParsedLog, ctx: RunContext) -> dict:
         "torchtitan_version": log.torchtitan_version,
         "world_size": log.world_size,
         "primary_rank": log.primary_rank,
-        "steps_logged": len(steps),
-        "first_step": steps[0]["step"] if steps else None,
-        "last_step": steps[-1]["step"] if steps else None,
+        "steps_logged": n,
+        "first_step": first_step,
+        "last_step": last_step,
         "configured_steps": target,
-        "completed": bool(log.completed_line) or (target is not None and bool(steps) and steps[-1]["step"] >= target),
-        "first_loss": _num(steps[0]["loss"]) if steps else None,
-        "last_loss": _num(steps[-1]["loss"]) if steps else None,
-        "min_loss": best["loss"] if best else None,
-        "min_loss_step": best["step"] if best else None,
-        "mean_tps_after_step1": _mean(s.get("tps") for s in after_first),
-        "mean_tflops_after_step1": _mean(s.get("tflops") for s in after_first),
-        "mean_mfu_after_step1": _mean(s.get("mfu") for s in after_first),
-        "step1_tps": steps[0].get("tps") if steps and steps[0]["step"] == 1 else None,
-        "peak_memory_gib": peak["memory_gib"] if peak else None,
-        "peak_memory_pct": _num(peak.get("memory_pct")) if peak else None,
-        "peak_memory_step": peak["step"] if peak else None,
+        "completed": bool(log.completed_line) or (target is not None and bool(n) and last_step >= target),
+        "first_loss": _num(t.value("loss", 0)) if n else None,
+        "last_loss": _num(t.value("loss", n - 1)) if n else None,
+        "min_loss": t.value("loss", best) if best is not None else None,
+        "min_loss_step": t.step[best] if best is not None else None,
+        "mean_tps_after_step1": _column_mean(t, "tps", after_first),
+        "mean_tflops_after_step1": _column_mean(t, "tflops", after_first),
+        "mean_mfu_after_step1": _column_mean(t, "mfu", after_first),
+        "step1_tps": t.value("tps", 0) if n and first_step == 1 else None,
+        "peak_memory_gib": t.value("memory_gib", peak) if peak is not None else None,
+        "peak_memory_pct": _num(t.value("memory_pct", peak)) if peak is not None else None,
+        "peak_memory_step": t.step[peak] if peak is not None else None,
         "validation_steps": len(log.validations),
         "last_validation_loss": _num(log.validations[-1]["loss"]) if log.validations else None,
         "checkpoint_loaded": any(e["kind"] in ("load", "loaded") for e in log.checkpoint_events),
@@ -81,25 +91,106 @@ def summarize(log: ParsedLog, ctx: RunContext) -> dict:
     }
 
 
+def _step_row(s: dict) -> dict:
+    row = {name: _num(s.get(name)) for name in STEP_FIELDS}
+    bad = {name: _nonfinite_name(s[name]) for name in STEP_FIELDS
+           if isinstance(s.get(name), float) and not math.isfinite(s[name])}
+    if bad:
+        row["nonfinite"] = bad
+    row["line"] = s.get("line")
+    if s.get("source"):
+        row["source"] = s["source"]
+    return row
+
+
 def step_rows(log: ParsedLog) -> list[dict]:
     """``--json`` steps: numbers or null; a NaN/Inf value is null plus ``nonfinite``
     ``{"loss": "nan"}``; ``line`` is the log line (null when filled in from TensorBoard)."""
-    rows = []
-    for s in log.step_list():
-        row = {name: _num(s.get(name)) for name in STEP_FIELDS}
-        bad = {name: _nonfinite_name(s[name]) for name in STEP_FIELDS
-               if isinstance(s.get(name), float) and not math.isfinite(s[name])}
-        if bad:
-            row["nonfinite"] = bad
-        row["line"] = s.get("line")
-        if s.get("source"):
-            row["source"] = s["source"]
-        rows.append(row)
-    return rows
+    return [_step_row(s) for s in log.steps.rows()]
 
 
-def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> dict:
-    """The ``--json`` object."""
+def _json_number(v: float, name: str) -> str:
+    """json.dumps of a finite column value as the row dict holds it (tps an int when whole)."""
+    return repr(int(v)) if name == "tps" and v.is_integer() else repr(v)
+
+
+class StepRowsJSON:
+    """The ``steps`` array of ``--json``, encoded column-wise in batches, never as a list of
+    dicts: rows with only finite values go through one %-template per row (C-level ``map``);
+    the rare rest (NaN/Inf, absent values, filled-in steps) through :func:`_step_row`.
+    The text equals ``json.dumps(step_rows(log))``."""
+
+    BATCH = 16384
+    _TEMPLATE = "{" + ", ".join(f'"{name}": %s' for name in STEP_FIELDS) + ', "line": %s}'
+
+    def __init__(self, log: ParsedLog):
+        self.table = log.steps
+
+    def chunks(self):
+        import json
+
+        import numpy as np
+
+        t = self.table
+        n = len(t)
+        slow = set(t.source)
+        for name in STEP_FIELDS[1:]:
+            slow.update(np.flatnonzero(~np.isfinite(t.np(name))).tolist())
+        yield "["
+        for lo in range(0, n, self.BATCH):
+            hi = min(n, lo + self.BATCH)
+            cols = [map(int.__repr__, t.step[lo:hi])]
+            for name in STEP_FIELDS[1:]:
+                col = t.cols[name][lo:hi]
+                distinct = set(col)
+                if len(distinct) * 4 < len(col):  # memory, tps, tflops, mfu repeat: format each value once
+                    text = {v: _json_number(v, name) for v in distinct}
+                    cols.append(map(text.get, col))  # NaN rows (no match: None) are rewritten below
+                elif name == "tps":
+                    cols.append(map(_json_number, col, repeat(name)))
+                else:
+                    cols.append(map(float.__repr__, col))
+            cols.append(map(int.__repr__, t.line[lo:hi]))
+            rows = list(map(self._TEMPLATE.__mod__, zip(*cols)))
+            for i in sorted(x for x in slow if lo <= x < hi):
+                rows[i - lo] = json.dumps(_step_row(t.row(i)))
+            yield (", " if lo else "") + ", ".join(rows)
+        yield "]"
+
+
+def write_json(obj: Any, out=None) -> None:
+    """Write ``obj`` as one compact JSON document to ``out`` (stdout), streaming any
+    :class:`StepRowsJSON` inside it; everything but the step numbers is redacted."""
+    import json
+    import sys
+
+    from trnqwen.errors import redact
+
+    out = out or sys.stdout
+    streams: list = []
+
+    def placeholder(o):
+        if isinstance(o, StepRowsJSON):
+            streams.append(o)
+            return f"\x00steps-{len(streams) - 1}\x00"
+        return str(o)
+
+    text = json.dumps(obj, default=placeholder)
+    pos = 0
+    for k, rows in enumerate(streams):
+        mark = json.dumps(f"\x00steps-{k}\x00")
+        at = text.index(mark, pos)
+        out.write(redact(text[pos:at]))
+        for chunk in rows.chunks():
+            out.write(chunk)
+        pos = at + len(mark)
+    out.write(redact(text[pos:]) + "\n")
+    out.flush()
+
+
+def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream: bool = False) -> dict:
+    """The ``--json`` object (``stream``: its ``steps`` a :class:`StepRowsJSON` for
+    :func:`write_json`, not a list)."""
     table = override_table(log, ctx.num_layers)
     overrides = {
         name: {k: e[k] for k in ("count", "layers", "missing_layers", "duplicate_layers", "other_nodes", "old", "new")}
@@ -116,7 +207,7 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> dict:
         "source": log.source,
         "world_size": log.world_size,
         "model": log.model_name,
-        "steps": step_rows(log),
+        "steps": StepRowsJSON(log) if stream else step_rows(log),
         "validation": [{k: _num(v) for k, v in rec.items() if k != "line"} for rec in log.validations],
         "overrides": overrides,
         "applied_overrides": [n for n, _ in log.applied.get(log.primary_rank, [])] or None,
@@ -243,7 +334,7 @@ def write_csv(log: ParsedLog, path: Path) -> None:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=[*STEP_FIELDS, "line"], lineterminator="\n")
     writer.writeheader()
-    for s in log.step_list():
+    for s in log.steps.rows():
         writer.writerow({k: ("" if s.get(k) is None else s.get(k)) for k in (*STEP_FIELDS, "line")})
     write_text_atomic(path, buf.getvalue())
 

@@ -372,6 +372,7 @@ def fill_from_tensorboard(log, tb: dict) -> list[int]:
     from trnqwen.logs.stepline import STEP_FIELDS
 
     filled = []
+    recs: list[dict] = []
     for step, values in sorted((tb or {}).get("steps", {}).items()):
         if step in log.steps or "loss" not in values:
             continue
@@ -381,9 +382,9 @@ def fill_from_tensorboard(log, tb: dict) -> list[int]:
             rec["tps"] = int(rec["tps"])
         rec["line"] = None
         rec["source"] = "tensorboard"
-        log.steps[step] = rec
+        recs.append(rec)
         filled.append(step)
-    if filled:
-        log.steps = dict(sorted(log.steps.items()))
+    if recs:
+        log.steps.add_filled(recs)
     log.filled_steps = filled
     return filled

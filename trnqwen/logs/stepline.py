@@ -41,7 +41,7 @@ VALIDATE_RE = re.compile(
 # The same facts at byte level, for the bulk pass over other ranks' step lines.
 B_STEP = re.compile(rb"step:\s*(\d+)")
 B_MEM = re.compile(rb"memory:\s*([0-9.,]+)\s*GiB\(([0-9.,]+)%\)")
-B_MEM_HIGH = re.compile(rb"\((?:9\d|100)\.\d*%\)")  # "(93.25%)": above 90% (pct <= 100)
+B_MEM_HIGH = re.compile(rb"GiB\((?:9\d|100)\.\d*%\)")  # "GiB(93.25%)": above 90% (pct <= 100)
 
 
 def format_step_line(
@@ -122,15 +122,22 @@ def parse_step_line(line: str) -> Optional[dict]:
     return None
 
 
+def step_key_glued_ok(line: str, i: int) -> bool:
+    """``line[i:]`` starts with ``step:``: nothing but a colour code ("\x1b[31mstep:") may be
+    glued to it."""
+    if i and (line[i - 1].isalnum() or line[i - 1] == "_"):
+        j = line.rfind("\x1b[", max(0, i - 24), i)
+        if line[i - 1] != "m" or j < 0 or line[j + 2:i - 1].strip("0123456789;"):
+            return False
+    return True
+
+
 def fast_step(line: str, i: int) -> Optional[dict]:
     """torchtitan 0.3.0's exact layout (``line[i:]`` starts with ``step:``), split on whitespace
     (colour codes stay glued to the keys); None for anything else, which then goes through the
     regex."""
-    if i and (line[i - 1].isalnum() or line[i - 1] == "_"):
-        # allowed only as the end of a colour code ("\x1b[31mstep:")
-        j = line.rfind("\x1b[", max(0, i - 24), i)
-        if line[i - 1] != "m" or j < 0 or line[j + 2:i - 1].strip("0123456789;"):
-            return None
+    if not step_key_glued_ok(line, i):
+        return None
     tok = line[i:].split()
     if (
         len(tok) != 14

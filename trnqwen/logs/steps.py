@@ -1,0 +1,182 @@
+"""The per-step series as compact columns, not a dict per step.
+
+A 200k-step log held as one dict per step costs about 120 MB and a second of allocation; as
+``array`` columns it is 16 MB, and the judge and the JSON writer read whole columns (numpy views,
+no copy).  :class:`StepTable` still answers like the old ``{step: record}`` dict
+(``log.steps[3]["loss"]``, ``3 in log.steps``, ``max(log.steps)``), building a row on demand.
+
+Rows keep the last value of each step (a restarted run logs a step twice) in step order.
+A missing value (a field absent from the line, ``mfu: N/A``) is NaN in its column and its row
+index is in ``missing[field]``, so it reads back as None, never as NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from bisect import bisect_left
+from collections.abc import Mapping
+from typing import Iterator, Optional
+
+from trnqwen.logs.stepline import STEP_FIELDS
+
+VALUE_FIELDS = STEP_FIELDS[1:]  # float columns
+_NAN = float("nan")
+
+
+def _tps(v: float):
+    return int(v) if v.is_integer() else v
+
+
+class StepTable(Mapping):
+    """step -> record (a dict with ``STEP_FIELDS``, ``line`` and, for filled-in steps, ``source``)."""
+
+    def __init__(self) -> None:
+        self.step = array("q")
+        self.line = array("q")  # 0: no log line (filled in from TensorBoard)
+        self.cols: dict[str, array] = {name: array("d") for name in VALUE_FIELDS}
+        self.missing: dict[str, set] = {name: set() for name in VALUE_FIELDS}
+        self.source: dict[int, str] = {}  # row -> where a row without a log line came from
+        self._ordered = True  # steps strictly increasing, no duplicates
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def append(self, rec: dict) -> None:
+        """One record (from the per-line parser)."""
+        n = len(self.step)
+        step = rec["step"]
+        if n and step <= self.step[-1]:
+            self._ordered = False
+        self.step.append(step)
+        line = rec.get("line")
+        self.line.append(line if isinstance(line, int) and line > 0 else 0)
+        for name in VALUE_FIELDS:
+            v = rec.get(name)
+            if v is None:
+                self.missing[name].add(n)
+                v = _NAN
+            self.cols[name].append(v)
+        if rec.get("source"):
+            self.source[n] = rec["source"]
+
+    def extend(self, steps: array, lines: array, cols: dict[str, array], missing: dict[str, list]) -> None:
+        """Many rows at once (the bulk path): ``cols`` are equally long columns, ``missing`` the
+        indices (within this batch) of absent values."""
+        n = len(self.step)
+        if len(steps) and ((n and steps[0] <= self.step[-1]) or any(map(int.__ge__, steps[:-1], steps[1:]))):
+            self._ordered = False
+        self.step.extend(steps)
+        self.line.extend(lines)
+        for name in VALUE_FIELDS:
+            self.cols[name].extend(cols[name])
+            if missing.get(name):
+                self.missing[name].update(n + i for i in missing[name])
+
+    def compact(self) -> None:
+        """Keep the last row of each step, in step order."""
+        if self._ordered:
+            return
+        last: dict[int, int] = {}
+        for i, s in enumerate(self.step):
+            last[s] = i
+        keep = [last[s] for s in sorted(last)]
+        remap = {old: new for new, old in enumerate(keep)}
+        self.step = array("q", (self.step[i] for i in keep))
+        self.line = array("q", (self.line[i] for i in keep))
+        for name in VALUE_FIELDS:
+            col = self.cols[name]
+            self.cols[name] = array("d", (col[i] for i in keep))
+            self.missing[name] = {remap[i] for i in self.missing[name] if i in remap}
+        self.source = {remap[i]: v for i, v in self.source.items() if i in remap}
+        self._ordered = True
+
+    def add_filled(self, recs: list[dict]) -> None:
+        """Steps that have no log line (``rec["source"]`` says where each came from)."""
+        for rec in recs:
+            self.append(rec)
+        self._ordered = False
+        self.compact()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def value(self, name: str, i: int):
+        """Row ``i``'s ``name`` as the old records held it (None when absent; tps int when whole)."""
+        if name == "step":
+            return self.step[i]
+        if i in self.missing[name]:
+            return None
+        v = self.cols[name][i]
+        return _tps(v) if name == "tps" else v
+
+    def row(self, i: int) -> dict:
+        rec = {name: self.value(name, i) for name in STEP_FIELDS}
+        line = self.line[i]
+        rec["line"] = line or None
+        if i in self.source:
+            rec["source"] = self.source[i]
+        return rec
+
+    def index(self, step: int) -> Optional[int]:
+        self.compact()
+        i = bisect_left(self.step, step)
+        return i if i < len(self.step) and self.step[i] == step else None
+
+    def rows(self) -> Iterator[dict]:
+        self.compact()
+        return (self.row(i) for i in range(len(self.step)))
+
+    def np(self, name: str):
+        """A column as a numpy array (a view, no copy); ``step``/``line`` as int64."""
+        import numpy as np
+
+        self.compact()
+        if name in ("step", "line"):
+            return np.frombuffer(getattr(self, name), dtype=np.int64) if len(self.step) else np.zeros(0, np.int64)
+        col = self.cols[name]
+        return np.frombuffer(col, dtype=np.float64) if len(col) else np.zeros(0)
+
+    def present(self, name: str):
+        """Boolean numpy mask: the value was logged (not absent / N/A)."""
+        import numpy as np
+
+        mask = np.ones(len(self.step), dtype=bool)
+        if self.missing[name]:
+            mask[list(self.missing[name])] = False
+        return mask
+
+    def finite(self, name: str):
+        """(row indices, values) of the rows whose ``name`` was logged and is finite (numpy)."""
+        import numpy as np
+
+        values = self.np(name)
+        rows = np.flatnonzero(np.isfinite(values))
+        return rows, values[rows]
+
+    def __getitem__(self, step: int) -> dict:
+        i = self.index(step)
+        if i is None:
+            raise KeyError(step)
+        return self.row(i)
+
+    def __contains__(self, step: object) -> bool:
+        return isinstance(step, int) and self.index(step) is not None
+
+    def __iter__(self) -> Iterator[int]:
+        self.compact()
+        return iter(self.step)
+
+    def __len__(self) -> int:
+        self.compact()
+        return len(self.step)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return dict(self.items()) == dict(other.items())
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"StepTable({len(self)} steps)"
+
+
+def is_finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
