@@ -155,9 +155,11 @@ def test_recipe_random_init_loss_is_flagged():
     f = find(judge(log, RunContext(vocab_size=151936, finetune=True)), "weights-not-loaded")
     assert f.severity == "error" and "12.43" in f.message and "11.93" in f.message
     assert f.lines == [log.steps[1]["line"]]
-    # the same loss after a checkpoint load: loaded, but untrained
+    # the same loss after "Finished loading the checkpoint": a load ran, but a published Qwen3's
+    # weights would start near 6.54, so they did not take - still an error
     log2 = parse_text((DATA / "recipe_era_qwen3_4b_finetune.log").read_text().replace("loss:  6.54012", "loss: 12.43000"))
-    assert find(judge(log2, RunContext(vocab_size=151936)), "weights-untrained").severity == "warning"
+    f2 = find(judge(log2, RunContext(vocab_size=151936)), "weights-not-loaded")
+    assert f2.severity == "error" and "load ran" in f2.message
     # from scratch it is expected
     assert find(judge(log, RunContext(vocab_size=151936, finetune=False)), "from-scratch").severity == "info"
 
@@ -365,7 +367,7 @@ if given is not None:
 
 
 def test_cli_json_schema(cli, tmp_path):
-    res = cli("inspect-logs", str(DATA / "v030_overrides_two_ranks.log"), "--json", "--expect-layers", "8")
+    res = cli("inspect-logs", str(DATA / "v030_overrides_two_ranks.log"), "--json", "--expect-layers", "8", "--no-strict")
     assert res.code == 0, res.err
     obj = json.loads(res.out)
     assert obj["world_size"] == 2
@@ -383,6 +385,76 @@ def test_cli_strict_exit_codes(cli):
     assert cli("inspect-logs", str(DATA / "recipe_era_qwen3_4b_finetune.log"), "--strict", "--expect-layers", "36").code == 0
     res = cli("inspect-logs", str(DATA / "torchrun_crash_rank1.log"), "--strict")
     assert res.code == 1 and "KeyError: 'missing_key'" in res.out and "Traceback" not in res.err
+
+
+def test_error_findings_exit_1_by_default_and_no_strict_opts_out(cli, tmp_path):
+    """Issue 18 item 11: a NaN run must not look clean in a script; the summary counts findings."""
+    text = (DATA / "recipe_era_qwen3_4b_finetune.log").read_text()
+    nan_log = tmp_path / "nan.log"
+    nan_log.write_text(text.replace("loss:  4.98733", "loss:      nan").replace("grad_norm:  3.0000", "grad_norm:     nan"))
+    res = cli("inspect-logs", str(nan_log))
+    assert res.code == 1 and "2 error-level finding(s)" in res.err and "Traceback" not in res.err
+    # the summary counts findings, and names the log-line counts separately
+    rows = {ln.split("│")[1].strip(): ln.split("│")[2].strip() for ln in res.out.splitlines() if ln.count("│") >= 3}
+    assert rows["findings: errors / warnings"] == "2 / 0" and rows["log lines: WARNING / ERROR"] == "0 / 0"
+    quiet = cli("inspect-logs", str(nan_log), "--no-strict", "--json")
+    assert quiet.code == 0, quiet.err
+    summary = json.loads(quiet.out)["summary"]
+    assert summary["findings"]["error"] == 2 and summary["findings"]["warning"] == 0 and summary["errors"] == 0
+    assert cli("inspect-logs", str(DATA / "recipe_era_qwen3_4b_finetune.log")).code == 0  # a clean run exits 0
+
+
+def test_unloaded_weights_from_the_log_alone(cli, tmp_path):
+    """Issue 17: a recipe log copied off the node, no run dir, no flags: the checkpoint path
+    names Qwen3-4B, so vocab 151936 and 36 layers are known, and 12.43 at step 1 is an error."""
+    text = (DATA / "recipe_era_qwen3_4b_finetune.log").read_text().replace("loss:  6.54012", "loss: 12.43000")
+    path = tmp_path / "train.log"
+    path.write_text(text)
+    res = cli("inspect-logs", str(path), "--json")
+    assert res.code == 1, res.err
+    obj = json.loads(res.out)
+    f = next(f for f in obj["findings"] if f["code"] == "weights-not-loaded")
+    assert f["severity"] == "error"
+    assert f["message"].startswith("weights were probably not loaded: step-1 loss 12.43 is random-init level "
+                                   "(ln 151936 = 11.93); loaded Qwen3-4B starts near 6.54")
+    s = obj["summary"]
+    assert s["vocab_size"] == 151936 and s["expected_layers"] == 36
+    assert s["checkpoint_loaded"] is True and s["weights_loaded"] is False  # a load ran; the weights did not take
+    assert s["model_identity"]["name"] == "Qwen3-4B"
+    # the same log with the real step-1 loss: the weights took
+    ok = json.loads(cli("inspect-logs", str(DATA / "recipe_era_qwen3_4b_finetune.log"), "--json").out)["summary"]
+    assert ok["weights_loaded"] is True
+    # the layer count from the log's model catches a missing *trailing* layer
+    short = tmp_path / "short.log"
+    short.write_text("".join(ln for ln in text.splitlines(True) if "layers.35." not in ln))
+    codes_ = {f["code"]: f for f in json.loads(cli("inspect-logs", str(short), "--json").out)["findings"]}
+    assert "layer(s) 35 of 36 layers (Qwen3-4B" in codes_["override-missing-layers"]["message"]
+    # --vocab-size wins over the log
+    res = cli("inspect-logs", str(path), "--json", "--vocab-size", "1000000")
+    assert "weights-not-loaded" not in {f["code"] for f in json.loads(res.out)["findings"]}
+
+
+def test_model_identity_evidence():
+    from trnqwen.logs.identity import identify
+
+    def ident(*lines):
+        return identify(parse_text("".join(f"[rank0]:[titan] 2026-06-01 10:00:00,000 - root - INFO - {ln}\n" for ln in lines)))
+
+    assert ident("Building qwen3 8B").known.layers == 36
+    assert ident("Starting job: Qwen3-14B SFT").known.size == "14B"
+    assert ident("Model qwen3 custom size: 596,049,920 total parameters").known.size == "0.6B"
+    assert ident("Loading the checkpoint from /x/Qwen3-30B-A3B-Base.").known.layers == 48
+    got = ident("Building llama3 custom with ModelArgs(dim=64, n_layers=3, vocab_size=32000)")
+    assert (got.vocab_size, got.num_layers, got.known) == (32000, 3, None)
+    assert ident("Building qwen3 debugmodel").vocab_size == 2048 and ident("Building tiny-qwen3 full").vocab_size is None
+
+
+def test_unknown_model_with_a_claimed_load_warns_above_ln_32000():
+    text = (DATA / "real_native_tiny_2ranks_finetune.log").read_text()
+    log = parse_text(text.replace("loss:  7.69166", "loss: 10.90000"))
+    f = find(judge(log), "weights-maybe-not-loaded")
+    assert f.severity == "warning" and "ln 32000 = 10.37" in f.message
+    assert find(judge(parse_text(text)), "vocab-unknown").severity == "info"  # 7.69 < ln(32000): can't tell
 
 
 def test_cli_table_csv_plot(cli, tmp_path):
@@ -453,15 +525,35 @@ def make_run(runs: Path, name: str, text: str, *, status="succeeded", steps=3, v
     return d
 
 
+def test_copied_run_dir_reads_its_own_files(cli, in_tmp):
+    """Issue 18 item 4: run.json's absolute paths point into the original run directory; a
+    copy reads the copy's log and config.json, and a copy without train.log says so."""
+    import shutil
+
+    runs = in_tmp / ".trnqwen" / "runs"
+    orig = make_run(runs, "orig", run_log([7.8, 7.5], completed=False), steps=3)
+    copy = in_tmp / "copied"
+    shutil.copytree(orig, copy)
+    (copy / "train.log").write_text(run_log([3.0, 2.5, 2.0]))
+    (copy / "assets" / "config.json").write_text(json.dumps({"vocab_size": 4096, "num_hidden_layers": 8}))
+    obj = json.loads(cli("inspect-logs", str(copy), "--json", "--no-strict").out)
+    assert obj["source"] == str(copy / "train.log") and [s["loss"] for s in obj["steps"]] == [3.0, 2.5, 2.0]
+    assert obj["summary"]["vocab_size"] == 4096  # the copy's config.json, not the original's
+    (copy / "train.log").unlink()
+    res = cli("inspect-logs", str(copy))
+    assert res.code == 2 and f"the run's log {copy / 'train.log'} is missing" in res.err and "Traceback" not in res.err
+    assert (orig / "train.log").is_file()  # the original was there to be read, and was not
+
+
 def test_cli_run_dir_and_default_last_run(cli, in_tmp):
     runs = in_tmp / ".trnqwen" / "runs"
     text = run_log([7.8, 7.5], completed=False)
     make_run(runs, "r1", text, steps=3)
     res = cli("inspect-logs", "--json")
-    assert res.code == 0, res.err
+    assert res.code == 1, res.err  # error findings exit 1
     obj = json.loads(res.out)
     codes_ = [f["code"] for f in obj["findings"]]
-    # vocab 2048 from the model's config.json: 7.8 >= ln(2048) - 0.5 on a fine-tune = weights not loaded
+    # vocab 2048 from the model's config.json: 7.8 >= 0.9 ln(2048) on a fine-tune = weights not loaded
     assert "weights-not-loaded" in codes_ and "stopped-early" in codes_
     assert obj["summary"]["configured_steps"] == 3 and obj["summary"]["vocab_size"] == 2048
     assert obj["summary"]["expected_layers"] == 8
@@ -487,7 +579,7 @@ def test_stdin_subprocess():
     import subprocess
 
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run([*TRNQWEN, "inspect-logs", "-", "--json"], input=(DATA / "v030_overrides_two_ranks.log").read_bytes(),
+    proc = subprocess.run([*TRNQWEN, "inspect-logs", "-", "--json", "--no-strict"], input=(DATA / "v030_overrides_two_ranks.log").read_bytes(),
                           capture_output=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert [s["step"] for s in json.loads(proc.stdout)["steps"]] == [1, 2, 3]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Callable, Optional
 
 from trnqwen.errors import CheckFailed, UsageError
+from trnqwen.logs.identity import with_identity
 from trnqwen.logs.judge import Finding, judge
 from trnqwen.logs.engine import CHUNK_SIZE, MAX_LINE, LogParser
 from trnqwen.logs.record import ParsedLog
@@ -89,6 +90,7 @@ def judge_log(log: ParsedLog, inp: Optional[LogInput], *, expect_layers: Optiona
         log.world_size_hints.setdefault("structured_logs", ctx.structured["world_size"])
     if ctx.tensorboard:
         fill_from_tensorboard(log, ctx.tensorboard)
+    ctx = with_identity(log, ctx)
     return Inspection(log=log, ctx=ctx, findings=judge(log, ctx))
 
 

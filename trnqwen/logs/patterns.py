@@ -158,6 +158,32 @@ def _model_size(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.model_params = int(m.group("params").replace(",", ""))
 
 
+def _building_with(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> Optional[bool]:
+    if m.group("name") == "device":
+        return False
+    log.model_name = log.model_name or m.group("name")
+    log.model_flavor = log.model_flavor or m.group("flavor")
+    _model_args(log, m.group("args"))
+    return None
+
+
+def _model_args(log: "ParsedLog", text: str) -> None:
+    v = _VOCAB_ARG_RE.search(text)
+    if v is not None:
+        log.vocab_size = log.vocab_size or int(v.group(1))
+    n = _LAYERS_ARG_RE.search(text)
+    if n is not None:
+        log.num_layers = log.num_layers or int(n.group(1))
+
+
+def _vocab_line(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    _model_args(log, m.string)
+
+
+def _job(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    log.job_description = log.job_description or m.group(1).strip()[:300]
+
+
 def _version(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.torchtitan_version = m.group("version")
 
@@ -190,6 +216,9 @@ def _override_calls(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
 
 
 _CKPT = ("checkpoint", "safetensors")
+# model args / HF config printed in the log: "vocab_size=151936", "'vocab_size': 151936", "n_layers=36"
+_VOCAB_ARG_RE = re.compile(r"""\bvocab(?:_size|ulary size)['"]?\s*[:=]\s*(\d{3,8})\b""", re.IGNORECASE)
+_LAYERS_ARG_RE = re.compile(r"""\b(?:n_layers|num_hidden_layers|num_layers)['"]?\s*[:=]\s*(\d{1,4})\b""")
 
 INFO_LINES: tuple[LinePattern, ...] = (
     LinePattern("checkpoint-load", re.compile(r"Loading (?:from )?HF safetensors from (?:--[\w.]+: )?(?P<path>\S+)"), _checkpoint("load"), _CKPT, True),
@@ -208,6 +237,9 @@ INFO_LINES: tuple[LinePattern, ...] = (
         r"gradient accumulation steps (?P<grad_accum>\d+), sequence length (?P<seq_len>\d+), total steps (?P<steps>\d+)"
         r"(?: \(warmup (?P<warmup>\d+)\))?"), _trainer),
     LinePattern("model", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+)\s*$"), _building),
+    LinePattern("model-args", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+) with (?P<args>.*)$"), _building_with),
+    LinePattern("job", re.compile(r"Starting job: (.+)$"), _job),
+    LinePattern("vocab", _VOCAB_ARG_RE, _vocab_line),
     LinePattern("model-size", re.compile(r"Model (?P<name>\S+) (?P<flavor>\S+) size: (?P<params>[\d,]+) total parameters"), _model_size),
     LinePattern("torchtitan-version", re.compile(r"torchtitan version: (?P<version>\S+)"), _version),
     LinePattern("start-step", re.compile(r"Training starts at step (\d+)"), _starts),

@@ -38,6 +38,9 @@ class ParsedLog:
     model_name: Optional[str] = None
     model_flavor: Optional[str] = None
     model_params: Optional[int] = None
+    job_description: Optional[str] = None  # "Starting job: ..." (torchtitan's --job.description)
+    vocab_size: Optional[int] = None  # a line that states it (model args, tokenizer)
+    num_layers: Optional[int] = None  # a line that states it (model args)
     torchtitan_version: Optional[str] = None
     trainer: dict = field(default_factory=dict)  # local_batch, global_batch, seq_len, steps, warmup
     start_step: Optional[int] = None

@@ -10,7 +10,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from trnqwen.logs.judge import Finding, configured_steps, override_calls, override_table, root_cause
+from trnqwen.logs.judge import Finding, configured_steps, override_calls, override_table, root_cause, weights_verdict
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.stepline import STEP_FIELDS
 from trnqwen.logs.sources import RunContext
@@ -28,6 +28,14 @@ def _nonfinite_name(x: float) -> str:
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
+def _identity(ctx: RunContext) -> Optional[dict]:
+    ident = ctx.identity
+    if ident is None or not (ident.known or ident.vocab_size or ident.num_layers):
+        return None
+    return {"name": ident.name, "vocab_size": ident.vocab_size, "vocab_source": ident.vocab_source,
+            "layers": ident.num_layers, "layers_source": ident.layers_source}
+
+
 def _column_mean(t, name: str, rows) -> Optional[float]:
     """Mean of the finite values of ``name`` in ``rows`` (Python's sum, as for a list)."""
     import numpy as np
@@ -37,7 +45,9 @@ def _column_mean(t, name: str, rows) -> Optional[float]:
     return sum(values.tolist()) / len(values) if len(values) else None
 
 
-def summarize(log: ParsedLog, ctx: RunContext) -> dict:
+def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]] = None) -> dict:
+    """The run in one flat dict.  ``warnings`` / ``errors`` count log lines; ``findings``
+    counts the judge's findings by severity (given ``findings``)."""
     import numpy as np
 
     t = log.steps
@@ -77,10 +87,14 @@ def summarize(log: ParsedLog, ctx: RunContext) -> dict:
         "peak_memory_step": t.step[peak] if peak is not None else None,
         "validation_steps": len(log.validations),
         "last_validation_loss": _num(log.validations[-1]["loss"]) if log.validations else None,
+        # a load line shows that a load ran, not that the weights took: weights_loaded says that
         "checkpoint_loaded": any(e["kind"] in ("load", "loaded") for e in log.checkpoint_events),
+        "weights_loaded": weights_verdict(findings or []),
+        "model_identity": _identity(ctx),
         "checkpoint_saved": any(e["kind"] in ("save", "saved") for e in log.checkpoint_events),
-        "warnings": log.warning_count,
-        "errors": log.error_count,
+        "warnings": log.warning_count,  # WARNING-level log lines
+        "errors": log.error_count,  # ERROR-level log lines
+        "findings": {sev: sum(1 for f in findings or [] if f.severity == sev) for sev in ("error", "warning", "info")},
         "root_cause": cause,
         "lines": log.lines,
         "bytes": log.bytes_read,
@@ -213,7 +227,7 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream:
         "applied_overrides": [n for n, _ in log.applied.get(log.primary_rank, [])] or None,
         "checkpoint": [{k: v for k, v in e.items()} for e in log.checkpoint_events],
         "findings": [f.as_dict() for f in findings],
-        "summary": summarize(log, ctx),
+        "summary": summarize(log, ctx, findings),
         "tracebacks": {str(r): {"first_root": t.get("first_root"), "last": t.get("last"), "count": t.get("count")}
                        for r, t in log.tracebacks.items()},
         "structured_logs": {k: v for k, v in ctx.structured.items() if k != "step_ms"} if ctx.structured else None,
@@ -246,7 +260,7 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
     from trnqwen.errors import redact
 
     con = console or output.console(stderr=False)
-    s = summarize(log, ctx)
+    s = summarize(log, ctx, findings)
     t = Table(title=f"inspect-logs: {log.source}", title_justify="left", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value")
@@ -254,6 +268,11 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
     if s["model_params"]:
         model += f" ({s['model_params']:,} parameters)"
     t.add_row("model", model)
+    ident = s["model_identity"]
+    if ident and (ident["vocab_size"] or ident["layers"]):
+        facts = ", ".join(x for x in (f"vocab {ident['vocab_size']:,}" if ident["vocab_size"] else "",
+                                      f"{ident['layers']} layers" if ident["layers"] else "") if x)
+        t.add_row("model identity", _escape(f"{ident['name']}: {facts} ({ident['vocab_source'] or ident['layers_source']})"))
     t.add_row("ranks", _fmt(s["world_size"]))
     steps_txt = f"{s['steps_logged']} logged"
     if s["first_step"] is not None:
@@ -273,10 +292,12 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
         t.add_row("validation", f"{len(log.validations)} run(s), last loss {_fmt(s['last_validation_loss'], '.4f')}")
     ck = []
     if s["checkpoint_loaded"]:
-        ck.append("loaded")
+        ck.append({True: "load ran, and the step-1 loss says the weights took",
+                   False: "load ran, but the step-1 loss says the weights did not take",
+                   None: "load ran (whether the weights took is not known)"}[s["weights_loaded"]])
     if s["checkpoint_saved"]:
         ck.append("saved")
-    t.add_row("checkpoint", ", ".join(ck) or "-")
+    t.add_row("checkpoint", "; ".join(ck) or "-")
     table = override_table(log, ctx.num_layers)
     calls = override_calls(log)
     for name in [*table, *(n for n in calls if n not in table)]:
@@ -296,7 +317,9 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
             text = f"calls {c['calls']}, fallbacks {c['fallbacks']}"
             parts.append(f"[red]{text}[/red]" if bad else text)
         t.add_row(f"override {name}", redact("; ".join(parts)))
-    t.add_row("warnings / errors", f"{s['warnings']} / {s['errors']}")
+    fc = s["findings"]
+    t.add_row("findings: errors / warnings", f"{fc['error']} / {fc['warning']}")
+    t.add_row("log lines: WARNING / ERROR", f"{s['warnings']} / {s['errors']}")
     if s["root_cause"]:
         rc = s["root_cause"]
         t.add_row("root cause", redact(f"rank {rc['rank']}: {rc['text']} (line {rc['line']})"))

@@ -64,6 +64,7 @@ class RunContext:
     structured: dict = field(default_factory=dict)
     tensorboard: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    identity: Any = None  # trnqwen.logs.identity.ModelIdentity, once the log was read
 
 
 def resolve_input(arg: Optional[str], runs_dir: Optional[Path] = None) -> LogInput:
@@ -107,17 +108,34 @@ def _from_dir(path: Path, label: str) -> LogInput:
             ) from None
     log_path = None
     if record is not None and record.log_path:
-        candidate = Path(record.log_path)
-        if not candidate.is_absolute():
-            candidate = path / candidate
-        if candidate.is_file():
-            log_path = candidate
+        candidate = in_run_dir(record, path, record.log_path)
+        if not candidate.is_file():
+            raise UsageError(
+                f"{label}: the run's log {candidate} is missing",
+                hint="was the run directory copied without its train.log? pass the log file itself",
+            )
+        log_path = candidate
     if log_path is None and (path / LOG_NAME).is_file():
         log_path = path / LOG_NAME
     if log_path is None:
         what = "a run directory without a train.log" if record is not None else "a directory with no run.json or train.log"
         raise UsageError(f"{label} is {what}", hint="pass the log file itself, or a run directory made by `trnqwen train`")
     return LogInput(label=str(log_path), path=log_path, run_dir=path, record=record)
+
+
+def in_run_dir(record: RunRecord, run_dir: Path, value: str) -> Path:
+    """A path from run.json as it is in *this* run directory: relative paths are relative to it,
+    and a path under the directory the run was made in is re-rooted here (a copied or moved run
+    directory never reads the original's files).  A path outside the run directory stays."""
+    p = Path(value)
+    if not p.is_absolute():
+        return run_dir / p
+    if record.run_dir:
+        try:
+            return run_dir / p.relative_to(Path(record.run_dir))
+        except ValueError:
+            pass
+    return p
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,10 +229,9 @@ def _cfg_get(cfg: dict, key: str) -> Any:
 
 def _model_config(record: Optional[RunRecord], cfg: dict, run_dir: Optional[Path]) -> tuple[Optional[dict], Optional[Path]]:
     candidates = []
-    if record is not None and record.assets_dir:
-        candidates.append(Path(record.assets_dir))
-    if cfg.get("assets_dir"):
-        candidates.append(Path(str(cfg["assets_dir"])))
+    for value in (record.assets_dir if record is not None else None, cfg.get("assets_dir")):
+        if value:
+            candidates.append(in_run_dir(record, run_dir, str(value)) if record is not None and run_dir is not None else Path(str(value)))
     for base in candidates:
         if not base.is_absolute() and run_dir is not None and not base.exists():
             base = run_dir / base
