@@ -355,7 +355,8 @@ def test_hf_token_never_appears_in_any_output(cli, in_tmp, tiny, monkeypatch, to
     for r in runs:
         assert token not in r.text, r.text
         assert "Traceback" not in r.text
-    assert runs[10].code == 0 and "ValueError: bad auth header" in runs[10].out
+    # a crash is an error finding: inspect-logs exits 1 by default (issue 18 item 11)
+    assert runs[10].code == 1 and "ValueError: bad auth header" in runs[10].out
     for p in in_tmp.rglob("*"):
         if p.is_file() and p != log:  # everything trnqwen wrote (the CSV, the config module, the fetch)
             assert token.encode() not in p.read_bytes(), p
