@@ -7,8 +7,12 @@ On the built-in tiny Qwen3 (CPU, 2 ranks, fine-tune, seq 128), times
   2. the hf-trainer entry point under torchrun directly with ``--strategy distributed-config``
      (FSDP2 sharding at from_pretrained, the default) against ``--strategy ddp`` (the baseline).
 
-Prints every run, the medians, the ratios against each baseline, and with ``--json`` one
-summary line.  The machine is shared: compare ratios from one run, not absolute numbers.
+Seconds per step come from the timestamps stamped on the step lines inside the ranks (torchtitan's
+logger, and trnqwen's hf-trainer in the same layout), never from when a line reached this script.
+A run that fails is counted and reported with its output tail; medians use the successful runs,
+and the script exits 1 when any run failed (a benchmark that drops failures would overstate).
+Prints every run, the medians, the ratios against each baseline, the measured load average
+before and after, and with ``--json`` one summary line.
 
   python benchmarks/hf_trainer_backends.py [--steps 6] [--repeats 1] [--skip-backends] [--json]
 """
@@ -30,27 +34,42 @@ sys.path.insert(0, str(REPO))
 
 from trnqwen.logs.parse import parse_step_line  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import load_note, logged_at  # noqa: E402
+
 
 def timed(argv: list[str], *, cwd: Path, env: dict[str, str]) -> dict:
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    stamps: list[float] = []
+    arrived: list[float] = []
+    logged: list[float] = []
+    tail: list[str] = []
     assert proc.stdout is not None
     for raw in iter(proc.stdout.readline, b""):
-        if parse_step_line(raw.decode("utf-8", "replace")) is not None:
-            stamps.append(time.monotonic() - t0)
+        text = raw.decode("utf-8", "replace")
+        tail = (tail + [text])[-15:]
+        if parse_step_line(text) is not None:
+            arrived.append(time.monotonic() - t0)
+            at = logged_at(text)
+            if at is not None:
+                logged.append(at)
     rc = proc.wait()
-    deltas = [b - a for a, b in zip(stamps, stamps[1:])]
+    from_log = bool(arrived) and len(logged) == len(arrived)
+    series = logged if from_log else arrived
+    deltas = [b - a for a, b in zip(series, series[1:])]
     return {
         "rc": rc,
         "wall_s": time.monotonic() - t0,
-        "first_step_s": stamps[0] if stamps else None,
+        "first_step_s": arrived[0] if arrived else None,
         "s_per_step": statistics.median(deltas) if deltas else None,
-        "steps": len(stamps),
+        "step_times_from": "log timestamps" if from_log else "arrival times (the lines carry no timestamp)",
+        "steps": len(arrived),
+        "output_tail": "".join(tail),
     }
 
 
 def _median(runs: list[dict], key: str):
+    """Median over the successful runs (the failed ones are counted in ``failures``)."""
     values = [r[key] for r in runs if r.get(key) is not None and r["rc"] == 0]
     return statistics.median(values) if values else None
 
@@ -73,7 +92,14 @@ def main() -> int:
     assets = write_tiny_qwen3(work / "assets" / "hf" / "tiny-qwen3")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", NO_COLOR="1")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    summary: dict = {"steps": args.steps, "repeats": args.repeats, "ranks": 2, "seq_len": 128}
+    summary: dict = {"benchmark": "hf_trainer_backends", "steps": args.steps, "repeats": args.repeats, "ranks": 2, "seq_len": 128}
+    load_before = os.getloadavg()[0]
+    failures: list[dict] = []
+
+    def record(label: str, r: dict) -> None:
+        if r["rc"] != 0 or r["steps"] < args.steps:
+            failures.append({"run": label, "rc": r["rc"], "steps": r["steps"], "tail": r["output_tail"][-2000:]})
+            print(f"FAILED: {label} rc={r['rc']} after {r['steps']} step line(s):\n{r['output_tail']}")
 
     if not args.skip_backends:
         results: dict[str, list[dict]] = {}
@@ -85,6 +111,7 @@ def main() -> int:
                         "--model", "builtin:tiny-qwen3", "--assets", str(assets), "--device", "cpu",
                         "--nproc-per-node", "2", "--steps", str(args.steps), "--seq-len", "128", "--show-log"]
                 r = timed(argv, cwd=run_dir, env=env)
+                record(f"train --backend {backend}", r)
                 results.setdefault(backend, []).append(r)
                 print(f"train --backend {backend:10s} rc={r['rc']} wall {r['wall_s']:.1f}s "
                       f"first step {r['first_step_s'] or float('nan'):.1f}s  {r['s_per_step'] or float('nan'):.2f}s/step")
@@ -107,6 +134,7 @@ def main() -> int:
                     "--seq-len", "128", "--finetune", "--export-hf", "--checkpoint-dir", str(out / "ckpt"),
                     "--output-dir", str(out), "--strategy", strategy]
             r = timed(argv, cwd=out, env=env)
+            record(f"hf-trainer --strategy {strategy}", r)
             strat.setdefault(strategy, []).append(r)
             print(f"hf-trainer --strategy {strategy:18s} rc={r['rc']} wall {r['wall_s']:.1f}s "
                   f"first step {r['first_step_s'] or float('nan'):.1f}s  {r['s_per_step'] or float('nan'):.2f}s/step")
@@ -116,9 +144,16 @@ def main() -> int:
     dc, ddp = summary["strategy_distributed-config"], summary["strategy_ddp"]
     summary["distributed_config_vs_ddp"] = {k: _ratio(dc[k], ddp[k]) for k in dc}
     print("distributed-config / ddp: " + ", ".join(f"{k} {v}" for k, v in summary["distributed_config_vs_ddp"].items()))
+    summary["failures"] = len(failures)
+    summary["failed_runs"] = [{k: v for k, v in f.items() if k != "tail"} for f in failures]
+    summary["step_times_from"] = sorted({r["step_times_from"] for rs in [*strat.values()] for r in rs})
+    summary.update(load_note(load_before, os.getloadavg()[0]))
+    print(summary["note"])
+    if failures:
+        print(f"{len(failures)} run(s) FAILED: the medians above leave them out; exit 1")
     if args.json:
         print(json.dumps(summary))
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,14 @@
-"""CLI start-up: ``trnqwen --help`` against ``hf --help``, measured in the same run.
+"""CLI start-up of every command, against ``hf --help``, measured in the same run.
 
-Each command runs as a fresh process N times (interleaved, after one warm-up each); the median
-wall time is reported with the ratio to ``hf --help``.  Target (issue 2): ``trnqwen --help``
-under 150 ms and at most 0.4x ``hf --help``.  Both run with HF_HUB_OFFLINE=1 so neither does a
-network check; the interpreter floor (``python -c pass``) is shown for context.
+Each command runs as a fresh process N times (interleaved, after one warm-up each): the root
+``--help`` (a hand-written fast path), every subcommand's ``--help`` (these import typer and the
+command's module) and two real commands (``check-env --json`` and ``config show``).  The median
+wall time is reported per command, with the CPU time (user + sys of the child), because on a
+shared machine wall time includes waiting for a core.  The verdict covers every trnqwen command:
+each must start in under 150 ms (issue 17: a verdict on the root help alone overstated), and
+the root help must be at most 0.4x ``hf --help``.  Both CLIs run with HF_HUB_OFFLINE=1; the
+interpreter floor (``python -c pass``) is shown for context.  The load average is measured before
+and after, so a "machine shared" note is a number, not a guess.
 
 Usage:
   .venv/bin/python benchmarks/startup.py            # table
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -33,32 +39,50 @@ def _bin(name: str) -> str:
     raise SystemExit(f"{name} not found in .venv/bin: run `make venv` first")
 
 
-def _time_once(argv: list[str], env: dict[str, str]) -> float:
+SUBCOMMANDS = ("fetch", "check-env", "train", "verify-ckpt", "inspect-logs", "quickstart", "config")
+
+
+def _time_once(argv: list[str], env: dict[str, str], ok_codes: tuple[int, ...] = (0,)) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the child)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO)
     elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode not in ok_codes:
         raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}")
-    return elapsed
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def cases() -> dict[str, tuple[list[str], tuple[int, ...]]]:
+    tq = _bin("trnqwen")
+    out: dict[str, tuple[list[str], tuple[int, ...]]] = {"trnqwen --help": ([tq, "--help"], (0,))}
+    for name in SUBCOMMANDS:
+        out[f"trnqwen {name} --help"] = ([tq, name, "--help"], (0,))
+    # real commands: check-env exits 1 when something blocks training (no Neuron device here)
+    out["trnqwen check-env --json"] = ([tq, "check-env", "--json"], (0, 1, 3))
+    out["trnqwen config show"] = ([tq, "config", "show"], (0,))
+    out["hf --help"] = ([_bin("hf"), "--help"], (0,))
+    out["python -c pass"] = ([_bin("python"), "-c", "pass"], (0,))
+    return out
 
 
 def measure(runs: int) -> dict[str, dict[str, float]]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", NO_COLOR="1")
-    cases = {
-        "trnqwen --help": [_bin("trnqwen"), "--help"],
-        "hf --help": [_bin("hf"), "--help"],
-        "trnqwen check-env --help": [_bin("trnqwen"), "check-env", "--help"],
-        "python -c pass": [_bin("python"), "-c", "pass"],
-    }
-    samples: dict[str, list[float]] = {k: [] for k in cases}
-    for argv in cases.values():  # warm the page cache
-        _time_once(argv, env)
+    todo = cases()
+    wall: dict[str, list[float]] = {k: [] for k in todo}
+    cpu: dict[str, list[float]] = {k: [] for k in todo}
+    for argv, ok in todo.values():  # warm the page cache
+        _time_once(argv, env, ok)
     for _ in range(runs):
-        for name, argv in cases.items():
-            samples[name].append(_time_once(argv, env))
+        for name, (argv, ok) in todo.items():
+            w, c = _time_once(argv, env, ok)
+            wall[name].append(w)
+            cpu[name].append(c)
     return {
-        name: {"median_s": statistics.median(xs), "min_s": min(xs), "max_s": max(xs), "runs": len(xs)}
-        for name, xs in samples.items()
+        name: {"median_s": statistics.median(xs), "min_s": min(xs), "max_s": max(xs),
+               "cpu_median_s": statistics.median(cpu[name]), "runs": len(xs)}
+        for name, xs in wall.items()
     }
 
 
@@ -68,30 +92,46 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print only the JSON summary line")
     args = ap.parse_args()
 
+    load_before = os.getloadavg()[0]
     results = measure(args.runs)
+    load_after = os.getloadavg()[0]
     ours = results["trnqwen --help"]["median_s"]
     baseline = results["hf --help"]["median_s"]
     ratio = ours / baseline
+    commands = {k: v for k, v in results.items() if k.startswith("trnqwen")}
+    slow = sorted(k for k, v in commands.items() if v["median_s"] >= TARGET_S)
+    slow_cpu = sorted(k for k, v in commands.items() if v["cpu_median_s"] >= TARGET_S)
     summary = {
         "benchmark": "startup",
         "trnqwen_help_s": round(ours, 4),
         "hf_help_s": round(baseline, 4),
         "ratio": round(ratio, 3),
+        "commands": {k: {"median_s": round(v["median_s"], 4), "cpu_median_s": round(v["cpu_median_s"], 4)}
+                     for k, v in commands.items()},
         "check_env_help_s": round(results["trnqwen check-env --help"]["median_s"], 4),
+        "slowest_command": max(commands, key=lambda k: commands[k]["median_s"]),
+        "over_target": slow,
+        "over_target_cpu": slow_cpu,
         "python_floor_s": round(results["python -c pass"]["median_s"], 4),
         "runs": args.runs,
         "target_s": TARGET_S,
         "target_ratio": TARGET_RATIO,
-        "meets_target": ours < TARGET_S and ratio <= TARGET_RATIO,
-        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "meets_target": not slow and ratio <= TARGET_RATIO,
+        "load_avg_1m_before": round(load_before, 2),
+        "load_avg_1m_after": round(load_after, 2),
+        "cpus": os.cpu_count(),
     }
     if not args.json:
-        print(f"{'command':<28}{'median':>10}{'min':>10}{'max':>10}")
+        print(f"{'command':<34}{'median':>10}{'min':>10}{'max':>10}{'cpu':>10}")
         for name, r in results.items():
-            print(f"{name:<28}{r['median_s'] * 1000:>8.1f}ms{r['min_s'] * 1000:>8.1f}ms{r['max_s'] * 1000:>8.1f}ms")
+            mark = "  over 150 ms" if name in slow else ""
+            print(f"{name:<34}{r['median_s'] * 1000:>8.1f}ms{r['min_s'] * 1000:>8.1f}ms{r['max_s'] * 1000:>8.1f}ms"
+                  f"{r['cpu_median_s'] * 1000:>8.1f}ms{mark}")
         print(
-            f"\ntrnqwen --help / hf --help = {ratio:.2f}x  (target <= {TARGET_RATIO}x and < {TARGET_S * 1000:.0f} ms: "
-            f"{'met' if summary['meets_target'] else 'NOT met'}; load avg {summary['load_avg_1m']})"
+            f"\ntrnqwen --help / hf --help = {ratio:.2f}x; every trnqwen command < {TARGET_S * 1000:.0f} ms: "
+            f"{'yes' if not slow else 'NO (' + ', '.join(slow) + ')'} -> target {'met' if summary['meets_target'] else 'NOT met'}"
+            f"\nload average {load_before:.2f} before, {load_after:.2f} after, on {os.cpu_count()} CPUs"
+            f"{' (shared: wall times include waiting for a core; see the cpu column)' if max(load_before, load_after) > (os.cpu_count() or 1) else ''}"
         )
     print(json.dumps(summary))
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import os
 import shutil
 import statistics
@@ -32,16 +31,8 @@ sys.path.insert(0, str(REPO))
 
 from trnqwen.logs.parse import parse_step_line  # noqa: E402
 
-
-_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
-
-
-def _logged_at(text: str) -> Optional[float]:
-    """The wall-clock time torchtitan stamped on a log line (``2026-11-29 09:08:21,431``)."""
-    m = _STAMP.search(text)
-    if not m:
-        return None
-    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import load_note, logged_at  # noqa: E402
 
 
 def timed_run(argv: list[str], *, cwd: Path, env: dict[str, str]) -> dict:
@@ -65,7 +56,7 @@ def timed_run(argv: list[str], *, cwd: Path, env: dict[str, str]) -> dict:
         if m is not None:
             stamps.append(time.monotonic() - t0)
             losses.append(m["loss"])
-            at = _logged_at(text)
+            at = logged_at(text)
             if at is not None:
                 logged.append(at)
     rc = proc.wait()
@@ -94,6 +85,7 @@ def main() -> int:
 
     from trnqwen.fetch.builtin import write_tiny_qwen3
 
+    load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="trnqwen-bench-"))
     try:
         assets = write_tiny_qwen3(work / "assets" / "hf" / "tiny-qwen3")
@@ -147,8 +139,8 @@ def main() -> int:
             print(json.dumps({
                 "benchmark": "train_overhead", "backend": args.backend, "steps": args.steps,
                 "nproc": args.nproc, "repeats": args.repeats, "median": med, "ratio": ratio,
-                "load_avg": os.getloadavg(),
-                "note": "machine shared with other jobs: ratios of whole runs are noisy; launcher_startup_s is trnqwen's own share",
+                **load_note(load_before, os.getloadavg()[0]),
+                "launcher_startup_note": "launcher_startup_s is trnqwen's own share of the wall time",
             }))
         return 0
     finally:

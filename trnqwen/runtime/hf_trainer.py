@@ -128,7 +128,10 @@ def load_texts(spec: HFTrainerSpec, limit: int, tokenizer=None) -> list[str]:
 
 
 def _log(message: str) -> None:
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    """One line in torchtitan's layout (stamp with milliseconds, as its logger writes it), so step
+    timing can be read from the log, not from when a line reached a reader."""
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
     print(f"{LOG_PREFIX} {stamp} - hf_trainer - INFO - {message}", flush=True)
 
 
@@ -269,10 +272,7 @@ def _step_logger_callback(spec: HFTrainerSpec, plan: ParallelPlan, flops_token: 
             tps, tflops, mfu = step_metrics(tokens_per_step, self.seconds, flops_token, spec.peak_flops_per_rank)
             mem_gib, mem_pct = _device_memory(spec.device, spec.memory_bytes_per_rank)
             grad_norm = float(logs.get("grad_norm", float("nan")))
-            print(
-                format_step_line(state.global_step, float(logs["loss"]), grad_norm, mem_gib, mem_pct, tps, tflops, mfu),
-                flush=True,
-            )
+            _log(format_step_line(state.global_step, float(logs["loss"]), grad_norm, mem_gib, mem_pct, tps, tflops, mfu))
 
     return TorchtitanStepLines()
 
