@@ -1,4 +1,12 @@
-"""trnqwen.train.compat: both torchtitan API shapes (recipe era and 0.3.0)."""
+"""trnqwen.train.compat: the torchtitan API shapes.
+
+Real sources wherever a real release has the shape: the installed 0.3.0 for the 0.3 shape, and
+for the 0.2.x releases (TOML era) the two files of the 0.2.2 wheel the probe reads, copied byte
+for byte into tests/data/torchtitan_0.2.2/ (sha256 in benchmarks/torchtitan_releases.md; tests
+never download).  The recipe era was torchtitan's main branch between 0.2.2 and 0.3.0 and no
+release on the index has its shape (benchmarks/torchtitan_releases.py checked 0.2.0-0.2.2), so it
+alone is still a three-file fake package.
+"""
 
 from __future__ import annotations
 
@@ -45,13 +53,35 @@ def test_source_probe_recognises_the_recipe_shape(tmp_path):
     assert not api.has_chat_dataloader
 
 
-def test_source_probe_recognises_the_03_shape(tmp_path):
-    pkg = _fake_package(tmp_path, override_sig="*, target, fqns=None", sdpa_refused=True, chat=True)
-    api = compat.api_for("0.3.0", compat.probe_sources(pkg))
-    assert api.era == compat.ERA_03 and api.attn_backend == "flex" and not api.override_takes_name
+def test_source_probe_recognises_the_03_shape_in_the_real_release():
+    facts = compat.probe_sources(compat._package_dir())  # the installed torchtitan 0.3.0
+    assert facts["launcher"] == "module_config" and facts["has_override_registry"] is True
+    api = compat.api_for("0.3.0", facts)
+    assert api.era == compat.ERA_03 and api.attn_backend == "flex" and not api.override_takes_name and api.supported
 
 
-@pytest.mark.parametrize("version,era", [("0.2.2", compat.ERA_RECIPE), ("0.3.0", compat.ERA_03), ("0.4.0.dev1", compat.ERA_03)])
+def test_real_0_2_2_sources_are_the_toml_shape_and_refused(monkeypatch):
+    from pathlib import Path
+
+    from trnqwen.errors import EnvironmentProblem
+
+    pkg = Path(__file__).parent / "data" / "torchtitan_0.2.2" / "torchtitan"
+    facts = compat.probe_sources(pkg)
+    assert facts["launcher"] == "job_config_file" and facts["has_override_registry"] is False
+    assert facts["has_chat_dataloader"] is False
+    api = compat.api_for("0.2.2", facts)
+    assert api.era == compat.ERA_TOML and not api.supported
+    monkeypatch.setattr(compat, "detect", lambda: api)
+    with pytest.raises(EnvironmentProblem, match="TOML job configs") as err:
+        compat.require_torchtitan()
+    assert "torchtitan>=0.3.0" in err.value.hint
+
+
+@pytest.mark.parametrize("version,era", [
+    ("0.2.2", compat.ERA_TOML), ("0.2.0", compat.ERA_TOML),  # the released 0.2.x are all TOML-era
+    ("0.2.2.dev20260601", compat.ERA_RECIPE), ("0.2.1+git1a2b3c", compat.ERA_RECIPE),  # main-branch builds
+    ("0.3.0", compat.ERA_03), ("0.4.0.dev1", compat.ERA_03),
+])
 def test_version_fallback_without_sources(version, era):
     assert compat.api_for(version).era == era
 

@@ -447,6 +447,12 @@ def test_model_identity_evidence():
     got = ident("Building llama3 custom with ModelArgs(dim=64, n_layers=3, vocab_size=32000)")
     assert (got.vocab_size, got.num_layers, got.known) == (32000, 3, None)
     assert ident("Building qwen3 debugmodel").vocab_size == 2048 and ident("Building tiny-qwen3 full").vocab_size is None
+    # torchtitan 0.2.x: the model args as indented JSON after "Building <name> <flavor>with {"
+    text = ("[rank0]:[titan] 2026-02-20 10:00:00,000 - root - INFO - Starting job: my run\n"
+            "[rank0]:[titan] 2026-02-20 10:00:01,000 - root - INFO - Building qwen3 customwith {\n"
+            '[rank0]:  "dim": 64,\n[rank0]:  "n_layers": 3,\n[rank0]:  "vocab_size": 4096,\n[rank0]:}\n')
+    got = identify(parse_text(text))
+    assert (got.vocab_size, got.num_layers, got.name) == (4096, 3, "custom")
 
 
 def test_unknown_model_with_a_claimed_load_warns_above_ln_32000():

@@ -176,7 +176,7 @@ def _model_args(log: "ParsedLog", text: str) -> None:
         log.num_layers = log.num_layers or int(n.group(1))
 
 
-def _vocab_line(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+def _model_args_line(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     _model_args(log, m.string)
 
 
@@ -237,9 +237,12 @@ INFO_LINES: tuple[LinePattern, ...] = (
         r"gradient accumulation steps (?P<grad_accum>\d+), sequence length (?P<seq_len>\d+), total steps (?P<steps>\d+)"
         r"(?: \(warmup (?P<warmup>\d+)\))?"), _trainer),
     LinePattern("model", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+)\s*$"), _building),
-    LinePattern("model-args", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+) with (?P<args>.*)$"), _building_with),
+    # "Building qwen3 4B with Qwen3ModelArgs(...)"; torchtitan 0.2.x: "Building qwen3 4Bwith {" (model
+    # args as JSON on the following lines, read by the "vocab" pattern)
+    LinePattern("model-args", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+?) ?with (?P<args>.*)$"), _building_with),
     LinePattern("job", re.compile(r"Starting job: (.+)$"), _job),
-    LinePattern("vocab", _VOCAB_ARG_RE, _vocab_line),
+    LinePattern("vocab", _VOCAB_ARG_RE, _model_args_line),
+    LinePattern("layers", _LAYERS_ARG_RE, _model_args_line),
     LinePattern("model-size", re.compile(r"Model (?P<name>\S+) (?P<flavor>\S+) size: (?P<params>[\d,]+) total parameters"), _model_size),
     LinePattern("torchtitan-version", re.compile(r"torchtitan version: (?P<version>\S+)"), _version),
     LinePattern("start-step", re.compile(r"Training starts at step (\d+)"), _starts),

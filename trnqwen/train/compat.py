@@ -1,8 +1,15 @@
 """Every difference between torchtitan versions, in one place.
 
-Two API shapes are known:
+Three API shapes are known (``benchmarks/torchtitan_releases.py`` checks them against the
+releases on the package index; docs/versions.md records what each release supports):
 
-``recipe``  the mid-2026 torchtitan the published Trainium recipe was written against:
+``0.2-toml`` the published 0.2.0, 0.2.1 and 0.2.2 releases: TOML job configs launched with
+            ``--job.config_file``, no ``torchtitan.config.override`` registry, no
+            ``--module/--config`` launcher, no ``model_registry``.  trnqwen's generated config
+            module and its overrides cannot run there: detected and refused with a clear message.
+
+``recipe``  the mid-2026 torchtitan main branch the published Trainium recipe was written against
+            (between 0.2.2 and 0.3.0; no release on the index has this shape):
             ``model_registry(flavor, attn_backend="sdpa")``, ``@override("name", target=...)``,
             ``--override.imports my_module`` (a module), log lines
             ``[Override] nki_rope: <fqn> <Src> -> <Dst>``.
@@ -27,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+ERA_TOML = "0.2-toml"
 ERA_RECIPE = "recipe"
 ERA_03 = "0.3"
 
@@ -56,6 +64,14 @@ class TitanAPI:
     # Data: chat-format fine-tuning loader exists; c4_test ships inside the package.
     has_chat_dataloader: bool = True
     c4_test_in_package: bool = False
+    # torchtitan.config.override's registry and the --module/--config launcher exist (trnqwen's
+    # generated config module needs both; the 0.2.x releases have neither).
+    has_override_registry: bool = True
+    launcher: str = "module_config"  # or "job_config_file" (--job.config_file TOML, 0.2.x)
+
+    @property
+    def supported(self) -> bool:
+        return self.has_override_registry and self.launcher == "module_config"
 
     @property
     def native_flavor_table(self) -> str:
@@ -73,6 +89,17 @@ RECIPE_API = TitanAPI(
     has_chat_dataloader=False,
 )
 API_03 = TitanAPI(era=ERA_03)
+TOML_API = TitanAPI(
+    era=ERA_TOML,
+    attn_backend="sdpa",
+    override_takes_name=False,
+    override_import_style="module",
+    hf_spmd_backend=None,
+    native_cpu_spmd_backend=None,
+    has_chat_dataloader=False,
+    has_override_registry=False,
+    launcher="job_config_file",
+)
 
 
 def installed_version() -> Optional[str]:
@@ -97,12 +124,20 @@ def _package_dir() -> Optional[Path]:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def probe_sources(package_dir: Optional[Path]) -> dict[str, bool]:
+def probe_sources(package_dir: Optional[Path]) -> dict[str, Any]:
     """Feature facts read from source text; empty when the files are not there."""
-    facts: dict[str, bool] = {}
+    facts: dict[str, Any] = {}
     if package_dir is None:
         return facts
     override_py = package_dir / "config" / "override.py"
+    manager_py = package_dir / "config" / "manager.py"
+    if manager_py.is_file():
+        text = manager_py.read_text(errors="replace")
+        if "--module" in text:
+            facts["launcher"] = "module_config"
+        elif "--job.config_file" in text or "--job.config-file" in text:
+            facts["launcher"] = "job_config_file"
+        facts["has_override_registry"] = override_py.is_file()
     if override_py.is_file():
         text = override_py.read_text(errors="replace")
         match = re.search(r"def override\(\s*([^)]*?)\)", text, re.S)
@@ -124,11 +159,16 @@ def probe_sources(package_dir: Optional[Path]) -> dict[str, bool]:
 def api_for(version: Optional[str], facts: Optional[dict[str, bool]] = None) -> TitanAPI:
     """The API shape for a version string, refined by source-probe facts when given."""
     facts = facts or {}
-    if "override_takes_name" in facts or "sdpa_refused" in facts:
+    if facts.get("launcher") == "job_config_file" or facts.get("has_override_registry") is False:
+        base = TOML_API
+    elif "override_takes_name" in facts or "sdpa_refused" in facts:
         recipe_like = facts.get("override_takes_name", False) or not facts.get("sdpa_refused", True)
+        base = RECIPE_API if recipe_like else API_03
+    elif version is not None and _version_tuple(version) < (0, 3) and re.fullmatch(r"\d+(\.\d+)*", version):
+        base = TOML_API  # a plain 0.2.x release (no source to read): the index's 0.2.x are all TOML-era
     else:
-        recipe_like = version is None or _version_tuple(version) < (0, 3)
-    base = RECIPE_API if recipe_like else API_03
+        # unknown, or a dev/git build before 0.3 (the recipe era was the main branch)
+        base = RECIPE_API if version is None or _version_tuple(version) < (0, 3) else API_03
     api = replace(base, version=version)
     if "has_chat_dataloader" in facts:
         api = replace(api, has_chat_dataloader=facts["has_chat_dataloader"])
@@ -152,6 +192,12 @@ def require_torchtitan() -> TitanAPI:
         raise EnvironmentProblem(
             "torchtitan is not installed",
             hint="install the training extras: pip install 'trnqwen[train]' (keeps your torch build)",
+        )
+    if not api.supported:
+        raise EnvironmentProblem(
+            f"torchtitan {api.version} takes TOML job configs (--job.config_file) and has no override registry; "
+            "trnqwen's config module needs --module/--config and torchtitan.config.override",
+            hint="install torchtitan 0.3.0 or later: pip install 'torchtitan>=0.3.0' --no-deps (see docs/versions.md)",
         )
     return api
 
