@@ -325,33 +325,24 @@ def test_dataset_resolution(tmp_path, tiny_assets, text_jsonl):
         resolve_dataset(str(folder), model_is_builtin=False, api=api)
 
 
-def test_chat_data_uses_torchtitans_chat_loader(tmp_path, tiny_assets):
-    from trnqwen.fetch.builtin import corpus_jsonl
+def test_named_datasets_train_from_the_token_cache(tmp_path, tiny_assets, text_jsonl):
+    """Chat (multi-turn, system prompts) and text records alike: tokenized once by the launcher,
+    read by every rank through TokenCacheDataLoader (no torchtitan ChatDataLoader limits)."""
+    from trnqwen.dataset.cache import open_split
 
-    chat = corpus_jsonl(tmp_path / "chat.jsonl", chat=True)
-    first = json.loads(chat.read_text().splitlines()[0])
-    cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, backend="hf-v5", dataset=str(chat))
-    job, config = job_and_config(cfg, CPU, tmp_path)
-    assert type(config.dataloader).__qualname__ == "ChatDataLoader.Config"
-    assert config.dataloader.dataset_path == "json"
-    assert config.dataloader.load_dataset_kwargs["data_files"] == [str(chat.resolve())]
-    assert config.dataloader.sample_processor(first) == first["messages"]
     multi = tmp_path / "multi.jsonl"
-    turns = [{"role": r, "content": "x"} for r in ("system", "user", "assistant")]
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"},
+             {"role": "assistant", "content": "Goodbye."}]
     multi.write_text(json.dumps({"messages": turns}) + "\n")
-    with pytest.raises(UsageError, match="one user/assistant pair"):
-        build_job(cfg.model_copy(update={"dataset": str(multi)}), CPU, None)
-
-
-def test_local_text_dataset_loads_with_the_generated_loader(tmp_path, tiny_assets, text_jsonl):
-    """The registered loader really reads the file with `datasets` (what ranks will do)."""
-    cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, backend="native", dataset=str(text_jsonl))
-    job, config = job_and_config(cfg, CPU, tmp_path)
-    from torchtitan.hf_datasets.text_datasets import DATASETS
-
-    entry = DATASETS[config.dataloader.dataset]
-    ds = entry.loader(entry.path)
-    assert len(ds) == 20 and entry.sample_processor(ds[3]) == "document 3 about trainium"
+    for data, rows in ((multi, 1), (text_jsonl, None)):
+        cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, backend="hf-v5", dataset=str(data), seq_len=64)
+        job, config = job_and_config(cfg, CPU, tmp_path)
+        assert type(config.dataloader).__qualname__ == "TokenCacheDataLoader.Config"
+        assert config.model_spec.model.attn_mask_type == "block_causal"
+        split = open_split(config.dataloader.cache_dir, "train")
+        assert split.seq_len == 64 and (rows is None or len(split) == rows)
+        assert job.dataset_cache == Path(config.dataloader.cache_dir)
 
 
 def test_count_params_matches_a_registered_flavor():

@@ -326,6 +326,8 @@ def training_arguments(spec: HFTrainerSpec, plan: ParallelPlan, *, bf16_supporte
     )
     if spec.seed is not None:
         kwargs["seed"] = spec.seed
+    if spec.val_every:
+        kwargs.update(eval_strategy="steps", eval_steps=spec.val_every, per_device_eval_batch_size=spec.local_batch_size)
     if plan.strategy == "ddp" and spec.device == "cpu":
         kwargs["ddp_backend"] = "gloo"
     return kwargs
@@ -417,10 +419,24 @@ def run(spec: HFTrainerSpec) -> int:
         for note in plan.notes:
             _log(note)
 
-    tokenizer = AutoTokenizer.from_pretrained(spec.assets_dir, trust_remote_code=spec.trust_remote_code)
-    rows_needed = spec.steps * spec.local_batch_size * plan.grad_accum * plan.dp
-    texts = load_texts(spec, rows_needed, tokenizer)
-    train_dataset = _tokenize(tokenizer, texts, spec.seq_len, rows_needed)
+    trainer_cls, eval_dataset = Trainer, None
+    if spec.cache_dir:  # the launcher's token cache: torchtitan's rows, order, labels and positions
+        from trnqwen.runtime import hf_trainer_data
+
+        # TP ranks of one group read the same rows: the data-parallel rank is rank // tp.
+        train_dataset, eval_dataset = hf_trainer_data.cache_datasets(spec, rank=rank // plan.tp, world=plan.dp)
+        trainer_cls = hf_trainer_data.cache_trainer_class(
+            Trainer, batch_size=spec.local_batch_size,
+            log_validation=lambda step, loss, tps: print(
+                hf_trainer_data.format_validation_line(step, loss, *_device_memory(spec.device, spec.memory_bytes_per_rank), tps),
+                flush=True,
+            ),
+        )
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(spec.assets_dir, trust_remote_code=spec.trust_remote_code)
+        rows_needed = spec.steps * spec.local_batch_size * plan.grad_accum * plan.dp
+        texts = load_texts(spec, rows_needed, tokenizer)
+        train_dataset = _tokenize(tokenizer, texts, spec.seq_len, rows_needed)
 
     bf16_ok = spec.device == "neuron" or (spec.device == "cuda" and torch.cuda.is_bf16_supported())
     args_kwargs = training_arguments(spec, plan, bf16_supported=bf16_ok)
@@ -433,6 +449,7 @@ def run(spec: HFTrainerSpec) -> int:
             _log("Random init from config.json: no checkpoint was provided, this is a fresh start")
     load_started = time.perf_counter()
     model = _load_model(spec, plan, local_rank)
+    model.config.use_cache = False  # no KV cache in training: transformers then detects packed position_ids
     nparams, flops_token = _model_facts(model, spec.seq_len)
     if rank == 0:
         _log(
@@ -452,10 +469,11 @@ def run(spec: HFTrainerSpec) -> int:
             _log(f"Peak FLOPS used for computing MFU: {spec.peak_flops_per_rank:.3e}")
         _log("Training starts at step 1")
 
-    trainer = Trainer(
+    trainer = trainer_cls(
         model=model,
         args=args,
         train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
         callbacks=[_step_logger_callback(spec, plan, flops_token)],
     )
     trainer.remove_callback(PrinterCallback)  # our step lines replace its dict dumps

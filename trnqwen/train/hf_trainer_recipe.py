@@ -54,13 +54,16 @@ def _model_facts(hf_config: Optional[dict[str, Any]]) -> tuple[Optional[int], Op
         return hf_config.get("num_hidden_layers"), None, hf_config.get("vocab_size")
 
 
-def _dataset_arg(cfg: RunConfig, assets_dir: Path) -> tuple[Optional[str], list[str], str]:
+def _dataset_arg(cfg: RunConfig, assets_dir: Path, rank_data: Any = None) -> tuple[Optional[str], list[str], str]:
     """(the dataset as the ranks should see it (local paths absolute), notes, what it resolved to).
 
-    Resolving it here makes a bad ``--dataset`` stop the run before torchrun starts."""
-    from trnqwen.train.datasets import resolve_dataset
+    Resolving it here makes a bad ``--dataset`` stop the run before torchrun starts.  A run that
+    reads the token cache gets no dataset argument: its spec names the cache."""
+    from trnqwen.train.cache_data import streamed_data
 
-    data = resolve_dataset(cfg.dataset, model_is_builtin=cfg.is_builtin, assets_dir=assets_dir)
+    if rank_data is not None:
+        return None, [], str(cfg.dataset)
+    data = streamed_data(cfg, assets_dir)
     notes = list(data.notes)
     if data.kind == "chat":
         notes.append("hf-trainer: chat records are rendered with the chat template; loss covers every token")
@@ -70,17 +73,23 @@ def _dataset_arg(cfg: RunConfig, assets_dir: Path) -> tuple[Optional[str], list[
     return (str(path.absolute()) if path.exists() else cfg.dataset), notes, data.source
 
 
-def build_hf_trainer_spec(cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, dataset: Any = ...) -> HFTrainerSpec:
-    """The :class:`~trnqwen.train.hf_trainer_spec.HFTrainerSpec` for this run (pure; checks only files)."""
+def build_hf_trainer_spec(
+    cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, dataset: Any = ..., rank_data: Any = None
+) -> HFTrainerSpec:
+    """The :class:`~trnqwen.train.hf_trainer_spec.HFTrainerSpec` for this run (pure; checks only files).
+
+    ``rank_data``: the token cache the ranks read (:mod:`trnqwen.train.cache_data`), if any."""
     assets_dir = Path(cfg.resolved_assets_dir).expanduser().absolute()
     export = bool(cfg.resolved_export_hf)
     if dataset is ...:
-        dataset, _, _ = _dataset_arg(cfg, assets_dir)
+        dataset, _, _ = _dataset_arg(cfg, assets_dir, rank_data)
     device_type = device.type
     return HFTrainerSpec(
         assets_dir=str(assets_dir),
         model=cfg.model,
         dataset=dataset,
+        cache_dir=str(rank_data.cache_dir) if rank_data is not None else None,
+        val_every=cfg.val_every,
         device=device_type,
         steps=cfg.steps,
         local_batch_size=cfg.local_batch_size,
@@ -143,10 +152,16 @@ def build_hf_trainer_job(
     if problems and check_runtime:
         raise problems[0]
     assets_dir = Path(cfg.resolved_assets_dir).expanduser().absolute()
-    dataset, data_notes, data_source = _dataset_arg(cfg, assets_dir)
-    spec = build_hf_trainer_spec(cfg, device, run_dir, dataset=dataset)
+    from trnqwen.train.cache_data import prepare_rank_data
+
+    prepared = prepare_rank_data(cfg, assets_dir, check_runtime=check_runtime)
+    rank_data = prepared[1] if prepared is not None else None
+    dataset, data_notes, data_source = _dataset_arg(cfg, assets_dir, rank_data)
+    if prepared is not None:
+        data_notes = list(prepared[0].notes)
+    spec = build_hf_trainer_spec(cfg, device, run_dir, dataset=dataset, rank_data=rank_data)
     device_type = spec.device
-    notes = ["hf-trainer pads/truncates each document to seq_len (no packing as in torchtitan)"]
+    notes = [] if rank_data is not None else ["hf-trainer pads/truncates each document to seq_len (no packing as in torchtitan)"]
     notes += data_notes
     notes += [f"not runnable here: {p.message}" for p in problems]
     topology = topology or plan_topology(cfg, device)
@@ -155,7 +170,7 @@ def build_hf_trainer_job(
     except SpecError:
         pass  # preflight reports bad degrees and batches (topology.problems)
     env = {"TOKENIZERS_PARALLELISM": "false"}
-    local_data = Path(data_source).exists()
+    local_data = rank_data is not None or Path(data_source).exists()
     if local_data:  # local assets + local data: nothing may wait on the network
         env.update({"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     if device_type == "cpu":
@@ -180,4 +195,5 @@ def build_hf_trainer_job(
         global_batch_size=topology.sequences_per_step if topology.ok else cfg.global_batch_size,
         dump_folder=Path(run_dir).absolute() if run_dir is not None else None,
         dataset=data_source,
+        dataset_cache=rank_data.cache_dir if rank_data is not None else None,
     )

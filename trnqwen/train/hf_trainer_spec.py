@@ -32,6 +32,8 @@ class HFTrainerSpec:
     assets_dir: str = ""
     model: str = ""  # display name for the start-up line (Hub id or builtin:...)
     dataset: Optional[str] = None  # file/folder/Hub name; None = the model's default corpus
+    cache_dir: Optional[str] = None  # a prepared token cache (trnqwen.dataset): read instead of `dataset`
+    val_every: Optional[int] = None  # validate on the cache's val split every N steps (and at step 1)
     device: str = "cpu"  # neuron | cuda | cpu (already resolved: never "auto")
     steps: int = 10
     local_batch_size: int = 1

@@ -49,3 +49,5 @@ class TrainJob:
     override_imports: list[str] = field(default_factory=list)
     # What the data is (a path, a Hub name or a torchtitan dataset name), for messages.
     dataset: Optional[str] = None
+    # The tokenized cache every rank reads (trnqwen.dataset), when the run reads one.
+    dataset_cache: Optional[Path] = None

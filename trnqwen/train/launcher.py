@@ -261,6 +261,7 @@ class StatusLine:
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.start = time.monotonic()
         self.last: Optional[dict] = None
+        self.last_validation: Optional[dict] = None
         self.phase = "starting ranks"
         self._drawn = False
         self._lock = threading.Lock()
@@ -273,6 +274,8 @@ class StatusLine:
         m = self.last
         step = f"{m['step']}/{self.total}" if self.total else str(m["step"])
         parts = [f"step {step}", f"loss {_fmt_num(m.get('loss'), '.4f')}"]
+        if self.last_validation is not None:
+            parts.append(f"val {_fmt_num(self.last_validation.get('loss'), '.4f')}")
         parts.append(f"tok/s {_fmt_num(m.get('tps'), ',.0f')}")
         parts.append(f"mfu {_fmt_num(m.get('mfu'), '.2f')}%" if m.get("mfu") is not None else "mfu -")
         parts.append(f"elapsed {clock}")
@@ -288,6 +291,13 @@ class StatusLine:
             else:
                 self.stream.write(self.text() + "\n")
                 self.stream.flush()
+
+    def update_validation(self, metrics: dict) -> None:
+        """A validation result: shown as ``val X`` from now on (redrawn on a terminal)."""
+        with self._lock:
+            self.last_validation = metrics
+            if self.enabled and self.tty and self.last is not None:
+                self._draw()
 
     def set_phase(self, phase: str) -> None:
         with self._lock:
@@ -337,6 +347,7 @@ class LaunchResult:
     time_to_first_step_s: Optional[float] = None
     step_times: list[float] = field(default_factory=list)  # monotonic seconds since start, per step line
     steps: list[dict] = field(default_factory=list)
+    validations: list[dict] = field(default_factory=list)  # {"step", "loss", ...} per validation line
     killed_pids: list[int] = field(default_factory=list)  # survivors the sweep had to SIGKILL
 
     @property
@@ -363,6 +374,7 @@ class LaunchResult:
             "seconds_per_step": None if self.seconds_per_step is None else round(self.seconds_per_step, 3),
             "steps_logged": len(self.steps),
             "last_step": self.last_step,
+            "last_validation": self.validations[-1] if self.validations else None,
         }
 
 
@@ -491,7 +503,7 @@ def supervise(
     lines_seen: list[str] = []  # bounded: early lines (tracebacks come first) + a tail
     max_kept = 5000
 
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.logs.parse import parse_step_line, parse_validation_line
 
     def reader() -> None:
         assert proc.stdout is not None
@@ -508,6 +520,13 @@ def supervise(
                         del tail[: len(tail) - max_kept]
                 if echo is not None:
                     echo(line)
+                if "validate step:" in line:
+                    validation = parse_validation_line(line)
+                    if validation is not None:
+                        result.validations.append(validation)
+                        if status is not None:
+                            status.update_validation(validation)
+                    continue
                 metrics = parse_step_line(line) if "step:" in line else None
                 if metrics is not None:
                     now = time.monotonic() - start

@@ -31,7 +31,8 @@ from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen.train import compat, tracking
 from trnqwen.train.preflight import count_params  # one parameter formula for both
-from trnqwen.train.datasets import DataSpec, render_dataset_code, resolve_dataset
+from trnqwen.train.cache_data import RankData, prepare_rank_data, streamed_data, titan_dataloader_code
+from trnqwen.train.datasets import DataSpec, render_dataset_code
 from trnqwen.train.job import TrainJob
 from trnqwen.train.topology import Topology, plan_topology
 
@@ -61,6 +62,7 @@ class Plan:
     custom_dims: Optional[compat.FlavorDims] = None  # native: built from config.json
     rope_theta_override: Optional[float] = None
     dims: Optional[compat.FlavorDims] = None
+    rank_data: Optional[RankData] = None  # the token cache the ranks read (datasets the user names)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -131,6 +133,7 @@ def build_job(
         model_flavor=plan.flavor or ("config.json" if plan.custom_dims else None),
         override_imports=override_imports,
         dataset=plan.data.source,
+        dataset_cache=plan.rank_data.cache_dir if plan.rank_data is not None else None,
     )
     return job
 
@@ -166,7 +169,8 @@ def make_plan(
         _check_nki_moe_available(check_runtime, notes)
     assets_dir = cfg.resolved_assets_dir.expanduser().absolute()
     hf_config = read_config_json(assets_dir)  # missing or broken assets: preflight reports them
-    data = resolve_dataset(cfg.dataset, model_is_builtin=cfg.is_builtin, assets_dir=assets_dir, api=api)
+    prepared = prepare_rank_data(cfg, assets_dir, check_runtime=check_runtime)
+    data, rank_data = prepared if prepared is not None else (streamed_data(cfg, assets_dir, api=api), None)
     topology = topology or plan_topology(cfg, device)  # its problems are preflight's to report
     export = cfg.resolved_export_hf or cfg.finetune
     ckpt = cfg.resolved_checkpoint_dir.expanduser().absolute() if export else None
@@ -179,7 +183,7 @@ def make_plan(
     plan = Plan(
         cfg=cfg, device=device, api=api, assets_dir=assets_dir, hf_config=hf_config, data=data,
         topology=topology, checkpoint_dir=ckpt,
-        dump_folder=Path(run_dir).absolute() if run_dir is not None else None, notes=notes,
+        dump_folder=Path(run_dir).absolute() if run_dir is not None else None, notes=notes, rank_data=rank_data,
     )
     if cfg.backend == "native":
         _plan_native(plan)
@@ -292,6 +296,9 @@ def _render(plan: Plan) -> str:
         imp(f"from {api.hf_config_registry} import {api.hf_base_fn}")
         base = f"{api.hf_base_fn}()"
         body.append(f"config.hf_model = {assets!r}  # local snapshot: AutoConfig needs no network")
+        # Packed documents must not attend across each other (native models always mask per
+        # document); torchtitan's Transformers backend defaults to a plain causal mask.
+        body.append('config.model_spec.model.attn_mask_type = "block_causal"')
     elif cfg.backend == "native":
         imp(f"from {api.qwen3_config_registry} import {api.native_base_fn}")
         base = f"{api.native_base_fn}()"
@@ -332,11 +339,18 @@ def _render(plan: Plan) -> str:
         )
 
     body.append(f"config.hf_assets_path = {assets!r}")
-    data_imports, data_head, data_expr = render_dataset_code(plan.data)
+    if plan.rank_data is not None:
+        data_imports, data_lines = titan_dataloader_code(
+            plan.rank_data, seed=cfg.seed, val_every=cfg.val_every, dp_degree=plan.topology.dp,
+            local_batch_size=cfg.local_batch_size,
+        )
+        body += data_lines
+    else:
+        data_imports, data_head, data_expr = render_dataset_code(plan.data)
+        head_lines += data_head
+        body.append(f"config.dataloader = {data_expr}")
     for line in data_imports:
         imp(line)
-    head_lines += data_head
-    body.append(f"config.dataloader = {data_expr}")
     body += [
         f"config.training.steps = {cfg.steps}",
         f"config.training.local_batch_size = {cfg.local_batch_size}",

@@ -332,6 +332,8 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
             "config_fn": plan.job.config_fn,
             "rank_log_dir": str(plan.rank_log_dir),
             "launcher_pid": os.getpid(),
+            # The token cache the ranks read (trnqwen eval finds the run's validation split here).
+            "dataset_cache": str(plan.job.dataset_cache) if plan.job.dataset_cache else None,
         },
     )
     if multi:

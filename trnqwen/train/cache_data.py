@@ -1,0 +1,173 @@
+"""How a prepared dataset cache reaches the ranks (launcher side; no torch).
+
+The launcher tokenizes ``--dataset`` once into a cache (:mod:`trnqwen.dataset`), before any
+rank starts.  This module turns that cache into what each backend's ranks are given:
+
+* native / hf-v5: lines of the generated torchtitan config module selecting
+  :class:`trnqwen.runtime.titan_data.TokenCacheDataLoader` for training and, with
+  ``--val-every N``, torchtitan's own validator over the cache's ``val`` split;
+* hf-trainer: the cache directory and ``val_every`` in its spec.
+
+All three read the same rows in the same order (:mod:`trnqwen.runtime.token_stream`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from trnqwen.errors import UsageError
+
+TITAN_LOADER_IMPORT = "from trnqwen.runtime.titan_data import TokenCacheDataLoader"
+
+
+@dataclass(frozen=True)
+class RankData:
+    """A prepared cache as the ranks see it."""
+
+    cache_dir: Path
+    seq_len: int
+    train_rows: int
+    val_rows: int = 0
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def has_val(self) -> bool:
+        return self.val_rows > 0
+
+    @classmethod
+    def from_cache(cls, cache_dir: Path) -> "RankData":
+        from trnqwen.dataset.cache import read_meta
+
+        cache_dir = Path(cache_dir).absolute()
+        meta = read_meta(cache_dir)
+        splits = meta.get("splits", {})
+        return cls(
+            cache_dir=cache_dir,
+            seq_len=int(meta["seq_len"]),
+            train_rows=int(splits.get("train", {}).get("sequences", 0)),
+            val_rows=int(splits.get("val", {}).get("sequences", 0)),
+            meta=meta,
+        )
+
+
+def check_run(data: RankData, *, seq_len: int, val_every: Optional[int]) -> None:
+    """What would stop the ranks, said before any of them starts."""
+    if data.seq_len != seq_len:
+        raise UsageError(
+            f"the dataset cache {data.cache_dir} holds {data.seq_len}-token sequences, the run uses --seq-len {seq_len}",
+            hint="prepare the dataset with the run's --seq-len",
+        )
+    if data.train_rows < 1:
+        raise UsageError(f"the dataset cache {data.cache_dir} has no training sequences", hint="check the data with `trnqwen data`")
+    if val_every and not data.has_val:
+        raise UsageError(
+            "--val-every needs a validation split, and this dataset has none",
+            hint="add --val-split 0.05 (held out from the data) or --val-dataset FILE",
+        )
+
+
+def validation_batches(val_rows: int, *, dp_degree: int, local_batch_size: int) -> int:
+    """Batches each rank reads for one pass over ``val_rows`` (the rule in ``token_stream``)."""
+    per_rank = math.ceil(val_rows / dp_degree)
+    return max(1, math.ceil(per_rank / local_batch_size))
+
+
+def titan_dataloader_code(
+    data: RankData, *, seed: Optional[int], val_every: Optional[int], dp_degree: int = 1, local_batch_size: int = 1
+) -> tuple[list[str], list[str]]:
+    """(imports, config-function lines) that make torchtitan read the cache (and validate on it)."""
+    cache = str(data.cache_dir)
+    seed_arg = f", seed={seed}" if seed else ""
+    lines = [
+        "# Tokenized once by the launcher; each rank reads its rows (trnqwen.runtime.token_stream).",
+        f"config.dataloader = TokenCacheDataLoader.Config(cache_dir={cache!r}, split=\"train\"{seed_arg})",
+    ]
+    if val_every:
+        lines += [
+            "config.validator.enable = True",
+            f"config.validator.freq = {int(val_every)}",
+            "# The whole val split: every rank reads the same number of batches (the last one filled).",
+            f"config.validator.steps = {validation_batches(data.val_rows, dp_degree=dp_degree, local_batch_size=local_batch_size)}",
+            f"config.validator.dataloader = TokenCacheDataLoader.Config(cache_dir={cache!r}, split=\"val\", one_pass=True)",
+        ]
+    return [TITAN_LOADER_IMPORT], lines
+
+
+def is_prepared_cache(path: Path) -> bool:
+    """A directory holding a prepared cache (``trnqwen data`` output), usable as ``--dataset``."""
+    return (Path(path) / "meta.json").is_file() and any(Path(path).glob("train.*.npy"))
+
+
+def reads_cache(dataset: Optional[str]) -> bool:
+    """Whether a run on ``dataset`` trains from the token cache (else torchtitan streams it).
+
+    Every dataset the user names does, except torchtitan's own streamed names (``c4``...).  No
+    ``--dataset`` keeps each model's default corpus as it was.
+    """
+    from trnqwen.train.datasets import TITAN_DATASETS
+
+    return bool(dataset) and dataset not in TITAN_DATASETS
+
+
+def prepare_rank_data(cfg: Any, assets_dir: Path, *, check_runtime: bool = True) -> Optional[tuple[Any, RankData]]:
+    """(DataSpec, RankData) when the run reads a token cache, else None.
+
+    Runs in the launcher before any rank starts: ``--dataset`` naming a prepared cache is used as
+    it is; any other dataset the user names is tokenized once (or found in the cache) by
+    :func:`trnqwen.dataset.prepare.prepare_dataset`, the code ``trnqwen data`` runs.
+    """
+    from trnqwen.train.datasets import DataSpec
+
+    if not reads_cache(cfg.dataset):
+        return None
+    path = Path(cfg.dataset).expanduser()
+    notes: list[str] = []
+    if is_prepared_cache(path):
+        data = RankData.from_cache(path)
+    else:
+        from trnqwen.dataset.prepare import prepare_dataset
+
+        from trnqwen.assets import has_tokenizer
+
+        if not has_tokenizer(assets_dir):  # preflight reports the missing assets
+            from trnqwen.dataset.sources import resolve_source
+
+            resolve_source(cfg.dataset, split=cfg.dataset_split)  # a dataset that is not there still stops here
+            notes.append(f"the dataset is tokenized when the run starts (no tokenizer in {assets_dir} yet)")
+            data = RankData(cache_dir=Path("<tokenized-when-the-run-starts>"), seq_len=cfg.seq_len, train_rows=1,
+                            val_rows=1 if cfg.val_every else 0)
+            return DataSpec(kind="cache", source=str(cfg.dataset), notes=notes), data
+        prepared = prepare_dataset(cfg, assets_dir)
+        data = RankData.from_cache(prepared.cache_dir)
+        notes += _report_notes(prepared.report)
+    check_run(data, seq_len=cfg.seq_len, val_every=cfg.val_every)
+    spec = DataSpec(kind="cache", source=str(cfg.dataset), data_files=[str(data.cache_dir)], notes=notes)
+    return spec, data
+
+
+def _report_notes(report: dict[str, Any]) -> list[str]:
+    """What preparing the data left out, said before training (never dropped silently)."""
+    notes = []
+    dropped, truncated = int(report.get("dropped") or 0), int(report.get("truncated") or 0)
+    if dropped or truncated:
+        notes.append(
+            f"dataset: {dropped} of {report.get('records')} record(s) dropped, {truncated} truncated "
+            "(`trnqwen data` lists why)"
+        )
+    return notes
+
+
+def streamed_data(cfg: Any, assets_dir: Path, *, api: Any = None) -> Any:
+    """The DataSpec of a dataset torchtitan streams itself (its own names, a model's default corpus)."""
+    from trnqwen.train.datasets import resolve_dataset
+
+    if cfg.val_every:
+        raise UsageError(
+            "--val-every validates on the validation split of a dataset you name; this run streams "
+            f"{cfg.dataset or 'the default corpus'}",
+            hint="pass --dataset FILE with --val-split 0.05 (or --val-dataset FILE)",
+        )
+    return resolve_dataset(cfg.dataset, model_is_builtin=cfg.is_builtin, assets_dir=assets_dir, api=api)
