@@ -473,7 +473,7 @@ def test_cli_table_csv_plot(cli, tmp_path):
     assert res.code == 0, res.err
     assert "nki_rope" in res.out and "6.5401 / 3.7790 / 3.7790" in res.out and "1,252" in res.out
     rows = csv_path.read_text().splitlines()
-    assert rows[0] == "step,loss,grad_norm,memory_gib,memory_pct,tps,tflops,mfu,line"
+    assert rows[0] == "step,loss,grad_norm,memory_gib,memory_pct,tps,tflops,mfu,val_loss,line"
     assert rows[1].startswith("1,6.54012,3.9,14.21,59.21,87,3.52,,") and len(rows) == 11
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     w, h = struct.unpack(">II", png.read_bytes()[16:24])

@@ -299,3 +299,43 @@ def test_json_meta_is_what_the_launcher_reads(cache_dir):
     data = RankData.from_cache(cache_dir)
     assert (data.seq_len, data.train_rows, data.val_rows) == (SEQ, 7, 5)
     assert json.loads((cache_dir / "meta.json").read_text())["key"] == "a" * 64
+
+
+# --- validation loss in inspect-logs and the status line ---------------------------------------
+
+
+def test_validation_loss_reaches_inspect_logs_json_and_csv(cli, tmp_path):
+    """torchtitan's validator lines and hf-trainer's (same format) -> --json "validation" and the CSV."""
+    from trnqwen.runtime.hf_trainer_data import format_validation_line
+
+    titan = ("[rank0]:[titan] 2026-11-30 20:01:44,135 - root - INFO - \x1b[31mstep:  {s}  \x1b[32mloss:  {l}  "
+             "\x1b[38;2;180;60;0mgrad_norm:  5.4627  \x1b[38;2;54;234;195mmemory:  0.94GiB(3.97%)  \x1b[34mtps: 13  "
+             "\x1b[36mtflops: 0.00  \x1b[35mmfu: 0.00%\x1b[39m")
+    lines = [titan.format(s=1, l="7.63950"), "[rank0]:" + format_validation_line(1, 7.3848, 0.97, 4.11, 115),
+             titan.format(s=2, l="7.39079"), titan.format(s=3, l="7.14057"),
+             "[rank0]:" + format_validation_line(3, 7.1879, 0.97, 4.11, 869)]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n")
+    r = cli("inspect-logs", str(log), "--json", "--csv", str(tmp_path / "steps.csv"))
+    assert r.code == 0, r.text
+    out = json.loads(r.out)
+    assert [(v["step"], v["loss"]) for v in out["validation"]] == [(1, 7.3848), (3, 7.1879)]
+    assert out["summary"]["last_validation_loss"] == 7.1879
+    rows = (tmp_path / "steps.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    val = [row.split(",")[header.index("val_loss")] for row in rows[1:]]
+    assert val == ["7.3848", "", "7.1879"]
+
+
+def test_status_line_shows_the_last_validation_loss():
+    import io
+
+    from trnqwen.train.launcher import StatusLine
+
+    out = io.StringIO()
+    line = StatusLine(stream=out, total_steps=4)
+    line.update({"step": 1, "loss": 7.5, "tps": 100, "mfu": None})
+    line.update_validation({"step": 1, "loss": 7.25})
+    line.update({"step": 2, "loss": 7.1, "tps": 100, "mfu": None})
+    assert "step 1/4  loss 7.5000  tok/s" in out.getvalue().splitlines()[0]
+    assert "step 2/4  loss 7.1000  val 7.2500" in out.getvalue().splitlines()[1]

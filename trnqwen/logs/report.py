@@ -353,12 +353,16 @@ def _layers(layers: list[int]) -> str:
 
 
 def write_csv(log: ParsedLog, path: Path) -> None:
-    """One row per step; written to a temp file and renamed (never half a file)."""
+    """One row per step (``val_loss`` where a validation ran after it); written to a temp file and
+    renamed (never half a file)."""
+    val_loss = {v["step"]: v.get("loss") for v in log.validations}
+    fields = (*STEP_FIELDS, "val_loss", "line")
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=[*STEP_FIELDS, "line"], lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=list(fields), lineterminator="\n")
     writer.writeheader()
     for s in log.steps.rows():
-        writer.writerow({k: ("" if s.get(k) is None else s.get(k)) for k in (*STEP_FIELDS, "line")})
+        row = {**s, "val_loss": val_loss.get(s.get("step"))}
+        writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in fields})
     write_text_atomic(path, buf.getvalue())
 
 
