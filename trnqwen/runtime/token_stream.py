@@ -58,10 +58,6 @@ class RankStream:
         per_rank = math.ceil(self.n_rows / self.world)
         return math.ceil(per_rank / self.batch_size) * self.batch_size
 
-    @property
-    def epoch(self) -> int:
-        return (self.rows_read * self.world + self.rank) // self.n_rows if self.infinite else 0
-
     def row_at(self, k: int) -> Optional[int]:
         """The cache row this rank reads ``k``-th; None for a fill row."""
         item = k * self.world + self.rank

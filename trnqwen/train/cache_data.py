@@ -112,7 +112,7 @@ def reads_cache(dataset: Optional[str]) -> bool:
     return bool(dataset) and dataset not in TITAN_DATASETS
 
 
-def prepare_rank_data(cfg: Any, assets_dir: Path, *, check_runtime: bool = True) -> Optional[tuple[Any, RankData]]:
+def prepare_rank_data(cfg: Any, assets_dir: Path) -> Optional[tuple[Any, RankData]]:
     """(DataSpec, RankData) when the run reads a token cache, else None.
 
     Runs in the launcher before any rank starts: ``--dataset`` naming a prepared cache is used as

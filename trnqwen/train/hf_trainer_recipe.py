@@ -154,7 +154,7 @@ def build_hf_trainer_job(
     assets_dir = Path(cfg.resolved_assets_dir).expanduser().absolute()
     from trnqwen.train.cache_data import prepare_rank_data
 
-    prepared = prepare_rank_data(cfg, assets_dir, check_runtime=check_runtime)
+    prepared = prepare_rank_data(cfg, assets_dir)
     rank_data = prepared[1] if prepared is not None else None
     dataset, data_notes, data_source = _dataset_arg(cfg, assets_dir, rank_data)
     if prepared is not None:

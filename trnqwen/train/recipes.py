@@ -169,7 +169,7 @@ def make_plan(
         _check_nki_moe_available(check_runtime, notes)
     assets_dir = cfg.resolved_assets_dir.expanduser().absolute()
     hf_config = read_config_json(assets_dir)  # missing or broken assets: preflight reports them
-    prepared = prepare_rank_data(cfg, assets_dir, check_runtime=check_runtime)
+    prepared = prepare_rank_data(cfg, assets_dir)
     data, rank_data = prepared if prepared is not None else (streamed_data(cfg, assets_dir, api=api), None)
     topology = topology or plan_topology(cfg, device)  # its problems are preflight's to report
     export = cfg.resolved_export_hf or cfg.finetune
