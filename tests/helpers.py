@@ -29,13 +29,18 @@ def run_cli(*args: str) -> Result:
     """The real ``main()`` in this process, capturing stdout/stderr and the exit code."""
     from trnqwen.cli.main import main
 
+    import signal
+
     out, err = io.StringIO(), io.StringIO()
     code = 0
+    sigint = signal.getsignal(signal.SIGINT)  # an interrupted command ignores SIGINT while it exits
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             main(list(args))
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            signal.signal(signal.SIGINT, sigint)
     return Result(code, out.getvalue(), err.getvalue())
 
 

@@ -69,7 +69,7 @@ class RunConfig(BaseModel):
     long_conversations: LongConversations = Field(
         "truncate", description="A conversation longer than --seq-len: truncate or drop (both counted)."
     )
-    val_split: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of records held out for validation (seeded).")
+    val_split: float = Field(0.0, ge=0.0, lt=1.0, allow_inf_nan=False, description="Fraction of records held out for validation (seeded).")
     val_dataset: Optional[str] = Field(None, description="Validation records from another file/folder/Hub dataset.")
     val_every: Optional[int] = Field(None, ge=1, description="Validate every N steps (needs validation data).")
     data_cache_dir: Optional[Path] = Field(
@@ -82,7 +82,7 @@ class RunConfig(BaseModel):
         None, ge=1, description="Sequences per step over all ranks (default local batch x data-parallel degree)."
     )
     seq_len: int = Field(2048, ge=8, le=1_048_576, description="Sequence length in tokens (fixed: no recompiles).")
-    lr: float = Field(8e-4, gt=0, le=1.0, description="Peak learning rate.")
+    lr: float = Field(8e-4, gt=0, le=1.0, allow_inf_nan=False, description="Peak learning rate.")
     warmup_steps: int = Field(2, ge=0, description="Linear warm-up steps.")
     seed: Optional[int] = Field(42, ge=0, description="Random seed (none = torchtitan's default).")
     # --- parallelism & device ------------------------------------------------------------
@@ -293,7 +293,15 @@ def find_config_file(explicit: Optional[Path] = None, cwd: Optional[Path] = None
             )
         return explicit
     candidate = (cwd or Path.cwd()) / CONFIG_FILE_NAME
-    return candidate if candidate.is_file() else None
+    if candidate.is_file():
+        return candidate
+    if candidate.exists() or candidate.is_symlink():  # a folder, a dangling link: never silently skipped
+        what = "a folder" if candidate.is_dir() else "not a readable file"
+        raise ConfigError(
+            [f"{candidate} is {what}; trnqwen reads its settings from a trnqwen.toml file there"],
+            hint=f"remove or rename {candidate}, or pass another file with --config-file",
+        )
+    return None
 
 
 def closest_field(name: str) -> Optional[str]:

@@ -79,10 +79,36 @@ def redact(text: str, environ: dict[str, str] | None = None) -> str:
     return _TOKEN_PATTERN.sub("hf_***", text)
 
 
+# Name words that always mean a secret, and words that mean one when the value looks like one.
+_ALWAYS_SECRET_WORDS = {"PASSWORD", "PASSWD", "SECRET", "CREDENTIALS", "CREDENTIAL", "PRIVATE"}
+_MAYBE_SECRET_WORDS = {"TOKEN", "KEY", "APIKEY", "AUTH"}
+_NOT_SECRET_VALUES = {"", "0", "1", "true", "false", "yes", "no", "on", "off", "none", "null"}
+
+
+def _secret_shaped(value: str) -> bool:
+    """A value that could be a credential: long enough, one word, not a flag, number or path."""
+    v = value.strip()
+    if v.lower() in _NOT_SECRET_VALUES or len(v) < 8 or any(c.isspace() for c in v):
+        return False
+    if v.startswith(("/", "~", "./", "../")) or v.replace(".", "").replace("-", "").isdigit():
+        return False
+    return True
+
+
+def is_secret_var(name: str, value: str) -> bool:
+    """Whether an environment variable holds a secret: the known token variables; any name with a
+    PASSWORD/SECRET/CREDENTIALS word; a ``*_TOKEN`` / ``*_KEY`` / ``*_AUTH`` name whose value is
+    shaped like a credential; any value shaped like an HF token.  ``TOKENIZERS_PARALLELISM`` is
+    none of these."""
+    upper = name.upper()
+    if upper in SECRET_ENV_VARS or _TOKEN_PATTERN.search(value or ""):
+        return True
+    words = set(re.split(r"[^A-Z0-9]+", upper))
+    if words & _ALWAYS_SECRET_WORDS:
+        return True
+    return bool(words & _MAYBE_SECRET_WORDS) and _secret_shaped(value or "")
+
+
 def redact_env(env: dict[str, str]) -> dict[str, str]:
-    """A copy of an environment mapping safe to write into a run record."""
-    secret_names = set(SECRET_ENV_VARS)
-    return {
-        k: ("***" if (k in secret_names or "TOKEN" in k or "SECRET" in k or "PASSWORD" in k) else v)
-        for k, v in env.items()
-    }
+    """A copy of an environment mapping safe to write into a run record: secrets become ``***``."""
+    return {k: ("***" if is_secret_var(k, str(v)) else v) for k, v in env.items()}

@@ -1,7 +1,10 @@
-"""One way to talk to the user: tables and progress on stderr, results (``--json``) on stdout.
+"""One way to talk to the user: results on stdout, progress and status on stderr.
 
-Keeping machine output on stdout and everything human on stderr means
-``trnqwen ... --json | jq`` always works.  rich is imported lazily.
+Results a user may pipe (``--json``, a final verdict line, the paths a command wrote) go to
+stdout through :func:`print_json`, :func:`result` and :func:`table`; progress, status and
+warnings go to stderr through :func:`info` and :func:`warn`, so ``trnqwen ... --json | jq``
+always works.  A stream that is not a terminal (a redirected log, CI) is never hard-wrapped at
+80 columns: a line stays one line (``4.1 MiB`` never splits).  rich is imported lazily.
 """
 
 from __future__ import annotations
@@ -20,7 +23,17 @@ def console(stderr: bool = True):
     from rich.console import Console
 
     no_color = bool(os.environ.get("NO_COLOR") or os.environ.get("TRNQWEN_NO_COLOR"))
-    return Console(stderr=stderr, no_color=no_color, highlight=False, soft_wrap=False)
+    con = Console(stderr=stderr, no_color=no_color, highlight=False, soft_wrap=False)
+    if not con.is_terminal:
+        # rich would wrap at 80 columns here; a log file or a pipe wants whole lines
+        con.soft_wrap = True
+        if not os.environ.get("COLUMNS"):
+            con.width = NON_TERMINAL_WIDTH
+    return con
+
+
+# Width for tables and rules when the stream is not a terminal: wide enough that no cell is cut.
+NON_TERMINAL_WIDTH = 160
 
 
 def print_json(payload: Any) -> None:
@@ -28,6 +41,11 @@ def print_json(payload: Any) -> None:
     text = json.dumps(payload, indent=2, default=str, sort_keys=False)
     sys.stdout.write(redact(text) + "\n")
     sys.stdout.flush()
+
+
+def result(message: str) -> None:
+    """One result line on stdout (a verdict, a path written): what a script reads or pipes."""
+    console(stderr=False).print(redact(message), markup=False)
 
 
 def info(message: str) -> None:

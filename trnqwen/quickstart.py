@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -85,6 +86,7 @@ class Stage:
     seconds: float = 0.0
     detail: str = ""
     error: Optional[str] = None
+    skipped: Optional[str] = None  # why the stage did not run (it is not a failure)
 
 
 @dataclass
@@ -154,8 +156,8 @@ class Progress:
 
         from trnqwen import output
 
-        mark = "[green]ok[/green]" if stage.ok else "[red]FAILED[/red]"
-        text = escape(stage.detail if stage.ok else (stage.error or stage.detail))
+        mark = "[yellow]skipped[/yellow]" if stage.skipped else "[green]ok[/green]" if stage.ok else "[red]FAILED[/red]"
+        text = escape(stage.skipped or (stage.detail if stage.ok else (stage.error or stage.detail)))
         output.console().print(f"      {mark} {text} [dim]({stage.seconds:.1f}s)[/dim]")
 
     def note(self, text: str) -> None:
@@ -340,7 +342,7 @@ def verify_checkpoint(stage: str, checkpoint_dir: Path, assets: Path, *, round_t
         "problems": report.problems,
     }
     if not report.ok:
-        raise StageFailed(stage, "; ".join(report.problems), hint=f"trnqwen verify-ckpt {checkpoint_dir}")
+        raise StageFailed(stage, "; ".join(report.problems), hint=shlex.join(["trnqwen", "verify-ckpt", str(checkpoint_dir)]))
     return summary
 
 
@@ -361,6 +363,10 @@ def override_example_dir() -> Optional[Path]:
     """``examples/torch_rope`` of the source tree trnqwen runs from (None in a wheel install)."""
     folder = Path(__file__).resolve().parent.parent / "examples" / "torch_rope"
     return folder if (folder / (OVERRIDE_EXAMPLE.split(".")[0] + ".py")).is_file() else None
+
+
+OVERRIDE_SKIPPED = ("examples/torch_rope is not installed (a wheel ships no examples/); "
+                    "run the quickstart from a source checkout for the custom-kernel stage")
 
 
 def check_override_ran(info: RunInfo, inspection: Any, num_layers: int, reference: Optional[RunInfo]) -> str:
@@ -491,7 +497,7 @@ def run_quickstart(
     result = QuickstartResult(workdir=str(workdir), device=device)
     status = progress if status is None else status
     example = override_example_dir()
-    n_stages = 4 + 2 * len(backends) + 1 + (example is not None)
+    n_stages = 4 + 2 * len(backends) + 2
     prog = Progress(progress, n_stages)
     assets = workdir / "assets" / "tiny-qwen3"
     pretrained = workdir / "assets" / "tiny-qwen3-pretrained"
@@ -502,11 +508,13 @@ def run_quickstart(
         runs_dir=runs_dir, warmup_steps=1, seed=42,
     )
 
-    def stage(name: str, what: str, fn: Callable[[], Any]) -> Any:
+    def stage(name: str, what: str, fn: Callable[[], Any], skipped: Optional[str] = None) -> Any:
         prog.start(name, what)
-        st = Stage(name=name)
+        st = Stage(name=name, skipped=skipped, ok=skipped is not None)
         t0 = time.monotonic()
         try:
+            if skipped is not None:  # shown as skipped, with the reason, in its place
+                return None
             value = fn()
             st.ok = True
             if isinstance(value, tuple):
@@ -599,6 +607,8 @@ def run_quickstart(
 
             result.runs["override"] = ov
             stage("override", f"native fine-tune with --override-imports {OVERRIDE_EXAMPLE}", override)
+        else:
+            stage("override", f"native fine-tune with --override-imports {OVERRIDE_EXAMPLE}", None, OVERRIDE_SKIPPED)
 
         for backend in backends:
             info = result.runs[backend]
@@ -618,7 +628,7 @@ def run_quickstart(
             errors = [(label, f) for label, info in result.runs.items() for f in info.findings if f.get("severity") == "error"]
             if errors:
                 label, f = errors[0]
-                raise StageFailed("inspect-logs", f"{label}: {f.get('message')}", hint=f"trnqwen inspect-logs {result.runs[label].run_dir}")
+                raise StageFailed("inspect-logs", f"{label}: {f.get('message')}", hint=shlex.join(["trnqwen", "inspect-logs", str(result.runs[label].run_dir)]))
             result.comparison = compare_losses(result.runs)
             plot = write_loss_plot(result.runs, workdir / PLOT_FILE)
             result.files["loss_plot"] = str(plot)

@@ -72,11 +72,35 @@ def point_last(runs_dir: Path, run_id: str) -> None:
     write_text_atomic(Path(runs_dir) / LAST_POINTER, run_id + "\n")
 
 
+def read_last_pointer(runs_dir: Path) -> Optional[str]:
+    """The run id ``LAST`` names, or None.  A pointer that is not a short UTF-8 run name (binary
+    garbage, another path, unreadable) is ignored with a warning: the newest run is used instead."""
+    pointer = Path(runs_dir) / LAST_POINTER
+    if not pointer.exists() and not pointer.is_symlink():
+        return None
+    try:
+        name = pointer.read_bytes()[:4096].decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else (exc.strerror or str(exc))
+        _warn(f"ignoring {pointer} ({why}); using the newest run instead")
+        return None
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        _warn(f"ignoring {pointer} (it does not name a run); using the newest run instead")
+        return None
+    return name
+
+
+def _warn(message: str) -> None:
+    from trnqwen import output
+
+    output.warn(message)
+
+
 def last_run_dir(runs_dir: Path) -> Optional[Path]:
     """The newest run directory, or None when there has been no run."""
-    pointer = runs_dir / LAST_POINTER
-    if pointer.is_file():
-        candidate = runs_dir / pointer.read_text().strip()
+    name = read_last_pointer(runs_dir)
+    if name is not None:
+        candidate = runs_dir / name
         if (candidate / RUN_RECORD).is_file():
             return candidate
     runs = sorted((p for p in runs_dir.glob("*") if (p / RUN_RECORD).is_file()), key=lambda p: p.stat().st_mtime)

@@ -180,8 +180,22 @@ def render_root_help() -> Optional[str]:
 # --- the error edge ---------------------------------------------------------------------------
 
 
+DEBUG_ON = ("1", "true", "yes")
+
+
 def _debug() -> bool:
-    return os.environ.get("TRNQWEN_DEBUG", "") not in ("", "0", "false", "no")
+    """TRNQWEN_DEBUG=1/true/yes (any case) shows tracebacks; anything else (off, 0, no) does not."""
+    return os.environ.get("TRNQWEN_DEBUG", "").strip().lower() in DEBUG_ON
+
+
+def _print_traceback(exc: BaseException) -> None:
+    """The traceback for TRNQWEN_DEBUG, redacted; the exit code stays the one without debugging."""
+    import traceback
+
+    from trnqwen.errors import redact
+
+    sys.stderr.write(redact("".join(traceback.format_exception(exc))))
+    sys.stderr.flush()
 
 
 def report_error(message: str, hint: str | None, problems: list[str] | None = None) -> None:
@@ -233,9 +247,21 @@ def _trnqwen_error(exc) -> int:
 def _interrupted(exc: BaseException) -> int:
     from trnqwen.errors import EXIT_SIGINT
 
+    _ignore_further_interrupts()
     sys.stderr.write("Interrupted.\n")
     _exit_past_blocked_threads(EXIT_SIGINT)
     return EXIT_SIGINT
+
+
+def _ignore_further_interrupts() -> None:
+    """We are already exiting with 130: a second (or late-delivered) SIGINT during the exit must
+    not raise a KeyboardInterrupt over the SystemExit, which makes Python kill itself with SIGINT
+    (exit -2 to the parent) instead of exiting 130."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _broken_pipe(exc: BaseException) -> int:
@@ -267,7 +293,7 @@ def _internal_error(exc: BaseException) -> int:
 
 
 def _error_table() -> list[tuple[type, Callable[[Any], int], bool]]:
-    """The one map from error type to output and exit code: (type, handler, re-raised under
+    """The one map from error type to output and exit code: (type, handler, traceback shown under
     TRNQWEN_DEBUG=1).  The first matching row wins, so subclasses come before their bases."""
     from trnqwen.errors import TrnqwenError
 
@@ -310,10 +336,13 @@ def main(argv: list[str] | None = None) -> None:
         app = build_app(args[0] if args and (args[0] in COMMANDS or args[0] in GROUPS) else None)
         rv = app(args=args, prog_name="trnqwen", standalone_mode=False)
     except (KeyboardInterrupt, Exception) as exc:
-        handler, debug_raises = next((h, d) for kind, h, d in _error_table() if isinstance(exc, kind))
-        if debug_raises and _debug():
-            raise
-        sys.exit(handler(exc))
+        handler, debug_shows = next((h, d) for kind, h, d in _error_table() if isinstance(exc, kind))
+        if debug_shows and _debug():
+            _print_traceback(exc)
+        code = handler(exc)
+        if code == EXIT_SIGINT:  # a run stopped by Ctrl-C (TrnqwenError 130) exits 130 too
+            _ignore_further_interrupts()
+        sys.exit(code)
     if rv == EXIT_SIGINT:  # typer turns Ctrl-C inside a command into a return value of 130
         _interrupted(KeyboardInterrupt())
     sys.exit(rv if isinstance(rv, int) else 0)

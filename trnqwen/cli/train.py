@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -220,6 +221,8 @@ def train(
         write_config_module(plan, export_config)
     if show_only:
         _print_plan(plan, json_out=json_out, exported=export_config)
+        if dry_run and not plan.preflight.ok:  # a CI gate built on --dry-run must see the refusal
+            _raise_would_not_start(plan.preflight)
         return
     _print_findings(plan.preflight, quiet_info=json_out, notes=plan.job.notes)
     plan.preflight.raise_for_errors()  # before announcing a run (and a log path) that will not exist
@@ -327,6 +330,18 @@ def _print_plan(plan, *, json_out: bool, exported: Optional[Path]) -> None:
     )
 
 
+def _raise_would_not_start(report) -> None:
+    """Exit 1 with every finding that stops the run (the table above lists them with their fixes)."""
+    from trnqwen.errors import CheckFailed
+
+    errors = report.errors
+    hints = [f.hint for f in errors if f.hint]
+    raise CheckFailed(
+        "dry run: would NOT start: " + "; ".join(f.message for f in errors),
+        hint="; ".join(dict.fromkeys(hints)) or None,
+    )
+
+
 def _print_outcome(outcome) -> None:
     from trnqwen import output
 
@@ -342,6 +357,8 @@ def _print_outcome(outcome) -> None:
     if r.seconds_per_step is not None:
         bits.append(f"{r.seconds_per_step:.2f}s/step")
     output.info("train: " + ", ".join(bits))
+    # the paths written are the result a script pipes: stdout; the summary above is status: stderr
     if outcome.exported is not None:
-        output.info(f"HF checkpoint: {outcome.exported}  (check it: trnqwen verify-ckpt {outcome.exported.parent})")
-    output.info(f"run dir: {outcome.plan.run_dir}")
+        output.result(f"HF checkpoint: {outcome.exported}")
+        output.info("check it: " + shlex.join(["trnqwen", "verify-ckpt", str(outcome.exported.parent)]))
+    output.result(f"run dir: {outcome.plan.run_dir}")

@@ -81,10 +81,18 @@ def verify_ckpt(
     json_out: JsonOpt = False,
 ) -> None:
     """Verify an exported HF checkpoint."""
+    import math
+
     from trnqwen import output
+    from trnqwen.errors import UsageError
     from trnqwen.ckpt.report import run_verify
     from trnqwen.config import resolve_config
 
+    if not math.isfinite(max_rel_change) or max_rel_change < 0:
+        raise UsageError(
+            f"--max-rel-change must be a finite number >= 0, got {max_rel_change}",
+            hint="e.g. --max-rel-change 1.0 (a tensor that moved more than 1x its norm has exploded)",
+        )
     resolved = resolve_config(given(model=model, device=device, trust_remote_code=trust_remote_code), config_file=config_file)
     for w in resolved.warnings:
         output.warn(w)

@@ -25,6 +25,7 @@ class DeviceInfo:
     memory_bytes_per_rank: Optional[int] = None  # HBM per logical core / GPU memory; None on CPU
     instance_type: Optional[str] = None
     peak_flops_per_rank: Optional[float] = None  # bf16 peak, for MFU
+    host_memory_bytes: Optional[int] = None  # host RAM the ranks of one node share (cgroup limit if lower)
 
 
 def device_from_facts(requested: str, nf: NeuronFacts, cf: CudaFacts) -> DeviceInfo:
@@ -65,6 +66,26 @@ def detect_device(requested: str = "auto", *, ctx: Optional[ProbeContext] = None
     requested = (requested or "auto").lower()
     nf = neuron_facts(ctx) if requested in ("auto", "neuron") else NeuronFacts()
     cf = cuda_facts(ctx) if requested in ("auto", "cuda") and nf.logical_cores == 0 else CudaFacts()
-    return device_from_facts(requested, nf, cf)
+    device = device_from_facts(requested, nf, cf)
+    device.host_memory_bytes = host_memory_bytes()
+    return device
+
+
+def host_memory_bytes() -> Optional[int]:
+    """This machine's RAM for the ranks: psutil's total, or the cgroup (container) limit if lower."""
+    try:
+        import psutil
+
+        total = int(psutil.virtual_memory().total)
+    except Exception:
+        return None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(limit_file, encoding="ascii").read().strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text.isdigit() and 0 < int(text) < total:
+            return int(text)
+    return total
 
 

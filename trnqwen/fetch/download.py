@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import threading
 import time
 from contextlib import contextmanager
@@ -106,7 +107,7 @@ def fetch(
     local_dir = Path(local_dir).expanduser().absolute()
     if is_builtin(repo_id):
         if revision or include or exclude:
-            raise UsageError("built-in models have no revisions and no file filters", hint=f"run: trnqwen fetch {repo_id}")
+            raise UsageError("built-in models have no revisions and no file filters", hint="run: " + shlex.join(["trnqwen", "fetch", repo_id]))
         result = fetch_builtin(repo_id, local_dir, dry_run=dry_run, keep_free=keep_free)
         result.seconds = round(time.monotonic() - started, 3)
         return result

@@ -7,6 +7,7 @@ Every check is a small function of (:class:`~trnqwen.logs.parse.ParsedLog`,
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -454,10 +455,22 @@ def root_cause(log: ParsedLog) -> Optional[dict]:
     return None
 
 
+# A rank or torchrun stopped by Ctrl-C / SIGTERM: the "root cause" is the signal, not a crash.
+_INTERRUPT = re.compile(r"^(KeyboardInterrupt\b|\S*SignalException: Process \d+ got signal: (2|15)\b)")
+
+
 def _check_crash(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     out = []
     cause = root_cause(log)
     failure = log.torchrun_failure
+    if cause is not None and _INTERRUPT.match(cause["text"]):
+        record = ctx.record
+        how = record.ended_by if record is not None and record.ended_by in ("SIGINT", "SIGTERM") else (
+            "SIGTERM" if cause["text"].rstrip().endswith("15") else "SIGINT (Ctrl-C)")
+        lines = [x for x in (cause.get("traceback_start"), cause["line"]) if x]
+        out.append(Finding("warning", "interrupted", f"the run was interrupted by {how}, not crashed "
+                           f"({len(log.steps)} step(s) logged)", lines))
+        return out
     if cause is not None:
         who = f"rank {cause['rank']}" if cause["rank"] is not None else "the launcher"
         lines = [x for x in (cause.get("traceback_start"), cause["line"]) if x]

@@ -481,6 +481,48 @@ def supervise(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     result = LaunchResult(exit_code=EXIT_FAILED, ended_by="launch error")
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        received.append(signum)  # a second signal of any kind means "stop now"
+
+    # The handlers go in BEFORE torchrun starts and come out only after the sweep: a Ctrl-C at any
+    # moment in between (even while ranks spawn, or run.json is written) is a stop request
+    # handled below, never a KeyboardInterrupt that skips the forwarding and the record.
+    previous: dict[int, Any] = {}
+    if handle_signals and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+    try:
+        return _run_supervised(
+            argv, full_env=full_env, cwd=cwd, log_path=log_path, rank_log_dir=rank_log_dir, status=status,
+            grace_s=grace_s, echo=echo, on_step=on_step, on_start=on_start, start=start, result=result,
+            received=received,
+        )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run_supervised(
+    argv: Sequence[str],
+    *,
+    full_env: dict[str, str],
+    cwd: Optional[Path],
+    log_path: Path,
+    rank_log_dir: Optional[Path],
+    status: Optional[StatusLine],
+    grace_s: float,
+    echo: Optional[Callable[[str], None]],
+    on_step: Optional[Callable[[dict], None]],
+    on_start: Optional[Callable[[int], None]],
+    start: float,
+    result: LaunchResult,
+    received: list[int],
+) -> LaunchResult:
+    """:func:`supervise` with its signal handlers in place: start, watch, stop, sweep, report."""
+    if received:  # stopped before torchrun started: start nothing
+        return _ended_by_signal(result, received[0], start)
     try:
         proc = subprocess.Popen(
             [str(a) for a in argv],
@@ -495,10 +537,7 @@ def supervise(
     except OSError as exc:
         result.error = f"could not start torchrun: {exc}"
         return result
-    if on_start is not None:
-        on_start(proc.pid)
     tracker = _Tracker(proc.pid)
-    received: list[int] = []
     tail: list[str] = []
     lines_seen: list[str] = []  # bounded: early lines (tracebacks come first) + a tail
     max_kept = 5000
@@ -540,7 +579,6 @@ def supervise(
                         on_step(metrics)
 
     thread = threading.Thread(target=reader, name="trnqwen-log-reader", daemon=True)
-    thread.start()
 
     def forward(sig: int, *, ranks_too: bool) -> None:
         """To torchrun's process group; with ``ranks_too`` also to every process it started."""
@@ -552,17 +590,12 @@ def supervise(
             tracker.refresh()
             tracker.signal_all(sig)
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        received.append(signum)  # a second signal of any kind means "stop now"
-
-    previous: dict[int, Any] = {}
-    if handle_signals and threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, on_signal)
-
     forwarded = False
     kill_at: Optional[float] = None
     try:
+        thread.start()
+        if on_start is not None:
+            on_start(proc.pid)
         next_refresh = 0.0
         while proc.poll() is None:
             if time.monotonic() >= next_refresh:
@@ -595,8 +628,6 @@ def supervise(
             forward(signal.SIGKILL, ranks_too=True)
             proc.wait()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         # No orphans: ranks live in their own sessions, so sweep what we saw.
         survivors = tracker.alive()
         if survivors:
@@ -611,16 +642,15 @@ def supervise(
             except (ProcessLookupError, PermissionError):
                 pass
             proc.wait()
-        thread.join(timeout=10)
+        if thread.ident is not None:  # started
+            thread.join(timeout=10)
         if status is not None:
             status.clear()
 
     result.torchrun_returncode = proc.returncode
     result.wall_s = time.monotonic() - start
     if received:
-        first = received[0]
-        result.ended_by = signal.Signals(first).name
-        result.exit_code = EXIT_SIGINT if first == signal.SIGINT else EXIT_SIGTERM
+        _ended_by_signal(result, received[0], start)
     elif proc.returncode == 0:
         result.ended_by = "completed"
         result.exit_code = 0
@@ -633,4 +663,11 @@ def supervise(
             how = f"killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals() else f"exit code {rc}"
             result.error = f"torchrun ended with {how} and no error message from the ranks"
         result.error = redact(result.error)
+    return result
+
+
+def _ended_by_signal(result: LaunchResult, sig: int, start: float) -> LaunchResult:
+    result.ended_by = signal.Signals(sig).name
+    result.exit_code = EXIT_SIGINT if sig == signal.SIGINT else EXIT_SIGTERM
+    result.wall_s = time.monotonic() - start
     return result

@@ -13,6 +13,7 @@ the devices present, and a per-rank memory estimate against the device's memory.
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -20,8 +21,16 @@ from typing import TYPE_CHECKING, Any, Optional
 from trnqwen import assets
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.fsutil import free_bytes
+from trnqwen.train.memory import (  # noqa: F401  (count_params, estimate_memory: re-exported)
+    GIB,
+    HostMemoryEstimate,
+    MemoryEstimate,
+    count_params,
+    estimate_host_memory,
+    estimate_memory,
+)
+from trnqwen.train.memory import size as _size
 from trnqwen.train.topology import PARALLELISM, Topology
-from trnqwen.units import format_bytes
 
 if TYPE_CHECKING:
     from trnqwen.config import RunConfig
@@ -32,9 +41,11 @@ ERROR = "error"
 WARNING = "warning"
 INFO = "info"
 
-GIB = 1024**3
 NKI_ROPE_TILE = 128
 MEMORY_WARN_FRACTION = 0.9
+# CPU ranks beyond this many per core are refused: they would only thrash (and each holds a
+# whole runtime in RAM); up to it, more ranks than cores is a warning.
+CPU_RANKS_PER_CORE_LIMIT = 4
 
 
 @dataclass
@@ -46,45 +57,10 @@ class Finding:
 
 
 @dataclass
-class MemoryEstimate:
-    """Bytes per rank; an upper-ish estimate without activation checkpointing."""
-
-    params: int
-    grads: int
-    optimizer: int
-    activations: int
-    logits: int
-    gathered: int  # FSDP all-gathered layer parameters in flight (bf16, prefetch of two layers)
-    capacity: Optional[int] = None
-    num_params: Optional[int] = None
-    shards: int = 1
-
-    @property
-    def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.activations + self.logits + self.gathered
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["total"] = self.total
-        return out
-
-    def describe(self) -> str:
-        parts = (
-            f"params {_size(self.params)} + grads {_size(self.grads)} + AdamW m+v {_size(self.optimizer)} + "
-            f"activations {_size(self.activations)} + logits {_size(self.logits)} + all-gathered {_size(self.gathered)}"
-        )
-        cap = f" of {_size(self.capacity)}" if self.capacity else ""
-        return f"~{_size(self.total)} per rank{cap} ({parts})"
-
-
-def _size(n: int) -> str:
-    return format_bytes(n, digits=2 if n >= GIB else 1, smallest="MiB", largest="GiB")
-
-
-@dataclass
 class PreflightReport:
     findings: list[Finding] = field(default_factory=list)
     memory: Optional[MemoryEstimate] = None
+    host_memory: Optional[HostMemoryEstimate] = None
     dp: Optional[int] = None
     grad_accum_steps: Optional[int] = None
     world_size: Optional[int] = None
@@ -109,6 +85,7 @@ class PreflightReport:
             "ok": self.ok,
             "findings": [asdict(f) for f in self.findings],
             "memory": self.memory.as_dict() if self.memory else None,
+            "host_memory": self.host_memory.as_dict() if self.host_memory else None,
             "world_size": self.world_size,
             "dp": self.dp,
             "grad_accum_steps": self.grad_accum_steps,
@@ -125,7 +102,7 @@ class PreflightReport:
         raise cls(message, hint="; ".join(dict.fromkeys(hints)) or None)
 
 
-USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset", "outputs"}
+USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset", "outputs", "override-imports"}
 
 
 # --- the checks ---------------------------------------------------------------------------
@@ -133,7 +110,7 @@ USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset",
 
 def check_assets(report: PreflightReport, cfg: Any, assets_dir: Path) -> Optional[dict[str, Any]]:
     """config.json, tokenizer files, and (fine-tuning) every safetensors shard (:mod:`trnqwen.assets`)."""
-    fetch_hint = f"run `trnqwen fetch {cfg.model}` or pass --assets DIR with the model's HF files"
+    fetch_hint = f"run `{shlex.join(['trnqwen', 'fetch', str(cfg.model)])}` or pass --assets DIR with the model's HF files"
     for problem in assets.folder_problems(assets_dir, weights=bool(cfg.finetune)):
         report.add(ERROR, "assets", problem.message, fetch_hint + problem.alternative)
     return assets.read_config_json(assets_dir)
@@ -156,6 +133,34 @@ def check_seq_len(report: PreflightReport, cfg: RunConfig, device: DeviceInfo) -
             f"seq_len {cfg.seq_len} is not a multiple of {tile} (128 x LNC {lnc}), which the NKI RoPE kernel requires",
             f"use --seq-len {lower} or {lower + tile}",
         )
+
+
+def _has_rope_scaling(hf_config: dict[str, Any]) -> bool:
+    """config.json extends the context with RoPE scaling (yarn, linear, dynamic, ...)."""
+    scaling = hf_config.get("rope_scaling")
+    if isinstance(scaling, dict) and scaling:
+        return True
+    params = hf_config.get("rope_parameters")
+    return isinstance(params, dict) and params.get("rope_type", "default") not in ("default", None)
+
+
+def check_context(report: PreflightReport, cfg: RunConfig, hf_config: Optional[dict[str, Any]]) -> None:
+    """--seq-len past the model's context (max_position_embeddings) without RoPE scaling."""
+    if not hf_config:
+        return
+    try:
+        limit = int(hf_config.get("max_position_embeddings") or 0)
+    except (TypeError, ValueError):
+        return
+    if limit <= 0 or cfg.seq_len <= limit or _has_rope_scaling(hf_config):
+        return
+    report.add(
+        ERROR,
+        "seq_len",
+        f"--seq-len {cfg.seq_len} is longer than the model's context: {limit} tokens "
+        "(max_position_embeddings in config.json, no RoPE scaling)",
+        f"use --seq-len {limit} or less",
+    )
 
 
 def check_topology(report: PreflightReport, topo: Topology) -> None:
@@ -192,7 +197,15 @@ def check_ranks(report: PreflightReport, device: DeviceInfo, nproc_per_node: int
         )
     if dtype == "cpu":
         cpus = os.cpu_count() or 1
-        if nproc_per_node > cpus:
+        if nproc_per_node > CPU_RANKS_PER_CORE_LIMIT * cpus:
+            report.add(
+                ERROR,
+                "ranks",
+                f"{nproc_per_node} CPU ranks on a {cpus}-core host: more than {CPU_RANKS_PER_CORE_LIMIT} per core "
+                "cannot make progress",
+                f"use --nproc-per-node {cpus} (one rank per core) or fewer",
+            )
+        elif nproc_per_node > cpus:
             report.add(
                 WARNING,
                 "ranks",
@@ -241,57 +254,6 @@ def check_outputs(report: PreflightReport, cfg: RunConfig, job: TrainJob) -> Non
 # --- memory ---------------------------------------------------------------------------------
 
 
-def count_params(dims: Any) -> int:
-    """Parameters of a Qwen3 (dense or MoE) from its dims (embeddings, attention, FFN, norms)."""
-    h, hd = dims.dim, dims.head_dim
-    attn = h * dims.n_heads * hd + 2 * h * dims.n_kv_heads * hd + dims.n_heads * hd * h + 2 * hd
-    if dims.num_experts:
-        ffn = dims.num_experts * 3 * h * (dims.moe_ffn_dim or 0) + h * dims.num_experts
-    else:
-        ffn = 3 * h * (dims.ffn_dim or 4 * h)
-    per_layer = attn + ffn + 2 * h
-    embed = dims.vocab_size * h * (1 if dims.tied else 2)
-    return dims.n_layers * per_layer + embed + h
-
-
-def estimate_memory(
-    dims: Any,
-    cfg: RunConfig,
-    dp: int,
-    *,
-    capacity: Optional[int] = None,
-    num_params: Optional[int] = None,
-) -> MemoryEstimate:
-    """Per-rank bytes under FSDP (``dp_shard``) x TP, AdamW, no activation checkpointing.
-
-    * parameters fp32 (4 B), gradients fp32 (4 B), AdamW m + v fp32 (8 B): sharded over
-      FSDP x TP ranks;
-    * activations: ~34 bytes x seq x batch x hidden per layer in bf16 (the Megatron estimate
-      with fused attention), split by TP (sequence parallel);
-    * logits + their gradient in fp32 (vocab x seq x batch x 8 B), split by TP;
-    * parameters of two layers all-gathered in bf16 at a time (FSDP prefetch).
-    """
-    n = int(num_params or count_params(dims))
-    shards = max(1, dp * cfg.tp)
-    params = 4 * n // shards
-    tokens = cfg.seq_len * cfg.local_batch_size
-    activations = 34 * tokens * dims.dim * dims.n_layers // cfg.tp
-    logits = 8 * tokens * dims.vocab_size // cfg.tp
-    per_layer = max(0, n - dims.vocab_size * dims.dim * (1 if dims.tied else 2)) // max(1, dims.n_layers)
-    gathered = 2 * 2 * per_layer // cfg.tp if shards > 1 else 0
-    return MemoryEstimate(
-        params=params,
-        grads=params,
-        optimizer=2 * params,
-        activations=activations,
-        logits=logits,
-        gathered=gathered,
-        capacity=capacity,
-        num_params=n,
-        shards=shards,
-    )
-
-
 def _dims_for(cfg: RunConfig, hf_config: dict[str, Any]) -> Any:
     from trnqwen.train.compat import FlavorDims, dims_from_hf_config
 
@@ -309,7 +271,15 @@ def check_memory(
     dp: int,
     hf_config: Optional[dict[str, Any]],
     num_params: Optional[int] = None,
+    *,
+    ranks_per_node: int = 1,
+    exports: bool = False,
 ) -> None:
+    """Device memory per rank against HBM / GPU memory, host RAM of all ranks against the node's.
+
+    Beyond the capacity is an error; above 90 % of it a warning.  On CPU the device is host RAM,
+    so only the host budget (which includes the training state) is checked.
+    """
     if not hf_config:
         return
     try:
@@ -317,32 +287,123 @@ def check_memory(
     except (KeyError, TypeError, ValueError):
         report.add(WARNING, "memory", "cannot estimate memory: config.json lacks the usual Qwen3 fields")
         return
-    capacity = device.memory_bytes_per_rank
+    on_host = device.type == "cpu"
+    capacity = None if on_host else device.memory_bytes_per_rank
     if cfg.backend == "nki-moe":
         num_params = None  # the job's count is the cut model's only if the recipe says so
     est = estimate_memory(dims, cfg, dp, capacity=capacity, num_params=num_params)
     report.memory = est
-    if capacity and est.total > MEMORY_WARN_FRACTION * capacity:
-        report.add(
-            WARNING,
-            "memory",
-            f"estimated {est.describe()} will likely not fit",
-            "lower --seq-len or --local-batch-size, raise --tp, or use more ranks",
-        )
+    host = estimate_host_memory(
+        est, cfg, hf_config, device_type=device.type, ranks_per_node=ranks_per_node,
+        exports=exports, capacity=device.host_memory_bytes,
+    )
+    report.host_memory = host
+    fix = "lower --seq-len or --local-batch-size, raise --tp, or use more ranks"
+    if not on_host:
+        _against(report, "memory", est.total, capacity, f"estimated {est.describe()}", fix)
+    host_fix = (
+        "use fewer ranks per node (--nproc-per-node), lower --seq-len or --local-batch-size, or a host with more RAM"
+        if on_host else "use fewer ranks per node (--nproc-per-node) or a host with more RAM"
+    )
+    _against(report, "host-memory", host.per_node, host.capacity, f"estimated {host.describe()}", host_fix)
+
+
+def _against(report: PreflightReport, check: str, need: int, capacity: Optional[int], text: str, fix: str) -> None:
+    if capacity and need > capacity:
+        report.add(ERROR, check, f"{text}: does not fit", fix)
+    elif capacity and need > MEMORY_WARN_FRACTION * capacity:
+        report.add(WARNING, check, f"{text}: will likely not fit", fix)
     else:
-        report.add(INFO, "memory", f"estimated {est.describe()}")
+        report.add(INFO, check, text)
+
+
+# --- override imports -------------------------------------------------------------------------
+
+
+def locate_module(name: str, search_path: list[str]) -> Optional[str]:
+    """None when module ``name`` can be found, else the first dotted part that cannot.
+
+    Nothing is imported: not the module, not its parent packages' ``__init__`` (which may import
+    torch or a Neuron SDK); only the finders look at the file system.
+    """
+    import importlib.machinery
+    import sys
+
+    parts = name.split(".")
+    if not all(p.isidentifier() for p in parts):
+        return name
+    top = parts[0]
+    spec = importlib.machinery.PathFinder.find_spec(top, search_path)
+    if spec is None and top in sys.builtin_module_names:
+        return None if len(parts) == 1 else ".".join(parts[:2])
+    if spec is None:  # installed through a meta-path hook (editable installs): ask the finders
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            try:
+                spec = find(top, None) if find is not None else None
+            except Exception:
+                spec = None
+            if spec is not None:
+                break
+    if spec is None:
+        return top
+    for i in range(1, len(parts)):
+        locations = list(spec.submodule_search_locations or [])
+        if not locations:
+            return ".".join(parts[: i + 1])
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), locations)
+        if spec is None:
+            return ".".join(parts[: i + 1])
+    return None
+
+
+def check_override_imports(report: PreflightReport, cfg: RunConfig, search_path: list[str]) -> None:
+    """Every ``--override-imports`` target names a module the ranks can import (``pkg.mod`` or
+    ``pkg.mod.factory``): a typo is one line now, not a ModuleNotFoundError in every rank."""
+    for target in cfg.override_imports or []:
+        dotted = target.split("=", 1)[0].strip()
+        missing = locate_module(dotted, search_path)
+        if missing is None:
+            continue
+        module, _, _factory = dotted.rpartition(".")
+        if module and locate_module(module, search_path) is None:
+            continue  # pkg.mod exists; the last part is a factory in it
+        report.add(
+            ERROR,
+            "override-imports",
+            f"--override-imports {dotted}: no module named '{missing}' (looked in the working folder and the Python path)",
+            "check the spelling, run from the folder that holds the module, or add its folder to PYTHONPATH",
+        )
 
 
 def preflight(
-    cfg: RunConfig, device: DeviceInfo, job: TrainJob, topo: Topology, *, assets_dir: Optional[Path] = None
+    cfg: RunConfig,
+    device: DeviceInfo,
+    job: TrainJob,
+    topo: Topology,
+    *,
+    assets_dir: Optional[Path] = None,
+    search_path: Optional[list[str]] = None,
 ) -> PreflightReport:
-    """Run every check; nothing is started and nothing heavy is imported."""
+    """Run every check; nothing is started and nothing heavy is imported.
+
+    ``search_path`` is where the ranks will look for ``--override-imports`` modules (their
+    working folder and PYTHONPATH, then this interpreter's path).
+    """
+    import sys
+
     report = PreflightReport()
     hf_config = check_assets(report, cfg, Path(assets_dir or cfg.resolved_assets_dir))
     check_seq_len(report, cfg, device)
+    check_context(report, cfg, hf_config)
     check_topology(report, topo)
     check_ranks(report, device, topo.nproc_per_node)
     check_outputs(report, cfg, job)
+    check_override_imports(report, cfg, search_path if search_path is not None else [os.getcwd(), *sys.path])
     if topo.problem(PARALLELISM) is None:
-        check_memory(report, cfg, device, topo.dp, hf_config, job.num_params)
+        exports = bool(cfg.resolved_export_hf and job.checkpoint_dir)
+        check_memory(
+            report, cfg, device, topo.dp, hf_config, job.num_params,
+            ranks_per_node=topo.nproc_per_node, exports=exports,
+        )
     return report

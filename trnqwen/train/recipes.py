@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -221,7 +222,7 @@ def _plan_native(plan: Plan) -> None:
         if guess not in flavors:
             raise UsageError(
                 f"cannot tell the architecture of {plan.cfg.model}: no config.json and no registered flavor in its name",
-                hint=f"trnqwen fetch {plan.cfg.model} first",
+                hint=f"{shlex.join(['trnqwen', 'fetch', str(plan.cfg.model)])} first",
             )
         plan.flavor = guess
         plan.dims = flavors[guess]

@@ -52,6 +52,7 @@ NOMINAL_DEVICES = {
     "neuron": DeviceInfo(
         type="neuron", count=64, lnc=2, memory_bytes_per_rank=24 * 1024**3,
         instance_type="trn2.48xlarge (nominal)", peak_flops_per_rank=157e12,
+        host_memory_bytes=2048 * 1024**3,  # trn2.48xlarge: 2 TiB of host memory
     ),
     "cuda": DeviceInfo(type="cuda", count=1),
 }
@@ -236,7 +237,11 @@ def plan_train(
     )
     env = launcher.rank_env(cfg, job, device, run_dir)
     env.update(multinode.multinode_env(device.type, cfg.nnodes))  # EFA on multi-node Neuron; user values win
-    report = preflight(cfg, device, job, topo, assets_dir=_abs(cfg.resolved_assets_dir, cwd))
+    # where the ranks look for --override-imports modules: their cwd (`-m` puts it first), PYTHONPATH
+    rank_path = [str(cwd), *(p for p in env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")).split(os.pathsep) if p)]
+    report = preflight(
+        cfg, device, job, topo, assets_dir=_abs(cfg.resolved_assets_dir, cwd), search_path=[*rank_path, *sys.path]
+    )
     for note in notes:
         report.findings.insert(0, Finding(WARNING, "device", note))
     return TrainPlan(
@@ -510,8 +515,9 @@ def hand_run_command(plan: TrainPlan, module_file: Path) -> str:
     argv = ["torchrun", *full[3:]]  # drop "<python> -m torch.distributed.run"
     env = {k: v for k, v in plan.env.items() if k != "PYTHONPATH"}
     parent = str(module_file.parent.absolute())
-    env["PYTHONPATH"] = parent + "${PYTHONPATH:+:$PYTHONPATH}"
-    prefix = " ".join(f"{k}={v}" for k, v in env.items())
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    # the folder quoted, the shell expansion of an existing PYTHONPATH left to the shell
+    prefix = (prefix + " " if prefix else "") + "PYTHONPATH=" + shlex.quote(parent) + '"${PYTHONPATH:+:$PYTHONPATH}"'
     return redact(f"{prefix} {shlex.join(argv)}")
 
 
