@@ -524,3 +524,232 @@ def test_fetch_blames_the_repo_argument(cli, in_tmp):
     r = cli("fetch", "not a repo id!")
     clean_error(r, 2, "(from argument REPO)")
     assert "--model" not in r.err
+
+
+# =====================================================================================================
+# Issue 18, round two (helper G): what an adversarial new user still broke.  Each case failed before.
+# =====================================================================================================
+
+import re  # noqa: E402
+import shlex  # noqa: E402
+
+B_CPU = [*TINY_CPU, "--nproc-per-node", "1", "--steps", "2", "--seq-len", "128"]
+
+
+def _one_line_with(text: str, *needles: str) -> str:
+    """The single line of ``text`` holding every needle (a redirected stream is never hard-wrapped)."""
+    lines = [line for line in text.splitlines() if all(n in line for n in needles)]
+    assert lines, f"no single line holds {needles}:\n{text}"
+    return lines[0]
+
+
+# --- 1. a dry run that would not start exits 1 ----------------------------------------------------------
+
+
+def test_dry_run_exits_1_when_it_would_not_start(cli, in_tmp, tiny):
+    r = cli("train", *B_CPU, "--dry-run")  # no assets fetched here
+    clean_error(r, 1, "would not start", "model assets not found")
+    assert "dry run: would NOT start" in r.out  # the verdict is still the result on stdout
+    (in_tmp / "a_file").write_text("x\n")
+    r = cli("train", *B_CPU, "--assets", str(tiny), "--finetune", "--checkpoint-dir", str(in_tmp / "a_file"), "--dry-run")
+    clean_error(r, 1, "would not start", "exists and is not a folder")
+    r = cli("train", *B_CPU, "--assets", str(tiny), "--finetune", "--dry-run")
+    assert r.code == 0, r.text
+    assert "dry run: would start" in r.out and "Error" not in r.err
+    assert not (in_tmp / ".trnqwen").exists()  # a dry run writes nothing either way
+
+
+def test_dry_run_with_a_read_only_checkpoint_dir_exits_1(read_only_dir, tiny, tmp_path):
+    r = run_subprocess("train", *B_CPU, "--assets", str(tiny), "--finetune", "--checkpoint-dir",
+                       str(read_only_dir / "ck"), "--dry-run", cwd=tmp_path)
+    clean_error(r, 1, "would not start", "read-only")
+
+
+# --- 2. preflight stops impossible runs ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("extra,needles", [
+    (["--nproc-per-node", "100000"], ["100000 cpu ranks", "cannot make progress"]),
+    (["--seq-len", "1048576"], ["--seq-len 1048576 is longer than the model's context: 2048 tokens"]),
+    (["--seq-len", "2048", "--local-batch-size", "4096"], ["host ram", "does not fit"]),
+], ids=["ranks-beyond-cores", "seq-len-beyond-context", "memory-beyond-host-ram"])
+def test_impossible_runs_are_preflight_errors(cli, in_tmp, tiny, extra, needles):
+    r = cli("train", *B_CPU, "--assets", str(tiny), *extra, "--dry-run")
+    clean_error(r, 1, "would not start", *needles)
+    r = cli("train", *B_CPU, "--assets", str(tiny), *extra)  # and a real run does not start either
+    assert r.code in (1, 2) and "Traceback" not in r.text, r.text
+    assert not list(in_tmp.rglob("run.json"))
+
+
+def test_rope_scaling_lifts_the_context_limit(cli, in_tmp, tiny, tmp_path):
+    scaled = tmp_path / "scaled"
+    import shutil
+
+    shutil.copytree(tiny, scaled)
+    cfg = json.loads((scaled / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
+    (scaled / "config.json").write_text(json.dumps(cfg))
+    r = cli("train", *B_CPU, "--assets", str(scaled), "--seq-len", "4096", "--dry-run", "--json")
+    assert r.code == 0, r.text
+    assert not [f for f in json.loads(r.out)["preflight"]["findings"] if f["check"] == "seq_len"]
+
+
+# --- 3. host memory next to the device estimate ------------------------------------------------------------
+
+
+def test_host_memory_is_reported_next_to_the_device_estimate(cli, in_tmp, tiny):
+    r = cli("train", *B_CPU, "--assets", str(tiny), "--finetune", "--dry-run", "--json")
+    assert r.code == 0, r.text
+    pre = json.loads(r.out)["preflight"]
+    host, device = pre["host_memory"], pre["memory"]
+    assert {f["check"] for f in pre["findings"]} >= {"host-memory"}
+    # CPU: the training state lives in host RAM; fine-tuning reads the whole checkpoint per rank
+    assert host["training"] == device["total"] and host["checkpoint"] > 0 and host["export"] > 0
+    assert host["per_node"] == host["per_rank"] * 1 and host["capacity"] > 0
+
+
+# --- 5. TRNQWEN_DEBUG ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value,traceback", [("off", False), ("0", False), ("no", False), ("maybe", False),
+                                             ("1", True), ("TRUE", True), ("yes", True)])
+def test_debug_only_on_for_1_true_yes_and_never_changes_the_exit_code(cli, in_tmp, monkeypatch, value, traceback):
+    monkeypatch.setenv("TRNQWEN_DEBUG", value)
+    r = cli("train", "--steps", "-1", "--dry-run")
+    assert r.code == 2, r.text  # the same exit code with or without debugging
+    assert ("Traceback" in r.err) is traceback, r.err
+    assert len([line for line in r.err.splitlines() if line.startswith("Error:")]) == 1
+
+
+# --- 6. a corrupt LAST pointer -----------------------------------------------------------------------------
+
+
+def test_corrupt_last_pointer_warns_and_falls_back_to_the_newest_run(cli, in_tmp, tmp_path):
+    from tests.ckpt_fixtures import make_case
+
+    ckpt, assets, _ = make_case(tmp_path / "case")
+    runs = in_tmp / ".trnqwen" / "runs"
+    run = runs / "20260101-000000-native"
+    run.mkdir(parents=True)
+    (run / "train.log").write_bytes(NATIVE_LOG.read_bytes())
+    record = {"run_id": run.name, "run_dir": str(run), "status": "succeeded", "log_path": str(run / "train.log"),
+              "checkpoint_dir": str(ckpt), "assets_dir": str(assets), "backend": "native", "steps": 2}
+    (run / "run.json").write_text(json.dumps(record))
+    (runs / "LAST").write_bytes(b"\xff\xfe\x00garbage\x80\n")
+    for args in (["inspect-logs"], ["verify-ckpt", "--quick"]):
+        r = cli(*args)
+        assert r.code != 70 and "internal error" not in r.text and "UnicodeDecodeError" not in r.text, r.text
+        assert "not UTF-8" in _one_line_with(r.err, "warning", "LAST"), r.err
+        assert run.name in r.text or str(ckpt) in r.text, r.text  # it used the newest run
+    r = cli("verify-ckpt", "--quick")
+    assert r.code == 0, r.text
+
+
+# --- 9. --max-rel-change -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "-0.5"])
+def test_max_rel_change_negative_or_nan_is_a_usage_error(cli, in_tmp, value):
+    r = cli("verify-ckpt", ".", "--compare-to", ".", "--max-rel-change", value)
+    clean_error(r, 2, "--max-rel-change")
+
+
+# --- 10. printed follow-up commands are shell-quoted --------------------------------------------------------
+
+
+def test_fetch_hint_is_shell_quoted(cli, in_tmp):
+    odd = in_tmp / "my models" / "qwen ü"
+    odd.mkdir(parents=True)
+    r = cli("train", "--model", str(odd), "--device", "cpu", "--dry-run")
+    assert r.code == 1, r.text
+    hint = _one_line_with(r.err, "-> run `trnqwen fetch")
+    command = hint.split("`")[1]
+    assert shlex.split(command) == ["trnqwen", "fetch", str(odd)]
+
+
+def test_follow_up_commands_after_a_run_are_quoted_and_results_go_to_stdout(tiny, tmp_path, capsys):
+    from trnqwen.cli.train import _print_outcome
+    from trnqwen.config import resolve_config
+    from trnqwen.train.launcher import LaunchResult
+    from trnqwen.train.run import TrainOutcome, plan_train
+
+    plan = plan_train(resolve_config({"model": "builtin:tiny-qwen3", "device": "cpu", "assets_dir": tiny}),
+                      cwd=tmp_path)
+    step = tmp_path / "ck pt" / "ü" / "step-2"
+    outcome = TrainOutcome(plan=plan, result=LaunchResult(exit_code=0, ended_by="completed", wall_s=3.0), exported=step)
+    _print_outcome(outcome)
+    out, err = capsys.readouterr()
+    assert f"HF checkpoint: {step}" in out and f"run dir: {plan.run_dir}" in out  # results: stdout
+    assert "train: completed" in err  # status: stderr
+    check = _one_line_with(err, "check it:").split("check it:", 1)[1]
+    assert shlex.split(check) == ["trnqwen", "verify-ckpt", str(step.parent)]
+
+
+def test_hand_run_command_quotes_every_value(cli, in_tmp, tiny):
+    folder = in_tmp / "my configs"
+    folder.mkdir()
+    r = cli("train", *B_CPU, "--assets", str(tiny), "--export-config", str(folder / "qwen3_ft.py"))
+    assert r.code == 0, r.text
+    line = _one_line_with(r.out, "torchrun")
+    words = shlex.split(line)
+    assert f"PYTHONPATH={folder}" + "${PYTHONPATH:+:$PYTHONPATH}" in words
+    assert words[words.index("--module") + 1] == "qwen3_ft"
+
+
+# --- 12. output streams -------------------------------------------------------------------------------------
+
+
+def test_redirected_status_lines_are_not_hard_wrapped(tiny, tmp_path):
+    """stderr is a pipe here: the long preflight lines stay whole (no `4.1 \\nMiB`)."""
+    r = run_subprocess("train", *B_CPU, "--assets", str(tiny), "--finetune", "--override-imports", "no_such_mod_xyz",
+                       cwd=tmp_path)
+    clean_error(r, 2, "no_such_mod_xyz")
+    line = _one_line_with(r.err, "estimated host", "at load", "at export", "gathered model")
+    assert len(line) > 120
+    assert not any(re.fullmatch(r"\s*(MiB|GiB)\b.*", x) for x in r.err.splitlines()), r.err
+
+
+# --- 14. small ones ------------------------------------------------------------------------------------------
+
+
+def test_a_folder_named_trnqwen_toml_is_an_error(cli, in_tmp):
+    (in_tmp / "trnqwen.toml").mkdir()
+    clean_error(cli("config", "show"), 2, "trnqwen.toml is a folder")
+    clean_error(cli("train", "--dry-run"), 2, "trnqwen.toml is a folder")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_learning_rate_says_finite(cli, in_tmp, monkeypatch, value):
+    monkeypatch.setenv("TRNQWEN_LR", value)
+    r = cli("config", "show")
+    clean_error(r, 2, "lr", "finite number", "TRNQWEN_LR")
+    assert "<= 1" not in r.err
+
+
+def test_run_record_masks_secrets_not_every_token_word():
+    from trnqwen.errors import redact_env
+
+    env = {"TOKENIZERS_PARALLELISM": "false", "HF_TOKEN": "abc123", "GITHUB_TOKEN": "ghp_0123456789abcdefABCDEF",
+           "WANDB_API_KEY": "0123456789abcdef0123456789abcdef", "DB_PASSWORD": "x", "AWS_SECRET_ACCESS_KEY": "k",
+           "NEURON_RT_VISIBLE_CORES": "0-63", "MY_TOKEN_LIMIT": "4096", "NOTE": "hf_abcdefghijklmnop",
+           "PYTHONPATH": "/a b/c"}
+    masked = {k for k, v in redact_env(env).items() if v == "***"}
+    assert masked == {"HF_TOKEN", "GITHUB_TOKEN", "WANDB_API_KEY", "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY", "NOTE"}
+
+
+def test_unknown_override_import_fails_in_preflight_with_one_line(cli, in_tmp, tiny):
+    r = cli("train", *B_CPU, "--assets", str(tiny), "--override-imports", "no.such.module")
+    clean_error(r, 2, "--override-imports no.such.module", "no module named 'no'")
+    assert not (in_tmp / ".trnqwen").exists()  # nothing started, nothing written
+    # a module next to the run (the ranks' working folder) and a factory inside it are found, and
+    # finding them imports nothing: the module would fail to import here
+    (in_tmp / "my_kernels.py").write_text("raise ImportError('heavy deps are never imported by preflight')\n")
+    r = cli("train", *B_CPU, "--assets", str(tiny), "--override-imports", "my_kernels.attn_factory", "--dry-run", "--json")
+    assert r.code == 0, r.text
+    assert not [f for f in json.loads(r.out)["preflight"]["findings"] if f["check"] == "override-imports"]
+
+
+def test_exit_code_table_in_the_docs_lists_70():
+    text = (REPO_ROOT / "docs" / "cli" / "index.md").read_text()
+    rows = {m.group(1) for m in re.finditer(r"^\|\s*`?(\d+)`?\s*\|", text, flags=re.M)}
+    assert {"0", "1", "2", "3", "70", "130", "143"} <= rows, rows

@@ -412,3 +412,45 @@ def test_status_line_redraws_on_a_terminal_and_prints_lines_elsewhere():
     text = "".join(term.parts)
     assert text.startswith("\r\x1b[2K") and "a log line\n" in text and text.endswith("\r\x1b[2K")
     assert "step 2  loss" in text
+
+
+# --- a Ctrl-C in the start-up window (issue 18: exit -2 under load) ----------------------------------
+
+WINDOW_DRIVER = textwrap.dedent(
+    '''
+    """supervise() with a Ctrl-C that lands while torchrun's start is being recorded (on_start: the
+    run.json write, slow on a loaded disk), before the first poll of the supervision loop."""
+    import json, os, signal, sys, time
+    from pathlib import Path
+    from trnqwen.train import launcher
+
+    work = Path(sys.argv[1])
+    child = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+    def slow_record(pid):
+        (work / "child.pid").write_text(str(pid))
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, delivered right now
+        time.sleep(0.5)
+
+    result = launcher.supervise(child, env={}, log_path=work / "train.log", grace_s=2.0, on_start=slow_record)
+    (work / "result.json").write_text(json.dumps(result.summary()))
+    sys.exit(result.exit_code)
+    '''
+)
+
+
+def test_ctrl_c_while_the_start_is_recorded_stops_the_run_cleanly(tmp_path):
+    """Before the fix the handlers went in after on_start: the Ctrl-C became a KeyboardInterrupt that
+    skipped the forwarding, the sweep and the record (the CLI then said "Interrupted." and died by the
+    signal).  Now it is a stop request like any other: exit 130, how it ended recorded, nothing left."""
+    (tmp_path / "driver.py").write_text(WINDOW_DRIVER)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, str(tmp_path / "driver.py"), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    summary = json.loads((tmp_path / "result.json").read_text())
+    assert (summary["ended_by"], summary["exit_code"]) == ("SIGINT", 130)
+    child = int((tmp_path / "child.pid").read_text())
+    assert _alive([child]) == []

@@ -177,8 +177,13 @@ def test_ranks_not_above_devices(tmp_path):
     gpus = DeviceInfo(type="cuda", count=8, memory_bytes_per_rank=80 * GIB)
     assert "ranks" in _checks(preflight(RunConfig(), gpus, JOB, 16, assets_dir=assets), ERROR)
     assert preflight(RunConfig(), gpus, JOB, 8, assets_dir=assets).ok
-    many = preflight(RunConfig(), CPU, JOB, 512, assets_dir=assets)
-    assert many.ok and "ranks" in _checks(many, WARNING)  # CPU ranks are processes: slow, not wrong
+    import os
+
+    cores = os.cpu_count() or 1
+    some = preflight(RunConfig(), CPU, JOB, cores + 1, assets_dir=assets)
+    assert some.ok and "ranks" in _checks(some, WARNING)  # CPU ranks are processes: a few more is slow, not wrong
+    many = preflight(RunConfig(), CPU, JOB, 100_000, assets_dir=assets)  # issue 18: thousands per core never run
+    assert "ranks" in _checks(many, ERROR) and f"--nproc-per-node {cores}" in many.errors[0].hint
 
 
 # --- memory ----------------------------------------------------------------------------------
@@ -214,7 +219,7 @@ def test_memory_recipe_fits_trn2_and_long_sequences_warn(tmp_path):
     assert est.params + est.grads + est.optimizer == pytest.approx(16 * est.num_params / 64, rel=0.01)
     assert est.total < 0.9 * TRN2.memory_bytes_per_rank
     big = preflight(RunConfig(seq_len=32768, local_batch_size=4), TRN2, JOB, 64, assets_dir=assets)
-    assert "memory" in _checks(big, WARNING) and big.ok  # a warning, not an error
+    assert "memory" in _checks(big, ERROR) and not big.ok  # beyond HBM: an error (issue 18), not a warning
     # TP splits activations and logits; fewer FSDP ranks mean more state per rank.
     tp = estimate_memory(dims_from_hf_config(QWEN3_4B), RunConfig(seq_len=32768, local_batch_size=4, tp=8), dp=8)
     assert tp.activations * 8 == pytest.approx(big.memory.activations, rel=0.01)
@@ -225,8 +230,68 @@ def test_memory_recipe_fits_trn2_and_long_sequences_warn(tmp_path):
 def test_memory_without_capacity_is_info_only(tmp_path):
     assets = _assets(tmp_path / "m", config=QWEN3_4B, weights=False)
     r = preflight(RunConfig(seq_len=32768, local_batch_size=8), CPU, JOB, 1, assets_dir=assets)
-    assert r.memory is not None and r.memory.capacity is None
-    assert "memory" in _checks(r, INFO) and "memory" not in _checks(r, WARNING)
+    assert r.memory is not None and r.memory.capacity is None and r.host_memory.capacity is None
+    assert "host-memory" in _checks(r, INFO) and not _checks(r, WARNING) and r.ok
+
+
+def test_cpu_memory_beyond_host_ram_is_an_error(tmp_path):
+    """Issue 18: ~33 GiB per rank against 23 GiB of host RAM was only info."""
+    assets = _assets(tmp_path / "m", config=QWEN3_4B, weights=False)
+    host = DeviceInfo(type="cpu", count=1, host_memory_bytes=23 * GIB)
+    r = preflight(RunConfig(seq_len=4096), host, JOB, 2, assets_dir=assets)
+    assert r.host_memory.per_node > 23 * GIB
+    assert "host-memory" in _checks(r, ERROR) and "host RAM" in r.errors[0].message
+
+
+def test_host_memory_of_64_ranks_each_loading_a_full_30b_checkpoint(tmp_path):
+    """Issue 18: 64 ranks each holding the whole 30B checkpoint is ~3.8 TB, beyond a trn2's 2 TiB,
+    reported next to the per-rank HBM estimate (which fits)."""
+    moe = {
+        **QWEN3_4B, "model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    }
+    assets = _assets(tmp_path / "m", config=moe, weights=False)
+    trn2 = DeviceInfo(type="neuron", count=64, lnc=2, memory_bytes_per_rank=24 * GIB, host_memory_bytes=2048 * GIB)
+    r = preflight(RunConfig(finetune=True, seq_len=2048), trn2, JOB, 64, assets_dir=_no_weights_check(assets))
+    host = r.host_memory
+    assert host.checkpoint == pytest.approx(2 * 30.5e9, rel=0.02)  # bf16, the whole model, per rank
+    assert host.at_load * 64 == pytest.approx(3.8e12, rel=0.08)
+    assert "host-memory" in _checks(r, ERROR) and "memory" not in _checks(r, ERROR)
+    assert host.training == 0  # on Neuron the training state lives in HBM
+
+
+def _no_weights_check(assets: Path) -> Path:
+    """A fine-tune's assets: the shard the index names (tiny), so only memory decides."""
+    save_file({"w": np.ones((2, 2), dtype=np.float32)}, str(assets / "model.safetensors"))
+    return assets
+
+
+def test_seq_len_beyond_the_context_without_rope_scaling(tmp_path):
+    limited = _assets(tmp_path / "m", config={**TINY, "max_position_embeddings": 1024})
+    r = preflight(RunConfig(seq_len=2048), CPU, JOB, 1, assets_dir=limited)
+    assert "seq_len" in _checks(r, ERROR) and "--seq-len 1024" in r.errors[0].hint
+    assert preflight(RunConfig(seq_len=1024), CPU, JOB, 1, assets_dir=limited).ok
+    scaled = _assets(tmp_path / "s", config={**TINY, "max_position_embeddings": 1024,
+                                             "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    assert preflight(RunConfig(seq_len=2048), CPU, JOB, 1, assets_dir=scaled).ok
+
+
+def test_override_modules_are_located_without_importing_anything(tmp_path):
+    import sys
+
+    from trnqwen.train.preflight import locate_module
+
+    pkg = tmp_path / "kern_pkg_xyz"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('a heavy SDK import that preflight must not run')\n")
+    (pkg / "rope.py").write_text("")
+    path = [str(tmp_path), *sys.path]
+    assert locate_module("kern_pkg_xyz.rope", path) is None
+    assert locate_module("kern_pkg_xyz.nope", path) == "kern_pkg_xyz.nope"
+    assert locate_module("no_such_top_xyz.mod", path) == "no_such_top_xyz"
+    assert locate_module("json", path) is None and locate_module("sys", path) is None
+    assert "kern_pkg_xyz" not in sys.modules
 
 
 def test_nki_moe_estimate_uses_cut_model(tmp_path):

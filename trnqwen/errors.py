@@ -5,7 +5,9 @@ Exit codes mean something:
   1  the thing checked is bad (a failed check, a failed run)
   2  usage error: bad flag, bad config value, missing path
   3  environment error: a dependency or device is missing
+  70  internal error (a trnqwen bug; unknown exceptions at the CLI edge)
   130/143  interrupted by SIGINT/SIGTERM
+TRNQWEN_DEBUG=1 adds the traceback and never changes the code.
 """
 
 from __future__ import annotations

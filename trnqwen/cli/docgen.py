@@ -142,9 +142,20 @@ def render_index(pages: list[tuple[str, str, str]]) -> str:
     ]
     for name, page, summary in pages:
         out.append(f"| [`trnqwen {name}`]({page}) | {_md_cell(summary)} |")
-    out += ["", "Exit codes: 0 success, 1 the thing checked is bad, 2 usage error, 3 environment problem, "
-            "130/143 interrupted.", ""]
+    out += ["", "## Exit codes", "", "| code | meaning |", "| --- | --- |"]
+    out += [f"| {code} | {meaning} |" for code, meaning in EXIT_CODES] + [""]
     return "\n".join(out)
+
+
+EXIT_CODES = (
+    (0, "success (a dry run: it would start)"),
+    (1, "the thing checked is bad: a failed check or run, a dry run that would not start"),
+    (2, "usage error: a bad flag, config value or path"),
+    (3, "environment problem: a package, tool or device is missing"),
+    (70, "internal error: a trnqwen bug (`TRNQWEN_DEBUG=1` prints the traceback; the code stays 70)"),
+    (130, "interrupted by SIGINT (Ctrl-C); every rank was stopped"),
+    (143, "stopped by SIGTERM; every rank was stopped"),
+)
 
 
 def cli_pages() -> dict[str, str]:

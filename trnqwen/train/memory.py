@@ -29,20 +29,19 @@ if TYPE_CHECKING:
 GIB = 1024**3
 MIB = 1024**2
 
-# Resident memory of one rank process before the model: Python, torch, torchtitan and (hf-v5,
-# hf-trainer) transformers imported, the process group up.  Measured on CPU: 1.0-1.1 GiB.
-RUNTIME_BYTES = {"hf-v5": 1100 * MIB, "hf-trainer": 1100 * MIB, "native": 900 * MIB, "nki-moe": 1100 * MIB}
-# Bytes per parameter the export holds at its peak: the gathered full state dict in fp32 and the
-# HF tensors converted from it (measured: about 2 copies of the fp32 model).
+# Resident memory of one rank process before the model: Python, torch, torchtitan, transformers,
+# the process group.  Measured: peak RSS 1109 MiB of a CPU rank training the 1M-parameter tiny
+# model (hf-v5, torchtitan 0.3.0), where the model itself is a few MiB.
+RUNTIME_BYTES = 1100 * MIB
+# Bytes per parameter the HF export adds at its peak: the gathered full state dict in fp32 plus the
+# HF tensors converted from it.  Measured: a 103M-parameter model on one CPU rank peaked at
+# 3452 MiB = runtime + 16 B/param of training state + 8 B/param.
 EXPORT_BYTES_PER_PARAM = 8
-# Bytes per parameter while the checkpoint loads, beyond the checkpoint itself: the fp32 full
-# tensors the HF reader builds before they are sharded.
-LOAD_BYTES_PER_PARAM = 4
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
 def size(n: int) -> str:
-    return format_bytes(n, digits=2 if n >= GIB else 1, smallest="MiB", largest="GiB")
+    return format_bytes(n, digits=2 if n >= GIB else 1, smallest="MiB", largest="TiB")
 
 
 @dataclass
@@ -83,7 +82,7 @@ class HostMemoryEstimate:
 
     runtime: int  # Python + torch + trainer imports
     checkpoint: int  # the full HF checkpoint one rank reads (0 when training from random init)
-    load_buffers: int  # fp32 full tensors built while loading
+    model: int  # the rank's own parameters while loading, when the device is host RAM (CPU), else 0
     training: int  # the device state when the device is host RAM (CPU), else 0
     export: int  # the gathered full model of the HF export (0 without an export)
     ranks_per_node: int = 1
@@ -91,7 +90,7 @@ class HostMemoryEstimate:
 
     @property
     def at_load(self) -> int:
-        return self.runtime + self.checkpoint + self.load_buffers + self.training
+        return self.runtime + self.model + self.checkpoint
 
     @property
     def at_export(self) -> int:
@@ -114,10 +113,12 @@ class HostMemoryEstimate:
         cap = f" of {size(self.capacity)} host RAM" if self.capacity else ""
         return (
             f"host ~{size(self.per_rank)} per rank x {self.ranks_per_node} = {size(self.per_node)}{cap} "
-            f"(at load {size(self.at_load)}: runtime {size(self.runtime)} + full checkpoint {size(self.checkpoint)}"
-            f" + load buffers {size(self.load_buffers)}"
-            + (f" + training state {size(self.training)}" if self.training else "")
-            + f"; at export {size(self.at_export)}: gathered model {size(self.export)})"
+            f"(at load {size(self.at_load)}: runtime {size(self.runtime)} + "
+            + (f"own parameters {size(self.model)} + " if self.model else "")
+            + f"full checkpoint {size(self.checkpoint)}"
+            + f"; at export {size(self.at_export)}: "
+            + (f"training state {size(self.training)} + " if self.training else "")
+            + f"gathered model {size(self.export)})"
         )
 
 
@@ -195,9 +196,9 @@ def estimate_host_memory(
     n = int(device_estimate.num_params or 0)
     loads = bool(cfg.finetune)
     return HostMemoryEstimate(
-        runtime=RUNTIME_BYTES.get(cfg.backend, 1100 * MIB),
+        runtime=RUNTIME_BYTES,
         checkpoint=checkpoint_bytes(hf_config, n) if loads else 0,
-        load_buffers=LOAD_BYTES_PER_PARAM * n if loads else 0,
+        model=device_estimate.params if device_type == "cpu" else 0,
         training=device_estimate.total if device_type == "cpu" else 0,
         export=EXPORT_BYTES_PER_PARAM * n if exports else 0,
         ranks_per_node=max(1, int(ranks_per_node)),
