@@ -76,7 +76,9 @@ def test_dry_run_human_output_and_raw_flags(cli, in_tmp, tiny_assets):
 def test_dry_run_preflight_errors_are_shown_and_a_real_run_refuses(cli, in_tmp, tiny_assets):
     empty = in_tmp / "empty"
     empty.mkdir()
-    plan = _dry(cli, *TINY, "--assets", str(empty), "--backend", "hf-v5")
+    r = cli("train", *TINY, "--assets", str(empty), "--backend", "hf-v5", "--dry-run", "--json")
+    assert r.code == 1, r.text  # the plan is printed, and the dry run says it would not start (issue 18)
+    plan = json.loads(r.out)
     assert plan["preflight"]["ok"] is False
     assert any(f["check"] == "assets" for f in plan["preflight"]["findings"])
     r = cli("train", *TINY, "--assets", str(tiny_assets), "--global-batch-size", "3")

@@ -67,25 +67,24 @@ def detect_device(requested: str = "auto", *, ctx: Optional[ProbeContext] = None
     nf = neuron_facts(ctx) if requested in ("auto", "neuron") else NeuronFacts()
     cf = cuda_facts(ctx) if requested in ("auto", "cuda") and nf.logical_cores == 0 else CudaFacts()
     device = device_from_facts(requested, nf, cf)
-    device.host_memory_bytes = host_memory_bytes()
+    device.host_memory_bytes = host_memory_bytes(ctx)
     return device
 
 
-def host_memory_bytes() -> Optional[int]:
-    """This machine's RAM for the ranks: psutil's total, or the cgroup (container) limit if lower."""
-    try:
-        import psutil
-
-        total = int(psutil.virtual_memory().total)
-    except Exception:
+def host_memory_bytes(ctx: ProbeContext) -> Optional[int]:
+    """This machine's RAM for the ranks: MemTotal of ``/proc/meminfo``, or the cgroup (container)
+    limit if lower; read under the probe's root, so a fake sysfs without it means "unknown"."""
+    meminfo = ctx.read_text("/proc/meminfo") or ""
+    total = None
+    for line in meminfo.splitlines():
+        if line.startswith("MemTotal:"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                total = int(parts[1]) * 1024  # kB
+    if total is None:
         return None
     for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = open(limit_file, encoding="ascii").read().strip()
-        except (OSError, UnicodeDecodeError):
-            continue
+        text = ctx.read_text(limit_file) or ""
         if text.isdigit() and 0 < int(text) < total:
             return int(text)
     return total
-
-
