@@ -232,3 +232,52 @@ def test_prepare_workdir_marks_and_reuses_its_own_folder(tmp_path):
     assert (wd / MARKER).is_file()
     (wd / "runs").mkdir()
     assert prepare_workdir(tmp_path / "qs") == wd  # its own, non-empty: fine
+
+
+# --- a wheel install has no examples/: the override stage says it is skipped (issue 18) -----------------
+
+
+def _wheel_like_copy(dest: Path) -> Path:
+    """The ``trnqwen`` package alone, as a wheel installs it (no examples/ next to it)."""
+    import shutil
+
+    from tests.helpers import REPO_ROOT
+
+    shutil.copytree(REPO_ROOT / "trnqwen", dest / "trnqwen", ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def test_override_stage_skip_is_one_line_with_the_reason(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from trnqwen.quickstart import OVERRIDE_SKIPPED, Progress, Stage
+
+    site = _wheel_like_copy(tmp_path / "site")
+    found = subprocess.run([sys.executable, "-c", "from trnqwen.quickstart import override_example_dir as f; print(f())"],
+                           cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": ""}, capture_output=True, text=True)
+    assert found.stdout.strip() == "None", found.stderr  # the wheel layout has no example to run
+    prog = Progress(True, 12)
+    prog.start("override", "native fine-tune with --override-imports torch_rope_override.torch_rope")
+    prog.done(Stage(name="override", ok=True, skipped=OVERRIDE_SKIPPED))
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if "skipped" in x]
+    assert "examples/torch_rope is not installed" in line and "source checkout" in line
+
+
+@pytest.mark.slow
+def test_quickstart_from_a_wheel_layout_shows_the_override_stage_skipped(tmp_path):
+    """The real quickstart (one backend, few steps) run from the package alone, as after pip install."""
+    site = _wheel_like_copy(tmp_path / "site")
+    result = run_subprocess(
+        "quickstart", "--workdir", str(tmp_path / "qs"), "--pretrain-steps", "2", "--steps", "1",
+        "--nproc-per-node", "1", "--backend", "native", "--json",
+        cwd=tmp_path, env={"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(site)}, timeout=900,
+    )
+    assert result.code == 0, result.text[-4000:]
+    summary = json.loads(result.out)
+    (override,) = [s for s in summary["stages"] if s["name"] == "override"]
+    assert override["skipped"] and "examples/torch_rope" in override["skipped"] and override["ok"]
+    assert "override" not in summary["runs"]
+    (line,) = [x for x in result.err.splitlines() if "skipped" in x]
+    assert "source checkout" in line
