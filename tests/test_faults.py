@@ -153,6 +153,9 @@ def test_complete_run_leaks_no_token(complete_run):
     for p in (complete_run["cwd"] / ".trnqwen").rglob("*"):
         if p.is_file():
             assert FAKE_TOKEN.encode() not in p.read_bytes(), p
+    # secrets are masked, not every variable with TOKEN in its name (issue 18)
+    (record,) = [json.loads(p.read_text()) for p in (complete_run["cwd"] / ".trnqwen" / "runs").glob("*/run.json")]
+    assert record["env"]["TOKENIZERS_PARALLELISM"] == "false"
 
 
 @pytest.mark.slow

@@ -183,7 +183,7 @@ def test_default_local_dir_is_where_train_looks(hub, tmp_path):
     r = fetch(hub, REPO, "--no-progress", cwd=tmp_path)
     assert r.code == 0, r.text
     assert (tmp_path / "assets" / "hf" / "Qwen3-Mini" / "config.json").is_file()
-    assert "verified" in r.err
+    assert "verified" in r.out  # the verdict is the result: stdout (issue 18)
 
 
 def test_include_and_exclude(hub, tmp_path):
@@ -243,7 +243,7 @@ def test_dry_run_writes_nothing(hub, tmp_path):
     assert not dest.exists()
     assert _resolve_gets(hub) == []
     r = fetch(hub, REPO, "--local-dir", str(dest), "--dry-run")
-    assert r.code == 0 and SHARD1 in r.out and "nothing written" in r.err
+    assert r.code == 0 and SHARD1 in r.out and "nothing written" in r.out  # the dry-run verdict: stdout (issue 18)
 
 
 # --- interruptions and corruption ---------------------------------------------------------------------

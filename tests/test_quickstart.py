@@ -270,7 +270,7 @@ def test_quickstart_from_a_wheel_layout_shows_the_override_stage_skipped(tmp_pat
     """The real quickstart (one backend, few steps) run from the package alone, as after pip install."""
     site = _wheel_like_copy(tmp_path / "site")
     result = run_subprocess(
-        "quickstart", "--workdir", str(tmp_path / "qs"), "--pretrain-steps", "2", "--steps", "1",
+        "quickstart", "--workdir", str(tmp_path / "qs"), "--pretrain-steps", str(PRETRAIN_STEPS), "--steps", "1",
         "--nproc-per-node", "1", "--backend", "native", "--json",
         cwd=tmp_path, env={"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(site)}, timeout=900,
     )

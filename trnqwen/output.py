@@ -43,9 +43,9 @@ def print_json(payload: Any) -> None:
     sys.stdout.flush()
 
 
-def result(message: str) -> None:
+def result(message: str, *, markup: bool = False) -> None:
     """One result line on stdout (a verdict, a path written): what a script reads or pipes."""
-    console(stderr=False).print(redact(message), markup=False)
+    console(stderr=False).print(redact(message), markup=markup)
 
 
 def info(message: str) -> None:

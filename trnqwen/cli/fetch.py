@@ -150,6 +150,8 @@ def fetch(
 
 
 def _render(result) -> None:
+    from rich.markup import escape
+
     from trnqwen import output
     from trnqwen.units import format_bytes
 
@@ -158,9 +160,9 @@ def _render(result) -> None:
     if result.dry_run:
         if result.repo_id.startswith("builtin:"):
             state = "present and verified" if result.verified else "would be written (offline)"
-            output.info(f"dry run: {result.repo_id} {state} in {result.local_dir}")
+            output.result(f"dry run: {result.repo_id} {state} in {result.local_dir}")
         else:
-            output.info(
+            output.result(
                 f"dry run: {len(result.files)} files, {format_bytes(result.bytes)} in total; "
                 f"{len(result.to_download)} to download; nothing written"
             )
@@ -171,12 +173,12 @@ def _render(result) -> None:
         what = "downloaded" if result.to_download else "already complete, nothing downloaded"
         if result.repo_id.startswith("builtin:"):
             what = "written" if result.to_download else "already present"
-        output.info(
-            f"[green]ok[/green] {result.repo_id} -> {result.local_dir} ({len(result.files)} files, "
-            f"{format_bytes(result.bytes)}, {what}; verified)"
+        output.result(  # the verdict and the folder written: stdout, for scripts
+            f"[green]ok[/green] {escape(result.repo_id)} -> {escape(str(result.local_dir))} ({len(result.files)} files, "
+            f"{format_bytes(result.bytes)}, {what}; verified)", markup=True,
         )
     else:
-        output.info(
-            f"[red]not verified[/red]: {result.local_dir} is not a complete snapshot of {result.repo_id}; "
-            "run the same command again to repair it"
+        output.result(
+            f"[red]not verified[/red]: {escape(str(result.local_dir))} is not a complete snapshot of "
+            f"{escape(result.repo_id)}; run the same command again to repair it", markup=True,
         )

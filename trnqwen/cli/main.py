@@ -317,9 +317,9 @@ def main(argv: list[str] | None = None) -> None:
     if args in ([], ["--help"], ["-h"]):
         try:
             text = render_root_help()
-        except Exception:  # never let the fast path break help: Typer renders it instead
+        except Exception as exc:  # never let the fast path break help: Typer renders it instead
             if _debug():
-                raise
+                _print_traceback(exc)
             text = None
         if text is not None:
             sys.stdout.write(text)
