@@ -26,7 +26,7 @@ test-fast: venv  ## unit tests only, no torchrun
 bench: venv  ## benchmarks (not part of make test); results in benchmarks/RESULTS.md
 	$(BIN)/python benchmarks/run_all.py
 
-docs: venv  ## regenerate docs/cli/*.md from the CLI's own help
+docs: venv  ## regenerate docs/cli/*.md and cli/_help_text.py from the CLI's own help
 	$(BIN)/python -m trnqwen.cli.docgen docs/cli
 
 lint: venv  ## pyflakes-level checks (unused imports, undefined names)

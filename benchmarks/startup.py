@@ -10,9 +10,14 @@ the root help must be at most 0.4x ``hf --help``.  Both CLIs run with HF_HUB_OFF
 interpreter floor (``python -c pass``) is shown for context.  The load average is measured before
 and after, so a "machine shared" note is a number, not a guess.
 
+``--breakdown`` also says where a real command's CPU time goes: each stage is a fresh process that
+imports one more layer (interpreter, typer, pydantic, the RunConfig schema, the command's modules,
+rich) and the median CPU difference between consecutive stages is that layer's cost.
+
 Usage:
   .venv/bin/python benchmarks/startup.py            # table
   .venv/bin/python benchmarks/startup.py -n 30 --json
+  .venv/bin/python benchmarks/startup.py --breakdown
 """
 
 from __future__ import annotations
@@ -86,10 +91,53 @@ def measure(runs: int) -> dict[str, dict[str, float]]:
     }
 
 
+# (layer, statement added to the previous stage); each stage runs everything above it
+BREAKDOWN: dict[str, list[tuple[str, str]]] = {
+    "config show": [
+        ("interpreter + site", "pass"),
+        ("typer", "import typer"),
+        ("pydantic", "from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator"),
+        ("trnqwen.config (RunConfig schema)", "import trnqwen.config"),
+        ("command modules + typer app", "from trnqwen.cli.main import build_app; build_app('config')"),
+        ("rich (the table)", "import rich.console, rich.table, rich.markup"),
+        ("resolve + render", "from trnqwen.cli.main import main; main(['config', 'show'])"),
+    ],
+    "check-env --json": [
+        ("interpreter + site", "pass"),
+        ("typer", "import typer"),
+        ("pydantic", "from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator"),
+        ("trnqwen.config (RunConfig schema)", "import trnqwen.config"),
+        ("command modules + typer app", "from trnqwen.cli.main import build_app; build_app('check-env')"),
+        ("trnqwen.env.probe", "import trnqwen.env.probe"),
+        ("probe + JSON", "from trnqwen.cli.main import main; main(['check-env', '--json'])"),
+    ],
+}
+
+
+def breakdown(runs: int) -> dict[str, dict[str, float]]:
+    """Per command: layer -> median CPU seconds it adds (fresh processes, cumulative imports)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", NO_COLOR="1")
+    python = _bin("python")
+    out: dict[str, dict[str, float]] = {}
+    for command, stages in BREAKDOWN.items():
+        scripts = ["\n".join(code for _, code in stages[: i + 1]) for i in range(len(stages))]
+        cpu: list[list[float]] = [[] for _ in scripts]
+        for _ in range(runs):
+            for i, script in enumerate(scripts):
+                cpu[i].append(_time_once([python, "-c", script], env, (0, 1, 3))[1])
+        medians = [statistics.median(xs) for xs in cpu]
+        out[command] = {
+            label: medians[i] - (medians[i - 1] if i else 0.0) for i, (label, _) in enumerate(stages)
+        }
+        out[command]["total"] = medians[-1]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", "--runs", type=int, default=15, help="runs per command (median reported)")
     ap.add_argument("--json", action="store_true", help="print only the JSON summary line")
+    ap.add_argument("--breakdown", action="store_true", help="also: where config show's and check-env's CPU goes")
     args = ap.parse_args()
 
     load_before = os.getloadavg()[0]
@@ -121,6 +169,10 @@ def main() -> None:
         "load_avg_1m_after": round(load_after, 2),
         "cpus": os.cpu_count(),
     }
+    if args.breakdown:
+        parts = breakdown(args.runs)
+        summary["breakdown_cpu_ms"] = {c: {k: round(v * 1000, 1) for k, v in d.items()} for c, d in parts.items()}
+        summary["load_avg_1m_after"] = round(os.getloadavg()[0], 2)
     if not args.json:
         print(f"{'command':<34}{'median':>10}{'min':>10}{'max':>10}{'cpu':>10}")
         for name, r in results.items():
@@ -133,6 +185,10 @@ def main() -> None:
             f"\nload average {load_before:.2f} before, {load_after:.2f} after, on {os.cpu_count()} CPUs"
             f"{' (shared: wall times include waiting for a core; see the cpu column)' if max(load_before, load_after) > (os.cpu_count() or 1) else ''}"
         )
+        for command, layers in summary.get("breakdown_cpu_ms", {}).items():
+            print(f"\nwhere `trnqwen {command}`'s CPU goes (median ms added by each layer):")
+            for label, ms in layers.items():
+                print(f"  {label:<36}{ms:>8.1f}")
     print(json.dumps(summary))
 
 

@@ -8,6 +8,8 @@
   at a fixed width, so the page is exactly what ``trnqwen <command> --help`` prints.
 * ``docs/config.md`` (the config file reference): every :class:`trnqwen.config.RunConfig`
   field with its type, default, environment variable, flags and description.
+* ``trnqwen/cli/_help_text.py``: every command's ``--help`` exactly as typer prints it at the
+  usual wrap widths, which ``trnqwen <command> --help`` prints without importing typer.
 
 ``tests/test_docs.py`` regenerates both into a temporary folder and compares them with the
 committed files.  typer is imported only inside the functions that need it.
