@@ -107,3 +107,20 @@ def test_check_env_does_not_import_torch_in_process():
 
 def test_detect_device_does_not_import_torch():
     assert _loaded_after("from trnqwen.env.device import detect_device\ndetect_device('auto')") == []
+
+
+def test_a_broken_help_module_falls_back_to_typer(cli, monkeypatch):
+    """The fast path never breaks help: a broken generated module means typer renders it (and
+    TRNQWEN_DEBUG=1 shows why, without changing the exit code)."""
+    import types
+
+    from trnqwen.cli import _help_text
+
+    expected = _help_text.HELP[("check-env", 78)]
+    monkeypatch.setitem(sys.modules, "trnqwen.cli._help_text", types.ModuleType("trnqwen.cli._help_text"))
+    monkeypatch.setattr("trnqwen.cli._help_text", sys.modules["trnqwen.cli._help_text"], raising=False)
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("TRNQWEN_DEBUG", "1")
+    result = cli("check-env", "--help")
+    assert result.code == 0 and result.out == expected
+    assert "AttributeError" in result.err

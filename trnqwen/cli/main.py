@@ -342,9 +342,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(0 if args else 2)  # no arguments is a usage error, like a bare group in click
     try:
         text = cached_subcommand_help(args)
-    except Exception:  # a missing or broken generated module: Typer renders it instead
+    except Exception as exc:  # a missing or broken generated module: Typer renders it instead
         if _debug():
-            raise
+            _print_traceback(exc)
         text = None
     if text is not None:
         sys.stdout.write(text)
