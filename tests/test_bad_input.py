@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -134,8 +135,11 @@ def test_nki_rope_seq_len_must_be_a_multiple_of_128_x_lnc(tmp_path, tiny, lnc, b
     from tests.doubles.neuron import neuron_host
 
     env = neuron_host(tmp_path, lnc=lnc)
+    # The documented example module, where a user keeps it (preflight refuses a module that does
+    # not exist, so a made-up name would fail for the wrong reason).
+    shutil.copy(REPO_ROOT / "examples" / "nki_rope" / "my_neuron_kernels.py", tmp_path)
     args = ["train", "--model", "builtin:tiny-qwen3", "--assets", str(tiny), "--device", "neuron",
-            "--override-imports", "my_kernels.nki_rope_override"]
+            "--override-imports", "my_neuron_kernels.nki_rope"]
     r = run_subprocess(*args, "--seq-len", str(bad), env=env, cwd=tmp_path)
     clean_error(r, 2, f"seq_len {bad}", f"multiple of {128 * lnc}")
     assert not (tmp_path / ".trnqwen" / "runs").exists() or not any((tmp_path / ".trnqwen" / "runs").glob("*/run.json"))
