@@ -87,7 +87,10 @@ def child(method: str, model_dir: Path, cache: Path, batch_size: int, device: st
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     data = from_cache(cache, "train", name="bench")
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32 if device == "cpu" else torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32 if device == "cpu" else torch.bfloat16,
+        use_safetensors=True, trust_remote_code=False,
+    )
     model.to(device).eval()
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     if device == "cuda":

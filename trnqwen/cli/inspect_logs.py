@@ -104,7 +104,6 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _run_inspect(inputs, json_out, csv_file, plot_file, strict, judge_kw) -> None:
-    from trnqwen import output
     from trnqwen.logs import core, report
 
     results = [core.inspect_input(inp, **judge_kw) for inp in inputs]

@@ -62,7 +62,8 @@ def load_tokenizer(assets_dir: Path):
         from transformers import AutoTokenizer
     except ImportError:
         raise EnvironmentProblem("tokenizing needs transformers", hint="pip install 'trnqwen[train]'") from None
-    tokenizer = AutoTokenizer.from_pretrained(str(assets_dir))
+    # A fast tokenizer is data (tokenizer.json + template): no remote code is ever needed for it.
+    tokenizer = AutoTokenizer.from_pretrained(str(assets_dir), trust_remote_code=False)
     if not getattr(tokenizer, "is_fast", False):
         raise EnvironmentProblem(f"the tokenizer in {assets_dir} is not a fast tokenizer", hint="the snapshot needs tokenizer.json")
     return tokenizer

@@ -106,7 +106,7 @@ def plan_eval(
 def require_chat_template(target: EvalTarget) -> None:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(target.tokenizer_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(target.tokenizer_dir), trust_remote_code=False)
     if not getattr(tokenizer, "chat_template", None):
         raise UsageError(
             f"--generate: the tokenizer in {target.tokenizer_dir} has no chat template",
@@ -130,7 +130,7 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
     from trnqwen.evaluate import model as m
 
     report = EvalReport(dataset=plan.data.name)
-    tokenizer = AutoTokenizer.from_pretrained(str(plan.targets[0].tokenizer_dir)) if plan.conversations else None
+    tokenizer = AutoTokenizer.from_pretrained(str(plan.targets[0].tokenizer_dir), trust_remote_code=plan.trust_remote_code) if plan.conversations else None
     prompt_len = m.prompt_length(plan.conversations) if plan.conversations else 0
     answers: list[dict[str, str]] = [{} for _ in plan.conversations]
     for target in plan.targets:

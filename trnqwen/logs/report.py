@@ -8,7 +8,7 @@ import io
 import math
 from itertools import repeat
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 from trnqwen.logs.judge import Finding, configured_steps, override_calls, override_table, root_cause, weights_verdict
 from trnqwen.logs.record import ParsedLog
