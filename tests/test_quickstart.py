@@ -40,7 +40,7 @@ def test_quickstart_runs_every_stage(quickstart_run):
     assert names == [
         "check-env", "fetch", "pre-train", "snapshot",
         "train --finetune (native)", "train --finetune (hf-v5)", "train --finetune (hf-trainer)", "override",
-        "verify-ckpt (native)", "verify-ckpt (hf-v5)", "verify-ckpt (hf-trainer)", "inspect-logs",
+        "verify-ckpt (native)", "verify-ckpt (hf-v5)", "verify-ckpt (hf-trainer)", "inspect-logs", "chat fine-tune",
     ]
     assert all(s["ok"] for s in summary["stages"]), summary["stages"]
     # progress went to stderr, stage by stage; stdout is the one JSON object
@@ -56,7 +56,7 @@ def test_quickstart_finetunes_start_far_below_random_init(quickstart_run):
     result, _ = quickstart_run
     summary = json.loads(result.out)
     runs = summary["runs"]
-    assert set(runs) == {"pretrain", "native", "hf-v5", "hf-trainer", "override"}
+    assert set(runs) == {"pretrain", "native", "hf-v5", "hf-trainer", "override", "chat"}
     pre = runs["pretrain"]
     assert pre["finetune"] is False and len(pre["losses"]) == PRETRAIN_STEPS
     vocab = json.loads((Path(summary["files"]["assets"]) / "config.json").read_text())["vocab_size"]
@@ -74,6 +74,20 @@ def test_quickstart_finetunes_start_far_below_random_init(quickstart_run):
         assert run["step1_loss"] < pre["step1_loss"] - 0.5 * learned
         assert cmp["finetunes"][backend]["step1_loss"] == run["step1_loss"]
         assert not [f for f in run["findings"] if f["severity"] == "error"]
+
+
+@pytest.mark.slow
+def test_quickstart_chat_stage_lowers_held_out_loss_and_answers(quickstart_run):
+    """The chat fine-tune on the bundled set: `trnqwen eval`'s held-out loss falls, one answer each."""
+    result, _ = quickstart_run
+    summary = json.loads(result.out)
+    ev = summary["evaluation"]
+    assert ev["after"] < ev["before"] and ev["tokens"] > 0
+    (gen,) = ev["generations"]
+    assert gen["prompt"] and gen["reference"] and set(gen["answers"]) >= {"base"} and len(gen["answers"]) == 2
+    run_dir = Path(summary["runs"]["chat"]["run_dir"])
+    saved = json.loads((run_dir / "eval.json").read_text())
+    assert [r["loss"] for r in saved["results"]] == [ev["before"], ev["after"]]
 
 
 @pytest.mark.slow

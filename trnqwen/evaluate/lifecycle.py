@@ -33,11 +33,16 @@ def has_validation(run_dir: Path) -> bool:
     return cache is not None and has_split(cache, "val")
 
 
-def validation_before_after(run_dir: Path, *, device: str = "auto", timeout: float = EVAL_TIMEOUT_S) -> Optional[dict[str, Any]]:
-    """``{"before", "after", "tokens", "line"}`` (or ``{"error", "line"}``); None without a validation split."""
+def validation_before_after(
+    run_dir: Path, *, device: str = "auto", generate: int = 0, timeout: float = EVAL_TIMEOUT_S
+) -> Optional[dict[str, Any]]:
+    """``{"before", "after", "tokens", "line", "generations"}`` (or ``{"error", "line"}``); None
+    without a validation split.  ``generate``: held-out answers to ask both models for."""
     if not has_validation(run_dir):
         return None
     argv = [sys.executable, "-m", "trnqwen", "eval", str(run_dir), "--json", "--device", device]
+    if generate:
+        argv += ["--generate", str(generate), "--max-new-tokens", "32"]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=dict(os.environ))
     except subprocess.TimeoutExpired:
@@ -45,7 +50,8 @@ def validation_before_after(run_dir: Path, *, device: str = "auto", timeout: flo
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or ["no output"])[0].removeprefix("Error: ")
         return {"error": why, "line": f"validation loss before/after: not measured ({why}); try `trnqwen eval {run_dir}`"}
-    results = json.loads(proc.stdout)["results"]
+    doc = json.loads(proc.stdout)
+    results = doc["results"]
     base = next((r for r in results if r["checkpoint"] == "base"), None)
     tuned = [r for r in results if r is not base]
     if base is None or not tuned:
@@ -55,8 +61,29 @@ def validation_before_after(run_dir: Path, *, device: str = "auto", timeout: flo
         "before": base["loss"],
         "after": after["loss"],
         "tokens": after["tokens"],
+        "generations": doc.get("generations", []),
         "line": (
             f"validation loss before {base['loss']:.4f} -> after {after['loss']:.4f} "
             f"({after['loss'] - base['loss']:+.4f}) on {after['tokens']:,} held-out tokens"
         ),
     }
+
+
+def held_out_check(run_dir: Path, *, device: str = "auto") -> dict[str, Any]:
+    """The quickstart's chat stage: held-out loss must fall; one answer before and after."""
+    from trnqwen.errors import CheckFailed
+
+    got = validation_before_after(run_dir, device=device, generate=1)
+    if got is None or "error" in got:
+        raise CheckFailed(got["line"] if got else f"run {run_dir} has no validation split to evaluate")
+    if not got["after"] < got["before"]:
+        raise CheckFailed(
+            f"the chat fine-tune did not lower the held-out loss ({got['before']:.4f} -> {got['after']:.4f})",
+            hint=f"trnqwen eval {run_dir} --generate 3",
+        )
+    line = f"held-out loss {got['before']:.3f} -> {got['after']:.3f}"
+    if got["generations"]:
+        g = got["generations"][0]
+        answers = list(g["answers"].values())
+        line += f"; {g['prompt']!r}: base {answers[0][:60]!r}, tuned {answers[-1][:60]!r}"
+    return {**got, "line": line}
