@@ -362,3 +362,44 @@ def test_no_validation_split_no_line(tiny, tmp_path):
     run_dir = record_run(tmp_path, tiny, export, cache=None)
     assert validation_before_after(run_dir) is None
     assert not (run_dir / "eval.json").exists()
+
+
+# --- Neuron's rules, on a real model (the static cache runs on CPU too) ----------------------------
+
+
+def test_neuron_paths_keep_one_shape_and_give_the_same_numbers(tiny, cache):
+    """On Neuron: full-head scoring (fixed shapes), generate() with inputs on the CPU, one
+    [batch, prompt_len] shape per call and cache_implementation="static"; same results as CPU's."""
+    from transformers import AutoTokenizer
+
+    from trnqwen.evaluate import model as m
+    from trnqwen.evaluate.data import from_cache, held_out_conversations
+    from trnqwen.evaluate.targets import EvalTarget
+
+    assert m.device_map_for("neuron") == "neuron" and m.device_map_for("cpu") is None
+    data = from_cache(cache, "val", name="val")
+    model = m.load_model(EvalTarget(label="base", folder=tiny, config_dir=tiny, is_base=True), "cpu")
+    fixed = m.score(model, data, batch_size=3, static_shapes=True)
+    picked = m.score(model, data, batch_size=3)
+    assert fixed.tokens == picked.tokens and fixed.loss == pytest.approx(picked.loss, rel=1e-6)
+
+    tok = AutoTokenizer.from_pretrained(str(tiny))
+    conversations = held_out_conversations(data, 3)
+    prompt_len = m.prompt_length(conversations)
+    calls = []
+    real_generate = model.generate
+
+    def recording(**kwargs):
+        calls.append(kwargs)
+        return real_generate(**kwargs)
+
+    model.generate = recording
+    common = dict(pad_id=tok.pad_token_id, eos_ids=m.eos_ids_of(model, tok), prompt_len=prompt_len, max_new_tokens=6, batch_size=2)
+    on_neuron = m.answer(model, conversations, device_type="neuron", **common)
+    assert len(calls) == 2  # 3 conversations in batches of 2: the last one filled up, not shorter
+    for call in calls:
+        assert call["cache_implementation"] == "static"
+        assert call["input_ids"].device.type == "cpu" and tuple(call["input_ids"].shape) == (2, prompt_len)
+    calls.clear()
+    assert m.answer(model, conversations, device_type="cpu", **common) == on_neuron
+    assert "cache_implementation" not in calls[0]
