@@ -672,3 +672,25 @@ def test_real_native_finetune_log_overrides_and_checkpoint():
     assert "override-ok" in codes(fs) and not [f for f in fs if f.severity == "error"]
     # a custom flavor name says nothing about the vocab: no guess without config.json
     assert find(judge(log), "vocab-unknown").severity == "info"
+
+
+def test_eval_results_beside_the_training_curves(cli, in_tmp):
+    """A run dir with trnqwen eval's eval.json: --json, the table, --compare and the plot show it."""
+    runs = in_tmp / ".trnqwen" / "runs"
+    a = make_run(runs, "a", run_log([5.0, 4.0, 3.0]), steps=3)
+    b = make_run(runs, "b", run_log([5.0, 4.5, 4.0]), steps=3)
+    evaluation = {"dataset": "a validation split", "step": 3, "generations": [], "results": [
+        {"checkpoint": "base", "tokens": 120, "loss": 4.25, "perplexity": 70.1, "delta_vs_base": None},
+        {"checkpoint": "a/step-3", "tokens": 120, "loss": 3.125, "perplexity": 22.76, "delta_vs_base": -1.125}]}
+    (a / "eval.json").write_text(json.dumps(evaluation))
+    obj = json.loads(cli("inspect-logs", str(a), "--json", "--no-strict").out)
+    assert obj["evaluation"]["results"] == evaluation["results"]
+    assert json.loads(cli("inspect-logs", str(b), "--json", "--no-strict").out)["evaluation"] is None
+    text = cli("inspect-logs", str(a), "--no-strict").out
+    assert "held-out eval" in text and "3.1250" in text and "-1.1250" in text
+    cmp = cli("inspect-logs", str(a), "--compare", str(b), "--json", "--no-strict")
+    assert json.loads(cmp.out)["evaluation"] == {"a": evaluation, "b": None}
+    plot = in_tmp / "curves.png"
+    res = cli("inspect-logs", str(a), "--compare", str(b), "--plot", str(plot), "--no-strict")
+    assert res.code == 0, res.text
+    assert "held-out eval (A)" in res.out and plot.stat().st_size > 0

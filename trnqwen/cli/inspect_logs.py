@@ -135,7 +135,7 @@ def _write_files(result, csv_file, plot_file) -> None:
     if plot_file is not None:
         from trnqwen.logs.plot import write_plot
 
-        write_plot(result.log, plot_file)
+        write_plot(result.log, plot_file, evaluations=[result.ctx.evaluation])
         output.info(f"wrote {plot_file}")
 
 
@@ -156,6 +156,7 @@ def _run_compare(a_inp, b_inp, json_out, csv_file, plot_file, judge_kw) -> None:
     a = core.inspect_input(a_inp, **judge_kw)
     b = core.inspect_input(b_inp, **judge_kw)
     cmp = report.compare(a.log, b.log)
+    cmp["evaluation"] = {"a": a.ctx.evaluation or None, "b": b.ctx.evaluation or None}  # trnqwen eval, when run
     if csv_file is not None:
         import csv
         import io
@@ -172,7 +173,7 @@ def _run_compare(a_inp, b_inp, json_out, csv_file, plot_file, judge_kw) -> None:
     if plot_file is not None:
         from trnqwen.logs.plot import write_plot
 
-        write_plot(a.log, plot_file, other=b.log)
+        write_plot(a.log, plot_file, other=b.log, evaluations=[a.ctx.evaluation, b.ctx.evaluation])
         output.info(f"wrote {plot_file}")
     if json_out:
         cmp["a_summary"] = report.summarize(a.log, a.ctx)

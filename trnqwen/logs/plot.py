@@ -22,7 +22,8 @@ def _series(log: ParsedLog, key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None, title: Optional[str] = None) -> None:
+def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None, title: Optional[str] = None,
+               evaluations: Optional[list[dict]] = None) -> None:
     """Three stacked panels sharing the step axis; step 1 (compilation) is marked on the
     throughput panel.  With ``other``, both runs are drawn (A solid, B dashed)."""
     import matplotlib
@@ -52,6 +53,14 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
         x, y = _series(run, "mfu")
         if x:
             ax_mfu.plot(x, y, style, color="tab:red", alpha=0.7, label=f"MFU %{suffix}")
+    # trnqwen eval's held-out losses (eval.json): the base before step 1, the export at its step
+    for n, ev in enumerate(evaluations or []):
+        for r in (ev or {}).get("results", []):
+            if isinstance(r.get("loss"), (int, float)) and isinstance(ev.get("step"), int):
+                base = r.get("checkpoint") == "base"
+                tag = f" ({'AB'[n]})" if other is not None else ""
+                ax_loss.plot([0 if base else ev["step"]], [r["loss"]], "x" if base else "*", ms=9,
+                             label=f"held-out {'base' if base else r['checkpoint']}{tag}")
     # Non-finite losses: mark where they happened.
     bad = [s["step"] for s in log.step_list() if isinstance(s.get("loss"), float) and not math.isfinite(s["loss"])]
     for st in bad[:50]:

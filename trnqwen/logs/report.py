@@ -232,6 +232,7 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream:
                        for r, t in log.tracebacks.items()},
         "structured_logs": {k: v for k, v in ctx.structured.items() if k != "step_ms"} if ctx.structured else None,
         "tensorboard_steps": len(ctx.tensorboard.get("steps", {})) if ctx.tensorboard else 0,
+        "evaluation": ctx.evaluation or None,  # trnqwen eval's eval.json
     }
 
 
@@ -334,6 +335,25 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
             lines = ", ".join(str(x) for x in f.lines[:6]) + (" ..." if len(f.lines) > 6 else "")
             ft.add_row(f"[{style}]{f.severity}[/{style}]", _escape(redact(f.message)), lines)
         con.print(ft)
+    render_evaluation(ctx.evaluation, console=con)
+
+
+def render_evaluation(evaluation: dict, *, console=None, label: str = "") -> None:
+    """trnqwen eval's held-out results (eval.json) under the training summary."""
+    if not evaluation:
+        return
+    from rich.table import Table
+
+    from trnqwen import output
+
+    t = Table(title=f"held-out eval{label} on {_escape(str(evaluation.get('dataset')))}", title_justify="left")
+    for col in ("checkpoint", "tokens", "loss", "perplexity", "vs base"):
+        t.add_column(col, justify="left" if col == "checkpoint" else "right")
+    for r in evaluation.get("results", []):
+        delta = r.get("delta_vs_base")
+        t.add_row(_escape(str(r.get("checkpoint"))), _fmt(r.get("tokens"), ","), _fmt(r.get("loss"), ".4f"),
+                  _fmt(r.get("perplexity"), ",.2f"), "" if delta is None else f"{delta:+.4f}")
+    (console or output.console(stderr=False)).print(t)
 
 
 def _escape(text: str) -> str:
@@ -421,3 +441,5 @@ def render_compare(cmp: dict, *, console=None) -> None:
         con.print(f"{cmp['common_steps']} common step(s): {verdict}")
     else:
         con.print("no step is in both logs")
+    for side in ("a", "b"):
+        render_evaluation((cmp.get("evaluation") or {}).get(side) or {}, console=con, label=f" ({side.upper()})")

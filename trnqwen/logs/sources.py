@@ -65,6 +65,7 @@ class RunContext:
     tensorboard: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     identity: Any = None  # trnqwen.logs.identity.ModelIdentity, once the log was read
+    evaluation: dict = field(default_factory=dict)  # <run dir>/eval.json (trnqwen eval), when present
 
 
 def resolve_input(arg: Optional[str], runs_dir: Optional[Path] = None) -> LogInput:
@@ -191,7 +192,17 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
             roots.append(d if d.is_absolute() else ctx.run_dir / d)
         ctx.structured = read_structured_logs(roots)
         ctx.tensorboard = read_tensorboard(roots)
+        ctx.evaluation = read_evaluation(ctx.run_dir)
     return ctx
+
+
+def read_evaluation(run_dir: Path) -> dict:
+    """``trnqwen eval``'s results for this run (``eval.json``), {} when it was never evaluated."""
+    try:
+        data = json.loads((Path(run_dir) / "eval.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and isinstance(data.get("results"), list) else {}
 
 
 _SIZE_RE = re.compile(r"(?:^|[-_ ])\d+(?:\.\d+)?B(?:-A\d+(?:\.\d+)?B)?(?:$|[-_ ])", re.IGNORECASE)
