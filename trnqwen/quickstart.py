@@ -14,8 +14,7 @@ No network, no accelerator, in a working folder of its own (default ``./trnqwen-
   6. verify-ckpt    every exported checkpoint: keys/shapes/dtypes, NaN/Inf scan, round trip
   7. inspect-logs   every run judged; the fine-tunes' step-1 loss must sit far below the
                     random-init run's (the recipe's 6.54 vs 12.43), and a loss plot is written
-  8. chat fine-tune a native fine-tune on the bundled chat set with a held-out split, then
-                    ``trnqwen eval``: the held-out loss must fall; one answer before and after
+  8. chat fine-tune on the bundled chat set, then ``trnqwen eval``: held-out loss must fall
 
 Everything written stays under the working folder; a rerun starts the runs afresh (the fetched
 snapshot is reused).  :func:`run_quickstart` is the library call; the CLI prints its result.
@@ -38,8 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from trnqwen.constants import TINY_MODEL
 from trnqwen.errors import CheckFailed, TrnqwenError, UsageError
-from trnqwen.evaluate.lifecycle import held_out_check
-from trnqwen.fetch.builtin import chat_path
+from trnqwen.evaluate.lifecycle import held_out_check, quickstart_chat_settings
 
 DEFAULT_WORKDIR = Path("trnqwen-quickstart")
 MARKER = ".trnqwen-quickstart"
@@ -52,9 +50,6 @@ DEFAULT_LOCAL_BATCH = 2
 OVERRIDE_EXAMPLE = "torch_rope_override.torch_rope"  # examples/torch_rope, the NKI example's CPU twin
 OVERRIDE_LOSS_TOLERANCE = 1e-5  # the same weights and data through the twin: the same losses
 PRETRAIN_LR = 5e-3
-CHAT_STEPS = 12  # the chat stage: a native fine-tune on the bundled chat set, held-out loss before/after
-CHAT_LR = 2e-3
-CHAT_VAL_SPLIT = 0.1
 FINETUNE_LR = 1e-3
 # The fine-tunes must keep at least this share of what pre-training took off the loss
 # (a fine-tune whose weights did not load starts back at the random-init loss).
@@ -505,7 +500,7 @@ def run_quickstart(
     result = QuickstartResult(workdir=str(workdir), device=device)
     status = progress if status is None else status
     example = override_example_dir()
-    n_stages = 4 + 2 * len(backends) + 2 + 1  # ... + the chat fine-tune
+    n_stages = 4 + 2 * len(backends) + 3  # ... override, inspect-logs, chat fine-tune
     prog = Progress(progress, n_stages)
     assets = workdir / "assets" / "tiny-qwen3"
     pretrained = workdir / "assets" / "tiny-qwen3-pretrained"
@@ -645,13 +640,9 @@ def run_quickstart(
             return f"step-1 loss: random init {_fmt(c['random_init_step1_loss'])} vs fine-tune {gaps}; plot {plot}"
 
         stage("inspect-logs", "judge every run, compare random init with the fine-tunes, plot", judge)
-
-        chat = RunInfo(label="chat", backend=PRETRAIN_BACKEND, finetune=True, steps=CHAT_STEPS, nproc_per_node=ft_ranks)
-        chat_cfg = run_config(
-            **common, assets_dir=pretrained, backend=PRETRAIN_BACKEND, finetune=True, steps=CHAT_STEPS, lr=CHAT_LR,
-            checkpoint_dir=_fresh_dir(ckpts / "chat", workdir), nproc_per_node=ft_ranks, dataset=str(chat_path()),
-            val_split=CHAT_VAL_SPLIT, val_every=CHAT_STEPS, data_cache_dir=workdir / "data-cache",
-        )
+        chat_settings = quickstart_chat_settings(workdir)  # the chat stage: the bundled chat set with a held-out split
+        chat = result.runs["chat"] = RunInfo(label="chat", backend=PRETRAIN_BACKEND, finetune=True, steps=chat_settings["steps"], nproc_per_node=ft_ranks)
+        chat_cfg = run_config(**common, **chat_settings, assets_dir=pretrained, backend=PRETRAIN_BACKEND, finetune=True, checkpoint_dir=_fresh_dir(ckpts / "chat", workdir), nproc_per_node=ft_ranks)
 
         def chat_finetune() -> str:
             train_run("chat fine-tune", chat, chat_cfg, workdir, prog, status=status)
@@ -659,8 +650,7 @@ def run_quickstart(
             result.evaluation = held_out_check(Path(chat.run_dir), device=device)
             return result.evaluation["line"]
 
-        result.runs["chat"] = chat
-        stage("chat fine-tune", f"bundled chat set, {CHAT_STEPS} steps, held-out loss and one answer before/after", chat_finetune)
+        stage("chat fine-tune", f"bundled chat set, {chat.steps} steps, held-out loss and one answer before/after", chat_finetune)
         result.ok = True
     except StageFailed as exc:
         exc.result = result  # the CLI still prints what was done

@@ -87,3 +87,13 @@ def held_out_check(run_dir: Path, *, device: str = "auto") -> dict[str, Any]:
         answers = list(g["answers"].values())
         line += f"; {g['prompt']!r}: base {answers[0][:60]!r}, tuned {answers[-1][:60]!r}"
     return {**got, "line": line}
+
+
+def quickstart_chat_settings(workdir: Path) -> dict[str, Any]:
+    """RunConfig values of the quickstart's chat stage: the bundled chat set, 10% held out and
+    validated at the last step, its token cache inside the quickstart's folder."""
+    from trnqwen.fetch.builtin import chat_path
+
+    steps = 12
+    return {"steps": steps, "lr": 2e-3, "dataset": str(chat_path()), "val_split": 0.1, "val_every": steps,
+            "data_cache_dir": Path(workdir) / "data-cache"}
