@@ -8,6 +8,7 @@ need no torchrun; tests/test_eval_e2e.py trains for real.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import shutil
@@ -403,3 +404,18 @@ def test_neuron_paths_keep_one_shape_and_give_the_same_numbers(tiny, cache):
     calls.clear()
     assert m.answer(model, conversations, device_type="cpu", **common) == on_neuron
     assert "cache_implementation" not in calls[0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed")
+def test_eval_results_join_the_runs_wandb_run(run_work, cli, monkeypatch):
+    """A run trained with --wandb: eval resumes the same W&B run (offline here) and logs to it."""
+    work, run_dir, _ = run_work
+    record = json.loads((run_dir / "run.json").read_text())
+    record["config"]["wandb"] = True
+    (run_dir / "run.json").write_text(json.dumps(record))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    res = cli("eval", "--no-base", "--json", "--device", "cpu")
+    assert res.code == 0, res.text
+    (offline,) = (run_dir / "wandb").glob(f"offline-run-*-{run_dir.name}")
+    assert list(offline.glob("*.wandb"))

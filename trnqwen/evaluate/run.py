@@ -188,12 +188,14 @@ def record(
 ) -> None:
     """``<run dir>/eval.json`` (atomic), and the losses into the run's TensorBoard events if any."""
     from trnqwen.fsutil import write_json_atomic
-    from trnqwen.train.tracking import log_eval
+    from trnqwen.train.tracking import log_eval, log_eval_wandb
 
     results = report.to_json()["results"]
     payload: dict[str, Any] = {**report.to_json(), "step": step, "evaluated_at": time.time()}
     write_json_atomic(Path(run_dir) / EVAL_RECORD, payload)
     log_eval(Path(run_dir), results, step if isinstance(step, int) else None)
+    if run is not None:
+        log_eval_wandb(Path(run_dir), run.record.config or {}, results, step if isinstance(step, int) else None)
     if folder is not None and run is not None and run.record.assets_dir:
         from trnqwen.ckpt.model_folder import card_info, write_model_card
 

@@ -75,7 +75,9 @@ def rank_env(cfg: Any, run_dir: Optional[Path]) -> dict[str, str]:
     if getattr(cfg, "tensorboard", False):
         env["TENSORBOARD_LOGGING_DIR"] = str(Path(run_dir) / TB_FOLDER)
     if getattr(cfg, "wandb", False):
-        env.update({"WANDB_PROJECT": "trnqwen", "WANDB_RUN_NAME": Path(run_dir).name, "WANDB_DIR": str(run_dir)})
+        # the run id is also W&B's run id, so `trnqwen eval` can add its results to the same run
+        env.update({"WANDB_PROJECT": "trnqwen", "WANDB_RUN_NAME": Path(run_dir).name, "WANDB_RUN_ID": Path(run_dir).name,
+                    "WANDB_DIR": str(run_dir)})
     return {k: v for k, v in env.items() if k not in os.environ}
 
 
@@ -98,3 +100,24 @@ def log_eval(run_dir: Path, results: list[dict[str, Any]], step: Optional[int]) 
     finally:
         writer.close()
     return folder
+
+
+def log_eval_wandb(run_dir: Path, run_config: dict[str, Any], results: list[dict[str, Any]], step: Optional[int]) -> bool:
+    """Eval losses into the run's own W&B run (resumed by its id), when it trained with --wandb and
+    wandb still works here; whether it logged."""
+    if not run_config.get("wandb") or wandb_problem() is not None:
+        return False
+    import wandb
+
+    run = wandb.init(
+        project=os.environ.get("WANDB_PROJECT", "trnqwen"), id=os.environ.get("WANDB_RUN_ID", Path(run_dir).name),
+        resume="allow", dir=str(run_dir), settings=wandb.Settings(silent=True),
+    )
+    try:
+        metrics: dict[str, Any] = {f"eval/{str(r['checkpoint']).replace('/', '_')}/loss": r["loss"] for r in results}
+        if step is not None:  # W&B steps only grow: the training step it belongs to goes in as a value
+            metrics["eval/train_step"] = step
+        run.log(metrics)
+    finally:
+        run.finish()
+    return True
