@@ -419,3 +419,26 @@ def test_eval_results_join_the_runs_wandb_run(run_work, cli, monkeypatch):
     assert res.code == 0, res.text
     (offline,) = (run_dir / "wandb").glob(f"offline-run-*-{run_dir.name}")
     assert list(offline.glob("*.wandb"))
+
+
+def test_each_model_is_gone_before_the_next_loads(run_work, monkeypatch):
+    """Base and tuned never sit in memory together: the previous model is collected first."""
+    import weakref
+
+    from trnqwen.evaluate import model as m
+    from trnqwen.evaluate.run import execute, plan_eval
+
+    work, run_dir, _ = run_work
+    loaded: list[weakref.ref] = []
+    real_load = m.load_model
+
+    def load_and_track(*args, **kwargs):
+        assert all(ref() is None for ref in loaded), "a previous model is still alive"
+        model = real_load(*args, **kwargs)
+        loaded.append(weakref.ref(model))
+        return model
+
+    monkeypatch.setattr(m, "load_model", load_and_track)
+    report = execute(plan_eval([], runs_dir=work / ".trnqwen" / "runs", device="cpu", generate=1, max_new_tokens=2))
+    assert len(loaded) == 2 and all(ref() is None for ref in loaded)
+    assert [r.checkpoint for r in report.results][0] == "base"

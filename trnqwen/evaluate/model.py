@@ -86,11 +86,11 @@ def load_model(target: EvalTarget, device_type: str, *, trust_remote_code: bool 
     return model
 
 
-def free(model) -> None:
-    """Drop the model so the next one loads into the memory it held."""
+def release_memory() -> None:
+    """After the caller dropped its last reference to a model: collect it (modules hold reference
+    cycles) and hand cached device memory back, so the next model loads into that memory."""
     import torch
 
-    del model
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

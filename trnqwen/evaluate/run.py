@@ -146,8 +146,8 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
             )
             for slot, ids in zip(answers, generated):
                 slot[target.label] = tokenizer.decode(ids, skip_special_tokens=True).strip()
-        m.free(model)
-        del model
+        del model  # the last reference: base and tuned never sit in memory together
+        m.release_memory()
         report.results.append(EvalResult(target.label, result.tokens, result.loss, result.perplexity))
         if say is not None:
             say(f"{target.label}: loss {result.loss:.4f} on {result.tokens:,} tokens ({time.perf_counter() - started:.1f}s)")
