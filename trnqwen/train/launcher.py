@@ -165,7 +165,8 @@ def root_cause(lines: Iterable[str]) -> Optional[str]:
     in_tb = False
     fatal: Optional[str] = None
     wrapper: Optional[str] = None  # torch.distributed.checkpoint wraps each rank's real error
-    for raw in lines:
+    # an item may hold several lines (a captured block): the answer is always one line
+    for raw in (piece for item in lines for piece in item.splitlines()):
         text = clean_line(raw)
         line = text.strip()
         if not line:
