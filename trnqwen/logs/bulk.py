@@ -1,22 +1,27 @@
 """Step lines read in bulk, once the primary rank is known.
 
-* The primary rank's step lines of a region: one regex per line through C-level ``map``, columns
-  built with ``zip`` and ``array`` (:func:`read_primary_steps`).  A line the bulk regex does not
-  take exactly (another layout, a comma in a loss, non-ASCII) sends the whole region back to the
-  per-line parser, which is the reference.
+* :func:`line_table` classifies every line of a region with numpy, without splitting it: where
+  each line starts and ends, which lines carry the primary rank's prefix, which contain both
+  ``"loss:"`` and ``"step:"`` (the only lines that can be step lines).  The others are read one
+  by one.
+* The primary rank's step lines (:func:`read_primary_steps`): cut at their first ``step:``,
+  joined and split on whitespace once as bytes (no decoding); with 14 tokens per line,
+  ``tokens[j::14]`` is one column.  A line that is not torchtitan's exact layout (another
+  layout, a comma in a loss, non-ASCII) sends the region back to the per-line parser, which is
+  the reference.
 * The other ranks' step lines are not decoded at all: loss and grad norm are global
   (all-reduced, identical on every rank), and what differs per rank is read with byte-level
   passes over a whole region - the last step of each rank from the region's tail, and memory
   above :data:`~trnqwen.logs.record.HIGH_MEMORY_PCT` from one regex over the region
   (:func:`read_other_ranks`).
 
-The per-line parser gives the same result (``tests/test_inspect_logs.py`` checks both agree).
+The per-line parser gives the same result (``tests/test_logs_fastpath.py`` checks both agree).
 """
 
 from __future__ import annotations
 
 from array import array
-from itertools import accumulate, compress, repeat
+from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Optional
 
@@ -26,132 +31,126 @@ from trnqwen.logs.stepline import B_MEM, B_MEM_HIGH, B_STEP, step_key_glued_ok, 
 if TYPE_CHECKING:
     from trnqwen.logs.engine import LogParser
 
-
-def indices(values: list, value: object, out: set) -> None:
-    """Add every index of ``value`` in ``values`` to ``out`` (list.index runs in C)."""
-    i = -1
-    index = values.index
-    try:
-        while True:
-            i = index(value, i + 1)
-            out.add(i)
-    except ValueError:
-        pass
+_WORDS = (b"loss:", b"step:")
+_VALIDATE = b"validate step:"
+# the key each even token of a step line (cut at its "step:") ends with
+_KEYS = ((2, b"loss:"), (4, b"grad_norm:"), (6, b"memory:"), (8, b"tps:"), (10, b"tflops:"), (12, b"mfu:"))
+WIDTH = 14  # tokens of a step line from its "step:" on
 
 
-def cut_region(buf: bytes, start: int, end: int, prefix: bytes) -> tuple[int, list, list, list, Optional[bytes]]:
-    """The lines of ``buf[start:end]`` that need reading, found without splitting every line.
+def line_table(buf: bytes, start: int, end: int, prefix: bytes):
+    """The lines of ``buf[start:end]`` (newline-separated, none after the last), classified in
+    a few numpy passes: ``(starts, ends, primary, steplike)``: region-relative start and end
+    offsets of each line, whether it starts with ``prefix``, whether it contains both
+    ``"loss:"`` and ``"step:"`` (only such lines can be step lines)."""
+    import numpy as np
 
-    The region is split at ``"\n" + prefix`` into pieces of one primary-rank line and the
-    other ranks' lines after it (about ``ranks`` lines each).  Returns ``(lines in the region,
-    indices of the primary step lines, their bodies without the prefix, [(index, raw line)]
-    of the lines to read one by one, the bodies joined with newlines or None)``: the lines to
-    read one by one are those without ``"loss:"`` (found in the few pieces where the counts of
-    ``"loss:"`` and of lines differ) and the primary validation lines.
-    """
-    region = buf[start:end]
-    pieces = region.split(b"\n" + prefix)
-    newlines = list(map(bytes.count, pieces, repeat(b"\n")))
-    firsts = list(accumulate(map((1).__add__, newlines[:-1]), initial=0))  # first line of each piece
-    n = firsts[-1] + newlines[-1] + 1
-    lead = region.startswith(prefix)
-    if lead:
-        pieces[0] = pieces[0][len(prefix):]
-    # each piece's first line (a piece without a newline is one line: -1 -> None, the whole piece)
-    cut = list(map(bytes.find, pieces, repeat(b"\n")))
-    heads = list(map(bytes.__getitem__, pieces, map(slice, repeat(None), map({-1: None}.get, cut, cut))))
-    single: list = []
-    losses = list(map(bytes.count, pieces, repeat(b"loss:")))
-    for k in compress(range(len(pieces)), map(int.__ne__, losses, map((1).__add__, newlines))):
-        lines = pieces[k].split(b"\n")
-        for j in range(1 if (k or lead) else 0, len(lines)):
-            if b"loss:" not in lines[j]:
-                single.append((firsts[k] + j, lines[j]))
-    # the primary rank's lines: piece heads (piece 0's head is another rank's line unless lead)
-    primary = firsts if lead else firsts[1:]
-    bodies = heads if lead else heads[1:]
-    joined = b"\n".join(bodies)
-    if joined.count(b"loss:") != len(bodies) or b"validate step:" in joined:
-        keep = [(i, body) for i, body in zip(primary, bodies) if b"loss:" in body and b"validate step:" not in body]
-        single.extend((i, prefix + body) for i, body in zip(primary, bodies) if b"loss:" not in body or b"validate step:" in body)
-        primary = [i for i, _ in keep]
-        bodies = [body for _, body in keep]
-        joined = None
-    single.sort()
-    return n, primary, bodies, single, joined
+    size = end - start
+    arr = np.frombuffer(buf, np.uint8, count=size, offset=start)
+    nl = np.flatnonzero(arr == 10)
+    n = len(nl) + 1
+    starts = np.empty(n, np.int64)
+    starts[0] = 0
+    starts[1:] = nl + 1
+    ends = np.empty(n, np.int64)
+    ends[:-1] = nl
+    ends[-1] = size
+    head = arr[: max(size - 4, 0)]
+    steplike = np.ones(n, dtype=bool)
+    for word in _WORDS:  # "loss:" / "step:" anywhere: every first letter, then the four bytes after it
+        at = np.flatnonzero(head == word[0])
+        for k in range(1, 5):
+            at = at[arr[at + k] == word[k]]
+        has = np.zeros(n, dtype=bool)
+        has[np.searchsorted(nl, at)] = True
+        steplike &= has
+    primary = (ends - starts) >= len(prefix)
+    if size:
+        last = size - 1
+        for k, c in enumerate(prefix):
+            primary &= arr[np.minimum(starts + k, last)] == c
+    else:
+        primary[:] = False
+    return starts, ends, primary, steplike
 
 
-def read_primary_steps(parser: "LogParser", bodies: list, primary: list, base: int, joined: Optional[bytes] = None) -> bool:
+def read_primary_steps(parser: "LogParser", bodies: list, lines: list) -> Optional[list]:
     """Store the primary rank's step lines (``bodies``: the lines without the rank prefix, at
-    region indices ``primary``, line ``base + i``) in one pass; False (nothing stored) when any
-    of them is not torchtitan's exact layout.
+    log lines ``lines``) in one pass.  Returns the positions (in ``bodies``) of lines that are
+    not step lines after all and must be read one by one (validation lines, ``loss:`` without
+    ``step:``); None (nothing stored) when any line is not torchtitan's exact layout.
 
-    What :func:`~trnqwen.logs.stepline.fast_step` does per line, done per column: the lines are
-    joined, decoded and split on whitespace once; with ``K`` tokens per line, ``tokens[j::K]`` is
-    one column.  ``step:`` must occur once per line and each key sit at its place; every value
-    must convert.  Otherwise the caller reads the lines one by one.
+    What :func:`~trnqwen.logs.stepline.fast_step` does per line, done per column on bytes:
+    ``step:`` must occur once per line, nothing but a colour code glued before it, each key at
+    its place, and every value must convert.
     """
     n = len(bodies)
     if not n:
-        return True
-    joined = joined if joined is not None else b"\n".join(bodies)
-    if joined.count(b"step:") != n or max(map(len, bodies)) > parser.max_line - len(parser.primary_prefix_text):
-        return False
-    try:
-        # "memory: 14.20GiB(59.20%)" -> two tokens, "14.20" and "59.20%)"
-        tokens = joined.decode("utf-8").replace("GiB(", " GiB( ").split()
-    except UnicodeDecodeError:
-        return False
-    first = bodies[0].decode("utf-8", "replace").split()
-    head = next((j for j, t in enumerate(first) if t.endswith("step:")), None)
-    if head is None:
-        return False
-    width = head + 16
-    if len(tokens) != width * n:
-        return False
+        return []
+    joined = b"\n".join(bodies)
+    if not joined.isascii():  # non-ASCII: the per-line parser decodes (and counts bad UTF-8)
+        return None
+    prefix = parser._primary_prefix or b""
+    if prefix and any(map(bytes.startswith, bodies, repeat(prefix))):  # stacked prefixes
+        return None
+    at = list(map(bytes.find, bodies, repeat(b"step:")))
+    skip: list = []
+    if _VALIDATE in joined or -1 in at:  # (line_table already requires "step:")
+        skip = [k for k, (body, i) in enumerate(zip(bodies, at)) if i < 0 or _VALIDATE in body]
+        gone = set(skip)
+        keep = [k for k in range(n) if k not in gone]
+        bodies = [bodies[k] for k in keep]
+        at = [at[k] for k in keep]
+        lines = [lines[k] for k in keep]
+        n = len(bodies)
+        if not n:
+            return skip
+    # what is glued before "step:" (fast_step looks 24 characters back; all ASCII here)
+    for head in set(map(bytes.__getitem__, bodies, map(slice, [max(0, i - 24) for i in at], at))):
+        text = head.decode("ascii")
+        if not step_key_glued_ok(text + "step:", len(text)) or text[-12:].rstrip().endswith("validate"):
+            return None
+    parts = b"\n".join(map(bytes.__getitem__, bodies, map(slice, at, repeat(None))))
+    if parts.count(b"step:") != n:
+        return None
+    tokens = parts.split()
+    if len(tokens) != WIDTH * n:
+        return None
     for offset, key in _KEYS:
-        if not all(map(str.endswith, set(tokens[head + offset::width]), repeat(key))):
-            return False
-    if not all(map(step_key_ok, set(tokens[head::width]))):
-        return False
-    col = tokens.__getitem__
-    pct = col(slice(head + 9, None, width))
-    mfu = col(slice(head + 15, None, width))
-    if set(tokens[head + 8::width]) != {"GiB("} or not all(map(str.endswith, pct, repeat("%)"))):
-        return False
+        if not all(map(bytes.endswith, set(tokens[offset::WIDTH]), repeat(key))):
+            return None
+    mem = list(map(bytes.partition, tokens[7::WIDTH], repeat(b"GiB(")))
+    if set(map(itemgetter(1), mem)) != {b"GiB("}:
+        return None
+    pct = list(map(bytes.partition, map(itemgetter(2), mem), repeat(b"%")))
+    if set(map(itemgetter(1), pct)) != {b"%"}:
+        return None
+    mfu = tokens[13::WIDTH]
     missing: dict[str, list] = {}
-    if any(map(str.startswith, mfu, repeat("N/A"))):
-        na = [i for i, hit in enumerate(map(str.startswith, mfu, repeat("N/A"))) if hit]
+    if any(map(bytes.startswith, mfu, repeat(b"N/A"))):
+        na = [i for i, hit in enumerate(map(bytes.startswith, mfu, repeat(b"N/A"))) if hit]
         missing["mfu"] = na
         for i in na:
-            mfu[i] = "nan%"
-    if not all(map(str.__contains__, mfu, repeat("%"))):
-        return False
+            mfu[i] = b"nan%"
+    mfu = list(map(bytes.partition, mfu, repeat(b"%")))
+    if set(map(itemgetter(1), mfu)) != {b"%"}:
+        return None
     try:
-        steps = array("q", map(int, col(slice(head + 1, None, width))))
+        steps = array("q", map(int, tokens[1::WIDTH]))
         values = {
-            "loss": array("d", map(float, col(slice(head + 3, None, width)))),
-            "grad_norm": array("d", map(float, col(slice(head + 5, None, width)))),
-            "memory_gib": array("d", map(float, col(slice(head + 7, None, width)))),
-            "memory_pct": array("d", map(float, map(str.__getitem__, pct, repeat(slice(None, -2))))),
-            "tps": array("d", map(float, map(str.replace, col(slice(head + 11, None, width)), repeat(","), repeat("")))),
-            "tflops": array("d", map(float, map(str.replace, col(slice(head + 13, None, width)), repeat(","), repeat("")))),
-            "mfu": array("d", map(float, map(itemgetter(0), map(str.partition, mfu, repeat("%"))))),
+            "loss": array("d", map(float, tokens[3::WIDTH])),
+            "grad_norm": array("d", map(float, tokens[5::WIDTH])),
+            "memory_gib": array("d", map(float, map(itemgetter(0), mem))),
+            "memory_pct": array("d", map(float, map(itemgetter(0), pct))),
+            "tps": array("d", map(float, map(bytes.replace, tokens[9::WIDTH], repeat(b","), repeat(b"")))),
+            "tflops": array("d", map(float, map(bytes.replace, tokens[11::WIDTH], repeat(b","), repeat(b"")))),
+            "mfu": array("d", map(float, map(itemgetter(0), mfu))),
         }
     except ValueError:
-        return False
+        return None
     parser.log.recognized_lines += n
-    parser.store_primary_steps(steps, array("q", map(base.__add__, primary)), values, missing)
-    return True
-
-
-# (offset from the step key, key) once "GiB(" is its own token
-_KEYS = ((2, "loss:"), (4, "grad_norm:"), (6, "memory:"), (10, "tps:"), (12, "tflops:"), (14, "mfu:"))
-
-
-def step_key_ok(token: str) -> bool:
-    """The token that ends in ``step:`` passes fast_step's check of what is glued before it."""
-    return step_key_glued_ok(token, len(token) - 5)
+    parser.store_primary_steps(steps, array("q", lines), values, missing)
+    return skip
 
 
 def is_other_step(raw: bytes, prefix: bytes) -> bool:

@@ -13,7 +13,7 @@ kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
 
 from __future__ import annotations
 
-from itertools import compress
+from itertools import compress, repeat
 from typing import Optional
 
 from trnqwen.logs import bulk
@@ -164,23 +164,36 @@ class LogParser:
         if prefix is None or not self.fast or self._tracebacks.any_open():
             self._slow(buf, start, end, base)
             return
-        # Fast path: the region is cut at the primary rank's prefix (bulk.cut_region); the
-        # primary rank's step lines are read in bulk, lines without "loss:" (and the primary
-        # rank's validation lines) one by one, the other ranks' step lines only in bulk summary.
-        n, primary, bodies, single, joined = bulk.cut_region(buf, start, end, prefix)
-        if any(_TB_START in raw for _, raw in single):  # a crash: every line in order
+        # Fast path (bulk.line_table): lines without "loss:" and "step:" are read one by one, the
+        # primary rank's step lines in bulk, the other ranks' step lines only in bulk summary.
+        starts, ends, primary, steplike = bulk.line_table(buf, start, end, prefix)
+        if int((ends - starts).max()) > self.max_line:  # overlong lines: truncated one by one
             self._slow(buf, start, end, base)
             return
-        self.lineno = base + n - 1
+        piece = buf.__getitem__
+        single = (~steplike).nonzero()[0].tolist()
+        raws = list(map(piece, map(slice, (starts[single] + start).tolist(), (ends[single] + start).tolist())))
+        if any(map(bytes.__contains__, raws, repeat(_TB_START))):  # a crash: every line in order
+            self._slow(buf, start, end, base)
+            return
+        self.lineno = base + len(starts) - 1
+        steps = (primary & steplike).nonzero()[0]
+        bodies = list(map(piece, map(slice, (starts[steps] + start + len(prefix)).tolist(), (ends[steps] + start).tolist())))
+        steps = steps.tolist()
+        skip = bulk.read_primary_steps(self, bodies, list(map(base.__add__, steps)))
         feed = self._line
-        if bulk.read_primary_steps(self, bodies, primary, base, joined):
-            for i, raw in single:
-                feed(base + i, raw)
-        else:  # not the exact layout somewhere: every line that matters, in order
-            todo = dict(single)
-            todo.update(zip(primary, map(prefix.__add__, bodies)))
+        if skip is None:  # not the exact layout somewhere: every line that matters, in order
+            todo = dict(zip(single, raws))
+            todo.update(zip(steps, map(prefix.__add__, bodies)))
             for i in sorted(todo):
                 feed(base + i, todo[i])
+        else:
+            if skip:  # primary validation lines
+                todo = dict(zip(single, raws))
+                todo.update((steps[k], prefix + bodies[k]) for k in skip)
+                single, raws = sorted(todo), [todo[i] for i in sorted(todo)]
+            for i, raw in zip(single, raws):
+                feed(base + i, raw)
         bulk.read_other_ranks(self, buf, start, end, base, prefix)
 
     def _slow(self, buf: bytes, start: int, end: int, base: int) -> None:

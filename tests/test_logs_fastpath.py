@@ -1,0 +1,167 @@
+"""The bulk fast path (logs/bulk.py) against the per-line reference parser (``fast=False``).
+
+Logs are generated with what real multi-rank logs mix in: ANSI colours or none, every rank or
+only rank 0 printing step lines, mfu N/A, thousands separators, NaN losses, high memory, rank-0
+validation and info lines, warnings that mention ``loss:``, restarts, a crash in the middle,
+stacked torchrun prefixes, CRLF, non-ASCII and invalid UTF-8 - and every one is fed in chunks
+of many sizes, so lines straddle chunk boundaries.  Everything the parser records must be the
+same, except ``recognized_lines`` (the fast path does not count other ranks' step lines).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+
+from trnqwen.logs.engine import LogParser
+from trnqwen.logs.parse import parse_bytes
+from trnqwen.logs.stepline import format_step_line
+
+E = "\x1b"
+
+
+def colour_step(step, loss, gn, gib, pct, tps, tflops, mfu) -> str:
+    """torchtitan 0.3.0's coloured step line (components/metrics.py layout)."""
+    mfu_s = f"{mfu:.2f}%" if mfu is not None else "N/A"
+    return (f"{E}[31mstep: {step:2}  {E}[32mloss: {loss:8.5f}  {E}[38;2;180;60;0mgrad_norm: {gn:7.4f}  "
+            f"{E}[38;2;54;234;195mmemory: {gib:5.2f}GiB({pct:.2f}%)  {E}[34mtps: {round(tps):,}  "
+            f"{E}[36mtflops: {tflops:,.2f}  {E}[35mmfu: {mfu_s}{E}[39m")
+
+
+def generate(seed: int, *, ranks: int, steps: int, colour: bool, every_rank: bool, role: str = "rank",
+             oddities: bool = True) -> bytes:
+    rnd = random.Random(seed)
+    out: list[bytes] = []
+
+    def pre(r):
+        return "" if r is None else f"[{role}{r}]:"
+
+    def emit(r, msg, level="INFO", end="\n"):
+        out.append(f"{pre(r)}[titan] 2026-11-29 10:00:0{rnd.randrange(10)},{rnd.randrange(1000):03d} - root - "
+                   f"{level} - {msg}{end}".encode())
+
+    rank_ids = [None] if ranks == 0 else list(range(ranks))
+    for r in rank_ids:
+        emit(r, "Building qwen3 4B")
+        emit(r, "[Override] m.f: model_spec.model.layers.0.attention.rope A.Config -> B.Config")
+        emit(r, "Applied 1 override(s)")
+        emit(r, "Training starts at step 1")
+    step = 0
+    crashed = False
+    while step < steps:
+        step += 1
+        if oddities and step == steps // 2 and rnd.random() < 0.5:
+            step -= rnd.randrange(1, 5)  # a restart: the counter goes back
+        loss = 6.5 / (1 + step / 50) + 0.3
+        for r in rank_ids:
+            if not every_rank and r not in (None, 0):
+                continue
+            mfu = None if rnd.random() < 0.05 else 7.48 + (step % 3) / 100
+            pct = 93.5 if rnd.random() < 0.02 else 40.0 + (r or 0)
+            tps = rnd.choice([55, 999, 1234.0, 123456]) + (r or 0)
+            tflops = rnd.choice([3.5, 1234.5])
+            l_val = float("nan") if rnd.random() < 0.01 else loss
+            args = (step, l_val, 1.0 + step % 7 / 10, pct / 4, pct, tps, tflops, mfu)
+            msg = colour_step(*args) if colour else format_step_line(*args)
+            end = "\r\n" if oddities and rnd.random() < 0.01 else "\n"
+            emit(r, msg, end=end)
+            if not oddities:
+                continue
+            x = rnd.random()
+            if x < 0.02:
+                emit(r, f"Dataloader slow: waited 1.{step % 10}s for batch at step {step}", "WARNING")
+            elif x < 0.03:
+                emit(r, "loss: nan detected, skipping the update", "WARNING")  # "loss:" but no "step:"
+            elif x < 0.035 and r in (None, 0):
+                emit(r, f"validate step: {step}  loss: {loss:7.4f}  memory: 10.00GiB(40.00%)  tps: 1,000")
+            elif x < 0.04 and r in (None, 0):
+                emit(r, f"Saving the checkpoint (or staging if async is enabled) at step {step}. é")
+            elif x < 0.043:
+                emit(r, "something broke", "ERROR")
+            elif x < 0.046 and r == 0:
+                out.append(f"{pre(r)}{pre(r)}W1129 10:00:00.879000 10898 file.py:982] stacked prefixes\n".encode())
+            elif x < 0.048:
+                out.append(f"{pre(r)}plain print \xff\n".encode("latin-1"))  # invalid UTF-8
+            elif x < 0.050 and r in (None, 0):
+                emit(r, f"x{E}[0mstep: {step}  loss: 1.0")  # another layout: the regex path
+        if oddities and not crashed and ranks > 1 and step == (2 * steps) // 3:
+            crashed = True
+            r = ranks - 1
+            out.append(f"{pre(r)}Traceback (most recent call last):\n{pre(r)}  File \"x.py\", line 1, in <module>\n"
+                       f"{pre(r)}    raise ValueError('bad')\n{pre(r)}ValueError: bad step: 3 loss: 2\n".encode())
+    out.append(f"{pre(rank_ids[0])}[titan] 2026-11-29 11:00:00,000 - root - INFO - Training completed\n".encode())
+    return b"".join(out)
+
+
+def _plain(value):
+    """A comparable form: NaN as a string, sets sorted, mappings and sequences recursively."""
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    if isinstance(value, (set, frozenset)):
+        return sorted((_plain(v) for v in value), key=repr)
+    if isinstance(value, dict):
+        return {repr(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def snapshot(log) -> dict:
+    out = {}
+    for f in dataclasses.fields(log):
+        if f.name in ("recognized_lines", "source"):
+            continue
+        value = getattr(log, f.name)
+        out[f.name] = _plain(log.step_list() if f.name == "steps" else value)
+    return out
+
+
+def reference(data: bytes):
+    parser = LogParser("x", fast=False)
+    for i in range(0, len(data), 1 << 20):
+        parser.feed(data[i:i + (1 << 20)])
+    return parser.close()
+
+
+SHAPES = [
+    dict(ranks=8, steps=300, colour=True, every_rank=True),
+    dict(ranks=8, steps=300, colour=False, every_rank=True, role="default"),
+    dict(ranks=2, steps=600, colour=True, every_rank=False),
+    dict(ranks=1, steps=600, colour=False, every_rank=True),
+    dict(ranks=0, steps=600, colour=True, every_rank=True),  # one unprefixed stream
+    dict(ranks=8, steps=400, colour=True, every_rank=True, oddities=False),  # the exact layout only
+]
+
+
+@pytest.mark.parametrize("shape", range(len(SHAPES)))
+@pytest.mark.parametrize("chunk", [7, 97, 4096, 65536, 1 << 24])
+def test_fast_path_equals_reference(shape, chunk):
+    data = generate(shape + 1, **SHAPES[shape])
+    want = snapshot(reference(data))
+    got = snapshot(parse_bytes(data, "x", chunk_size=chunk))
+    assert want["steps"], "the generated log has steps"
+    for key in want:
+        assert got[key] == want[key], key
+
+
+def test_fast_path_is_taken_and_equal_on_the_exact_layout(monkeypatch):
+    """On torchtitan's exact layout the bulk reader stores every primary step (it is not
+    silently falling back to the per-line path), and the result is still the reference's."""
+    from trnqwen.logs import bulk
+
+    stored = []
+    real = bulk.read_primary_steps
+
+    def spy(parser, bodies, lines):
+        skip = real(parser, bodies, lines)
+        stored.append(None if skip is None else len(bodies) - len(skip))
+        return skip
+
+    monkeypatch.setattr(bulk, "read_primary_steps", spy)
+    data = generate(9, ranks=8, steps=400, colour=True, every_rank=True, oddities=False)
+    got = parse_bytes(data, "x", chunk_size=1 << 16)
+    assert None not in stored and sum(stored) > 350
+    assert snapshot(got) == snapshot(reference(data))
