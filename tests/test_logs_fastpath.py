@@ -153,14 +153,14 @@ def test_fast_path_is_taken_and_equal_on_the_exact_layout(monkeypatch):
     from trnqwen.logs import bulk
 
     stored = []
-    real = bulk.read_primary_steps
+    real = bulk.primary_columns
 
-    def spy(parser, bodies, lines):
-        skip = real(parser, bodies, lines)
-        stored.append(None if skip is None else len(bodies) - len(skip))
-        return skip
+    def spy(bodies, lines, prefix):
+        cols = real(bodies, lines, prefix)
+        stored.append(None if cols is None else len(cols[0]))
+        return cols
 
-    monkeypatch.setattr(bulk, "read_primary_steps", spy)
+    monkeypatch.setattr(bulk, "primary_columns", spy)
     data = generate(9, ranks=8, steps=400, colour=True, every_rank=True, oddities=False)
     got = parse_bytes(data, "x", chunk_size=1 << 16)
     assert None not in stored and sum(stored) > 350

@@ -4,7 +4,8 @@
   each line starts and ends, which lines carry the primary rank's prefix, which contain both
   ``"loss:"`` and ``"step:"`` (the only lines that can be step lines).  The others are read one
   by one.
-* The primary rank's step lines (:func:`read_primary_steps`): cut at their first ``step:``,
+* The primary rank's step lines (:func:`primary_columns`, planned per region by
+  :func:`plan_region`): cut at their first ``step:``,
   joined and split on whitespace once as bytes (no decoding); with 14 tokens per line,
   ``tokens[j::14]`` is one column.  A line that is not torchtitan's exact layout (another
   layout, a comma in a loss, non-ASCII) sends the region back to the per-line parser, which is
@@ -23,15 +24,16 @@ from __future__ import annotations
 from array import array
 from itertools import repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
-from trnqwen.logs.patterns import B_PREFIX_RE
+from trnqwen.logs.patterns import B_PREFIX_RE, TRACEBACK_START
 from trnqwen.logs.stepline import B_MEM, B_MEM_HIGH, B_STEP, step_key_glued_ok, to_number
 
 if TYPE_CHECKING:
     from trnqwen.logs.engine import LogParser
 
 _WORDS = (b"loss:", b"step:")
+_TB_START = TRACEBACK_START.encode()
 _VALIDATE = b"validate step:"
 # the key each even token of a step line (cut at its "step:") ends with
 _KEYS = ((2, b"loss:"), (4, b"grad_norm:"), (6, b"memory:"), (8, b"tps:"), (10, b"tflops:"), (12, b"mfu:"))
@@ -74,27 +76,70 @@ def line_table(buf: bytes, start: int, end: int, prefix: bytes):
     return starts, ends, primary, steplike
 
 
-def read_primary_steps(parser: "LogParser", bodies: list, lines: list) -> Optional[list]:
-    """Store the primary rank's step lines (``bodies``: the lines without the rank prefix, at
-    log lines ``lines``) in one pass.  Returns the positions (in ``bodies``) of lines that are
-    not step lines after all and must be read one by one (validation lines, ``loss:`` without
-    ``step:``); None (nothing stored) when any line is not torchtitan's exact layout.
+class RegionPlan(NamedTuple):
+    """What the engine does with one region (region-relative line indices): read ``single``
+    (their bytes in ``raws``) one by one in order, and store ``steps`` (``(steps, lines,
+    values, missing)`` from :func:`primary_columns`) in bulk; ``fallback``: read every line."""
+
+    lines: int
+    single: list
+    raws: list
+    steps: Optional[tuple]
+    fallback: bool = False
+
+
+def plan_region(buf: bytes, start: int, end: int, prefix: bytes, max_line: int) -> RegionPlan:
+    """Classify the lines of ``buf[start:end]`` and read the primary rank's step lines; pure
+    (no parser state), so it can run in another process (:mod:`trnqwen.logs.parallel`)."""
+    starts, ends, primary, steplike = line_table(buf, start, end, prefix)
+    n = len(starts)
+    if int((ends - starts).max()) > max_line:  # overlong lines: truncated one by one
+        return RegionPlan(n, [], [], None, True)
+    piece = buf.__getitem__
+    single = (~steplike).nonzero()[0].tolist()
+    raws = list(map(piece, map(slice, (starts[single] + start).tolist(), (ends[single] + start).tolist())))
+    if any(map(bytes.__contains__, raws, repeat(_TB_START))):  # a crash: every line in order
+        return RegionPlan(n, [], [], None, True)
+    at = (primary & steplike).nonzero()[0]
+    bodies = list(map(piece, map(slice, (starts[at] + (start + len(prefix))).tolist(), (ends[at] + start).tolist())))
+    if not bodies:
+        return RegionPlan(n, single, raws, None)
+    at = at.tolist()
+    cols = primary_columns(bodies, at, prefix)
+    if cols is None:  # not the exact layout somewhere: every line that matters, in order
+        todo = dict(zip(single, raws))
+        todo.update(zip(at, map(prefix.__add__, bodies)))
+        order = sorted(todo)
+        return RegionPlan(n, order, [todo[i] for i in order], None)
+    skip = cols[4]
+    if skip:  # primary validation lines
+        todo = dict(zip(single, raws))
+        todo.update((at[k], prefix + bodies[k]) for k in skip)
+        single = sorted(todo)
+        raws = [todo[i] for i in single]
+    return RegionPlan(n, single, raws, cols[:4])
+
+
+def primary_columns(bodies: list, lines: list, prefix: bytes) -> Optional[tuple]:
+    """The primary rank's step lines (``bodies``: the lines without the rank prefix ``prefix``,
+    at ``lines``) as columns, in one pass: ``(steps, lines, values, missing, skip)``, ``skip``
+    the positions (in ``bodies``) of lines that are not step lines after all and must be read
+    one by one (validation lines); None when any line is not torchtitan's exact layout.
 
     What :func:`~trnqwen.logs.stepline.fast_step` does per line, done per column on bytes:
     ``step:`` must occur once per line, nothing but a colour code glued before it, each key at
     its place, and every value must convert.
     """
     n = len(bodies)
+    skip: list = []
     if not n:
-        return []
+        return None
     joined = b"\n".join(bodies)
     if not joined.isascii():  # non-ASCII: the per-line parser decodes (and counts bad UTF-8)
         return None
-    prefix = parser._primary_prefix or b""
     if prefix and any(map(bytes.startswith, bodies, repeat(prefix))):  # stacked prefixes
         return None
     at = list(map(bytes.find, bodies, repeat(b"step:")))
-    skip: list = []
     if _VALIDATE in joined or -1 in at:  # (line_table already requires "step:")
         skip = [k for k, (body, i) in enumerate(zip(bodies, at)) if i < 0 or _VALIDATE in body]
         gone = set(skip)
@@ -104,9 +149,9 @@ def read_primary_steps(parser: "LogParser", bodies: list, lines: list) -> Option
         lines = [lines[k] for k in keep]
         n = len(bodies)
         if not n:
-            return skip
+            return None
     # what is glued before "step:" (fast_step looks 24 characters back; all ASCII here)
-    for head in set(map(bytes.__getitem__, bodies, map(slice, [max(0, i - 24) for i in at], at))):
+    for head in set(map(bytes.__getitem__, bodies, map(slice, map(max, repeat(0), map((-24).__add__, at)), at))):
         text = head.decode("ascii")
         if not step_key_glued_ok(text + "step:", len(text)) or text[-12:].rstrip().endswith("validate"):
             return None
@@ -148,9 +193,7 @@ def read_primary_steps(parser: "LogParser", bodies: list, lines: list) -> Option
         }
     except ValueError:
         return None
-    parser.log.recognized_lines += n
-    parser.store_primary_steps(steps, array("q", lines), values, missing)
-    return skip
+    return steps, lines, values, missing, skip
 
 
 def is_other_step(raw: bytes, prefix: bytes) -> bool:

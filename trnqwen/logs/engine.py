@@ -13,8 +13,9 @@ kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
 
 from __future__ import annotations
 
-from itertools import compress, repeat
-from typing import Optional
+from array import array
+from itertools import compress
+from typing import Callable, Optional
 
 from trnqwen.logs import bulk
 from trnqwen.logs.patterns import (
@@ -64,6 +65,8 @@ class LogParser:
         self._tracebacks = Tracebacks(self.log)
         self._torchrun = TorchrunSummary(self.log)
         self.closed = False
+        # (buf, start, end, prefix) -> a bulk.RegionPlan computed elsewhere, or None
+        self.planned: Optional[Callable] = None
 
     # -- byte level ---------------------------------------------------------------------------
 
@@ -164,36 +167,22 @@ class LogParser:
         if prefix is None or not self.fast or self._tracebacks.any_open():
             self._slow(buf, start, end, base)
             return
-        # Fast path (bulk.line_table): lines without "loss:" and "step:" are read one by one, the
-        # primary rank's step lines in bulk, the other ranks' step lines only in bulk summary.
-        starts, ends, primary, steplike = bulk.line_table(buf, start, end, prefix)
-        if int((ends - starts).max()) > self.max_line:  # overlong lines: truncated one by one
+        # Fast path (bulk.plan_region): lines without "loss:" and "step:" are read one by one,
+        # the primary rank's step lines in bulk, the other ranks' step lines only in bulk summary.
+        plan = self.planned(buf, start, end, prefix) if self.planned is not None else None
+        if plan is None:
+            plan = bulk.plan_region(buf, start, end, prefix, self.max_line)
+        if plan.fallback:
             self._slow(buf, start, end, base)
             return
-        piece = buf.__getitem__
-        single = (~steplike).nonzero()[0].tolist()
-        raws = list(map(piece, map(slice, (starts[single] + start).tolist(), (ends[single] + start).tolist())))
-        if any(map(bytes.__contains__, raws, repeat(_TB_START))):  # a crash: every line in order
-            self._slow(buf, start, end, base)
-            return
-        self.lineno = base + len(starts) - 1
-        steps = (primary & steplike).nonzero()[0]
-        bodies = list(map(piece, map(slice, (starts[steps] + start + len(prefix)).tolist(), (ends[steps] + start).tolist())))
-        steps = steps.tolist()
-        skip = bulk.read_primary_steps(self, bodies, list(map(base.__add__, steps)))
+        self.lineno = base + plan.lines - 1
+        if plan.steps is not None:
+            steps, at, values, missing = plan.steps
+            self.log.recognized_lines += len(steps)
+            self.store_primary_steps(steps, array("q", map(base.__add__, at)), values, missing)
         feed = self._line
-        if skip is None:  # not the exact layout somewhere: every line that matters, in order
-            todo = dict(zip(single, raws))
-            todo.update(zip(steps, map(prefix.__add__, bodies)))
-            for i in sorted(todo):
-                feed(base + i, todo[i])
-        else:
-            if skip:  # primary validation lines
-                todo = dict(zip(single, raws))
-                todo.update((steps[k], prefix + bodies[k]) for k in skip)
-                single, raws = sorted(todo), [todo[i] for i in sorted(todo)]
-            for i, raw in zip(single, raws):
-                feed(base + i, raw)
+        for i, raw in zip(plan.single, plan.raws):
+            feed(base + i, raw)
         bulk.read_other_ranks(self, buf, start, end, base, prefix)
 
     def _slow(self, buf: bytes, start: int, end: int, base: int) -> None:
@@ -370,7 +359,7 @@ class LogParser:
         self.log.steps.append(rec)
 
     def store_primary_steps(self, steps, lines, values: dict, missing: dict) -> None:
-        """Many primary-rank steps at once (columns from bulk.read_primary_steps); the same
+        """Many primary-rank steps at once (columns from bulk.primary_columns); the same
         bookkeeping as :meth:`_step` for each."""
         log = self.log
         last = self._last_primary_step
