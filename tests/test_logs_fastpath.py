@@ -165,3 +165,40 @@ def test_fast_path_is_taken_and_equal_on_the_exact_layout(monkeypatch):
     got = parse_bytes(data, "x", chunk_size=1 << 16)
     assert None not in stored and sum(stored) > 350
     assert snapshot(got) == snapshot(reference(data))
+
+
+@pytest.mark.parametrize("shape", [0, 2, 5])
+def test_planned_in_worker_processes_equals_reference(tmp_path, monkeypatch, shape):
+    """parallel.read_file: the regions planned in worker processes are used, and the result is
+    the reference's (small blocks, so many regions and lines across block boundaries)."""
+    from trnqwen.logs import parallel
+    from trnqwen.logs.parse import parse_file
+
+    used = []
+
+    class Counting(parallel.LogParser):
+        def __setattr__(self, name, value):
+            if name == "planned" and value is not None:
+                real = value
+
+                def value(*args):
+                    plan = real(*args)
+                    used.append(plan is not None)
+                    return plan
+            super().__setattr__(name, value)
+
+    monkeypatch.setattr(parallel, "LogParser", Counting)
+    data = generate(shape + 20, **SHAPES[shape])
+    path = tmp_path / "train.log"
+    path.write_bytes(data)
+    got = parse_file(path, chunk_size=4099, workers=2)
+    assert sum(used) > 10
+    assert snapshot(got) == snapshot(reference(data))
+
+
+def test_workers_only_for_big_files(monkeypatch):
+    from trnqwen.logs import parallel
+
+    assert parallel.workers_for(1 << 20) == 0
+    monkeypatch.setenv("TRNQWEN_LOG_WORKERS", "0")
+    assert parallel.workers_for(1 << 30) == 0

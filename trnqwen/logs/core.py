@@ -14,6 +14,7 @@ from typing import BinaryIO, Callable, Optional
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.logs.identity import with_identity
 from trnqwen.logs.judge import Finding, judge
+from trnqwen.logs.parallel import read_file
 from trnqwen.logs.engine import CHUNK_SIZE, MAX_LINE, LogParser
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.sources import LogInput, RunContext, fill_from_tensorboard, run_context
@@ -56,7 +57,10 @@ def read_log(inp: LogInput, *, stdin: Optional[BinaryIO] = None, chunk_size: int
         except OSError as exc:
             raise UsageError(f"cannot open {inp.label}: {exc.strerror or exc}", hint="check the path and its permissions") from None
         with fh:
-            log = read_stream(fh, inp.label, chunk_size=chunk_size)
+            try:
+                log = read_file(fh, inp.label, chunk_size=chunk_size)  # big files: on every core
+            except OSError as exc:
+                raise CheckFailed(f"could not read {inp.label}: {exc.strerror or exc}", hint="check the file and try again") from None
     check_readable(log)
     return log
 

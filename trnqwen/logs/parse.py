@@ -63,6 +63,9 @@ def parse_text(text: str, source: str = "<text>") -> ParsedLog:
     return parse_bytes(text.encode("utf-8", "surrogateescape"), source)
 
 
-def parse_file(path, *, chunk_size: int = CHUNK_SIZE, max_line: int = MAX_LINE) -> ParsedLog:
+def parse_file(path, *, chunk_size: int = CHUNK_SIZE, max_line: int = MAX_LINE, workers=None) -> ParsedLog:
+    """Parse a file; a big one with its regions planned on every core (:mod:`trnqwen.logs.parallel`)."""
+    from trnqwen.logs.parallel import read_file
+
     with open(path, "rb") as fh:
-        return parse_stream(fh, str(path), chunk_size=chunk_size, max_line=max_line)
+        return read_file(fh, str(path), chunk_size=chunk_size, max_line=max_line, workers=workers)

@@ -1,0 +1,133 @@
+"""A big log file parsed on several cores: the regions are planned in worker processes.
+
+The engine (:mod:`trnqwen.logs.engine`) stays the one reader, in this process, in file order:
+it reads every block, keeps all cross-block state (the line count, the carried partial line,
+open tracebacks, restarts, warnings) and reads the lines that need it one by one.  What the
+workers do is the pure, expensive part of its fast path, :func:`~trnqwen.logs.bulk.plan_region`
+(classify every line, read rank 0's step columns), for the blocks ahead, from their own read of
+the file.  A plan is used only for exactly the region the engine would plan itself (the same
+block object, offsets and rank prefix); anything else (the rank not yet known, an overlong line
+being skipped, a traceback open) makes the engine plan that region itself, as without workers.
+So the result is the serial parser's, byte for byte (``tests/test_logs_fastpath.py``).
+
+Only for regular files of at least :data:`MIN_BYTES` on a machine with two or more cores:
+starting the workers (fork) costs a few tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections import deque
+from typing import BinaryIO, Optional
+
+from trnqwen.logs import bulk
+from trnqwen.logs.engine import CHUNK_SIZE, MAX_LINE, LogParser
+from trnqwen.logs.record import ParsedLog
+
+MIN_BYTES = 64 << 20
+AHEAD = 2  # blocks planned ahead per worker (each plan holds a few MB at most)
+
+
+def workers_for(size: int) -> int:
+    """How many worker processes a file of ``size`` bytes is worth (0: parse serially)."""
+    if size < MIN_BYTES or os.environ.get("TRNQWEN_LOG_WORKERS") == "0":
+        return 0
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return min(cores, 4) if cores > 1 else 0
+
+
+def _plan_block(path: str, offset: int, size: int, prefix: bytes, max_line: int):
+    """In a worker: read block ``[offset, offset + size)`` and plan the region the engine will
+    cut from it: ``(start, end, plan)`` with offsets inside the block, or None (no region)."""
+    with open(path, "rb") as fh:
+        before = b"\n"
+        if offset:
+            fh.seek(offset - 1)
+            before = fh.read(1)
+        block = fh.read(size)
+    first = block.find(b"\n")
+    if first < 0:
+        return None
+    last = block.rfind(b"\n")
+    # LogParser.feed: a block after a whole line starts a region at 0; otherwise the straddling
+    # line is read on its own and the region starts after the block's first newline
+    start = 0 if before == b"\n" else first + 1
+    if start > last:
+        return None
+    return start, last, bulk.plan_region(block, start, last, prefix, max_line)
+
+
+def read_file(fh: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_line: int = MAX_LINE,
+              workers: Optional[int] = None) -> ParsedLog:
+    """Parse an open regular file to the end; the same result as feeding its blocks to a
+    :class:`LogParser`, with the planning spread over ``workers`` processes when worth it."""
+    parser = LogParser(label, max_line=max_line)
+    try:  # the workers open the file by name: it must be this very file, read from its start
+        st = os.fstat(fh.fileno())
+        path = fh.name if isinstance(getattr(fh, "name", None), str) else None
+        same = path is not None and fh.tell() == 0 and os.path.isfile(path) and os.stat(path).st_ino == st.st_ino
+    except (OSError, AttributeError, ValueError, io.UnsupportedOperation):
+        same = False
+    n = (workers_for(st.st_size) if workers is None else workers) if same else 0
+    if n <= 0:
+        return _serial(parser, fh, chunk_size)
+    size = st.st_size
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    pending: deque = deque()  # (block index, future), in block order
+    submitted = 0
+    blocks = -(-size // chunk_size)
+    current: dict = {}
+
+    def planned(buf: bytes, start: int, end: int, prefix: bytes):
+        got = current.get("plan")
+        if buf is not current.get("block") or got is None or current.get("prefix") != prefix:
+            return None
+        p_start, p_end, plan = got
+        return plan if (p_start, p_end) == (start, end) else None
+
+    parser.planned = planned
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork")) as pool:
+        index = 0
+        while True:
+            block = fh.read(chunk_size)
+            if not block:
+                break
+            prefix = parser._primary_prefix if parser._primary_decided else None
+            current.clear()
+            if prefix:
+                if submitted <= index:
+                    submitted = index + 1  # this block: planned here; the next ones ahead
+                while submitted < blocks and len(pending) < n * AHEAD:
+                    pending.append((submitted, prefix, pool.submit(_plan_block, path, submitted * chunk_size, chunk_size,
+                                                                   prefix, max_line)))
+                    submitted += 1
+                while pending and pending[0][0] < index:
+                    pending.popleft()
+                if pending and pending[0][0] == index:
+                    _, used, future = pending.popleft()
+                    try:
+                        got = future.result()
+                    except Exception:  # a worker that failed: this region is planned here
+                        got = None
+                    current.update(block=block, prefix=used, plan=got)
+            parser.feed(block)
+            index += 1
+        current.clear()
+        for _, _, future in pending:
+            future.cancel()
+    return parser.close()
+
+
+def _serial(parser: LogParser, fh: BinaryIO, chunk_size: int) -> ParsedLog:
+    while True:
+        block = fh.read(chunk_size)
+        if not block:
+            break
+        parser.feed(block)
+    return parser.close()
