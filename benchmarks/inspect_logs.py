@@ -13,7 +13,9 @@ written once under benchmarks/_work/ (gitignored) and reused:
 
 For each shape, N times, interleaved: ``grep -c "step:"`` (the baseline: a C tool that only
 counts), the parser alone in a fresh process, and the whole command ``trnqwen inspect-logs FILE``
-for the table and for ``--json`` (parse + judge + report + output to /dev/null).  Each command's
+for the table and for ``--json`` (parse + judge + report + output to /dev/null); the last three
+again with ``TRNQWEN_LOG_WORKERS=0`` (one process: files >= 64 MB are otherwise planned on every
+core, trnqwen.logs.parallel, and CPU time is then the sum over the processes).  Each command's
 wall time, CPU time (user + sys) and peak RSS are measured in a fresh wrapper process.  On a
 shared machine wall time includes waiting for a core: the load average is measured before and
 after, and MB/s is reported on both wall and CPU time.  Target (issue 17): >= 300 MB/s for the
@@ -159,16 +161,20 @@ def _log_for(shape: str, mb: float) -> tuple[Path, dict]:
 def bench_shape(shape: str, mb: float, runs: int, env: dict) -> dict:
     path, facts = _log_for(shape, mb)
     size_mb = path.stat().st_size / 1e6
+    one_core = dict(env, TRNQWEN_LOG_WORKERS="0")  # the parser without worker processes
     cmds = {
-        "grep -c": (["grep", "-c", "step:", str(path)], (0,)),
-        "parser": ([sys.executable, __file__, "--child", str(path)], (0,)),
-        "table": ([sys.executable, "-m", "trnqwen", "inspect-logs", str(path)], (0, 1)),
-        "json": ([sys.executable, "-m", "trnqwen", "inspect-logs", str(path), "--json"], (0, 1)),
+        "grep -c": (["grep", "-c", "step:", str(path)], (0,), env),
+        "parser": ([sys.executable, __file__, "--child", str(path)], (0,), env),
+        "table": ([sys.executable, "-m", "trnqwen", "inspect-logs", str(path)], (0, 1), env),
+        "json": ([sys.executable, "-m", "trnqwen", "inspect-logs", str(path), "--json"], (0, 1), env),
+        "parser, 1 process": ([sys.executable, __file__, "--child", str(path)], (0,), one_core),
+        "table, 1 process": ([sys.executable, "-m", "trnqwen", "inspect-logs", str(path)], (0, 1), one_core),
+        "json, 1 process": ([sys.executable, "-m", "trnqwen", "inspect-logs", str(path), "--json"], (0, 1), one_core),
     }
     samples: dict[str, list[dict]] = {k: [] for k in cmds}
     for _ in range(runs):
-        for name, (argv, ok) in cmds.items():
-            samples[name].append(_measure(argv, env, ok))
+        for name, (argv, ok, cmd_env) in cmds.items():
+            samples[name].append(_measure(argv, cmd_env, ok))
     out: dict = {"file_mb": round(size_mb, 1), "ranks": SHAPES[shape]["ranks"], "lines": facts["lines"], "steps": facts["steps"],
                  "best_case": shape == "uniform"}
     grep_wall = statistics.median(r["wall_s"] for r in samples["grep -c"])
@@ -183,6 +189,7 @@ def bench_shape(shape: str, mb: float, runs: int, env: dict) -> dict:
     parsed = json.loads(samples["parser"][-1]["out"])
     out["parsed_steps"], out["parsed_ranks"] = parsed["steps"], parsed["ranks"]
     out["json_bytes"] = samples["json"][-1]["out_bytes"]
+    out["commands"] = list(cmds)
     return out
 
 
@@ -221,7 +228,7 @@ def main() -> None:
             print(f"\n{shape} ({label}): {r['file_mb']:.0f} MB, {r['ranks']} ranks, {r['steps']:,} steps, "
                   f"{r['lines']:,} lines, {r['step_lines_grep']:,} step lines")
             print(f"  {'command':<24}{'wall':>9}{'MB/s':>9}{'cpu':>9}{'MB/s':>9}{'x grep':>9}{'RSS MB':>9}")
-            for name in ("grep -c", "parser", "table", "json"):
+            for name in r["commands"]:
                 m = r[name]
                 print(f"  {name:<24}{m['wall_s']:>8.2f}s{m['mb_s_wall']:>9.0f}{m['cpu_s']:>8.2f}s{m['mb_s_cpu']:>9.0f}"
                       f"{m['vs_grep_cpu']:>9.3f}{m['peak_rss_mb']:>9.0f}")

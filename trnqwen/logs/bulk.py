@@ -21,6 +21,7 @@ The per-line parser gives the same result (``tests/test_logs_fastpath.py`` check
 
 from __future__ import annotations
 
+import re
 from array import array
 from itertools import repeat
 from operator import itemgetter
@@ -150,11 +151,12 @@ def primary_columns(bodies: list, lines: list, prefix: bytes) -> Optional[tuple]
         n = len(bodies)
         if not n:
             return None
-    # what is glued before "step:" (fast_step looks 24 characters back; all ASCII here)
-    for head in set(map(bytes.__getitem__, bodies, map(slice, map(max, repeat(0), map((-24).__add__, at)), at))):
-        text = head.decode("ascii")
-        if not step_key_glued_ok(text + "step:", len(text)) or text[-12:].rstrip().endswith("validate"):
-            return None
+    if b"validate" in joined or not _glue_ok(bodies, at, joined):
+        # what is glued before "step:", line by line (fast_step looks 24 characters back)
+        for head in set(map(bytes.__getitem__, bodies, map(slice, map(max, repeat(0), map((-24).__add__, at)), at))):
+            text = head.decode("ascii")
+            if not step_key_glued_ok(text + "step:", len(text)) or text[-12:].rstrip().endswith("validate"):
+                return None
     parts = b"\n".join(map(bytes.__getitem__, bodies, map(slice, at, repeat(None))))
     if parts.count(b"step:") != n:
         return None
@@ -162,38 +164,89 @@ def primary_columns(bodies: list, lines: list, prefix: bytes) -> Optional[tuple]
     if len(tokens) != WIDTH * n:
         return None
     for offset, key in _KEYS:
-        if not all(map(bytes.endswith, set(tokens[offset::WIDTH]), repeat(key))):
-            return None
-    mem = list(map(bytes.partition, tokens[7::WIDTH], repeat(b"GiB(")))
-    if set(map(itemgetter(1), mem)) != {b"GiB("}:
-        return None
-    pct = list(map(bytes.partition, map(itemgetter(2), mem), repeat(b"%")))
-    if set(map(itemgetter(1), pct)) != {b"%"}:
-        return None
-    mfu = tokens[13::WIDTH]
-    missing: dict[str, list] = {}
-    if any(map(bytes.startswith, mfu, repeat(b"N/A"))):
-        na = [i for i, hit in enumerate(map(bytes.startswith, mfu, repeat(b"N/A"))) if hit]
-        missing["mfu"] = na
-        for i in na:
-            mfu[i] = b"nan%"
-    mfu = list(map(bytes.partition, mfu, repeat(b"%")))
-    if set(map(itemgetter(1), mfu)) != {b"%"}:
+        col = tokens[offset::WIDTH]
+        if not (col.count(col[0]) == n and col[0].endswith(key)):
+            if not all(map(bytes.endswith, set(col), repeat(key))):
+                return None
+    memory = _memory_column(tokens[7::WIDTH], n)
+    mfu, missing = _mfu_column(tokens[13::WIDTH], n)
+    if memory is None or mfu is None:
         return None
     try:
         steps = array("q", map(int, tokens[1::WIDTH]))
         values = {
             "loss": array("d", map(float, tokens[3::WIDTH])),
             "grad_norm": array("d", map(float, tokens[5::WIDTH])),
-            "memory_gib": array("d", map(float, map(itemgetter(0), mem))),
-            "memory_pct": array("d", map(float, map(itemgetter(0), pct))),
+            "memory_gib": array("d", map(float, memory[0])),
+            "memory_pct": array("d", map(float, memory[1])),
             "tps": array("d", map(float, map(bytes.replace, tokens[9::WIDTH], repeat(b","), repeat(b"")))),
             "tflops": array("d", map(float, map(bytes.replace, tokens[11::WIDTH], repeat(b","), repeat(b"")))),
-            "mfu": array("d", map(float, map(itemgetter(0), mfu))),
+            "mfu": array("d", map(float, mfu)),
         }
     except ValueError:
         return None
     return steps, lines, values, missing, skip
+
+
+_ANSI_TAIL = re.compile(rb"\x1b\[[0-9;]*m$")
+_NUMBER_BYTES = b"0123456789."
+
+
+def _glue_ok(bodies: list, at: list, joined: bytes) -> bool:
+    """Whole-column form of fast_step's check of what is glued before ``step:`` (True: every
+    line passes; False: check line by line): the first line's colour code glued before
+    ``step:`` on every line, or a space before it on every line."""
+    n = len(bodies)
+    m = _ANSI_TAIL.search(bodies[0], max(0, at[0] - 24), at[0])
+    if m is not None:
+        return joined.count(m.group() + b"step:") == n
+    if min(at) == 0:
+        return False
+    return bytes(map(bytes.__getitem__, bodies, map((-1).__add__, at))).count(b" ") == n
+
+
+def _memory_column(col: list, n: int) -> Optional[tuple]:
+    """``14.20GiB(59.20%)`` tokens -> (GiB texts, percent texts); None: not the layout."""
+    joined = b"\n".join(col) + b"\n"
+    if joined.translate(None, _NUMBER_BYTES) == b"GiB(%)\n" * n:  # every token: digits GiB( digits %)
+        nums = joined.replace(b"GiB(", b" ").replace(b"%)", b"").split()
+        return (nums[0::2], nums[1::2]) if len(nums) == 2 * n else None
+    # fast_step's own reading: the text before GiB(, and from there to the first %
+    mem = list(map(bytes.partition, col, repeat(b"GiB(")))
+    if set(map(itemgetter(1), mem)) != {b"GiB("}:
+        return None
+    pct = list(map(bytes.partition, map(itemgetter(2), mem), repeat(b"%")))
+    if set(map(itemgetter(1), pct)) != {b"%"}:
+        return None
+    return list(map(itemgetter(0), mem)), list(map(itemgetter(0), pct))
+
+
+def _mfu_column(col: list, n: int) -> tuple:
+    """``7.48%`` tokens (a colour code may follow) -> (number texts, {"mfu": N/A rows}); (None, {})
+    when not the layout."""
+    first = col[0]
+    cut = first.find(b"%")
+    if cut > 0:
+        tail = first[cut:] + b"\n"
+        joined = b"\n".join(col) + b"\n"
+        if joined.count(tail) == n:  # every token ends with the first one's tail
+            nums = joined.replace(tail, b" ")
+            if not nums.translate(None, _NUMBER_BYTES + b" "):
+                nums = nums.split()
+                if len(nums) == n:
+                    return nums, {}
+    # fast_step's own reading: N/A, else the text before the first %
+    col = list(col)
+    missing: dict[str, list] = {}
+    if any(map(bytes.startswith, col, repeat(b"N/A"))):
+        na = [i for i, hit in enumerate(map(bytes.startswith, col, repeat(b"N/A"))) if hit]
+        missing["mfu"] = na
+        for i in na:
+            col[i] = b"nan%"
+    parts = list(map(bytes.partition, col, repeat(b"%")))
+    if set(map(itemgetter(1), parts)) != {b"%"}:
+        return None, {}
+    return list(map(itemgetter(0), parts)), missing
 
 
 def is_other_step(raw: bytes, prefix: bytes) -> bool:
