@@ -442,3 +442,20 @@ def test_each_model_is_gone_before_the_next_loads(run_work, monkeypatch):
     report = execute(plan_eval([], runs_dir=work / ".trnqwen" / "runs", device="cpu", generate=1, max_new_tokens=2))
     assert len(loaded) == 2 and all(ref() is None for ref in loaded)
     assert [r.checkpoint for r in report.results][0] == "base"
+
+
+def test_a_read_only_run_dir_still_gets_its_results_printed(run_work, cli):
+    from tests.helpers import mounted_tmpfs
+
+    work, run_dir, export = run_work
+    ro = work / "ro-runs"
+    shutil.copytree(work / ".trnqwen" / "runs", ro / "copy")
+    with mounted_tmpfs(work / "ro-mount", "size=8m") as mount:
+        shutil.copytree(ro / "copy", mount / "runs")
+        import subprocess
+
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        res = cli("eval", str(mount / "runs" / run_dir.name), "--json", "--no-base")
+    assert res.code == 0, res.text
+    assert json.loads(res.out)["results"][0]["tokens"] > 0
+    assert "could not record the results" in res.err

@@ -167,7 +167,12 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
         tuned = next(t for t in plan.targets if not t.is_base and t.run is not None and t.run.run_dir == plan.record_dir)
         last = (tuned.run.record.extra.get("summary") or {}).get("last_step")
         step = (last.get("step") if isinstance(last, dict) else None) or tuned.run.record.steps
-        record(plan.record_dir, report, step=step, folder=tuned.folder, run=tuned.run)
+        try:
+            record(plan.record_dir, report, step=step, folder=tuned.folder, run=tuned.run)
+        except OSError as exc:  # a read-only run dir or export: the results are still printed
+            from trnqwen import output
+
+            output.warn(f"could not record the results in {plan.record_dir}: {exc.strerror or exc}")
     return report
 
 
