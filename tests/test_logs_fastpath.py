@@ -202,3 +202,19 @@ def test_workers_only_for_big_files(monkeypatch):
     assert parallel.workers_for(1 << 20) == 0
     monkeypatch.setenv("TRNQWEN_LOG_WORKERS", "0")
     assert parallel.workers_for(1 << 30) == 0
+
+
+def test_failing_workers_leave_the_result_unchanged(tmp_path, monkeypatch):
+    """A worker that raises (or a pool that breaks) only means the engine plans those regions
+    itself."""
+    from trnqwen.logs import parallel
+    from trnqwen.logs.parse import parse_file
+
+    def broken(*args):
+        raise RuntimeError("worker failed")
+
+    monkeypatch.setattr(parallel, "_plan_block", broken)  # forked workers inherit it
+    data = generate(31, **SHAPES[0])
+    path = tmp_path / "train.log"
+    path.write_bytes(data)
+    assert snapshot(parse_file(path, chunk_size=4099, workers=2)) == snapshot(reference(data))

@@ -40,6 +40,13 @@ def workers_for(size: int) -> int:
     return min(cores, 4) if cores > 1 else 0
 
 
+def _quiet_worker() -> None:
+    """Ctrl-C is the main process's to handle (it stops submitting and waits a block at most)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _plan_block(path: str, offset: int, size: int, prefix: bytes, max_line: int):
     """In a worker: read block ``[offset, offset + size)`` and plan the region the engine will
     cut from it: ``(start, end, plan)`` with offsets inside the block, or None (no region)."""
@@ -91,8 +98,13 @@ def read_file(fh: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_lin
         p_start, p_end, plan = got
         return plan if (p_start, p_end) == (start, end) else None
 
+    try:
+        context = multiprocessing.get_context("fork")
+    except ValueError:  # pragma: no cover - no fork on this platform
+        return _serial(parser, fh, chunk_size)
     parser.planned = planned
-    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("fork")) as pool:
+    broken = False
+    with ProcessPoolExecutor(n, mp_context=context, initializer=_quiet_worker) as pool:
         index = 0
         while True:
             block = fh.read(chunk_size)
@@ -103,9 +115,13 @@ def read_file(fh: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_lin
             if prefix:
                 if submitted <= index:
                     submitted = index + 1  # this block: planned here; the next ones ahead
-                while submitted < blocks and len(pending) < n * AHEAD:
-                    pending.append((submitted, prefix, pool.submit(_plan_block, path, submitted * chunk_size, chunk_size,
-                                                                   prefix, max_line)))
+                while not broken and submitted < blocks and len(pending) < n * AHEAD:
+                    try:
+                        future = pool.submit(_plan_block, path, submitted * chunk_size, chunk_size, prefix, max_line)
+                    except Exception:  # workers could not start or died: plan every region here
+                        broken = True
+                        break
+                    pending.append((submitted, prefix, future))
                     submitted += 1
                 while pending and pending[0][0] < index:
                     pending.popleft()
