@@ -459,3 +459,25 @@ def test_a_read_only_run_dir_still_gets_its_results_printed(run_work, cli):
     assert res.code == 0, res.text
     assert json.loads(res.out)["results"][0]["tokens"] > 0
     assert "could not record the results" in res.err
+
+
+def test_nki_moe_export_describes_the_cut_model(tmp_path):
+    """nki-moe trains Qwen3-30B-A3B cut to --moe-layers/--num-experts/--top-k: so is its config.json."""
+    from safetensors.numpy import save_file
+    import numpy as np
+
+    from trnqwen.ckpt.model_folder import complete_run_export
+    from trnqwen.rundir import RunRecord
+
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    (assets / "config.json").write_text(json.dumps(
+        {"model_type": "qwen3_moe", "num_hidden_layers": 48, "num_experts": 128, "num_experts_per_tok": 8, "dtype": "bfloat16"}))
+    export = tmp_path / "ck" / "step-1"
+    export.mkdir(parents=True)
+    save_file({"w": np.zeros(2, dtype=np.float32)}, str(export / "model-00001-of-00001.safetensors"))
+    record = RunRecord(run_id="r", run_dir=str(tmp_path), assets_dir=str(assets), backend="nki-moe",
+                       config={"backend": "nki-moe", "model": "Qwen/Qwen3-30B-A3B", "moe_layers": 4, "num_experts": 64, "top_k": 4})
+    complete_run_export(record, export)
+    config = json.loads((export / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["num_experts"], config["num_experts_per_tok"], config["dtype"]) == (4, 64, 4, "float32")

@@ -73,7 +73,12 @@ def card_info(record: Any, eval_results: Optional[list[dict[str, Any]]] = None, 
 
 def complete_run_export(record: Any, exported: Path) -> list[str]:
     """:func:`complete_export` for a finished run, from its record (assets, config, summary, log)."""
-    return complete_export(exported, Path(record.assets_dir), card_info(record))
+    config = record.config or {}
+    overrides = None
+    if config.get("backend") == "nki-moe":  # the recipe cuts the model: the export is the cut one
+        overrides = {"num_hidden_layers": config.get("moe_layers"), "num_experts": config.get("num_experts"),
+                     "num_experts_per_tok": config.get("top_k")}
+    return complete_export(exported, Path(record.assets_dir), card_info(record), config_overrides=overrides)
 
 
 def last_validation_loss(log_path: Path) -> Optional[float]:
@@ -105,11 +110,13 @@ def weights_dtype(folder: Path) -> Optional[str]:
     return None
 
 
-def complete_export(folder: Path, assets: Path, info: CardInfo) -> list[str]:
-    """Write config, generation config, tokenizer and model card into ``folder``; return the names written."""
+def complete_export(folder: Path, assets: Path, info: CardInfo, *, config_overrides: Optional[dict[str, Any]] = None) -> list[str]:
+    """Write config, generation config, tokenizer and model card into ``folder``; return the names
+    written.  ``config_overrides``: config.json fields the training changed (nki-moe's cut)."""
     folder, assets = Path(folder), Path(assets)
     written: list[str] = []
     config = json.loads((assets / "config.json").read_text(encoding="utf-8"))
+    config.update({k: v for k, v in (config_overrides or {}).items() if v is not None})
     dtype = weights_dtype(folder)
     if dtype:
         config["dtype"] = dtype
