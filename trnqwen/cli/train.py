@@ -234,7 +234,7 @@ def train(
     echo = sys.stderr.write if show_log else None
     outcome = execute(plan, echo=echo, status=True)
     validation = None
-    if outcome.exit_code == 0 and plan.config.finetune and outcome.exported is not None:
+    if outcome.exit_code == 0 and plan.config.finetune and outcome.exported is not None and plan.config.node_rank == 0:
         from trnqwen.evaluate.lifecycle import validation_before_after  # base vs export, when a val split exists
 
         validation = validation_before_after(plan.run_dir, device=plan.device.type)
