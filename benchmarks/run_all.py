@@ -51,6 +51,8 @@ BENCHES = [
           ["--rows", "4", "--seq-len", "256", "--repeats", "1"]),
     Bench("train_overhead", "`trnqwen train` vs the same torchrun command by hand (tiny model, 2 CPU ranks)", [],
           ["--steps", "2", "--repeats", "1"]),
+    Bench("resume_overhead", "`trnqwen train --resume` time to first new step vs a fresh start (tiny model, 2 CPU ranks)", [],
+          ["--steps", "4", "--repeats", "1"]),
     Bench("hf_trainer_backends", "hf-trainer backend vs the torchtitan backends (tiny model, CPU)", [],
           ["--steps", "2", "--repeats", "1", "--skip-backends"]),
 ]

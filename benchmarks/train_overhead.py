@@ -94,9 +94,9 @@ def main() -> int:
         train = [
             sys.executable, "-m", "trnqwen", "train", "--model", "builtin:tiny-qwen3", "--assets", str(assets),
             "--backend", args.backend, "--device", "cpu", "--nproc-per-node", str(args.nproc),
-            "--steps", str(args.steps), "--seq-len", "256", "--finetune", "--show-log",
+            "--steps", str(args.steps), "--seq-len", "256", "--finetune", "--show-log", "--checkpoint-dir", "ckpt",
         ]
-        ckpt = work / "checkpoint_tiny_qwen3_ft"
+        ckpt = work / "ckpt"
         rows: dict[str, list[dict]] = {"trnqwen": [], "torchrun": []}
         for i in range(args.repeats):
             shutil.rmtree(ckpt, ignore_errors=True)
@@ -106,7 +106,7 @@ def main() -> int:
             script = run_dir / "command.sh"
             # trnqwen's own share, measured inside the run: process start -> torchrun started.
             a["launcher_startup_s"] = json.loads((run_dir / "run.json").read_text())["extra"].get("launcher_startup_s")
-            shutil.rmtree(ckpt, ignore_errors=True)  # else torchtitan resumes instead of loading
+            shutil.rmtree(ckpt, ignore_errors=True)  # else torchtitan resumes from trnqwen's run instead of loading
             b = timed_run(["bash", str(script)], cwd=work, env=env)
             for name, r in (("trnqwen", a), ("torchrun", b)):
                 if r["rc"] != 0 or r["steps"] != args.steps:

@@ -41,10 +41,10 @@ def test_defaults_follow_the_recipe(tmp_path):
 def test_derived_dirs_for_the_default_model():
     c = RunConfig(finetune=True)
     assert c.resolved_assets_dir == Path("assets/hf/Qwen3-4B-Instruct-2507")
-    assert c.resolved_checkpoint_dir == Path("checkpoint_qwen3_4b_ft")
+    assert c.resolved_checkpoint_dir == Path("checkpoint_qwen3_4b_ecefd4_ft")  # slug + hash of the model id
     assert c.resolved_export_hf is True
     plain = RunConfig()
-    assert plain.resolved_checkpoint_dir == Path("checkpoint_qwen3_4b") and plain.resolved_export_hf is False
+    assert plain.resolved_checkpoint_dir == Path("checkpoint_qwen3_4b_ecefd4") and plain.resolved_export_hf is False
     tiny = RunConfig(model="builtin:tiny-qwen3")
     assert tiny.resolved_assets_dir == Path("assets/hf/tiny-qwen3") and tiny.is_builtin
     explicit = RunConfig(assets_dir=Path("/data/q"), checkpoint_dir=Path("/ck"), finetune=True, export_hf=False)
@@ -63,6 +63,23 @@ def test_derived_dirs_for_the_default_model():
 )
 def test_model_slug(model, slug):
     assert model_slug(model) == slug
+
+
+def test_default_checkpoint_folders_never_collide(tmp_path):
+    """Same slug, different models -> different folders; non-ASCII names stay readable."""
+    a, b = tmp_path / "x" / "model", tmp_path / "y" / "model"
+    for folder in (a, b):
+        _write(folder / "config.json", "{}")
+    models = ["Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen3-4B-Base", str(a), str(b), str(tmp_path / "模型-v1"),
+              str(tmp_path / "модель"), str(tmp_path / "🦙")]
+    for m in models[4:]:
+        _write(Path(m) / "config.json", "{}")
+    dirs = [RunConfig(model=m, finetune=True).resolved_checkpoint_dir for m in models]
+    assert len(set(dirs)) == len(models)
+    assert model_slug(models[0]) == model_slug(models[1])  # the slug alone would have collided
+    assert dirs[4].name.startswith("checkpoint_模型_v1_") and dirs[5].name.startswith("checkpoint_модель_")
+    assert dirs[6].name.startswith("checkpoint_model_")  # nothing readable left: the hash tells them apart
+    assert all(d.name.endswith("_ft") for d in dirs)
 
 
 def test_local_model_folder_is_its_own_assets_dir(tmp_path):
@@ -210,7 +227,7 @@ def test_cli_config_show_json_sources(cli, in_tmp, monkeypatch):
     assert data["config"]["steps"] == 3 and data["config"]["backend"] == "native"
     assert data["sources"]["steps"].startswith("file ") and data["sources"]["backend"] == "flag --backend"
     assert data["sources"]["seq_len"] == "env TRNQWEN_SEQ_LEN" and data["sources"]["lr"] == "default"
-    assert data["derived"]["resolved_checkpoint_dir"] == "checkpoint_qwen3_4b_ft"
+    assert data["derived"]["resolved_checkpoint_dir"] == "checkpoint_qwen3_4b_ecefd4_ft"
     assert set(data["config"]) == set(FIELD_NAMES)
 
 

@@ -346,7 +346,7 @@ def test_torchrun_checkpoint_round_trip(torchrun_finetune, tiny_assets):
 
     proc, work, _ = torchrun_finetune
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    step_dir = work / "ckpt" / f"step-{STEPS}"
+    step_dir = work / "ckpt" / "hf" / f"step-{STEPS}"
     files = sorted(p.name for p in step_dir.iterdir())
     assert files == [hft.SAFETENSORS_NAME, hft.INDEX_NAME]
     tensors = load_file(str(step_dir / hft.SAFETENSORS_NAME))

@@ -56,14 +56,14 @@ def test_each_pod_requests_neuron_devices_efa_and_the_shared_volume():
 def test_pods_run_trnqwen_train_with_the_run_settings_on_the_volume():
     cfg = RunConfig(nnodes=2, image=IMAGE, finetune=True, steps=7, model="Qwen/Qwen3-4B-Instruct-2507")
     c = _container(k8s.manifest(cfg, run_id="r1"))
-    assert c["command"][:2] == ["bash", "-c"] and c["command"][-2:] == ["trnqwen", "train"]
+    assert c["command"][:2] == ["bash", "-c"] and c["command"][-4:] == ["trnqwen", "train", "--resume", "auto"]
     assert 'TRNQWEN_NODE_RANK="${PET_NODE_RANK}"' in c["command"][2]
     assert "${MASTER_ADDR}:${MASTER_PORT}" in c["command"][2]
     env = _env(c)
     assert env["TRNQWEN_NNODES"] == "2" and env["TRNQWEN_RDZV_ID"] == "r1" and env["TRNQWEN_LAUNCHER"] == "local"
     assert env["TRNQWEN_STEPS"] == "7" and env["TRNQWEN_FINETUNE"] == "true"
     assert env["TRNQWEN_ASSETS_DIR"] == "/shared/assets/hf/Qwen3-4B-Instruct-2507"
-    assert env["TRNQWEN_CHECKPOINT_DIR"] == "/shared/checkpoint_qwen3_4b_ft"
+    assert env["TRNQWEN_CHECKPOINT_DIR"] == "/shared/checkpoint_qwen3_4b_ecefd4_ft"
     assert env["TRNQWEN_RUNS_DIR"] == "/shared/.trnqwen/runs"
     assert env["FI_PROVIDER"] == "efa" and env["CCOM_SOCKET_IFNAME"] == "eth0"
     assert "TRNQWEN_IMAGE" not in env
@@ -151,3 +151,16 @@ def test_cli_without_image_is_a_usage_error(cli, in_tmp):
     from tests.helpers import assert_clean_error
 
     assert_clean_error(cli("train", "--launcher", "k8s", "--nodes", "2"), code=2, contains="--image")
+
+
+def test_a_preempted_pod_restarts_and_resumes_by_itself():
+    """Exit 138 (Kubeflow's retryable code) restarts the pod (OnFailure); the same command then
+    continues the run (--resume auto), and the kubelet waits out the ranks' grace period."""
+    doc = k8s.manifest(RunConfig(nnodes=2, image=IMAGE, device="cpu", grace_seconds=60), run_id="r1")
+    _validate(doc)
+    for replica in doc["spec"]["pytorchReplicaSpecs"].values():
+        assert replica["restartPolicy"] in ("OnFailure", "ExitCode")
+        spec = replica["template"]["spec"]
+        assert spec["terminationGracePeriodSeconds"] == 90
+        assert spec["containers"][0]["command"][-2:] == ["--resume", "auto"]
+    assert _env(_container(doc))["TRNQWEN_CHECKPOINT_DIR"].startswith("/shared/")  # resume points on the volume

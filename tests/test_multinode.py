@@ -283,7 +283,7 @@ def test_two_nodes_on_loopback_train_one_consolidated_checkpoint(tmp_path):
         cmd = (mn.node_dir(run_dir, r) / "command.sh").read_text()
         assert "--nnodes 2" in cmd and f"--node-rank {r}" in cmd and f"is_host={1 if r == 0 else 0}" in cmd
     # ONE consolidated HF checkpoint that verify-ckpt accepts (default: the last run's export).
-    exports = list((work / "checkpoint_tiny_qwen3_ft").glob("step-*/model-*.safetensors"))
+    exports = list((work / "checkpoint_tiny_qwen3_f7b2a8_ft" / "hf").glob("step-*/model-*.safetensors"))
     assert [p.name for p in exports] == ["model-00001-of-00001.safetensors"]
     r = run_subprocess("verify-ckpt", "--json", cwd=work, timeout=300)
     assert r.code == 0, r.text

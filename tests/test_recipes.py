@@ -94,14 +94,17 @@ def test_hf_v5_matches_the_recipe(qwen3_4b_assets, text_jsonl, tmp_path, monkeyp
     assert config.parallelism.data_parallel_shard_degree == -1
     assert config.parallelism.tensor_parallel_degree == 1
     assert config.parallelism.spmd_backend == "spmd_types"  # the only backend HF supports in 0.3.0
-    assert config.checkpoint.enable is False
+    # resumable checkpoints on every run (no HF export without --finetune/--export-hf)
+    assert config.checkpoint.enable is True and config.checkpoint.last_save_in_hf is False
+    assert config.checkpoint.last_save_model_only is False  # the last step keeps the full state
+    assert config.checkpoint.folder.endswith("_" + "ecefd4" + "/resume")
     assert config.dump_folder == str((tmp_path / "run").absolute())
     assert config.compile.enable is False
     # hf-v5 goes through trnqwen's entry on Neuron too: it re-initialises the rotary buffers
     assert job.entry_module == "trnqwen.runtime.entry" and "--trnqwen-device" not in job.entry_args
     assert job.entry_args[:4] == ["--module", "trnqwen_run_config", "--config", "trnqwen_hf_v5"]
     assert job.nproc_per_node == 64 and job.world_size == 64 and job.global_batch_size == 64
-    assert job.checkpoint_dir is None
+    assert job.checkpoint_dir == Path(config.checkpoint.folder).parent
     assert job.num_layers == 36 and job.vocab_size == 151936
     assert 3.9e9 < job.num_params < 4.1e9  # Qwen3-4B
 
@@ -117,14 +120,24 @@ def test_finetune_sets_the_recipe_checkpoint_fields(qwen3_4b_assets, text_jsonl,
     job, config = job_and_config(cfg, TRN2, tmp_path)
     ck = config.checkpoint
     assert ck.enable is True
-    assert ck.folder == str(tmp_path / "checkpoint_qwen3_4b_ft")  # where verify-ckpt looks
+    root = tmp_path / "checkpoint_qwen3_4b_ecefd4_ft"
+    assert ck.folder == str(root / "resume")  # resume points only; the HF export goes to root/hf
     assert Path(ck.folder).is_absolute()
     assert ck.initial_load_path == str(qwen3_4b_assets.absolute())
     assert ck.initial_load_in_hf is True and ck.initial_load_model_only is True
     assert ck.last_save_in_hf is True and ck.last_save_model_only is True
-    assert ck.interval == cfg.steps
+    assert ck.interval == 500 and ck.keep_latest_k == 3  # --save-every / --keep-last defaults
     assert ck.export_dtype == "bfloat16"  # the published weights' dtype, not the registry's float16
-    assert job.checkpoint_dir == tmp_path / "checkpoint_qwen3_4b_ft"
+    assert job.checkpoint_dir == root
+
+
+def test_save_every_and_keep_last_reach_torchtitan(tiny_assets, tmp_path):
+    cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, backend="native", finetune=True,
+                    checkpoint_dir=tmp_path / "ck", save_every=4, keep_last=0)
+    job, config = job_and_config(cfg, CPU, tmp_path)
+    assert (config.checkpoint.interval, config.checkpoint.keep_latest_k) == (4, 0)
+    assert "config.checkpoint.interval = 4" in job.config_module_text
+    assert "config.checkpoint.keep_latest_k = 0" in job.config_module_text
 
 
 def test_export_without_finetune_starts_from_random_init(tiny_assets, tmp_path):

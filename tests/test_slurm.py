@@ -37,7 +37,8 @@ def test_script_has_the_sbatch_header_and_one_trnqwen_per_node(tmp_path):
     assert 'export TRNQWEN_RDZV_ENDPOINT="${head_addr}:29400"' in text
     assert f"--output={tmp_path}/runs/r1/slurm-%j-node%n.out" in text
     assert "srun --nodes=4 --ntasks-per-node=1 --kill-on-bad-exit=1" in text
-    assert text.rstrip().endswith("/venv/bin/python -m trnqwen train")
+    assert "  /venv/bin/python -m trnqwen train --resume auto || rc=$?" in text.splitlines()
+    assert "#SBATCH --signal=USR1@120" in header and "#SBATCH --requeue" in header  # grace 90 s + 30 s to exit
     assert "export TRNQWEN_NNODES=4" in text and "export TRNQWEN_RDZV_ID=r1" in text
     assert f"export TRNQWEN_RUNS_DIR={tmp_path}/runs" in text
     # Trainium by default: the EFA variables Neuron's multi-node launchers export.
@@ -153,5 +154,31 @@ def test_real_slurm_job_trains_the_tiny_model(slurm_cluster, tmp_path, monkeypat
     assert [s["step"] for s in report["steps"]] == [1, 2]
     ckpt = run_subprocess("verify-ckpt", "--json", cwd=work, timeout=300)
     assert ckpt.code == 0, ckpt.text
-    (export,) = sorted((work / "checkpoint_tiny_qwen3_ft").glob("step-*"))
+    (export,) = sorted((work / "checkpoint_tiny_qwen3_f7b2a8_ft" / "hf").glob("step-*"))
     assert_verified_export(json.loads(ckpt.out), export, step=2)
+
+
+def _fake_slurm(bin_dir, srun_rc: int):
+    """srun exiting like a preempted (138) or failed node; scontrol recording what it was asked."""
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f"#!/bin/bash\necho \"srun $*\" >> {bin_dir}/calls\nexit {srun_rc}\n")
+    (bin_dir / "scontrol").write_text(
+        f"#!/bin/bash\necho \"scontrol $*\" >> {bin_dir}/calls\n"
+        'if [ "$1 $2" = "show hostnames" ]; then echo node1; fi\n'
+    )
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+
+
+@pytest.mark.parametrize("srun_rc, expect_rc, requeued", [(138, 0, True), (1, 1, False), (0, 0, False)])
+def test_a_preempted_job_requeues_itself(tmp_path, srun_rc, expect_rc, requeued):
+    """Exit 138 (saved a checkpoint after SIGUSR1) -> scontrol requeue; anything else is passed on."""
+    text = slurm.sbatch_script(_job(tmp_path, device="cpu"))
+    bin_dir = tmp_path / "bin"
+    _fake_slurm(bin_dir, srun_rc)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_NUM_NODES": "4"}
+    proc = subprocess.run(["bash", "-c", text], env=env, capture_output=True, text=True)
+    calls = (bin_dir / "calls").read_text()
+    assert proc.returncode == expect_rc, proc.stderr
+    assert ("scontrol requeue 77" in calls) is requeued
+    assert "train --resume auto" in calls  # the requeued job runs the same line and resumes by itself

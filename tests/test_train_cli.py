@@ -58,9 +58,9 @@ def test_dry_run_shows_command_config_and_preflight(cli, in_tmp, tiny_assets, ba
     assert str(tiny_assets) in text  # hf_assets_path: the local snapshot, absolute
     assert "initial_load_in_hf = True" in text and "last_save_in_hf = True" in text
     assert plan["preflight"]["ok"] is True
-    assert plan["checkpoint_dir"] == str(in_tmp / "checkpoint_tiny_qwen3_ft")
+    assert plan["checkpoint_dir"] == str(in_tmp / "checkpoint_tiny_qwen3_f7b2a8_ft")
     # Nothing was started or created.
-    assert not (in_tmp / ".trnqwen").exists() and not (in_tmp / "checkpoint_tiny_qwen3_ft").exists()
+    assert not (in_tmp / ".trnqwen").exists() and not (in_tmp / "checkpoint_tiny_qwen3_f7b2a8_ft").exists()
 
 
 def test_dry_run_human_output_and_raw_flags(cli, in_tmp, tiny_assets):
@@ -184,7 +184,7 @@ def test_real_finetune_run(e2e_runs, backend):
     assert all(math.isfinite(m["loss"]) for m in steps)
     assert list((run_dir / "ranks").glob("**/attempt_0/1/stderr.log"))  # every rank's log kept
     export = Path(summary["exported"])
-    assert export == cwd / "checkpoint_tiny_qwen3_ft" / "step-3" and record.extra["exported"] == str(export)
+    assert export == cwd / "checkpoint_tiny_qwen3_f7b2a8_ft" / "hf" / "step-3" and record.extra["exported"] == str(export)
     assert list(export.glob("*.safetensors"))
 
 

@@ -1,5 +1,5 @@
 """verify-ckpt on a REAL export: ``trnqwen train --finetune`` on CPU (2 ranks, torchrun,
-torchtitan hf-v5, 2 steps) writes ``checkpoint_tiny_qwen3_ft/step-2``; that passes with only the
+torchtitan hf-v5, 2 steps) writes ``checkpoint_tiny_qwen3_<hash>_ft/hf/step-2``; that passes with only the
 tied ``lm_head.weight`` missing, and copies damaged each way fail with the right finding."""
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ import pytest
 
 from tests.ckpt_fixtures import tree_hash
 from tests.helpers import assert_clean_error, run_subprocess
+from trnqwen.config import RunConfig
+
+CKPT = str(RunConfig(model="builtin:tiny-qwen3", finetune=True).resolved_checkpoint_dir)
 
 pytestmark = pytest.mark.slow
 
@@ -27,8 +30,8 @@ def trained(tmp_path_factory):
         "--steps", "2", "--seq-len", "128", "--finetune", cwd=work, env=env, timeout=900,
     )
     assert run.code == 0, run.text[-4000:]
-    ckpt = work / "checkpoint_tiny_qwen3_ft"
-    assert (ckpt / "step-2" / "model.safetensors.index.json").is_file(), run.text[-2000:]
+    ckpt = work / CKPT
+    assert (ckpt / "hf" / "step-2" / "model.safetensors.index.json").is_file(), run.text[-2000:]
     return work, ckpt, work / "assets" / "hf" / "tiny-qwen3"
 
 
@@ -55,10 +58,10 @@ def test_real_export_verifies_with_only_tied_head_missing(trained, monkeypatch, 
 
 
 def test_explicit_checkpoint_path_finds_the_assets_of_the_run_that_wrote_it(trained, monkeypatch, cli):
-    """As users type it: `trnqwen verify-ckpt ./checkpoint_tiny_qwen3_ft`, no --assets."""
+    """As users type it: `trnqwen verify-ckpt ./checkpoint_tiny_qwen3_<hash>_ft`, no --assets."""
     work, ckpt, _ = trained
     monkeypatch.chdir(work)
-    for given in ("checkpoint_tiny_qwen3_ft", "checkpoint_tiny_qwen3_ft/step-2"):
+    for given in (CKPT, f"{CKPT}/hf", f"{CKPT}/hf/step-2"):
         res = cli("verify-ckpt", given, "--quick", "--json")
         assert res.code == 0, res.text
         assert _json(res)["expected_missing"] == ["lm_head.weight"]
@@ -67,7 +70,7 @@ def test_explicit_checkpoint_path_finds_the_assets_of_the_run_that_wrote_it(trai
 def _damaged(ckpt: Path, dst: Path, edit) -> Path:
     from safetensors.torch import load_file
 
-    copy = shutil.copytree(ckpt / "step-2", dst / "step-2")
+    copy = shutil.copytree(ckpt / "hf" / "step-2", dst / "step-2")
     shard = next(copy.glob("model-*.safetensors"))
     state = load_file(str(shard))
     edit(state, shard)
@@ -122,7 +125,7 @@ def test_damaged_copies_of_the_real_export_fail(trained, tmp_path, cli):
     pick.mkdir()
     from safetensors.torch import load_file
 
-    torch.save(load_file(str(next((ckpt / "step-2").glob("model-*.safetensors")))), pick / "pytorch_model.bin")
+    torch.save(load_file(str(next((ckpt / "hf" / "step-2").glob("model-*.safetensors")))), pick / "pytorch_model.bin")
     before = tree_hash(pick)
     res = cli("verify-ckpt", str(pick), "--assets", str(assets))
     assert_clean_error(res, code=1, contains="pickle")

@@ -34,7 +34,8 @@ from trnqwen.constants import BACKENDS, BUILTIN_PREFIX, CONFIG_FILE_NAME, DEFAUL
 
 ENV_PREFIX = "TRNQWEN_"
 # TRNQWEN_* variables that are not run fields.
-RESERVED_ENV = {"TRNQWEN_DEBUG", "TRNQWEN_CONFIG_FILE", "TRNQWEN_NO_COLOR", "TRNQWEN_HOME", "TRNQWEN_SYSFS_ROOT"}
+RESERVED_ENV = {"TRNQWEN_DEBUG", "TRNQWEN_CONFIG_FILE", "TRNQWEN_NO_COLOR", "TRNQWEN_HOME", "TRNQWEN_SYSFS_ROOT",
+                "TRNQWEN_FAULT_PREEMPT_AT_STEP"}
 
 Backend = Literal["hf-v5", "native", "nki-moe", "hf-trainer"]
 Device = Literal["auto", "neuron", "cuda", "cpu"]
@@ -108,6 +109,16 @@ class RunConfig(BaseModel):
     export_hf: Optional[bool] = Field(
         None, description="Save the last step as HF safetensors (default: on with --finetune)."
     )
+    save_every: Optional[int] = Field(
+        None, ge=1, description="Save a resumable checkpoint every N steps (torchtitan checkpoint.interval; "
+        "the Trainer's save_steps). Default 500; the last step and a preemption always save."
+    )
+    keep_last: int = Field(
+        3, ge=0, description="Resumable checkpoints kept (torchtitan keep_latest_k; the Trainer's save_total_limit); 0 keeps all."
+    )
+    grace_seconds: float = Field(
+        90.0, gt=0, le=3600, description="On SIGTERM/SIGUSR1: seconds the ranks get to save at the next step boundary."
+    )
     runs_dir: Path = Field(Path(".trnqwen/runs"), description="Where run directories (logs, records) are kept.")
     tensorboard: bool = Field(False, description="Write TensorBoard events into the run dir (the trainer's own writer).")
     wandb: bool = Field(False, description="Log to Weights & Biases (needs wandb installed and logged in).")
@@ -140,6 +151,13 @@ class RunConfig(BaseModel):
         if isinstance(value, Path) and str(value).startswith("~") and _expand(str(value)) == value:
             raise ValueError("cannot expand a path starting with ~ (no such user here); use an absolute path, or ~/ for your own home")
         return value
+
+    @field_validator("keep_last")
+    @classmethod
+    def _keep_last_valid(cls, v: int) -> int:
+        if v == 1:  # torchtitan's rule: the newest may still be being written
+            raise ValueError("must be 0 (keep all) or at least 2")
+        return v
 
     @field_validator("model")
     @classmethod
@@ -204,8 +222,11 @@ class RunConfig(BaseModel):
     def resolved_checkpoint_dir(self) -> Path:
         if self.checkpoint_dir is not None:
             return self.checkpoint_dir
-        suffix = "_ft" if self.finetune else ""
-        return Path(f"checkpoint_{self.model_slug}{suffix}")
+        return default_checkpoint_dir(self.model, self.finetune)
+
+    @property
+    def resolved_save_every(self) -> int:
+        return self.save_every or DEFAULT_SAVE_EVERY
 
     @property
     def resolved_export_hf(self) -> bool:
@@ -226,16 +247,43 @@ def model_name(model: str) -> str:
     return model.rstrip("/").split("/")[-1]
 
 
+DEFAULT_SAVE_EVERY = 500
+
+
+def default_checkpoint_dir(model: str, finetune: bool) -> Path:
+    """``checkpoint_<slug>_<hash6>[_ft]``: readable, and different models never share a folder.
+
+    The hash is of the model's identity (the Hub id as given, ``builtin:<name>``, or a local
+    folder's resolved path), so ``Qwen3-4B-Instruct-2507`` and ``Qwen3-4B-Base`` (one slug) or two
+    local folders both called ``model`` get different folders.
+    """
+    import hashlib
+
+    identity = model
+    local = _expand(model)
+    if not model.startswith(BUILTIN_PREFIX) and local.exists():
+        identity = str(local.resolve())
+    digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:6]
+    return Path(f"checkpoint_{model_slug(model)}_{digest}{'_ft' if finetune else ''}")
+
+
 _SLUG_DROP = re.compile(r"-(instruct|base|chat|it|fp8|awq|gptq|\d{4})$", re.IGNORECASE)
 
 
 def model_slug(model: str) -> str:
-    """``Qwen/Qwen3-4B-Instruct-2507`` -> ``qwen3_4b``, as in the recipe's checkpoint_qwen3_4b_ft."""
-    name = model_name(model)
+    """``Qwen/Qwen3-4B-Instruct-2507`` -> ``qwen3_4b``, as in the recipe's checkpoint_qwen3_4b_ft.
+
+    Unicode-aware (NFKC, casefolded, Unicode word characters kept) so non-ASCII names stay
+    readable: ``./模型-v1`` -> ``模型_v1``.
+    """
+    import unicodedata
+
+    name = unicodedata.normalize("NFKC", model_name(model))
     previous = None
     while previous != name:
         previous, name = name, _SLUG_DROP.sub("", name)
-    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "model"
+    slug = re.sub(r"[\W_]+", "_", name.casefold()).strip("_")
+    return slug[:40].rstrip("_") or "model"
 
 
 FIELD_NAMES: tuple[str, ...] = tuple(RunConfig.model_fields)
@@ -275,6 +323,7 @@ class ResolvedConfig:
             "resolved_assets_dir": str(cfg.resolved_assets_dir),
             "resolved_checkpoint_dir": str(cfg.resolved_checkpoint_dir),
             "resolved_export_hf": cfg.resolved_export_hf,
+            "resolved_save_every": cfg.resolved_save_every,
         }
         rows += [{"field": k, "value": v, "source": "derived"} for k, v in derived.items()]
         return rows

@@ -21,6 +21,9 @@ EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 3
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
+# Preempted after saving a resumable checkpoint: 128 + SIGUSR1, the code Kubeflow's ExitCode
+# restart policy reserves for user-defined retryable errors (a requeue / restart resumes).
+EXIT_PREEMPTED = 138
 
 
 class TrnqwenError(Exception):

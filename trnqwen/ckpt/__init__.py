@@ -34,17 +34,23 @@ def locate(
     ``run_config`` is the resolved :class:`trnqwen.config.RunConfig` (runs_dir, assets_dir).
     """
     run_assets: Optional[Path] = None
+    note = None
     if checkpoint is None:
-        checkpoint, run_assets = _last_run_checkpoint(run_config)
+        checkpoint, run_assets, note = _last_run_checkpoint(run_config)
     else:
         run_assets = _assets_of_run_that_wrote(Path(checkpoint), run_config)
     ckpt = resolve_checkpoint(checkpoint, step)
+    ckpt.note = note
     config_assets = Path(run_config.resolved_assets_dir) if run_config is not None else None
     model_config = find_config(ckpt, assets=assets, run_assets=run_assets, config_assets=config_assets)
     return ckpt, model_config
 
 
-def _last_run_checkpoint(run_config) -> tuple[Path, Optional[Path]]:
+def _last_run_checkpoint(run_config) -> tuple[Path, Optional[Path], Optional[str]]:
+    """The last run's export when that run succeeded; else the newest succeeded run's, saying so.
+
+    A failed run must never pass verification on an older run's export without a word.
+    """
     from trnqwen.rundir import RunRecord, last_run_dir
 
     runs_dir = Path(run_config.runs_dir) if run_config is not None else Path(".trnqwen/runs")
@@ -58,6 +64,27 @@ def _last_run_checkpoint(run_config) -> tuple[Path, Optional[Path]]:
         record = RunRecord.load(run_dir)
     except (OSError, ValueError, TypeError) as exc:
         raise UsageError(f"cannot read the last run's record in {run_dir}: {exc}", hint="pass the checkpoint folder") from None
+    note = None
+    if record.status != "succeeded":
+        how = f"{record.status}" + (f": {record.error}" if record.error else "")
+        if record.extra.get("interrupted_at_step"):
+            how = f"was interrupted at step {record.extra['interrupted_at_step']} (resume it: {record.extra.get('resume_command')})"
+        earlier = _newest_succeeded_export(runs_dir, exclude=record.run_id)
+        if earlier is None:
+            raise UsageError(
+                f"the last run ({record.run_id}) {how if how.startswith('was') else 'ended ' + how}, and no earlier run "
+                "exported a checkpoint to check instead",
+                hint="pass the checkpoint folder explicitly, or finish that run first",
+            )
+        other, path = earlier
+        note = (
+            f"the last run ({record.run_id}) {how if how.startswith('was') else 'ended ' + how}; "
+            f"checked the export of run {other.run_id} (succeeded) instead: {path}"
+        )
+        return path, Path(other.assets_dir) if other.assets_dir else None, note
+    exported = record.extra.get("exported")
+    if exported and Path(exported).exists():
+        return Path(exported), Path(record.assets_dir) if record.assets_dir else None, None
     if not record.checkpoint_dir:
         raise UsageError(
             f"the last run ({record.run_id}) saved no checkpoint",
@@ -69,7 +96,25 @@ def _last_run_checkpoint(run_config) -> tuple[Path, Optional[Path]]:
             f"the last run's checkpoint {path} does not exist (status: {record.status})",
             hint="pass the checkpoint folder explicitly",
         )
-    return path, Path(record.assets_dir) if record.assets_dir else None
+    return path, Path(record.assets_dir) if record.assets_dir else None, note
+
+
+def _newest_succeeded_export(runs_dir: Path, *, exclude: str):
+    from trnqwen.rundir import RUN_RECORD, RunRecord
+
+    try:
+        records = sorted(runs_dir.glob(f"*/{RUN_RECORD}"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return None
+    for record_file in records[:200]:
+        try:
+            record = RunRecord.load(record_file.parent)
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+        exported = record.extra.get("exported") if isinstance(record.extra, dict) else None
+        if record.run_id != exclude and record.status == "succeeded" and exported and Path(exported).exists():
+            return record, Path(exported)
+    return None
 
 
 def _assets_of_run_that_wrote(checkpoint: Path, run_config) -> Optional[Path]:

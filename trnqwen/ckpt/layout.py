@@ -45,6 +45,9 @@ class CheckpointFiles:
     step: Optional[int] = None
     given: Optional[Path] = None  # what the user passed (or the run's checkpoint_dir)
     other_steps: list[int] = field(default_factory=list)
+    # trnqwen's checkpoint folder (resume/ + hf/): every step, complete or not (checkpoints.FolderScan)
+    folder: Optional[dict[str, Any]] = None
+    note: Optional[str] = None  # e.g. "the last run failed; checked run X's export instead"
 
 
 def _step_of(path: Path) -> Optional[int]:
@@ -105,6 +108,8 @@ def resolve_checkpoint(path: Path, step: Optional[int] = None) -> CheckpointFile
             )
         raise UsageError(f"{given} is not a checkpoint (expected a folder, a .safetensors file or {INDEX_NAME})")
 
+    if _is_layout_root(given):
+        return _resolve_layout_root(given, step)
     steps = {}
     for child in given.iterdir():
         n = _step_of(child)
@@ -138,6 +143,33 @@ def resolve_checkpoint(path: Path, step: Optional[int] = None) -> CheckpointFile
         _explain_unusable(steps[max(steps)], all_steps=sorted(steps))
     _explain_unusable(given)
     raise AssertionError("unreachable")
+
+
+def _is_layout_root(folder: Path) -> bool:
+    from trnqwen.train import checkpoints
+
+    return (folder / checkpoints.EXPORT).is_dir() or (folder / checkpoints.RESUME).is_dir() or (
+        folder / checkpoints.OWNER_FILE
+    ).is_file()
+
+
+def _resolve_layout_root(given: Path, step: Optional[int]) -> CheckpointFiles:
+    """trnqwen's checkpoint folder: verify an HF export under ``hf/``; list every step."""
+    from trnqwen.train import checkpoints
+
+    found = checkpoints.scan(given)
+    exports = checkpoints.export_root(given)
+    if not any(s.complete for s in found.exports) and step is None:
+        if found.resume:
+            raise CheckFailed(
+                f"{given} holds no complete HF export, only resumable training state ({found.describe()})",
+                hint="finish the run (trnqwen train --resume) with --finetune or --export-hf to get hf/step-N",
+            )
+        raise UsageError(f"{given} holds no checkpoints yet ({found.describe()})", hint="train first, or pass another folder")
+    out = resolve_checkpoint(exports, step)
+    out.given = given
+    out.folder = found.as_dict()
+    return out
 
 
 def _explain_unusable(folder: Path, all_steps: Optional[list[int]] = None) -> None:

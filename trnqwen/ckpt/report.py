@@ -44,6 +44,8 @@ def run_verify(
     if max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
     ckpt, model_config = locate(checkpoint, step=step, assets=assets, run_config=cfg)
+    if ckpt.note:
+        output.warn(ckpt.note)
     reference = resolve_checkpoint(compare_to) if compare_to is not None else None
 
     with _Progress(enabled=not json_out and sys.stderr.isatty()) as progress:
@@ -60,9 +62,16 @@ def run_verify(
             progress=progress,
         )
     if json_out:
-        output.print_json(report.to_json())
+        doc = report.to_json()
+        if ckpt.folder is not None:
+            doc["checkpoint_folder"] = ckpt.folder  # every resume point and export, complete or not
+        if ckpt.note:
+            doc["note"] = ckpt.note
+        output.print_json(doc)
     else:
         render(report, ckpt.other_steps)
+        if ckpt.folder is not None:
+            render_folder(ckpt.folder)
     problems = report.problems
     if problems:
         more = f" (+{len(problems) - 1} more finding(s) above)" if len(problems) > 1 else ""
@@ -117,6 +126,26 @@ class _Progress:
 
 def _size(n: int) -> str:
     return format_bytes(n, digits=2, si=True)
+
+
+def render_folder(folder: dict[str, Any]) -> None:
+    """The checkpoint folder's steps: which can be resumed from / verified, which are incomplete."""
+    from rich.markup import escape
+
+    from trnqwen.output import console
+
+    out = console(stderr=False)
+    out.print(f"[bold]Checkpoint folder[/bold] {escape(folder['root'])}")
+    for label, key in (("resume points", "resume"), ("HF exports", "exports"), ("old-layout steps", "legacy")):
+        items = folder.get(key) or []
+        if not items:
+            continue
+        done = [str(s["step"]) for s in items if s["complete"]]
+        bad = [str(s["step"]) for s in items if not s["complete"]]
+        text = f"  {label}: complete {', '.join(done) or 'none'}"
+        if bad:
+            text += f"; [yellow]incomplete {', '.join(bad)}[/yellow] (never used)"
+        out.print(text)
 
 
 def render(report: VerifyReport, other_steps: list[int] | None = None) -> None:

@@ -331,3 +331,50 @@ DataCacheDirOpt = Annotated[
 def given(**flags: object) -> dict[str, object]:
     """Only the flags the user actually passed (None = not given)."""
     return {k: v for k, v in flags.items() if v is not None}
+
+
+# --- checkpoints, resume, preemption ------------------------------------------------------------
+SaveEveryOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--save-every",
+        help="Save a resumable checkpoint every N steps (torchtitan checkpoint.interval, the Trainer's "
+        "save_steps). Env: TRNQWEN_SAVE_EVERY. [default: 500; the last step and a preemption always save]",
+        show_default=False,
+    ),
+]
+KeepLastOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--keep-last",
+        help="Resumable checkpoints kept; 0 keeps all (torchtitan keep_latest_k, the Trainer's "
+        "save_total_limit). Env: TRNQWEN_KEEP_LAST. [default: 3]",
+        show_default=False,
+    ),
+]
+GraceSecondsOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--grace-seconds",
+        help="On SIGTERM/SIGUSR1 the ranks save at the next step boundary within this many seconds, "
+        "then exit 138. Env: TRNQWEN_GRACE_SECONDS. [default: 90]",
+        show_default=False,
+    ),
+]
+ResumeOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--resume",
+        metavar="[RUN_ID|last]",
+        help="Continue a run from its latest complete checkpoint, with the config in its run.json "
+        "(alone: the last run). Only --steps, --time, node/rank counts and checkpoint cadence may change.",
+        show_default=False,
+    ),
+]
+OverwriteOpt = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite",
+        help="Start fresh even though the checkpoint folder holds another run's checkpoints (they are deleted).",
+    ),
+]

@@ -326,6 +326,18 @@ def _error_table() -> list[tuple[type, Callable[[Any], int], bool]]:
     return rows
 
 
+def resume_takes_optional_value(args: list[str]) -> list[str]:
+    """``train --resume`` alone means ``--resume last`` (the parser wants a value)."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == "--":
+            break
+        if arg == "--resume" and (i + 1 == len(out) or out[i + 1].startswith("-")):
+            out.insert(i + 1, "last")
+            break
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: runs the app and maps errors to exit codes."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -356,6 +368,8 @@ def main(argv: list[str] | None = None) -> None:
 
     from trnqwen.errors import EXIT_SIGINT
 
+    if args and args[0] == "train":
+        args = resume_takes_optional_value(args)
     try:
         # A known command first: build only that one; anything else (typos, root flags) gets all.
         app = build_app(args[0] if args and (args[0] in COMMANDS or args[0] in GROUPS) else None)

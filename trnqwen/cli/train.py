@@ -23,8 +23,10 @@ from trnqwen.cli._options import (
     ExportHfOpt,
     FinetuneOpt,
     GlobalBatchSizeOpt,
+    GraceSecondsOpt,
     ImageOpt,
     JsonOpt,
+    KeepLastOpt,
     LauncherOpt,
     LocalBatchSizeOpt,
     LrOpt,
@@ -36,9 +38,12 @@ from trnqwen.cli._options import (
     NprocPerNodeOpt,
     NumExpertsOpt,
     OverrideImportsOpt,
+    OverwriteOpt,
     PartitionOpt,
     RdzvEndpointOpt,
     RdzvIdOpt,
+    ResumeOpt,
+    SaveEveryOpt,
     SeqLenOpt,
     StepsOpt,
     TimeLimitOpt,
@@ -72,6 +77,8 @@ Examples:
   # the whole thing on a laptop: tiny offline model, 2 CPU ranks
   trnqwen fetch builtin:tiny-qwen3
   trnqwen train --model builtin:tiny-qwen3 --device cpu --nproc-per-node 2 --steps 3 --seq-len 256 --finetune
+  # continue the last run where it stopped (or: --resume RUN_ID; --steps 40 extends a finished one)
+  trnqwen train --resume
   # show the torchrun command, the generated config and the preflight report; start nothing
   trnqwen train --backend native --finetune --dry-run
   # a standalone torchtitan config module for running torchrun yourself
@@ -87,7 +94,10 @@ Examples:
 
 Each run gets a folder under .trnqwen/runs/ (run.json, train.log, the config module, command.sh,
 per-rank logs); `trnqwen inspect-logs` and `trnqwen verify-ckpt` find the newest one without paths.
-Ctrl-C or SIGTERM stops every rank (exit 130 / 143). On Trainium the compile cache is kept in
+Ctrl-C stops every rank at once (exit 130). SIGTERM or SIGUSR1 (a preemption notice) makes the
+ranks save a resumable checkpoint at the next step boundary within --grace-seconds, then exit 138;
+`trnqwen train --resume` continues the run exactly (docs/resume.md). A new run never resumes by
+accident: a checkpoint folder holding another run's checkpoints is refused. On Trainium the compile cache is kept in
 .trnqwen/neff-cache (TORCH_NEURONX_NEFF_CACHE_DIR wins), so a rerun of the same shapes skips
 compilation.
 """
@@ -143,6 +153,11 @@ def train(
     partition: PartitionOpt = None,
     time_limit: TimeLimitOpt = None,
     image: ImageOpt = None,
+    save_every: SaveEveryOpt = None,
+    keep_last: KeepLastOpt = None,
+    grace_seconds: GraceSecondsOpt = None,
+    resume: ResumeOpt = None,
+    overwrite: OverwriteOpt = False,
     config_file: ConfigFileOpt = None,
     dry_run: DryRunOpt = False,
     export_config: ExportConfigOpt = None,
@@ -206,17 +221,39 @@ def train(
             partition=partition,
             time_limit=time_limit,
             image=image,
+            save_every=save_every,
+            keep_last=keep_last,
+            grace_seconds=grace_seconds,
         ),
         config_file=config_file,
     )
     if resolved.config.launcher != "local":  # SLURM / Kubernetes: every node runs `trnqwen train` itself
+        if resume is not None:
+            raise UsageError(
+                f"--resume with --launcher {resolved.config.launcher}: a requeued or restarted job resumes by itself",
+                hint="requeue the job (scontrol requeue JOBID) or let the PyTorchJob restart; see docs/resume.md",
+            )
         _launch_on_scheduler(resolved.config, extra=extra, dry_run=dry_run, json_out=json_out)
         return
+    point = None
+    if resume is not None:
+        from trnqwen.train.resume import prepare
+
+        if overwrite:
+            raise UsageError("--resume continues a run's checkpoints and --overwrite deletes them: pick one")
+        ref = resume
+        if resume == "auto":  # a requeued SLURM job / restarted pod continues its own run by itself
+            from trnqwen.train.resume import auto_run_id
+
+            ref = auto_run_id(resolved)
+        if ref is not None:
+            point = prepare(ref, resolved)
+            resolved = point.resolved
     for w in resolved.warnings:
         output.warn(w)
 
     show_only = dry_run or export_config is not None
-    plan = plan_train(resolved, extra_args=extra, dry_run=show_only)
+    plan = plan_train(resolved, extra_args=extra, dry_run=show_only, resume=point, overwrite=overwrite)
     if export_config is not None:
         write_config_module(plan, export_config)
     if show_only:
@@ -227,8 +264,9 @@ def train(
     _print_findings(plan.preflight, quiet_info=json_out, notes=plan.job.notes)
     plan.preflight.raise_for_errors()  # before announcing a run (and a log path) that will not exist
     if not json_out:
+        resumed = f" resumed from step {point.from_step}" if point is not None else ""
         output.info(
-            f"run {plan.run_id}: {plan.config.backend} on {plan.device.type} x {plan.nproc_per_node} rank(s), "
+            f"run {plan.run_id}{resumed}: {plan.config.backend} on {plan.device.type} x {plan.nproc_per_node} rank(s), "
             f"{plan.config.steps} step(s); log {plan.log_path}"
         )
     echo = sys.stderr.write if show_log else None

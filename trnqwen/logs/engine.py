@@ -13,6 +13,7 @@ kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
 
 from __future__ import annotations
 
+import re
 from array import array
 from itertools import compress
 from typing import Callable, Optional
@@ -40,6 +41,8 @@ from trnqwen.logs.stepline import ANSI_RE, parse_step_line, parse_validation_lin
 from trnqwen.logs.tracebacks import Tracebacks, TorchrunSummary
 
 MAX_LINE = 1 << 20  # bytes kept of any one line
+RESUMED_RE = re.compile(r"\[trnqwen\] resumed run \S+ from step (\d+)")
+PREEMPTED_RE = re.compile(r"\[trnqwen\] preempted: (.+?) at step (\d+)")
 CHUNK_SIZE = 16 << 20
 MAX_KEPT = 200  # distinct warnings / error lines kept
 NUL_SCAN_BYTES = 1 << 20  # NUL bytes are counted in the first MiB (binary-file detection)
@@ -228,6 +231,8 @@ class LogParser:
                 return
         if "\x1b" in body:
             body = ANSI_RE.sub("", body)
+        if "[trnqwen] " in body and self._trnqwen_mark(lineno, rank, body):
+            return
         if tb_open:
             if self._tracebacks.line(rank, body, lineno):
                 return
@@ -260,6 +265,29 @@ class LogParser:
         # the structured content.
         if self._message(lineno, rank, None, body):
             log.recognized_lines += 1
+
+    def _trnqwen_mark(self, lineno: int, rank: Optional[int], body: str) -> bool:
+        """trnqwen's own resume/preemption lines (trnqwen.train.resume, trnqwen.runtime.resume_state):
+        a resumed run is one run with resumes, not a restart."""
+        m = RESUMED_RE.search(body)
+        if m is not None and rank is None:
+            self.log.resumes.append({"from_step": int(m.group(1)), "line": lineno})
+            # The processes start again: what describes the set-up (overrides applied, ranks, the
+            # world size) is the new attempt's; steps and findings so far stay.
+            log = self.log
+            log.overrides, log.applied, log.override_no_match = {}, {}, []
+            log.world_size_hints, log.ranks, log.rank_last_step = {}, set(), {}
+            # the stopped attempt's end (torchrun's SignalException, a crash) was dealt with by resuming
+            log.tracebacks, log.torchrun_failure, log.override_calls = {}, {}, {}
+            self._tracebacks = Tracebacks(log)
+            self._torchrun = TorchrunSummary(log)
+        else:
+            m = PREEMPTED_RE.search(body)
+            if m is None or rank not in (None, 0):
+                return False
+            self.log.preempted.append({"step": int(m.group(2)), "signal": m.group(1), "line": lineno})
+        self.log.recognized_lines += 1
+        return True
 
     def _message(self, lineno: int, rank: Optional[int], level: Optional[str], msg: str, glog: bool = False) -> bool:
         """Interpret one message; True when it was something known."""

@@ -88,6 +88,13 @@ def _check_input(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     if log.invalid_utf8_lines:
         out.append(Finding("info", "invalid-utf8", f"{log.invalid_utf8_lines} line(s) are not valid UTF-8 (shown with replacement characters)",
                            [log.first_invalid_utf8_line] if log.first_invalid_utf8_line else []))
+    for r in log.resumes:
+        out.append(Finding("info", "resumed", f"resumed from step {r['from_step']} at line {r['line']} (trnqwen train --resume): one run", [r["line"]]))
+    last_resume = log.resumes[-1]["line"] if log.resumes else 0
+    for p in (p for p in log.preempted if p["line"] > last_resume):
+        out.append(Finding("warning", "preempted",
+                           f"preempted by {p['signal']} at step {p['step']}: a resumable checkpoint was saved; "
+                           "continue with `trnqwen train --resume`", [p["line"]]))
     if log.restarts:
         out.append(Finding("warning", "restarted",
                            f"the step counter went back {len(log.restarts)} time(s): the run restarted or resumed; the latest value of each step is kept",
@@ -463,6 +470,8 @@ def _check_crash(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     out = []
     cause = root_cause(log)
     failure = log.torchrun_failure
+    if cause is not None and log.preempted and "SignalException" in cause["text"]:
+        return out  # torchrun relaying the preemption signal; the ranks saved (see "preempted")
     if cause is not None and _INTERRUPT.match(cause["text"]):
         record = ctx.record
         how = record.ended_by if record is not None and record.ended_by in ("SIGINT", "SIGTERM") else (
@@ -517,8 +526,13 @@ def _check_stopped_early(log: ParsedLog, ctx: RunContext) -> list[Finding]:
                            [log.ran_out_of_data_line]))
     if target and last < target:
         live = ctx.record is not None and ctx.record.status in ("running", "created") and not ctx.ended
+        last_resume = log.resumes[-1]["line"] if log.resumes else 0
+        preempted = [p for p in log.preempted if p["line"] > last_resume]
         if live:
             out.append(Finding("info", "in-progress", f"the run is still going: step {last} of {target}", [log.steps[last]["line"]]))
+        elif preempted:  # saved and resumable: the "preempted" warning says how to continue
+            out.append(Finding("info", "stopped-early", f"the run stopped at step {last} of {target} configured steps "
+                               "(preempted with a resumable checkpoint)", [log.steps[last]["line"]]))
         else:
             why = ""
             if ctx.record is not None and ctx.record.ended_by and ctx.record.ended_by != "completed":

@@ -27,6 +27,8 @@ class ParsedLog:
     primary_rank: Optional[int] = None
     steps: StepTable = field(default_factory=StepTable)  # step -> record (+ "line"), held as columns
     restarts: list[int] = field(default_factory=list)  # lines where the step counter went back
+    resumes: list[dict] = field(default_factory=list)  # [trnqwen] resumed ...: {from_step, line}
+    preempted: list[dict] = field(default_factory=list)  # [trnqwen] preempted: ...: {step, signal, line}
     validations: list[dict] = field(default_factory=list)
     overrides: dict[Optional[int], list[dict]] = field(default_factory=dict)  # rank -> override records
     applied: dict[Optional[int], list[tuple[int, int]]] = field(default_factory=dict)  # rank -> [(n, line)]

@@ -222,6 +222,8 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream:
         "world_size": log.world_size,
         "model": log.model_name,
         "steps": StepRowsJSON(log) if stream else step_rows(log),
+        "resumes": [{"from_step": r["from_step"], "line": r["line"]} for r in log.resumes],
+        "preempted": [{"step": p["step"], "signal": p["signal"], "line": p["line"]} for p in log.preempted],
         "validation": [{k: _num(v) for k, v in rec.items() if k != "line"} for rec in log.validations],
         "overrides": overrides,
         "applied_overrides": [n for n, _ in log.applied.get(log.primary_rank, [])] or None,

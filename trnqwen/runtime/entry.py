@@ -5,7 +5,8 @@ device selection before any other torchtitan import, sum reductions for FSDP ove
 dense-mask SDPA attention override for native models (through torchtitan's override registry)
 and an SDPA ``flex_attention_forward`` for the Transformers backend.  On every device the
 Transformers backend gets its rotary buffers re-initialised after materialisation
-(:mod:`trnqwen.runtime.hf_rope`).  Otherwise the entry is a pass-through to ``torchtitan.train.main`` (it only expands recipe-style bare-module
+(:mod:`trnqwen.runtime.hf_rope`), and every run gets exact resume and preemption handling
+(:mod:`trnqwen.runtime.resume_state`).  Otherwise the entry is a pass-through to ``torchtitan.train.main`` (it only expands recipe-style bare-module
 ``--override.imports`` entries for torchtitan versions that want ``module.function``).
 
 It never runs in the launcher process, so touching the Neuron runtime here is fine.
@@ -92,6 +93,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         install_cpu_device()  # before any other torchtitan import
         install_force_sum_reduction()
     _patch_config_parsing(device)
+    from trnqwen.runtime import resume_state
+
+    resume_state.install()  # RNG in checkpoints, exports apart from resume points, preemption
     sys.argv = [sys.argv[0], *rest]
     from torchtitan.train import main as titan_main
 

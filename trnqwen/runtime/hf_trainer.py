@@ -18,8 +18,12 @@ plain DDP over gloo (see :func:`choose_strategy`).
 
 Its step lines use torchtitan's exact format (``step: N  loss: X  grad_norm: Y  memory: ZGiB(P%)
 tps: T  tflops: F  mfu: M%``) so ``inspect-logs`` reads both the same way, and the last step is
-saved as HF safetensors in torchtitan's layout (``<checkpoint_dir>/step-N/model-00001-of-00001
-.safetensors`` + ``model.safetensors.index.json``) so ``verify-ckpt`` works unchanged.
+saved as HF safetensors in torchtitan's layout (``<checkpoint_dir>/hf/step-N/model-00001-of-00001
+.safetensors`` + ``model.safetensors.index.json``) so ``verify-ckpt`` works unchanged.  Resumable
+state is the Trainer's own checkpoint (``<checkpoint_dir>/resume/checkpoint-N``: model, optimizer,
+scheduler, per-rank RNG, trainer state) every ``save_every`` steps, at the last step and on
+SIGTERM/SIGUSR1; a run whose resume folder holds one continues through the Trainer's own
+``resume_from_checkpoint`` (the launcher makes sure a new run never finds one there).
 
 The spec, its flags, the strategy and the FLOPs formula are the launcher's too and live in
 :mod:`trnqwen.train.hf_trainer_spec`; this module is what runs inside a rank.
@@ -45,6 +49,7 @@ from trnqwen.train.hf_trainer_spec import (
     flops_per_token,
     spec_from_argv,
 )
+from trnqwen.train import checkpoints
 from trnqwen.train.topology import topology
 
 SAFETENSORS_NAME = "model-00001-of-00001.safetensors"
@@ -277,6 +282,47 @@ def _step_logger_callback(spec: HFTrainerSpec, plan: ParallelPlan, flops_token: 
     return TorchtitanStepLines()
 
 
+def resumable(spec: HFTrainerSpec, plan: ParallelPlan) -> bool:
+    """Whether the Trainer can write resumable checkpoints for this run (not with DistributedConfig)."""
+    return bool(spec.checkpoint_dir) and plan.strategy != "distributed-config"
+
+
+def _resume_callback(can_save: bool):
+    """Saves at the last step (a finished run can be extended) and, on SIGTERM/SIGUSR1, saves at
+    the next step boundary and stops: the Trainer's own checkpoint is the resume point."""
+    from transformers import TrainerCallback
+
+    from trnqwen.runtime import resume_state
+
+    class SaveAndStopOnPreemption(TrainerCallback):
+        def __init__(self):
+            self.preempted_at: Optional[int] = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            resume_state._maybe_inject_fault(state.global_step)
+            if state.global_step >= state.max_steps:
+                control.should_save = can_save
+            elif resume_state._everyone_stops():
+                control.should_save = can_save
+                control.should_training_stop = True
+                self.preempted_at = state.global_step
+            return control
+
+    return SaveAndStopOnPreemption()
+
+
+def _step_of(checkpoint: Optional[str]) -> int:
+    return int(Path(checkpoint).name.rsplit("-", 1)[1]) if checkpoint else 0
+
+
+def latest_resume_point(checkpoint_dir: Optional[str]) -> Optional[str]:
+    """The newest complete ``resume/checkpoint-N`` (``trainer_state.json`` is written last)."""
+    if not checkpoint_dir:
+        return None
+    done = [s for s in checkpoints.scan(Path(checkpoint_dir)).resume if s.complete and s.kind == "trainer"]
+    return str(max(done, key=lambda s: s.step).path) if done else None
+
+
 def load_kwargs(device: str, plan: ParallelPlan, local_rank: int) -> dict[str, Any]:
     """``from_pretrained`` placement arguments (pure): ``device_map`` and the DistributedConfig sizes.
 
@@ -303,7 +349,7 @@ def load_kwargs(device: str, plan: ParallelPlan, local_rank: int) -> dict[str, A
 def training_arguments(spec: HFTrainerSpec, plan: ParallelPlan, *, bf16_supported: bool) -> dict[str, Any]:
     """``TrainingArguments`` keywords for the run (pure)."""
     kwargs: dict[str, Any] = dict(
-        output_dir=str(Path(spec.output_dir) / "hf_trainer"),
+        output_dir=str(checkpoints.resume_dir(Path(spec.checkpoint_dir)) if spec.checkpoint_dir else Path(spec.output_dir) / "hf_trainer"),
         max_steps=spec.steps,
         per_device_train_batch_size=spec.local_batch_size,
         gradient_accumulation_steps=plan.grad_accum,
@@ -313,7 +359,11 @@ def training_arguments(spec: HFTrainerSpec, plan: ParallelPlan, *, bf16_supporte
         max_grad_norm=spec.max_grad_norm,
         logging_steps=1,
         logging_first_step=True,
-        save_strategy="no",  # the HF export below is the checkpoint
+        # The Trainer's own resumable checkpoints; the HF export below is separate (hf/step-N).
+        # transformers cannot checkpoint the optimizer of a model sharded at load (DistributedConfig).
+        save_strategy="steps" if resumable(spec, plan) else "no",
+        save_steps=spec.save_every,
+        save_total_limit=spec.keep_last or None,
         report_to=[name for name in spec.report_to.split(",") if name] or "none",
         disable_tqdm=True,
         dataloader_drop_last=True,  # a short last batch would be a new shape: a recompile on Neuron
@@ -447,6 +497,7 @@ def run(spec: HFTrainerSpec) -> int:
             _log(f"Loading HF safetensors from {spec.assets_dir}")
         else:
             _log("Random init from config.json: no checkpoint was provided, this is a fresh start")
+    resume_from = latest_resume_point(spec.checkpoint_dir) if resumable(spec, plan) else None
     load_started = time.perf_counter()
     model = _load_model(spec, plan, local_rank)
     model.config.use_cache = False  # no KV cache in training: transformers then detects packed position_ids
@@ -467,24 +518,36 @@ def run(spec: HFTrainerSpec) -> int:
         )
         if spec.peak_flops_per_rank:
             _log(f"Peak FLOPS used for computing MFU: {spec.peak_flops_per_rank:.3e}")
-        _log("Training starts at step 1")
+        _log(f"Training starts at step {_step_of(resume_from) + 1}")
 
+    from trnqwen.runtime import resume_state
+
+    resume_state.install_signal_handlers()
+    preemption = _resume_callback(resumable(spec, plan))
     trainer = trainer_cls(
         model=model,
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        callbacks=[_step_logger_callback(spec, plan, flops_token)],
+        callbacks=[_step_logger_callback(spec, plan, flops_token), preemption],
     )
     trainer.remove_callback(PrinterCallback)  # our step lines replace its dict dumps
-    trainer.train()
+    if resume_from and rank == 0:
+        _log(f"Loading the checkpoint from {resume_from}.")
+    trainer.train(resume_from_checkpoint=resume_from)
     final_step = trainer.state.global_step
 
-    if spec.export_hf:
+    if preemption.preempted_at is not None:
+        if rank == 0:
+            where = Path(args.output_dir) / f"checkpoint-{final_step}"
+            saved = (f"saved a resumable checkpoint of step {final_step} to {where}" if resumable(spec, plan)
+                     else "checkpointing is off (DistributedConfig sharding): nothing saved")
+            _log(f"{resume_state.PREEMPTED_MARK} {resume_state.signal_name()} at step {final_step}; {saved}")
+    elif spec.export_hf:
         save_started = time.perf_counter()
         if rank == 0:
             _log(f"Saving a model only checkpoint in safetensors at last step, step {final_step}")
-        dest = Path(spec.checkpoint_dir) / f"step-{final_step}"
+        dest = checkpoints.export_dir(Path(spec.checkpoint_dir), final_step)
         trained = trainer.model
         trained = getattr(trained, "module", trained)
         if plan.strategy == "distributed-config":

@@ -98,7 +98,11 @@ class OverrideCalls:
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # The hook stays registered: torch iterates the hooks while calling them, so removing
         # one here would break the optimizer step.
-        if not self.logged:
+        # A resumed run's checkpoint load takes one optimizer step with zero gradients to create
+        # the optimizer state (torch.distributed.checkpoint.state_dict), before any forward: wait
+        # for a step that followed a call, or for the second step.
+        self._steps_seen = getattr(self, "_steps_seen", 0) + 1
+        if not self.logged and (self.calls + self.fallbacks > 0 or self._steps_seen >= 2):
             self.logged = True
             _log.info(self.line())
 

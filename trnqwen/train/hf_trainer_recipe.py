@@ -102,8 +102,10 @@ def build_hf_trainer_spec(
         dp_shard=cfg.dp_shard,
         compile=cfg.compile,
         finetune=cfg.finetune,
-        checkpoint_dir=str(Path(cfg.resolved_checkpoint_dir).expanduser().absolute()) if export else None,
+        checkpoint_dir=str(Path(cfg.resolved_checkpoint_dir).expanduser().absolute()),  # resume points always
         export_hf=export,
+        save_every=cfg.resolved_save_every,
+        keep_last=cfg.keep_last,
         output_dir=str(Path(run_dir if run_dir is not None else cfg.runs_dir).expanduser().absolute()),
         peak_flops_per_rank=device.peak_flops_per_rank,
         memory_bytes_per_rank=device.memory_bytes_per_rank,
@@ -166,7 +168,13 @@ def build_hf_trainer_job(
     notes += [f"not runnable here: {p.message}" for p in problems]
     topology = topology or plan_topology(cfg, device)
     try:
-        notes += choose_strategy(topology, device=device_type, has_distributed_config=has_dc).notes
+        strategy = choose_strategy(topology, device=device_type, has_distributed_config=has_dc)
+        notes += strategy.notes
+        if strategy.strategy == "distributed-config":
+            notes.append(
+                "hf-trainer with DistributedConfig sharding writes no resumable checkpoints (transformers cannot "
+                "checkpoint its optimizer): a preempted run starts over; resumable runs: 1 rank, or hf-v5/native"
+            )
     except SpecError:
         pass  # preflight reports bad degrees and batches (topology.problems)
     env = {"TOKENIZERS_PARALLELISM": "false"}

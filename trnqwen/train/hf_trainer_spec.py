@@ -46,8 +46,10 @@ class HFTrainerSpec:
     dp_shard: int = -1  # -1 = all ranks left after tp
     compile: bool = False
     finetune: bool = False  # load the published weights (else random init from config.json)
-    checkpoint_dir: Optional[str] = None
-    export_hf: bool = False  # save the last step as HF safetensors under checkpoint_dir/step-N
+    checkpoint_dir: Optional[str] = None  # trnqwen's layout: resume/checkpoint-N, hf/step-N
+    export_hf: bool = False  # save the last step as HF safetensors under checkpoint_dir/hf/step-N
+    save_every: int = 500  # the Trainer's save_steps (resumable checkpoints in checkpoint_dir/resume)
+    keep_last: int = 3  # the Trainer's save_total_limit (0 = keep all)
     output_dir: str = "."  # Trainer scratch (the run dir); nothing is checkpointed there
     peak_flops_per_rank: Optional[float] = None  # bf16 peak, for MFU; None = "N/A"
     memory_bytes_per_rank: Optional[int] = None  # for the memory percentage

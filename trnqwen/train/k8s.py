@@ -70,8 +70,7 @@ def pod_paths(cfg: RunConfig, mount: str = SHARED_MOUNT) -> dict[str, str]:
         "runs_dir": place(cfg.runs_dir),
         "compile_cache_dir": place(cfg.compile_cache_dir or Path(".trnqwen/neff-cache")),
     }
-    if cfg.checkpoint_dir is not None or cfg.resolved_export_hf:
-        out["checkpoint_dir"] = place(cfg.resolved_checkpoint_dir)
+    out["checkpoint_dir"] = place(cfg.resolved_checkpoint_dir)  # resume points: every pod must see them
     if cfg.dataset and not re.fullmatch(r"[\w.\-]+/[\w.\-]+", cfg.dataset) and ("/" in cfg.dataset or "." in cfg.dataset):
         out["dataset"] = place(Path(cfg.dataset))  # a local file/folder: it must be on the volume too
     return out
@@ -119,7 +118,9 @@ def manifest(
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "workingDir": mount,
-        "command": ["bash", "-c", wrapper, "trnqwen-node", "trnqwen", "train"],
+        # --resume auto: a pod the restart policy starts again continues its own run (exit 138 =
+        # preempted after a checkpoint, Kubeflow's code for a retryable error).
+        "command": ["bash", "-c", wrapper, "trnqwen-node", "trnqwen", "train", "--resume", "auto"],
         "env": env_list,
         "ports": [{"name": PORT_NAME, "containerPort": int(port)}],
         "volumeMounts": [{"name": "shared", "mountPath": mount}, {"name": "dshm", "mountPath": "/dev/shm"}],
@@ -127,6 +128,8 @@ def manifest(
     if resources:
         container["resources"] = resources
     pod_spec: dict[str, Any] = {
+        # SIGTERM on eviction: the ranks save at the next step boundary within grace_seconds.
+        "terminationGracePeriodSeconds": int(cfg.grace_seconds) + 30,
         "containers": [container],
         "volumes": [
             {"name": "shared", "persistentVolumeClaim": {"claimName": pvc}},
@@ -138,7 +141,8 @@ def manifest(
     labels = {"app.kubernetes.io/name": "trnqwen", "trnqwen/run-id": name}
 
     def replica(count: int) -> dict[str, Any]:
-        # OnFailure: a worker that starts before the master's address resolves is restarted.
+        # OnFailure: a worker that starts before the master's address resolves is restarted, and a
+        # preempted pod (exit 138) restarts and resumes by itself (--resume auto).
         return {
             "replicas": count,
             "restartPolicy": "OnFailure",

@@ -43,6 +43,9 @@ DEFAULT_NEFF_CACHE = Path(".trnqwen") / "neff-cache"
 NEFF_CACHE_VAR = "TORCH_NEURONX_NEFF_CACHE_DIR"
 RANK_LOGS_DIR = "ranks"
 DEFAULT_GRACE_S = 20.0
+# Signals the launcher forwards: Ctrl-C stops at once; SIGTERM / SIGUSR1 (preemption notices)
+# make the ranks save a resumable checkpoint at their next step boundary first.
+PREEMPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 # --- the command --------------------------------------------------------------------------
@@ -477,8 +480,11 @@ def supervise(
     full_env = dict(os.environ)
     full_env.update(env)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    # torchrun's own SIGTERM->SIGKILL escalation for the ranks comes before ours for torchrun.
-    full_env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, int(grace_s * 0.6))))
+    # The ranks get the whole grace period (a preempted rank saves at its next step boundary);
+    # torchrun's SIGTERM->SIGKILL escalation for them comes first, ours for torchrun after it.
+    full_env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, int(grace_s))))
+    # SIGUSR1 (SLURM's --signal, spot notices) reaches the ranks through torchrun too.
+    full_env.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     result = LaunchResult(exit_code=EXIT_FAILED, ended_by="launch error")
@@ -492,7 +498,7 @@ def supervise(
     # handled below, never a KeyboardInterrupt that skips the forwarding and the record.
     previous: dict[int, Any] = {}
     if handle_signals and threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in PREEMPT_SIGNALS:
             previous[sig] = signal.signal(sig, on_signal)
     try:
         return _run_supervised(
@@ -607,7 +613,7 @@ def _run_supervised(
                 forwarded = True
                 tracker.refresh()  # who is there right now, for the sweep after
                 forward(received[0], ranks_too=False)
-                kill_at = time.monotonic() + grace_s
+                kill_at = time.monotonic() + grace_s + max(5.0, grace_s * 0.2)
                 if status is not None:
                     status.set_phase(f"stopping ({signal.Signals(received[0]).name})")
                     status.tick()

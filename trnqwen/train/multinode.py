@@ -298,10 +298,11 @@ def node_env(cfg: RunConfig, *, rdzv_id: str, overrides: Optional[Mapping[str, A
 
 
 def node_command(trnqwen: Optional[Sequence[str]] = None) -> list[str]:
-    """``<trnqwen> train``: what runs once per node (the settings travel in the environment)."""
+    """``<trnqwen> train --resume auto``: what runs once per node (the settings travel in the
+    environment); a requeued job or restarted pod continues its own run (trnqwen.train.resume)."""
     import sys
 
-    return [*(list(trnqwen) if trnqwen else [sys.executable, "-m", "trnqwen"]), "train"]
+    return [*(list(trnqwen) if trnqwen else [sys.executable, "-m", "trnqwen"]), "train", "--resume", "auto"]
 
 
 def node_wrapper(rank_var: str, endpoint_expr: Optional[str] = None) -> str:

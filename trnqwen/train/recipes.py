@@ -13,7 +13,8 @@ Each backend builds its config the way the published recipe does by hand
               from torchtitan-neuron.
 
 ``--finetune`` loads the assets in HF format (model only) and saves the last step in HF format
-(model only) to ``<checkpoint_dir>/step-N/``.  Version differences come from :mod:`compat`.
+(model only) to ``<checkpoint_dir>/hf/step-N/``; resumable DCP checkpoints go to
+``<checkpoint_dir>/resume/step-N/`` (:mod:`trnqwen.train.checkpoints`).  Version differences come from :mod:`compat`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from trnqwen.assets import read_config_json
 from trnqwen.config import RunConfig
 from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import EnvironmentProblem, UsageError
-from trnqwen.train import compat, tracking
+from trnqwen.train import checkpoints, compat, tracking
 from trnqwen.train.preflight import count_params  # one parameter formula for both
 from trnqwen.train.cache_data import RankData, prepare_rank_data, streamed_data, titan_dataloader_code
 from trnqwen.train.datasets import DataSpec, render_dataset_code
@@ -97,11 +98,9 @@ def build_job(
     fn = CONFIG_FNS[cfg.backend]
     entry_args = ["--module", CONFIG_MODULE, "--config", fn]
     override_imports = list(cfg.override_imports)
-    # hf-v5 always goes through trnqwen's entry: it re-initialises the rotary buffers that
-    # torchtitan 0.3.0 leaves uninitialised with transformers 5.x (trnqwen.runtime.hf_rope).
-    needs_entry = device.type == "cpu" or cfg.backend == "hf-v5" or (
-        plan.api.override_import_style == "function" and any(_is_bare_module(t) for t in override_imports)
-    )
+    # Every torchtitan run goes through trnqwen's rank entry: exact resume (RNG in the checkpoint),
+    # exports apart from resume points and preemption handling (trnqwen.runtime.resume_state);
+    # hf-v5 also needs its rotary buffers re-initialised (trnqwen.runtime.hf_rope).
     if device.type == "cpu":
         entry_args += ["--trnqwen-device", "cpu"]
     entry_args += compat.format_override_imports(override_imports, plan.api)
@@ -116,13 +115,13 @@ def build_job(
     env.update(tracking.rank_env(cfg, run_dir))
     job = TrainJob(
         backend=cfg.backend,
-        entry_module=ENTRY_MODULE if needs_entry else plan.api.trainer_module,
+        entry_module=ENTRY_MODULE,
         entry_args=entry_args,
         config_module=CONFIG_MODULE,
         config_fn=fn,
         config_module_text=text,
         env=env,
-        checkpoint_dir=plan.checkpoint_dir if cfg.resolved_export_hf else None,
+        checkpoint_dir=plan.checkpoint_dir,
         num_layers=plan.dims.n_layers if plan.dims else None,
         num_params=count_params(plan.dims) if plan.dims else None,
         vocab_size=plan.dims.vocab_size if plan.dims else None,
@@ -173,13 +172,9 @@ def make_plan(
     prepared = prepare_rank_data(cfg, assets_dir)
     data, rank_data = prepared if prepared is not None else (streamed_data(cfg, assets_dir, api=api), None)
     topology = topology or plan_topology(cfg, device)  # its problems are preflight's to report
-    export = cfg.resolved_export_hf or cfg.finetune
-    ckpt = cfg.resolved_checkpoint_dir.expanduser().absolute() if export else None
-    if ckpt is not None and any(ckpt.glob("step-*")):
-        notes.append(
-            f"{ckpt} already holds checkpoints: torchtitan resumes from its latest step instead of the "
-            "initial load; pass --checkpoint-dir for a fresh run"
-        )
+    # Resumable checkpoints always; whether this folder may be used is the launcher's check
+    # (trnqwen.train.checkpoints.check_for_new_run), never a silent torchtitan resume.
+    ckpt = cfg.resolved_checkpoint_dir.expanduser().absolute()
     notes += tracking.check(cfg, check_runtime=check_runtime)
     plan = Plan(
         cfg=cfg, device=device, api=api, assets_dir=assets_dir, hf_config=hf_config, data=data,
@@ -272,10 +267,6 @@ def hf_export_dtype(hf_config: Optional[dict[str, Any]]) -> Optional[str]:
         return None
     dtype = str(hf_config.get("dtype") or hf_config.get("torch_dtype") or "").removeprefix("torch.")
     return dtype if dtype in ("float16", "bfloat16", "float32") else None
-
-
-def _is_bare_module(target: str) -> bool:
-    return compat.module_of_target(target) == target.split("=", 1)[0]
 
 
 # --- rendering -----------------------------------------------------------------------------------
@@ -383,14 +374,17 @@ def _render(plan: Plan) -> str:
     if plan.dump_folder is not None:
         body.append(f"config.dump_folder = {str(plan.dump_folder)!r}")
     if plan.checkpoint_dir is not None:
+        export = cfg.resolved_export_hf
         body += [
             "config.checkpoint.enable = True",
-            f"config.checkpoint.folder = {str(plan.checkpoint_dir)!r}  # absolute: not under dump_folder",
-            f"config.checkpoint.interval = {cfg.steps}",
-            "config.checkpoint.last_save_model_only = True",
-            "config.checkpoint.last_save_in_hf = True",
+            # trnqwen's layout: resume points only here; the HF export goes to <dir>/hf/step-N
+            f"config.checkpoint.folder = {str(checkpoints.resume_dir(plan.checkpoint_dir))!r}",
+            f"config.checkpoint.interval = {cfg.resolved_save_every}",
+            f"config.checkpoint.keep_latest_k = {cfg.keep_last}",
+            f"config.checkpoint.last_save_model_only = {export}",
+            f"config.checkpoint.last_save_in_hf = {export}",
         ]
-        export_dtype = hf_export_dtype(plan.hf_config)
+        export_dtype = hf_export_dtype(plan.hf_config) if export else None
         if export_dtype:
             # torchtitan's Qwen3 configs export float16; bf16 weights can overflow float16, so the
             # export keeps the checkpoint's own dtype (bfloat16 for the published Qwen3 models).
@@ -401,15 +395,13 @@ def _render(plan: Plan) -> str:
                 "config.checkpoint.initial_load_in_hf = True",
                 "config.checkpoint.initial_load_model_only = True",
             ]
-    elif not cfg.finetune:
-        body.append("config.checkpoint.enable = False")
 
     doc = (
         f'"""torchtitan config generated by trnqwen: backend {cfg.backend}, model {cfg.model}.\n\n'
         f"Run it by hand (torchtitan {api.version or '?'}, API shape {api.era}):\n"
         f"    PYTHONPATH=<folder of this file> torchrun --nproc_per_node={plan.topology.nproc_per_node} --rdzv_backend c10d \\\n"
         f"        --rdzv_endpoint localhost:0 --local-ranks-filter 0 --role rank --tee 3 \\\n"
-        f"        -m {ENTRY_MODULE if plan.device.type == 'cpu' or cfg.backend == 'hf-v5' else api.trainer_module} "
+        f"        -m {ENTRY_MODULE} "
         f"--module <this module> --config {fn}"
         + (" --trnqwen-device cpu" if plan.device.type == "cpu" else "")
         + '\n"""'

@@ -24,6 +24,7 @@ from trnqwen.env.device import DeviceInfo
 from trnqwen.env.versions import package_versions
 from trnqwen.errors import (
     EXIT_FAILED,
+    EXIT_PREEMPTED,
     EXIT_SIGINT,
     EXIT_SIGTERM,
     CheckFailed,
@@ -35,9 +36,9 @@ from trnqwen.errors import (
 )
 from trnqwen.fsutil import write_text_atomic
 from trnqwen.rundir import LOG_NAME, RunRecord, next_run_id, point_last
-from trnqwen.train import launcher, multinode
+from trnqwen.train import checkpoints, launcher, multinode
 from trnqwen.train.job import TrainJob
-from trnqwen.train.preflight import WARNING, Finding, PreflightReport, preflight
+from trnqwen.train.preflight import ERROR, WARNING, Finding, PreflightReport, preflight
 from trnqwen.train.recipes import build_job
 from trnqwen.train.topology import Topology, plan_topology
 
@@ -75,6 +76,8 @@ class TrainPlan:
     extra_args: list[str] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    resume: Optional[Any] = None  # trnqwen.train.resume.ResumePoint when continuing a run
+    overwrite: bool = False  # --overwrite: replace the checkpoints already in the folder
 
     @property
     def nproc_per_node(self) -> int:
@@ -155,6 +158,13 @@ class TrainOutcome:
         if self.result is None or self.result.exit_code == 0:
             return
         r = self.result
+        if r.exit_code == EXIT_PREEMPTED:
+            step = self.record.extra.get("interrupted_at_step") if self.record else None
+            raise TrnqwenError(
+                f"training preempted by {r.ended_by} at step {step}: a resumable checkpoint was saved",
+                hint=f"continue it with: {self.record.extra.get('resume_command') if self.record else 'trnqwen train --resume last'}",
+                exit_code=EXIT_PREEMPTED,
+            )
         if r.exit_code in (EXIT_SIGINT, EXIT_SIGTERM):
             raise TrnqwenError(
                 f"training stopped by {r.ended_by} after {len(r.steps)} logged step(s); every rank was stopped",
@@ -208,11 +218,15 @@ def plan_train(
     cwd: Optional[Path] = None,
     run_id: Optional[str] = None,
     python: Optional[str] = None,
+    resume: Optional[Any] = None,
+    overwrite: bool = False,
 ) -> TrainPlan:
     """Resolve the device and ranks, build the job, the argv and the env, and run preflight.
 
     Nothing is created on disk.  The plan's ``run_dir`` is where :func:`execute` will put the run.
     """
+    if resume is not None:  # the run's own config, folder and working directory
+        resolved, cwd, run_id = resume.resolved, resume.cwd, resume.run_id
     cfg = resolved.config if isinstance(resolved, ResolvedConfig) else resolved
     sources = resolved.sources if isinstance(resolved, ResolvedConfig) else {}
     cwd = Path(cwd or Path.cwd()).absolute()
@@ -242,11 +256,17 @@ def plan_train(
     report = preflight(
         cfg, device, job, topo, assets_dir=_abs(cfg.resolved_assets_dir, cwd), search_path=[*rank_path, *sys.path]
     )
-    for note in notes:
-        report.findings.insert(0, Finding(WARNING, "device", note))
+    for note in notes + (list(resume.warnings) if resume is not None else []):
+        report.findings.insert(0, Finding(WARNING, "device" if resume is None else "resume", note))
+    if resume is None and job.checkpoint_dir is not None and not (cfg.nnodes > 1 and cfg.node_rank > 0):
+        try:  # no silent resume: a folder with another run's checkpoints stops the run here
+            checkpoints.check_for_new_run(_abs(job.checkpoint_dir, cwd), overwrite=overwrite)
+        except UsageError as exc:
+            report.findings.insert(0, Finding(ERROR, "outputs", exc.message, exc.hint))
     return TrainPlan(
         config=cfg, device=device, job=job, topology=topo, run_id=run_id, run_dir=run_dir,
         argv=argv, env=env, preflight=report, cwd=cwd, extra_args=extra, sources=dict(sources), notes=notes,
+        resume=resume, overwrite=overwrite,
     )
 
 
@@ -290,6 +310,8 @@ def run_versions() -> dict[str, Optional[str]]:
 
 def create_run_dir(plan: TrainPlan) -> RunRecord:
     """Make the run dir (config module, command.sh, run.json) and point ``LAST`` at it."""
+    if plan.resume is not None:
+        return _reopen_run_dir(plan)
     plan.run_dir.parent.mkdir(parents=True, exist_ok=True)
     multi = plan.config.nnodes > 1
     node_dir = multinode.node_dir(plan.run_dir, plan.config.node_rank)
@@ -339,6 +361,8 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
             "launcher_pid": os.getpid(),
             # The token cache the ranks read (trnqwen eval finds the run's validation split here).
             "dataset_cache": str(plan.job.dataset_cache) if plan.job.dataset_cache else None,
+            "launcher_started_at": _process_start_time(),
+            "resume_command": f"trnqwen train --resume {plan.run_id}",
         },
     )
     if multi:
@@ -352,49 +376,89 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
     return record
 
 
-def _step_dirs(checkpoint_dir: Optional[Path], cwd: Path) -> set[str]:
-    if checkpoint_dir is None:
-        return set()
+def _reopen_run_dir(plan: TrainPlan) -> RunRecord:
+    """A resumed run keeps its run dir: the config module and command.sh follow the new settings
+    (steps, ranks), run.json keeps its history and LAST points at it again."""
+    import copy
+
+    record = copy.deepcopy(plan.resume.record)
+    multi = plan.config.nnodes > 1
+    node_dir = multinode.node_dir(plan.run_dir, plan.config.node_rank)
+    if multi:  # each node keeps its own folder; only node 0 writes <run dir>/run.json and LAST
+        node_dir.mkdir(parents=True, exist_ok=True)
+        if not multinode.writes_run_record(plan.config.node_rank):
+            try:
+                record = RunRecord.load(node_dir)
+            except (OSError, ValueError, TypeError):
+                record.run_dir = str(node_dir)
+    if plan.config_module_path is not None and plan.job.config_module_text is not None:
+        write_text_atomic(plan.config_module_path, plan.job.config_module_text)
+    script_dir = node_dir if multi else plan.run_dir
+    write_text_atomic(script_dir / COMMAND_SCRIPT, launcher.command_script(plan.argv, plan.env, plan.cwd), mode=0o777)
+    record.config = plan.config.model_dump(mode="json")
+    record.command = [redact(a) for a in plan.argv]
+    record.env = redact_env(plan.env)
+    record.steps = plan.config.steps
+    record.status = "created"
+    record.exit_code = record.ended_by = record.error = None
+    for stale in ("interrupted_at_step", "interrupted", "exported", "removed_incomplete_checkpoints"):
+        record.extra.pop(stale, None)
+    record.extra.update(
+        nproc_per_node=plan.nproc_per_node, world_size=plan.topology.world_size,
+        launcher_pid=os.getpid(), launcher_started_at=_process_start_time(),
+    )
+    record.save()
+    if not multi or multinode.writes_run_record(plan.config.node_rank):
+        point_last(plan.run_dir.parent, plan.run_id)
+    return record
+
+
+def _process_start_time() -> Optional[float]:
     try:
-        return {p.name for p in _abs(Path(checkpoint_dir), cwd).glob("step-*") if p.is_dir()}
-    except OSError:
-        return set()
+        import psutil
 
-
-def remove_incomplete_steps(checkpoint_dir: Optional[Path], cwd: Path, before: set[str]) -> list[str]:
-    """Delete the ``step-N`` folders a failed run started but never finished.
-
-    A DCP save writes ``.metadata`` last and an HF export writes its index after the consolidated
-    files, so a new folder without either is half-written (a full disk, a kill mid-save); left in
-    place it would look like a checkpoint to a later resume or verify.  Folders that existed
-    before the run are never touched.
-    """
-    import shutil
-
-    removed = []
-    for name in sorted(_step_dirs(checkpoint_dir, cwd) - before):
-        folder = _abs(Path(checkpoint_dir), cwd) / name  # type: ignore[arg-type]
-        if (folder / ".metadata").is_file() or (folder / "model.safetensors.index.json").is_file():
-            continue
-        shutil.rmtree(folder, ignore_errors=True)
-        removed.append(str(folder))
-    return removed
+        return psutil.Process().create_time()
+    except Exception:
+        return None
 
 
 def find_export(checkpoint_dir: Optional[Path], cwd: Path) -> Optional[Path]:
-    """The newest ``step-N`` folder with safetensors under the checkpoint dir, if any."""
-    if checkpoint_dir is None:
-        return None
-    root = _abs(Path(checkpoint_dir), cwd)
-    steps = []
-    for child in root.glob("step-*"):
-        try:
-            n = int(child.name.split("-", 1)[1])
-        except ValueError:
-            continue
-        if child.is_dir() and any(child.glob("*.safetensors")):
-            steps.append((n, child))
-    return max(steps)[1] if steps else None
+    """The newest complete HF export under the checkpoint dir (``hf/step-N``), if any."""
+    return checkpoints.find_export(_abs(Path(checkpoint_dir), cwd) if checkpoint_dir is not None else None)
+
+
+def _prepare_checkpoint_folder(plan: TrainPlan, record: RunRecord) -> None:
+    """Claim the checkpoint folder for this run (after --overwrite removed the old checkpoints)."""
+    if plan.job.checkpoint_dir is None or (plan.config.nnodes > 1 and plan.config.node_rank > 0):
+        return
+    root = _abs(plan.job.checkpoint_dir, plan.cwd)
+    if plan.resume is None and plan.overwrite:
+        removed = checkpoints.clear(checkpoints.scan(root))
+        if removed:
+            record.extra["overwrote"] = removed
+    checkpoints.write_owner(root, run_id=plan.run_id, model=plan.config.model, backend=plan.config.backend)
+
+
+def _mark_resume(plan: TrainPlan, record: RunRecord) -> None:
+    """Append ``[trnqwen] resumed ...`` to the log and the resume to run.json (inspect-logs reads both)."""
+    from trnqwen.train.resume import RESUMED_MARK
+
+    plan.log_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(plan.log_path, "rb") as fh:
+            line = sum(1 for _ in fh) + 1
+    except OSError:
+        line = 1
+    point = plan.resume
+    text = (
+        f"{RESUMED_MARK} run {plan.run_id} from step {point.from_step}"
+        + (f" ({point.checkpoint})" if point.checkpoint else " (no complete checkpoint: from the beginning)")
+        + (f"; changed: {', '.join(f'{k}={v}' for k, v in point.changes.items())}" if point.changes else "")
+    )
+    with open(plan.log_path, "a", encoding="utf-8") as fh:
+        fh.write(text + "\n")
+    record.extra.setdefault("resumes", []).append(point.entry(line))
+    record.save()
 
 
 # --- running ------------------------------------------------------------------------------------
@@ -405,7 +469,7 @@ def execute(
     *,
     status: bool = True,
     echo: Optional[Callable[[str], None]] = None,
-    grace_s: float = launcher.DEFAULT_GRACE_S,
+    grace_s: Optional[float] = None,
     status_stream: Any = None,
 ) -> TrainOutcome:
     """Create the run dir, start torchrun, supervise it, record how it ended.
@@ -414,6 +478,11 @@ def execute(
     """
     plan.preflight.raise_for_errors()
     record = create_run_dir(plan)
+    _prepare_checkpoint_folder(plan, record)
+    if plan.resume is not None:
+        _mark_resume(plan, record)
+    grace_s = plan.config.grace_seconds if grace_s is None else grace_s
+    log_offset = plan.log_path.stat().st_size if plan.log_path.is_file() else 0
     line = launcher.StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status)
     if echo is not None and status:
         # Log lines go above the live status line so it keeps its place at the bottom.
@@ -426,7 +495,8 @@ def execute(
         record.extra["launcher_startup_s"] = _seconds_since_process_start(record.started_at)
         record.save()
 
-    steps_before = _step_dirs(plan.job.checkpoint_dir, plan.cwd)
+    ckpt_root = _abs(plan.job.checkpoint_dir, plan.cwd) if plan.job.checkpoint_dir is not None else None
+    steps_before = checkpoints.step_paths(ckpt_root)
     result = launcher.supervise(
         plan.argv,
         env=plan.env,
@@ -452,13 +522,15 @@ def execute(
         "completed": "succeeded",
         "SIGINT": "interrupted",
         "SIGTERM": "interrupted",
+        "SIGUSR1": "interrupted",
     }.get(result.ended_by, "failed")
     record.extra["summary"] = result.summary()
+    _classify_preemption(plan, result, record, log_offset)
     if result.exit_code != 0:
-        removed = remove_incomplete_steps(plan.job.checkpoint_dir, plan.cwd, steps_before)
+        removed = checkpoints.remove_incomplete(ckpt_root, steps_before)
         if removed:
             record.extra["removed_incomplete_checkpoints"] = removed
-    exported = find_export(plan.job.checkpoint_dir, plan.cwd) if result.exit_code == 0 else None
+    exported = checkpoints.find_export(ckpt_root) if result.exit_code == 0 and plan.config.resolved_export_hf else None
     if exported is not None:
         record.extra["exported"] = str(exported)
         from trnqwen.ckpt.model_folder import complete_run_export  # a whole model folder (issue 15)
@@ -474,6 +546,28 @@ def execute(
         record.exit_code = EXIT_FAILED
     record.save()
     return TrainOutcome(plan=plan, result=result, record=record, exported=exported)
+
+
+def _classify_preemption(plan: TrainPlan, result: launcher.LaunchResult, record: RunRecord, offset: int) -> None:
+    """A run whose ranks logged ``[trnqwen] preempted: ...`` ended by preemption (exit 138), however
+    the signal reached them (the launcher, torchrun, or the ranks directly under SLURM)."""
+    from trnqwen.train.resume import preempted_step
+
+    found = preempted_step(plan.log_path, offset)
+    if found is None:
+        return
+    step, signal_name = found
+    result.exit_code = EXIT_PREEMPTED
+    result.ended_by = signal_name
+    result.error = None
+    record.exit_code = EXIT_PREEMPTED
+    record.ended_by = signal_name
+    record.error = None
+    record.status = "interrupted"
+    record.extra["interrupted_at_step"] = step
+    record.extra["interrupted"] = f"interrupted at step {step} by {signal_name}; a resumable checkpoint was saved"
+    record.extra["resume_command"] = f"trnqwen train --resume {plan.run_id}"
+    record.extra["summary"] = result.summary()
 
 
 def _seconds_since_process_start(now: float) -> Optional[float]:

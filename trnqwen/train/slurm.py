@@ -59,6 +59,12 @@ class SlurmJob:
     time_limit: Optional[str] = None
     exclusive: bool = True
     extra_sbatch: list[str] = field(default_factory=list)
+    grace_seconds: float = 90.0  # the ranks' time to save after the signal (RunConfig.grace_seconds)
+
+    @property
+    def signal_lead_s(self) -> int:
+        """How long before the time limit SLURM sends SIGUSR1: the grace period plus time to exit."""
+        return int(self.grace_seconds) + 30
 
     @property
     def script_path(self) -> Path:
@@ -106,6 +112,10 @@ def sbatch_script(job: SlurmJob) -> str:
     lines += [
         f"#SBATCH --output={q(str(job.output_pattern))}",
         f"#SBATCH --chdir={q(str(job.workdir))}",
+        # Preemption: SIGUSR1 to every node's trnqwen ahead of the time limit (the ranks save at the
+        # next step boundary, exit 138) and the job may be requeued; a requeued job resumes by itself.
+        f"#SBATCH --signal=USR1@{job.signal_lead_s}",
+        "#SBATCH --requeue",
         *[f"#SBATCH {opt}" for opt in job.extra_sbatch],
         "",
         "# Written by `trnqwen train --launcher slurm`. One `trnqwen train` (one torchrun) per node;",
@@ -127,10 +137,17 @@ def sbatch_script(job: SlurmJob) -> str:
     lines += [
         "",
         'echo "trnqwen: job ${SLURM_JOB_ID} on ${SLURM_JOB_NUM_NODES} node(s): ${SLURM_JOB_NODELIST}; rendezvous ${TRNQWEN_RDZV_ENDPOINT}"',
+        "rc=0",
         f"srun --nodes={job.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
         f"  --output={q(str(job.node_output_pattern))} \\",
         f"  bash -c {q(multinode.node_wrapper('SLURM_NODEID'))} trnqwen-node \\",
-        "  " + shlex.join(job.command),
+        "  " + shlex.join(job.command) + " || rc=$?",
+        "# 138: preempted after saving a resumable checkpoint: requeue; the job continues where it stopped.",
+        'if [ "$rc" -eq 138 ]; then',
+        '  echo "trnqwen: preempted with a checkpoint; requeueing job ${SLURM_JOB_ID}"',
+        '  scontrol requeue "${SLURM_JOB_ID}" && exit 0',
+        "fi",
+        'exit "$rc"',
         "",
     ]
     return redact("\n".join(lines))
@@ -169,6 +186,7 @@ def job_from_config(
         rdzv_port=port,
         partition=cfg.partition,
         time_limit=cfg.time_limit,
+        grace_seconds=float(cfg.grace_seconds),
     )
 
 

@@ -1,0 +1,367 @@
+"""Resume, preemption and the checkpoint folder layout: the rules, on real folders and run records.
+
+The real torchrun runs (exactness, SIGTERM, a different world size) are in test_resume_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.ckpt_fixtures import tree_hash
+from tests.helpers import assert_clean_error
+from trnqwen.config import RunConfig
+from trnqwen.errors import UsageError
+from trnqwen.rundir import RunRecord, point_last
+from trnqwen.train import checkpoints, resume
+
+TINY = "builtin:tiny-qwen3"
+
+
+# --- the folder layout ------------------------------------------------------------------------------
+
+
+def _dcp(folder: Path, complete: bool = True) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "__0_0.distcp").write_bytes(b"x")
+    if complete:
+        (folder / ".metadata").write_bytes(b"m")
+    return folder
+
+
+def _hf(folder: Path, complete: bool = True) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "model-00001-of-00001.safetensors").write_bytes(b"x")
+    if complete:
+        (folder / checkpoints.INDEX_NAME).write_text("{}")
+    return folder
+
+
+def test_scan_tells_complete_from_half_written_steps(tmp_path):
+    root = tmp_path / "ck"
+    _dcp(root / "resume" / "step-4")
+    _dcp(root / "resume" / "step-8", complete=False)  # killed mid-save: no .metadata
+    trainer = root / "resume" / "checkpoint-6"
+    trainer.mkdir()
+    (trainer / "trainer_state.json").write_text("{}")
+    _hf(root / "hf" / "step-4")
+    found = checkpoints.scan(root)
+    assert [(s.step, s.kind, s.complete) for s in found.resume] == [(4, "dcp", True), (6, "trainer", True), (8, "dcp", False)]
+    assert found.latest_resume.step == 6 and found.latest_export.step == 4
+    assert "8 incomplete" in found.describe() and found.foreign == []
+    assert checkpoints.find_export(root) == root / "hf" / "step-4"
+
+
+def test_a_new_run_into_a_used_folder_is_refused_with_the_three_choices(tmp_path):
+    root = tmp_path / "ck"
+    _dcp(root / "resume" / "step-2")
+    checkpoints.write_owner(root, run_id="run-1", model=TINY, backend="native")
+    before = tree_hash(root)
+    with pytest.raises(UsageError) as exc:
+        checkpoints.check_for_new_run(root, overwrite=False)
+    text = exc.value.message + " " + exc.value.hint
+    assert str(root) in text and "run-1" in text
+    assert "trnqwen train --resume run-1" in text and "--checkpoint-dir" in text and "--overwrite" in text
+    assert tree_hash(root) == before
+    found = checkpoints.check_for_new_run(root, overwrite=True)  # allowed; clear() does the removal
+    assert checkpoints.clear(found) and not root.joinpath("resume").exists() and not (root / checkpoints.OWNER_FILE).exists()
+
+
+def test_old_layout_exports_count_as_checkpoints(tmp_path):
+    """The crash of the issue: an older run's step-N export beside torchtitan's resume points."""
+    root = tmp_path / "ck"
+    _hf(root / "step-2")
+    with pytest.raises(UsageError, match="already holds checkpoints"):
+        checkpoints.check_for_new_run(root, overwrite=False)
+
+
+def test_foreign_files_are_never_a_checkpoint_folder_and_never_deleted(tmp_path):
+    root = tmp_path / "docs"
+    root.mkdir()
+    (root / "thesis.tex").write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(UsageError, match="not trnqwen, torchtitan or Trainer checkpoints"):
+            checkpoints.check_for_new_run(root, overwrite=overwrite)
+    assert (root / "thesis.tex").read_text() == "mine"
+
+
+def test_remove_incomplete_keeps_what_existed_and_what_is_complete(tmp_path):
+    root = tmp_path / "ck"
+    old_partial = _dcp(root / "resume" / "step-1", complete=False)
+    before = checkpoints.step_paths(root)
+    done = _dcp(root / "resume" / "step-2")
+    partial = _dcp(root / "resume" / "step-3", complete=False)
+    half_export = _hf(root / "hf" / "step-3", complete=False)
+    removed = checkpoints.remove_incomplete(root, before)
+    assert sorted(removed) == sorted([str(partial), str(half_export)])
+    assert old_partial.exists() and done.exists() and not partial.exists()
+
+
+def test_preempted_step_is_read_from_the_log(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("step: 1\n[rank0]:[titan] ... - [trnqwen] preempted: SIGTERM at step 4; saved a resumable checkpoint\n")
+    assert resume.preempted_step(log) == (4, "SIGTERM")
+    assert resume.preempted_step(log, offset=log.stat().st_size) is None
+
+
+def test_bare_resume_means_last():
+    from trnqwen.cli.main import resume_takes_optional_value as fix
+
+    assert fix(["train", "--resume"]) == ["train", "--resume", "last"]
+    assert fix(["train", "--resume", "--steps", "9"]) == ["train", "--resume", "last", "--steps", "9"]
+    assert fix(["train", "--resume", "r1"]) == ["train", "--resume", "r1"]
+    assert fix(["train", "--", "--resume"]) == ["train", "--", "--resume"]
+
+
+def test_keep_last_follows_torchtitans_rule():
+    from trnqwen.config import resolve_config
+    from trnqwen.errors import ConfigError
+
+    with pytest.raises(ConfigError) as exc:
+        resolve_config({"keep_last": 1}, environ={})
+    assert "keep_last = 1: must be 0 (keep all) or at least 2" in exc.value.problems[0]
+    assert RunConfig(keep_last=0).keep_last == 0 and RunConfig().resolved_save_every == 500
+
+
+# --- --resume: a recorded run ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def recorded(in_tmp):
+    """A preempted tiny native run as trnqwen records it: run.json, assets, resume/step-4."""
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    assets = write_tiny_qwen3(in_tmp / "assets" / "hf" / "tiny-qwen3")
+    cfg = RunConfig(model=TINY, backend="native", device="cpu", nproc_per_node=2, steps=8, seq_len=128, finetune=True)
+    root = in_tmp / cfg.resolved_checkpoint_dir
+    runs = in_tmp / ".trnqwen" / "runs"
+    record = RunRecord(
+        run_id="r1", run_dir=str(runs / "r1"), status="interrupted", config=cfg.model_dump(mode="json"),
+        checkpoint_dir=str(root), assets_dir=str(assets), backend="native", steps=8,
+        extra={"cwd": str(in_tmp), "interrupted_at_step": 4},
+    )
+    (runs / "r1").mkdir(parents=True)
+    record.save()
+    point_last(runs, "r1")
+    _dcp(root / "resume" / "step-4")
+    checkpoints.write_owner(root, run_id="r1", model=TINY, backend="native")
+    return in_tmp, record, root
+
+
+def _resolved(**flags):
+    from trnqwen.config import resolve_config
+
+    return resolve_config(flags, environ={})
+
+
+def test_resume_continues_with_the_recorded_config(recorded):
+    work, record, root = recorded
+    point = resume.prepare("last", _resolved(steps=12, nproc_per_node=1))
+    assert point.run_id == "r1" and point.from_step == 4 and point.checkpoint == root / "resume" / "step-4"
+    cfg = point.resolved.config
+    assert (cfg.backend, cfg.seq_len, cfg.finetune, cfg.steps, cfg.nproc_per_node) == ("native", 128, True, 12, 1)
+    assert point.changes == {"steps": 12, "nproc_per_node": 1}
+    assert point.resolved.sources["seq_len"] == "run.json of r1" and point.resolved.sources["steps"] == "flag --steps"
+
+
+@pytest.mark.parametrize("flag, value", [("seq_len", 256), ("backend", "hf-v5"), ("model", "Qwen/Qwen3-0.6B"), ("lr", 0.1)])
+def test_resume_refuses_flags_that_change_the_run_naming_the_field(recorded, flag, value):
+    with pytest.raises(UsageError) as exc:
+        resume.prepare("r1", _resolved(**{flag: value}))
+    assert exc.value.message.startswith(f"--resume: {flag} would change")
+
+
+def test_resume_of_a_completed_run_says_how_to_extend_it(recorded):
+    work, record, root = recorded
+    record.status = "succeeded"
+    record.save()
+    _dcp(root / "resume" / "step-8")
+    with pytest.raises(UsageError) as exc:
+        resume.prepare("r1", _resolved())
+    assert "already completed all 8 steps" in exc.value.message and "--steps 16" in exc.value.hint
+    assert resume.prepare("r1", _resolved(steps=10)).from_step == 8  # extending is allowed
+
+
+def test_resume_bad_inputs_are_one_clear_line_and_write_nothing(recorded, cli):
+    work, record, root = recorded
+    before = tree_hash(work)
+    assert_clean_error(cli("train", "--resume", "nope"), code=2, contains="no run 'nope'")
+    (work / "assets" / "hf" / "tiny-qwen3" / "config.json").rename(work / "config.json.bak")
+    assert_clean_error(cli("train", "--resume"), code=2, contains="model assets of run r1 are gone")
+    (work / "config.json.bak").rename(work / "assets" / "hf" / "tiny-qwen3" / "config.json")
+    (root / "notes.txt").write_text("mine")
+    assert_clean_error(cli("train", "--resume"), code=2, contains="not a torchtitan or Trainer checkpoint")
+    (root / "notes.txt").unlink()
+    assert_clean_error(cli("train", "--resume", "--seq-len", "256"), code=2, contains="seq_len would change")
+    assert_clean_error(cli("train", "--resume", "--overwrite"), code=2, contains="pick one")
+    assert tree_hash(work) == before
+
+
+def test_resume_with_data_gone(recorded):
+    work, record, root = recorded
+    data = work / "data.jsonl"
+    record.config["dataset"] = str(data)
+    record.save()
+    with pytest.raises(UsageError, match="training data of run r1 is gone"):
+        resume.prepare("r1", _resolved())
+
+
+def test_resume_without_any_earlier_run(in_tmp, cli):
+    assert_clean_error(cli("train", "--resume"), code=2, contains="no earlier run")
+    assert not (in_tmp / ".trnqwen").exists()
+
+
+def test_resume_refuses_a_run_that_is_still_running(recorded):
+    work, record, root = recorded
+    import psutil
+
+    record.status = "running"
+    record.extra.update(launcher_pid=os.getppid(), launcher_started_at=psutil.Process(os.getppid()).create_time())
+    record.save()
+    with pytest.raises(UsageError, match="still running"):
+        resume.prepare("r1", _resolved())
+
+
+def test_config_show_lists_the_checkpoint_settings(cli, in_tmp):
+    res = cli("config", "show", "--json")
+    assert res.code == 0, res.text
+    text = res.out
+    for name in ("save_every", "keep_last", "grace_seconds", "resolved_save_every"):
+        assert name in text
+
+
+# --- verify-ckpt after a failed run -------------------------------------------------------------
+
+
+def test_verify_ckpt_without_argument_never_passes_a_failed_run_silently(in_tmp, cli):
+    from tests.ckpt_fixtures import make_case
+
+    ckpt, assets, _ = make_case(in_tmp / "old")
+    runs = in_tmp / ".trnqwen" / "runs"
+    good = RunRecord(run_id="a-good", run_dir=str(runs / "a-good"), status="succeeded", checkpoint_dir=str(ckpt),
+                     assets_dir=str(assets), extra={"exported": str(ckpt / "step-3")})
+    bad = RunRecord(run_id="b-bad", run_dir=str(runs / "b-bad"), status="failed", error="AssertionError: metadata is None",
+                    checkpoint_dir=str(in_tmp / "new"), assets_dir=str(assets))
+    for r in (good, bad):
+        Path(r.run_dir).mkdir(parents=True)
+        r.save()
+    os.utime(runs / "a-good" / "run.json", (1, 1))
+    point_last(runs, "b-bad")
+    res = cli("verify-ckpt", "--quick", "--json")
+    assert res.code == 0, res.text
+    doc = json.loads(res.out)
+    assert "the last run (b-bad) ended failed: AssertionError" in doc["note"] and "a-good" in doc["note"]
+    assert "b-bad" in res.err  # said on stderr too, not only in the JSON
+    good.status = "failed"
+    good.save()
+    assert_clean_error(cli("verify-ckpt", "--quick"), code=2, contains="no earlier run exported")
+
+
+def test_verify_ckpt_lists_complete_and_incomplete_steps(in_tmp, cli):
+    from tests.ckpt_fixtures import make_case
+
+    case, assets, _ = make_case(in_tmp / "case")
+    root = in_tmp / "ck"
+    (root / "hf").mkdir(parents=True)
+    (case / "step-3").rename(root / "hf" / "step-3")
+    _hf(root / "hf" / "step-5", complete=False)
+    _dcp(root / "resume" / "step-3")
+    _dcp(root / "resume" / "step-5", complete=False)
+    res = cli("verify-ckpt", str(root), "--step", "3", "--assets", str(assets), "--quick", "--json")
+    assert res.code == 0, res.text
+    folder = json.loads(res.out)["checkpoint_folder"]
+    assert [(s["step"], s["complete"]) for s in folder["resume"]] == [(3, True), (5, False)]
+    assert [(s["step"], s["complete"]) for s in folder["exports"]] == [(3, True), (5, False)]
+    text = cli("verify-ckpt", str(root), "--step", "3", "--assets", str(assets), "--quick").out
+    assert "resume points: complete 3; incomplete 5" in text
+
+
+def test_rank_rng_round_trip_restores_every_generator():
+    """What the checkpoint holds per rank: torch, Python and NumPy generators, as tensors only."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from trnqwen.runtime.resume_state import RankRNG
+
+    rng = RankRNG(3)
+    random.gauss(0, 1)  # a cached Gaussian is part of Python's state
+    saved = {k: v.clone() for k, v in rng.state_dict()["rank_3"].items()}
+    assert all(isinstance(v, torch.Tensor) for v in saved.values())
+    draws = (torch.rand(4), random.random(), random.gauss(0, 1), np.random.rand(3))
+    rng.load_state_dict({"rank_3": saved})
+    again = (torch.rand(4), random.random(), random.gauss(0, 1), np.random.rand(3))
+    assert torch.equal(draws[0], again[0]) and draws[1:3] == again[1:3] and np.array_equal(draws[3], again[3])
+    rng.load_state_dict({"rank_0": saved})  # another rank's key: nothing to restore, nothing breaks
+
+
+def test_inspect_logs_reads_a_resumed_log_as_one_run(tmp_path, cli):
+    """Preempted at step 2, resumed: one run with resumes [{from_step, line}], no restart warning."""
+    def step(n, loss):
+        return f"[rank0]:[titan] 2026-11-30 10:00:0{n},000 - root - INFO - step: {n}  loss: {loss:.4f}  grad_norm: 1.0  memory: 0.9GiB(3.0%)  tps: 100  tflops: 0.01  mfu: 0.01%"
+
+    lines = [
+        "[rank0]:[titan] 2026-11-30 10:00:00,000 - root - INFO - Training starts at step 1",
+        step(1, 7.6), step(2, 7.5),
+        "[rank0]:[trnqwen] received SIGTERM: saving a resumable checkpoint at the next step boundary",
+        "[rank0]:[titan] 2026-11-30 10:00:03,000 - root - INFO - [trnqwen] preempted: SIGTERM at step 2; saved a resumable checkpoint of step 2 to /c/resume/step-2",
+        "[trnqwen] resumed run r1 from step 2 (/c/resume/step-2)",
+        "[rank0]:[titan] 2026-11-30 10:01:00,000 - root - INFO - Training starts at step 3",
+        step(3, 7.4), step(4, 7.3),
+    ]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n")
+    doc = json.loads(cli("inspect-logs", str(log), "--json").out)
+    assert doc["resumes"] == [{"from_step": 2, "line": 6}]
+    assert doc["preempted"] == [{"step": 2, "signal": "SIGTERM", "line": 5}]
+    assert [s["step"] for s in doc["steps"]] == [1, 2, 3, 4]
+    codes = {f["code"] for f in doc["findings"]}
+    assert "resumed" in codes and "restarted" not in codes and "preempted" not in codes  # resumed since
+    log.write_text("\n".join(lines[:5]) + "\n")  # preempted, not resumed yet: say how to continue
+    doc = json.loads(cli("inspect-logs", str(log), "--json").out)
+    assert any(f["code"] == "preempted" and "--resume" in f["message"] for f in doc["findings"])
+
+
+def test_resume_auto_continues_only_this_jobs_own_run(in_tmp):
+    """The sbatch script and the PyTorchJob run `--resume auto`: a first start starts, a node that
+    ran this run before (requeue, pod restart) resumes it, and a job without a run id is refused."""
+    from trnqwen.train import multinode
+
+    runs = in_tmp / ".trnqwen" / "runs"
+    single = _resolved(rdzv_id="job7")
+    assert resume.auto_run_id(single) is None  # nothing ran yet
+    (runs / "job7").mkdir(parents=True)
+    RunRecord(run_id="job7", run_dir=str(runs / "job7"), status="submitted").save()
+    assert resume.auto_run_id(single) is None  # submitted by sbatch, never started
+    RunRecord(run_id="job7", run_dir=str(runs / "job7"), status="interrupted").save()
+    assert resume.auto_run_id(single) == "job7"
+    node1 = _resolved(rdzv_id="job8", nnodes=2, node_rank=1, rdzv_endpoint="h:1")
+    assert resume.auto_run_id(node1) is None
+    multinode.node_dir(runs / "job8", 1).mkdir(parents=True)
+    assert resume.auto_run_id(node1) == "job8"
+    with pytest.raises(UsageError, match="--rdzv-id"):
+        resume.auto_run_id(_resolved())
+
+
+def test_the_same_command_twice_is_refused_before_anything_starts(in_tmp, cli):
+    """The issue's crash: the second identical `train --finetune` found the first run's export.
+    Now it stops in preflight with the three choices (exit 2), and writes nothing."""
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    write_tiny_qwen3(in_tmp / "assets" / "hf" / "tiny-qwen3")
+    args = ["train", "--model", TINY, "--device", "cpu", "--steps", "2", "--seq-len", "128", "--finetune"]
+    root = in_tmp / RunConfig(model=TINY, finetune=True).resolved_checkpoint_dir
+    _hf(root / "hf" / "step-2")  # what the first run left
+    _dcp(root / "resume" / "step-2")
+    checkpoints.write_owner(root, run_id="first", model=TINY, backend="hf-v5")
+    before = tree_hash(in_tmp)
+    res = cli(*args)
+    assert_clean_error(res, code=2, contains="already holds checkpoints of run first")
+    assert "--resume first" in res.text and "--checkpoint-dir" in res.text and "--overwrite" in res.text
+    assert tree_hash(in_tmp) == before and not (in_tmp / ".trnqwen").exists()
+    dry = cli(*args, "--dry-run", "--json")
+    assert dry.code == 0 and json.loads(dry.out)["preflight"]["ok"] is False
