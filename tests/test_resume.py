@@ -364,4 +364,4 @@ def test_the_same_command_twice_is_refused_before_anything_starts(in_tmp, cli):
     assert "--resume first" in res.text and "--checkpoint-dir" in res.text and "--overwrite" in res.text
     assert tree_hash(in_tmp) == before and not (in_tmp / ".trnqwen").exists()
     dry = cli(*args, "--dry-run", "--json")
-    assert dry.code == 0 and json.loads(dry.out)["preflight"]["ok"] is False
+    assert dry.code == 1 and json.loads(dry.out)["preflight"]["ok"] is False  # a dry run that would not start
