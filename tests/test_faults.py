@@ -141,7 +141,7 @@ def complete_run(tmp_path_factory, fetched_tiny):
                        "--checkpoint-dir", str(ckpt), "--json", cwd=cwd, timeout=600,
                        env={"HF_TOKEN": FAKE_TOKEN})
     assert r.code == 0, r.text
-    export = ckpt / "step-2"
+    export = ckpt / "hf" / "step-2"
     assert (export / "model.safetensors.index.json").is_file()
     return {"cwd": cwd, "ckpt": ckpt, "export": export, "result": r, "hash": _tree_hash(ckpt)}
 
@@ -176,7 +176,7 @@ def test_sigint_at_startup_stops_every_rank(complete_run, fetched_tiny, tmp_path
     findings = json.loads(judged.out)["findings"]
     assert not [f for f in findings if f["code"] == "crash"], findings
     assert [f for f in findings if f["code"] == "interrupted" and "SIGINT" in f["message"]], findings
-    assert not list((tmp_path / "ckpt").glob("step-*"))  # nothing that looks like a checkpoint
+    assert not list((tmp_path / "ckpt").glob("**/step-*"))  # nothing that looks like a checkpoint
     # the earlier complete checkpoint is untouched and still verifies
     assert _tree_hash(complete_run["ckpt"]) == complete_run["hash"]
     v = run_subprocess("verify-ckpt", str(complete_run["ckpt"]), "--assets", str(fetched_tiny), "--json",
@@ -203,10 +203,12 @@ def test_sigterm_during_checkpoint_save(complete_run, fetched_tiny, tmp_path):
     assert w.leftovers() == []
     record = json.loads((w.run_dir() / "run.json").read_text())
     assert (record["status"], record["ended_by"], record["exit_code"]) == ("interrupted", "SIGTERM", 143)
-    # the interval saves before it are complete; the interrupted export left no step-3 behind
-    assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-1", "step-2"]
-    for step in ("step-1", "step-2"):
-        assert (ckpt / step / ".metadata").is_file(), sorted(p.name for p in (ckpt / step).iterdir())
+    # the resumable saves (every step, and step 3's full state before its export) are complete;
+    # the interrupted export left no hf/step-3 behind
+    assert sorted(p.name for p in (ckpt / "resume").glob("step-*")) == ["step-1", "step-2", "step-3"]
+    for step in ("step-1", "step-2", "step-3"):
+        assert (ckpt / "resume" / step / ".metadata").is_file(), sorted(p.name for p in (ckpt / "resume" / step).iterdir())
+    assert not list((ckpt / "hf").glob("step-*"))
     assert "HF checkpoint" not in err and record.get("extra", {}).get("exported") is None
     # and the earlier run's export still verifies
     v = run_subprocess("verify-ckpt", str(complete_run["ckpt"]), "--assets", str(fetched_tiny), "--json",
@@ -265,11 +267,11 @@ def test_disk_full_during_export(fetched_tiny, small_tmpfs, tmp_path):
     error_lines = [line for line in r.err.splitlines() if line.startswith("Error:")]
     assert len(error_lines) == 1 and "disk full" in error_lines[0], r.err
     # no half-written step folder is left looking like a checkpoint
-    assert not list(ckpt.glob("step-*")), sorted(str(p) for p in ckpt.rglob("*"))
+    assert not list(ckpt.rglob("step-*")), sorted(str(p) for p in ckpt.rglob("*"))
     (run_dir,) = [p for p in (tmp_path / ".trnqwen" / "runs").iterdir() if p.is_dir()]
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "failed" and "No space left on device" in record["error"]
-    assert record["extra"]["removed_incomplete_checkpoints"] == [str(ckpt / "step-2")]
+    assert record["extra"]["removed_incomplete_checkpoints"] == [str(ckpt / "resume" / "step-2")]
     v = run_subprocess("verify-ckpt", str(ckpt), cwd=tmp_path)
     assert v.code == 2 and "Traceback" not in v.text
 

@@ -526,6 +526,10 @@ def execute(
     }.get(result.ended_by, "failed")
     record.extra["summary"] = result.summary()
     _classify_preemption(plan, result, record, log_offset)
+    if result.exit_code not in (0, EXIT_PREEMPTED) and result.error and "No space left" not in result.error:
+        full = _disk_full_at(ckpt_root)  # torch's zip writer fails on a full disk without saying so
+        if full:
+            result.error = record.error = f"{result.error}; No space left on device ({full})"
     if result.exit_code != 0:
         removed = checkpoints.remove_incomplete(ckpt_root, steps_before)
         if removed:
@@ -546,6 +550,20 @@ def execute(
         record.exit_code = EXIT_FAILED
     record.save()
     return TrainOutcome(plan=plan, result=result, record=record, exported=exported)
+
+
+def _disk_full_at(root: Optional[Path]) -> Optional[str]:
+    """``"12 KiB free on <dir>"`` when the checkpoint folder's disk is (nearly) full, else None."""
+    import shutil
+
+    where = root
+    while where is not None and not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free if where is not None else None
+    except OSError:
+        return None
+    return f"{free // 1024} KiB free on {where}" if free is not None and free < 4 * 1024 * 1024 else None
 
 
 def _classify_preemption(plan: TrainPlan, result: launcher.LaunchResult, record: RunRecord, offset: int) -> None:
