@@ -365,3 +365,15 @@ def test_the_same_command_twice_is_refused_before_anything_starts(in_tmp, cli):
     assert tree_hash(in_tmp) == before and not (in_tmp / ".trnqwen").exists()
     dry = cli(*args, "--dry-run", "--json")
     assert dry.code == 1 and json.loads(dry.out)["preflight"]["ok"] is False  # a dry run that would not start
+
+
+def test_a_one_node_scheduler_job_is_named_after_its_run_id(in_tmp, cli):
+    """SLURM/k8s give every node TRNQWEN_RDZV_ID; a one-node job's run dir must carry it too, or
+    its restart (`--resume auto`) would never find the run it should continue."""
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    write_tiny_qwen3(in_tmp / "assets" / "hf" / "tiny-qwen3")
+    res = cli("train", "--model", TINY, "--device", "cpu", "--steps", "2", "--seq-len", "128", "--finetune",
+              "--rdzv-id", "job9", "--resume", "auto", "--dry-run", "--json")
+    assert res.code == 0, res.text
+    assert json.loads(res.out)["run_id"] == "job9"

@@ -239,8 +239,9 @@ def plan_train(
         multinode.check_topology(
             nnodes=cfg.nnodes, node_rank=cfg.node_rank, endpoint=cfg.rdzv_endpoint, rdzv_id=cfg.rdzv_id
         )
-        run_id = run_id or cfg.rdzv_id
-    run_id = run_id or next_run_id(runs_dir, cfg.backend)
+    # every node names the shared run dir after the rendezvous id; a scheduler's one-node job too,
+    # so that its restart (`--resume auto`) finds its own run
+    run_id = run_id or cfg.rdzv_id or next_run_id(runs_dir, cfg.backend)
     run_dir = runs_dir / run_id
     with _no_device_backend_autoload(device):
         job = build_job(cfg, device, run_dir, topology=topo, check_runtime=not dry_run)
@@ -316,7 +317,8 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
     multi = plan.config.nnodes > 1
     node_dir = multinode.node_dir(plan.run_dir, plan.config.node_rank)
     try:
-        plan.run_dir.mkdir(exist_ok=multi)  # the nodes of a multi-node run share it
+        # the nodes of a multi-node run share it; a scheduler job's dir exists from its submission
+        plan.run_dir.mkdir(exist_ok=multi or _submitted(plan.run_dir))
         if multi:
             node_dir.mkdir(parents=True)
     except FileExistsError:
@@ -411,6 +413,14 @@ def _reopen_run_dir(plan: TrainPlan) -> RunRecord:
     if not multi or multinode.writes_run_record(plan.config.node_rank):
         point_last(plan.run_dir.parent, plan.run_id)
     return record
+
+
+def _submitted(run_dir: Path) -> bool:
+    """The run dir ``trnqwen train --launcher slurm`` made at submission (status ``submitted``)."""
+    try:
+        return RunRecord.load(run_dir).status == "submitted"
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def _process_start_time() -> Optional[float]:
