@@ -250,12 +250,15 @@ def test_export_loads_with_plain_from_pretrained_and_generates(tiny, tmp_path):
     from trnqwen.ckpt.model_folder import CardInfo, complete_export
 
     export = write_tuned(tiny, tmp_path / "ckpt" / "step-5", dtype="bfloat16")
+    (export / "sharded" / "piece.safetensors").write_bytes(b"x")
     written = complete_export(
         export, tiny,
         CardInfo(base_model="Qwen/Qwen3-4B-Instruct-2507", backend="hf-v5", steps=5, dataset="mychat.jsonl",
                  final_loss=1.5, validation_loss=1.75, run_id="r1"),
     )
     assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "README.md"} <= set(written)
+    # torchtitan's per-rank pieces are kept, beside the model folder instead of inside it
+    assert not (export / "sharded").exists() and (export.parent / "step-5.sharded" / "piece.safetensors").is_file()
     assert json.loads((export / "config.json").read_text())["dtype"] == "bfloat16"  # as saved, not the base's float32
     card = ModelCard.load(export / "README.md")
     assert card.data.base_model == "Qwen/Qwen3-4B-Instruct-2507" and "trnqwen" in card.data.tags

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ TOKENIZER_FILES = (
     "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
 )
 CARD = "README.md"
+SHARDS = "sharded"
 CARD_MARKER = "<!-- written by trnqwen -->"
 
 
@@ -135,7 +137,24 @@ def complete_export(folder: Path, assets: Path, info: CardInfo, *, config_overri
             written.append(name)
     if write_model_card(folder, info):
         written.append(CARD)
+    moved = move_shards_out(folder)
+    if moved is not None:
+        written.append(f"{SHARDS}/ -> {moved}")
     return written
+
+
+def move_shards_out(folder: Path) -> Optional[Path]:
+    """torchtitan leaves the per-rank pieces it consolidated from in ``<export>/sharded/``: a second
+    copy of every weight that `hf upload` or a serving engine would pick up.  They go beside the
+    export (``<export>.sharded/``, which step scans ignore and ``--overwrite`` clears with the rest)."""
+    shards = Path(folder) / SHARDS
+    if not shards.is_dir():
+        return None
+    dest = Path(folder).with_name(f"{Path(folder).name}.{SHARDS}")
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(shards, dest)
+    return dest
 
 
 def write_model_card(folder: Path, info: CardInfo) -> bool:
