@@ -41,10 +41,10 @@ def test_defaults_follow_the_recipe(tmp_path):
 def test_derived_dirs_for_the_default_model():
     c = RunConfig(finetune=True)
     assert c.resolved_assets_dir == Path("assets/hf/Qwen3-4B-Instruct-2507")
-    assert c.resolved_checkpoint_dir == Path("checkpoint_qwen3_4b_ecefd4_ft")  # slug + hash of the model id
+    assert c.resolved_checkpoint_dir == Path("checkpoint_qwen3_4b_ft")  # the recipe's own folder name
     assert c.resolved_export_hf is True
     plain = RunConfig()
-    assert plain.resolved_checkpoint_dir == Path("checkpoint_qwen3_4b_ecefd4") and plain.resolved_export_hf is False
+    assert plain.resolved_checkpoint_dir == Path("checkpoint_qwen3_4b") and plain.resolved_export_hf is False
     tiny = RunConfig(model="builtin:tiny-qwen3")
     assert tiny.resolved_assets_dir == Path("assets/hf/tiny-qwen3") and tiny.is_builtin
     explicit = RunConfig(assets_dir=Path("/data/q"), checkpoint_dir=Path("/ck"), finetune=True, export_hf=False)
@@ -227,7 +227,7 @@ def test_cli_config_show_json_sources(cli, in_tmp, monkeypatch):
     assert data["config"]["steps"] == 3 and data["config"]["backend"] == "native"
     assert data["sources"]["steps"].startswith("file ") and data["sources"]["backend"] == "flag --backend"
     assert data["sources"]["seq_len"] == "env TRNQWEN_SEQ_LEN" and data["sources"]["lr"] == "default"
-    assert data["derived"]["resolved_checkpoint_dir"] == "checkpoint_qwen3_4b_ecefd4_ft"
+    assert data["derived"]["resolved_checkpoint_dir"] == "checkpoint_qwen3_4b_ft"
     assert set(data["config"]) == set(FIELD_NAMES)
 
 

@@ -63,7 +63,7 @@ def test_pods_run_trnqwen_train_with_the_run_settings_on_the_volume():
     assert env["TRNQWEN_NNODES"] == "2" and env["TRNQWEN_RDZV_ID"] == "r1" and env["TRNQWEN_LAUNCHER"] == "local"
     assert env["TRNQWEN_STEPS"] == "7" and env["TRNQWEN_FINETUNE"] == "true"
     assert env["TRNQWEN_ASSETS_DIR"] == "/shared/assets/hf/Qwen3-4B-Instruct-2507"
-    assert env["TRNQWEN_CHECKPOINT_DIR"] == "/shared/checkpoint_qwen3_4b_ecefd4_ft"
+    assert env["TRNQWEN_CHECKPOINT_DIR"] == "/shared/checkpoint_qwen3_4b_ft"
     assert env["TRNQWEN_RUNS_DIR"] == "/shared/.trnqwen/runs"
     assert env["FI_PROVIDER"] == "efa" and env["CCOM_SOCKET_IFNAME"] == "eth0"
     assert "TRNQWEN_IMAGE" not in env

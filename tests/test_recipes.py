@@ -97,7 +97,7 @@ def test_hf_v5_matches_the_recipe(qwen3_4b_assets, text_jsonl, tmp_path, monkeyp
     # resumable checkpoints on every run (no HF export without --finetune/--export-hf)
     assert config.checkpoint.enable is True and config.checkpoint.last_save_in_hf is False
     assert config.checkpoint.last_save_model_only is False  # the last step keeps the full state
-    assert config.checkpoint.folder.endswith("_" + "ecefd4" + "/resume")
+    assert config.checkpoint.folder.endswith("/checkpoint_qwen3_4b/resume")  # the recipe model: the recipe's folder
     assert config.dump_folder == str((tmp_path / "run").absolute())
     assert config.compile.enable is False
     # hf-v5 goes through trnqwen's entry on Neuron too: it re-initialises the rotary buffers
@@ -120,7 +120,7 @@ def test_finetune_sets_the_recipe_checkpoint_fields(qwen3_4b_assets, text_jsonl,
     job, config = job_and_config(cfg, TRN2, tmp_path)
     ck = config.checkpoint
     assert ck.enable is True
-    root = tmp_path / "checkpoint_qwen3_4b_ecefd4_ft"
+    root = tmp_path / "checkpoint_qwen3_4b_ft"
     assert ck.folder == str(root / "resume")  # resume points only; the HF export goes to root/hf
     assert Path(ck.folder).is_absolute()
     assert ck.initial_load_path == str(qwen3_4b_assets.absolute())

@@ -255,10 +255,14 @@ def default_checkpoint_dir(model: str, finetune: bool) -> Path:
 
     The hash is of the model's identity (the Hub id as given, ``builtin:<name>``, or a local
     folder's resolved path), so ``Qwen3-4B-Instruct-2507`` and ``Qwen3-4B-Base`` (one slug) or two
-    local folders both called ``model`` get different folders.
+    local folders both called ``model`` get different folders.  The recipe's own model keeps the
+    recipe's folder name, ``checkpoint_qwen3_4b[_ft]`` (what its users type); being one fixed
+    identity, it cannot collide with any other model, which always carries a hash.
     """
     import hashlib
 
+    if model == DEFAULT_MODEL:
+        return Path(f"checkpoint_{model_slug(model)}{'_ft' if finetune else ''}")
     identity = model
     local = _expand(model)
     if not model.startswith(BUILTIN_PREFIX) and local.exists():

@@ -305,7 +305,7 @@ def render_config_reference() -> str:
         "",
         "Derived values (shown by `trnqwen config show` with source `derived`): `resolved_assets_dir` "
         "(the assets folder actually used), `resolved_checkpoint_dir` (`checkpoint_<model slug>_<hash6>[_ft]`: "
-        "the hash of the model id keeps different models apart; see docs/resume.md), "
+        "the hash of the model id keeps different models apart; the recipe's model keeps `checkpoint_qwen3_4b[_ft]`; see docs/resume.md), "
         "`resolved_export_hf` (`export_hf`, or `finetune` when unset), `resolved_save_every` (`save_every`, or 500).",
         "",
     ]
