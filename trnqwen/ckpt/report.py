@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.ckpt.verify import VerifyReport
 from trnqwen.errors import CheckFailed, redact

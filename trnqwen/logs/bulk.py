@@ -25,13 +25,26 @@ import re
 from array import array
 from itertools import repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol
 
 from trnqwen.logs.patterns import B_PREFIX_RE, TRACEBACK_START
 from trnqwen.logs.stepline import B_MEM, B_MEM_HIGH, B_STEP, step_key_glued_ok, to_number
 
 if TYPE_CHECKING:
-    from trnqwen.logs.engine import LogParser
+    from trnqwen.logs.record import ParsedLog
+
+
+class RankNotes(Protocol):
+    """What the bulk reader needs from the engine's parser (``engine.LogParser``), named here so
+    that bulk never imports the engine that imports it."""
+
+    log: "ParsedLog"
+    lineno: int
+    rank_prefix: dict[int, bytes]
+
+    def note_rank(self, rank: int, prefix: Optional[bytes]) -> Any: ...
+    def note_rank_step(self, rank: int, step: int, lineno: int) -> Any: ...
+    def note_memory(self, rank: int, step: int, gib: Optional[float], pct: Optional[float], lineno: int) -> Any: ...
 
 _WORDS = (b"loss:", b"step:")
 _TB_START = TRACEBACK_START.encode()
@@ -254,7 +267,7 @@ def is_other_step(raw: bytes, prefix: bytes) -> bool:
     return b"loss:" in raw and b"step:" in raw and raw.startswith(b"[") and not raw.startswith(prefix)
 
 
-def read_other_ranks(parser: "LogParser", buf: bytes, start: int, end: int, base: int, prefix: bytes) -> None:
+def read_other_ranks(parser: RankNotes, buf: bytes, start: int, end: int, base: int, prefix: bytes) -> None:
     """Record, for the lines ``base``.. of ``buf[start:end]`` (the last one is
     ``parser.lineno``), each non-primary rank's last step and any memory above the threshold."""
     log = parser.log
@@ -312,7 +325,7 @@ def read_other_ranks(parser: "LogParser", buf: bytes, start: int, end: int, base
             )
 
 
-def _step_rank(parser: "LogParser", raw: bytes, lineno: int, found: set) -> Optional[int]:
+def _step_rank(parser: RankNotes, raw: bytes, lineno: int, found: set) -> Optional[int]:
     pm = B_PREFIX_RE.match(raw)
     if pm is None:
         return None
