@@ -757,3 +757,23 @@ def test_exit_code_table_in_the_docs_lists_70():
     text = (REPO_ROOT / "docs" / "cli" / "index.md").read_text()
     rows = {m.group(1) for m in re.finditer(r"^\|\s*`?(\d+)`?\s*\|", text, flags=re.M)}
     assert {"0", "1", "2", "3", "70", "130", "143"} <= rows, rows
+
+
+def test_override_module_on_the_ranks_extra_pythonpath_is_found_by_preflight(in_tmp, tiny):
+    """quickstart puts examples/torch_rope on the ranks' PYTHONPATH: preflight must look there too
+    (it once looked only at the launcher's path and refused the quickstart's own override stage)."""
+    from trnqwen.config import RunConfig
+    from trnqwen.train.run import plan_train
+
+    kernels = in_tmp / "kernels"
+    kernels.mkdir()
+    (kernels / "far_kernels.py").write_text("raise ImportError('never imported by preflight')\n")
+    cfg = RunConfig(model="builtin:tiny-qwen3", device="cpu", nproc_per_node=1, steps=2, seq_len=128,
+                    assets_dir=tiny, override_imports=["far_kernels.attn_factory"])
+    work = in_tmp / "work"
+    work.mkdir()
+    refused = plan_train(cfg, cwd=work, dry_run=True)
+    assert [f.check for f in refused.preflight.findings if f.severity == "error"] == ["override-imports"]
+    plan = plan_train(cfg, cwd=work, dry_run=True, pythonpath=[kernels])
+    assert not [f for f in plan.preflight.findings if f.severity == "error"], plan.preflight.findings
+    assert plan.env["PYTHONPATH"].split(os.pathsep)[0] == str(kernels)

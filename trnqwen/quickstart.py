@@ -249,10 +249,7 @@ def train_run(stage: str, info: RunInfo, cfg: Any, workdir: Path, progress: Prog
     ``pythonpath`` goes first on the ranks' ``PYTHONPATH`` (where an override module lives)."""
     from trnqwen.train.run import execute, plan_train
 
-    plan = plan_train(cfg, cwd=workdir)
-    if pythonpath is not None:
-        rest = plan.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
-        plan.env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), *([rest] if rest else [])])
+    plan = plan_train(cfg, cwd=workdir, pythonpath=[pythonpath] if pythonpath is not None else ())
     info.run_dir = str(plan.run_dir)
     info.log = str(plan.log_path)
     info.nproc_per_node = plan.nproc_per_node

@@ -220,10 +220,13 @@ def plan_train(
     python: Optional[str] = None,
     resume: Optional[Any] = None,
     overwrite: bool = False,
+    pythonpath: Sequence[Path] = (),
 ) -> TrainPlan:
     """Resolve the device and ranks, build the job, the argv and the env, and run preflight.
 
     Nothing is created on disk.  The plan's ``run_dir`` is where :func:`execute` will put the run.
+    ``pythonpath`` folders go first on the ranks' ``PYTHONPATH`` (where an ``--override-imports``
+    module lives), so preflight looks for the module exactly where the ranks will.
     """
     if resume is not None:  # the run's own config, folder and working directory
         resolved, cwd, run_id = resume.resolved, resume.cwd, resume.run_id
@@ -252,6 +255,9 @@ def plan_train(
     )
     env = launcher.rank_env(cfg, job, device, run_dir)
     env.update(multinode.multinode_env(device.type, cfg.nnodes))  # EFA on multi-node Neuron; user values win
+    if pythonpath:
+        rest = env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
+        env["PYTHONPATH"] = os.pathsep.join([*(str(p) for p in pythonpath), *([rest] if rest else [])])
     # where the ranks look for --override-imports modules: their cwd (`-m` puts it first), PYTHONPATH
     rank_path = [str(cwd), *(p for p in env.get("PYTHONPATH", os.environ.get("PYTHONPATH", "")).split(os.pathsep) if p)]
     report = preflight(
