@@ -23,6 +23,12 @@ CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"
 # Any one of these sets is a tokenizer torchtitan / transformers can load.
 TOKENIZER_SETS = (("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",))
+# Every file that decides tokens or the chat template: hashed into the data cache key, copied
+# into an export so it is a whole model folder.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
+)
 
 
 def read_config_json(folder: Path) -> Optional[dict[str, Any]]:

@@ -24,12 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from trnqwen.assets import TOKENIZER_FILES
 from trnqwen.fsutil import current_umask, write_text_atomic
 
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
-)
 CARD = "README.md"
 SHARDS = "sharded"
 CARD_MARKER = "<!-- written by trnqwen -->"

@@ -27,21 +27,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from trnqwen.dataset.encode import TokenizedDocs, tokenize  # noqa: F401  (the pipeline's next step)
+from trnqwen.assets import TOKENIZER_FILES, has_tokenizer
 from trnqwen.dataset.formats import Example
 from trnqwen.errors import EnvironmentProblem, UsageError
 
 END_OF_TURN = "<|im_end|>"
 END_OF_TEXT = "<|endoftext|>"
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-)
 _BATCH = 512
 
 
@@ -53,7 +44,7 @@ def tokenizer_files(assets_dir: Path) -> list[Path]:
 def load_tokenizer(assets_dir: Path):
     """The snapshot's fast tokenizer (its chat template comes with it)."""
     assets_dir = Path(assets_dir)
-    if not (assets_dir / "tokenizer.json").is_file() and not (assets_dir / "tokenizer_config.json").is_file():
+    if not has_tokenizer(assets_dir):
         raise UsageError(
             f"no tokenizer in {assets_dir}",
             hint="fetch the model first (trnqwen fetch <model>) or point --assets at its snapshot",

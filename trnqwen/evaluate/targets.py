@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from trnqwen.assets import has_tokenizer
 from trnqwen.errors import UsageError
 from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir
 
@@ -23,7 +24,6 @@ ARCHITECTURE_FIELDS = (
     "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "intermediate_size", "tie_word_embeddings",
 )
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 @dataclass
@@ -84,7 +84,7 @@ class EvalTarget:
     @property
     def tokenizer_dir(self) -> Path:
         """The tokenizer beside the weights (a complete export), else beside its config.json."""
-        if all((self.folder / name).is_file() for name in TOKENIZER_FILES):
+        if has_tokenizer(self.folder):
             return self.folder
         return self.config_dir
 
