@@ -777,3 +777,12 @@ def test_override_module_on_the_ranks_extra_pythonpath_is_found_by_preflight(in_
     plan = plan_train(cfg, cwd=work, dry_run=True, pythonpath=[kernels])
     assert not [f for f in plan.preflight.findings if f.severity == "error"], plan.preflight.findings
     assert plan.env["PYTHONPATH"].split(os.pathsep)[0] == str(kernels)
+
+
+@pytest.mark.parametrize("flag, name", [("--csv", "out"), ("--plot", "plots.png")])
+def test_csv_or_plot_into_a_folder_names_the_folder_not_a_temp_file(cli, in_tmp, flag, name):
+    (in_tmp / name).mkdir()
+    r = cli("inspect-logs", str(LOGS / "real_hf_v5_tiny_2ranks_scratch.log"), flag, name)
+    clean_error(r, 2, f"{flag} {name} is a folder")
+    assert f".{name}." not in r.text and ".tmp" not in r.text  # no temp file name leaks out
+    assert sorted(p.name for p in (in_tmp / name).iterdir()) == []  # nothing written inside it

@@ -84,6 +84,9 @@ def inspect_logs(
         for inp in inputs:
             if out is not None and inp.path is not None and _same_file(out, inp.path):
                 raise UsageError(f"{out} is the log being read", hint="write --csv/--plot output to another file")
+    for flag, out, example in (("--csv", csv_file, "steps.csv"), ("--plot", plot_file, "loss.png")):
+        if out is not None and out.is_dir():  # say so here, not as an error about a temp file inside it
+            raise UsageError(f"{flag} {out} is a folder", hint=f"pass a file name, e.g. {flag} {out / example}")
     if plot_file is not None and plot_file.suffix.lower() not in (".png", ".svg", ".pdf", ".jpg", ".jpeg"):
         raise UsageError(f"--plot {plot_file}: use a .png (or .svg/.pdf/.jpg) file name", hint="e.g. --plot loss.png")
     judge_kw = {"expect_layers": expect_layers, "vocab_size": vocab_size, "finetune": finetune}
