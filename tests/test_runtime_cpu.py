@@ -24,6 +24,7 @@ import pytest
 
 from trnqwen.config import RunConfig
 from trnqwen.env.device import DeviceInfo
+from trnqwen.train.checkpoints import export_dir
 from trnqwen.train.recipes import build_job
 
 pytestmark = pytest.mark.slow
@@ -104,7 +105,7 @@ def cpu_runs(tmp_path_factory) -> dict[str, Run]:
         root,
     )
     assert runs["pretrain"].rc == 0, runs["pretrain"].log[-4000:]
-    trained = _trained_assets(tiny, root / "ck_pretrain" / f"step-{PRETRAIN_STEPS}", root / "assets" / "trained")
+    trained = _trained_assets(tiny, export_dir(root / "ck_pretrain", PRETRAIN_STEPS), root / "assets" / "trained")
     for name, backend in (("native_ft", "native"), ("hf_ft", "hf-v5")):
         runs[name] = _run(
             name,
@@ -146,7 +147,7 @@ def test_hf_checkpoint_round_trips_into_transformers(cpu_runs, name, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     run = cpu_runs[name]
-    step_dir = run.checkpoint_dir / f"step-{run.steps}"
+    step_dir = export_dir(run.checkpoint_dir, run.steps)  # <checkpoint_dir>/hf/step-N
     files = sorted(step_dir.glob("*.safetensors"))
     assert files and (step_dir / "model.safetensors.index.json").is_file(), list(step_dir.iterdir())
     state = {}

@@ -644,6 +644,7 @@ def run_quickstart(
         def chat_finetune() -> str:
             train_run("chat fine-tune", chat, chat_cfg, workdir, prog, status=status)
             inspect_run(chat)
+            chat.verify = verify_checkpoint("chat fine-tune", Path(chat.checkpoint_dir), pretrained, round_trip=device == "cpu")
             result.evaluation = held_out_check(Path(chat.run_dir), device=device)
             return result.evaluation["line"]
 

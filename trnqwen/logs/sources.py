@@ -81,6 +81,7 @@ def resolve_input(arg: Optional[str], runs_dir: Optional[Path] = None) -> LogInp
                 hint="pass a log file or run directory (`trnqwen inspect-logs train.log`), "
                 "or run `trnqwen train` first",
             )
+        last = last.absolute()  # found, not typed: report where it is, whatever the working folder
         return _from_dir(last, str(last))
     if arg == "-":
         return LogInput(label="<stdin>")
