@@ -17,6 +17,7 @@ from tests.helpers import assert_verified_export, run_subprocess
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 from trnqwen.config import RunConfig
 from trnqwen.errors import CheckFailed, UsageError
+from trnqwen.train.checkpoints import export_dir
 from trnqwen.train import slurm
 
 
@@ -154,7 +155,7 @@ def test_real_slurm_job_trains_the_tiny_model(slurm_cluster, tmp_path, monkeypat
     assert [s["step"] for s in report["steps"]] == [1, 2]
     ckpt = run_subprocess("verify-ckpt", "--json", cwd=work, timeout=300)
     assert ckpt.code == 0, ckpt.text
-    (export,) = sorted((work / "checkpoint_tiny_qwen3_f7b2a8_ft" / "hf").glob("step-*"))
+    export = export_dir(work / "checkpoint_tiny_qwen3_f7b2a8_ft", 2)  # hf/step-2 (its .sharded pieces beside it)
     assert_verified_export(json.loads(ckpt.out), export, step=2)
 
 
