@@ -484,3 +484,32 @@ def test_nki_moe_export_describes_the_cut_model(tmp_path):
     complete_run_export(record, export)
     config = json.loads((export / "config.json").read_text())
     assert (config["num_hidden_layers"], config["num_experts"], config["num_experts_per_tok"], config["dtype"]) == (4, 64, 4, "float32")
+
+
+def test_two_nodes_completing_one_shared_export_do_not_collide(tiny, tmp_path):
+    """On a shared filesystem every node of a multi-node run sees the export; completing it twice
+    at once must not trip over one temp file (CI saw `.tokenizer_config.json.tmp` vanish)."""
+    import threading
+
+    from trnqwen.ckpt.model_folder import CardInfo, complete_export
+
+    errors: list[BaseException] = []
+    for attempt in range(12):
+        export = write_tuned(tiny, tmp_path / f"ckpt{attempt}" / "step-2")
+        barrier = threading.Barrier(2)
+
+        def finish() -> None:
+            barrier.wait()
+            try:
+                complete_export(export, tiny, CardInfo(base_model="tiny-qwen3", backend="native"))
+            except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=finish) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not [p.name for p in export.iterdir() if p.name.endswith(".tmp")]
+        assert (export / "tokenizer_config.json").read_bytes() == (tiny / "tokenizer_config.json").read_bytes()
+    assert not errors, errors

@@ -241,7 +241,16 @@ def _write_if_ours(path: Path, text: str, *, card: bool = False) -> bool:
 
 
 def _copy_atomic(source: Path, dest: Path) -> None:
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    shutil.copyfile(source, tmp)
-    tmp.chmod(0o666 & ~current_umask())
-    tmp.replace(dest)
+    """Copy via a temp name of its own (two writers never share one) and a rename."""
+    import tempfile
+
+    fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        shutil.copyfile(source, tmp)
+        tmp.chmod(0o666 & ~current_umask())
+        tmp.replace(dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

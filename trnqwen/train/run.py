@@ -84,6 +84,13 @@ class TrainPlan:
         return self.topology.nproc_per_node
 
     @property
+    def owns_checkpoints(self) -> bool:
+        """Only the first node claims, cleans and completes the checkpoint folder: global rank 0
+        writes the export there, and on a shared filesystem two nodes finishing the same export
+        race on its files."""
+        return multinode.writes_run_record(self.config.node_rank) or self.config.nnodes <= 1
+
+    @property
     def log_path(self) -> Path:
         if self.config.nnodes > 1:  # each node's own log in the shared run dir
             return multinode.node_log_path(self.run_dir, self.config.node_rank)
@@ -445,7 +452,7 @@ def find_export(checkpoint_dir: Optional[Path], cwd: Path) -> Optional[Path]:
 
 def _prepare_checkpoint_folder(plan: TrainPlan, record: RunRecord) -> None:
     """Claim the checkpoint folder for this run (after --overwrite removed the old checkpoints)."""
-    if plan.job.checkpoint_dir is None or (plan.config.nnodes > 1 and plan.config.node_rank > 0):
+    if plan.job.checkpoint_dir is None or not plan.owns_checkpoints:
         return
     root = _abs(plan.job.checkpoint_dir, plan.cwd)
     if plan.resume is None and plan.overwrite:
@@ -546,6 +553,9 @@ def execute(
         full = _disk_full_at(ckpt_root)  # torch's zip writer fails on a full disk without saying so
         if full:
             result.error = record.error = f"{result.error}; No space left on device ({full})"
+    if not plan.owns_checkpoints:  # node 0 cleans, completes and checks the export
+        record.save()
+        return TrainOutcome(plan=plan, result=result, record=record, exported=None)
     if result.exit_code != 0:
         removed = checkpoints.remove_incomplete(ckpt_root, steps_before)
         if removed:
