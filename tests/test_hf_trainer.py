@@ -144,7 +144,10 @@ def test_training_arguments_follow_the_neuron_rules():
     args = hft.training_arguments(_spec(device="neuron", compile=True, local_batch_size=1), plan, bf16_supported=True)
     assert args["bf16"] is True and args["torch_compile"] is True and args["dataloader_drop_last"] is True
     assert args["use_cpu"] is False and args["gradient_accumulation_steps"] == 2 and args["max_steps"] == 3
-    assert args["save_strategy"] == "no" and args["logging_steps"] == 1
+    # sharded at load (DistributedConfig) and still resumable: DCP checkpoints (hf_trainer_checkpoint)
+    assert plan.strategy == "distributed-config" and args["save_strategy"] == "steps" and args["logging_steps"] == 1
+    unsaved = hft.training_arguments(_spec(device="neuron", checkpoint_dir=None, export_hf=False), plan, bf16_supported=True)
+    assert unsaved["save_strategy"] == "no"
     cpu_plan = _rank_plan(2, 1, -1, device="cpu", strategy="ddp")
     cpu = hft.training_arguments(_spec(device="cpu"), cpu_plan, bf16_supported=True)
     assert cpu["bf16"] is False and cpu["use_cpu"] is True and cpu["ddp_backend"] == "gloo"

@@ -143,6 +143,33 @@ def test_hf_trainer_resumes_through_the_trainers_own_checkpoint(work):
     assert all(_same(losses[s], expected[s]) for s in range(5, 9)), (losses, expected)
 
 
+def test_hf_trainer_two_ranks_sharded_at_load_resume_exactly_then_continue_on_one_rank(work):
+    """DistributedConfig shards the model at load, where transformers alone cannot checkpoint the
+    optimizer: trnqwen's DCP checkpoint (runtime/hf_trainer_checkpoint.py) makes it resumable."""
+    expected = _baseline(work, "hf-trainer", 2, "hft2-base")
+    base_dir = _last(work)
+    assert "strategy distributed-config" in (base_dir / "train.log").read_text(errors="replace")
+    args = [*TINY, "--backend", "hf-trainer", "--nproc-per-node", "2", "--steps", "8", "--checkpoint-dir", "hft2"]
+    stopped = _train(work, *args, env={"TRNQWEN_FAULT_PREEMPT_AT_STEP": "4"})
+    assert stopped.code == 138, stopped.text[-3000:]
+    point = work / "hft2" / "resume" / "checkpoint-4"
+    assert (point / "trainer_state.json").is_file() and (point / "dcp" / ".metadata").is_file()
+    assert sorted(p.name for p in point.glob("rng_state_*.pth")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    resumed = _train(work, "--resume")
+    assert resumed.code == 0, resumed.text[-3000:]
+    losses = _losses(_last(work))
+    assert sorted(losses) == list(range(1, 9))
+    assert all(_same(losses[s], expected[s]) for s in range(5, 9)), (losses, expected)
+
+    # The finished 2-rank baseline, extended by 2 steps on 1 rank: DCP reshards, one warning says so.
+    extended = _train(work, "--resume", base_dir.name, "--steps", "10", "--nproc-per-node", "1")
+    assert extended.code == 0, extended.text[-3000:]
+    log = (base_dir / "train.log").read_text(errors="replace")
+    assert log.count("[trnqwen] world size changed: checkpoint-8 was saved by 2 rank(s), resuming on 1") == 1
+    assert sorted(_losses(base_dir)) == list(range(1, 11))
+    assert (work / "hft2-base" / "hf" / "step-10" / "model.safetensors.index.json").is_file()
+
+
 def test_a_two_rank_checkpoint_resumes_on_one_rank(work):
     """A node lost: model and optimizer reshard through DCP; the data position gets one warning."""
     args = [*TINY, "--backend", "native", "--nproc-per-node", "2", "--steps", "6", "--checkpoint-dir", "ws"]

@@ -282,9 +282,9 @@ def _step_logger_callback(spec: HFTrainerSpec, plan: ParallelPlan, flops_token: 
     return TorchtitanStepLines()
 
 
-def resumable(spec: HFTrainerSpec, plan: ParallelPlan) -> bool:
-    """Whether the Trainer can write resumable checkpoints for this run (not with DistributedConfig)."""
-    return bool(spec.checkpoint_dir) and plan.strategy != "distributed-config"
+def resumable(spec: HFTrainerSpec) -> bool:
+    """Whether the Trainer writes resumable checkpoints (in DCP form: runtime/hf_trainer_checkpoint)."""
+    return bool(spec.checkpoint_dir)
 
 
 def _resume_callback(can_save: bool):
@@ -360,8 +360,8 @@ def training_arguments(spec: HFTrainerSpec, plan: ParallelPlan, *, bf16_supporte
         logging_steps=1,
         logging_first_step=True,
         # The Trainer's own resumable checkpoints; the HF export below is separate (hf/step-N).
-        # transformers cannot checkpoint the optimizer of a model sharded at load (DistributedConfig).
-        save_strategy="steps" if resumable(spec, plan) else "no",
+        # Model and optimizer state in DCP form, on every strategy (hf_trainer_checkpoint).
+        save_strategy="steps" if resumable(spec) else "no",
         save_steps=spec.save_every,
         save_total_limit=spec.keep_last or None,
         report_to=[name for name in spec.report_to.split(",") if name] or "none",
@@ -497,7 +497,7 @@ def run(spec: HFTrainerSpec) -> int:
             _log(f"Loading HF safetensors from {spec.assets_dir}")
         else:
             _log("Random init from config.json: no checkpoint was provided, this is a fresh start")
-    resume_from = latest_resume_point(spec.checkpoint_dir) if resumable(spec, plan) else None
+    resume_from = latest_resume_point(spec.checkpoint_dir) if resumable(spec) else None
     load_started = time.perf_counter()
     model = _load_model(spec, plan, local_rank)
     model.config.use_cache = False  # no KV cache in training: transformers then detects packed position_ids
@@ -523,7 +523,11 @@ def run(spec: HFTrainerSpec) -> int:
     from trnqwen.runtime import resume_state
 
     resume_state.install_signal_handlers()
-    preemption = _resume_callback(resumable(spec, plan))
+    preemption = _resume_callback(resumable(spec))
+    if resumable(spec):  # one checkpoint form for every strategy: DCP, resharded on load
+        from trnqwen.runtime.hf_trainer_checkpoint import dcp_checkpoint_class
+
+        trainer_cls = dcp_checkpoint_class(trainer_cls, log=_log)
     trainer = trainer_cls(
         model=model,
         args=args,
@@ -540,8 +544,8 @@ def run(spec: HFTrainerSpec) -> int:
     if preemption.preempted_at is not None:
         if rank == 0:
             where = Path(args.output_dir) / f"checkpoint-{final_step}"
-            saved = (f"saved a resumable checkpoint of step {final_step} to {where}" if resumable(spec, plan)
-                     else "checkpointing is off (DistributedConfig sharding): nothing saved")
+            saved = (f"saved a resumable checkpoint of step {final_step} to {where}" if resumable(spec)
+                     else "no checkpoint folder: nothing saved")
             _log(f"{resume_state.PREEMPTED_MARK} {resume_state.signal_name()} at step {final_step}; {saved}")
     elif spec.export_hf:
         save_started = time.perf_counter()

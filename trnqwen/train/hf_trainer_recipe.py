@@ -170,11 +170,6 @@ def build_hf_trainer_job(
     try:
         strategy = choose_strategy(topology, device=device_type, has_distributed_config=has_dc)
         notes += strategy.notes
-        if strategy.strategy == "distributed-config":
-            notes.append(
-                "hf-trainer with DistributedConfig sharding writes no resumable checkpoints (transformers cannot "
-                "checkpoint its optimizer): a preempted run starts over; resumable runs: 1 rank, or hf-v5/native"
-            )
     except SpecError:
         pass  # preflight reports bad degrees and batches (topology.problems)
     env = {"TOKENIZERS_PARALLELISM": "false"}
