@@ -11,7 +11,7 @@ On the built-in tiny Qwen3 (CPU, 2 ranks), for each repeat:
 Prints each run, the medians, the ratio B/A and the checkpoint load time torchtitan logs, and a
 final ``--json`` summary line.
 
-  python benchmarks/resume_overhead.py [--backend native] [--steps 6] [--repeats 2] [--json]
+  python benchmarks/resume_overhead.py [--backend native|hf-v5|hf-trainer] [--steps 6] [--repeats 2] [--json]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _load_seconds(log: Path, after_line: int = 0) -> float | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backend", default="native", choices=["hf-v5", "native"])
+    ap.add_argument("--backend", default="native", choices=["hf-v5", "native", "hf-trainer"])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--nproc", type=int, default=2)
@@ -87,9 +87,12 @@ def main() -> int:
                 rows[name].append(r)
                 print(f"run {i} {name:8s} first step {r['time_to_first_step_s']:6.2f}s  "
                       f"checkpoint load {r['load_s'] if r['load_s'] is not None else float('nan'):.2f}s  wall {r['wall_s']:6.2f}s")
+        def median(values: list) -> float | None:
+            present = [v for v in values if v is not None]
+            return statistics.median(present) if present else None
+
         med = {
-            name: {key: statistics.median(r[key] for r in rs if r[key] is not None)
-                   for key in ("time_to_first_step_s", "load_s", "wall_s")}
+            name: {key: median([r[key] for r in rs]) for key in ("time_to_first_step_s", "load_s", "wall_s")}
             for name, rs in rows.items()
         }
         ratio = med["resumed"]["time_to_first_step_s"] / med["fresh"]["time_to_first_step_s"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -60,6 +61,7 @@ def dcp_checkpoint_class(base: type, log: Callable[[str], None] = print) -> type
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+            started = time.perf_counter()
             model = self.model if model is None else model
             saved = saved_world_size(Path(resume_from_checkpoint))
             if saved is not None and saved != self.args.world_size and self.args.process_index == 0:
@@ -74,6 +76,7 @@ def dcp_checkpoint_class(base: type, log: Callable[[str], None] = print) -> type
             state = {"model": get_model_state_dict(model)}
             dcp.load(state, checkpoint_id=os.path.join(resume_from_checkpoint, DCP_DIR))
             set_model_state_dict(model, state["model"])
+            self._trnqwen_load_s = time.perf_counter() - started
 
         def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
             if checkpoint is None:
@@ -82,12 +85,16 @@ def dcp_checkpoint_class(base: type, log: Callable[[str], None] = print) -> type
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
+            started = time.perf_counter()
             _, optim_state = _state_dicts(self)
             state = {"optim": optim_state}
             dcp.load(state, checkpoint_id=os.path.join(checkpoint, DCP_DIR))
             set_optimizer_state_dict(self.model, _inner_optimizer(self.optimizer), state["optim"])
             scheduler = torch.load(os.path.join(checkpoint, SCHEDULER_FILE), weights_only=True)
             self.lr_scheduler.load_state_dict(scheduler)
+            if self.args.process_index == 0:  # torchtitan's wording: inspect-logs and the benchmarks read it
+                seconds = getattr(self, "_trnqwen_load_s", 0.0) + time.perf_counter() - started
+                log(f"Finished loading the checkpoint in {seconds:.2f} seconds.")
 
     DCPCheckpointTrainer.__qualname__ = f"DCPCheckpoint{base.__name__}"
     return DCPCheckpointTrainer
