@@ -476,6 +476,38 @@ def test_bad_data_flags(cli, in_tmp, tiny, extra, needle):
     _nothing_written(in_tmp / "cache")
 
 
+BAD_DATASETS = [  # (name, how to make it, what the one error line says)
+    ("missing.jsonl", None, ["missing.jsonl does not exist"]),
+    ("empty.jsonl", "", ["empty.jsonl has no records"]),
+    ("data.csv", "a,b\n1,2\n", ["unknown file type .csv"]),
+    ("mixed", {"a.jsonl": '{"text": "a"}\n', "b.txt": "b\n"}, ["mixed", "mixes file types (jsonl, text)"]),
+    ("fields.jsonl", '{"content": "x"}\n', ["fields.jsonl line 1", "no recognised fields (found: content)"]),
+    ("no_data", {}, ["no_data has no .jsonl/.json/.parquet/.txt files"]),
+    ("not a name", None, ["'not a name' is neither a local file/folder nor a hub dataset name"]),
+]
+
+
+@pytest.mark.parametrize("name,content,needles", BAD_DATASETS, ids=[c[0] for c in BAD_DATASETS])
+@pytest.mark.parametrize("command", ["train", "data"])
+def test_bad_dataset_stops_train_and_data_with_one_line(cli, in_tmp, tiny, name, content, needles, command):
+    """Each --dataset that cannot be read is refused by the one file lister (dataset/sources.py),
+    whichever command names it: one line, a hint, exit 2, nothing tokenized."""
+    if isinstance(content, dict):
+        (in_tmp / name).mkdir()
+        for file, text in content.items():
+            (in_tmp / name / file).write_text(text)
+    elif content is not None:
+        (in_tmp / name).write_text(content)
+    cache = in_tmp / "cache"
+    if command == "train":
+        r = cli("train", *TINY_CPU, "--assets", str(tiny), "--dataset", name, "--data-cache-dir", str(cache), "--dry-run")
+    else:
+        r = cli(*_data_args(tiny, cache, Path(name)))
+    clean_error(r, 2, *needles)
+    assert "->" in r.err.split("Error:", 1)[1], r.err  # the hint line
+    _nothing_written(cache)
+
+
 # --- issue 18, fetch / check-env / model folders (items 7, 8, 14) --------------------------------
 
 

@@ -53,7 +53,7 @@ def _spec(**over) -> HFTrainerSpec:
 
 def test_spec_round_trips_through_flags():
     spec = _spec(global_batch_size=8, lr=3e-4, seed=None, tp=2, compile=True, peak_flops_per_rank=1.57e14,
-                 memory_bytes_per_rank=24 * 2**30, dataset="/d/data.jsonl", device="neuron")
+                 memory_bytes_per_rank=24 * 2**30, dataset="c4_validation", device="neuron")
     assert spec_from_argv(spec_to_argv(spec)) == spec
 
 
@@ -77,6 +77,8 @@ def test_spec_file_then_flags_override(tmp_path):
         (["--steps", "1"], "assets_dir"),
         (["--assets-dir", "/a", "--device", "auto"], "device"),
         (["--assets-dir", "/a", "--strategy", "zero3"], "strategy"),
+        # a file reaches the ranks as the launcher's token cache, never as a dataset to stream
+        (["--assets-dir", "/a", "--dataset", "/d/data.jsonl"], "'/d/data.jsonl'.*cache_dir"),
     ],
 )
 def test_bad_specs_are_refused(argv, words):

@@ -314,28 +314,42 @@ def test_batch_sizes_must_agree_with_ranks(tiny_assets, tmp_path):
 # --- data ----------------------------------------------------------------------------------------
 
 
-def test_dataset_resolution(tmp_path, tiny_assets, text_jsonl):
+def test_default_corpus_streams_through_torchtitans_registry(tmp_path, tiny_assets):
+    """No --dataset on the tiny model: the generated module registers the bundled corpus with
+    torchtitan and its loader really reads it, one document per paragraph, offline."""
+    from trnqwen.fetch.builtin import corpus_documents
+
+    cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=tiny_assets, backend="hf-v5", seq_len=64)
+    job, config = job_and_config(cfg, CPU, tmp_path)
+    assert type(config.dataloader).__qualname__ == "HuggingFaceTextDataLoader.Config"
+    assert config.dataloader.dataset == "trnqwen_data" and job.dataset_cache is None
+    assert job.env["HF_HUB_OFFLINE"] == "1"
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    entry = DATASETS["trnqwen_data"]
+    texts = [entry.sample_processor(row) for row in entry.loader(entry.path)]
+    assert [t.strip() for t in texts] == corpus_documents()
+
+
+def test_torchtitan_names_stream_and_named_data_never_reaches_them(tmp_path, qwen3_4b_assets, monkeypatch):
+    from trnqwen.train.cache_data import reads_cache
+
+    cfg = RunConfig(model="Qwen/Qwen3-4B-Instruct-2507", assets_dir=qwen3_4b_assets, backend="hf-v5")
+    job, config = job_and_config(cfg, TRN2, tmp_path)
+    assert config.dataloader.dataset == "c4" and "HF_HUB_OFFLINE" not in job.env
+    assert any("c4 streams from the Hugging Face Hub" in n for n in job.notes)
     api = compat.detect()
-    spec = resolve_dataset(str(text_jsonl), model_is_builtin=False, api=api)
-    assert spec.kind == "text" and spec.loader == "json" and spec.data_files == [str(text_jsonl.resolve())]
-    assert resolve_dataset(None, model_is_builtin=True, api=api).loader == "text"  # the tiny corpus
-    assert resolve_dataset(None, model_is_builtin=False, api=api).titan_name == "c4"
-    hub = resolve_dataset("HuggingFaceFW/fineweb-edu", model_is_builtin=False, api=api)
-    assert hub.kind == "text" and hub.hub_name == "HuggingFaceFW/fineweb-edu"
-    with pytest.raises(UsageError, match="c4_test"):
-        resolve_dataset("c4_test", model_is_builtin=False, api=api)
-    with pytest.raises(UsageError, match="does not exist"):
-        resolve_dataset(str(tmp_path / "missing.jsonl"), model_is_builtin=False, api=api)
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"content": "x"}) + "\n")
-    with pytest.raises(UsageError, match="no 'text' or 'messages'"):
-        resolve_dataset(str(bad), model_is_builtin=False, api=api)
-    folder = tmp_path / "mixed"
-    folder.mkdir()
-    (folder / "a.jsonl").write_text(json.dumps({"text": "a"}) + "\n")
-    (folder / "b.txt").write_text("b\n")
-    with pytest.raises(UsageError, match="mixes formats"):
-        resolve_dataset(str(folder), model_is_builtin=False, api=api)
+    if not api.c4_test_in_package:
+        with pytest.raises(UsageError, match="c4_test") as exc:
+            resolve_dataset("c4_test", model_is_builtin=False, api=api)
+        assert exc.value.hint
+    # Every dataset the user names goes through the token cache; resolve_dataset refuses one.
+    assert not reads_cache(None) and not reads_cache("c4") and reads_cache("data.jsonl") and reads_cache("org/name")
+    with pytest.raises(ValueError, match="prepare_rank_data"):
+        resolve_dataset("data.jsonl", model_is_builtin=False, api=api)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c4").mkdir()
+    assert reads_cache("c4")  # a local folder of that name is the user's data, as before
 
 
 def test_named_datasets_train_from_the_token_cache(tmp_path, tiny_assets, text_jsonl):

@@ -89,7 +89,10 @@ def resolve_source(dataset: str | os.PathLike | None, *, split: str = "train") -
             hint="pass an existing JSONL/JSON/Parquet file or folder, or a Hub dataset name like org/name",
         )
     if not _HUB_NAME.fullmatch(name):
-        raise UsageError(f"dataset {name!r} is neither a local file/folder nor a Hub dataset name")
+        raise UsageError(
+            f"dataset {name!r} is neither a local file/folder nor a Hub dataset name",
+            hint="pass a JSONL/JSON/Parquet/text file, a folder of them, or a Hub name like org/name",
+        )
     return Source(name=name, hub_name=name, split=split)
 
 

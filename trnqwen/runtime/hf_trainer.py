@@ -72,50 +72,34 @@ def step_metrics(
 # --- data --------------------------------------------------------------------------------------
 
 
-def load_texts(spec: HFTrainerSpec, limit: int, tokenizer=None) -> list[str]:
-    """Up to ``limit`` training texts of ``spec.dataset``: the same data the other backends train on.
+def load_texts(spec: HFTrainerSpec, limit: int) -> list[str]:
+    """Up to ``limit`` training texts of a run without a token cache: the same data the other
+    backends stream.
 
-    The dataset is resolved by :func:`trnqwen.train.datasets.resolve_dataset` (local
-    JSONL/Parquet/text, a torchtitan-registered name such as ``c4``, a Hub name; the tiny corpus
-    by default for ``builtin:tiny-qwen3``) and streamed with ``datasets`` (nothing cached).
-    torchtitan-registered names use torchtitan's own loader and sample processor; chat records
-    (``messages``) are rendered with the tokenizer's chat template.
+    ``spec.dataset`` is None (the model's default corpus: the tiny corpus for ``builtin:tiny-qwen3``,
+    else ``c4``) or a torchtitan-registered name (the spec refuses anything else), resolved by
+    :func:`trnqwen.train.datasets.resolve_dataset` and read with torchtitan's own loader and sample
+    processor, or ``datasets``' paragraph reader for the corpus (nothing cached).
     """
     from trnqwen.errors import TrnqwenError
     from trnqwen.train.datasets import resolve_dataset
 
     try:
-        data = resolve_dataset(
-            spec.dataset,
-            model_is_builtin=spec.model.startswith("builtin:"),
-            assets_dir=Path(spec.assets_dir) if spec.assets_dir else None,
-        )
+        data = resolve_dataset(spec.dataset, model_is_builtin=spec.model.startswith("builtin:"))
     except TrnqwenError as exc:
         raise SpecError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
-    from datasets import load_dataset
-
     if data.kind == "titan":
         from torchtitan.hf_datasets.text_datasets import DATASETS
 
         entry = DATASETS[data.titan_name]
         rows, to_text = entry.loader(entry.path), entry.sample_processor
     else:
-        if data.hub_name:
-            rows = load_dataset(data.hub_name, split="train", streaming=True)
-        else:
-            extra = {"sample_by": "paragraph"} if data.loader == "text" else {}
-            rows = load_dataset(data.loader, data_files=data.data_files, split="train", streaming=True, **extra)
-        if data.kind == "chat":
-            if tokenizer is None:
-                raise SpecError("chat data needs the tokenizer's chat template")
+        from datasets import load_dataset
 
-            def to_text(sample):
-                return tokenizer.apply_chat_template(sample["messages"], tokenize=False)
+        rows = load_dataset("text", data_files=data.data_files, split="train", streaming=True, sample_by="paragraph")
 
-        else:
-
-            def to_text(sample):
-                return sample["text"]
+        def to_text(sample):
+            return sample["text"]
 
     texts: list[str] = []
     for sample in rows:
@@ -485,7 +469,7 @@ def run(spec: HFTrainerSpec) -> int:
     else:
         tokenizer = AutoTokenizer.from_pretrained(spec.assets_dir, trust_remote_code=spec.trust_remote_code)
         rows_needed = spec.steps * spec.local_batch_size * plan.grad_accum * plan.dp
-        texts = load_texts(spec, rows_needed, tokenizer)
+        texts = load_texts(spec, rows_needed)
         train_dataset = _tokenize(tokenizer, texts, spec.seq_len, rows_needed)
 
     bf16_ok = spec.device == "neuron" or (spec.device == "cuda" and torch.cuda.is_bf16_supported())

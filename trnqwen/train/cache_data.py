@@ -104,12 +104,13 @@ def is_prepared_cache(path: Path) -> bool:
 def reads_cache(dataset: Optional[str]) -> bool:
     """Whether a run on ``dataset`` trains from the token cache (else torchtitan streams it).
 
-    Every dataset the user names does, except torchtitan's own streamed names (``c4``...).  No
+    Every dataset the user names does, except torchtitan's own streamed names (``c4``...), unless
+    a local file or folder has that name (a path the user can see wins, as everywhere else).  No
     ``--dataset`` keeps each model's default corpus as it was.
     """
-    from trnqwen.train.datasets import TITAN_DATASETS
+    from trnqwen.train.datasets import streams_itself
 
-    return bool(dataset) and dataset not in TITAN_DATASETS
+    return not streams_itself(dataset) or Path(str(dataset)).expanduser().exists()
 
 
 def prepare_rank_data(cfg: Any, assets_dir: Path) -> Optional[tuple[Any, RankData]]:
@@ -160,8 +161,9 @@ def _report_notes(report: dict[str, Any]) -> list[str]:
     return notes
 
 
-def streamed_data(cfg: Any, assets_dir: Path, *, api: Any = None) -> Any:
-    """The DataSpec of a dataset torchtitan streams itself (its own names, a model's default corpus)."""
+def streamed_data(cfg: Any, *, api: Any = None) -> Any:
+    """The DataSpec of a dataset torchtitan streams itself (its own names, a model's default corpus);
+    ``cfg.dataset`` is one that :func:`reads_cache` turned down."""
     from trnqwen.train.datasets import resolve_dataset
 
     if cfg.val_every:
@@ -170,4 +172,4 @@ def streamed_data(cfg: Any, assets_dir: Path, *, api: Any = None) -> Any:
             f"{cfg.dataset or 'the default corpus'}",
             hint="pass --dataset FILE with --val-split 0.05 (or --val-dataset FILE)",
         )
-    return resolve_dataset(cfg.dataset, model_is_builtin=cfg.is_builtin, assets_dir=assets_dir, api=api)
+    return resolve_dataset(cfg.dataset, model_is_builtin=cfg.is_builtin, api=api)

@@ -54,23 +54,18 @@ def _model_facts(hf_config: Optional[dict[str, Any]]) -> tuple[Optional[int], Op
         return hf_config.get("num_hidden_layers"), None, hf_config.get("vocab_size")
 
 
-def _dataset_arg(cfg: RunConfig, assets_dir: Path, rank_data: Any = None) -> tuple[Optional[str], list[str], str]:
-    """(the dataset as the ranks should see it (local paths absolute), notes, what it resolved to).
+def _dataset_arg(cfg: RunConfig, rank_data: Any = None) -> tuple[Optional[str], list[str], str]:
+    """(the ranks' ``dataset`` argument, notes, what the data is).
 
-    Resolving it here makes a bad ``--dataset`` stop the run before torchrun starts.  A run that
-    reads the token cache gets no dataset argument: its spec names the cache."""
+    A run that reads the token cache gets no dataset argument: its spec names the cache.  Any
+    other run streams a torchtitan name (passed on) or the default corpus (None); resolving it
+    here makes a bad one stop the run before torchrun starts."""
     from trnqwen.train.cache_data import streamed_data
 
     if rank_data is not None:
         return None, [], str(cfg.dataset)
-    data = streamed_data(cfg, assets_dir)
-    notes = list(data.notes)
-    if data.kind == "chat":
-        notes.append("hf-trainer: chat records are rendered with the chat template; loss covers every token")
-    if cfg.dataset is None:
-        return None, notes, data.source
-    path = Path(cfg.dataset).expanduser()
-    return (str(path.absolute()) if path.exists() else cfg.dataset), notes, data.source
+    data = streamed_data(cfg)
+    return cfg.dataset or None, list(data.notes), data.source
 
 
 def build_hf_trainer_spec(
@@ -82,7 +77,7 @@ def build_hf_trainer_spec(
     assets_dir = Path(cfg.resolved_assets_dir).expanduser().absolute()
     export = bool(cfg.resolved_export_hf)
     if dataset is ...:
-        dataset, _, _ = _dataset_arg(cfg, assets_dir, rank_data)
+        dataset, _, _ = _dataset_arg(cfg, rank_data)
     device_type = device.type
     return HFTrainerSpec(
         assets_dir=str(assets_dir),
@@ -158,7 +153,7 @@ def build_hf_trainer_job(
 
     prepared = prepare_rank_data(cfg, assets_dir)
     rank_data = prepared[1] if prepared is not None else None
-    dataset, data_notes, data_source = _dataset_arg(cfg, assets_dir, rank_data)
+    dataset, data_notes, data_source = _dataset_arg(cfg, rank_data)
     if prepared is not None:
         data_notes = list(prepared[0].notes)
     spec = build_hf_trainer_spec(cfg, device, run_dir, dataset=dataset, rank_data=rank_data)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from trnqwen.train.datasets import TITAN_DATASETS, streams_itself
 from trnqwen.train.topology import Topology
 
 SPEC_FILE_NAME = "hf_trainer_spec.json"
@@ -31,7 +32,7 @@ class HFTrainerSpec:
 
     assets_dir: str = ""
     model: str = ""  # display name for the start-up line (Hub id or builtin:...)
-    dataset: Optional[str] = None  # file/folder/Hub name; None = the model's default corpus
+    dataset: Optional[str] = None  # a torchtitan name (c4...); None = the model's default corpus
     cache_dir: Optional[str] = None  # a prepared token cache (trnqwen.dataset): read instead of `dataset`
     val_every: Optional[int] = None  # validate on the cache's val split every N steps (and at step 1)
     device: str = "cpu"  # neuron | cuda | cpu (already resolved: never "auto")
@@ -75,6 +76,11 @@ class HFTrainerSpec:
             problems.append(f"strategy must be one of {', '.join(STRATEGIES)}")
         if self.export_hf and not self.checkpoint_dir:
             problems.append("export_hf needs checkpoint_dir")
+        if not streams_itself(self.dataset):
+            problems.append(
+                f"dataset {self.dataset!r}: the ranks stream only {', '.join(TITAN_DATASETS)} (or the default "
+                "corpus); other data reaches them as cache_dir (trnqwen train tokenizes it)"
+            )
         if problems:
             raise SpecError("; ".join(problems))
         return self

@@ -170,7 +170,7 @@ def make_plan(
     assets_dir = cfg.resolved_assets_dir.expanduser().absolute()
     hf_config = read_config_json(assets_dir)  # missing or broken assets: preflight reports them
     prepared = prepare_rank_data(cfg, assets_dir)
-    data, rank_data = prepared if prepared is not None else (streamed_data(cfg, assets_dir, api=api), None)
+    data, rank_data = prepared if prepared is not None else (streamed_data(cfg, api=api), None)
     topology = topology or plan_topology(cfg, device)  # its problems are preflight's to report
     # Resumable checkpoints always; whether this folder may be used is the launcher's check
     # (trnqwen.train.checkpoints.check_for_new_run), never a silent torchtitan resume.
