@@ -291,6 +291,20 @@ def test_step_selection_and_dcp_only(cli, case):
     assert_clean_error(cli("verify-ckpt", str(ckpt), "--assets", str(assets)), code=1, contains="DCP")
 
 
+def test_a_trainer_resume_point_is_named_and_the_export_suggested(cli, tmp_path):
+    """hf-trainer's resume/checkpoint-N (DCP model + optimizer, pickled scheduler and RNG) is not an
+    export: say what it is and which folder to verify, not "pickle files"."""
+    point = tmp_path / "ck" / "resume" / "checkpoint-4"
+    (point / "dcp").mkdir(parents=True)
+    (point / "dcp" / ".metadata").write_bytes(b"x")
+    for name in ("scheduler.pt", "rng_state_0.pth"):
+        (point / name).write_bytes(b"x")
+    (point / "trainer_state.json").write_text("{}")
+    res = cli("verify-ckpt", str(point))
+    assert_clean_error(res, code=1, contains="is a resumable Trainer checkpoint")
+    assert f"trnqwen verify-ckpt {tmp_path / 'ck'}" in res.text
+
+
 def test_default_is_the_last_runs_checkpoint(cli, case, tmp_path, monkeypatch):
     from trnqwen.rundir import RunRecord, next_run_id, point_last
 

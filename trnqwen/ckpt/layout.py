@@ -173,6 +173,15 @@ def _resolve_layout_root(given: Path, step: Optional[int]) -> CheckpointFiles:
 
 
 def _explain_unusable(folder: Path, all_steps: Optional[list[int]] = None) -> None:
+    from trnqwen.train import checkpoints
+
+    if (folder / checkpoints.TRAINER_STATE).is_file():  # hf-trainer's resume/checkpoint-N
+        root = folder.parent.parent if folder.parent.name == checkpoints.RESUME else folder.parent
+        raise CheckFailed(
+            f"{folder} is a resumable Trainer checkpoint (model and optimizer in DCP form), not HF safetensors",
+            hint=f"verify the run's export instead: trnqwen verify-ckpt {root} (an unfinished run: "
+            "trnqwen train --resume writes it)",
+        )
     if _is_dcp(folder):
         which = f" (steps {', '.join(map(str, all_steps))})" if all_steps else ""
         raise CheckFailed(
