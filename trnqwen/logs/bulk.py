@@ -27,6 +27,7 @@ from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol
 
+from trnqwen.logs import numbers
 from trnqwen.logs.patterns import B_PREFIX_RE, TRACEBACK_START
 from trnqwen.logs.stepline import B_MEM, B_MEM_HIGH, B_STEP, step_key_glued_ok, to_number
 
@@ -46,7 +47,6 @@ class RankNotes(Protocol):
     def note_rank_step(self, rank: int, step: int, lineno: int) -> Any: ...
     def note_memory(self, rank: int, step: int, gib: Optional[float], pct: Optional[float], lineno: int) -> Any: ...
 
-_WORDS = (b"loss:", b"step:")
 _TB_START = TRACEBACK_START.encode()
 _VALIDATE = b"validate step:"
 # the key each even token of a step line (cut at its "step:") ends with
@@ -57,8 +57,8 @@ WIDTH = 14  # tokens of a step line from its "step:" on
 def line_table(buf: bytes, start: int, end: int, prefix: bytes):
     """The lines of ``buf[start:end]`` (newline-separated, none after the last), classified in
     a few numpy passes: ``(starts, ends, primary, steplike)``: region-relative start and end
-    offsets of each line, whether it starts with ``prefix``, whether it contains both
-    ``"loss:"`` and ``"step:"`` (only such lines can be step lines)."""
+    offsets of each line, whether it contains both ``"loss:"`` and ``"step:"`` (only such lines
+    can be step lines) and, among those (False elsewhere), whether it starts with ``prefix``."""
     import numpy as np
 
     size = end - start
@@ -71,23 +71,42 @@ def line_table(buf: bytes, start: int, end: int, prefix: bytes):
     ends = np.empty(n, np.int64)
     ends[:-1] = nl
     ends[-1] = size
-    head = arr[: max(size - 4, 0)]
-    steplike = np.ones(n, dtype=bool)
-    for word in _WORDS:  # "loss:" / "step:" anywhere: every first letter, then the four bytes after it
-        at = np.flatnonzero(head == word[0])
-        for k in range(1, 5):
-            at = at[arr[at + k] == word[k]]
-        has = np.zeros(n, dtype=bool)
-        has[np.searchsorted(nl, at)] = True
-        steplike &= has
-    primary = (ends - starts) >= len(prefix)
-    if size:
-        last = size - 1
-        for k, c in enumerate(prefix):
-            primary &= arr[np.minimum(starts + k, last)] == c
-    else:
-        primary[:] = False
+    steplike = np.zeros(n, dtype=bool)
+    steplike[_word_lines(arr, nl, b"step:", 3)] = True
+    has_loss = np.zeros(n, dtype=bool)
+    has_loss[_word_lines(arr, nl, b"loss:", 2)] = True
+    steplike &= has_loss
+    # the prefix, checked from its end (a rank's digit comes first: few lines are left after it)
+    cand = np.flatnonzero(steplike & ((ends - starts) >= len(prefix)))
+    for k in range(len(prefix) - 1, -1, -1):
+        cand = cand[arr[starts[cand] + k] == prefix[k]]
+    primary = np.zeros(n, dtype=bool)
+    primary[cand] = True
     return starts, ends, primary, steplike
+
+
+def _word_lines(arr, nl, word: bytes, j: int):
+    """Indices of the lines (``nl``: newline offsets) of ``arr`` that contain ``word``: its two
+    bytes at ``j`` found as 16-bit values at both byte parities (one compare per two bytes,
+    few candidates), then the other bytes checked."""
+    import numpy as np
+
+    size = len(arr)
+    key = np.array([word[j] | word[j + 1] << 8], "<u2")[0]
+    found = []
+    for parity in (0, 1):
+        m = (size - parity) // 2
+        if m > 0:
+            pairs = arr[parity: parity + 2 * m].view("<u2")
+            found.append(np.flatnonzero(pairs == key) * 2 + (parity - j))
+    if not found:
+        return np.zeros(0, np.int64)
+    at = np.concatenate(found)
+    at = at[(at >= 0) & (at <= size - len(word))]
+    for k, c in enumerate(word):
+        if k not in (j, j + 1):
+            at = at[arr[at + k] == c]
+    return np.searchsorted(nl, at)
 
 
 class RegionPlan(NamedTuple):
@@ -185,16 +204,16 @@ def primary_columns(bodies: list, lines: list, prefix: bytes) -> Optional[tuple]
     mfu, missing = _mfu_column(tokens[13::WIDTH], n)
     if memory is None or mfu is None:
         return None
-    try:
-        steps = array("q", map(int, tokens[1::WIDTH]))
+    try:  # numbers.floats/ints: float()/int() per token, bit for bit, at numpy speed
+        steps = numbers.ints(tokens[1::WIDTH])
         values = {
-            "loss": array("d", map(float, tokens[3::WIDTH])),
-            "grad_norm": array("d", map(float, tokens[5::WIDTH])),
-            "memory_gib": array("d", map(float, memory[0])),
-            "memory_pct": array("d", map(float, memory[1])),
-            "tps": array("d", map(float, map(bytes.replace, tokens[9::WIDTH], repeat(b","), repeat(b"")))),
-            "tflops": array("d", map(float, map(bytes.replace, tokens[11::WIDTH], repeat(b","), repeat(b"")))),
-            "mfu": array("d", map(float, mfu)),
+            "loss": numbers.floats(tokens[3::WIDTH]),
+            "grad_norm": numbers.floats(tokens[5::WIDTH]),
+            "memory_gib": numbers.floats(memory[0]),
+            "memory_pct": numbers.floats(memory[1]),
+            "tps": numbers.floats(tokens[9::WIDTH], commas=True),
+            "tflops": numbers.floats(tokens[11::WIDTH], commas=True),
+            "mfu": numbers.floats(mfu),
         }
     except ValueError:
         return None

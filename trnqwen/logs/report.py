@@ -130,12 +130,15 @@ def _json_number(v: float, name: str) -> str:
 
 class StepRowsJSON:
     """The ``steps`` array of ``--json``, encoded column-wise in batches, never as a list of
-    dicts: rows with only finite values go through one %-template per row (C-level ``map``);
-    the rare rest (NaN/Inf, absent values, filled-in steps) through :func:`_step_row`.
+    dicts: each column becomes a list of JSON texts (C-level ``map``; columns that repeat
+    format each distinct value once), and a batch is one ``str.join`` over the columns
+    interleaved with the key texts (no per-row formatting call); the rare rows that are not
+    plain finite numbers (NaN/Inf, absent values, filled-in steps) through :func:`_step_row`.
     The text equals ``json.dumps(step_rows(log))``."""
 
     BATCH = 16384
-    _TEMPLATE = "{" + ", ".join(f'"{name}": %s' for name in STEP_FIELDS) + ', "line": %s}'
+    # before each value of a row: '{"step": ', ', "loss": ', ... ', "line": '
+    _KEYS = ["{" + f'"{STEP_FIELDS[0]}": '] + [f', "{name}": ' for name in (*STEP_FIELDS[1:], "line")]
 
     def __init__(self, log: ParsedLog):
         self.table = log.steps
@@ -150,25 +153,32 @@ class StepRowsJSON:
         slow = set(t.source)
         for name in STEP_FIELDS[1:]:
             slow.update(np.flatnonzero(~np.isfinite(t.np(name))).tolist())
+        width = 2 * len(self._KEYS)  # texts per row: key, value, key, value, ...
         yield "["
         for lo in range(0, n, self.BATCH):
             hi = min(n, lo + self.BATCH)
-            cols = [map(int.__repr__, t.step[lo:hi])]
+            cols = [list(map(int.__repr__, t.step[lo:hi]))]
             for name in STEP_FIELDS[1:]:
                 col = t.cols[name][lo:hi]
                 distinct = set(col)
                 if len(distinct) * 4 < len(col):  # memory, tps, tflops, mfu repeat: format each value once
                     text = {v: _json_number(v, name) for v in distinct}
-                    cols.append(map(text.get, col))  # NaN rows (no match: None) are rewritten below
+                    cols.append(list(map(text.get, col)))  # NaN rows (no match: None) are rewritten below
                 elif name == "tps":
-                    cols.append(map(_json_number, col, repeat(name)))
+                    cols.append(list(map(_json_number, col, repeat(name))))
                 else:
-                    cols.append(map(float.__repr__, col))
-            cols.append(map(int.__repr__, t.line[lo:hi]))
-            rows = list(map(self._TEMPLATE.__mod__, zip(*cols)))
+                    cols.append(list(map(float.__repr__, col)))
+            cols.append(list(map(int.__repr__, t.line[lo:hi])))
+            rows = hi - lo
+            parts = [""] * (width * rows)
+            for k, (key, col) in enumerate(zip(self._KEYS, cols)):
+                parts[2 * k::width] = [key] * rows if k else ["}, " + key] * rows
+                parts[2 * k + 1::width] = col
+            parts[0] = self._KEYS[0]  # the batch's first row: no row before it to close
             for i in sorted(x for x in slow if lo <= x < hi):
-                rows[i - lo] = json.dumps(_step_row(t.row(i)))
-            yield (", " if lo else "") + ", ".join(rows)
+                r = (i - lo) * width
+                parts[r:r + width] = [("}, " if r else "") + json.dumps(_step_row(t.row(i)))[:-1]] + [""] * (width - 1)
+            yield (", " if lo else "") + "".join(parts) + "}"
         yield "]"
 
 
