@@ -206,15 +206,9 @@ def primary_columns(bodies: list, lines: list, prefix: bytes) -> Optional[tuple]
         return None
     try:  # numbers.floats/ints: float()/int() per token, bit for bit, at numpy speed
         steps = numbers.ints(tokens[1::WIDTH])
-        values = {
-            "loss": numbers.floats(tokens[3::WIDTH]),
-            "grad_norm": numbers.floats(tokens[5::WIDTH]),
-            "memory_gib": numbers.floats(memory[0]),
-            "memory_pct": numbers.floats(memory[1]),
-            "tps": numbers.floats(tokens[9::WIDTH], commas=True),
-            "tflops": numbers.floats(tokens[11::WIDTH], commas=True),
-            "mfu": numbers.floats(mfu),
-        }
+        values = dict(zip(("loss", "grad_norm", "memory_gib", "memory_pct", "mfu"), numbers.float_columns(
+            [tokens[3::WIDTH], tokens[5::WIDTH], memory[0], memory[1], mfu])))
+        values["tps"], values["tflops"] = numbers.float_columns([tokens[9::WIDTH], tokens[11::WIDTH]], commas=True)
     except ValueError:
         return None
     return steps, lines, values, missing, skip

@@ -23,20 +23,22 @@ MAX_DIGITS = 15  # M < 10**15 < 2**53: exact as a double
 _DIGITS = b"0123456789"
 
 
-def _decimal(col: list, extra: bytes):
-    """(M per token, digits after the dot per token) as numpy arrays, or None when any token is
-    not digits with at most one dot (``extra``: other bytes to skip, e.g. thousands commas)."""
+def _decimal(joined: bytes, tokens: int, extra: bytes):
+    """(M per token, digits after the dot per token) as numpy arrays for ``tokens`` tokens
+    joined by single spaces, or None when any token is not digits with at most one dot
+    (``extra``: other bytes to skip, e.g. thousands commas)."""
     import numpy as np
 
-    joined = b" ".join(col)
-    if not col or joined.translate(None, _DIGITS + extra + b" ") or not joined or joined[:1] == b" " \
+    if not tokens or joined.translate(None, _DIGITS + extra + b" ") or not joined or joined[:1] == b" " \
             or joined[-1:] == b" " or b"  " in joined:
         return None  # another byte, or an empty token
     p = np.frombuffer(joined, np.uint8)
     sep = np.flatnonzero(p == 32)
+    if len(sep) != tokens - 1:  # pragma: no cover - the caller joined ``tokens`` tokens
+        return None
     digit = p >= 48  # only digits, " ", "." and "," are left
     cum = np.cumsum(digit, dtype=np.int64)  # digits up to and including each byte
-    at_end = np.empty(len(col), np.int64)  # digits up to each token's end
+    at_end = np.empty(tokens, np.int64)  # digits up to each token's end
     at_end[:-1] = cum[sep]
     at_end[-1] = cum[-1]
     count = np.diff(at_end, prepend=0)
@@ -46,7 +48,7 @@ def _decimal(col: list, extra: bytes):
     token[sep] = 1
     np.cumsum(token, out=token)
     dots = np.flatnonzero(p == 46)
-    frac = np.zeros(len(col), np.int64)
+    frac = np.zeros(tokens, np.int64)
     if len(dots):
         owner = token[dots]
         if len(owner) > 1 and not (owner[1:] != owner[:-1]).all():  # two dots in one token
@@ -55,29 +57,89 @@ def _decimal(col: list, extra: bytes):
     where = np.flatnonzero(digit)
     owner = token[where]
     weights = (p[where] - 48) * _pow10()[at_end[owner] - cum[where]]  # each digit times 10**(digits after it)
-    value = np.bincount(owner, weights=weights, minlength=len(col))  # exact: every partial sum < 2**53
+    value = np.bincount(owner, weights=weights, minlength=tokens)  # exact: every partial sum < 2**53
     return value, frac
+
+
+def _uniform(col: list, extra: bytes):
+    """(M per token as float64, digits after the dot) when every token has the same length and
+    the same bytes that are not digits at the same places (``b"0.72448"``, ``b"1,251"``): the
+    tokens are one byte matrix, and M one matrix-vector product (exact: integers < 2**53);
+    else None."""
+    import numpy as np
+
+    n = len(col)
+    width = len(col[0]) if n else 0
+    if not 0 < width <= 2 * MAX_DIGITS:
+        return None
+    joined = b" ".join(col) + b" "
+    if len(joined) != n * (width + 1):
+        return None
+    u = np.frombuffer(joined, np.uint8).reshape(n, width + 1)
+    first = col[0]
+    digits = [j for j in range(width) if 48 <= first[j] <= 57]
+    others = [j for j in range(width) if j not in digits]
+    if not 0 < len(digits) <= MAX_DIGITS or first.count(b".") > 1 or any(first[j] not in extra for j in others):
+        return None
+    if not (u[:, width] == 32).all() or any((u[:, j] != first[j]).any() for j in others):
+        return None
+    d = u[:, digits] - 48
+    if (d > 9).any():  # uint8: below "0" wraps
+        return None
+    dot = first.find(b".")
+    frac = sum(1 for j in digits if j > dot) if dot >= 0 else 0
+    return d.astype(np.float64) @ _pow10()[len(digits) - 1::-1], frac
 
 
 def floats(col: list, *, commas: bool = False) -> array:
     """``array("d", map(float, col))`` (commas removed first when ``commas``), vectorized when
     every token is plain decimal (digits, at most one dot)."""
-    got = _decimal(col, b".," if commas else b".")
+    return float_columns([col], commas=commas)[0]
+
+
+def float_columns(cols: list, *, commas: bool = False) -> list:
+    """:func:`floats` of each column of ``cols``; columns of one fixed layout each through a
+    byte matrix, the others together (numpy's cost per call paid once)."""
+    extra = b".," if commas else b"."
+    out: list = [None] * len(cols)
+    rest = []
+    for k, col in enumerate(cols):
+        got = _uniform(col, extra)
+        if got is None:
+            rest.append(k)
+        else:
+            out[k] = array("d", (got[0] / _pow10()[got[1]]).tobytes())
+    if not rest:
+        return out
+    todo = [cols[k] for k in rest]
+    got = _decimal(b" ".join(map(b" ".join, todo)), sum(map(len, todo)), extra)
     if got is not None:
         value, frac = got
-        return array("d", (value / _pow10()[frac]).tobytes())
-    if commas:
-        return array("d", map(float, map(bytes.replace, col, repeat(b","), repeat(b""))))
-    return array("d", map(float, col))
+        flat = (value / _pow10()[frac]).tobytes()
+        pos = 0
+        for k in rest:
+            out[k] = array("d", flat[pos: pos + 8 * len(cols[k])])
+            pos += 8 * len(cols[k])
+        return out
+    for k in rest:
+        col = cols[k]
+        if commas:
+            col = list(map(bytes.replace, col, repeat(b","), repeat(b"")))
+        out[k] = array("d", map(float, col))
+    return out
 
 
 def ints(col: list) -> array:
     """``array("q", map(int, col))``, vectorized when every token is plain digits."""
     import numpy as np
 
-    got = _decimal(col, b"")
-    if got is not None:
-        return array("q", got[0].astype(np.int64).tobytes())
+    got = _uniform(col, b"")
+    value = got[0] if got is not None else None
+    if value is None:
+        got = _decimal(b" ".join(col), len(col), b"")
+        value = got[0] if got is not None else None
+    if value is not None:
+        return array("q", value.astype(np.int64).tobytes())
     return array("q", map(int, col))
 
 

@@ -48,24 +48,28 @@ def _quiet_worker() -> None:
 
 
 def _plan_block(path: str, offset: int, size: int, prefix: bytes, max_line: int):
-    """In a worker: read block ``[offset, offset + size)`` and plan the region the engine will
-    cut from it: ``(start, end, plan)`` with offsets inside the block, or None (no region)."""
+    """In a worker: plan the region the engine will cut from block ``[offset, offset + size)``
+    of the file: ``(start, end, plan)`` with offsets inside the block, or None (no region).
+    The file is mapped, not read: no copy of the block, and its pages come from the page cache."""
+    import mmap
+
     with open(path, "rb") as fh:
-        before = b"\n"
-        if offset:
-            fh.seek(offset - 1)
-            before = fh.read(1)
-        block = fh.read(size)
-    first = block.find(b"\n")
-    if first < 0:
-        return None
-    last = block.rfind(b"\n")
-    # LogParser.feed: a block after a whole line starts a region at 0; otherwise the straddling
-    # line is read on its own and the region starts after the block's first newline
-    start = 0 if before == b"\n" else first + 1
-    if start > last:
-        return None
-    return start, last, bulk.plan_region(block, start, last, prefix, max_line)
+        total = os.fstat(fh.fileno()).st_size
+        if offset >= total:
+            return None
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            stop = min(offset + size, total)
+            first = mm.find(b"\n", offset, stop)
+            if first < 0:
+                return None
+            last = mm.rfind(b"\n", offset, stop)
+            # LogParser.feed: a block after a whole line starts a region at 0; otherwise the
+            # straddling line is read on its own and the region starts after the block's first newline
+            start = offset if offset == 0 or mm[offset - 1] == 10 else first + 1
+            if start > last:
+                return None
+            plan = bulk.plan_region(mm, start, last, prefix, max_line)
+            return start - offset, last - offset, plan
 
 
 def read_file(fh: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_line: int = MAX_LINE,
