@@ -22,7 +22,6 @@ The per-line parser gives the same result (``tests/test_logs_fastpath.py`` check
 from __future__ import annotations
 
 import re
-from array import array
 from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol
@@ -112,13 +111,15 @@ def _word_lines(arr, nl, word: bytes, j: int):
 class RegionPlan(NamedTuple):
     """What the engine does with one region (region-relative line indices): read ``single``
     (their bytes in ``raws``) one by one in order, and store ``steps`` (``(steps, lines,
-    values, missing)`` from :func:`primary_columns`) in bulk; ``fallback``: read every line."""
+    values, missing)`` from :func:`primary_columns`) in bulk, and look at the ``memory`` lines
+    (:func:`read_other_ranks`); ``fallback``: read every line."""
 
     lines: int
     single: list
     raws: list
     steps: Optional[tuple]
     fallback: bool = False
+    memory: list = []  # (line index, line) of the lines with memory above the threshold, in order
 
 
 def plan_region(buf: bytes, start: int, end: int, prefix: bytes, max_line: int) -> RegionPlan:
@@ -129,6 +130,7 @@ def plan_region(buf: bytes, start: int, end: int, prefix: bytes, max_line: int) 
     if int((ends - starts).max()) > max_line:  # overlong lines: truncated one by one
         return RegionPlan(n, [], [], None, True)
     piece = buf.__getitem__
+    memory = _high_memory_lines(buf, start, end, starts, ends)
     single = (~steplike).nonzero()[0].tolist()
     raws = list(map(piece, map(slice, (starts[single] + start).tolist(), (ends[single] + start).tolist())))
     if any(map(bytes.__contains__, raws, repeat(_TB_START))):  # a crash: every line in order
@@ -136,21 +138,33 @@ def plan_region(buf: bytes, start: int, end: int, prefix: bytes, max_line: int) 
     at = (primary & steplike).nonzero()[0]
     bodies = list(map(piece, map(slice, (starts[at] + (start + len(prefix))).tolist(), (ends[at] + start).tolist())))
     if not bodies:
-        return RegionPlan(n, single, raws, None)
+        return RegionPlan(n, single, raws, None, memory=memory)
     at = at.tolist()
     cols = primary_columns(bodies, at, prefix)
     if cols is None:  # not the exact layout somewhere: every line that matters, in order
         todo = dict(zip(single, raws))
         todo.update(zip(at, map(prefix.__add__, bodies)))
         order = sorted(todo)
-        return RegionPlan(n, order, [todo[i] for i in order], None)
+        return RegionPlan(n, order, [todo[i] for i in order], None, memory=memory)
     skip = cols[4]
     if skip:  # primary validation lines
         todo = dict(zip(single, raws))
         todo.update((at[k], prefix + bodies[k]) for k in skip)
         single = sorted(todo)
         raws = [todo[i] for i in single]
-    return RegionPlan(n, single, raws, cols[:4])
+    return RegionPlan(n, single, raws, cols[:4], memory=memory)
+
+
+def _high_memory_lines(buf, start: int, end: int, starts, ends) -> list:
+    """(region line index, line) of each match of B_MEM_HIGH in ``buf[start:end]``, in order
+    (a line once)."""
+    import numpy as np
+
+    hits = [m.start() - start for m in B_MEM_HIGH.finditer(buf, start, end)]
+    if not hits:
+        return []
+    rows = sorted(set((np.searchsorted(starts, hits, "right") - 1).tolist()))
+    return [(i, buf[int(starts[i]) + start: int(ends[i]) + start]) for i in rows]
 
 
 def primary_columns(bodies: list, lines: list, prefix: bytes) -> Optional[tuple]:
@@ -280,9 +294,11 @@ def is_other_step(raw: bytes, prefix: bytes) -> bool:
     return b"loss:" in raw and b"step:" in raw and raw.startswith(b"[") and not raw.startswith(prefix)
 
 
-def read_other_ranks(parser: RankNotes, buf: bytes, start: int, end: int, base: int, prefix: bytes) -> None:
+def read_other_ranks(parser: RankNotes, buf: bytes, start: int, end: int, base: int, prefix: bytes,
+                     memory: list) -> None:
     """Record, for the lines ``base``.. of ``buf[start:end]`` (the last one is
-    ``parser.lineno``), each non-primary rank's last step and any memory above the threshold."""
+    ``parser.lineno``), each non-primary rank's last step, and any memory above the threshold
+    from ``memory`` (:attr:`RegionPlan.memory`)."""
     log = parser.log
     # Last step of each non-primary rank: walk back from the region's end.
     wanted = {r for r in log.ranks if parser.rank_prefix.get(r) != prefix}
@@ -321,11 +337,8 @@ def read_other_ranks(parser: RankNotes, buf: bytes, start: int, end: int, base: 
             if hit < 0:
                 break
             stop_at = hit
-    # Memory above the threshold on any rank.
-    for m in B_MEM_HIGH.finditer(buf, start, end):
-        ls = buf.rfind(b"\n", start, m.start()) + 1 or start
-        le = buf.find(b"\n", m.end(), end)
-        raw = buf[ls: le if le >= 0 else end]
+    # Memory above the threshold on any rank (the lines found by plan_region).
+    for i, raw in memory:
         if not is_other_step(raw, prefix) or b"validate step:" in raw:
             continue
         pm = B_PREFIX_RE.match(raw)
@@ -334,7 +347,7 @@ def read_other_ranks(parser: RankNotes, buf: bytes, start: int, end: int, base: 
         if pm and sm and mm:
             parser.note_memory(
                 int(pm.group(2)), int(sm.group(1)), to_number(mm.group(1).decode()),
-                to_number(mm.group(2).decode()), base + buf.count(b"\n", start, ls),
+                to_number(mm.group(2).decode()), base + i,
             )
 
 

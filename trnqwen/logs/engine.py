@@ -14,7 +14,6 @@ kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
 from __future__ import annotations
 
 import re
-from array import array
 from itertools import compress
 from typing import Callable, Optional
 
@@ -38,6 +37,7 @@ from trnqwen.logs.patterns import (
 )
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
 from trnqwen.logs.stepline import ANSI_RE, parse_step_line, parse_validation_line
+from trnqwen.logs.steps import any_at_least, increasing, shifted
 from trnqwen.logs.tracebacks import Tracebacks, TorchrunSummary
 
 MAX_LINE = 1 << 20  # bytes kept of any one line
@@ -182,11 +182,11 @@ class LogParser:
         if plan.steps is not None:
             steps, at, values, missing = plan.steps
             self.log.recognized_lines += len(steps)
-            self.store_primary_steps(steps, array("q", map(base.__add__, at)), values, missing)
+            self.store_primary_steps(steps, shifted(at, base), values, missing)
         feed = self._line
         for i, raw in zip(plan.single, plan.raws):
             feed(base + i, raw)
-        bulk.read_other_ranks(self, buf, start, end, base, prefix)
+        bulk.read_other_ranks(self, buf, start, end, base, prefix, plan.memory)
 
     def _slow(self, buf: bytes, start: int, end: int, base: int) -> None:
         lines = buf[start:end].split(b"\n")
@@ -391,7 +391,7 @@ class LogParser:
         bookkeeping as :meth:`_step` for each."""
         log = self.log
         last = self._last_primary_step
-        if (last is not None and steps[0] <= last) or any(map(int.__ge__, steps[:-1], steps[1:])):
+        if (last is not None and steps[0] <= last) or not increasing(steps):
             for step, line in zip(steps, lines):
                 if last is not None and step <= last:
                     log.restarts.append(line)
@@ -400,7 +400,7 @@ class LogParser:
         rank = log.primary_rank
         self.note_rank_step(rank, steps[-1], lines[-1])
         pct = values["memory_pct"]
-        if any(map(HIGH_MEMORY_PCT.__le__, pct)):
+        if any_at_least(pct, HIGH_MEMORY_PCT):
             gib = values["memory_gib"]
             gone = set(missing.get("memory_gib", ()))
             for i in compress(range(len(pct)), map(HIGH_MEMORY_PCT.__le__, pct)):
