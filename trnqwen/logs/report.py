@@ -160,8 +160,13 @@ class StepRowsJSON:
             cols = [list(map(int.__repr__, t.step[lo:hi]))]
             for name in STEP_FIELDS[1:]:
                 col = t.cols[name][lo:hi]
-                distinct = set(col)
-                if len(distinct) * 4 < len(col):  # memory, tps, tflops, mfu repeat: format each value once
+                first = col[0]
+                if (np.frombuffer(col, np.float64) == first).all():  # one value (False for NaN)
+                    cols.append([_json_number(first, name)] * len(col))
+                    continue
+                # a sample says whether the column repeats (loss does not: skip the set)
+                distinct = set(col) if len(set(col[:256])) * 4 < min(256, len(col)) else ()
+                if distinct and len(distinct) * 4 < len(col):  # memory, tps, tflops, mfu repeat: format each value once
                     text = {v: _json_number(v, name) for v in distinct}
                     cols.append(list(map(text.get, col)))  # NaN rows (no match: None) are rewritten below
                 elif name == "tps":
