@@ -53,11 +53,36 @@ _KEYS = ((2, b"loss:"), (4, b"grad_norm:"), (6, b"memory:"), (8, b"tps:"), (10, 
 WIDTH = 14  # tokens of a step line from its "step:" on
 
 
+PIECE = 1 << 20  # bytes classified at a time: the passes over a piece stay in the core's cache
+
+
 def line_table(buf: bytes, start: int, end: int, prefix: bytes):
     """The lines of ``buf[start:end]`` (newline-separated, none after the last), classified in
     a few numpy passes: ``(starts, ends, primary, steplike)``: region-relative start and end
     offsets of each line, whether it contains both ``"loss:"`` and ``"step:"`` (only such lines
-    can be step lines) and, among those (False elsewhere), whether it starts with ``prefix``."""
+    can be step lines) and, among those (False elsewhere), whether it starts with ``prefix``.
+    A big region is classified piece by piece (cut at newlines), each while it is in cache."""
+    import numpy as np
+
+    parts = []
+    pos = start
+    while True:
+        stop = end if end - pos <= PIECE else buf.find(b"\n", pos + PIECE, end)
+        stop = end if stop < 0 else stop
+        starts, ends, primary, steplike = _line_table(buf, pos, stop, prefix)
+        if pos != start:
+            starts += pos - start
+            ends += pos - start
+        parts.append((starts, ends, primary, steplike))
+        if stop >= end:
+            break
+        pos = stop + 1
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(np.concatenate(col) for col in zip(*parts))
+
+
+def _line_table(buf: bytes, start: int, end: int, prefix: bytes):
     import numpy as np
 
     size = end - start

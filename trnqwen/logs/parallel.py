@@ -30,14 +30,25 @@ AHEAD = 2  # blocks planned ahead per worker (each plan holds a few MB at most)
 
 
 def workers_for(size: int) -> int:
-    """How many worker processes a file of ``size`` bytes is worth (0: parse serially)."""
-    if size < MIN_BYTES or os.environ.get("TRNQWEN_LOG_WORKERS") == "0":
+    """How many worker processes a file of ``size`` bytes is worth (0: parse serially): one per
+    core but this process's, at most 4; ``TRNQWEN_LOG_WORKERS=N`` sets it (0: none)."""
+    forced = os.environ.get("TRNQWEN_LOG_WORKERS", "").strip()
+    if size < MIN_BYTES or forced == "0":
         return 0
+    if forced.isdigit():
+        return min(int(forced), 16)
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
-    return min(cores, 4) if cores > 1 else 0
+    return min(cores - 1, 4) if cores > 1 else 0
+
+
+def planned_here(index: int, workers: int) -> bool:
+    """Whether block ``index`` is planned by this process rather than a worker: with a single
+    worker (two cores) this process takes every third block, which keeps both cores busy (its
+    own work per block is about a quarter of a plan); with more workers it only reads."""
+    return workers == 1 and index % 3 == 0
 
 
 def _quiet_worker() -> None:
@@ -120,6 +131,9 @@ def read_file(fh: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_lin
                 if submitted <= index:
                     submitted = index + 1  # this block: planned here; the next ones ahead
                 while not broken and submitted < blocks and len(pending) < n * AHEAD:
+                    if planned_here(submitted, n):
+                        submitted += 1
+                        continue
                     try:
                         future = pool.submit(_plan_block, path, submitted * chunk_size, chunk_size, prefix, max_line)
                     except Exception:  # workers could not start or died: plan every region here
