@@ -218,3 +218,118 @@ def test_failing_workers_leave_the_result_unchanged(tmp_path, monkeypatch):
     path = tmp_path / "train.log"
     path.write_bytes(data)
     assert snapshot(parse_file(path, chunk_size=4099, workers=2)) == snapshot(reference(data))
+
+
+@pytest.mark.parametrize("shape", [0, 2, 5])
+def test_one_worker_sharing_the_blocks_equals_reference(tmp_path, shape):
+    """Two cores: one worker, and this process plans every third block itself."""
+    from trnqwen.logs import parallel
+    from trnqwen.logs.parse import parse_file
+
+    assert [parallel.planned_here(i, 1) for i in range(4)] == [True, False, False, True]
+    assert not any(parallel.planned_here(i, 2) for i in range(4))
+    data = generate(shape + 40, **SHAPES[shape])
+    path = tmp_path / "train.log"
+    path.write_bytes(data)
+    assert snapshot(parse_file(path, chunk_size=4099, workers=1)) == snapshot(reference(data))
+
+
+def test_workers_env_sets_the_count(monkeypatch):
+    from trnqwen.logs import parallel
+
+    monkeypatch.setenv("TRNQWEN_LOG_WORKERS", "3")
+    assert parallel.workers_for(1 << 30) == 3
+    assert parallel.workers_for(1 << 20) == 0  # small files: never
+
+
+@pytest.mark.parametrize("shape", [0, 1, 3])
+def test_classified_in_small_pieces_equals_reference(monkeypatch, shape):
+    """bulk.line_table cuts a big region into pieces at newlines: tiny pieces (lines longer than
+    a piece too) give the reference's result."""
+    from trnqwen.logs import bulk
+
+    monkeypatch.setattr(bulk, "PIECE", 97)
+    data = generate(shape + 50, **SHAPES[shape])
+    assert snapshot(parse_bytes(data, "x", chunk_size=1 << 16)) == snapshot(reference(data))
+
+
+def _float_ref(col, commas):
+    try:
+        return [float(t.replace(b",", b"") if commas else t) for t in col]
+    except ValueError:
+        return "ValueError"
+
+
+def test_number_columns_equal_float_and_int():
+    """numbers.float_columns / ints: bit for bit what float() / int() give, and the same errors,
+    for fixed layouts (the matrix path), mixed ones (the joined path) and anything else."""
+    import struct
+
+    from trnqwen.logs import numbers
+
+    rnd = random.Random(7)
+    odd = [b"", b".", b"-1", b"1e5", b"nan", b"inf", b"1..2", b"1.2.3", b"1\x002", b"12\x00", b"1_0", b"+3", b"0x1"]
+
+    def token(layout):
+        if layout is not None and rnd.random() < 0.97:
+            return bytes(rnd.choice(b"0123456789") if c == 100 else c for c in layout)
+        digits = "".join(rnd.choice("0123456789") for _ in range(rnd.randint(1, 17)))
+        if rnd.random() < 0.8:
+            cut = rnd.randint(0, len(digits))
+            digits = digits[:cut] + "." + digits[cut:]
+        if rnd.random() < 0.2:
+            cut = rnd.randint(0, len(digits))
+            digits = digits[:cut] + "," + digits[cut:]
+        return rnd.choice(odd) if rnd.random() < 0.005 else digits.encode()
+
+    def bits(values):
+        return values if isinstance(values, str) else [struct.pack("<d", v) for v in values]
+
+    for _ in range(1500):
+        cols = []
+        for _ in range(rnd.randint(1, 4)):
+            layout = None
+            if rnd.random() < 0.7:
+                layout = bytes(rnd.choice([100, 100, 100, 46, 44, 48]) for _ in range(rnd.randint(1, 18)))
+            cols.append([token(layout) for _ in range(rnd.randint(1, 40))])
+        for commas in (False, True):
+            want = [bits(_float_ref(col, commas)) for col in cols]
+            want = "ValueError" if "ValueError" in want else want
+            try:
+                got = [bits(list(a)) for a in numbers.float_columns(cols, commas=commas)]
+            except ValueError:
+                got = "ValueError"
+            assert got == want, cols
+        col = cols[0]
+        try:
+            want_int = list(map(int, col))
+        except ValueError:
+            want_int = "ValueError"
+        try:
+            got_int = list(numbers.ints(col))
+        except (ValueError, OverflowError):
+            got_int = "ValueError"
+        if not (isinstance(want_int, list) and max(map(abs, want_int)) >= 1 << 63):
+            assert got_int == want_int, col
+    assert list(numbers.floats([b"0.1", b"2.675", b"123456789012345", b".5", b"5."])) == [0.1, 2.675, 123456789012345.0, 0.5, 5.0]
+
+
+@pytest.mark.parametrize("batch", [7, 1000, 16384])
+@pytest.mark.parametrize("shape", [0, 2, 5])
+def test_streamed_json_steps_equal_json_dumps(monkeypatch, shape, batch):
+    """--json's steps, encoded column-wise in batches (constant columns, repeating ones, NaN,
+    mfu N/A, restarts), are exactly json.dumps of the row dicts."""
+    import json
+
+    from trnqwen.logs import report
+
+    monkeypatch.setattr(report.StepRowsJSON, "BATCH", batch)
+    log = parse_bytes(generate(shape + 60, **SHAPES[shape]), "x")
+    assert len(log.steps) > 100
+    assert "".join(report.StepRowsJSON(log).chunks()) == json.dumps(report.step_rows(log))
+    # one value in a whole column: the repeated-text path (a column without absent values)
+    for name in ("memory_gib", "tflops"):
+        col = log.steps.cols[name]
+        assert not log.steps.missing[name]
+        col[:] = type(col)("d", [12.5] * len(col))
+    assert "".join(report.StepRowsJSON(log).chunks()) == json.dumps(report.step_rows(log))
