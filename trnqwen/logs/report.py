@@ -6,26 +6,15 @@ from __future__ import annotations
 import csv
 import io
 import math
-from itertools import repeat
 from pathlib import Path
 from typing import Any, Optional
 
+from trnqwen.logs.jsonsteps import StepRowsJSON, _num, step_rows  # noqa: F401 (step_rows: part of this API)
 from trnqwen.logs.judge import Finding, configured_steps, override_calls, override_table, root_cause, weights_verdict
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.stepline import STEP_FIELDS
 from trnqwen.logs.sources import RunContext
 from trnqwen.fsutil import write_text_atomic
-
-
-def _num(x: Any) -> Any:
-    """JSON-safe number: NaN/Inf become null (JSON has no such numbers; see ``nonfinite``)."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
-def _nonfinite_name(x: float) -> str:
-    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
 def _identity(ctx: RunContext) -> Optional[dict]:
@@ -103,88 +92,6 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
         "run_dir": str(ctx.run_dir) if ctx.run_dir else None,
         "run_status": ctx.status,
     }
-
-
-def _step_row(s: dict) -> dict:
-    row = {name: _num(s.get(name)) for name in STEP_FIELDS}
-    bad = {name: _nonfinite_name(s[name]) for name in STEP_FIELDS
-           if isinstance(s.get(name), float) and not math.isfinite(s[name])}
-    if bad:
-        row["nonfinite"] = bad
-    row["line"] = s.get("line")
-    if s.get("source"):
-        row["source"] = s["source"]
-    return row
-
-
-def step_rows(log: ParsedLog) -> list[dict]:
-    """``--json`` steps: numbers or null; a NaN/Inf value is null plus ``nonfinite``
-    ``{"loss": "nan"}``; ``line`` is the log line (null when filled in from TensorBoard)."""
-    return [_step_row(s) for s in log.steps.rows()]
-
-
-def _json_number(v: float, name: str) -> str:
-    """json.dumps of a finite column value as the row dict holds it (tps an int when whole)."""
-    return repr(int(v)) if name == "tps" and v.is_integer() else repr(v)
-
-
-class StepRowsJSON:
-    """The ``steps`` array of ``--json``, encoded column-wise in batches, never as a list of
-    dicts: each column becomes a list of JSON texts (C-level ``map``; columns that repeat
-    format each distinct value once), and a batch is one ``str.join`` over the columns
-    interleaved with the key texts (no per-row formatting call); the rare rows that are not
-    plain finite numbers (NaN/Inf, absent values, filled-in steps) through :func:`_step_row`.
-    The text equals ``json.dumps(step_rows(log))``."""
-
-    BATCH = 16384
-    # before each value of a row: '{"step": ', ', "loss": ', ... ', "line": '
-    _KEYS = ["{" + f'"{STEP_FIELDS[0]}": '] + [f', "{name}": ' for name in (*STEP_FIELDS[1:], "line")]
-
-    def __init__(self, log: ParsedLog):
-        self.table = log.steps
-
-    def chunks(self):
-        import json
-
-        import numpy as np
-
-        t = self.table
-        n = len(t)
-        slow = set(t.source)
-        for name in STEP_FIELDS[1:]:
-            slow.update(np.flatnonzero(~np.isfinite(t.np(name))).tolist())
-        width = 2 * len(self._KEYS)  # texts per row: key, value, key, value, ...
-        yield "["
-        for lo in range(0, n, self.BATCH):
-            hi = min(n, lo + self.BATCH)
-            cols = [list(map(int.__repr__, t.step[lo:hi]))]
-            for name in STEP_FIELDS[1:]:
-                col = t.cols[name][lo:hi]
-                first = col[0]
-                if (np.frombuffer(col, np.float64) == first).all():  # one value (False for NaN)
-                    cols.append([_json_number(first, name)] * len(col))
-                    continue
-                # a sample says whether the column repeats (loss does not: skip the set)
-                distinct = set(col) if len(set(col[:256])) * 4 < min(256, len(col)) else ()
-                if distinct and len(distinct) * 4 < len(col):  # memory, tps, tflops, mfu repeat: format each value once
-                    text = {v: _json_number(v, name) for v in distinct}
-                    cols.append(list(map(text.get, col)))  # NaN rows (no match: None) are rewritten below
-                elif name == "tps":
-                    cols.append(list(map(_json_number, col, repeat(name))))
-                else:
-                    cols.append(list(map(float.__repr__, col)))
-            cols.append(list(map(int.__repr__, t.line[lo:hi])))
-            rows = hi - lo
-            parts = [""] * (width * rows)
-            for k, (key, col) in enumerate(zip(self._KEYS, cols)):
-                parts[2 * k::width] = [key] * rows if k else ["}, " + key] * rows
-                parts[2 * k + 1::width] = col
-            parts[0] = self._KEYS[0]  # the batch's first row: no row before it to close
-            for i in sorted(x for x in slow if lo <= x < hi):
-                r = (i - lo) * width
-                parts[r:r + width] = [("}, " if r else "") + json.dumps(_step_row(t.row(i)))[:-1]] + [""] * (width - 1)
-            yield (", " if lo else "") + "".join(parts) + "}"
-        yield "]"
 
 
 def write_json(obj: Any, out=None) -> None:
