@@ -220,12 +220,15 @@ def test_failing_workers_leave_the_result_unchanged(tmp_path, monkeypatch):
     assert snapshot(parse_file(path, chunk_size=4099, workers=2)) == snapshot(reference(data))
 
 
+@pytest.mark.parametrize("first_piece", [1000, 1 << 20])
 @pytest.mark.parametrize("shape", [0, 2, 5])
-def test_one_worker_sharing_the_blocks_equals_reference(tmp_path, shape):
-    """Two cores: one worker, and this process plans every third block itself."""
+def test_one_worker_sharing_the_blocks_equals_reference(tmp_path, monkeypatch, shape, first_piece):
+    """Two cores: one worker, and this process plans every third block itself (the first block
+    read in two pieces, or whole)."""
     from trnqwen.logs import parallel
     from trnqwen.logs.parse import parse_file
 
+    monkeypatch.setattr(parallel, "FIRST_PIECE", first_piece)
     assert [parallel.planned_here(i, 1) for i in range(4)] == [True, False, False, True]
     assert not any(parallel.planned_here(i, 2) for i in range(4))
     data = generate(shape + 40, **SHAPES[shape])

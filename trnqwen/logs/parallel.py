@@ -26,7 +26,9 @@ from trnqwen.logs.engine import CHUNK_SIZE, MAX_LINE, LogParser
 from trnqwen.logs.record import ParsedLog
 
 MIN_BYTES = 64 << 20
-AHEAD = 2  # blocks planned ahead per worker (each plan holds a few MB at most)
+AHEAD = 4  # blocks in flight at most (each plan holds about a MB)
+FIRST_PIECE = 1 << 20  # the first block is read in two: the rank is known after this much, and
+# the workers start on the next blocks while this process reads the rest of the first
 
 
 def workers_for(size: int) -> int:
@@ -120,9 +122,8 @@ def read_file(fh: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_lin
     parser.planned = planned
     broken = False
     with ProcessPoolExecutor(n, mp_context=context, initializer=_quiet_worker) as pool:
-        index = 0
-        while True:
-            block = fh.read(chunk_size)
+        for index, want in _pieces(chunk_size):
+            block = fh.read(want)
             if not block:
                 break
             prefix = parser._primary_prefix if parser._primary_decided else None
@@ -130,7 +131,7 @@ def read_file(fh: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_lin
             if prefix:
                 if submitted <= index:
                     submitted = index + 1  # this block: planned here; the next ones ahead
-                while not broken and submitted < blocks and len(pending) < n * AHEAD:
+                while not broken and submitted < blocks and len(pending) < max(n, AHEAD):
                     if planned_here(submitted, n):
                         submitted += 1
                         continue
@@ -151,11 +152,22 @@ def read_file(fh: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_lin
                         got = None
                     current.update(block=block, prefix=used, plan=got)
             parser.feed(block)
-            index += 1
         current.clear()
         for _, _, future in pending:
             future.cancel()
     return parser.close()
+
+
+def _pieces(chunk_size: int):
+    """(block index, bytes to read) in file order: block 0 in two pieces, then whole blocks."""
+    first = min(FIRST_PIECE, chunk_size)
+    yield 0, first
+    if chunk_size > first:
+        yield 0, chunk_size - first
+    index = 1
+    while True:
+        yield index, chunk_size
+        index += 1
 
 
 def _serial(parser: LogParser, fh: BinaryIO, chunk_size: int) -> ParsedLog:
