@@ -336,3 +336,19 @@ def test_streamed_json_steps_equal_json_dumps(monkeypatch, shape, batch):
         assert not log.steps.missing[name]
         col[:] = type(col)("d", [12.5] * len(col))
     assert "".join(report.StepRowsJSON(log).chunks()) == json.dumps(report.step_rows(log))
+
+
+@pytest.mark.parametrize("width,start", [(8, 3), (5, 2)])
+def test_rolling_medians_equal_statistics_median(width, start):
+    """judge._rolling_medians (sorted windows, not np.median) against statistics.median."""
+    import statistics
+
+    import numpy as np
+
+    from trnqwen.logs.judge import _rolling_medians
+
+    rnd = random.Random(width)
+    for n in (start + 1, width, width + 1, 300):
+        values = np.array([rnd.choice([1.0, 2.5, 3.0]) if rnd.random() < 0.3 else rnd.uniform(0, 9) for _ in range(n)])
+        want = [statistics.median(values[max(0, i - width):i].tolist()) for i in range(start, n)]
+        assert _rolling_medians(values, width, start).tolist() == want

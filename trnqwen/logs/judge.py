@@ -368,7 +368,11 @@ def _rolling_medians(values, width: int, start: int):
 
     n = len(values)
     head = [statistics.median(values[max(0, i - width):i].tolist()) for i in range(start, min(width, n))]
-    tail = np.median(sliding_window_view(values, width)[: max(0, n - width)], axis=1) if n > width else np.zeros(0)
+    tail = np.zeros(0)
+    if n > width:  # np.median's result (the values are finite), without its import of numpy.ma
+        ordered = np.sort(sliding_window_view(values, width)[: n - width], axis=1)
+        mid = width // 2
+        tail = ordered[:, mid] if width % 2 else (ordered[:, mid - 1] + ordered[:, mid]) / 2
     return np.concatenate([np.asarray(head, dtype=np.float64), tail])
 
 
