@@ -185,7 +185,14 @@ def _high_memory_lines(buf, start: int, end: int, starts, ends) -> list:
     (a line once)."""
     import numpy as np
 
-    hits = [m.start() - start for m in B_MEM_HIGH.finditer(buf, start, end)]
+    # every match begins "GiB(" then "9" or "1": its "(" (numpy) is where to try the regex;
+    # matches cannot overlap, so these are finditer's matches
+    arr = np.frombuffer(buf, np.uint8, count=end - start, offset=start)
+    at = np.flatnonzero(arr[3:-1] == 40) + 3
+    after = arr[at + 1]
+    at = at[(after == 57) | (after == 49)] - 3
+    match = B_MEM_HIGH.match
+    hits = [p for p in at.tolist() if match(buf, start + p, end)]
     if not hits:
         return []
     rows = sorted(set((np.searchsorted(starts, hits, "right") - 1).tolist()))
