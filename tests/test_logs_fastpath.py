@@ -220,15 +220,17 @@ def test_failing_workers_leave_the_result_unchanged(tmp_path, monkeypatch):
     assert snapshot(parse_file(path, chunk_size=4099, workers=2)) == snapshot(reference(data))
 
 
-@pytest.mark.parametrize("first_piece", [1000, 1 << 20])
+@pytest.mark.parametrize("first_piece,window", [(1000, 8), (1000, 700), (1 << 20, 1 << 17)])
 @pytest.mark.parametrize("shape", [0, 2, 5])
-def test_one_worker_sharing_the_blocks_equals_reference(tmp_path, monkeypatch, shape, first_piece):
+def test_one_worker_sharing_the_blocks_equals_reference(tmp_path, monkeypatch, shape, first_piece, window):
     """Two cores: one worker, and this process plans every third block itself (the first block
-    read in two pieces, or whole)."""
+    read in two pieces, or whole); the blocks a worker planned are not read here, only the
+    windows it sent (small windows: the engine often needs more, and reads the block)."""
     from trnqwen.logs import parallel
     from trnqwen.logs.parse import parse_file
 
     monkeypatch.setattr(parallel, "FIRST_PIECE", first_piece)
+    monkeypatch.setattr(parallel, "WINDOW", window)
     assert [parallel.planned_here(i, 1) for i in range(4)] == [True, False, False, True]
     assert not any(parallel.planned_here(i, 2) for i in range(4))
     data = generate(shape + 40, **SHAPES[shape])
@@ -352,3 +354,38 @@ def test_rolling_medians_equal_statistics_median(width, start):
         values = np.array([rnd.choice([1.0, 2.5, 3.0]) if rnd.random() < 0.3 else rnd.uniform(0, 9) for _ in range(n)])
         want = [statistics.median(values[max(0, i - width):i].tolist()) for i in range(start, n)]
         assert _rolling_medians(values, width, start).tolist() == want
+
+
+def test_lazy_block_answers_like_the_bytes(tmp_path):
+    """lazyblock.LazyBlock: find/rfind/count/startswith/slices from its two windows or the
+    whole block, always what the bytes themselves answer."""
+    import os
+
+    from trnqwen.logs.lazyblock import LazyBlock
+
+    rnd = random.Random(3)
+    data = bytes(rnd.choice(b"ab\n") for _ in range(3000))
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100 + data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for _ in range(300):
+            head = rnd.randrange(0, 200)
+            tail_at = rnd.randrange(head, len(data) + 1)
+            lazy = LazyBlock(fd, 100, len(data), data[:head], tail_at, data[tail_at:])
+            for _ in range(20):
+                a = rnd.randrange(0, len(data) + 1)
+                b = rnd.randrange(a, len(data) + 1)
+                sub = rnd.choice([b"\n", b"a", b"ab\n", b"ba"])
+                assert lazy.find(sub, a, b) == data.find(sub, a, b)
+                assert lazy.rfind(sub, a, b) == data.rfind(sub, a, b)
+                assert lazy.count(sub, a, b) == data.count(sub, a, b)
+                assert lazy.startswith(sub, a) == data.startswith(sub, a)
+                assert lazy[a:b] == data[a:b]
+            assert lazy.find(b"\n") == data.find(b"\n") and lazy.rfind(b"\n") == data.rfind(b"\n")
+            assert lazy[:a] == data[:a] and lazy[a:] == data[a:] and len(lazy) == len(data)
+        short = LazyBlock(fd, 100, len(data) + 50, b"", 0, b"")
+        with pytest.raises(OSError):
+            short.whole()  # the file is shorter than the block: changed while read
+    finally:
+        os.close(fd)

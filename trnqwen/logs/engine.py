@@ -174,6 +174,9 @@ class LogParser:
         # the primary rank's step lines in bulk, the other ranks' step lines only in bulk summary.
         plan = self.planned(buf, start, end, prefix) if self.planned is not None else None
         if plan is None:
+            whole = getattr(buf, "whole", None)  # a block not read yet (lazyblock.LazyBlock)
+            if whole is not None:
+                buf = whole()
             plan = bulk.plan_region(buf, start, end, prefix, self.max_line)
         if plan.fallback:
             self._slow(buf, start, end, base)

@@ -23,6 +23,7 @@ from typing import BinaryIO, Optional
 
 from trnqwen.logs import bulk
 from trnqwen.logs.engine import CHUNK_SIZE, MAX_LINE, LogParser
+from trnqwen.logs.lazyblock import WINDOW, LazyBlock
 from trnqwen.logs.record import ParsedLog
 
 MIN_BYTES = 64 << 20
@@ -62,7 +63,8 @@ def _quiet_worker() -> None:
 
 def _plan_block(path: str, offset: int, size: int, prefix: bytes, max_line: int):
     """In a worker: plan the region the engine will cut from block ``[offset, offset + size)``
-    of the file: ``(start, end, plan)`` with offsets inside the block, or None (no region).
+    of the file: ``(start, end, plan, head, tail_at, tail)`` with offsets inside the block
+    (``head``, ``tail``: see :class:`~trnqwen.logs.lazyblock.LazyBlock`), or None (no region).
     The file is mapped, not read: no copy of the block, and its pages come from the page cache."""
     import mmap
 
@@ -82,7 +84,11 @@ def _plan_block(path: str, offset: int, size: int, prefix: bytes, max_line: int)
             if start > last:
                 return None
             plan = bulk.plan_region(mm, start, last, prefix, max_line)
-            return start - offset, last - offset, plan
+            # and what the engine reads of the block besides (lazyblock.LazyBlock): up to its
+            # first newline, and from a little before the region's end to the block's end
+            head = mm[offset: first + 1]
+            tail_at = max(len(head), last - offset - WINDOW)
+            return start - offset, last - offset, plan, head, tail_at, mm[offset + tail_at: stop]
 
 
 def read_file(fh: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_line: int = MAX_LINE,
@@ -112,8 +118,7 @@ def read_file(fh: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_lin
         got = current.get("plan")
         if buf is not current.get("block") or got is None or current.get("prefix") != prefix:
             return None
-        p_start, p_end, plan = got
-        return plan if (p_start, p_end) == (start, end) else None
+        return got[2] if got[:2] == (start, end) else None
 
     try:
         context = multiprocessing.get_context("fork")
@@ -123,11 +128,9 @@ def read_file(fh: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_lin
     broken = False
     with ProcessPoolExecutor(n, mp_context=context, initializer=_quiet_worker) as pool:
         for index, want in _pieces(chunk_size):
-            block = fh.read(want)
-            if not block:
-                break
             prefix = parser._primary_prefix if parser._primary_decided else None
             current.clear()
+            got = used = None
             if prefix:
                 if submitted <= index:
                     submitted = index + 1  # this block: planned here; the next ones ahead
@@ -150,7 +153,17 @@ def read_file(fh: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_lin
                         got = future.result()
                     except Exception:  # a worker that failed: this region is planned here
                         got = None
-                    current.update(block=block, prefix=used, plan=got)
+            offset = index * chunk_size
+            if got is not None and index and want == chunk_size and offset + want <= size:
+                # planned in full by a worker: this process reads only what the engine looks at
+                block = LazyBlock(fh.fileno(), offset, want, *got[3:])
+                fh.seek(want, io.SEEK_CUR)
+            else:
+                block = fh.read(want)
+                if not block:
+                    break
+            if got is not None:
+                current.update(block=block, prefix=used, plan=got)
             parser.feed(block)
         current.clear()
         for _, _, future in pending:
