@@ -1,20 +1,21 @@
 """Step lines read in bulk, once the primary rank is known.
 
-* :func:`line_table` classifies every line of a region with numpy, without splitting it: where
-  each line starts and ends, which lines carry the primary rank's prefix, which contain both
-  ``"loss:"`` and ``"step:"`` (the only lines that can be step lines).  The others are read one
-  by one.
+* :func:`line_table` classifies every line of a region with numpy, without splitting it, a MB
+  at a time: where each line starts and ends, which contain both ``"loss:"`` and ``"step:"``
+  (the only lines that can be step lines; each word found as a 16-bit pair at both byte
+  parities, then its other bytes checked), which of those carry the primary rank's prefix.  The
+  others are read one by one.
 * The primary rank's step lines (:func:`primary_columns`, planned per region by
   :func:`plan_region`): cut at their first ``step:``,
   joined and split on whitespace once as bytes (no decoding); with 14 tokens per line,
-  ``tokens[j::14]`` is one column.  A line that is not torchtitan's exact layout (another
-  layout, a comma in a loss, non-ASCII) sends the region back to the per-line parser, which is
-  the reference.
+  ``tokens[j::14]`` is one column, converted by :mod:`trnqwen.logs.numbers` (numpy, exactly
+  ``float()``).  A line that is not torchtitan's exact layout (another layout, a comma in a
+  loss, non-ASCII) sends the region back to the per-line parser, which is the reference.
 * The other ranks' step lines are not decoded at all: loss and grad norm are global
   (all-reduced, identical on every rank), and what differs per rank is read with byte-level
-  passes over a whole region - the last step of each rank from the region's tail, and memory
-  above :data:`~trnqwen.logs.record.HIGH_MEMORY_PCT` from one regex over the region
-  (:func:`read_other_ranks`).
+  passes over a whole region - the last step of each rank from the region's tail
+  (:func:`read_other_ranks`), and memory above :data:`~trnqwen.logs.record.HIGH_MEMORY_PCT`:
+  the regex tried where numpy finds ``(9``/``(1`` (in :func:`plan_region`, so in the workers).
 
 The per-line parser gives the same result (``tests/test_logs_fastpath.py`` checks both agree).
 """

@@ -1,17 +1,24 @@
 """A big log file parsed on several cores: the regions are planned in worker processes.
 
 The engine (:mod:`trnqwen.logs.engine`) stays the one reader, in this process, in file order:
-it reads every block, keeps all cross-block state (the line count, the carried partial line,
-open tracebacks, restarts, warnings) and reads the lines that need it one by one.  What the
-workers do is the pure, expensive part of its fast path, :func:`~trnqwen.logs.bulk.plan_region`
-(classify every line, read rank 0's step columns), for the blocks ahead, from their own read of
-the file.  A plan is used only for exactly the region the engine would plan itself (the same
-block object, offsets and rank prefix); anything else (the rank not yet known, an overlong line
-being skipped, a traceback open) makes the engine plan that region itself, as without workers.
-So the result is the serial parser's, byte for byte (``tests/test_logs_fastpath.py``).
+it keeps all cross-block state (the line count, the carried partial line, open tracebacks,
+restarts, warnings) and reads the lines that need it one by one.  What the workers do is the
+pure, expensive part of its fast path, :func:`~trnqwen.logs.bulk.plan_region` (classify every
+line, read rank 0's step columns, find high-memory lines), for the blocks ahead, on their own
+mapping of the file.  A plan is used only for exactly the region the engine would plan itself
+(the same block object, offsets and rank prefix); anything else (the rank not yet known, an
+overlong line being skipped, a traceback open) makes the engine plan that region itself, as
+without workers.  So the result is the serial parser's, byte for byte
+(``tests/test_logs_fastpath.py``).
+
+A block a worker planned is not read here: the worker also sends the bytes the engine still
+looks at (:class:`~trnqwen.logs.lazyblock.LazyBlock`).  One worker per core but this process's
+(at most 4); with a single worker (two cores) this process plans every third block itself,
+which keeps both cores busy without a third process competing for them.
 
 Only for regular files of at least :data:`MIN_BYTES` on a machine with two or more cores:
-starting the workers (fork) costs a few tens of milliseconds.
+starting a worker (fork) costs a few tens of milliseconds.  Measured in
+``benchmarks/inspect_logs.py``.
 """
 
 from __future__ import annotations
