@@ -127,6 +127,14 @@ def test_global_batch_not_a_multiple(cli, in_tmp, tiny):
     clean_error(r, 2, "global batch 3")
 
 
+def test_hf_trainer_tensor_parallel_on_cpu_is_refused_before_anything_runs(cli, in_tmp, tiny):
+    """accelerate refuses TP for CPU processes (MULTI_CPU); it used to fail inside the ranks."""
+    r = cli("train", *TINY_CPU, "--assets", str(tiny), "--backend", "hf-trainer", "--nproc-per-node", "2", "--tp", "2")
+    clean_error(r, 2, "--tp 2 cannot run on CPU")
+    assert "use --tp 1" in r.err
+    assert not (in_tmp / ".trnqwen" / "runs").exists() or not any((in_tmp / ".trnqwen" / "runs").iterdir())
+
+
 # --- NKI RoPE sequence length on a (fake) Trainium host -------------------------------------------
 
 

@@ -129,6 +129,12 @@ def build_hf_trainer_job(
             "--override-imports replaces torchtitan modules; the hf-trainer backend does not run torchtitan",
             hint="drop --override-imports, or use --backend hf-v5/native/nki-moe for kernel overrides",
         )
+    if cfg.tp > 1 and device.type == "cpu":  # before any data is tokenized: nothing written
+        raise UsageError(
+            f"hf-trainer --tp {cfg.tp} cannot run on CPU: accelerate's tensor parallelism needs FSDP2 on a "
+            "device backend and refuses CPU processes (MULTI_CPU)",
+            hint="on CPU use --tp 1 (the ranks shard the model FSDP-style), or run --tp on Trainium or CUDA",
+        )
     problems: list[EnvironmentProblem] = []
     if importlib.util.find_spec("transformers") is None:
         problems.append(EnvironmentProblem(

@@ -208,8 +208,8 @@ def choose_strategy(
     """How Trainer runs the ranks of ``topology``; a topology that breaks a rule is a SpecError.
 
     ``auto``: one rank -> a plain single-process Trainer; several ranks ->
-    ``DistributedConfig(tp_size, fsdp_size)`` at ``from_pretrained`` (FSDP2 + TP, on every device,
-    CPU/gloo included: measured to work and to match DDP's losses), or, when this transformers has
+    ``DistributedConfig(tp_size, fsdp_size)`` at ``from_pretrained`` (FSDP2 + TP; on CPU/gloo FSDP
+    only, measured to match DDP's losses: accelerate refuses TP there), or, when this transformers has
     no DistributedConfig and tp is 1, plain DDP (gloo on CPU) with a note saying so.
     """
     if topology.problems:
