@@ -20,6 +20,7 @@ import json
 import math
 import os
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -147,10 +148,17 @@ def move_shards_out(folder: Path) -> Optional[Path]:
     shards = Path(folder) / SHARDS
     if not shards.is_dir():
         return None
+    # Claim the folder by renaming it first: of two processes completing one export (two nodes on a
+    # shared disk), exactly one moves it, and only that one replaces a stale copy beside it.
+    claimed = Path(folder) / f".{SHARDS}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        os.replace(shards, claimed)
+    except FileNotFoundError:  # the other process moved it
+        return None
     dest = Path(folder).with_name(f"{Path(folder).name}.{SHARDS}")
     if dest.exists():
         shutil.rmtree(dest)
-    os.replace(shards, dest)
+    os.replace(claimed, dest)
     return dest
 
 
