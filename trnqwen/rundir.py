@@ -14,7 +14,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from trnqwen.fsutil import write_json_atomic, write_text_atomic  # noqa: F401  (write_json_atomic: re-exported)
 
@@ -105,3 +105,17 @@ def last_run_dir(runs_dir: Path) -> Optional[Path]:
             return candidate
     runs = sorted((p for p in runs_dir.glob("*") if (p / RUN_RECORD).is_file()), key=lambda p: p.stat().st_mtime)
     return runs[-1] if runs else None
+
+
+def recent_records(runs_dir: Path, limit: int = 200) -> Iterator[tuple[Path, RunRecord]]:
+    """(run dir, record) of the newest ``limit`` runs, newest first; unreadable records are skipped."""
+    try:
+        files = sorted(Path(runs_dir).glob(f"*/{RUN_RECORD}"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return
+    for record_file in files[:limit]:
+        try:
+            record = RunRecord.load(record_file.parent)
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+        yield record_file.parent, record

@@ -100,17 +100,9 @@ def _last_run_checkpoint(run_config) -> tuple[Path, Optional[Path], Optional[str
 
 
 def _newest_succeeded_export(runs_dir: Path, *, exclude: str):
-    from trnqwen.rundir import RUN_RECORD, RunRecord
+    from trnqwen.rundir import recent_records
 
-    try:
-        records = sorted(runs_dir.glob(f"*/{RUN_RECORD}"), key=lambda p: p.stat().st_mtime, reverse=True)
-    except OSError:
-        return None
-    for record_file in records[:200]:
-        try:
-            record = RunRecord.load(record_file.parent)
-        except (OSError, ValueError, TypeError, AttributeError):
-            continue
+    for _, record in recent_records(runs_dir):
         exported = record.extra.get("exported") if isinstance(record.extra, dict) else None
         if record.run_id != exclude and record.status == "succeeded" and exported and Path(exported).exists():
             return record, Path(exported)
@@ -120,19 +112,14 @@ def _newest_succeeded_export(runs_dir: Path, *, exclude: str):
 def _assets_of_run_that_wrote(checkpoint: Path, run_config) -> Optional[Path]:
     """The assets dir of the newest recorded run whose checkpoint folder is ``checkpoint`` (or
     holds it, for a ``step-N`` folder), so ``verify-ckpt ./checkpoint_x_ft`` needs no --assets."""
-    from trnqwen.rundir import RUN_RECORD, RunRecord
+    from trnqwen.rundir import recent_records
 
     runs_dir = Path(run_config.runs_dir) if run_config is not None else Path(".trnqwen/runs")
     try:
         target = checkpoint.expanduser().resolve()
-        records = sorted(runs_dir.glob(f"*/{RUN_RECORD}"), key=lambda p: p.stat().st_mtime, reverse=True)
     except (OSError, RuntimeError):
         return None
-    for record_file in records[:200]:
-        try:
-            record = RunRecord.load(record_file.parent)
-        except (OSError, ValueError, TypeError, AttributeError):
-            continue
+    for _, record in recent_records(runs_dir):
         if not record.checkpoint_dir or not record.assets_dir:
             continue
         try:

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from trnqwen.assets import has_tokenizer
 from trnqwen.errors import UsageError
-from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir
+from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir, recent_records
 
 # config.json fields that must agree for two checkpoints to be the same architecture.
 ARCHITECTURE_FIELDS = (
@@ -110,14 +110,10 @@ def run_that_wrote(path: Path, runs_dir: Path) -> Optional[RunInfo]:
     """The newest recorded run whose checkpoint folder or export is ``path`` or holds it."""
     try:
         target = path.expanduser().resolve()
-        records = sorted(runs_dir.glob(f"*/{RUN_RECORD}"), key=lambda p: p.stat().st_mtime, reverse=True)
     except (OSError, RuntimeError):
         return None
-    for record_file in records[:200]:
-        try:
-            run = RunInfo(record_file.parent, RunRecord.load(record_file.parent))
-        except (OSError, ValueError, TypeError, AttributeError):
-            continue
+    for run_dir, record in recent_records(runs_dir):
+        run = RunInfo(run_dir, record)
         for written in (run.record.checkpoint_dir, run.record.extra.get("exported")):
             if not written:
                 continue
