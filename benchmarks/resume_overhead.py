@@ -31,6 +31,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
+from _common import load_note  # noqa: E402
 from train_overhead import timed_run  # noqa: E402  (one timing loop for the train benchmarks)
 
 _LOADED = re.compile(r"Finished loading the checkpoint in ([\d.]+) seconds")
@@ -52,6 +53,7 @@ def main() -> int:
     args = ap.parse_args()
     stop_at = max(1, args.steps // 2)
 
+    load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="trnqwen-bench-resume-"))
     try:
         env = dict(os.environ)
@@ -102,8 +104,7 @@ def main() -> int:
             print(json.dumps({
                 "benchmark": "resume_overhead", "backend": args.backend, "steps": args.steps, "stopped_after": stop_at,
                 "nproc": args.nproc, "repeats": args.repeats, "median": med, "resumed_vs_fresh_first_step_ratio": ratio,
-                "load_avg": os.getloadavg(),
-                "note": "machine shared with other jobs; both sides timed alternately in the same run",
+                **load_note(load_before, os.getloadavg()[0]),
             }))
         return 0
     finally:
