@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from trnqwen.assets import INDEX_NAME
 from trnqwen.constants import TINY_MODEL
 from trnqwen.errors import CheckFailed, TrnqwenError, UsageError
 from trnqwen.evaluate.lifecycle import held_out_check, quickstart_chat_settings
@@ -304,7 +305,7 @@ def make_snapshot(base_assets: Path, exported: Path, dest: Path) -> Path:
             tensors = load_file(str(shard))
             save_file({k: np.ascontiguousarray(v.astype(want)) for k, v in tensors.items()}, str(tmp / shard.name),
                       metadata={"format": "pt"})
-        index = exported / "model.safetensors.index.json"
+        index = exported / INDEX_NAME
         if index.is_file():
             data = json.loads(index.read_text())
             total = 0

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from trnqwen.assets import INDEX_NAME
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.fsutil import broken_link
 
-INDEX_NAME = "model.safetensors.index.json"
 STEP_RE = re.compile(r"^step-(\d+)$")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 CONVERT_HINT = (

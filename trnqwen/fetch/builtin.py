@@ -39,6 +39,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from trnqwen.assets import INDEX_NAME
 from trnqwen.constants import TINY_MODEL
 from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen.fetch.plan import DEFAULT_KEEP_FREE, FetchResult, RemoteFile, check_disk
@@ -78,7 +79,7 @@ SNAPSHOT_FILES = (
     "config.json",
     "generation_config.json",
     WEIGHTS_FILE,
-    "model.safetensors.index.json",
+    INDEX_NAME,
     "tokenizer.json",
     "tokenizer_config.json",
 )
@@ -354,7 +355,7 @@ def _save_weights(folder: Path, tensors: dict[str, Any]) -> None:
         "metadata": {"total_size": total, "total_parameters": sum(t.numel() for t in tensors.values())},
         "weight_map": {name: WEIGHTS_FILE for name in sorted(tensors)},
     }
-    _write_json(folder / "model.safetensors.index.json", index)
+    _write_json(folder / INDEX_NAME, index)
 
 
 def _readme(config: dict[str, Any], tensors: dict[str, Any]) -> str:

@@ -40,6 +40,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from trnqwen.assets import INDEX_NAME
 from trnqwen.logs.stepline import format_step_line  # torchtitan's step line has one home
 from trnqwen.train.hf_trainer_spec import (
     HFTrainerSpec,
@@ -53,7 +54,6 @@ from trnqwen.train import checkpoints
 from trnqwen.train.topology import topology
 
 SAFETENSORS_NAME = "model-00001-of-00001.safetensors"
-INDEX_NAME = "model.safetensors.index.json"
 LOG_PREFIX = "[trnqwen-hf]"
 
 # --- metrics -----------------------------------------------------------------------------------

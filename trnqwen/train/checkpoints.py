@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from trnqwen.assets import INDEX_NAME
 from trnqwen.errors import UsageError
 
 RESUME = "resume"
 EXPORT = "hf"
 OWNER_FILE = "trnqwen-checkpoints.json"
-INDEX_NAME = "model.safetensors.index.json"
 DCP_METADATA = ".metadata"
 TRAINER_STATE = "trainer_state.json"
 _STEP = re.compile(r"^(?:step|checkpoint)-(\d+)$")
