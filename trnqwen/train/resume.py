@@ -18,7 +18,7 @@ from typing import Any, Optional
 from trnqwen.config import FIELD_NAMES, ResolvedConfig, RunConfig
 from trnqwen.errors import UsageError
 from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir
-from trnqwen.train import checkpoints
+from trnqwen.train import checkpoints, multinode
 
 # Fields a resumed run may take from the new command line: they do not change what is trained.
 MAY_CHANGE = frozenset({
@@ -123,7 +123,7 @@ def prepare(ref: str, resolved: ResolvedConfig) -> ResumePoint:
     sources = {k: f"run.json of {record.run_id}" for k in FIELD_NAMES if k in record.config}
     sources.update({k: resolved.sources.get(k, "flag") for k in changes})
     cwd = Path(record.extra.get("cwd") or Path.cwd())
-    if not (config.nnodes > 1 and config.node_rank > 0):  # node 0 owns run.json (and its pid)
+    if multinode.writes_run_record(config.node_rank):  # node 0 owns run.json (and its pid)
         _refuse_if_running(record)
     _require_inputs(config, cwd, record.run_id)
     root = Path(record.checkpoint_dir) if record.checkpoint_dir else _abs(config.resolved_checkpoint_dir, cwd)

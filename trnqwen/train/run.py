@@ -88,7 +88,7 @@ class TrainPlan:
         """Only the first node claims, cleans and completes the checkpoint folder: global rank 0
         writes the export there, and on a shared filesystem two nodes finishing the same export
         race on its files."""
-        return multinode.writes_run_record(self.config.node_rank) or self.config.nnodes <= 1
+        return multinode.writes_run_record(self.config.node_rank)
 
     @property
     def log_path(self) -> Path:
@@ -272,7 +272,7 @@ def plan_train(
     )
     for note in notes + (list(resume.warnings) if resume is not None else []):
         report.findings.insert(0, Finding(WARNING, "device" if resume is None else "resume", note))
-    if resume is None and job.checkpoint_dir is not None and not (cfg.nnodes > 1 and cfg.node_rank > 0):
+    if resume is None and job.checkpoint_dir is not None and multinode.writes_run_record(cfg.node_rank):
         try:  # no silent resume: a folder with another run's checkpoints stops the run here
             checkpoints.check_for_new_run(_abs(job.checkpoint_dir, cwd), overwrite=overwrite)
         except UsageError as exc:
