@@ -30,7 +30,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from trnqwen.constants import BACKENDS, BUILTIN_PREFIX, CONFIG_FILE_NAME, DEFAULT_MODEL, DEVICES  # noqa: E402,F401
+from trnqwen.constants import (  # noqa: E402,F401
+    BACKENDS, BUILTIN_PREFIX, CONFIG_FILE_NAME, DEFAULT_MODEL, DEVICES, LORA_ALL_LINEAR, LORA_TARGETS,
+)
 
 ENV_PREFIX = "TRNQWEN_"
 # TRNQWEN_* variables that are not run fields.
@@ -86,6 +88,19 @@ class RunConfig(BaseModel):
     lr: float = Field(8e-4, gt=0, le=1.0, allow_inf_nan=False, description="Peak learning rate.")
     warmup_steps: int = Field(2, ge=0, description="Linear warm-up steps.")
     seed: Optional[int] = Field(42, ge=0, description="Random seed (none = torchtitan's default).")
+    # --- LoRA (trnqwen.train.lora: targets; runtime.lora: in the ranks; ckpt.lora: the PEFT adapter) ---
+    lora: bool = Field(False, description="Train a LoRA adapter on a frozen base; the export is a PEFT adapter folder.")
+    lora_rank: int = Field(16, ge=1, le=4096, description="LoRA rank r.")
+    lora_alpha: Optional[float] = Field(
+        None, gt=0, allow_inf_nan=False, description="LoRA alpha; the update is scaled by alpha/r (default 2 x rank)."
+    )
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, allow_inf_nan=False, description="Dropout on the adapter's input.")
+    lora_targets: str = Field(
+        "all-linear",
+        description="Modules to adapt, Hugging Face names (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj); "
+        "all-linear = those seven.",
+    )
+    merge: bool = Field(False, description="With --lora: also write the merged whole model folder beside the adapter.")
     # --- parallelism & device ------------------------------------------------------------
     dp_shard: int = Field(-1, description="FSDP degree; -1 shards over all ranks.")
     tp: int = Field(1, ge=1, description="Tensor-parallel degree.")
@@ -178,6 +193,27 @@ class RunConfig(BaseModel):
             raise ValueError("must be HOST:PORT")
         return v
 
+    @field_validator("lora_targets")
+    @classmethod
+    def _lora_targets_valid(cls, v: str) -> str:
+        """Canonical form: ``all-linear`` or the chosen names in LORA_TARGETS order, comma-joined."""
+        names = [part.strip() for part in str(v).replace(" ", ",").split(",") if part.strip()]
+        if not names:
+            raise ValueError(f"must name at least one module: {LORA_ALL_LINEAR} or some of {','.join(LORA_TARGETS)}")
+        if LORA_ALL_LINEAR in names:
+            if len(names) > 1:
+                raise ValueError(f"{LORA_ALL_LINEAR} already means all of {','.join(LORA_TARGETS)}: give it alone")
+            return LORA_ALL_LINEAR
+        unknown = [n for n in names if n not in LORA_TARGETS]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], LORA_TARGETS, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ValueError(
+                f"unknown module {unknown[0]!r}{hint}: use Hugging Face names from {','.join(LORA_TARGETS)}, or {LORA_ALL_LINEAR}"
+            )
+        chosen = [n for n in LORA_TARGETS if n in names]
+        return LORA_ALL_LINEAR if len(chosen) == len(LORA_TARGETS) else ",".join(chosen)
+
     @field_validator("override_imports", mode="before")
     @classmethod
     def _split_imports(cls, v: Any) -> Any:
@@ -193,6 +229,8 @@ class RunConfig(BaseModel):
             raise ValueError(f"node_rank ({self.node_rank}) must be below nnodes ({self.nnodes})")
         if self.val_split and self.val_dataset:
             raise ValueError("val_split and val_dataset are both set: pick one source of validation data")
+        if self.merge and not self.lora:
+            raise ValueError("merge needs lora: --merge writes base + adapter as one model folder")
         return self
 
     # --- derived values ------------------------------------------------------------------
@@ -223,6 +261,10 @@ class RunConfig(BaseModel):
         if self.checkpoint_dir is not None:
             return self.checkpoint_dir
         return default_checkpoint_dir(self.model, self.finetune)
+
+    @property
+    def resolved_lora_alpha(self) -> float:
+        return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
 
     @property
     def resolved_save_every(self) -> int:

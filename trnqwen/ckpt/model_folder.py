@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from trnqwen.assets import TOKENIZER_FILES
+from trnqwen.assets import ADAPTER_CONFIG, TOKENIZER_FILES
 from trnqwen.fsutil import current_umask, write_text_atomic
 
 CARD = "README.md"
@@ -47,6 +47,7 @@ class CardInfo:
     eval_dataset: Optional[str] = None
     run_id: Optional[str] = None
     trnqwen_version: Optional[str] = None
+    adapter: Optional[dict[str, Any]] = None  # a LoRA run's adapter_config.json: the card describes an adapter
 
 
 def card_info(record: Any, eval_results: Optional[list[dict[str, Any]]] = None, eval_dataset: Optional[str] = None) -> CardInfo:
@@ -115,6 +116,12 @@ def complete_export(folder: Path, assets: Path, info: CardInfo, *, config_overri
     written.  ``config_overrides``: config.json fields the training changed (nki-moe's cut)."""
     folder, assets = Path(folder), Path(assets)
     written: list[str] = []
+    if (folder / ADAPTER_CONFIG).is_file():  # a PEFT adapter: tokenizer and card; no config.json (not a model)
+        info.adapter = json.loads((folder / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+        written += _copy_tokenizer(folder, assets)
+        if write_model_card(folder, info):
+            written.append(CARD)
+        return written
     config = json.loads((assets / "config.json").read_text(encoding="utf-8"))
     config.update({k: v for k, v in (config_overrides or {}).items() if v is not None})
     dtype = weights_dtype(folder)
@@ -128,16 +135,22 @@ def complete_export(folder: Path, assets: Path, info: CardInfo, *, config_overri
     text = generation.read_text(encoding="utf-8") if generation.is_file() else json.dumps(_generation_from(config), indent=2) + "\n"
     if _write_if_ours(folder / "generation_config.json", text):
         written.append("generation_config.json")
-    for name in TOKENIZER_FILES:
-        source = assets / name
-        if source.is_file() and not (folder / name).exists():
-            _copy_atomic(source, folder / name)
-            written.append(name)
+    written += _copy_tokenizer(folder, assets)
     if write_model_card(folder, info):
         written.append(CARD)
     moved = move_shards_out(folder)
     if moved is not None:
         written.append(f"{SHARDS}/ -> {moved}")
+    return written
+
+
+def _copy_tokenizer(folder: Path, assets: Path) -> list[str]:
+    written = []
+    for name in TOKENIZER_FILES:
+        source = assets / name
+        if source.is_file() and not (folder / name).exists():
+            _copy_atomic(source, folder / name)
+            written.append(name)
     return written
 
 
@@ -172,11 +185,12 @@ def render_card(info: CardInfo) -> str:
 
     hub_id = info.base_model if _looks_like_hub_id(info.base_model) else None
     trainer = "transformers-trainer" if info.backend == "hf-trainer" else "torchtitan"
+    adapter = info.adapter
     data = ModelCardData(
         base_model=hub_id,
-        library_name="transformers",
+        library_name="peft" if adapter else "transformers",
         pipeline_tag="text-generation",
-        tags=["trnqwen", trainer, f"trnqwen-{info.backend}", "qwen3", "fine-tuned"],
+        tags=["trnqwen", trainer, f"trnqwen-{info.backend}", "qwen3", "fine-tuned", *(["lora", "peft"] if adapter else [])],
         datasets=[info.dataset] if info.dataset and _looks_like_hub_id(info.dataset) else None,
     )
     rows = [
@@ -184,6 +198,8 @@ def render_card(info: CardInfo) -> str:
         ("dataset", info.dataset or "(the model's default)"),
         ("steps", info.steps),
         ("backend", f"{info.backend} ({trainer})"),
+        ("adapter", f"LoRA r {adapter.get('r')}, alpha {adapter.get('lora_alpha')}, targets "
+                    f"{','.join(adapter.get('target_modules') or [])}" if adapter else None),
         ("final training loss", _num(info.final_loss)),
         ("validation loss", _num(info.validation_loss)),
         ("run", info.run_id),
@@ -191,7 +207,7 @@ def render_card(info: CardInfo) -> str:
     ]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows if v is not None)
     body = [
-        f"# {Path(info.base_model).name} fine-tuned with trnqwen",
+        f"# {Path(info.base_model).name} {'LoRA adapter' if adapter else 'fine-tuned'} with trnqwen",
         "",
         CARD_MARKER,
         f"Fine-tuned from `{info.base_model}` with trnqwen on the {info.backend} backend.",
@@ -210,7 +226,12 @@ def render_card(info: CardInfo) -> str:
                 f"| {r.get('checkpoint')} | {r.get('tokens')} | {_num(r.get('loss'))} | {_num(r.get('perplexity'))} | "
                 f"{'' if delta is None else f'{delta:+.4f}'} |"
             )
-    body += ["", "Load it with `AutoModelForCausalLM.from_pretrained(path)`; the tokenizer carries the chat template.", ""]
+    if adapter:
+        body += ["", f"A PEFT LoRA adapter for `{info.base_model}`: load it with "
+                 "`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), path)`, or merge it with "
+                 "`trnqwen merge path`; the tokenizer carries the chat template.", ""]
+    else:
+        body += ["", "Load it with `AutoModelForCausalLM.from_pretrained(path)`; the tokenizer carries the chat template.", ""]
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)))
 
 

@@ -378,3 +378,51 @@ OverwriteOpt = Annotated[
         help="Start fresh even though the checkpoint folder holds another run's checkpoints (they are deleted).",
     ),
 ]
+
+# --- LoRA (docs/lora.md) ---------------------------------------------------------------------------
+LoraOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--lora/--no-lora",
+        help="Train a LoRA adapter on the frozen base; the export is a PEFT adapter folder. Env: TRNQWEN_LORA. "
+        + _default("lora"),
+        show_default=False,
+    ),
+]
+LoraRankOpt = Annotated[
+    Optional[int],
+    typer.Option("--lora-rank", help=f"LoRA rank r. Env: TRNQWEN_LORA_RANK. {_default('lora_rank')}", show_default=False),
+]
+LoraAlphaOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--lora-alpha",
+        help="LoRA alpha; the update is scaled by alpha/r. Env: TRNQWEN_LORA_ALPHA. [default: 2 x rank]",
+        show_default=False,
+    ),
+]
+LoraDropoutOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--lora-dropout", help=f"Dropout on the adapter's input. Env: TRNQWEN_LORA_DROPOUT. {_default('lora_dropout')}",
+        show_default=False,
+    ),
+]
+LoraTargetsOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--lora-targets",
+        help="Modules to adapt, Hugging Face names, comma-separated (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
+        f"down_proj) or all-linear. Env: TRNQWEN_LORA_TARGETS. {_default('lora_targets')}",
+        show_default=False,
+    ),
+]
+MergeOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--merge/--no-merge",
+        help="With --lora: also write the merged whole model folder beside the adapter (hf/step-N-merged). "
+        "Env: TRNQWEN_MERGE. " + _default("merge"),
+        show_default=False,
+    ),
+]

@@ -22,6 +22,12 @@ from trnqwen.cli._options import (
     ExportConfigOpt,
     ExportHfOpt,
     FinetuneOpt,
+    LoraAlphaOpt,
+    LoraDropoutOpt,
+    LoraOpt,
+    LoraRankOpt,
+    LoraTargetsOpt,
+    MergeOpt,
     GlobalBatchSizeOpt,
     GraceSecondsOpt,
     ImageOpt,
@@ -72,6 +78,9 @@ Examples:
   trnqwen train --backend hf-v5 --finetune
   # torchtitan's own Qwen3, 20 steps, global batch 64
   trnqwen train --backend native --finetune --steps 20 --global-batch-size 64
+
+  # LoRA on your chat data: a PEFT adapter out (docs/lora.md)
+  trnqwen train --backend hf-v5 --finetune --lora --dataset mychat.jsonl --lr 1e-4
   # the NKI mixture-of-experts recipe (Qwen3-30B-A3B cut to 4 layers, 64 experts)
   trnqwen train --backend nki-moe --model Qwen/Qwen3-30B-A3B --moe-layers 4 --num-experts 64 --top-k 4
   # the whole thing on a laptop: tiny offline model, 2 CPU ranks
@@ -116,6 +125,12 @@ def train(
     assets: AssetsOpt = None,
     backend: BackendOpt = None,
     finetune: FinetuneOpt = None,
+    lora: LoraOpt = None,
+    lora_rank: LoraRankOpt = None,
+    lora_alpha: LoraAlphaOpt = None,
+    lora_dropout: LoraDropoutOpt = None,
+    lora_targets: LoraTargetsOpt = None,
+    merge: MergeOpt = None,
     dataset: DatasetOpt = None,
     dataset_format: DatasetFormatOpt = None,
     dataset_split: DatasetSplitOpt = None,
@@ -184,6 +199,12 @@ def train(
             assets_dir=assets,
             backend=backend,
             finetune=finetune,
+            lora=lora,
+            lora_rank=lora_rank,
+            lora_alpha=lora_alpha,
+            lora_dropout=lora_dropout,
+            lora_targets=lora_targets,
+            merge=merge,
             dataset=dataset,
             dataset_format=dataset_format,
             dataset_split=dataset_split,

@@ -26,8 +26,10 @@ def qwen3_model_spec(
     max_seq_len: int,
     attn_backend: str = "flex",
     norm_eps: float = 1e-6,
+    fuse_qkv: bool = True,
 ) -> Any:
-    """A dense Qwen3 ``ModelSpec`` (torchtitan 0.3 layout)."""
+    """A dense Qwen3 ``ModelSpec`` (torchtitan 0.3 layout).  ``fuse_qkv=False`` builds separate
+    q/k/v projections (LoRA: one adapter each, as peft has them)."""
     from torchtitan.components.optimizer import register_moe_load_balancing_hook
     from torchtitan.distributed.pipeline_parallel import pipeline_llm
     from torchtitan.models import qwen3 as q
@@ -44,7 +46,7 @@ def qwen3_model_spec(
         tok_embeddings=Embedding.Config(num_embeddings=vocab_size, embedding_dim=dim, param_init=embedding_init),
         lm_head=Linear.Config(in_features=dim, out_features=vocab_size, param_init=q._LINEAR_INIT),
         layers=q._build_qwen3_layers(
-            fuse_qkv=True,
+            fuse_qkv=fuse_qkv,
             n_layers=n_layers,
             dim=dim,
             n_heads=n_heads,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from trnqwen.assets import INDEX_NAME
+from trnqwen.assets import ADAPTER_CONFIG, INDEX_NAME
 from trnqwen.errors import UsageError
 
 RESUME = "resume"
@@ -135,6 +135,8 @@ def _resume_kind(path: Path) -> tuple[str, bool]:
 
 
 def _export_kind(path: Path) -> tuple[str, bool]:
+    if (path / ADAPTER_CONFIG).is_file():  # a LoRA run's PEFT adapter (written last: complete)
+        return "adapter", True
     return "hf", (path / INDEX_NAME).is_file()
 
 

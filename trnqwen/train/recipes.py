@@ -31,7 +31,7 @@ from trnqwen.assets import read_config_json
 from trnqwen.config import RunConfig
 from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import EnvironmentProblem, UsageError
-from trnqwen.train import checkpoints, compat, tracking
+from trnqwen.train import checkpoints, compat, lora, tracking
 from trnqwen.train.preflight import count_params  # one parameter formula for both
 from trnqwen.train.cache_data import RankData, prepare_rank_data, streamed_data, titan_dataloader_code
 from trnqwen.train.datasets import DataSpec, render_dataset_code
@@ -65,6 +65,8 @@ class Plan:
     rope_theta_override: Optional[float] = None
     dims: Optional[compat.FlavorDims] = None
     rank_data: Optional[RankData] = None  # the token cache the ranks read (datasets the user names)
+    lora: Optional[lora.LoraSpec] = None
+    lora_targets: tuple[str, ...] = ()  # the HF targets this backend adapts (trnqwen.train.lora)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -187,7 +189,23 @@ def make_plan(
         plan.dims = compat.dims_from_hf_config(hf_config) if hf_config else None
     else:
         _plan_nki_moe(plan)
+    _plan_lora(plan)
     return plan
+
+
+def _plan_lora(plan: Plan) -> None:
+    spec = lora.spec_from_config(plan.cfg)
+    if spec is None:
+        return
+    moe = bool(plan.dims and plan.dims.num_experts)
+    plan.lora = spec
+    plan.lora_targets = lora.backend_targets(spec, plan.cfg.backend, moe=moe)
+    if plan.cfg.backend == "native" and plan.flavor and plan.dims is not None:
+        # one adapter per q/k/v projection needs the non-fused layout: built from the same dims
+        plan.custom_dims, plan.flavor, plan.rope_theta_override = plan.dims, None, None
+    total = count_params(plan.dims) if plan.dims else None
+    trainable = lora.adapter_params(plan.dims, spec, plan.lora_targets) if plan.dims else None
+    plan.notes.append(lora.plan_note(spec, plan.lora_targets, backend=plan.cfg.backend, trainable=trainable, total=total))
 
 
 def _check_nki_moe_available(check_runtime: bool, notes: list[str]) -> None:
@@ -302,17 +320,19 @@ def _render(plan: Plan) -> str:
                 body.append(f"set_rope_theta(config.model_spec, {plan.rope_theta_override!r})  # the checkpoint's rotary base")
         else:
             d = plan.custom_dims
-            assert d is not None and plan.hf_config is not None
+            assert d is not None
+            hf_config = plan.hf_config or {}
             imp("from trnqwen.runtime.qwen3_native import qwen3_model_spec")
-            max_pos = int(plan.hf_config.get("max_position_embeddings") or max(cfg.seq_len, 4096))
-            eps = float(plan.hf_config.get("rms_norm_eps") or 1e-6)
+            max_pos = int(hf_config.get("max_position_embeddings") or max(cfg.seq_len, 4096))
+            eps = float(hf_config.get("rms_norm_eps") or 1e-6)
             body += [
-                "# No registered flavor has this architecture: built from the checkpoint's config.json.",
+                "# Built from the checkpoint's config.json (no registered flavor has it, or LoRA wants separate q/k/v).",
                 "config.model_spec = qwen3_model_spec(",
                 f"    name={cfg.model_name!r}, dim={d.dim}, n_layers={d.n_layers}, n_heads={d.n_heads},",
                 f"    n_kv_heads={d.n_kv_heads}, head_dim={d.head_dim}, ffn_dim={d.ffn_dim}, vocab_size={d.vocab_size},",
                 f"    tied={d.tied}, rope_theta={d.rope_theta!r}, max_seq_len={max(max_pos, cfg.seq_len)},",
-                f"    norm_eps={eps!r}, attn_backend={api.attn_backend!r},",
+                f"    norm_eps={eps!r}, attn_backend={api.attn_backend!r},"
+                + (" fuse_qkv=False," if plan.lora else ""),
                 ")",
             ]
         body.append("config.loss.loss_fn.global_vocab_size = config.model_spec.model.vocab_size")
@@ -331,6 +351,11 @@ def _render(plan: Plan) -> str:
         )
 
     body.append(f"config.hf_assets_path = {assets!r}")
+    if plan.lora is not None:
+        lora_imports, lora_lines = lora.render_attach_lines(plan.lora, backend=cfg.backend, targets=plan.lora_targets)
+        for line in lora_imports:
+            imp(line)
+        body += lora_lines
     if plan.rank_data is not None:
         data_imports, data_lines = titan_dataloader_code(
             plan.rank_data, seed=cfg.seed, val_every=cfg.val_every, dp_degree=plan.topology.dp,

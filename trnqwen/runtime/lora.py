@@ -1,0 +1,343 @@
+"""LoRA inside the ranks of the torchtitan backends (native, hf-v5, nki-moe).
+
+The generated config module calls :func:`attach_lora` (trnqwen.train.lora renders the call), which
+
+* **native / nki-moe**: rewrites the model config with torchtitan's own ``LoRAConverter``
+  (adapters ``lora_a``/``lora_b`` on the target Linear configs, every other module frozen);
+* **hf-v5**: injects :class:`LoraLinear` into the Transformers model by module name just before
+  it is parallelized, so FSDP shards the adapters with the rest (torchtitan's Transformers backend
+  takes no converters);
+* wraps ``parallelize_fn`` to (a) freeze everything but the adapters after parallelisation
+  (torchtitan 0.3.0's ``spmd_types`` backend re-registers parameters as trainable, pytorch/torchtitan
+  PR #4267) and (b) initialise the adapters after the model's own init: A from the seed and the
+  module's Hugging Face name (the same numbers on every backend and rank count), B zero;
+* wraps ``post_optimizer_build_fn`` to prove what the optimizer updates: one ``[LoRA]`` line per
+  rank (``trainable N of M parameters (P%)``), and a stop before step 1 when anything but the
+  adapters is trainable;
+* patches the checkpointer: the initial HF load skips adapter keys (the base checkpoint has none),
+  and the HF export at the last step is the PEFT adapter (:mod:`trnqwen.ckpt.lora`) instead of the
+  base model, which torchtitan's Qwen3 ``to_hf`` would write silently without the adapter.
+
+Resumable checkpoints (DCP) keep base + adapters + optimizer state, so ``--resume`` is exact.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Optional
+
+from trnqwen.ckpt.lora import adapter_init, clean_fqn, hf_module_of_titan
+from trnqwen.train.lora import LOG_MARK, LoraSpec, titan_target_names
+
+_state: dict[str, Any] = {"spec": None, "backend": None, "patched": False, "exported": 0}
+ADAPTER_KEY = re.compile(r"(^|\.)(lora_a|lora_b|lora_A|lora_B)(\.|$)")
+
+
+def is_adapter_key(name: str) -> bool:
+    return ADAPTER_KEY.search(name) is not None
+
+
+def _log(message: str) -> None:
+    from torchtitan.tools.logging import logger
+
+    logger.info(message)
+
+
+def attach_lora(config: Any, spec_json: str, *, backend: str) -> Any:
+    """Make ``config`` (a torchtitan trainer config) train ``spec``'s adapter; returns it."""
+    spec = LoraSpec.from_json(spec_json)
+    _state.update(spec=spec, backend=backend)
+    model_spec = config.model_spec
+    if backend in ("native", "nki-moe"):
+        from torchtitan.components.lora import LoRAConverter
+
+        names = titan_target_names(spec.targets, fused_qkv=backend == "nki-moe")
+        converter = LoRAConverter.Config(rank=spec.rank, alpha=spec.alpha, target_modules=names).build()
+        model_spec.model = converter.convert(model_spec.model)
+    model_spec.parallelize_fn = _wrap_parallelize(model_spec.parallelize_fn, spec, backend)
+    model_spec.post_optimizer_build_fn = _wrap_post_optimizer(model_spec.post_optimizer_build_fn, spec)
+    _patch_checkpointer()
+    return config
+
+
+# --- the adapter modules -----------------------------------------------------------------------
+
+
+def _lora_linear_cls():
+    import torch
+    from torch import nn
+
+    class LoraLinear(nn.Linear):
+        """An ``nn.Linear`` whose state keeps ``weight`` under its own name (the HF checkpoint
+        loads unchanged) plus ``lora_A``/``lora_B`` (peft's names): y = W x + s B A drop(x)."""
+
+        def __init__(self, base: nn.Linear, rank: int, scaling: float, dropout: float):
+            nn.Module.__init__(self)
+            self.in_features, self.out_features = base.in_features, base.out_features
+            self.weight = base.weight
+            self.bias = base.bias
+            self.weight.requires_grad_(False)
+            if self.bias is not None:
+                self.bias.requires_grad_(False)
+            device, dtype = base.weight.device, base.weight.dtype
+            self.lora_A = nn.Linear(self.in_features, rank, bias=False, device=device, dtype=dtype)
+            self.lora_B = nn.Linear(rank, self.out_features, bias=False, device=device, dtype=dtype)
+            self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+            self.scaling = scaling
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = nn.functional.linear(x, self.weight, self.bias)
+            return out + self.scaling * self.lora_B(self.lora_A(self.lora_dropout(x)))
+
+    return LoraLinear
+
+
+def inject_hf_adapters(model: Any, spec: LoraSpec) -> int:
+    """Replace every target ``nn.Linear`` of a Transformers model by a LoraLinear; returns how many."""
+    from torch import nn
+
+    cls = _lora_linear_cls()
+    count = 0
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if child_name in spec.targets and type(child) is nn.Linear:
+                setattr(module, child_name, cls(child, spec.rank, spec.scaling, spec.dropout))
+                count += 1
+    return count
+
+
+def _add_titan_dropout(model: Any, p: float) -> int:
+    """torchtitan's LoRALinear has no dropout: run its adapter path on dropout(x)."""
+    import types
+
+    from torch import nn
+
+    count = 0
+    for module in model.modules():
+        if hasattr(module, "lora_a") and hasattr(module, "lora_b") and hasattr(module, "_lora_scaling"):
+            module.lora_dropout = nn.Dropout(p)
+            base_forward = type(module).__mro__[1].forward
+
+            def forward(self, x, _base=base_forward):
+                return _base(self, x) + self._lora_scaling * self.lora_b(self.lora_a(self.lora_dropout(x)))
+
+            module.forward = types.MethodType(forward, module)
+            count += 1
+    return count
+
+
+# --- parallelize / init / optimizer --------------------------------------------------------------
+
+
+def _wrap_parallelize(original, spec: LoraSpec, backend: str):
+    def parallelize(model, **kwargs):
+        injected = inject_hf_adapters(model, spec) if backend == "hf-v5" else 0
+        if backend != "hf-v5" and spec.dropout > 0:
+            _add_titan_dropout(model, spec.dropout)
+        if injected:
+            with _adapter_sharding_configs():
+                model = original(model, **kwargs)
+        else:
+            model = original(model, **kwargs)
+        freeze_base(model)
+        init_weights = model.init_weights
+
+        def init_then_adapters(*args, **kw):
+            out = init_weights(*args, **kw)
+            initialise_adapters(model, spec, backend)
+            return out
+
+        model.init_weights = init_then_adapters
+        if injected:
+            _state["injected"] = injected
+        return model
+
+    return parallelize
+
+
+class _adapter_sharding_configs:
+    """While the Transformers backend parallelizes: give each injected adapter the sharding
+    torchtitan's own LoRA derives from its base linear (colwise base: A replicated, B sharded
+    like the base's output; rowwise: A sharded like the base's input, B replicated)."""
+
+    def __enter__(self):
+        from torchtitan.components.lora import _lora_adapter_sharding
+        from torchtitan.experiments.transformers_modeling_backend import hf_sharding
+
+        self.module, self.original = hf_sharding, hf_sharding._set_layer_sharding_configs
+        original = self.original
+
+        def set_layer(layer, *, enable_sp):
+            original(layer, enable_sp=enable_sp)
+            for module in layer.modules():
+                if hasattr(module, "lora_A") and hasattr(module, "lora_B"):
+                    a_cfg, b_cfg = _lora_adapter_sharding(getattr(module, "_sharding_config", None))
+                    module.lora_A._sharding_config = a_cfg or hf_sharding._replicate_config(module.lora_A)
+                    module.lora_B._sharding_config = b_cfg or hf_sharding._replicate_config(module.lora_B)
+
+        hf_sharding._set_layer_sharding_configs = set_layer
+        return self
+
+    def __exit__(self, *exc):
+        self.module._set_layer_sharding_configs = self.original
+        return False
+
+
+def freeze_base(model: Any) -> None:
+    for name, param in model.named_parameters():
+        param.requires_grad_(is_adapter_key(name))
+
+
+def _adapter_modules(model: Any, backend: str):
+    """(HF module path, A parameter, B parameter) for every adapter in the model."""
+    for fqn, module in model.named_modules():
+        a = getattr(module, "lora_a", None)
+        a = a if a is not None else getattr(module, "lora_A", None)
+        b = getattr(module, "lora_b", None)
+        b = b if b is not None else getattr(module, "lora_B", None)
+        if a is None or b is None:
+            continue
+        yield hf_module_path(fqn, backend), a.weight, b.weight
+
+
+def hf_module_path(fqn: str, backend: str) -> str:
+    """The Hugging Face module path of an adapted module's torchtitan FQN."""
+    if backend == "hf-v5":  # HFTransformerModel keeps the HF model as .model
+        return clean_fqn(fqn).removeprefix("model.")
+    return hf_module_of_titan(fqn)
+
+
+def _fill(param: Any, full: Any) -> None:
+    """Copy the full tensor ``full`` into ``param``, which may be a sharded DTensor."""
+    import torch
+
+    with torch.no_grad():
+        try:
+            from torch.distributed.tensor import DTensor, Shard
+        except ImportError:  # pragma: no cover
+            DTensor = ()  # type: ignore[assignment]
+        if isinstance(param, DTensor):
+            local = full
+            coords = param.device_mesh.get_coordinate()
+            for mesh_dim, placement in enumerate(param.placements):
+                if isinstance(placement, Shard):
+                    size = param.device_mesh.size(mesh_dim)
+                    chunks = torch.chunk(local, size, dim=placement.dim)
+                    local = chunks[coords[mesh_dim]] if coords[mesh_dim] < len(chunks) else local.narrow(placement.dim, 0, 0)
+            target = param.to_local()
+            target.copy_(local.to(dtype=target.dtype, device=target.device).reshape(target.shape))
+        else:
+            param.copy_(full.to(dtype=param.dtype, device=param.device).reshape(param.shape))
+
+
+def initialise_adapters(model: Any, spec: LoraSpec, backend: str) -> int:
+    """A from (seed, module name), B zero: identical on every backend and rank count."""
+    import torch
+
+    count = 0
+    for path, a, b in _adapter_modules(model, backend):
+        _fill(a, adapter_init(spec.seed, path, tuple(a.shape)))
+        _fill(b, torch.zeros(tuple(b.shape)))
+        count += 1
+    _state["initialised"] = count
+    return count
+
+
+def _global_numel(param: Any) -> int:
+    return int(param.numel()) if not hasattr(param, "full_tensor") else int(param.shape.numel())
+
+
+def _wrap_post_optimizer(original, spec: LoraSpec):
+    def post_optimizer_build(optimizers, model_parts, parallel_dims):
+        if original is not None:
+            original(optimizers, model_parts, parallel_dims)
+        report_trainable(optimizers, model_parts, spec)
+
+    return post_optimizer_build
+
+
+def report_trainable(optimizers: Any, model_parts: list, spec: LoraSpec) -> None:
+    """Log the ``[LoRA]`` line; stop before step 1 if the optimizer updates anything else."""
+    names = {id(p): n for m in model_parts for n, p in m.named_parameters()}
+    total = sum(_global_numel(p) for m in model_parts for p in m.parameters())
+    updated = [p for opt in getattr(optimizers, "optimizers", [optimizers]) for g in opt.param_groups for p in g["params"]]
+    trainable = sum(_global_numel(p) for p in updated)
+    stray = sorted({names.get(id(p), "?") for p in updated if not is_adapter_key(names.get(id(p), ""))})
+    adapters = sum(1 for m in model_parts for n, _ in m.named_parameters() if is_adapter_key(n)) // 2
+    rank = int(os.environ.get("RANK", "0"))
+    _log(
+        f"{LOG_MARK} trainable {trainable:,} of {total:,} parameters ({100 * trainable / max(total, 1):.2f}%), "
+        f"rank {spec.rank}, alpha {spec.alpha:g}, dropout {spec.dropout:g}, adapters {adapters}, "
+        f"targets {','.join(spec.targets)}, initialised {_state.get('initialised', 0)} (rank {rank})"
+    )
+    if stray or adapters == 0 or _state.get("initialised", 0) != adapters:
+        what = (
+            f"{len(stray)} non-adapter parameter(s) would be trained, e.g. {', '.join(stray[:3])}" if stray
+            else "no adapter was built" if adapters == 0
+            else f"{_state.get('initialised', 0)} of {adapters} adapters were initialised"
+        )
+        raise RuntimeError(f"{LOG_MARK} refusing to train: {what}")
+
+
+# --- checkpoints ----------------------------------------------------------------------------------
+
+
+def _patch_checkpointer() -> None:
+    if _state["patched"]:
+        return
+    _state["patched"] = True
+    from torchtitan.components.checkpointer.dcp import CheckpointManager
+
+    original_load = CheckpointManager.dcp_load
+    original_save = CheckpointManager.dcp_save
+
+    def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized):
+        if from_hf:  # the published base has no adapter keys: load the base, keep the adapters' init
+            state_dict = {k: v for k, v in state_dict.items() if not is_adapter_key(k)}
+        return original_load(self, state_dict, checkpoint_id, from_hf, from_quantized)
+
+    def dcp_save(self, state_dict, checkpoint_id, *args, to_hf: bool = False, **kwargs):
+        if not to_hf or _state["spec"] is None:
+            return original_save(self, state_dict, checkpoint_id, *args, to_hf=to_hf, **kwargs)
+        return export_adapter(self, checkpoint_id)
+
+    CheckpointManager.dcp_load = dcp_load
+    CheckpointManager.dcp_save = dcp_save
+
+
+def export_adapter(manager: Any, folder: str) -> None:
+    """Gather the adapters (full tensors, fp32) and write the PEFT folder on rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    from trnqwen.ckpt.lora import write_adapter
+
+    spec: LoraSpec = _state["spec"]
+    model_parts = manager.states["model"].model
+    tensors: dict[str, Any] = {}
+    for part in model_parts:
+        for path, a, b in _adapter_modules(part, _state["backend"]):
+            full_a = a.full_tensor() if hasattr(a, "full_tensor") else a
+            full_b = b.full_tensor() if hasattr(b, "full_tensor") else b
+            tensors[path] = (full_a.detach().to(torch.float32).cpu(), full_b.detach().to(torch.float32).cpu())
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        dims = _fused_dims(model_parts[0])
+        written = write_adapter(folder, tensors, spec, fused_dims=dims)
+        _state["exported"] = len(written)
+        _log(f"{LOG_MARK} exported a PEFT adapter: {len(written)} tensors for {len(tensors)} module(s) to {folder}")
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _fused_dims(model: Any) -> Optional[tuple[int, int, int]]:
+    """(n_heads, n_kv_heads, head_dim) for splitting a fused wqkv adapter (nki-moe), else None."""
+    for module in model.modules():
+        if hasattr(module, "wqkv") and hasattr(module, "head_dim"):
+            attn = next((m for m in model.modules() if hasattr(m, "n_heads") and hasattr(m, "n_kv_heads")), None)
+            if attn is not None:
+                return int(attn.n_heads), int(attn.n_kv_heads), int(module.head_dim)
+    return None
+
+
+__all__ = ["attach_lora", "inject_hf_adapters", "initialise_adapters", "freeze_base", "is_adapter_key", "export_adapter"]
