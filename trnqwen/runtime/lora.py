@@ -28,7 +28,7 @@ import re
 from typing import Any, Optional
 
 from trnqwen.ckpt.lora import adapter_init, clean_fqn, hf_module_of_titan
-from trnqwen.train.lora import LOG_MARK, LoraSpec, titan_target_names
+from trnqwen.train.lora import LOG_MARK, LoraSpec, log_line, titan_target_names
 
 _state: dict[str, Any] = {"spec": None, "backend": None, "patched": False, "exported": 0}
 ADAPTER_KEY = re.compile(r"(^|\.)(lora_a|lora_b|lora_A|lora_B)(\.|$)")
@@ -266,11 +266,8 @@ def report_trainable(optimizers: Any, model_parts: list, spec: LoraSpec) -> None
     stray = sorted({names.get(id(p), "?") for p in updated if not is_adapter_key(names.get(id(p), ""))})
     adapters = sum(1 for m in model_parts for n, _ in m.named_parameters() if is_adapter_key(n)) // 2
     rank = int(os.environ.get("RANK", "0"))
-    _log(
-        f"{LOG_MARK} trainable {trainable:,} of {total:,} parameters ({100 * trainable / max(total, 1):.2f}%), "
-        f"rank {spec.rank}, alpha {spec.alpha:g}, dropout {spec.dropout:g}, adapters {adapters}, "
-        f"targets {','.join(spec.targets)}, initialised {_state.get('initialised', 0)} (rank {rank})"
-    )
+    _log(log_line(trainable=trainable, total=total, spec=spec, adapters=adapters,
+                  initialised=_state.get("initialised", 0), rank=rank))
     if stray or adapters == 0 or _state.get("initialised", 0) != adapters:
         what = (
             f"{len(stray)} non-adapter parameter(s) would be trained, e.g. {', '.join(stray[:3])}" if stray

@@ -23,6 +23,7 @@ The spec travels to the ranks as JSON inside the generated config module
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
@@ -146,6 +147,7 @@ def adapter_params(dims: Any, spec: LoraSpec, targets: tuple[str, ...]) -> int:
 
 def plan_note(spec: LoraSpec, targets: tuple[str, ...], *, backend: str, trainable: Optional[int],
               total: Optional[int]) -> str:
+    total = total + trainable if trainable and total else total  # as the ranks count: base + adapters
     share = f": {trainable:,} trainable of {total:,} parameters ({100 * trainable / total:.2f}%)" if trainable and total else ""
     dropped = [t for t in spec.targets if t not in targets]
     frozen = f"; {', '.join(dropped)} out of reach (routed experts stay frozen)" if dropped else ""
@@ -164,6 +166,24 @@ def vllm_rank_warning(rank: int) -> Optional[str]:
     )
 
 
+# The one line every rank logs before step 1, on every backend; logs.judge reads it back.
+LOG_LINE_RE = re.compile(
+    r"\[LoRA\] trainable (?P<trainable>[\d,]+) of (?P<total>[\d,]+) parameters \((?P<percent>[\d.]+)%\), "
+    r"rank (?P<rank>\d+), alpha (?P<alpha>[\d.e+-]+), dropout (?P<dropout>[\d.e+-]+), adapters (?P<adapters>\d+), "
+    r"targets (?P<targets>[\w,]+), initialised (?P<initialised>\d+)"
+)
+
+
+def log_line(*, trainable: int, total: int, spec: LoraSpec, adapters: int, initialised: int, rank: int) -> str:
+    """``[LoRA] trainable 155,648 of 1,205,632 parameters (12.91%), rank 16, ...`` (total includes
+    the adapters, as peft's ``print_trainable_parameters`` counts)."""
+    return (
+        f"{LOG_MARK} trainable {trainable:,} of {total:,} parameters ({100 * trainable / max(total, 1):.2f}%), "
+        f"rank {spec.rank}, alpha {spec.alpha:g}, dropout {spec.dropout:g}, adapters {adapters}, "
+        f"targets {','.join(spec.targets)}, initialised {initialised} (rank {rank})"
+    )
+
+
 def render_attach_lines(spec: LoraSpec, *, backend: str, targets: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """(imports, body lines) for the generated config module: attach LoRA to the config."""
     spec = LoraSpec(**{**asdict(spec), "targets": targets})
@@ -178,5 +198,5 @@ def render_attach_lines(spec: LoraSpec, *, backend: str, targets: tuple[str, ...
 
 __all__ = [
     "LoraSpec", "spec_from_config", "targets_of", "backend_targets", "titan_target_names", "adapter_params",
-    "plan_note", "vllm_rank_warning", "render_attach_lines", "LOG_MARK", "VLLM_RANKS",
+    "plan_note", "vllm_rank_warning", "render_attach_lines", "LOG_MARK", "VLLM_RANKS", "LOG_LINE_RE", "log_line",
 ]
