@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("trnqwen.cli.data", "data"),
     "train": ("trnqwen.cli.train", "train"),
     "verify-ckpt": ("trnqwen.cli.verify_ckpt", "verify_ckpt"),
+    "merge": ("trnqwen.cli.merge", "merge"),
     "eval": ("trnqwen.cli.eval", "eval_cmd"),
     "inspect-logs": ("trnqwen.cli.inspect_logs", "inspect_logs"),
     "quickstart": ("trnqwen.cli.quickstart", "quickstart"),

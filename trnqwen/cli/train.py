@@ -417,7 +417,15 @@ def _print_outcome(outcome) -> None:
         bits.append(f"{r.seconds_per_step:.2f}s/step")
     output.info("train: " + ", ".join(bits))
     # the paths written are the result a script pipes: stdout; the summary above is status: stderr
-    if outcome.exported is not None:
+    merged = (outcome.record.extra.get("merged") or {}) if outcome.record is not None else {}
+    if outcome.exported is not None and outcome.plan.config.lora:
+        output.result(f"LoRA adapter (PEFT): {outcome.exported}")
+        if merged.get("out"):
+            output.result(f"merged model: {merged['out']}")
+        else:
+            output.info("merge it: " + shlex.join(["trnqwen", "merge", str(outcome.exported)]))
+        output.info("check it: " + shlex.join(["trnqwen", "verify-ckpt", str(outcome.exported)]))
+    elif outcome.exported is not None:
         output.result(f"HF checkpoint: {outcome.exported}")
         output.info("check it: " + shlex.join(["trnqwen", "verify-ckpt", str(outcome.exported.parent)]))
     output.result(f"run dir: {outcome.plan.run_dir}")

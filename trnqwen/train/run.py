@@ -566,6 +566,7 @@ def execute(
         from trnqwen.ckpt.model_folder import complete_run_export  # a whole model folder (issue 15)
 
         record.extra["export_files"] = complete_run_export(record, exported)
+        _check_lora_export(plan, result, record, exported)
     if result.exit_code == 0 and plan.config.resolved_export_hf and plan.job.checkpoint_dir and exported is None:
         record.status = "failed"
         record.ended_by = "no export"
@@ -576,6 +577,31 @@ def execute(
         record.exit_code = EXIT_FAILED
     record.save()
     return TrainOutcome(plan=plan, result=result, record=record, exported=exported)
+
+
+def _check_lora_export(plan: TrainPlan, result: launcher.LaunchResult, record: RunRecord, exported: Path) -> None:
+    """A LoRA run's export must be its adapter (a base-model export would be the base, unchanged);
+    ``--merge`` then writes the merged folder beside it, in a child process (no torch here)."""
+    from trnqwen.ckpt.lora import is_adapter_folder
+
+    if not plan.config.lora or result.exit_code != 0:
+        return
+    if not is_adapter_folder(exported):
+        result.exit_code = record.exit_code = EXIT_FAILED
+        record.status, record.ended_by = "failed", "no adapter"
+        result.ended_by = record.ended_by
+        result.error = record.error = f"a LoRA run exported {exported} without its adapter (no adapter_config.json)"
+        return
+    if plan.config.merge:
+        from trnqwen.ckpt.merge import merge_in_child
+
+        merged = merge_in_child(exported, Path(record.assets_dir))
+        record.extra["merged"] = merged
+        if "error" in merged:
+            result.exit_code = record.exit_code = EXIT_FAILED
+            record.status, record.ended_by = "failed", "merge failed"
+            result.ended_by = record.ended_by
+            result.error = record.error = f"the adapter was exported to {exported}, but merging it failed: {merged['error']}"
 
 
 def _disk_full_at(root: Optional[Path]) -> Optional[str]:
