@@ -332,7 +332,7 @@ def test_a_killed_node_restarted_with_the_same_environment_resumes(tmp_path):
     from trnqwen.train import checkpoints
 
     work = _work(tmp_path)
-    steps, every = 24, 4
+    steps, every = 12, 2
     docs = _loopback_job(work, steps=steps, save_every=every, run_id="tj-resume")
     ckpt_root = work / "checkpoint_tiny_qwen3_f7b2a8_ft"
     port = _free_port()
@@ -355,18 +355,20 @@ def test_a_killed_node_restarted_with_the_same_environment_resumes(tmp_path):
                 _kill_tree(p)
     killed_after = checkpoints.scan(ckpt_root).latest_resume.step
     assert 0 < killed_after < steps and code0 != 0, (work / "pod0.out").read_text()[-3000:]
-    log0 = work / ".trnqwen" / "runs" / "tj-resume" / "nodes" / "node0" / "train.log"
-    before = log0.stat().st_size
+    logs = [work / ".trnqwen" / "runs" / "tj-resume" / "nodes" / f"node{r}" / "train.log" for r in (0, 1)]
+    before = [log.stat().st_size for log in logs]
 
     codes = _wait_all([_start_pod(docs, r, port, work, tag="-restart") for r in (0, 1)], timeout=420)
     outs = {r: (work / f"pod{r}-restart.out").read_text(errors="replace")[-3000:] for r in (0, 1)}
     assert codes == [0, 0], outs
-    after = log0.read_text(errors="replace")[before:]
-    resumed_from = int(re.search(r"\[trnqwen\] resumed run tj-resume from step (\d+)", after).group(1))
-    print(f"\nnode 1 killed with a checkpoint of step {killed_after}; the restarted job resumed from step {resumed_from}")
-    assert resumed_from >= killed_after
-    logged = [int(s) for s in re.findall(r"step:\s*(\d+)", after)]
+    after = [log.read_bytes()[offset:].decode("utf-8", "replace") for log, offset in zip(logs, before)]
+    marks = [re.search(r"\[trnqwen\] resumed run tj-resume from step (\d+)", text) for text in after]
+    assert all(marks), after[1][-3000:]  # each restarted node continued the job's run
+    resumed_from = int(marks[0].group(1))
+    assert int(marks[1].group(1)) == resumed_from >= killed_after
+    logged = [int(s) for s in re.findall(r"step:\s*(\d+)", after[0])]  # rank 0's step lines are node 0's
     assert logged and min(logged) == resumed_from + 1 and max(logged) == steps  # continued, not started over
+    print(f"\nnode 1 killed with a checkpoint of step {killed_after}; the restarted job resumed from step {resumed_from}")
     record = json.loads((work / ".trnqwen" / "runs" / "tj-resume" / "run.json").read_text())
     assert record["status"] == "succeeded" and record["extra"]["resumes"][-1]["from_step"] == resumed_from
     assert (ckpt_root / "hf" / f"step-{steps}" / "model-00001-of-00001.safetensors").is_file()
