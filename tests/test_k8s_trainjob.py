@@ -181,6 +181,16 @@ def test_launch_writes_both_documents_in_one_file(tmp_path):
     assert docs == k8s_trainjob.manifests(cfg, run_id="r9") and not info["submitted"]
 
 
+def test_without_pyyaml_both_documents_go_into_one_json_list(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "yaml", None)  # `import yaml` raises ImportError
+    info = k8s.launch(RunConfig(nnodes=2, image=IMAGE, runs_dir=tmp_path / "runs"), cwd=tmp_path, run_id="r9")
+    path = Path(info["manifest"])
+    assert path.name == "trainjob.json" and info["format"] == "json"
+    doc = json.loads(path.read_text())
+    assert (doc["apiVersion"], doc["kind"]) == ("v1", "List")  # kubectl apply -f takes a List
+    _check(doc["items"])
+
+
 def test_cli_default_api_is_trainjob_and_dry_run_prints_it(cli, in_tmp):
     r = cli("train", "--launcher", "k8s", "--nodes", "2", "--image", IMAGE, "--finetune", "--dry-run")
     assert r.code == 0, r.text
