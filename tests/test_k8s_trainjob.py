@@ -235,6 +235,14 @@ def test_cli_submit_applies_the_file_with_kubectl_and_prints_how_to_follow(cli, 
     assert f"kubectl get trainjob {name}" in r.text and "trainjob.trainer.kubeflow.org/x created" in r.text
 
 
+def test_cli_submit_with_dry_run_applies_nothing(cli, in_tmp, monkeypatch):
+    monkeypatch.setenv("PATH", f"{_fake_kubectl(in_tmp)}{os.pathsep}{os.environ['PATH']}")
+    r = cli("train", "--launcher", "k8s", "--nodes", "2", "--image", IMAGE, "--submit", "--dry-run")
+    assert r.code == 0, r.text
+    _check(_load_all(r.out))
+    assert not (in_tmp / "kubectl.argv").exists() and not (in_tmp / ".trnqwen").exists()
+
+
 def test_cli_submit_refused_by_kubectl_is_a_clean_failure(cli, in_tmp, monkeypatch):
     monkeypatch.setenv("PATH", f"{_fake_kubectl(in_tmp, code=1)}{os.pathsep}{os.environ['PATH']}")
     r = cli("train", "--launcher", "k8s", "--nodes", "2", "--image", IMAGE, "--submit")

@@ -258,7 +258,7 @@ K8sApiOpt = Annotated[
 ]
 SubmitOpt = Annotated[
     bool,
-    typer.Option("--submit", help="k8s launcher: also `kubectl apply -f` the manifest (kubectl on PATH)."),
+    typer.Option("--submit", help="k8s launcher: also `kubectl apply -f` the manifest (kubectl on PATH; --dry-run applies nothing)."),
 ]
 
 
