@@ -1,5 +1,5 @@
-"""The k8s launcher's PyTorchJob, validated against a schema written from the training-operator's
-CRD and webhook (tests/data/pytorchjob.schema.json)."""
+"""The k8s launcher's v1 PyTorchJob (``--k8s-api pytorchjob``), validated against a schema written
+from the training-operator's CRD and webhook (tests/data/pytorchjob.schema.json)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from trnqwen.config import RunConfig
 from trnqwen.errors import UsageError
-from trnqwen.train import k8s
+from trnqwen.train import k8s, k8s_pod, k8s_pytorchjob
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "pytorchjob.schema.json").read_text())
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/trnqwen:0.1"
@@ -32,7 +32,7 @@ def _env(container):
 @pytest.mark.parametrize("nodes", [1, 2, 8])
 def test_manifest_is_a_valid_pytorchjob(nodes):
     cfg = RunConfig(nnodes=nodes, image=IMAGE, finetune=True)
-    doc = k8s.manifest(cfg, run_id="20261129-101500-hf-v5")
+    doc = k8s_pytorchjob.manifest(cfg, run_id="20261129-101500-hf-v5")
     _validate(doc)
     specs = doc["spec"]["pytorchReplicaSpecs"]
     assert specs["Master"]["replicas"] == 1
@@ -41,7 +41,7 @@ def test_manifest_is_a_valid_pytorchjob(nodes):
 
 
 def test_each_pod_requests_neuron_devices_efa_and_the_shared_volume():
-    doc = k8s.manifest(RunConfig(nnodes=2, image=IMAGE, finetune=True), run_id="r1")
+    doc = k8s_pytorchjob.manifest(RunConfig(nnodes=2, image=IMAGE, finetune=True), run_id="r1")
     for role in ("Master", "Worker"):
         c = _container(doc, role)
         assert c["name"] == "pytorch" and c["image"] == IMAGE
@@ -55,7 +55,7 @@ def test_each_pod_requests_neuron_devices_efa_and_the_shared_volume():
 
 def test_pods_run_trnqwen_train_with_the_run_settings_on_the_volume():
     cfg = RunConfig(nnodes=2, image=IMAGE, finetune=True, steps=7, model="Qwen/Qwen3-4B-Instruct-2507")
-    c = _container(k8s.manifest(cfg, run_id="r1"))
+    c = _container(k8s_pytorchjob.manifest(cfg, run_id="r1"))
     assert c["command"][:2] == ["bash", "-c"] and c["command"][-4:] == ["trnqwen", "train", "--resume", "auto"]
     assert 'TRNQWEN_NODE_RANK="${PET_NODE_RANK}"' in c["command"][2]
     assert "${MASTER_ADDR}:${MASTER_PORT}" in c["command"][2]
@@ -70,7 +70,7 @@ def test_pods_run_trnqwen_train_with_the_run_settings_on_the_volume():
 
 
 def test_cpu_job_requests_no_neuron_or_efa():
-    doc = k8s.manifest(RunConfig(nnodes=2, image=IMAGE, device="cpu"), run_id="r1")
+    doc = k8s_pytorchjob.manifest(RunConfig(nnodes=2, image=IMAGE, device="cpu"), run_id="r1")
     _validate(doc)
     c = _container(doc)
     assert "resources" not in c and "FI_PROVIDER" not in _env(c)
@@ -90,7 +90,7 @@ def test_cpu_job_requests_no_neuron_or_efa():
     ],
 )
 def test_schema_catches_what_the_operator_would_reject(mutate, where):
-    doc = k8s.manifest(RunConfig(nnodes=2, image=IMAGE), run_id="r1")
+    doc = k8s_pytorchjob.manifest(RunConfig(nnodes=2, image=IMAGE), run_id="r1")
     mutate(doc)
     with pytest.raises(jsonschema.ValidationError) as exc:
         _validate(doc)
@@ -98,20 +98,20 @@ def test_schema_catches_what_the_operator_would_reject(mutate, where):
 
 
 def test_job_name_is_dns1035():
-    assert k8s.job_name("20261129-101500-hf_v5") == "trnqwen-20261129-101500-hf-v5"
-    assert len(k8s.job_name("x" * 200)) <= 48
+    assert k8s_pod.job_name("20261129-101500-hf_v5") == "trnqwen-20261129-101500-hf-v5"
+    assert len(k8s_pod.job_name("x" * 200)) <= 48
 
 
 def test_image_is_required():
     with pytest.raises(UsageError) as exc:
-        k8s.manifest(RunConfig(nnodes=2), run_id="r1")
+        k8s_pytorchjob.manifest(RunConfig(nnodes=2), run_id="r1")
     assert "--image" in exc.value.hint
 
 
 def test_launch_writes_yaml_and_prints_kubectl(tmp_path):
     import yaml
 
-    cfg = RunConfig(nnodes=2, image=IMAGE, runs_dir=tmp_path / "runs")
+    cfg = RunConfig(nnodes=2, image=IMAGE, runs_dir=tmp_path / "runs", k8s_api="pytorchjob")
     dry = k8s.launch(cfg, dry_run=True, cwd=tmp_path, run_id="r9")
     assert not Path(dry["manifest"]).exists()
     info = k8s.launch(cfg, cwd=tmp_path, run_id="r9")
@@ -120,20 +120,20 @@ def test_launch_writes_yaml_and_prints_kubectl(tmp_path):
     assert info["apply"] == f"kubectl apply -f {path}"
     doc = yaml.safe_load(path.read_text())
     _validate(doc)
-    assert doc == k8s.manifest(cfg, run_id="r9")
+    assert doc == k8s_pytorchjob.manifest(cfg, run_id="r9")
 
 
 def test_cli_dry_run_prints_a_valid_manifest_and_writes_nothing(cli, in_tmp):
     import yaml
 
-    r = cli("train", "--launcher", "k8s", "--nodes", "2", "--image", IMAGE, "--finetune", "--dry-run")
+    r = cli("train", "--launcher", "k8s", "--k8s-api", "pytorchjob", "--nodes", "2", "--image", IMAGE, "--finetune", "--dry-run")
     assert r.code == 0, r.text
     _validate(yaml.safe_load(r.out))
     assert not (in_tmp / ".trnqwen").exists()
 
 
 def test_cli_writes_the_manifest_and_prints_kubectl(cli, in_tmp):
-    r = cli("train", "--launcher", "k8s", "--nodes", "3", "--image", IMAGE, "--json")
+    r = cli("train", "--launcher", "k8s", "--k8s-api", "pytorchjob", "--nodes", "3", "--image", IMAGE, "--json")
     assert r.code == 0, r.text
     info = json.loads(r.out)
     path = Path(info["manifest"])
@@ -143,7 +143,7 @@ def test_cli_writes_the_manifest_and_prints_kubectl(cli, in_tmp):
     doc = yaml.safe_load(path.read_text())
     _validate(doc)
     assert doc["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
-    human = cli("train", "--launcher", "k8s", "--nodes", "3", "--image", IMAGE)
+    human = cli("train", "--launcher", "k8s", "--k8s-api", "pytorchjob", "--nodes", "3", "--image", IMAGE)
     assert "kubectl apply -f" in human.text
 
 
@@ -156,7 +156,7 @@ def test_cli_without_image_is_a_usage_error(cli, in_tmp):
 def test_a_preempted_pod_restarts_and_resumes_by_itself():
     """Exit 138 (Kubeflow's retryable code) restarts the pod (OnFailure); the same command then
     continues the run (--resume auto), and the kubelet waits out the ranks' grace period."""
-    doc = k8s.manifest(RunConfig(nnodes=2, image=IMAGE, device="cpu", grace_seconds=60), run_id="r1")
+    doc = k8s_pytorchjob.manifest(RunConfig(nnodes=2, image=IMAGE, device="cpu", grace_seconds=60), run_id="r1")
     _validate(doc)
     for replica in doc["spec"]["pytorchReplicaSpecs"].values():
         assert replica["restartPolicy"] in ("OnFailure", "ExitCode")

@@ -42,6 +42,7 @@ RESERVED_ENV = {"TRNQWEN_DEBUG", "TRNQWEN_CONFIG_FILE", "TRNQWEN_NO_COLOR", "TRN
 Backend = Literal["hf-v5", "native", "nki-moe", "hf-trainer"]
 Device = Literal["auto", "neuron", "cuda", "cpu"]
 Launcher = Literal["local", "slurm", "k8s"]
+K8sApi = Literal["trainjob", "pytorchjob"]
 DatasetFormat = Literal["auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text"]
 LongConversations = Literal["truncate", "drop"]
 
@@ -142,7 +143,7 @@ class RunConfig(BaseModel):
     )
     trust_remote_code: bool = Field(False, description="Allow model repos to run their own code (off by default).")
     # --- multi-node ------------------------------------------------------------------------
-    launcher: Launcher = Field("local", description="local (torchrun here), slurm (sbatch) or k8s (PyTorchJob).")
+    launcher: Launcher = Field("local", description="local (torchrun here), slurm (sbatch) or k8s (Kubeflow manifest).")
     nnodes: int = Field(1, ge=1, description="Nodes in the job.")
     node_rank: int = Field(0, ge=0, description="This node's rank (local launcher, multi-node).")
     rdzv_endpoint: Optional[str] = Field(None, description="HOST:PORT of the c10d rendezvous (multi-node).")
@@ -151,6 +152,9 @@ class RunConfig(BaseModel):
     partition: Optional[str] = Field(None, description="SLURM partition.")
     time_limit: Optional[str] = Field(None, description="SLURM --time.")
     image: Optional[str] = Field(None, description="Container image (k8s launcher).")
+    k8s_api: K8sApi = Field(
+        "trainjob", description="k8s launcher: trainjob (Kubeflow Trainer v2 TrainJob + TrainingRuntime) or pytorchjob (v1 operator)."
+    )
 
     @field_validator("dp_shard")
     @classmethod

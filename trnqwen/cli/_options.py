@@ -205,7 +205,7 @@ LauncherOpt = Annotated[
     Optional[str],
     typer.Option(
         "--launcher",
-        help="local (torchrun on this node), slurm (sbatch script, submitted) or k8s (PyTorchJob manifest). "
+        help="local (torchrun on this node), slurm (sbatch script, submitted) or k8s (Kubeflow manifest, see --k8s-api). "
         f"Env: TRNQWEN_LAUNCHER. {_default('launcher')}",
         show_default=False,
     ),
@@ -246,6 +246,19 @@ TimeLimitOpt = Annotated[
 ImageOpt = Annotated[
     Optional[str],
     typer.Option("--image", help="Container image with trnqwen (k8s launcher). Env: TRNQWEN_IMAGE.", show_default=False),
+]
+K8sApiOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--k8s-api",
+        help="k8s launcher: trainjob (Kubeflow Trainer v2 TrainJob + TrainingRuntime) or pytorchjob "
+        f"(the v1 training operator). Env: TRNQWEN_K8S_API. {_default('k8s_api')}",
+        show_default=False,
+    ),
+]
+SubmitOpt = Annotated[
+    bool,
+    typer.Option("--submit", help="k8s launcher: also `kubectl apply -f` the manifest (kubectl on PATH; --dry-run applies nothing)."),
 ]
 
 

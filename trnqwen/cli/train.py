@@ -31,6 +31,7 @@ from trnqwen.cli._options import (
     GlobalBatchSizeOpt,
     GraceSecondsOpt,
     ImageOpt,
+    K8sApiOpt,
     JsonOpt,
     KeepLastOpt,
     LauncherOpt,
@@ -52,6 +53,7 @@ from trnqwen.cli._options import (
     SaveEveryOpt,
     SeqLenOpt,
     StepsOpt,
+    SubmitOpt,
     TimeLimitOpt,
     TopKOpt,
     TpOpt,
@@ -98,8 +100,10 @@ Examples:
   trnqwen train --finetune --nnodes 2 --node-rank 0 --rdzv-endpoint 10.0.0.5:29400 --rdzv-id ft1
   # a SLURM cluster (ParallelCluster, HyperPod): write the sbatch script and submit it
   trnqwen train --finetune --launcher slurm --nodes 4 --partition trn2 --time 8:00:00
-  # EKS: write a Kubeflow PyTorchJob and print the `kubectl apply -f` line
+  # EKS: write a Kubeflow Trainer TrainJob (+ its TrainingRuntime) and print the `kubectl apply -f` line
   trnqwen train --finetune --launcher k8s --nodes 4 --image <ecr repo>/trnqwen:0.1
+  # ... or apply it too (kubectl on PATH); --k8s-api pytorchjob for the v1 training operator
+  trnqwen train --finetune --launcher k8s --nodes 4 --image <ecr repo>/trnqwen:0.1 --submit
 
 Each run gets a folder under .trnqwen/runs/ (run.json, train.log, the config module, command.sh,
 per-rank logs); `trnqwen inspect-logs` and `trnqwen verify-ckpt` find the newest one without paths.
@@ -168,6 +172,8 @@ def train(
     partition: PartitionOpt = None,
     time_limit: TimeLimitOpt = None,
     image: ImageOpt = None,
+    k8s_api: K8sApiOpt = None,
+    submit: SubmitOpt = False,
     save_every: SaveEveryOpt = None,
     keep_last: KeepLastOpt = None,
     grace_seconds: GraceSecondsOpt = None,
@@ -242,6 +248,7 @@ def train(
             partition=partition,
             time_limit=time_limit,
             image=image,
+            k8s_api=k8s_api,
             save_every=save_every,
             keep_last=keep_last,
             grace_seconds=grace_seconds,
@@ -252,10 +259,15 @@ def train(
         if resume is not None:
             raise UsageError(
                 f"--resume with --launcher {resolved.config.launcher}: a requeued or restarted job resumes by itself",
-                hint="requeue the job (scontrol requeue JOBID) or let the PyTorchJob restart; see docs/resume.md",
+                hint="requeue the job (scontrol requeue JOBID) or let the Kubernetes job restart; see docs/resume.md",
             )
-        _launch_on_scheduler(resolved.config, extra=extra, dry_run=dry_run, json_out=json_out)
+        _launch_on_scheduler(resolved.config, extra=extra, dry_run=dry_run, submit=submit, json_out=json_out)
         return
+    if submit:
+        raise UsageError(
+            "--submit is for --launcher k8s (a local run starts here; --launcher slurm always submits)",
+            hint="add --launcher k8s --image <registry>/<repo>:<tag>, or drop --submit",
+        )
     point = None
     if resume is not None:
         from trnqwen.train.resume import prepare
@@ -306,8 +318,8 @@ def train(
     outcome.raise_for_status()
 
 
-def _launch_on_scheduler(cfg, *, extra: list, dry_run: bool, json_out: bool) -> None:
-    """``--launcher slurm`` (write + sbatch) or ``--launcher k8s`` (write the PyTorchJob)."""
+def _launch_on_scheduler(cfg, *, extra: list, dry_run: bool, submit: bool, json_out: bool) -> None:
+    """``--launcher slurm`` (write + sbatch) or ``--launcher k8s`` (write the manifest; ``--submit``: apply it)."""
     from trnqwen import output
     from trnqwen.errors import UsageError
 
@@ -319,12 +331,14 @@ def _launch_on_scheduler(cfg, *, extra: list, dry_run: bool, json_out: bool) -> 
     if cfg.launcher == "slurm":
         from trnqwen.train import slurm
 
+        if submit:
+            raise UsageError("--submit is for --launcher k8s: --launcher slurm always submits with sbatch")
         info = slurm.launch(cfg, dry_run=dry_run)
         text_key = "script_text"
     else:
         from trnqwen.train import k8s
 
-        info = k8s.launch(cfg, dry_run=dry_run)
+        info = k8s.launch(cfg, dry_run=dry_run, submit=submit)
         text_key = "manifest_text"
     if json_out:
         output.print_json(info)
@@ -337,9 +351,14 @@ def _launch_on_scheduler(cfg, *, extra: list, dry_run: bool, json_out: bool) -> 
         output.info(f"script: {info['script']}; per-node logs: {info['node_logs'][0]} ...")
         output.info("follow it with `squeue -j " + str(info["job_id"]) + "` and `trnqwen inspect-logs`")
     else:
-        output.info(f"wrote the PyTorchJob {info['job_name']} ({info['nodes']} node(s)) to {info['manifest']}")
-        output.info(f"start it with:  {info['apply']}")
-        output.info(f"follow it with: {info['logs']}")
+        kinds = " + ".join(info["kinds"])
+        output.info(f"wrote the {kinds} {info['job_name']} ({info['nodes']} node(s)) to {info['manifest']}")
+        if info["submitted"]:
+            output.info(f"applied it: {info['kubectl_output']}" if info.get("kubectl_output") else "applied it")
+        else:
+            output.info(f"start it with:  {info['apply']}")
+        output.info(f"follow it with: {info['status']}")
+        output.info(f"node 0's log:   {info['logs']}")
 
 
 def _print_findings(report, *, quiet_info: bool = False, notes=()) -> None:

@@ -250,7 +250,7 @@ def explain_failure(error: Optional[str], *, nnodes: int, node_rank: int, run_di
 # --- the per-node command the schedulers run -------------------------------------------------
 
 # Fields that are decided per node or per launch, never copied from the submitting machine.
-_NOT_EXPORTED = {"launcher", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id", "partition", "time_limit", "image"}
+_NOT_EXPORTED = {"launcher", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id", "partition", "time_limit", "image", "k8s_api"}
 
 
 def config_env(cfg: RunConfig, *, overrides: Optional[Mapping[str, Any]] = None) -> dict[str, str]:
@@ -305,14 +305,16 @@ def node_command(trnqwen: Optional[Sequence[str]] = None) -> list[str]:
     return [*(list(trnqwen) if trnqwen else [sys.executable, "-m", "trnqwen"]), "train", "--resume", "auto"]
 
 
-def node_wrapper(rank_var: str, endpoint_expr: Optional[str] = None) -> str:
+def node_wrapper(rank_var: str, endpoint_expr: Optional[str] = None, *, more: Optional[Mapping[str, str]] = None) -> str:
     """The ``bash -c`` body that turns the scheduler's node index into ``TRNQWEN_NODE_RANK``.
 
-    The command itself follows as positional arguments (``bash -c BODY NAME cmd args...``), so no
-    user value is ever re-parsed by a shell.
+    ``more``: further ``TRNQWEN_*`` variables read from the scheduler's at run time (Kubeflow
+    Trainer's ``PET_NNODES``...).  The command itself follows as positional arguments
+    (``bash -c BODY NAME cmd args...``), so no user value is ever re-parsed by a shell.
     """
     parts = [f'export TRNQWEN_NODE_RANK="${{{rank_var}}}"']
     if endpoint_expr:
         parts.append(f'export TRNQWEN_RDZV_ENDPOINT="{endpoint_expr}"')
+    parts += [f'export {name}="{expr}"' for name, expr in (more or {}).items()]
     parts.append('exec "$@"')
     return "; ".join(parts)

@@ -23,7 +23,7 @@ from trnqwen.train import checkpoints, multinode
 # Fields a resumed run may take from the new command line: they do not change what is trained.
 MAY_CHANGE = frozenset({
     "steps", "time_limit", "nnodes", "nproc_per_node", "node_rank", "rdzv_endpoint", "rdzv_id",
-    "max_restarts", "partition", "image", "launcher", "save_every", "keep_last", "grace_seconds",
+    "max_restarts", "partition", "image", "k8s_api", "launcher", "save_every", "keep_last", "grace_seconds",
     "compile_cache_dir", "runs_dir", "device",
 })
 RESUME_LAST = "last"

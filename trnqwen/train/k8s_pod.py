@@ -1,0 +1,158 @@
+"""What every trnqwen pod on Kubernetes has, whichever Kubeflow API runs it (pure functions).
+
+One pod per node runs ``trnqwen train --resume auto`` from the image with the run settings in
+its environment (``TRNQWEN_*``, :func:`trnqwen.train.multinode.node_env`).  Each pod requests
+the node's Neuron devices (``aws.amazon.com/neuron``, the Neuron device plugin) and EFA
+interfaces (``vpc.amazonaws.com/efa``, the EFA device plugin), tolerates the Neuron taint,
+mounts one shared volume (a PVC, e.g. FSx for Lustre) at ``/shared`` for assets, checkpoints,
+run dirs and the compile cache, and a memory-backed ``/dev/shm``.  The v1 ``PyTorchJob``
+(:mod:`.k8s_pytorchjob`) and the Trainer v2 ``TrainJob`` (:mod:`.k8s_trainjob`) build on these.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, Optional
+
+from trnqwen.errors import UsageError
+from trnqwen.train import multinode
+
+if TYPE_CHECKING:
+    from trnqwen.config import RunConfig
+
+NEURON_RESOURCE = "aws.amazon.com/neuron"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+DEFAULT_PVC = "trnqwen-shared"
+SHARED_MOUNT = "/shared"
+SHARED_VOLUME = "shared"
+SHM_VOLUME = "dshm"
+NODE_FAMILY = "trn2"  # the instance the defaults describe (trn2.48xlarge)
+_DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+def job_name(run_id: str) -> str:
+    """A DNS-1035 label (lowercase, starts with a letter, <= 48 chars: pod and host names add ~15)."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", f"trnqwen-{run_id}".lower()).strip("-")
+    slug = re.sub(r"-{2,}", "-", slug)[:48].rstrip("-")
+    if not _DNS1035.fullmatch(slug):
+        raise UsageError(f"cannot make a Kubernetes job name from run id {run_id!r}")
+    return slug
+
+
+def labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "trnqwen", "trnqwen/run-id": name}
+
+
+def require_image(cfg: RunConfig, image: Optional[str] = None) -> str:
+    image = image or cfg.image
+    if not image:
+        raise UsageError(
+            "the k8s launcher needs a container image with trnqwen and the Neuron stack",
+            hint="pass --image <registry>/<repo>:<tag> (e.g. an AWS Neuron DLC with `pip install trnqwen`)",
+        )
+    if int(cfg.nnodes) < 1:
+        raise UsageError(f"--nodes must be >= 1, got {cfg.nnodes}")
+    return image
+
+
+def on_neuron(cfg: RunConfig) -> bool:
+    """The pods run on Trainium unless the run says otherwise (``--device cpu`` for a try-out)."""
+    return cfg.device in ("neuron", "auto")
+
+
+def pod_paths(cfg: RunConfig, mount: str = SHARED_MOUNT) -> dict[str, str]:
+    """In-pod paths on the shared volume for everything a run reads or writes.
+
+    Relative paths of the local config land under the mount (``./assets/hf/X`` ->
+    ``/shared/assets/hf/X``); absolute ones are kept (the user knows the image/volume layout).
+    """
+    root = PurePosixPath(mount)
+
+    def place(path: Path) -> str:
+        p = PurePosixPath(Path(path).as_posix())
+        return str(p) if p.is_absolute() else str(root / p)
+
+    out = {
+        "assets_dir": place(cfg.resolved_assets_dir),
+        "runs_dir": place(cfg.runs_dir),
+        "compile_cache_dir": place(cfg.compile_cache_dir or Path(".trnqwen/neff-cache")),
+    }
+    out["checkpoint_dir"] = place(cfg.resolved_checkpoint_dir)  # resume points: every pod must see them
+    if cfg.dataset and not re.fullmatch(r"[\w.\-]+/[\w.\-]+", cfg.dataset) and ("/" in cfg.dataset or "." in cfg.dataset):
+        out["dataset"] = place(Path(cfg.dataset))  # a local file/folder: it must be on the volume too
+    return out
+
+
+def lnc(cfg: RunConfig) -> int:
+    from trnqwen.env.neuron import DEFAULT_LNC
+
+    return int(cfg.lnc or DEFAULT_LNC[NODE_FAMILY])
+
+
+def procs_per_node(cfg: RunConfig, neuron_devices: Optional[int] = None) -> int:
+    """Ranks per pod: ``--nproc-per-node``, else the node's logical NeuronCores (devices x
+    physical cores per device / LNC: 16 x 8 / 2 = 64 on a trn2.48xlarge), else 1."""
+    from trnqwen.env.neuron import PHYSICAL_CORES_PER_CHIP
+
+    if cfg.nproc_per_node:
+        return int(cfg.nproc_per_node)
+    if not on_neuron(cfg):
+        return 1
+    devices = neuron_devices or multinode.TRN2_NEURON_DEVICES
+    return devices * PHYSICAL_CORES_PER_CHIP[NODE_FAMILY] // lnc(cfg)
+
+
+def resources(cfg: RunConfig, *, neuron_devices: Optional[int] = None, efa_interfaces: Optional[int] = None) -> dict[str, Any]:
+    """Requests = limits for the node's Neuron devices and (multi-node) its EFA interfaces; {} off Neuron."""
+    if not on_neuron(cfg):
+        return {}
+    devices = neuron_devices or multinode.TRN2_NEURON_DEVICES
+    efa = efa_interfaces if efa_interfaces is not None else (multinode.TRN2_EFA_INTERFACES if cfg.nnodes > 1 else 0)
+    amounts = {NEURON_RESOURCE: str(devices)}
+    if efa:
+        amounts[EFA_RESOURCE] = str(efa)
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def volumes(pvc: str) -> list[dict[str, Any]]:
+    return [
+        {"name": SHARED_VOLUME, "persistentVolumeClaim": {"claimName": pvc}},
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+    ]
+
+
+def volume_mounts(mount: str) -> list[dict[str, Any]]:
+    return [{"name": SHARED_VOLUME, "mountPath": mount}, {"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+
+
+def pod_basics(cfg: RunConfig, pvc: str) -> dict[str, Any]:
+    """The pod-spec fields both APIs share: grace period, volumes, the Neuron toleration."""
+    spec: dict[str, Any] = {
+        # SIGTERM on eviction: the ranks save at the next step boundary within grace_seconds.
+        "terminationGracePeriodSeconds": int(cfg.grace_seconds) + 30,
+        "volumes": volumes(pvc),
+    }
+    if on_neuron(cfg):
+        spec["tolerations"] = [{"key": NEURON_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    return spec
+
+
+def env_list(env: dict[str, str]) -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def copy(doc: Any) -> Any:
+    return json.loads(json.dumps(doc))
+
+
+def dump(docs: list[dict[str, Any]]) -> tuple[str, str]:
+    """(text, format) for one or more documents: YAML via PyYAML when installed (``---``
+    between documents), else JSON (one object, or a ``v1`` ``List`` of them); kubectl reads both."""
+    try:
+        import yaml
+    except ImportError:
+        body = docs[0] if len(docs) == 1 else {"apiVersion": "v1", "kind": "List", "items": docs}
+        return json.dumps(body, indent=2) + "\n", "json"
+    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False, width=1000), "yaml"
