@@ -351,3 +351,39 @@ def test_dry_run_renders_lora_into_the_config_module(tmp_path):
     assert_clean_error(bad, code=2, contains="lora_targets")
     no_lora = run_subprocess("train", "--merge", "--dry-run", cwd=tmp_path)
     assert_clean_error(no_lora, code=2, contains="merge needs lora")
+
+
+# --- preflight ---------------------------------------------------------------------------------------
+
+
+def test_a_frozen_base_has_no_gradients_or_optimizer_state_in_the_estimate():
+    from trnqwen.train.compat import FlavorDims
+    from trnqwen.train.memory import estimate_memory
+
+    qwen3_4b = FlavorDims(dim=2560, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, vocab_size=151936,
+                          ffn_dim=9728, tied=True, rope_theta=5e6)
+    cfg = RunConfig(lora=True, seq_len=4096)
+    spec = lora.spec_from_config(cfg)
+    adapters = lora.adapter_params(qwen3_4b, spec, spec.targets)
+    assert adapters == 33_030_144  # rank 16, all-linear, 36 layers
+    full, frozen = estimate_memory(qwen3_4b, cfg, 64), estimate_memory(qwen3_4b, cfg, 64, trainable=adapters)
+    assert frozen.grads == 4 * adapters // 64 and frozen.optimizer == 8 * adapters // 64
+    assert full.grads > 100 * frozen.grads and frozen.params > full.params  # base + the adapters' own weights
+
+
+def test_preflight_warns_about_a_rank_vllm_cannot_serve(tmp_path):
+    from trnqwen.train.preflight import PreflightReport, check_lora
+
+    report = PreflightReport()
+    check_lora(report, RunConfig(lora=True, lora_rank=12, finetune=True))
+    assert [f.check for f in report.warnings] == ["lora"] and "vLLM" in report.warnings[0].message
+    quiet = PreflightReport()
+    check_lora(quiet, RunConfig(lora=True, lora_rank=16, finetune=True))
+    assert quiet.findings == []
+
+
+def test_a_lora_setting_cannot_change_on_resume_but_merge_can():
+    from trnqwen.train.resume import MAY_CHANGE
+
+    assert "merge" in MAY_CHANGE
+    assert not {"lora", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets"} & MAY_CHANGE

@@ -173,6 +173,8 @@ def test_a_preempted_lora_run_resumes_exactly(lora_runs):
             "--dataset", str(lora_runs["data"]), *COMMON)
     stopped = run_subprocess(*args, cwd=cwd, env={**lora_runs["env"], "TRNQWEN_FAULT_PREEMPT_AT_STEP": "3"}, timeout=900)
     assert stopped.code == 138, stopped.text[-3000:]
+    changed = run_subprocess("train", "--resume", "--lora-rank", "4", cwd=cwd, env=lora_runs["env"], timeout=300)
+    assert changed.code == 2 and "lora_rank" in changed.text and "Traceback" not in changed.text, changed.text
     resumed = run_subprocess("train", "--resume", "--json", cwd=cwd, env=lora_runs["env"], timeout=900)
     assert resumed.code == 0, resumed.text[-3000:]
     got, want = _losses(cwd), _losses(reference_cwd)

@@ -142,8 +142,12 @@ def estimate_memory(
     *,
     capacity: Optional[int] = None,
     num_params: Optional[int] = None,
+    trainable: Optional[int] = None,
 ) -> MemoryEstimate:
     """Per-rank device bytes under FSDP (``dp_shard``) x TP, AdamW, no activation checkpointing.
+
+    ``trainable``: parameters that get gradients and AdamW state (LoRA: the adapters only; a
+    frozen base has neither), default all of them.
 
     * parameters fp32 (4 B), gradients fp32 (4 B), AdamW m + v fp32 (8 B): sharded over
       FSDP x TP ranks;
@@ -160,10 +164,11 @@ def estimate_memory(
     logits = 8 * tokens * dims.vocab_size // cfg.tp
     per_layer = max(0, n - dims.vocab_size * dims.dim * (1 if dims.tied else 2)) // max(1, dims.n_layers)
     gathered = 2 * 2 * per_layer // cfg.tp if shards > 1 else 0
+    trained = 4 * (n if trainable is None else int(trainable)) // shards
     return MemoryEstimate(
-        params=params,
-        grads=params,
-        optimizer=2 * params,
+        params=params + (trained if trainable is not None else 0),  # LoRA: the adapters' own weights
+        grads=trained,
+        optimizer=2 * trained,
         activations=activations,
         logits=logits,
         gathered=gathered,

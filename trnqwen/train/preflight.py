@@ -291,7 +291,7 @@ def check_memory(
     capacity = None if on_host else device.memory_bytes_per_rank
     if cfg.backend == "nki-moe":
         num_params = None  # the job's count is the cut model's only if the recipe says so
-    est = estimate_memory(dims, cfg, dp, capacity=capacity, num_params=num_params)
+    est = estimate_memory(dims, cfg, dp, capacity=capacity, num_params=num_params, trainable=_lora_trainable(cfg, dims))
     report.memory = est
     host = estimate_host_memory(
         est, cfg, hf_config, device_type=device.type, ranks_per_node=ranks_per_node,
@@ -306,6 +306,33 @@ def check_memory(
         if on_host else "use fewer ranks per node (--nproc-per-node) or a host with more RAM"
     )
     _against(report, "host-memory", host.per_node, host.capacity, f"estimated {host.describe()}", host_fix)
+
+
+def _lora_trainable(cfg: RunConfig, dims: Any) -> Optional[int]:
+    """The adapters' parameter count for a LoRA run (the frozen base has no grads or AdamW state)."""
+    from trnqwen.train import lora
+
+    spec = lora.spec_from_config(cfg)
+    if spec is None:
+        return None
+    try:
+        targets = lora.backend_targets(spec, cfg.backend, moe=bool(dims.num_experts))
+    except UsageError:
+        return None  # the recipe refuses the targets with the reason
+    return lora.adapter_params(dims, spec, targets)
+
+
+def check_lora(report: PreflightReport, cfg: RunConfig) -> None:
+    from trnqwen.train import lora
+
+    if not cfg.lora:
+        return
+    warning = lora.vllm_rank_warning(cfg.lora_rank)
+    if warning:
+        report.add(WARNING, "lora", warning, "use --lora-rank 8, 16, 32 or 64 to serve it with vLLM")
+    if not cfg.finetune:
+        report.add(WARNING, "lora", "LoRA without --finetune trains adapters on a randomly initialised base",
+                   "add --finetune to adapt the published weights")
 
 
 def _against(report: PreflightReport, check: str, need: int, capacity: Optional[int], text: str, fix: str) -> None:
@@ -400,8 +427,10 @@ def preflight(
     check_ranks(report, device, topo.nproc_per_node)
     check_outputs(report, cfg, job)
     check_override_imports(report, cfg, search_path if search_path is not None else [os.getcwd(), *sys.path])
+    check_lora(report, cfg)
     if topo.problem(PARALLELISM) is None:
-        exports = bool(cfg.resolved_export_hf and job.checkpoint_dir)
+        # a LoRA export gathers only the adapters, not the whole model
+        exports = bool(cfg.resolved_export_hf and job.checkpoint_dir and not cfg.lora)
         check_memory(
             report, cfg, device, topo.dp, hf_config, job.num_params,
             ranks_per_node=topo.nproc_per_node, exports=exports,

@@ -25,6 +25,7 @@ MAY_CHANGE = frozenset({
     "steps", "time_limit", "nnodes", "nproc_per_node", "node_rank", "rdzv_endpoint", "rdzv_id",
     "max_restarts", "partition", "image", "k8s_api", "launcher", "save_every", "keep_last", "grace_seconds",
     "compile_cache_dir", "runs_dir", "device",
+    "merge",  # LoRA: also write the merged folder at the end (after training; the adapter is the same)
 })
 RESUME_LAST = "last"
 RESUME_AUTO = "auto"  # schedulers: continue this job's own run (--rdzv-id) if it started before
