@@ -41,6 +41,7 @@ def test_quickstart_runs_every_stage(quickstart_run):
         "check-env", "fetch", "pre-train", "snapshot",
         "train --finetune (native)", "train --finetune (hf-v5)", "train --finetune (hf-trainer)", "override",
         "verify-ckpt (native)", "verify-ckpt (hf-v5)", "verify-ckpt (hf-trainer)", "inspect-logs", "chat fine-tune",
+        "LoRA fine-tune",
     ]
     assert all(s["ok"] for s in summary["stages"]), summary["stages"]
     # progress went to stderr, stage by stage; stdout is the one JSON object
@@ -56,7 +57,7 @@ def test_quickstart_finetunes_start_far_below_random_init(quickstart_run):
     result, _ = quickstart_run
     summary = json.loads(result.out)
     runs = summary["runs"]
-    assert set(runs) == {"pretrain", "native", "hf-v5", "hf-trainer", "override", "chat"}
+    assert set(runs) == {"pretrain", "native", "hf-v5", "hf-trainer", "override", "chat", "lora"}
     pre = runs["pretrain"]
     assert pre["finetune"] is False and len(pre["losses"]) == PRETRAIN_STEPS
     vocab = json.loads((Path(summary["files"]["assets"]) / "config.json").read_text())["vocab_size"]
@@ -74,6 +75,16 @@ def test_quickstart_finetunes_start_far_below_random_init(quickstart_run):
         assert run["step1_loss"] < pre["step1_loss"] - 0.5 * learned
         assert cmp["finetunes"][backend]["step1_loss"] == run["step1_loss"]
         assert not [f for f in run["findings"] if f["severity"] == "error"]
+
+
+@pytest.mark.slow
+def test_quickstart_lora_stage_trains_only_adapters_and_merges(quickstart_run):
+    result, _ = quickstart_run
+    lora = json.loads(result.out)["lora"]
+    assert 0 < lora["trainable"] < 0.2 * lora["total"]  # rank 8 on a 1M-parameter model
+    assert lora["adapter_bytes"] < 0.5 * lora["base_bytes"]
+    assert lora["validation_after"] < lora["validation_before"]
+    assert lora["merged_verify"]["ok"] and Path(lora["merged"]).name.endswith(".merged")
 
 
 @pytest.mark.slow
