@@ -1,0 +1,193 @@
+"""LoRA against a full fine-tune, in one run, on the shape users have.
+
+A Qwen3-0.6B-shaped model (28 layers, hidden 1024, 16/8 heads, FFN 3072, vocab 151,936, tied,
+random bf16 weights made here with transformers), 2 CPU ranks, the bundled chat set, seq 256:
+
+  A. ``trnqwen train --finetune`` (full fine-tune, HF export)
+  B. the same with ``--lora`` (rank 16, all-linear; PEFT adapter export)
+  C. ``trnqwen merge`` of B's adapter into the base
+
+For A and B: peak RSS of each rank (psutil, sampled every 0.2 s over the rank processes),
+seconds per step (median of the ranks' own step-line stamps), time from the last step to the
+process exit (the export). Then the adapter's size against the base's, and C's time.
+Prints the ratios B/A (goals: peak RSS <= 0.5x, seconds per step <= 1.0x, adapter <= 2% of the
+base) and a ``--json`` summary line. Either run failing is reported as a failure, never hidden.
+
+  python benchmarks/lora.py [--steps 4] [--backend native|hf-v5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+
+from _common import load_note, logged_at  # noqa: E402
+
+QWEN3_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                 intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960,
+                 rope_theta=1000000.0, rms_norm_eps=1e-6)
+
+
+def make_model(dest: Path) -> Path:
+    """A Qwen3-0.6B-shaped snapshot: random bf16 weights, the tiny model's tokenizer files."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    tiny = write_tiny_qwen3(dest.parent / "tiny")
+    torch.manual_seed(0)
+    config = Qwen3Config(**QWEN3_06B, dtype="bfloat16")
+    with torch.device("cpu"):
+        model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(dest)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (tiny / name).exists() and not (dest / name).exists():
+            shutil.copy(tiny / name, dest / name)
+    del model
+    return dest
+
+
+def _rank_pids(root: int) -> list:
+    import psutil
+
+    try:
+        procs = psutil.Process(root).children(recursive=True)
+    except psutil.Error:
+        return []
+    return [p for p in procs if "trnqwen.runtime.entry" in " ".join(_cmdline(p))]
+
+
+def _cmdline(p) -> list[str]:
+    try:
+        return p.cmdline()
+    except Exception:
+        return []
+
+
+def measured_run(argv: list[str], *, cwd: Path, env: dict) -> dict:
+    """Run a train command; peak RSS per rank process, seconds per step, time after the last step."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    peaks: dict[int, int] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for p in _rank_pids(proc.pid):
+                try:
+                    peaks[p.pid] = max(peaks.get(p.pid, 0), p.memory_info().rss)
+                except Exception:
+                    pass
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    from trnqwen.logs.parse import parse_step_line
+
+    stamps, tail, last_step_at = [], [], None
+    assert proc.stdout is not None
+    for raw in iter(proc.stdout.readline, b""):
+        text = raw.decode("utf-8", "replace")
+        tail = (tail + [text])[-20:]
+        if parse_step_line(text) is not None:
+            last_step_at = time.monotonic()
+            at = logged_at(text)
+            if at is not None:
+                stamps.append(at)
+    rc = proc.wait()
+    done.set()
+    sampler.join()
+    wall = time.monotonic() - t0
+    deltas = [b - a for a, b in zip(stamps, stamps[1:])]
+    return {
+        "rc": rc,
+        "wall_s": round(wall, 2),
+        "steps": len(stamps),
+        "seconds_per_step": round(statistics.median(deltas), 3) if deltas else None,
+        "after_last_step_s": round(time.monotonic() - last_step_at, 2) if last_step_at else None,
+        "peak_rss_per_rank_mib": sorted(round(v / 2**20) for v in peaks.values()),
+        "output_tail": "".join(tail) if rc else "",
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--backend", default="native", choices=["native", "hf-v5"])
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    load_before = os.getloadavg()[0]
+    work = Path(tempfile.mkdtemp(prefix="trnqwen-bench-lora-"))
+    try:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        env["XDG_CACHE_HOME"] = str(work / "cache")
+        t = time.monotonic()
+        assets = make_model(work / "assets" / "qwen3-0.6b-shaped")
+        made = time.monotonic() - t
+        from trnqwen.fetch.builtin import chat_path
+
+        base_argv = [sys.executable, "-m", "trnqwen", "train", "--model", "builtin:tiny-qwen3", "--assets", str(assets),
+                     "--backend", args.backend, "--device", "cpu", "--nproc-per-node", "2", "--steps", str(args.steps),
+                     "--seq-len", str(args.seq_len), "--finetune", "--dataset", str(chat_path()), "--lr", "1e-4"]
+        runs = {}
+        for label, extra in (("full", []), ("lora", ["--lora", "--lora-rank", "16"])):
+            cwd = work / label
+            cwd.mkdir()
+            runs[label] = measured_run([*base_argv, "--checkpoint-dir", str(cwd / "ckpt"), *extra], cwd=cwd, env=env)
+            print(f"{label:5s} rc={runs[label]['rc']} {runs[label]['seconds_per_step']} s/step, peak RSS/rank "
+                  f"{runs[label]['peak_rss_per_rank_mib']} MiB, export {runs[label]['after_last_step_s']} s", flush=True)
+            if runs[label]["rc"] != 0:
+                print(runs[label]["output_tail"], file=sys.stderr)
+        failed = [k for k, v in runs.items() if v["rc"] != 0]
+        adapter = work / "lora" / "ckpt" / "hf" / f"step-{args.steps}"
+        merge = None
+        if not failed:
+            t = time.monotonic()
+            m = subprocess.run([sys.executable, "-m", "trnqwen", "merge", str(adapter), "--base", str(assets), "--json"],
+                               env=env, capture_output=True, text=True)
+            merge = {"rc": m.returncode, "seconds": round(time.monotonic() - t, 2)}
+            if m.returncode:
+                failed.append("merge")
+                print(m.stderr[-2000:], file=sys.stderr)
+        base_bytes = sum(p.stat().st_size for p in assets.glob("*.safetensors"))
+        adapter_bytes = (adapter / "adapter_model.safetensors").stat().st_size if adapter.exists() else None
+        summary = {
+            "benchmark": "lora", "backend": args.backend, "steps": args.steps, "seq_len": args.seq_len,
+            "model": "Qwen3-0.6B-shaped, random bf16", "model_build_s": round(made, 1), "runs": runs, "merge": merge,
+            "base_bytes": base_bytes, "adapter_bytes": adapter_bytes, "failed": failed,
+        }
+        if not failed:
+            full, lo = runs["full"], runs["lora"]
+            summary["ratios"] = {
+                "peak_rss": round(max(lo["peak_rss_per_rank_mib"]) / max(full["peak_rss_per_rank_mib"]), 3),
+                "seconds_per_step": round(lo["seconds_per_step"] / full["seconds_per_step"], 3),
+                "adapter_vs_base": round(adapter_bytes / base_bytes, 4),
+            }
+            print("ratios LoRA / full: " + ", ".join(f"{k} {v}" for k, v in summary["ratios"].items()))
+        summary.update(load_note(load_before, os.getloadavg()[0]))
+        if args.json:
+            print(json.dumps(summary))
+        return 1 if failed else 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
