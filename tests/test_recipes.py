@@ -382,3 +382,24 @@ def test_count_params_matches_a_registered_flavor():
     with torch.device("meta"):
         model = spec.model.build()
     assert count_params(flavors["0.6B"]) == sum(p.numel() for p in model.parameters())
+
+
+def test_nki_moe_lora_adapts_attention_and_leaves_routed_experts_frozen(neuron_double, tmp_path, text_jsonl):
+    """The plan for a LoRA fine-tune of the nki-moe recipe, evaluated against the torchtitan-neuron
+    double: torchtitan's converter puts adapters on the fused wqkv and wo, nothing on the experts."""
+    from torchtitan.components.lora import LoRAConverter  # noqa: F401  (the converter the module calls)
+
+    cfg = RunConfig(model="Qwen/Qwen3-30B-A3B", assets_dir=tmp_path / "none", backend="nki-moe",
+                    dataset=str(text_jsonl), lora=True, lora_rank=8, moe_layers=2, num_experts=8, top_k=2)
+    job = build_job(cfg, TRN2, None, check_runtime=False)
+    assert "backend='nki-moe'" in job.config_module_text
+    assert any("routed experts stay frozen" in n and "gate_proj" in n for n in job.notes), job.notes
+    config = load_config(job.config_module_text, job.config_fn, tmp_path)
+    for layer in config.model_spec.model.layers:
+        attention = layer.attention
+        assert getattr(attention.qkv_linear.wqkv, "rank", None) == 8 and getattr(attention.wo, "rank", None) == 8
+        assert not hasattr(layer.moe.router.gate, "rank")  # the router: never adapted
+        assert not any(hasattr(c, "rank") for _f, c, _p, _a in layer.moe.traverse(object))
+    with pytest.raises(UsageError, match="routed experts"):
+        build_job(RunConfig(model="Qwen/Qwen3-30B-A3B", assets_dir=tmp_path / "none", backend="nki-moe",
+                            dataset=str(text_jsonl), lora=True, lora_targets="gate_proj"), TRN2, None, check_runtime=False)
