@@ -4,8 +4,10 @@ trainable check, the PEFT export, resume.
 Fast tests build the tiny Qwen3 in this process and run the real peft / transformers code.  Slow
 tests (real torchrun, 2 ranks, the bundled chat set through the launcher's token cache):
 
-* one hf-trainer and one native LoRA run of 1 step at ``--lr 1e-12``: the step-1 losses agree
-  within 1e-4 relative, and the exported A is trnqwen's ``adapter_init`` (B still ~0);
+* native and hf-trainer LoRA, 3 steps, the same LR schedule: step 1 within 1e-4 relative, steps
+  2-3 within 0.5% (the adapters start equal: A from ``adapter_init``, B zero);
+* 1 step at ``--lr 1e-12``: the exported A is trnqwen's ``adapter_init`` (B still ~0), the
+  ``[LoRA]`` line is logged, no model shards are written;
 * an uninterrupted 4-step run, the same run preempted after step 2 and resumed: steps 3-4 equal;
   the trained adapter loads into plain peft with no missing and no unexpected adapter key.
 """
@@ -258,47 +260,51 @@ def _losses(run_dir: Path) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def first_steps(work):
-    """hf-trainer and native, 1 step of LoRA at lr 1e-12 on the chat set: (losses, log, export) each."""
+def parity(work):
+    """native and hf-trainer, 3 steps of LoRA on the chat set with the same LR schedule (no warm-up:
+    both decay linearly from lr, hf-trainer's warm-up would start at 0): losses per backend."""
     out = {}
-    for backend in ("hf-trainer", "native"):
-        r = _train(work, *TINY, "--backend", backend, "--steps", "1", "--lr", "1e-12", "--dataset", _chat(),
-                   "--checkpoint-dir", f"first-{backend}")
+    for backend in ("native", "hf-trainer"):
+        r = _train(work, *TINY, "--backend", backend, "--steps", "3", "--lr", "2e-3", "--dataset", _chat(),
+                   "--checkpoint-dir", f"parity-{backend}", env={"TRNQWEN_WARMUP_STEPS": "0"})
         assert r.code == 0, r.text[-3000:]
-        run_dir = _last(work)
-        out[backend] = (_losses(run_dir), (run_dir / "train.log").read_text(errors="replace"),
-                        work / f"first-{backend}" / "hf" / "step-1")
+        out[backend] = _losses(_last(work))
     return out
 
 
 @pytest.mark.slow
-def test_step_1_loss_equals_native_lora(first_steps):
-    hft, native = first_steps["hf-trainer"][0], first_steps["native"][0]
-    assert sorted(hft) == sorted(native) == [1]
+def test_losses_equal_native_lora_from_the_same_adapters(parity):
+    """Step 1 (B = 0) within 1e-4; steps 2-3 (after the adapters moved) within 0.5%."""
+    hft, native = parity["hf-trainer"], parity["native"]
+    assert sorted(hft) == sorted(native) == [1, 2, 3]
     assert abs(hft[1] - native[1]) <= 1e-4 * abs(native[1]), (hft, native)
+    assert all(abs(hft[s] - native[s]) <= 5e-3 * abs(native[s]) for s in (2, 3)), (hft, native)
+    assert hft[3] < hft[1]
 
 
 @pytest.mark.slow
-def test_each_rank_logs_the_lora_line_and_the_export_is_the_initialised_adapter(first_steps):
+def test_each_rank_logs_the_lora_line_and_the_export_is_the_initialised_adapter(work):
+    """One step at lr 1e-12: the exported A is still trnqwen's init, B still ~0."""
     import torch
 
     from trnqwen.ckpt.lora import adapter_init, read_adapter
 
-    _, log, export = first_steps["hf-trainer"]
-    lines = [m for m in map(LOG_LINE_RE.search, log.splitlines()) if m]
+    r = _train(work, *TINY, "--backend", "hf-trainer", "--steps", "1", "--lr", "1e-12", "--checkpoint-dir", "init")
+    assert r.code == 0, r.text[-3000:]
+    run_dir, export = _last(work), work / "init" / "hf" / "step-1"
+    lines = [m for m in map(LOG_LINE_RE.search, (run_dir / "train.log").read_text(errors="replace").splitlines()) if m]
     assert lines and all(m["trainable"] == "155,648" and m["total"] == "1,205,632" for m in lines), lines
     assert lines[0]["adapters"] == lines[0]["initialised"] == "28"
+    ranks = {line.rsplit("(rank ", 1)[1] for path in run_dir.rglob("stdout.log")
+             for line in path.read_text(errors="replace").splitlines() if LOG_LINE_RE.search(line)}
+    assert ranks == {"0)", "1)"}  # every rank logs it (the console shows rank 0)
     assert not list(export.glob("model*.safetensors*")) and not (export / "config.json").exists()
     assert (export / "tokenizer_config.json").is_file()  # the launcher completed the adapter folder
     config, modules = read_adapter(export)
     assert config["peft_type"] == "LORA" and config["r"] == 16 and len(modules) == 28
-    for path, (a, b) in modules.items():  # one step at lr 1e-12: A is still its init, B still ~0
+    for path, (a, b) in modules.items():
         assert torch.allclose(a, adapter_init(42, path, tuple(a.shape)), rtol=0, atol=1e-9), path
         assert b.abs().max() < 1e-9, path
-    # native starts from the very same adapters
-    _, native_modules = read_adapter(first_steps["native"][2])
-    assert sorted(native_modules) == sorted(modules)
-    assert all(torch.allclose(native_modules[p][0], modules[p][0], rtol=0, atol=1e-9) for p in modules)
 
 
 @pytest.mark.slow
