@@ -102,8 +102,9 @@ def check_trainable(model: Any, optimizer: Any, spec: LoraSpec, *, initialised: 
     trainable = sum(_numel(p) for p in updated)
     stray = sorted({names.get(id(p), "?") for p in updated if not is_adapter_key(names.get(id(p), ""))})
     adapters = sum(1 for _ in adapter_modules(model))
+    in_optimizer = {id(p) for p in updated}
     missing = sorted(n for path, a, b in adapter_modules(model) for n, p in ((f"{path}.lora_A", a), (f"{path}.lora_B", b))
-                     if all(p is not q for q in updated))
+                     if id(p) not in in_optimizer)
     line = log_line(trainable=trainable, total=total, spec=spec, adapters=adapters, initialised=initialised, rank=rank)
     problem = None
     if stray:
