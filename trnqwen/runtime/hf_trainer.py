@@ -51,6 +51,7 @@ from trnqwen.train.hf_trainer_spec import (
     spec_from_argv,
 )
 from trnqwen.train import checkpoints
+from trnqwen.train.lora import LOG_MARK
 from trnqwen.train.topology import topology
 
 SAFETENSORS_NAME = "model-00001-of-00001.safetensors"
@@ -504,6 +505,14 @@ def run(spec: HFTrainerSpec) -> int:
             _log(f"Peak FLOPS used for computing MFU: {spec.peak_flops_per_rank:.3e}")
         _log(f"Training starts at step {_step_of(resume_from) + 1}")
 
+    lora = spec.lora_spec()
+    callbacks = [_step_logger_callback(spec, plan, flops_token)]
+    if lora is not None:  # peft on the loaded model; the [LoRA] line and check before step 1
+        from trnqwen.runtime import hf_trainer_lora
+
+        model, initialised = hf_trainer_lora.attach(model, lora)
+        callbacks.append(hf_trainer_lora.callback(lora, initialised=initialised, rank=rank, log=_log))
+
     from trnqwen.runtime import resume_state
 
     resume_state.install_signal_handlers()
@@ -517,7 +526,7 @@ def run(spec: HFTrainerSpec) -> int:
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        callbacks=[_step_logger_callback(spec, plan, flops_token), preemption],
+        callbacks=[*callbacks, preemption],
     )
     trainer.remove_callback(PrinterCallback)  # our step lines replace its dict dumps
     if resume_from and rank == 0:
@@ -538,14 +547,20 @@ def run(spec: HFTrainerSpec) -> int:
         dest = checkpoints.export_dir(Path(spec.checkpoint_dir), final_step)
         trained = trainer.model
         trained = getattr(trained, "module", trained)
-        if plan.strategy == "distributed-config":
-            from transformers.distributed import gather_full_state_dict
-
-            state = gather_full_state_dict(trained)
+        if lora is not None:  # the PEFT adapter, not the base model
+            written = hf_trainer_lora.export(trained, lora, dest, rank=rank)
+            if rank == 0:
+                _log(f"{LOG_MARK} exported a PEFT adapter: {len(written or [])} tensors to {dest}")
         else:
-            state = trained.state_dict() if rank == 0 else {}
+            if plan.strategy == "distributed-config":
+                from transformers.distributed import gather_full_state_dict
+
+                state = gather_full_state_dict(trained)
+            else:
+                state = trained.state_dict() if rank == 0 else {}
+            if rank == 0:
+                save_hf_checkpoint(state, dest, drop=_tied_keys(trained))
         if rank == 0:
-            save_hf_checkpoint(state, dest, drop=_tied_keys(trained))
             _log(f"Saved HF safetensors checkpoint of step {final_step} to {dest}")
             _log(f"Last step checkpoint completed in {time.perf_counter() - save_started:.2f}s")
         if torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -10,6 +10,7 @@ dataset resolves, the assets exist, ``accelerate`` (which ``Trainer`` needs) is 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from pathlib import Path
@@ -17,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.assets import read_config_json
 from trnqwen.errors import EnvironmentProblem, UsageError
-from trnqwen.train import tracking
-from trnqwen.train.hf_trainer_spec import HFTrainerSpec, SpecError, choose_strategy, spec_to_argv
+from trnqwen.train import lora, tracking
+from trnqwen.train.hf_trainer_spec import LORA_TP_PROBLEM, HFTrainerSpec, SpecError, choose_strategy, spec_to_argv
 from trnqwen.train.job import TrainJob
 from trnqwen.train.topology import Topology, plan_topology
 
@@ -40,18 +41,54 @@ def transformers_has_distributed_config() -> bool:
     return (Path(spec.origin).parent / "distributed" / "configuration_utils.py").is_file()
 
 
+def _dims(hf_config: Optional[dict[str, Any]]) -> Any:
+    """The model's dimensions from config.json, or None when it is missing or unusual."""
+    if not hf_config:
+        return None
+    try:
+        from trnqwen.train.compat import dims_from_hf_config
+
+        return dims_from_hf_config(hf_config)
+    except (ImportError, KeyError, TypeError, ValueError):
+        return None
+
+
 def _model_facts(hf_config: Optional[dict[str, Any]]) -> tuple[Optional[int], Optional[int], Optional[int]]:
     """(layers, parameters, vocab) from config.json, or Nones when it is missing or unusual."""
     if not hf_config:
         return None, None, None
+    dims = _dims(hf_config)
+    params = _count_params(dims)
+    if params is None:
+        return hf_config.get("num_hidden_layers"), None, hf_config.get("vocab_size")
+    return dims.n_layers, params, dims.vocab_size
+
+
+def _count_params(dims: Any) -> Optional[int]:
+    if dims is None:
+        return None
     try:
-        from trnqwen.train.compat import dims_from_hf_config
         from trnqwen.train.preflight import count_params
 
-        dims = dims_from_hf_config(hf_config)
-        return dims.n_layers, count_params(dims), dims.vocab_size
+        return count_params(dims)
     except (ImportError, KeyError, TypeError, ValueError):
-        return hf_config.get("num_hidden_layers"), None, hf_config.get("vocab_size")
+        return None
+
+
+def _lora_plan(cfg: RunConfig, hf_config: Optional[dict[str, Any]]) -> tuple[Optional[lora.LoraSpec], Optional[str]]:
+    """(the LoRA spec the ranks train, with this backend's targets; the plan note), or (None, None).
+
+    peft adapts any subset of the targets on a dense model; a Qwen3-MoE's routed experts are not
+    Linear layers (trnqwen.train.lora.backend_targets says what is in reach)."""
+    spec = lora.spec_from_config(cfg)
+    if spec is None:
+        return None, None
+    dims = _dims(hf_config)
+    targets = lora.backend_targets(spec, "hf-trainer", moe=bool(dims and dims.num_experts))
+    total = _count_params(dims)
+    trainable = lora.adapter_params(dims, spec, targets) if total is not None else None
+    note = lora.plan_note(spec, targets, backend="hf-trainer", trainable=trainable, total=total)
+    return dataclasses.replace(spec, targets=targets), note
 
 
 def _dataset_arg(cfg: RunConfig, rank_data: Any = None) -> tuple[Optional[str], list[str], str]:
@@ -69,12 +106,16 @@ def _dataset_arg(cfg: RunConfig, rank_data: Any = None) -> tuple[Optional[str], 
 
 
 def build_hf_trainer_spec(
-    cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, dataset: Any = ..., rank_data: Any = None
+    cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, dataset: Any = ..., rank_data: Any = None,
+    lora_spec: Any = ...,
 ) -> HFTrainerSpec:
     """The :class:`~trnqwen.train.hf_trainer_spec.HFTrainerSpec` for this run (pure; checks only files).
 
-    ``rank_data``: the token cache the ranks read (:mod:`trnqwen.train.cache_data`), if any."""
+    ``rank_data``: the token cache the ranks read (:mod:`trnqwen.train.cache_data`), if any.
+    ``lora_spec``: the LoRA adapter (:func:`_lora_plan`), planned from the config when not given."""
     assets_dir = Path(cfg.resolved_assets_dir).expanduser().absolute()
+    if lora_spec is ...:
+        lora_spec, _ = _lora_plan(cfg, read_config_json(assets_dir))
     export = bool(cfg.resolved_export_hf)
     if dataset is ...:
         dataset, _, _ = _dataset_arg(cfg, rank_data)
@@ -106,6 +147,7 @@ def build_hf_trainer_spec(
         memory_bytes_per_rank=device.memory_bytes_per_rank,
         trust_remote_code=cfg.trust_remote_code,
         report_to=",".join(tracking.report_to(cfg)),
+        lora=lora_spec.to_json() if lora_spec is not None else None,
     )
 
 
@@ -135,6 +177,9 @@ def build_hf_trainer_job(
             "device backend and refuses CPU processes (MULTI_CPU)",
             hint="on CPU use --tp 1 (the ranks shard the model FSDP-style), or run --tp on Trainium or CUDA",
         )
+    if cfg.lora and cfg.tp > 1:
+        raise UsageError(f"--tp {cfg.tp} with --lora: {LORA_TP_PROBLEM}",
+                         hint="run with --tp 1, or use --backend hf-v5 or native for LoRA with tensor parallelism")
     problems: list[EnvironmentProblem] = []
     if importlib.util.find_spec("transformers") is None:
         problems.append(EnvironmentProblem(
@@ -162,9 +207,12 @@ def build_hf_trainer_job(
     dataset, data_notes, data_source = _dataset_arg(cfg, rank_data)
     if prepared is not None:
         data_notes = list(prepared[0].notes)
-    spec = build_hf_trainer_spec(cfg, device, run_dir, dataset=dataset, rank_data=rank_data)
+    hf_config = read_config_json(assets_dir)
+    lora_spec, lora_note = _lora_plan(cfg, hf_config)
+    spec = build_hf_trainer_spec(cfg, device, run_dir, dataset=dataset, rank_data=rank_data, lora_spec=lora_spec)
     device_type = spec.device
     notes = [] if rank_data is not None else ["hf-trainer pads/truncates each document to seq_len (no packing as in torchtitan)"]
+    notes += [lora_note] if lora_note else []
     notes += data_notes
     notes += [f"not runnable here: {p.message}" for p in problems]
     topology = topology or plan_topology(cfg, device)
@@ -183,7 +231,7 @@ def build_hf_trainer_job(
         env["HF_DEACTIVATE_ASYNC_LOAD"] = "1"  # avoids a reported hang in HF model loading on Neuron
     env.update(tracking.rank_env(cfg, run_dir))
     notes += tracking.check(cfg, check_runtime=check_runtime)
-    layers, params, vocab = _model_facts(read_config_json(assets_dir))
+    layers, params, vocab = _model_facts(hf_config)
     return TrainJob(
         backend="hf-trainer",
         entry_module=ENTRY_MODULE,

@@ -16,10 +16,17 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from trnqwen.train.datasets import TITAN_DATASETS, streams_itself
+from trnqwen.train.lora import LoraSpec
 from trnqwen.train.topology import Topology
 
 SPEC_FILE_NAME = "hf_trainer_spec.json"
 STRATEGIES = ("auto", "ddp", "distributed-config")
+# peft shards its adapters across tensor-parallel ranks in its own layout, which trnqwen's
+# adapter init and PEFT export do not follow yet (and which cannot be run on CPU to be checked).
+LORA_TP_PROBLEM = (
+    "LoRA on hf-trainer runs with --tp 1 only (data parallel, the base sharded FSDP-style): peft's "
+    "tensor-parallel adapters are not supported by trnqwen's adapter init and export"
+)
 
 
 class SpecError(ValueError):
@@ -58,6 +65,11 @@ class HFTrainerSpec:
     max_grad_norm: float = 1.0
     strategy: str = "auto"  # auto | ddp | distributed-config
     report_to: str = ""  # comma-separated Trainer report_to ("tensorboard,wandb"): --tensorboard / --wandb
+    lora: Optional[str] = None  # a trnqwen.train.lora.LoraSpec as JSON (targets already this backend's): train a LoRA adapter
+
+    def lora_spec(self) -> Optional[LoraSpec]:
+        """The LoRA adapter this run trains, or None for a full fine-tune."""
+        return LoraSpec.from_json(self.lora) if self.lora else None
 
     def validate(self) -> "HFTrainerSpec":
         problems = []
@@ -76,6 +88,13 @@ class HFTrainerSpec:
             problems.append(f"strategy must be one of {', '.join(STRATEGIES)}")
         if self.export_hf and not self.checkpoint_dir:
             problems.append("export_hf needs checkpoint_dir")
+        if self.lora:
+            try:
+                self.lora_spec()
+            except (ValueError, TypeError, KeyError) as exc:
+                problems.append(f"lora must be a LoRA spec as JSON (trnqwen.train.lora.LoraSpec): {exc}")
+            if self.tp > 1:
+                problems.append(LORA_TP_PROBLEM)
         if not streams_itself(self.dataset):
             problems.append(
                 f"dataset {self.dataset!r}: the ranks stream only {', '.join(TITAN_DATASETS)} (or the default "
