@@ -180,6 +180,12 @@ def test_write_and_read_adapter_round_trip(tmp_path):
     for path, (a, b) in modules.items():
         assert torch.equal(back[path][0], a) and torch.equal(back[path][1], b)
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in (tmp_path / "a").iterdir():  # readable like any file this user writes (mkstemp makes 0600)
+        assert p.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 # --- in-rank pieces on real modules -----------------------------------------------------------------

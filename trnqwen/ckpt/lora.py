@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trnqwen.assets import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from trnqwen.fsutil import current_umask
 
 PEFT_PREFIX = "base_model.model."
 PEFT_KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.default)?\.weight$")
@@ -146,6 +147,7 @@ def _atomic(dest: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600: a server under another user reads it
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):
