@@ -14,6 +14,7 @@ from typing import Optional
 
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
 from trnqwen.logs.identity import with_identity
+from trnqwen.logs.lora import check_lora
 from trnqwen.logs.sources import RunContext
 
 SEVERITIES = ("error", "warning", "info")
@@ -58,6 +59,7 @@ def judge(log: ParsedLog, ctx: Optional[RunContext] = None) -> list[Finding]:
         _check_weights_loaded,
         _check_overrides,
         _check_override_calls,
+        check_lora,
         _check_nonfinite,
         _check_exploding,
         _check_grad_spikes,
