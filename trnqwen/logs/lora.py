@@ -18,7 +18,6 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
-    from trnqwen.logs.judge import Finding
     from trnqwen.logs.record import ParsedLog
     from trnqwen.logs.sources import RunContext
 
@@ -66,17 +65,21 @@ def lora_json(log: "ParsedLog", ctx: "RunContext") -> Optional[dict]:
     }
 
 
-def check_lora(log: "ParsedLog", ctx: "RunContext") -> list["Finding"]:
-    from trnqwen.logs.judge import Finding
+def _finding(severity: str, code: str, message: str, lines: Optional[list] = None) -> tuple:
+    """A finding's fields; :mod:`trnqwen.logs.judge` makes them its ``Finding`` (it imports this module)."""
+    return severity, code, message, list(lines or [])
 
+
+def check_lora(log: "ParsedLog", ctx: "RunContext") -> list[tuple]:
+    """(severity, code, message, lines) of every LoRA finding."""
     rec = primary_line(log)
     if rec is None:
         if ctx.lora:
-            return [Finding("warning", "lora-line-missing",
+            return [_finding("warning", "lora-line-missing",
                             "the run config says LoRA, but no [LoRA] line was logged: nothing shows that only the "
                             "adapters trained (a backend that does not log it, or a run that stopped before step 1)")]
         return []
-    out: list[Finding] = []
+    out: list[tuple] = []
     lines = [r["line"] for r in log.lora.values()]
     wrong: list[str] = []
     if rec["trainable"] >= rec["total"]:
@@ -90,11 +93,11 @@ def check_lora(log: "ParsedLog", ctx: "RunContext") -> list["Finding"]:
         wrong.append(f"{rec['trainable']:,} trainable, but rank {rec['rank']} adapters on {','.join(rec['targets'])} "
                      f"of this base have {expected:,} parameters")
     if wrong:
-        out.append(Finding("error", "lora-not-adapters", "LoRA: the trainable parameters are not the adapters': "
+        out.append(_finding("error", "lora-not-adapters", "LoRA: the trainable parameters are not the adapters': "
                            + "; ".join(wrong), [rec["line"]]))
     differ = _differ(log.lora)
     if differ:
-        out.append(Finding("error", "lora-ranks-disagree", f"LoRA: ranks disagree on {differ}", lines[:8]))
+        out.append(_finding("error", "lora-ranks-disagree", f"LoRA: ranks disagree on {differ}", lines[:8]))
     cfg = ctx.lora or {}
     mismatch = []
     if cfg.get("rank") is not None and cfg["rank"] != rec["rank"]:
@@ -102,12 +105,12 @@ def check_lora(log: "ParsedLog", ctx: "RunContext") -> list["Finding"]:
     if cfg.get("targets") and cfg.get("backend") != "nki-moe" and cfg["targets"] != rec["targets"]:
         mismatch.append(f"targets {','.join(rec['targets'])} logged, {','.join(cfg['targets'])} configured")
     if mismatch:
-        out.append(Finding("error", "lora-config-mismatch", "LoRA: the log is not the run config's adapter: "
+        out.append(_finding("error", "lora-config-mismatch", "LoRA: the log is not the run config's adapter: "
                            + "; ".join(mismatch), [rec["line"]]))
     if not out:
         ranks = len(log.lora)
         check = ", as config.json's shapes give" if expected is not None else ""
-        out.append(Finding("info", "lora", f"LoRA: {rec['trainable']:,} trainable of {rec['total']:,} parameters "
+        out.append(_finding("info", "lora", f"LoRA: {rec['trainable']:,} trainable of {rec['total']:,} parameters "
                            f"({rec['percent']:.2f}%){check}: {rec['adapters']} adapters, rank {rec['rank']}, "
                            f"{ranks} rank(s) logged it", [rec["line"]]))
     return out
