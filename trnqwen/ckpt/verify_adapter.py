@@ -378,6 +378,15 @@ def peft_round_trip(folder: Path, base_dir: Path, header_tensors: dict[str, tupl
     }
 
 
+def adapter_key_diff(peft_model: Any, folder: Path) -> tuple[list[str], list[str]]:
+    """(missing, unexpected) adapter keys of a loaded ``PeftModel`` against the folder's file: the
+    model's LoRA parameters no file key filled, and file keys the model has no parameter for."""
+    header = read_header(Path(folder) / ADAPTER_WEIGHTS)
+    in_file = set(header.tensors)
+    in_model = {_file_key(k) for k in peft_model.state_dict() if ".lora_A." in k or ".lora_B." in k}
+    return sorted(in_model - in_file), sorted(in_file - in_model)
+
+
 def _file_key(key: str) -> str:
     """peft's in-model name (``...lora_A.default.weight``) as the file spells it."""
     key = re.sub(r"\.(lora_[AB])\.[^.]+\.weight$", r".\1.weight", key)
@@ -385,4 +394,4 @@ def _file_key(key: str) -> str:
 
 
 __all__ = ["AdapterReport", "UNTRAINED", "is_adapter", "find_base_config", "resolve_base_ref", "verify_adapter",
-           "peft_round_trip", "base_linears"]
+           "peft_round_trip", "base_linears", "adapter_key_diff"]
