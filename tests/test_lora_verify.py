@@ -208,4 +208,6 @@ def test_base_option_on_a_whole_model_is_refused(cli, tmp_path):
     from tests.ckpt_fixtures import make_case
 
     ckpt, assets, _ = make_case(tmp_path)
+    res, doc = verify(cli, ckpt, "--assets", assets, "--quick")
+    assert res.code == 0 and doc["kind"] == "model"
     assert_clean_error(cli("verify-ckpt", str(ckpt), "--base", str(assets)), code=2, contains="--assets")
