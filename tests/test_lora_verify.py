@@ -166,6 +166,18 @@ def test_missing_adapter_config_fails(cli, adapter, made):
     assert "adapter_config.json: missing" in res.err and "Traceback" not in res.text
 
 
+def test_missing_adapter_weights_fail(cli, adapter):
+    (adapter / "adapter_model.safetensors").unlink()
+    res, doc = verify(cli, adapter)
+    assert res.code == 1, res.text
+    assert doc["problems"] == ["adapter_model.safetensors: missing: the adapter has no weights"]
+
+
+def test_the_weights_file_itself(cli, made):
+    res, doc = verify(cli, made[2] / "adapter_model.safetensors")
+    assert res.code == 0 and doc["kind"] == "adapter" and doc["checkpoint"] == str(made[2]), res.text
+
+
 def test_bad_adapter_config_fails(cli, adapter):
     cfg = json.loads((adapter / "adapter_config.json").read_text())
     cfg.update(peft_type="IA3", r=0)
