@@ -144,7 +144,7 @@ def test_wrong_shape_fails(cli, adapter):
     assert res.code == 1, res.text
     assert doc["shape_mismatches"] == [{"key": "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight",
                                         "expected": [32, 8], "found": [32, 16]}]
-    assert "shape mismatch" in res.err and "down_proj.lora_B" in res.err
+    assert "shape mismatch" in res.err and "down_proj.lora_B" in res.err and "--base" in res.err
 
 
 def test_nan_fails(cli, adapter):
@@ -155,7 +155,7 @@ def test_nan_fails(cli, adapter):
     res, doc = verify(cli, adapter)
     assert res.code == 1, res.text
     assert doc["nonfinite_detail"] == {"base_model.model.model.layers.0.mlp.gate_proj.lora_A.weight": {"nan": 1, "inf": 0}}
-    assert "NaN/Inf" in res.err
+    assert "NaN/Inf" in res.err and "inspect-logs" in res.err  # the hint for diverged training
 
 
 def test_missing_adapter_config_fails(cli, adapter, made):

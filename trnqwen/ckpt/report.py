@@ -119,11 +119,12 @@ def _run_verify_adapter(ckpt, model_config, *, quick: bool, compare_to: Optional
     problems = report.problems
     if problems:
         more = f" (+{len(problems) - 1} more finding(s) above)" if len(problems) > 1 else ""
+        only_values = report.nonfinite and len(problems) == 1
         raise CheckFailed(
             f"adapter {report.checkpoint} failed verification: {problems[0]}{more}",
-            hint="the adapter does not fit its base: check --base (the snapshot it was trained on) and the run's "
-            "export (see --json for every key)" if not report.nonfinite else
-            "training diverged or the export is corrupt: check `trnqwen inspect-logs` for NaN loss, lower --lr",
+            hint="training diverged or the export is corrupt: check `trnqwen inspect-logs` for NaN loss, lower --lr"
+            if only_values else "the adapter does not fit its base: check --base (the snapshot it was trained on) and "
+            "the run's export (see --json for every key)",
         )
     return report
 
