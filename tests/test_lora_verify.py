@@ -223,3 +223,15 @@ def test_base_option_on_a_whole_model_is_refused(cli, tmp_path):
     res, doc = verify(cli, ckpt, "--assets", assets, "--quick")
     assert res.code == 0 and doc["kind"] == "model"
     assert_clean_error(cli("verify-ckpt", str(ckpt), "--base", str(assets)), code=2, contains="--assets")
+
+
+def test_layers_to_transform_limits_what_must_be_there(cli, adapter):
+    rewrite_tensors(adapter, lambda t: [t.pop(k) for k in list(t) if ".layers.1." in k])
+    res, doc = verify(cli, adapter)
+    assert res.code == 1 and len(doc["missing_modules"]) == 7, res.text  # layer 1's seven projections
+    cfg = json.loads((adapter / "adapter_config.json").read_text())
+    cfg["layers_to_transform"] = [0]
+    (adapter / "adapter_config.json").write_text(json.dumps(cfg))
+    res, doc = verify(cli, adapter)
+    assert res.code == 0, res.text
+    assert doc["missing_modules"] == [] and doc["round_trip"]["missing_adapter_keys"] == []

@@ -236,6 +236,16 @@ def _targeted(module: str, targets: Any) -> bool:
     return any(module == t or module.endswith("." + t) for t in targets or [])
 
 
+def _in_layers(module: str, config: dict[str, Any]) -> bool:
+    """peft's ``layers_to_transform``: only those layer indices get an adapter (None: every layer)."""
+    layers = config.get("layers_to_transform")
+    if layers is None:
+        return True
+    wanted = {layers} if isinstance(layers, int) else set(layers)
+    m = re.search(r"\.layers\.(\d+)\.", module)
+    return m is None or int(m.group(1)) in wanted
+
+
 def _rank_for(module: str, config: dict[str, Any]) -> Optional[int]:
     pattern = config.get("rank_pattern") or {}
     for key, value in pattern.items():
@@ -272,7 +282,9 @@ def verify_adapter(
     linears = base_linears(spec)
     pairs = _check_keys(tensors, linears, config, report)
     if config and "target_modules" in config and not report.config_problems:
-        report.missing_modules = sorted(m for m in linears if _targeted(m, config["target_modules"]) and m not in pairs)
+        report.missing_modules = sorted(
+            m for m in linears if _targeted(m, config["target_modules"]) and _in_layers(m, config) and m not in pairs
+        )
     if quick:
         return report
     from trnqwen.ckpt.scan import nonzero_tensors, scan_nonfinite
