@@ -77,6 +77,7 @@ def test_inspect_logs_reads_the_lora_line(lora_run):
     assert res.code == 0, res.text
     doc = json.loads(res.out)
     lora = doc["lora"]
+    assert lora["ranks"] == [0, 1]  # rank 1's line from its own torchrun log (train.log is rank 0's)
     assert lora["logged"] and lora["rank"] == 8 and lora["adapters"] == 4 * 7 == lora["initialised"]
     assert lora["trainable"] == lora["expected_trainable"] > 0 and lora["trainable"] < lora["total"]
     codes = {f["code"]: f["severity"] for f in doc["findings"]}

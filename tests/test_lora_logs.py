@@ -126,17 +126,23 @@ def test_lora_run_without_the_line_warns(tmp_path):
     assert lora_json(log, ctx_for(tmp_path, lora=False)) is None
 
 
-def _run_dir(tmp_path, text: str, *, lora: bool):
+def _run_dir(tmp_path, text: str, *, lora: bool, rank_files: dict | None = None):
+    """A run dir; ``rank_files``: rank -> the text of its tee'd torchrun log (ranks/<id>/attempt_0/<r>/stdout.log)."""
     from trnqwen.rundir import RunRecord
 
     base = make_base(tmp_path / "assets")
     d = tmp_path / "runs" / "r1"
     d.mkdir(parents=True)
     (d / "train.log").write_text(text)
+    for r, body in (rank_files or {}).items():
+        f = d / "ranks" / "none_x" / "attempt_0" / str(r) / "stdout.log"
+        f.parent.mkdir(parents=True)
+        f.write_text(body)
     config = {"steps": 3, "finetune": True, "model": "builtin:tiny-qwen3", "backend": "native", "lora": lora,
               "lora_rank": 8, "lora_alpha": None, "lora_targets": "all-linear"}
     RunRecord(run_id="r1", run_dir=str(d), status="succeeded", config=config, log_path=str(d / "train.log"),
-              assets_dir=str(base), backend="native", steps=3, ended_by="completed").save()
+              assets_dir=str(base), backend="native", steps=3, ended_by="completed",
+              extra={"rank_log_dir": str(d / "ranks")}).save()
     return d
 
 
@@ -165,3 +171,29 @@ def test_cli_warns_when_the_line_is_missing(cli, tmp_path):
     doc = json.loads(res.out)
     assert "lora-line-missing" in {f["code"] for f in doc["findings"] if f["severity"] == "warning"}
     assert doc["lora"]["logged"] is False
+
+
+def _rank_file(r: int, **kw) -> str:
+    args = dict(trainable=ADAPTER_PARAMS, total=BASE_PARAMS + ADAPTER_PARAMS, spec=SPEC, adapters=14, initialised=14, rank=r)
+    args.update(kw)
+    return f"[titan] 2026-12-01 10:00:00,000 - root - INFO - {log_line(**args)}\nother output\n"
+
+
+def test_cli_reads_every_ranks_line_from_the_per_rank_logs(cli, tmp_path):
+    """train.log holds rank 0's output only (torchrun --local-ranks-filter 0): the other ranks' lines
+    are in the run's per-rank logs."""
+    d = _run_dir(tmp_path, make_log(1), lora=True, rank_files={0: _rank_file(0), 1: _rank_file(1)})
+    res = cli("inspect-logs", str(d), "--json")
+    assert res.code == 0, res.text
+    doc = json.loads(res.out)
+    assert doc["lora"]["ranks"] == [0, 1]
+    assert "2 rank(s) logged it" in next(f["message"] for f in doc["findings"] if f["code"] == "lora")
+
+
+def test_cli_fails_when_another_rank_trains_more(cli, tmp_path):
+    files = {0: _rank_file(0), 1: _rank_file(1, trainable=BASE_PARAMS + ADAPTER_PARAMS)}
+    d = _run_dir(tmp_path, make_log(1), lora=True, rank_files=files)
+    res = cli("inspect-logs", str(d), "--json")
+    assert res.code == 1, res.text
+    err = next(f for f in json.loads(res.out)["findings"] if f["code"] == "lora-ranks-disagree")
+    assert "rank 1: trainable" in err["message"]

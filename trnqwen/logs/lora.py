@@ -14,14 +14,68 @@ parsed by :mod:`trnqwen.logs.patterns` into ``ParsedLog.lora``).  The judge read
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Optional
 
+from trnqwen.train.lora import LOG_LINE_RE, LOG_MARK
+
 if TYPE_CHECKING:
     from trnqwen.logs.record import ParsedLog
-    from trnqwen.logs.sources import RunContext
 
 _SETTINGS = ("trainable", "total", "rank", "alpha", "dropout", "adapters", "targets", "initialised")
+LINE_RANK_RE = re.compile(r"\(rank (\d+)\)\s*$")
+RANK_FILE_BYTES = 16 << 20  # the line comes before step 1: the head of each per-rank log is enough
+_NEEDLE = f"{LOG_MARK} trainable".encode()
+
+
+def record_of(m: "re.Match[str]", line: Optional[int]) -> dict:
+    """A :data:`trnqwen.train.lora.LOG_LINE_RE` match as numbers."""
+    rec: dict = {k: int(m.group(k).replace(",", "")) for k in ("trainable", "total", "rank", "adapters", "initialised")}
+    rec.update(percent=float(m.group("percent")), alpha=float(m.group("alpha")), dropout=float(m.group("dropout")),
+               targets=m.group("targets").split(","), line=line)
+    return rec
+
+
+def line_rank(text: str) -> Optional[int]:
+    """The process rank a ``[LoRA]`` line names at its end (``(rank 3)``)."""
+    m = LINE_RANK_RE.search(text)
+    return int(m.group(1)) if m else None
+
+
+def read_rank_logs(rank_log_dir: Optional[Path]) -> dict[int, dict]:
+    """Every rank's ``[LoRA]`` line from torchrun's tee'd per-rank logs (``.../attempt_N/<r>/std*.log``):
+    the run's train.log holds only rank 0's output, the judge compares them all.  The last attempt wins."""
+    if rank_log_dir is None or not Path(rank_log_dir).is_dir():
+        return {}
+
+    def attempt(p: Path) -> int:
+        m = re.fullmatch(r"attempt_(\d+)", p.parent.parent.name)
+        return int(m.group(1)) if m else -1
+
+    found: dict[int, dict] = {}
+    for path in sorted(Path(rank_log_dir).glob("**/attempt_*/*/std*.log"), key=attempt)[:4096]:
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(RANK_FILE_BYTES)
+        except OSError:
+            continue
+        at = head.find(_NEEDLE)
+        while at >= 0:
+            end = head.find(b"\n", at)
+            text = head[at: end if end >= 0 else len(head)].decode("utf-8", "replace").rstrip("\r")
+            m = LOG_LINE_RE.search(text)
+            rank = line_rank(text)
+            if m is not None and rank is not None:
+                found[rank] = {**record_of(m, None), "file": str(path)}
+            at = head.find(_NEEDLE, at + 1)
+    return found
+
+
+def per_rank(log: "ParsedLog", ctx: Any) -> dict:
+    """The ranks' ``[LoRA]`` records: the per-rank logs of the run, then the log's own lines."""
+    return {**(ctx.rank_lora or {}), **log.lora}
 
 
 def primary_line(log: "ParsedLog") -> Optional[dict]:
@@ -33,7 +87,7 @@ def primary_line(log: "ParsedLog") -> Optional[dict]:
     return log.lora[sorted(log.lora, key=lambda r: -1 if r is None else r)[0]]
 
 
-def expected_trainable(rec: dict, ctx: "RunContext") -> Optional[int]:
+def expected_trainable(rec: dict, ctx: Any) -> Optional[int]:
     """Adapter parameters the base's config.json implies for the line's rank and targets (None when
     the config is unknown, or the model was cut by the recipe: nki-moe)."""
     cfg = ctx.model_config
@@ -50,7 +104,7 @@ def expected_trainable(rec: dict, ctx: "RunContext") -> Optional[int]:
     return adapter_params(dims, SimpleNamespace(rank=rec["rank"]), tuple(rec["targets"]))
 
 
-def lora_json(log: "ParsedLog", ctx: "RunContext") -> Optional[dict]:
+def lora_json(log: "ParsedLog", ctx: Any) -> Optional[dict]:
     """``--json``'s ``lora`` key: the primary rank's line, the ranks that logged one, the expected
     trainable count and the run config's settings; None for a run that is not LoRA."""
     rec = primary_line(log)
@@ -59,7 +113,7 @@ def lora_json(log: "ParsedLog", ctx: "RunContext") -> Optional[dict]:
     return {
         "logged": True,
         **{k: rec[k] for k in (*_SETTINGS, "percent", "line")},
-        "ranks": sorted(r for r in log.lora if r is not None),
+        "ranks": sorted(r for r in per_rank(log, ctx) if r is not None),
         "expected_trainable": expected_trainable(rec, ctx),
         "configured": ctx.lora,
     }
@@ -70,7 +124,7 @@ def _finding(severity: str, code: str, message: str, lines: Optional[list] = Non
     return severity, code, message, list(lines or [])
 
 
-def check_lora(log: "ParsedLog", ctx: "RunContext") -> list[tuple]:
+def check_lora(log: "ParsedLog", ctx: Any) -> list[tuple]:
     """(severity, code, message, lines) of every LoRA finding."""
     rec = primary_line(log)
     if rec is None:
@@ -80,7 +134,8 @@ def check_lora(log: "ParsedLog", ctx: "RunContext") -> list[tuple]:
                             "adapters trained (a backend that does not log it, or a run that stopped before step 1)")]
         return []
     out: list[tuple] = []
-    lines = [r["line"] for r in log.lora.values()]
+    ranks = per_rank(log, ctx)
+    lines = [r["line"] for r in ranks.values() if r.get("line") is not None]
     wrong: list[str] = []
     if rec["trainable"] >= rec["total"]:
         wrong.append(f"every parameter is trainable ({rec['trainable']:,} of {rec['total']:,}): the base is not frozen")
@@ -95,7 +150,7 @@ def check_lora(log: "ParsedLog", ctx: "RunContext") -> list[tuple]:
     if wrong:
         out.append(_finding("error", "lora-not-adapters", "LoRA: the trainable parameters are not the adapters': "
                            + "; ".join(wrong), [rec["line"]]))
-    differ = _differ(log.lora)
+    differ = _differ(ranks)
     if differ:
         out.append(_finding("error", "lora-ranks-disagree", f"LoRA: ranks disagree on {differ}", lines[:8]))
     cfg = ctx.lora or {}
@@ -108,11 +163,10 @@ def check_lora(log: "ParsedLog", ctx: "RunContext") -> list[tuple]:
         out.append(_finding("error", "lora-config-mismatch", "LoRA: the log is not the run config's adapter: "
                            + "; ".join(mismatch), [rec["line"]]))
     if not out:
-        ranks = len(log.lora)
         check = ", as config.json's shapes give" if expected is not None else ""
         out.append(_finding("info", "lora", f"LoRA: {rec['trainable']:,} trainable of {rec['total']:,} parameters "
                            f"({rec['percent']:.2f}%){check}: {rec['adapters']} adapters, rank {rec['rank']}, "
-                           f"{ranks} rank(s) logged it", [rec["line"]]))
+                           f"{len(ranks)} rank(s) logged it", [rec["line"]]))
     return out
 
 
@@ -127,11 +181,11 @@ def _differ(per_rank: dict[Any, dict]) -> Optional[str]:
     return f"{', '.join(keys)} ({shown})"
 
 
-def lora_row(log: "ParsedLog") -> Optional[str]:
+def lora_row(log: "ParsedLog", ctx: Any) -> Optional[str]:
     """The human table's ``LoRA`` row."""
     rec = primary_line(log)
     if rec is None:
         return None
     return (f"trainable {rec['trainable']:,} of {rec['total']:,} ({rec['percent']:.2f}%), rank {rec['rank']}, "
             f"alpha {rec['alpha']:g}, {rec['adapters']} adapters on {','.join(rec['targets'])}; "
-            f"{len(log.lora)} rank(s) logged it")
+            f"{len(per_rank(log, ctx))} rank(s) logged it")

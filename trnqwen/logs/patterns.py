@@ -217,21 +217,13 @@ def _override_calls(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.override_calls.setdefault(m.group("name"), {})[int(m.group("rank"))] = rec
 
 
-_LORA_RANK_RE = re.compile(r"\(rank (\d+)\)\s*$")
-
-
 def _lora(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     """``[LoRA] trainable N of M parameters (P%), rank R, ... initialised K (rank X)``
     (:func:`trnqwen.train.lora.log_line`), kept per process rank: the torchrun prefix's, else the
     line's own ``(rank X)``."""
-    rank = at.rank
-    if rank is None:
-        own = _LORA_RANK_RE.search(m.string)
-        rank = int(own.group(1)) if own else None
-    rec: dict = {k: int(m.group(k).replace(",", "")) for k in ("trainable", "total", "rank", "adapters", "initialised")}
-    rec.update(percent=float(m.group("percent")), alpha=float(m.group("alpha")), dropout=float(m.group("dropout")),
-               targets=m.group("targets").split(","), line=at.lineno)
-    log.lora[rank] = rec
+    from trnqwen.logs.lora import line_rank, record_of
+
+    log.lora[at.rank if at.rank is not None else line_rank(m.string)] = record_of(m, at.lineno)
 
 
 _CKPT = ("checkpoint", "safetensors")

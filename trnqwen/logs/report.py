@@ -244,7 +244,7 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
             text = f"calls {c['calls']}, fallbacks {c['fallbacks']}"
             parts.append(f"[red]{text}[/red]" if bad else text)
         t.add_row(f"override {name}", redact("; ".join(parts)))
-    lora = lora_row(log)
+    lora = lora_row(log, ctx)
     if lora is not None:
         t.add_row("LoRA", _escape(lora))
     elif ctx.lora:

@@ -69,6 +69,7 @@ class RunContext:
     # the run config's LoRA settings when it trained one: {rank, alpha, targets, backend}; None: not LoRA / unknown
     lora: Optional[dict] = None
     model_config: Optional[dict] = None  # the base model's config.json, when found
+    rank_lora: dict = field(default_factory=dict)  # rank -> its [LoRA] line from the run's per-rank logs
 
 
 def resolve_input(arg: Optional[str], runs_dir: Optional[Path] = None) -> LogInput:
@@ -200,6 +201,10 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
         ctx.structured = read_structured_logs(roots)
         ctx.tensorboard = read_tensorboard(roots)
         ctx.evaluation = read_evaluation(ctx.run_dir)
+        if ctx.lora is not None and isinstance(extra.get("rank_log_dir"), str):
+            from trnqwen.logs.lora import read_rank_logs
+
+            ctx.rank_lora = read_rank_logs(in_run_dir(record, ctx.run_dir, extra["rank_log_dir"]))
     return ctx
 
 
