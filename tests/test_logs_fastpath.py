@@ -49,6 +49,7 @@ def generate(seed: int, *, ranks: int, steps: int, colour: bool, every_rank: boo
         emit(r, "[Override] m.f: model_spec.model.layers.0.attention.rope A.Config -> B.Config")
         emit(r, "Applied 1 override(s)")
         emit(r, "Training starts at step 1")
+        emit(r, _lora_line(r, 0))
     step = 0
     crashed = False
     while step < steps:
@@ -87,6 +88,8 @@ def generate(seed: int, *, ranks: int, steps: int, colour: bool, every_rank: boo
                 out.append(f"{pre(r)}plain print \xff\n".encode("latin-1"))  # invalid UTF-8
             elif x < 0.050 and r in (None, 0):
                 emit(r, f"x{E}[0mstep: {step}  loss: 1.0")  # another layout: the regex path
+            elif x < 0.052:
+                emit(r, _lora_line(r, step))  # a [LoRA] line (trnqwen.train.lora) after the primary rank is known
         if oddities and not crashed and ranks > 1 and step == (2 * steps) // 3:
             crashed = True
             r = ranks - 1
@@ -94,6 +97,13 @@ def generate(seed: int, *, ranks: int, steps: int, colour: bool, every_rank: boo
                        f"{pre(r)}    raise ValueError('bad')\n{pre(r)}ValueError: bad step: 3 loss: 2\n".encode())
     out.append(f"{pre(rank_ids[0])}[titan] 2026-11-29 11:00:00,000 - root - INFO - Training completed\n".encode())
     return b"".join(out)
+
+
+def _lora_line(r, salt: int) -> str:
+    from trnqwen.train.lora import LoraSpec, log_line
+
+    spec = LoraSpec(rank=16, alpha=32.0, dropout=0.0, targets=("q_proj", "v_proj"), seed=0, base_model="m")
+    return log_line(trainable=1000 + salt, total=100_000, spec=spec, adapters=8, initialised=8, rank=r or 0)
 
 
 def _plain(value):

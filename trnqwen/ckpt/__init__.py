@@ -5,7 +5,8 @@
     report = verify(ckpt, model_config)          # VerifyReport; report.ok, report.to_json()
 
 Modules: ``layout`` (which files, which config.json), ``spec`` (expected tensors of a Qwen3
-config; the meta-device round trip), ``scan`` (streaming NaN/Inf counts and relative change), ``generate`` (``--generate``), ``verify`` (orchestration).
+config; the meta-device round trip), ``scan`` (streaming NaN/Inf counts and relative change), ``generate`` (``--generate``), ``verify`` (orchestration),
+``verify_adapter`` (a PEFT LoRA adapter folder against its base).
 Headers come from :mod:`trnqwen.safetensors_format` (shared with fetch and preflight).
 No module imports torch or numpy at import time.
 """
@@ -28,10 +29,13 @@ def locate(
     step: Optional[int] = None,
     assets: Optional[Path] = None,
     run_config=None,
+    base: Optional[Path] = None,
 ) -> tuple[CheckpointFiles, ModelConfig]:
     """CHECKPOINT (or the last run's checkpoint when None) and the config.json to build from.
 
-    ``run_config`` is the resolved :class:`trnqwen.config.RunConfig` (runs_dir, assets_dir).
+    ``run_config`` is the resolved :class:`trnqwen.config.RunConfig` (runs_dir, assets_dir).  For a
+    PEFT adapter folder the config is its base model's (:func:`trnqwen.ckpt.verify_adapter.find_base_config`;
+    ``base`` is ``--base``).
     """
     run_assets: Optional[Path] = None
     note = None
@@ -42,6 +46,15 @@ def locate(
     ckpt = resolve_checkpoint(checkpoint, step)
     ckpt.note = note
     config_assets = Path(run_config.resolved_assets_dir) if run_config is not None else None
+    from trnqwen.ckpt.verify_adapter import find_base_config, is_adapter
+
+    if is_adapter(ckpt):
+        return ckpt, find_base_config(ckpt, base=base, assets=assets, run_assets=run_assets, config_assets=config_assets)
+    if base is not None:
+        raise UsageError(
+            f"--base applies to a LoRA adapter folder, and {ckpt.root} is a whole model",
+            hint="use --assets DIR to name the config.json a whole-model checkpoint is built from",
+        )
     model_config = find_config(ckpt, assets=assets, run_assets=run_assets, config_assets=config_assets)
     return ckpt, model_config
 

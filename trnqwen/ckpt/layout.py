@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from trnqwen.assets import INDEX_NAME
+from trnqwen.assets import ADAPTER_CONFIG, INDEX_NAME
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.fsutil import broken_link
 
@@ -77,13 +77,14 @@ def _refuse_pickles(folder: Path) -> None:
 def _files_of(folder: Path, step: Optional[int], given: Path) -> CheckpointFiles:
     files = _safetensors_in(folder)
     index = folder / INDEX_NAME
-    if not files and not index.is_file():
+    if not files and not index.is_file() and not (folder / ADAPTER_CONFIG).is_file():
         raise AssertionError("caller checks that the folder holds safetensors")
     return CheckpointFiles(folder, files, index if index.is_file() else None, step, given)
 
 
 def _has_hf(folder: Path) -> bool:
-    return bool(_safetensors_in(folder)) or (folder / INDEX_NAME).is_file()
+    """HF safetensors, their index, or a PEFT adapter's config (its weights may be missing: verify says so)."""
+    return bool(_safetensors_in(folder)) or (folder / INDEX_NAME).is_file() or (folder / ADAPTER_CONFIG).is_file()
 
 
 def resolve_checkpoint(path: Path, step: Optional[int] = None) -> CheckpointFiles:

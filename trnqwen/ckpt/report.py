@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.ckpt.verify import VerifyReport
+from trnqwen.ckpt.verify_adapter import UNTRAINED, AdapterReport
 from trnqwen.errors import CheckFailed, redact
 from trnqwen.units import format_bytes
 
@@ -32,7 +33,8 @@ def run_verify(
     max_new_tokens: int,
     json_out: bool,
     cfg: RunConfig,
-) -> VerifyReport:
+    base: Optional[Path] = None,
+) -> VerifyReport | AdapterReport:
     """Locate, verify and report one checkpoint; ``cfg`` (resolved by the CLI) names the model,
     device and trust setting when the checkpoint's own run record does not."""
     from trnqwen import output
@@ -43,9 +45,14 @@ def run_verify(
         raise UsageError(f"--step must be >= 0 (got {step})")
     if max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
-    ckpt, model_config = locate(checkpoint, step=step, assets=assets, run_config=cfg)
+    ckpt, model_config = locate(checkpoint, step=step, assets=assets, run_config=cfg, base=base)
     if ckpt.note:
         output.warn(ckpt.note)
+    from trnqwen.ckpt.verify_adapter import is_adapter
+
+    if is_adapter(ckpt):
+        return _run_verify_adapter(ckpt, model_config, quick=quick, compare_to=compare_to, generate=generate,
+                                   json_out=json_out, cfg=cfg)
     reference = resolve_checkpoint(compare_to) if compare_to is not None else None
 
     with _Progress(enabled=not json_out and sys.stderr.isatty()) as progress:
@@ -80,6 +87,119 @@ def run_verify(
             hint=_hint(report),
         )
     return report
+
+
+def _run_verify_adapter(ckpt, model_config, *, quick: bool, compare_to: Optional[Path], generate: Optional[str],
+                        json_out: bool, cfg: RunConfig) -> AdapterReport:
+    """A PEFT LoRA adapter folder: checked against its base (trnqwen.ckpt.verify_adapter)."""
+    from trnqwen import output
+    from trnqwen.ckpt.verify_adapter import verify_adapter
+    from trnqwen.errors import UsageError
+
+    for flag, value in (("--compare-to", compare_to), ("--generate", generate)):
+        if value is not None:
+            raise UsageError(
+                f"{flag} compares or runs a whole model, and {ckpt.root} is a LoRA adapter",
+                hint="verify the adapter without it; `trnqwen eval` scores and answers with base + adapter side by side",
+            )
+    report = verify_adapter(ckpt, model_config, quick=quick, trust_remote_code=cfg.trust_remote_code)
+    if json_out:
+        doc = report.to_json()
+        if ckpt.folder is not None:
+            doc["checkpoint_folder"] = ckpt.folder
+        if ckpt.note:
+            doc["note"] = ckpt.note
+        output.print_json(doc)
+    else:
+        render_adapter(report, ckpt.other_steps)
+        if ckpt.folder is not None:
+            render_folder(ckpt.folder)
+    for warning in report.warnings:
+        output.warn(warning)
+    problems = report.problems
+    if problems:
+        more = f" (+{len(problems) - 1} more finding(s) above)" if len(problems) > 1 else ""
+        only_values = report.nonfinite and len(problems) == 1
+        raise CheckFailed(
+            f"adapter {report.checkpoint} failed verification: {problems[0]}{more}",
+            hint="training diverged or the export is corrupt: check `trnqwen inspect-logs` for NaN loss, lower --lr"
+            if only_values else "the adapter does not fit its base: check --base (the snapshot it was trained on) and "
+            "the run's export (see --json for every key)",
+        )
+    return report
+
+
+def render_adapter(report: AdapterReport, other_steps: list[int] | None = None) -> None:
+    """The human summary of an adapter check: one row per check, then the findings."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from trnqwen.output import console
+
+    out = console(stderr=False)
+    step = f" (step {report.step})" if report.step is not None else ""
+    cfg = report.adapter_config
+    out.print(f"[bold]LoRA adapter[/bold] {escape(report.checkpoint + step)}")
+    out.print(f"  {report.num_tensors} tensors, {report.modules} adapted module(s), {report.num_parameters:,} parameters, "
+              f"{_size(report.total_bytes)}; r {cfg.get('r')}, alpha {cfg.get('lora_alpha')}, targets "
+              f"{','.join(report.targets) or 'none'}")
+    out.print(f"[bold]Base[/bold] {report.model}")
+    out.print(f"  {escape(report.base)} ({escape(report.base_source)})")
+    rows: list[tuple[str, str, str]] = []
+
+    def row(name: str, ok: Optional[bool], detail: str) -> None:
+        mark = "[green]ok[/green]" if ok else ("[red]FAILED[/red]" if ok is False else "[dim]skipped[/dim]")
+        rows.append((name, mark, escape(redact(detail))))
+
+    row("adapter_config.json", not report.config_problems, report.config_problems[0] if report.config_problems
+        else f"peft_type LORA, r {cfg.get('r')}, target_modules {cfg.get('target_modules')}")
+    row("files readable", not report.file_errors, "; ".join(f"{n}: {e}" for n, e in report.file_errors.items())
+        or "adapter_model.safetensors")
+    if not report.file_errors or list(report.file_errors) == ["scan"]:
+        bad_keys = report.invalid_keys + report.unknown_modules + report.not_targeted + report.unpaired + report.missing_modules
+        row("keys", not bad_keys, f"{len(bad_keys)} problem(s): {bad_keys[0]}" if bad_keys
+            else f"every key a LoRA pair on a targeted module of the base ({report.modules} modules)")
+        row("shapes", not report.shape_mismatches, f"{len(report.shape_mismatches)} mismatch(es)" if report.shape_mismatches
+            else "A [r, in], B [out, r] fit the base")
+        if report.scanned:
+            row("finite values", not report.nonfinite, f"{len(report.nonfinite)} tensor(s) with NaN/Inf" if report.nonfinite
+                else f"all {report.num_parameters:,} values finite")
+            row("trained", None if report.untrained else True, UNTRAINED if report.untrained
+                else f"{report.nonzero_b} lora_B tensor(s) non-zero")
+        else:
+            row("finite values", None, "--quick: not scanned")
+        rt = report.round_trip
+        if rt is None:
+            row("peft round trip", None, "--quick: not loaded" if not report.scanned or not report.config_problems
+                else "adapter_config.json unusable")
+        elif rt.get("error"):
+            row("peft round trip", False, rt["error"])
+        else:
+            bad = rt["missing_adapter_keys"] + rt["unexpected_keys"]
+            row("peft round trip", not bad, f"{rt['library']}, {rt['model_class']} on meta: {rt['loaded']} tensors loaded, "
+                f"{len(rt['missing_adapter_keys'])} missing, {len(rt['unexpected_keys'])} unexpected adapter keys")
+    table = Table(show_header=True, title_justify="left")
+    for col in ("check", "result", "detail"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(*r)
+    out.print(table)
+    for title, items in (
+        ("Invalid keys", report.invalid_keys), ("Unknown modules", report.unknown_modules),
+        ("Not in target_modules", report.not_targeted), ("Unpaired", report.unpaired),
+        ("Targeted modules without an adapter", report.missing_modules),
+        ("Shape mismatches", [f"{m['key']}: {m['found']}, the base needs {m['expected']}" for m in report.shape_mismatches]),
+        ("Non-finite values", [f"{k}: {v['nan']:,} NaN, {v['inf']:,} Inf" for k, v in report.nonfinite_detail.items()]),
+    ):
+        if items:
+            out.print(f"[bold]{title}[/bold] ({len(items)}):")
+            for item in items[:SHOW]:
+                out.print(f"  {item}", markup=False)
+            if len(items) > SHOW:
+                out.print(f"  ... and {len(items) - SHOW} more (--json lists all)")
+    if report.ok:
+        out.print("[green bold]OK[/green bold]: a PEFT LoRA adapter that loads onto its base"
+                  + ("" if report.scanned else " (values not scanned, not loaded: --quick)"))
 
 
 def _hint(report: VerifyReport) -> str:

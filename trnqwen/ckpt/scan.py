@@ -281,3 +281,29 @@ def _pread(fd: int, view: memoryview, offset: int) -> memoryview:
             raise EOFError(f"file ended at byte {offset + got:,}")
         got += n
     return view
+
+
+def nonzero_tensors(header: SafetensorsHeader, names: Iterable[str], chunk: int = CHUNK_BYTES) -> set[str]:
+    """The tensors among ``names`` holding any value other than +-0 (raw bits: a float is zero
+    exactly when its bits without the sign bit are all zero; an integer when all its bits are).
+    Reads each tensor in ``chunk``-sized windows and stops at its first non-zero window."""
+    import numpy as np
+
+    found: set[str] = set()
+    with open(header.path, "rb") as fh:
+        for name in names:
+            t = header.tensors[name]
+            dtype = DTYPES[t.dtype]
+            mask = dtype.abs_mask or (1 << (8 * dtype.itemsize)) - 1
+            step = max(dtype.itemsize, chunk - chunk % dtype.itemsize)
+            for lo in range(t.begin, t.end, step):
+                n = min(step, t.end - lo)
+                fh.seek(header.data_start + lo)
+                raw = fh.read(n)
+                if len(raw) != n:
+                    raise EOFError(f"{header.path.name} ended inside {name}")
+                bits = np.frombuffer(raw, dtype=_uint(np, dtype.itemsize))
+                if np.bitwise_and(bits, bits.dtype.type(mask)).any():
+                    found.add(name)
+                    break
+    return found

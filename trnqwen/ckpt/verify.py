@@ -63,6 +63,7 @@ class VerifyReport:
     round_trip: Optional[dict[str, Any]] = None
     compare: Optional[dict[str, Any]] = None
     generate: Optional[dict[str, Any]] = None
+    kind: str = "model"  # a whole model; "adapter" is trnqwen.ckpt.verify_adapter.AdapterReport
 
     @property
     def fatal_mismatches(self) -> list[Mismatch]:

@@ -6,6 +6,7 @@ Examples:
   trnqwen verify-ckpt ./checkpoint_qwen3_4b_ft --quick --json
   trnqwen verify-ckpt ./ckpt --compare-to assets/hf/Qwen3-4B-Instruct-2507
   trnqwen verify-ckpt ./ckpt --generate "The capital of France is"
+  trnqwen verify-ckpt ./checkpoint_qwen3_4b_ft/hf/step-100 --base assets/hf/Qwen3-4B-Instruct-2507   # a LoRA adapter
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import typer
 
 from trnqwen.cli._options import AssetsOpt, ConfigFileOpt, DeviceOpt, JsonOpt, ModelOpt, given, user_paths
 
-HELP = "Check an exported checkpoint: keys, shapes and dtypes against the model, every value finite."
+HELP = (
+    "Check an exported checkpoint: keys, shapes and dtypes against the model, every value finite "
+    "(a LoRA adapter: against its base, and loaded with peft)."
+)
 EPILOG = (
     "Examples: trnqwen verify-ckpt ./checkpoint_qwen3_4b_ft  |  trnqwen verify-ckpt --quick --json  |  "
     "trnqwen verify-ckpt ./ckpt --compare-to assets/hf/Qwen3-4B-Instruct-2507 --generate 'Hello'. "
@@ -29,8 +33,8 @@ def verify_ckpt(
     checkpoint: Annotated[
         Optional[Path],
         typer.Argument(
-            help="Checkpoint folder (with step-N/ subfolders), a step-N folder, or a folder of HF safetensors. "
-            "[default: the last run's checkpoint]",
+            help="Checkpoint folder (with step-N/ subfolders), a step-N folder, a folder of HF safetensors, "
+            "or a PEFT LoRA adapter folder. [default: the last run's checkpoint]",
             show_default=False,
             callback=user_paths,
         ),
@@ -39,6 +43,16 @@ def verify_ckpt(
         Optional[int], typer.Option("--step", help="Which step-N folder to check. [default: the last one]", show_default=False)
     ] = None,
     assets: AssetsOpt = None,
+    base: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--base",
+            help="With a LoRA adapter: the base model's snapshot it is checked against. "
+            "[default: the run's assets, else adapter_config.json's base_model_name_or_path]",
+            show_default=False,
+            callback=user_paths,
+        ),
+    ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="Headers only (keys, shapes, dtypes, index); skip the value scan.")
     ] = False,
@@ -100,6 +114,7 @@ def verify_ckpt(
         checkpoint=checkpoint,
         step=step,
         assets=assets,
+        base=base,
         quick=quick,
         round_trip=round_trip,
         compare_to=compare_to,

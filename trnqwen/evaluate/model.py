@@ -82,8 +82,34 @@ def load_model(target: EvalTarget, device_type: str, *, trust_remote_code: bool 
         except OSError:
             kwargs["generation_config"] = GenerationConfig.from_model_config(kwargs["config"])
     model = AutoModelForCausalLM.from_pretrained(str(target.folder), **kwargs)
+    if target.adapter is not None:
+        model = with_adapter(model, target.adapter)
     model.eval()
     return model
+
+
+def with_adapter(model, folder):
+    """``model`` with the PEFT LoRA adapter in ``folder`` loaded by peft itself, unmerged (base +
+    adapter, as peft and vLLM serve it); :class:`CheckFailed` when peft cannot place every key
+    (it loads with ``strict=False``: a wrong name would only warn, and eval would score the base)."""
+    import warnings
+
+    from peft import PeftModel
+
+    from trnqwen.ckpt.verify_adapter import adapter_key_diff
+    from trnqwen.errors import CheckFailed
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # peft's strict=False warnings: checked below instead
+        wrapped = PeftModel.from_pretrained(model, str(folder), is_trainable=False)
+    missing, unexpected = adapter_key_diff(wrapped, folder)
+    if missing or unexpected:
+        raise CheckFailed(
+            f"the LoRA adapter {folder} does not load onto its base: {len(missing)} missing, {len(unexpected)} unexpected "
+            f"adapter key(s), e.g. {(missing + unexpected)[0]}",
+            hint=f"trnqwen verify-ckpt {folder} says what is wrong",
+        )
+    return wrapped
 
 
 def release_memory() -> None:

@@ -168,7 +168,7 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
         last = (tuned.run.record.extra.get("summary") or {}).get("last_step")
         step = (last.get("step") if isinstance(last, dict) else None) or tuned.run.record.steps
         try:
-            record(plan.record_dir, report, step=step, folder=tuned.folder, run=tuned.run)
+            record(plan.record_dir, report, step=step, folder=tuned.export, run=tuned.run)
         except OSError as exc:  # a read-only run dir or export: the results are still printed
             from trnqwen import output
 
@@ -202,9 +202,13 @@ def record(
     if run is not None:
         log_eval_wandb(Path(run_dir), run.record.config or {}, results, step if isinstance(step, int) else None)
     if folder is not None and run is not None and run.record.assets_dir:
+        from trnqwen.ckpt.lora import is_adapter_folder, read_adapter_config
         from trnqwen.ckpt.model_folder import card_info, write_model_card
 
-        write_model_card(folder, card_info(run.record, results, report.dataset))  # only replaces a card trnqwen wrote
+        info = card_info(run.record, results, report.dataset)
+        if is_adapter_folder(folder):  # the card of a PEFT adapter stays one (library_name: peft)
+            info.adapter = read_adapter_config(folder)
+        write_model_card(folder, info)  # only replaces a card trnqwen wrote
 
 
 def run_eval(

@@ -1,7 +1,8 @@
 """What ``trnqwen eval`` compares: CHECKPOINT arguments -> model folders, their runs, the base.
 
-A CHECKPOINT is any of: an HF model folder (an export, or a base snapshot), a checkpoint folder
-with ``step-N/`` subfolders, a run directory, or a run id (``<runs_dir>/<id>``).  A run names
+A CHECKPOINT is any of: an HF model folder (an export, or a base snapshot), a PEFT LoRA adapter
+folder (a LoRA run's export: evaluated as base + adapter), a checkpoint folder with ``step-N/``
+subfolders, a run directory, or a run id (``<runs_dir>/<id>``).  A run names
 its export, the base model it started from (its assets) and the data it validated on, so with
 no argument at all the last run answers every question.
 
@@ -76,6 +77,12 @@ class EvalTarget:
     config_dir: Path  # where its config.json is (the folder itself for a complete export)
     run: Optional[RunInfo] = None
     is_base: bool = False
+    adapter: Optional[Path] = None  # a PEFT LoRA adapter folder loaded onto ``folder`` (the base) with peft
+
+    @property
+    def export(self) -> Path:
+        """The folder the run exported: the adapter for a LoRA run, else the model folder."""
+        return self.adapter or self.folder
 
     @property
     def config(self) -> dict[str, Any]:
@@ -164,8 +171,14 @@ def _target_of_run(run: RunInfo) -> EvalTarget:
 
 def _target_of_folder(path: Path, label: str, run: Optional[RunInfo]) -> EvalTarget:
     from trnqwen.ckpt.layout import find_config, resolve_checkpoint
+    from trnqwen.ckpt.verify_adapter import find_base_config, is_adapter
 
     ckpt = resolve_checkpoint(path)
+    if is_adapter(ckpt):  # base + adapter: the base is the run's assets, else adapter_config's base model
+        base = find_base_config(ckpt, run_assets=run.assets if run else None).path.parent
+        if run is not None and ckpt.step is not None and label == run.run_id:
+            label = f"{run.run_id}/step-{ckpt.step}"
+        return EvalTarget(label=f"{label} (LoRA adapter)", folder=base, config_dir=base, run=run, adapter=ckpt.root)
     if ckpt.index is None and [p.name for p in ckpt.files] != ["model.safetensors"] and not (
         ckpt.root / "config.json"
     ).is_file():
@@ -180,11 +193,14 @@ def _target_of_folder(path: Path, label: str, run: Optional[RunInfo]) -> EvalTar
 
 
 def base_target(targets: list[EvalTarget]) -> Optional[EvalTarget]:
-    """The base model the first target's run started from (its assets), when known."""
+    """The base model the first target's run started from (its assets), or the one a LoRA adapter
+    is loaded onto, when known."""
     for target in targets:
         if target.run is not None and target.run.assets is not None and (target.run.assets / "config.json").is_file():
             assets = target.run.assets
             return EvalTarget(label="base", folder=assets, config_dir=assets, run=target.run, is_base=True)
+        if target.adapter is not None:
+            return EvalTarget(label="base", folder=target.folder, config_dir=target.config_dir, run=target.run, is_base=True)
     return None
 
 

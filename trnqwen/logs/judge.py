@@ -14,6 +14,7 @@ from typing import Optional
 
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
 from trnqwen.logs.identity import with_identity
+from trnqwen.logs.lora import check_lora
 from trnqwen.logs.sources import RunContext
 
 SEVERITIES = ("error", "warning", "info")
@@ -58,6 +59,7 @@ def judge(log: ParsedLog, ctx: Optional[RunContext] = None) -> list[Finding]:
         _check_weights_loaded,
         _check_overrides,
         _check_override_calls,
+        _check_lora,
         _check_nonfinite,
         _check_exploding,
         _check_grad_spikes,
@@ -76,6 +78,10 @@ def judge(log: ParsedLog, ctx: Optional[RunContext] = None) -> list[Finding]:
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+def _check_lora(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    return [Finding(*fields) for fields in check_lora(log, ctx)]
 
 
 def _check_input(log: ParsedLog, ctx: RunContext) -> list[Finding]:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from trnqwen.logs.stepline import strip_ansi, to_number
 from trnqwen.runtime.override_calls import CALLS_RE, CALLS_TAG
+from trnqwen.train.lora import LOG_LINE_RE as LORA_RE
+from trnqwen.train.lora import LOG_MARK as LORA_TAG
 
 if TYPE_CHECKING:
     from trnqwen.logs.record import ParsedLog
@@ -215,6 +217,15 @@ def _override_calls(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.override_calls.setdefault(m.group("name"), {})[int(m.group("rank"))] = rec
 
 
+def _lora(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    """``[LoRA] trainable N of M parameters (P%), rank R, ... initialised K (rank X)``
+    (:func:`trnqwen.train.lora.log_line`), kept per process rank: the torchrun prefix's, else the
+    line's own ``(rank X)``."""
+    from trnqwen.logs.lora import line_rank, record_of
+
+    log.lora[at.rank if at.rank is not None else line_rank(m.string)] = record_of(m, at.lineno)
+
+
 _CKPT = ("checkpoint", "safetensors")
 # model args / HF config printed in the log: "vocab_size=151936", "'vocab_size': 151936", "n_layers=36"
 _VOCAB_ARG_RE = re.compile(r"""\bvocab(?:_size|ulary size)['"]?\s*[:=]\s*(\d{3,8})\b""", re.IGNORECASE)
@@ -249,6 +260,7 @@ INFO_LINES: tuple[LinePattern, ...] = (
     LinePattern("completed", re.compile(r"Training completed"), _completed),
     LinePattern("peak-flops", re.compile(r"Peak FLOPS used for computing MFU: (\S+)"), _peak_flops),
     LinePattern("override-calls", CALLS_RE, _override_calls, (CALLS_TAG,)),
+    LinePattern("lora", LORA_RE, _lora, (LORA_TAG,)),
     LinePattern("world-size", re.compile(r"(?:world[ _]size|WORLD_SIZE|nproc_per_node)\s*[:=]\s*(\d+)", re.IGNORECASE), _launcher_world),
     LinePattern("world-size", re.compile(r"(?:launching|starting|with) (\d+) ranks?\b", re.IGNORECASE), _launcher_world),
 )

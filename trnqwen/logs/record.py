@@ -35,6 +35,9 @@ class ParsedLog:
     override_no_match: list[dict] = field(default_factory=list)
     # [OverrideCalls] lines: name -> rank -> {calls, fallbacks, modules, step, reason, line}
     override_calls: dict[str, dict[int, dict]] = field(default_factory=dict)
+    # [LoRA] lines (trnqwen.train.lora.log_line): rank -> {trainable, total, percent, rank, alpha, dropout,
+    # adapters, targets, initialised, line}; None: a line without a torchrun prefix or "(rank R)"
+    lora: dict[Optional[int], dict] = field(default_factory=dict)
     ranks: set = field(default_factory=set)  # ranks seen in prefixes
     world_size_hints: dict[str, int] = field(default_factory=dict)
     model_name: Optional[str] = None

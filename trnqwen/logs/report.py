@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trnqwen.logs.jsonsteps import StepRowsJSON, _num, step_rows  # noqa: F401 (step_rows: part of this API)
+from trnqwen.logs.lora import lora_json, lora_row
 from trnqwen.logs.judge import Finding, configured_steps, override_calls, override_table, root_cause, weights_verdict
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.stepline import STEP_FIELDS
@@ -149,6 +150,7 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream:
         "validation": [{k: _num(v) for k, v in rec.items() if k != "line"} for rec in log.validations],
         "overrides": overrides,
         "applied_overrides": [n for n, _ in log.applied.get(log.primary_rank, [])] or None,
+        "lora": lora_json(log, ctx),  # the [LoRA] line (None: not a LoRA run)
         "checkpoint": [{k: v for k, v in e.items()} for e in log.checkpoint_events],
         "findings": [f.as_dict() for f in findings],
         "summary": summarize(log, ctx, findings),
@@ -242,6 +244,11 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
             text = f"calls {c['calls']}, fallbacks {c['fallbacks']}"
             parts.append(f"[red]{text}[/red]" if bad else text)
         t.add_row(f"override {name}", redact("; ".join(parts)))
+    lora = lora_row(log, ctx)
+    if lora is not None:
+        t.add_row("LoRA", _escape(lora))
+    elif ctx.lora:
+        t.add_row("LoRA", "[yellow]configured, but no [LoRA] line logged[/yellow]")
     fc = s["findings"]
     t.add_row("findings: errors / warnings", f"{fc['error']} / {fc['warning']}")
     t.add_row("log lines: WARNING / ERROR", f"{s['warnings']} / {s['errors']}")

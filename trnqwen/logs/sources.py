@@ -66,6 +66,10 @@ class RunContext:
     notes: list[str] = field(default_factory=list)
     identity: Any = None  # trnqwen.logs.identity.ModelIdentity, once the log was read
     evaluation: dict = field(default_factory=dict)  # <run dir>/eval.json (trnqwen eval), when present
+    # the run config's LoRA settings when it trained one: {rank, alpha, targets, backend}; None: not LoRA / unknown
+    lora: Optional[dict] = None
+    model_config: Optional[dict] = None  # the base model's config.json, when found
+    rank_lora: dict = field(default_factory=dict)  # rank -> its [LoRA] line from the run's per-rank logs
 
 
 def resolve_input(arg: Optional[str], runs_dir: Optional[Path] = None) -> LogInput:
@@ -169,6 +173,9 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
         ctx.finetune = bool(cfg.get("finetune"))
     # model config.json
     model_cfg, model_cfg_path = _model_config(record, cfg, ctx.run_dir)
+    ctx.model_config = model_cfg
+    if cfg.get("lora"):
+        ctx.lora = _lora_settings(cfg)
     # vocab
     if _pos_int(vocab_size):
         ctx.vocab_size, ctx.vocab_source = int(vocab_size), "--vocab-size"
@@ -194,7 +201,25 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
         ctx.structured = read_structured_logs(roots)
         ctx.tensorboard = read_tensorboard(roots)
         ctx.evaluation = read_evaluation(ctx.run_dir)
+        if ctx.lora is not None and isinstance(extra.get("rank_log_dir"), str):
+            from trnqwen.logs.lora import read_rank_logs
+
+            ctx.rank_lora = read_rank_logs(in_run_dir(record, ctx.run_dir, extra["rank_log_dir"]))
     return ctx
+
+
+def _lora_settings(cfg: dict) -> dict:
+    """What the run config says the adapter is (as trnqwen.train.lora.spec_from_config reads it)."""
+    from trnqwen.constants import LORA_ALL_LINEAR
+    from trnqwen.train.lora import targets_of
+
+    rank = cfg.get("lora_rank")
+    alpha = cfg.get("lora_alpha")
+    if alpha is None and _pos_int(rank):
+        alpha = 2.0 * int(rank)
+    targets = cfg.get("lora_targets") or LORA_ALL_LINEAR
+    return {"rank": int(rank) if _pos_int(rank) else None, "alpha": alpha,
+            "targets": list(targets_of(str(targets))), "backend": cfg.get("backend")}
 
 
 def read_evaluation(run_dir: Path) -> dict:
