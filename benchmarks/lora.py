@@ -69,7 +69,9 @@ def _rank_pids(root: int) -> list:
         procs = psutil.Process(root).children(recursive=True)
     except psutil.Error:
         return []
-    return [p for p in procs if "trnqwen.runtime.entry" in " ".join(_cmdline(p))]
+    # the ranks, not torchrun's agent (whose command line names the entry module too)
+    return [p for p in procs if "trnqwen.runtime.entry" in (line := " ".join(_cmdline(p)))
+            and "torch.distributed.run" not in line]
 
 
 def _cmdline(p) -> list[str]:
@@ -145,7 +147,8 @@ def main() -> int:
 
         base_argv = [sys.executable, "-m", "trnqwen", "train", "--model", "builtin:tiny-qwen3", "--assets", str(assets),
                      "--backend", args.backend, "--device", "cpu", "--nproc-per-node", "2", "--steps", str(args.steps),
-                     "--seq-len", str(args.seq_len), "--finetune", "--dataset", str(chat_path()), "--lr", "1e-4"]
+                     "--seq-len", str(args.seq_len), "--finetune", "--dataset", str(chat_path()), "--lr", "1e-4",
+                     "--show-log"]  # rank 0's step lines, stamped inside the rank
         runs = {}
         for label, extra in (("full", []), ("lora", ["--lora", "--lora-rank", "16"])):
             cwd = work / label
