@@ -506,7 +506,7 @@ def run_quickstart(
     ckpts = workdir / "checkpoints"
     common = dict(
         model=TINY_MODEL, device=device, seq_len=seq_len, local_batch_size=DEFAULT_LOCAL_BATCH,
-        runs_dir=runs_dir, warmup_steps=1, seed=42,
+        runs_dir=runs_dir, warmup=1, seed=42,
     )
 
     def stage(name: str, what: str, fn: Callable[[], Any], skipped: Optional[str] = None) -> Any:
