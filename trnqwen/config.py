@@ -387,6 +387,7 @@ class ResolvedConfig:
             "resolved_checkpoint_dir": str(cfg.resolved_checkpoint_dir),
             "resolved_export_hf": cfg.resolved_export_hf,
             "resolved_save_every": cfg.resolved_save_every,
+            "resolved_lr": cfg.resolved_lr,
         }
         rows += [{"field": k, "value": v, "source": "derived"} for k, v in derived.items()]
         return rows

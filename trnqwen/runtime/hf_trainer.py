@@ -380,7 +380,6 @@ def training_arguments(spec: HFTrainerSpec, plan: ParallelPlan, *, bf16_supporte
         adam_beta1=0.9,  # torchtitan's default_adamw
         adam_beta2=0.95,
         adam_epsilon=1e-8,
-        gradient_checkpointing=spec.gradient_checkpointing,
         logging_steps=1,
         logging_first_step=True,
         # The Trainer's own resumable checkpoints; the HF export below is separate (hf/step-N).
@@ -398,6 +397,8 @@ def training_arguments(spec: HFTrainerSpec, plan: ParallelPlan, *, bf16_supporte
         ddp_find_unused_parameters=False,
         log_level="warning",
     )
+    if spec.gradient_checkpointing:  # --activation-checkpointing selective/full (transformers 5's name)
+        kwargs["activation_checkpointing"] = True
     if spec.seed is not None:
         kwargs["seed"] = spec.seed
     if spec.val_every:
