@@ -266,3 +266,16 @@ def test_resume_refuses_a_changed_schedule_setting(tmp_path):
         with pytest.raises(Exception) as info:
             prepare("r1", new)
         assert f"--resume: {flag} would change" in str(info.value), (flag, str(info.value))
+
+
+def test_run_json_round_trips_every_new_setting_and_old_records_still_load(tmp_path):
+    from trnqwen.config import RunConfig
+    from trnqwen.train.resume import recorded_config
+
+    given = {"epochs": 1.5, "lr_schedule": "constant", "warmup": 0.05, "min_lr_ratio": 0.2, "weight_decay": 0.01,
+             "max_grad_norm": 0.3, "activation_checkpointing": "selective", "val_every": "epoch", "save_every": 7}
+    cfg = resolve_config(given, environ={}, cwd=tmp_path).config.model_copy(update={"steps": 30, "lr": 1e-5})
+    back = RunConfig(**recorded_config(json.loads(json.dumps(cfg.model_dump(mode="json")))))
+    assert back == cfg and all(getattr(back, k) == v for k, v in given.items())
+    old = {k: v for k, v in cfg.model_dump(mode="json").items() if k != "warmup"} | {"warmup_steps": 4}
+    assert RunConfig(**recorded_config(old)).warmup == 4  # a run recorded before --warmup replaced warmup_steps
