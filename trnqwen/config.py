@@ -382,6 +382,10 @@ class ResolvedConfig:
                     row["source"] = f"default: {cfg.epochs or 1:g} epoch(s) of --dataset (counted when it is tokenized)"
                 else:
                     row["value"], row["source"] = DEFAULT_STEPS, "default without a dataset"
+            elif row["field"] == "warmup" and cfg.warmup is None:
+                row["value"], row["source"] = DEFAULT_WARMUP_STEPS, "default (steps; at most the run's)"
+            elif row["field"] == "activation_checkpointing" and cfg.activation_checkpointing is None:
+                row["source"] = "default: the backend's own (hf-v5 selective, native full, hf-trainer none)"
         derived = {
             "resolved_assets_dir": str(cfg.resolved_assets_dir),
             "resolved_checkpoint_dir": str(cfg.resolved_checkpoint_dir),
