@@ -2,8 +2,8 @@
 
 One ``trnqwen train`` run per backend (native, hf-v5, hf-trainer), shared by every test here:
 2 ranks on CPU, real torchrun, the bundled calculator conversations (system prompts, several
-turns), ``--val-split 0.1 --val-every 2``, 4 steps at seq 256, fine-tuning from the same
-briefly pre-trained tiny Qwen3 (so the loss depends on the data and the masks, unlike a
+turns), ``--val-split 0.1 --val-every 4``, 12 steps at seq 256 with 3 warm-up steps and a cosine
+decay to 0.1 x lr, fine-tuning from the same briefly pre-trained tiny Qwen3 (so the loss depends on the data and the masks, unlike a
 random-init model whose loss is ln(vocab) whatever it reads).  The launcher tokenizes once; the
 three runs read the same cache.
 """
@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 BACKENDS = ("native", "hf-v5", "hf-trainer")
 SEQ = 256
 PRETRAIN_STEPS = 30
+STEPS, LR, WARMUP, MIN_LR_RATIO = 12, 2e-3, 3, 0.1
 
 
 @pytest.fixture(scope="session")
@@ -76,8 +77,9 @@ def chat_runs(tmp_path_factory, chat_data):
         cwd.mkdir()
         r = run_subprocess(
             "train", "--model", "builtin:tiny-qwen3", "--assets", str(assets), "--device", "cpu",
-            "--nproc-per-node", "2", "--steps", "4", "--seq-len", str(SEQ), "--lr", "2e-3", "--finetune",
-            "--backend", backend, "--dataset", str(chat_data), "--val-split", "0.1", "--val-every", "2", "--json",
+            "--nproc-per-node", "2", "--steps", str(STEPS), "--seq-len", str(SEQ), "--lr", str(LR), "--finetune",
+            "--warmup", str(WARMUP), "--lr-schedule", "cosine", "--min-lr-ratio", str(MIN_LR_RATIO),
+            "--backend", backend, "--dataset", str(chat_data), "--val-split", "0.1", "--val-every", "4", "--json",
             cwd=cwd, env=env, timeout=600,
         )
         runs[backend] = (r, cwd, assets)
@@ -90,10 +92,14 @@ def _log(cwd: Path) -> str:
     return (last_run_dir(cwd / ".trnqwen" / "runs") / "train.log").read_text()
 
 
-def _losses(cwd: Path) -> dict[int, float]:
+def _steps(cwd: Path) -> dict[int, dict]:
     from trnqwen.logs.parse import parse_step_line
 
-    return {m["step"]: m["loss"] for m in map(parse_step_line, _log(cwd).splitlines()) if m}
+    return {m["step"]: m for m in map(parse_step_line, _log(cwd).splitlines()) if m}
+
+
+def _losses(cwd: Path) -> dict[int, float]:
+    return {step: m["loss"] for step, m in _steps(cwd).items()}
 
 
 def _validations(cwd: Path) -> dict[int, float]:
@@ -102,15 +108,37 @@ def _validations(cwd: Path) -> dict[int, float]:
     return {m["step"]: m["loss"] for m in map(parse_validation_line, _log(cwd).splitlines()) if m}
 
 
-def test_backends_agree_on_the_first_step(chat_runs):
-    """Same weights, same first batch: the step-1 loss of native, hf-v5 and hf-trainer within 0.5%."""
-    first = {}
+def test_backends_train_with_one_lr_curve(chat_runs):
+    """The LR of every step, as each backend logs it: equal on native, hf-v5 and hf-trainer (1e-9
+    relative), and torchtitan's warm-up (from lr/3) and cosine decay (to 0.1 x lr)."""
+    from trnqwen.train.schedule import lr_factor
+
+    curves = {}
     for backend, (r, cwd, _) in chat_runs.items():
         assert r.code == 0, f"{backend}:\n{r.text}"
-        first[backend] = _losses(cwd)[1]
-    assert first["native"] < 6.0, first  # the pre-trained start: well below ln(2048) = 7.62
+        curves[backend] = [_steps(cwd)[step]["lr"] for step in range(1, STEPS + 1)]
     for backend in ("hf-v5", "hf-trainer"):
-        assert abs(first[backend] - first["native"]) / first["native"] < 0.005, first
+        for step, (a, b) in enumerate(zip(curves["native"], curves[backend]), 1):
+            assert math.isclose(a, b, rel_tol=1e-9), (backend, step, curves)
+    expected = [LR * lr_factor(i, warmup_steps=WARMUP, total_steps=STEPS, decay_type="cosine", decay_ratio=None,
+                               min_lr_factor=MIN_LR_RATIO) for i in range(STEPS)]
+    assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(curves["native"], expected)), curves["native"]
+    assert math.isclose(curves["native"][0], LR / WARMUP, rel_tol=1e-9) and max(curves["native"]) == LR
+    assert curves["native"][-1] > MIN_LR_RATIO * LR  # the virtual last step: never the floor itself
+
+
+def test_backends_agree_on_the_first_five_steps(chat_runs):
+    """Same weights, same batches, same LR curve and optimizer: the losses of steps 1-5 of native,
+    hf-v5 and hf-trainer within 0.5%."""
+    losses = {}
+    for backend, (r, cwd, _) in chat_runs.items():
+        assert r.code == 0, f"{backend}:\n{r.text}"
+        losses[backend] = _losses(cwd)
+    assert losses["native"][1] < 6.0, losses  # the pre-trained start: well below ln(2048) = 7.62
+    for backend in ("hf-v5", "hf-trainer"):
+        for step in range(1, 6):
+            a, b = losses["native"][step], losses[backend][step]
+            assert abs(b - a) / a < 0.005, (backend, step, {k: [v[i] for i in range(1, 6)] for k, v in losses.items()})
     # Same validation data too: the first validation of the torchtitan backends agrees.
     v_native, v_hf = _validations(chat_runs["native"][1])[1], _validations(chat_runs["hf-v5"][1])[1]
     assert abs(v_native - v_hf) / v_native < 0.005
@@ -122,14 +150,14 @@ def test_loss_falls_validation_is_logged_and_the_export_verifies(chat_runs, back
     assert r.code == 0, r.text
     summary = json.loads(r.out)
     losses = _losses(cwd)
-    assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values())
-    assert losses[4] < losses[1], losses
+    assert sorted(losses) == list(range(1, STEPS + 1)) and all(math.isfinite(v) for v in losses.values())
+    assert losses[STEPS] < losses[1], losses
     validations = _validations(cwd)
-    assert {1, 2, 4} <= set(validations), validations  # step 1 and every 2 steps
-    assert validations[4] < validations[1], validations  # same val data: the model learned
+    assert {1, 4, 8, 12} <= set(validations), validations  # step 1 and every 4 steps
+    assert validations[STEPS] < validations[1], validations  # same val data: the model learned
     assert summary["last_validation"]["loss"] == validations[max(validations)]
     export = Path(summary["exported"])
-    assert export.name == "step-4"
+    assert export.name == f"step-{STEPS}"
     check = run_subprocess("verify-ckpt", str(export), "--assets", str(assets), "--json", cwd=cwd, timeout=300)
     assert check.code == 0, check.text
     assert json.loads(check.out)["ok"] is True

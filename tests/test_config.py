@@ -32,10 +32,14 @@ def test_defaults_follow_the_recipe(tmp_path):
     r = resolve_config({}, environ={}, cwd=tmp_path)
     c = r.config
     assert c.model == DEFAULT_MODEL == "Qwen/Qwen3-4B-Instruct-2507"
-    assert (c.steps, c.local_batch_size, c.dp_shard, c.tp, c.device) == (10, 1, -1, 1, "auto")
+    # steps and lr are None = "by what is trained": 10 steps without a dataset, torchtitan's 8e-4 from random init
+    assert (c.steps, c.lr, c.local_batch_size, c.dp_shard, c.tp, c.device) == (None, None, 1, -1, 1, "auto")
     assert c.backend == "hf-v5" and c.finetune is False
     assert r.sources == {} and r.config_file is None
-    assert all(row["source"] in ("default", "derived") for row in r.describe())
+    assert all(row["source"].startswith("default") or row["source"] == "derived" for row in r.describe())
+    rows = {row["field"]: row for row in r.describe()}
+    assert (rows["steps"]["value"], rows["steps"]["source"]) == (10, "default without a dataset")
+    assert rows["lr"]["value"] == 8e-4 and "random init" in rows["lr"]["source"]
 
 
 def test_derived_dirs_for_the_default_model():
@@ -129,7 +133,7 @@ def test_env_values_are_parsed(tmp_path):
 
 def test_unknown_env_var_warns_with_suggestion(tmp_path):
     r = resolve_config({}, environ={"TRNQWEN_STPES": "4", "TRNQWEN_DEBUG": "1"}, cwd=tmp_path)
-    assert r.config.steps == 10
+    assert r.config.steps is None  # not 4: the misspelt variable is ignored
     assert len(r.warnings) == 1 and "TRNQWEN_STEPS" in r.warnings[0]
 
 
@@ -226,7 +230,8 @@ def test_cli_config_show_json_sources(cli, in_tmp, monkeypatch):
     data = json.loads(r.out)
     assert data["config"]["steps"] == 3 and data["config"]["backend"] == "native"
     assert data["sources"]["steps"].startswith("file ") and data["sources"]["backend"] == "flag --backend"
-    assert data["sources"]["seq_len"] == "env TRNQWEN_SEQ_LEN" and data["sources"]["lr"] == "default"
+    assert data["sources"]["seq_len"] == "env TRNQWEN_SEQ_LEN" and data["sources"]["lr"] == "default for a full fine-tune"
+    assert data["config"]["lr"] is None and data["derived"]["resolved_lr"] == 1e-5
     assert data["derived"]["resolved_checkpoint_dir"] == "checkpoint_qwen3_4b_ft"
     assert set(data["config"]) == set(FIELD_NAMES)
 

@@ -72,7 +72,7 @@ def test_config_reference_lists_every_field_with_env_and_default():
         assert f"`TRNQWEN_{name.upper()}`" in row
         assert (info.description or "").split("(")[0].strip()[:20].replace("<", "&lt;") in row
     steps = next(line for line in text.splitlines() if line.startswith("| `steps` |"))
-    assert "`10`" in steps and "--steps (train" in steps
+    assert "else 10" in steps and "one epoch with --dataset" in steps and "--steps (train" in steps
 
 
 def test_docgen_check_mode_exit_codes(tmp_path):

@@ -73,7 +73,7 @@ def test_step_line_real_example_field_by_field():
            "\x1b[38;2;180;60;0mgrad_norm: 10.0349  \x1b[38;2;54;234;195mmemory:  0.00GiB(0.00%)  \x1b[34mtps: 108  "
            "\x1b[36mtflops: 0.03  \x1b[35mmfu: 0.01%\x1b[39m")
     want = {"step": 1, "loss": 7.60683, "grad_norm": 10.0349, "memory_gib": 0.0,
-            "memory_pct": 0.0, "tps": 108, "tflops": 0.03, "mfu": 0.01}
+            "memory_pct": 0.0, "tps": 108, "tflops": 0.03, "mfu": 0.01, "lr": None}
     assert parse_step_line(raw) == want
     # the whitespace-split fast path (not the regex fallback) takes torchtitan's exact layout
     from trnqwen.logs.parse import _fast_step
@@ -88,7 +88,7 @@ def test_step_line_separators_na_prefixes(color, prefix):
     msg = step_msg(1234, 3.25, grad_norm=0.5, gib=95.5, pct=97.25, tps=1234567, tflops=12345.678, mfu=None, color=color)
     rec = parse_step_line(prefix + "[titan] 2026-11-29 09:08:21,431 - root - INFO - " + msg)
     assert rec == {"step": 1234, "loss": 3.25, "grad_norm": 0.5, "memory_gib": 95.5, "memory_pct": 97.25,
-                   "tps": 1234567, "tflops": 12345.68, "mfu": None}
+                   "tps": 1234567, "tflops": 12345.68, "mfu": None, "lr": None}
 
 
 def test_step_line_nan_inf_and_odd_layouts():
@@ -96,7 +96,7 @@ def test_step_line_nan_inf_and_odd_layouts():
     assert rec["step"] == 3 and math.isnan(rec["loss"]) and rec["grad_norm"] == math.inf
     # older/other layouts go through the regex: fewer fields, no percentage, extra spaces
     assert parse_step_line("step: 7 loss: 2.5") == {"step": 7, "loss": 2.5, "grad_norm": None, "memory_gib": None,
-                                                    "memory_pct": None, "tps": None, "tflops": None, "mfu": None}
+                                                    "memory_pct": None, "tps": None, "tflops": None, "mfu": None, "lr": None}
     rec = parse_step_line("step:  2  loss:  7.6  grad_norm: 1.0  memory:  3.50GiB  tps: 1,001  tflops: 0.1  mfu: 1%")
     assert rec["memory_gib"] == 3.5 and rec["memory_pct"] is None and rec["tps"] == 1001 and rec["mfu"] == 1.0
     assert parse_step_line("validate step: 10  loss: 2.3456  memory:  1.00GiB(2.00%)  tps: 1,000") is None
@@ -127,7 +127,7 @@ def test_recipe_era_fixture_field_by_field():
     steps = log.step_list()
     assert [s["step"] for s in steps] == list(range(1, 11))
     assert steps[0] == {"step": 1, "loss": 6.54012, "grad_norm": 3.9, "memory_gib": 14.21, "memory_pct": 59.21,
-                        "tps": 87, "tflops": 3.52, "mfu": None, "line": steps[0]["line"]}
+                        "tps": 87, "tflops": 3.52, "mfu": None, "lr": None, "line": steps[0]["line"]}
     assert steps[9]["loss"] == 3.77901 and steps[9]["tps"] == 1264 and steps[9]["mfu"] == 7.58
     assert log.world_size == 64 and log.world_size_hints["mesh"] == 64
     assert log.model_name == "transformers_modeling_backend" and log.model_flavor == "Qwen3-4B-Instruct-2507"
@@ -473,7 +473,7 @@ def test_cli_table_csv_plot(cli, tmp_path):
     assert res.code == 0, res.err
     assert "nki_rope" in res.out and "6.5401 / 3.7790 / 3.7790" in res.out and "1,252" in res.out
     rows = csv_path.read_text().splitlines()
-    assert rows[0] == "step,loss,grad_norm,memory_gib,memory_pct,tps,tflops,mfu,val_loss,line"
+    assert rows[0] == "step,loss,grad_norm,memory_gib,memory_pct,tps,tflops,mfu,lr,val_loss,line"
     assert rows[1].startswith("1,6.54012,3.9,14.21,59.21,87,3.52,,") and len(rows) == 11
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     w, h = struct.unpack(">II", png.read_bytes()[16:24])

@@ -100,7 +100,7 @@ def cpu_runs(tmp_path_factory) -> dict[str, Run]:
     runs: dict[str, Run] = {}
     runs["pretrain"] = _run(
         "pretrain",
-        RunConfig(**common, assets_dir=tiny, backend="native", steps=PRETRAIN_STEPS, lr=5e-3, warmup_steps=2,
+        RunConfig(**common, assets_dir=tiny, backend="native", steps=PRETRAIN_STEPS, lr=5e-3, warmup=2,
                   export_hf=True, checkpoint_dir=root / "ck_pretrain"),
         root,
     )

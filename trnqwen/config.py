@@ -18,7 +18,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -45,6 +45,10 @@ Launcher = Literal["local", "slurm", "k8s"]
 K8sApi = Literal["trainjob", "pytorchjob"]
 DatasetFormat = Literal["auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text"]
 LongConversations = Literal["truncate", "drop"]
+LrSchedule = Literal["cosine", "linear", "constant"]
+ActivationCheckpointing = Literal["none", "selective", "full"]
+EPOCH = "epoch"  # --val-every / --save-every epoch: once per pass over the training data
+EveryN = Union[Annotated[int, Field(ge=1)], Literal["epoch"]]
 
 
 
@@ -75,19 +79,23 @@ class RunConfig(BaseModel):
     )
     val_split: float = Field(0.0, ge=0.0, lt=1.0, allow_inf_nan=False, description="Fraction of records held out for validation (seeded).")
     val_dataset: Optional[str] = Field(None, description="Validation records from another file/folder/Hub dataset.")
-    val_every: Optional[int] = Field(None, ge=1, description="Validate every N steps (needs validation data).")
+    val_every: Optional[EveryN] = Field(None, description="Validate every N steps, or 'epoch' (needs validation data).")
     data_cache_dir: Optional[Path] = Field(
         None, description="Tokenized dataset cache (default $XDG_CACHE_HOME/trnqwen/datasets)."
     )
     # --- schedule ---------------------------------------------------------------------
-    steps: int = Field(10, ge=1, description="Training steps.")
+    steps: Optional[int] = Field(
+        None, ge=1, description="Training steps (default: one epoch with --dataset, else 10). Excludes --epochs."
+    )
     local_batch_size: int = Field(1, ge=1, description="Sequences per rank per step.")
     global_batch_size: Optional[int] = Field(
         None, ge=1, description="Sequences per step over all ranks (default local batch x data-parallel degree)."
     )
     seq_len: int = Field(2048, ge=8, le=1_048_576, description="Sequence length in tokens (fixed: no recompiles).")
-    lr: float = Field(8e-4, gt=0, le=1.0, allow_inf_nan=False, description="Peak learning rate.")
-    warmup_steps: int = Field(2, ge=0, description="Linear warm-up steps.")
+    lr: Optional[float] = Field(
+        None, gt=0, le=1.0, allow_inf_nan=False,
+        description="Peak learning rate (default: 1e-5 for a full fine-tune, 8e-4 from random init).",
+    )
     seed: Optional[int] = Field(42, ge=0, description="Random seed (none = torchtitan's default).")
     # --- LoRA (trnqwen.train.lora: targets; runtime.lora: in the ranks; ckpt.lora: the PEFT adapter) ---
     lora: bool = Field(False, description="Train a LoRA adapter on a frozen base; the export is a PEFT adapter folder.")
@@ -102,6 +110,22 @@ class RunConfig(BaseModel):
         "all-linear = those seven.",
     )
     merge: bool = Field(False, description="With --lora: also write the merged whole model folder beside the adapter.")
+    # --- fine-tune schedule: epochs, LR curve, optimizer, memory (the same on every backend) ----
+    epochs: Optional[float] = Field(
+        None, gt=0, le=1_000_000, allow_inf_nan=False,
+        description="Passes over the training data (0.5 is fine); steps come from the tokenized cache. Excludes --steps.",
+    )
+    lr_schedule: LrSchedule = Field("cosine", description="LR after warm-up: cosine, linear (decay to --min-lr-ratio) or constant.")
+    warmup: Optional[Union[int, float]] = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="Linear warm-up: steps (20), or a fraction of the steps (0.03). Default 2 steps (at most the run's).",
+    )
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="Lowest LR of the decay, as a fraction of --lr.")
+    weight_decay: float = Field(0.1, ge=0.0, allow_inf_nan=False, description="AdamW weight decay (torchtitan's default 0.1).")
+    max_grad_norm: float = Field(1.0, gt=0.0, allow_inf_nan=False, description="Clip the gradient norm to this value.")
+    activation_checkpointing: Optional[ActivationCheckpointing] = Field(
+        None, description="none, selective or full (default: the backend's own: hf-v5 selective, native full, hf-trainer none)."
+    )
     # --- parallelism & device ------------------------------------------------------------
     dp_shard: int = Field(-1, description="FSDP degree; -1 shards over all ranks.")
     tp: int = Field(1, ge=1, description="Tensor-parallel degree.")
@@ -125,8 +149,8 @@ class RunConfig(BaseModel):
     export_hf: Optional[bool] = Field(
         None, description="Save the last step as HF safetensors (default: on with --finetune)."
     )
-    save_every: Optional[int] = Field(
-        None, ge=1, description="Save a resumable checkpoint every N steps (torchtitan checkpoint.interval; "
+    save_every: Optional[EveryN] = Field(
+        None, description="Save a resumable checkpoint every N steps or 'epoch' (torchtitan checkpoint.interval; "
         "the Trainer's save_steps). Default 500; the last step and a preemption always save."
     )
     keep_last: int = Field(
@@ -170,6 +194,13 @@ class RunConfig(BaseModel):
         if isinstance(value, Path) and str(value).startswith("~") and _expand(str(value)) == value:
             raise ValueError("cannot expand a path starting with ~ (no such user here); use an absolute path, or ~/ for your own home")
         return value
+
+    @field_validator("warmup")
+    @classmethod
+    def _warmup_valid(cls, v: Optional[float]) -> Optional[float]:
+        if v is not None and v >= 1 and v != int(v):
+            raise ValueError("must be a whole number of steps (20) or a fraction of the steps below 1 (0.03)")
+        return int(v) if v is not None and v >= 1 else v
 
     @field_validator("keep_last")
     @classmethod
@@ -271,8 +302,17 @@ class RunConfig(BaseModel):
         return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
 
     @property
-    def resolved_save_every(self) -> int:
+    def resolved_save_every(self) -> int | str:
+        """Steps between resumable checkpoints ('epoch': the plan counts the steps of one epoch)."""
         return self.save_every or DEFAULT_SAVE_EVERY
+
+    @property
+    def resolved_lr(self) -> float:
+        return self.lr if self.lr is not None else default_lr(self)[0]
+
+    @property
+    def lr_source(self) -> str:
+        return "set" if self.lr is not None else default_lr(self)[1]
 
     @property
     def resolved_export_hf(self) -> bool:
@@ -294,6 +334,20 @@ def model_name(model: str) -> str:
 
 
 DEFAULT_SAVE_EVERY = 500
+DEFAULT_STEPS = 10  # without a dataset (the recipe's corpus): the recipe's 10 steps
+DEFAULT_WARMUP_STEPS = 2  # torchtitan's Qwen3 recipes; never more than the run's steps
+
+
+def default_lr(cfg: "RunConfig") -> tuple[float, str]:
+    """The peak learning rate when --lr is not given, and why: the ONE rule (``config show`` and the
+    plan print the reason).  Published weights are fine-tuned gently (LLaMA-Factory's full SFT of
+    Qwen3 uses 1e-5); a LoRA adapter, which starts at zero, at 1e-4; a model from random init gets
+    torchtitan's pre-training rate."""
+    if cfg.lora:  # adapters start at zero: the peers' Qwen3 LoRA examples use 1e-4 to 2e-4
+        return 1e-4, "default for LoRA"
+    if cfg.finetune:
+        return 1e-5, "default for a full fine-tune"
+    return 8e-4, "default for pre-training from random init (torchtitan's)"
 
 
 def default_checkpoint_dir(model: str, finetune: bool) -> Path:
@@ -369,11 +423,24 @@ class ResolvedConfig:
             for name, value in self.as_dict().items()
         ]
         cfg = self.config
+        for row in rows:  # a default that depends on the run names its reason
+            if row["field"] == "lr" and cfg.lr is None:
+                row["value"], row["source"] = default_lr(cfg)
+            elif row["field"] == "steps" and cfg.steps is None:
+                if cfg.dataset:
+                    row["source"] = f"default: {cfg.epochs or 1:g} epoch(s) of --dataset (counted when it is tokenized)"
+                else:
+                    row["value"], row["source"] = DEFAULT_STEPS, "default without a dataset"
+            elif row["field"] == "warmup" and cfg.warmup is None:
+                row["value"], row["source"] = DEFAULT_WARMUP_STEPS, "default (steps; at most the run's)"
+            elif row["field"] == "activation_checkpointing" and cfg.activation_checkpointing is None:
+                row["source"] = "default: the backend's own (hf-v5 selective, native full, hf-trainer none)"
         derived = {
             "resolved_assets_dir": str(cfg.resolved_assets_dir),
             "resolved_checkpoint_dir": str(cfg.resolved_checkpoint_dir),
             "resolved_export_hf": cfg.resolved_export_hf,
             "resolved_save_every": cfg.resolved_save_every,
+            "resolved_lr": cfg.resolved_lr,
         }
         rows += [{"field": k, "value": v, "source": "derived"} for k, v in derived.items()]
         return rows
@@ -516,4 +583,9 @@ def resolve_config(
             _format_validation_error(exc, sources),
             hint="fix the value(s) above; `trnqwen config show` prints every field with its source",
         ) from None
+    if config.steps is not None and config.epochs is not None:  # a recorded run may hold both (steps counted)
+        raise ConfigError(
+            [f"steps ({sources.get('steps')}) and epochs ({sources.get('epochs')}) are both set: pick one"],
+            hint="--epochs N counts the steps from the data; --steps N sets them",
+        )
     return ResolvedConfig(config=config, sources=sources, config_file=path, warnings=warnings)

@@ -75,7 +75,10 @@ DeviceOpt = Annotated[
 ]
 StepsOpt = Annotated[
     Optional[int],
-    typer.Option("--steps", help=f"Training steps. Env: TRNQWEN_STEPS. {_default('steps')}", show_default=False),
+    typer.Option(
+        "--steps", help="Training steps (or --epochs). Env: TRNQWEN_STEPS. [default: one epoch with --dataset, else 10]",
+        show_default=False,
+    ),
 ]
 CheckpointDirOpt = Annotated[
     Optional[Path],
@@ -124,7 +127,59 @@ SeqLenOpt = Annotated[
 ]
 LrOpt = Annotated[
     Optional[float],
-    typer.Option("--lr", help=f"Peak learning rate. Env: TRNQWEN_LR. {_default('lr')}", show_default=False),
+    typer.Option(
+        "--lr", help="Peak learning rate. Env: TRNQWEN_LR. [default: 1e-5 for a full fine-tune, 8e-4 from random init]",
+        show_default=False,
+    ),
+]
+# --- the schedule: epochs, LR curve, optimizer, activation checkpointing (one block: train/schedule.py)
+EpochsOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--epochs", help="Passes over the training data (0.5 is fine); the steps are counted from the tokenized "
+        "--dataset. Not with --steps. Env: TRNQWEN_EPOCHS.", show_default=False,
+    ),
+]
+LrScheduleOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--lr-schedule", help=f"LR after warm-up: cosine, linear or constant. Env: TRNQWEN_LR_SCHEDULE. {_default('lr_schedule')}",
+        show_default=False,
+    ),
+]
+WarmupOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--warmup", help="Linear warm-up: steps (20) or a fraction of the steps (0.03). Env: TRNQWEN_WARMUP. "
+        "[default: 2 steps, at most the run's]", show_default=False,
+    ),
+]
+MinLrRatioOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--min-lr-ratio", help=f"Lowest LR of the decay, as a fraction of --lr. Env: TRNQWEN_MIN_LR_RATIO. {_default('min_lr_ratio')}",
+        show_default=False,
+    ),
+]
+WeightDecayOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--weight-decay", help=f"AdamW weight decay. Env: TRNQWEN_WEIGHT_DECAY. {_default('weight_decay')}", show_default=False
+    ),
+]
+MaxGradNormOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--max-grad-norm", help=f"Clip the gradient norm to this. Env: TRNQWEN_MAX_GRAD_NORM. {_default('max_grad_norm')}",
+        show_default=False,
+    ),
+]
+ActivationCheckpointingOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--activation-checkpointing", help="none, selective or full. Env: TRNQWEN_ACTIVATION_CHECKPOINTING. "
+        "[default: the backend's: hf-v5 selective, native full, hf-trainer none]", show_default=False,
+    ),
 ]
 DpShardOpt = Annotated[
     Optional[int],
@@ -328,8 +383,9 @@ ValDatasetOpt = Annotated[
     ),
 ]
 ValEveryOpt = Annotated[
-    Optional[int],
-    typer.Option("--val-every", help="Validate every N steps. Env: TRNQWEN_VAL_EVERY.", show_default=False, min=1),
+    Optional[str],
+    typer.Option("--val-every", help="Validate every N steps, or 'epoch'. Env: TRNQWEN_VAL_EVERY.", show_default=False,
+                 metavar="N|epoch"),
 ]
 DataCacheDirOpt = Annotated[
     Optional[Path],
@@ -348,10 +404,10 @@ def given(**flags: object) -> dict[str, object]:
 
 # --- checkpoints, resume, preemption ------------------------------------------------------------
 SaveEveryOpt = Annotated[
-    Optional[int],
+    Optional[str],
     typer.Option(
-        "--save-every",
-        help="Save a resumable checkpoint every N steps (torchtitan checkpoint.interval, the Trainer's "
+        "--save-every", metavar="N|epoch",
+        help="Save a resumable checkpoint every N steps or 'epoch' (torchtitan checkpoint.interval, the Trainer's "
         "save_steps). Env: TRNQWEN_SAVE_EVERY. [default: 500; the last step and a preemption always save]",
         show_default=False,
     ),

@@ -272,10 +272,38 @@ def render_config_reference() -> str:
         'model = "Qwen/Qwen3-4B-Instruct-2507"',
         'backend = "native"',
         "finetune = true",
-        "steps = 20",
+        'dataset = "mychat.jsonl"',
+        "epochs = 3",
+        "val_split = 0.05",
         "seq_len = 2048",
         "global_batch_size = 64",
         "```",
+        "",
+        "The same run from the command line:",
+        "",
+        "    trnqwen train --finetune --dataset mychat.jsonl --epochs 3 --val-split 0.05",
+        "",
+        "## Steps, learning rate and schedule",
+        "",
+        "`--epochs N` (a float: `0.5` is half the data) counts the steps from the tokenized dataset: "
+        "`floor(ceil(training sequences / global batch) x N)`; with `--dataset` and neither `--epochs` nor "
+        "`--steps` a run trains one epoch, without a dataset (the recipe's corpus) 10 steps. `--val-every epoch` "
+        "and `--save-every epoch` mean once per epoch. The plan (`--dry-run`, `--json` key `schedule`) and "
+        "`run.json` say how the count was reached (`412 steps = 2 epochs of 6,592 sequences at global batch 32`).",
+        "",
+        "Without `--lr` the peak learning rate depends on what is trained, and `config show` and the plan "
+        "name the reason: `1e-5` for a full fine-tune of published weights (`default for a full fine-tune`), "
+        "torchtitan's `8e-4` for pre-training from random init. Preflight warns about a full fine-tune at "
+        "`1e-4` or more, and refuses more `--warmup` steps than steps, fewer training sequences than one "
+        "global batch and an `--epochs` that gives 0 steps.",
+        "",
+        "`--lr-schedule` (cosine, linear, constant), `--warmup` (steps, or a fraction of the steps below 1), "
+        "`--min-lr-ratio`, `--weight-decay`, `--max-grad-norm` and `--activation-checkpointing` mean the same "
+        "on every backend: torchtitan's `lr_scheduler`, `optimizer` (AdamW, betas 0.9/0.95), "
+        "`training.max_norm` and `activation_checkpoint`; the Trainer gets the same optimizer and a `LambdaLR` "
+        "built from the same formula (`trnqwen/train/schedule.py`), so the learning rate of every step is the "
+        "same on native, hf-v5 and hf-trainer. Each step line ends with it (`lr: 0.001`), and `inspect-logs` "
+        "shows it (`--csv`/`--json` column `lr`, a `--plot` panel).",
         "",
         "## Environment variables",
         "",
@@ -306,7 +334,8 @@ def render_config_reference() -> str:
         "Derived values (shown by `trnqwen config show` with source `derived`): `resolved_assets_dir` "
         "(the assets folder actually used), `resolved_checkpoint_dir` (`checkpoint_<model slug>_<hash6>[_ft]`: "
         "the hash of the model id keeps different models apart; the recipe's model keeps `checkpoint_qwen3_4b[_ft]`; see docs/resume.md), "
-        "`resolved_export_hf` (`export_hf`, or `finetune` when unset), `resolved_save_every` (`save_every`, or 500).",
+        "`resolved_export_hf` (`export_hf`, or `finetune` when unset), `resolved_save_every` (`save_every`, or 500), "
+        "`resolved_lr` (`lr`, or the default for what is trained).",
         "",
     ]
     return "\n".join(out)

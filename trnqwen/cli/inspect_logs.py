@@ -39,7 +39,7 @@ def inspect_logs(
     json_out: JsonOpt = False,
     csv_file: Annotated[Optional[Path], typer.Option("--csv", help="Write one CSV row per step to FILE.", show_default=False)] = None,
     plot_file: Annotated[
-        Optional[Path], typer.Option("--plot", help="Write a PNG of loss, grad norm and tps/MFU against step.", show_default=False)
+        Optional[Path], typer.Option("--plot", help="Write a PNG of loss, grad norm, tps/MFU and learning rate against step.", show_default=False)
     ] = None,
     compare: Annotated[
         Optional[str], typer.Option("--compare", help="A second log or run dir: per-step losses side by side with their difference.", show_default=False)
@@ -200,6 +200,8 @@ def _run_follow(inp, json_out, csv_file, plot_file, strict, idle_timeout, judge_
         parts.append(f"tps {_f(s.get('tps'), ',')}")
         if s.get("mfu") is not None:
             parts.append(f"mfu {_f(s.get('mfu'), '.2f')}%")
+        if s.get("lr") is not None:
+            parts.append(f"lr {_f(s.get('lr'), '.4g')}")
         con.print("  ".join(parts), highlight=False)
 
     output.info(f"following {inp.label} (Ctrl-C to stop)")

@@ -36,7 +36,14 @@ from trnqwen.cli._options import (
     KeepLastOpt,
     LauncherOpt,
     LocalBatchSizeOpt,
+    ActivationCheckpointingOpt,
+    EpochsOpt,
     LrOpt,
+    LrScheduleOpt,
+    MaxGradNormOpt,
+    MinLrRatioOpt,
+    WarmupOpt,
+    WeightDecayOpt,
     MaxRestartsOpt,
     ModelOpt,
     MoeLayersOpt,
@@ -150,6 +157,13 @@ def train(
     seq_len: SeqLenOpt = None,
     val_every: ValEveryOpt = None,
     lr: LrOpt = None,
+    epochs: EpochsOpt = None,
+    lr_schedule: LrScheduleOpt = None,
+    warmup: WarmupOpt = None,
+    min_lr_ratio: MinLrRatioOpt = None,
+    weight_decay: WeightDecayOpt = None,
+    max_grad_norm: MaxGradNormOpt = None,
+    activation_checkpointing: ActivationCheckpointingOpt = None,
     dp_shard: DpShardOpt = None,
     tp: TpOpt = None,
     device: DeviceOpt = None,
@@ -226,6 +240,13 @@ def train(
             seq_len=seq_len,
             val_every=val_every,
             lr=lr,
+            epochs=epochs,
+            lr_schedule=lr_schedule,
+            warmup=warmup,
+            min_lr_ratio=min_lr_ratio,
+            weight_decay=weight_decay,
+            max_grad_norm=max_grad_norm,
+            activation_checkpointing=activation_checkpointing,
             dp_shard=dp_shard,
             tp=tp,
             device=device,
@@ -391,6 +412,9 @@ def _print_plan(plan, *, json_out: bool, exported: Optional[Path]) -> None:
         con.print(hand_run_command(plan, exported), markup=False, soft_wrap=True)
         _print_findings(plan.preflight, notes=plan.job.notes)
         return
+    if plan.job.schedule is not None:
+        con.rule("schedule", align="left")
+        con.print(plan.job.schedule.summary(), markup=False, soft_wrap=True)
     con.rule("command", align="left")
     con.print(plan.shell_command, markup=False, soft_wrap=True)
     con.rule(f"config module {plan.job.config_module}.py (--config {plan.job.config_fn})", align="left")

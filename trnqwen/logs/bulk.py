@@ -23,6 +23,7 @@ The per-line parser gives the same result (``tests/test_logs_fastpath.py`` check
 from __future__ import annotations
 
 import re
+from array import array
 from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol
@@ -258,6 +259,8 @@ def primary_columns(bodies: list, lines: list, prefix: bytes) -> Optional[tuple]
         values["tps"], values["tflops"] = numbers.float_columns([tokens[9::WIDTH], tokens[11::WIDTH]], commas=True)
     except ValueError:
         return None
+    values["lr"] = array("d", [float("nan")]) * n  # this layout has no lr column (trnqwen's lines go line by line)
+    missing["lr"] = list(range(n))
     return steps, lines, values, missing, skip
 
 

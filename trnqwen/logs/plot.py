@@ -1,4 +1,4 @@
-"""``--plot FILE.png``: loss, grad norm and throughput/MFU against step (matplotlib, Agg)."""
+"""``--plot FILE.png``: loss, grad norm, throughput/MFU and (when logged) the learning rate against step (matplotlib, Agg)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,10 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
     runs = [("A" if other is not None else None, log, "-")]
     if other is not None:
         runs.append(("B", other, "--"))
-    fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True, constrained_layout=True)
-    ax_loss, ax_grad, ax_tps = axes
+    with_lr = any(_series(run, "lr")[0] for _, run, _ in runs)
+    fig, axes = plt.subplots(4 if with_lr else 3, 1, figsize=(9, 11 if with_lr else 9), sharex=True, constrained_layout=True)
+    ax_loss, ax_grad, ax_tps = axes[:3]
+    ax_lr = axes[3] if with_lr else None
     ax_mfu = ax_tps.twinx()
     for label, run, style in runs:
         suffix = f" ({label})" if label else ""
@@ -53,6 +55,9 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
         x, y = _series(run, "mfu")
         if x:
             ax_mfu.plot(x, y, style, color="tab:red", alpha=0.7, label=f"MFU %{suffix}")
+        x, y = _series(run, "lr")
+        if ax_lr is not None and x:
+            ax_lr.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color="tab:brown", label=f"learning rate{suffix}")
     # trnqwen eval's held-out losses (eval.json): the base before step 1, the export at its step
     for n, ev in enumerate(evaluations or []):
         for r in (ev or {}).get("results", []):
@@ -75,9 +80,13 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
     ax_mfu.set_ylabel("MFU (%)")
     if ax_mfu.lines:
         ax_mfu.set_ylim(bottom=0)  # an honest scale: a 0.1-point wobble should look like one
-    ax_tps.set_xlabel("step")
-    ax_tps.xaxis.set_major_locator(MaxNLocator(integer=True))
-    for ax in (ax_loss, ax_grad, ax_tps):
+    bottom = ax_lr if ax_lr is not None else ax_tps
+    bottom.set_xlabel("step")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if ax_lr is not None:
+        ax_lr.set_ylabel("learning rate")
+        ax_lr.legend(loc="upper right", fontsize=8)
+    for ax in (ax_loss, ax_grad, ax_tps, *([ax_lr] if ax_lr is not None else [])):
         ax.grid(True, alpha=0.3)
     ax_loss.legend(loc="upper right", fontsize=8)
     ax_grad.legend(loc="upper right", fontsize=8)

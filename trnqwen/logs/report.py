@@ -68,6 +68,8 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
         "last_loss": _num(t.value("loss", n - 1)) if n else None,
         "min_loss": t.value("loss", best) if best is not None else None,
         "min_loss_step": t.step[best] if best is not None else None,
+        "peak_lr": max(lrs) if (lrs := t.finite("lr")[1].tolist()) else None,
+        "last_lr": _num(t.value("lr", n - 1)) if n else None,
         "mean_tps_after_step1": _column_mean(t, "tps", after_first),
         "mean_tflops_after_step1": _column_mean(t, "tflops", after_first),
         "mean_mfu_after_step1": _column_mean(t, "mfu", after_first),
@@ -209,6 +211,8 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
     t.add_row("loss first / last / min",
               f"{_fmt(s['first_loss'], '.4f')} / {_fmt(s['last_loss'], '.4f')} / {_fmt(s['min_loss'], '.4f')}"
               + (f" (step {s['min_loss_step']})" if s["min_loss_step"] is not None else ""))
+    if s.get("peak_lr") is not None:
+        t.add_row("learning rate peak / last", f"{s['peak_lr']:.4g} / {_fmt(s['last_lr'], '.4g')}")
     t.add_row("mean tps (after step 1)", _fmt(s["mean_tps_after_step1"], ",.0f")
               + (f"   step 1: {_fmt(s['step1_tps'], ',')}" if s["step1_tps"] is not None else ""))
     t.add_row("mean MFU (after step 1)", (_fmt(s["mean_mfu_after_step1"], ".2f") + "%") if s["mean_mfu_after_step1"] is not None else "-")

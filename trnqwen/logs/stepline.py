@@ -1,6 +1,10 @@
 """torchtitan's training step line, written and read in one place.
 
-``step: 12  loss:  2.25000  grad_norm:  0.8125  memory: 21.50GiB(89.58%)  tps: 123,456  tflops: 1,234.50  mfu: 42.50%``
+``step: 12  loss:  2.25000  grad_norm:  0.8125  memory: 21.50GiB(89.58%)  tps: 123,456  tflops: 1,234.50  mfu: 42.50%  lr: 0.0001``
+
+The trailing ``lr:`` (the learning rate the step trained with, 10 significant digits) is trnqwen's:
+the ranks append it to torchtitan's line (:mod:`trnqwen.runtime.lr_log`) and the Trainer backend
+prints it; lines without it (older logs, plain torchtitan) read as before, ``lr`` None.
 
 :func:`format_step_line` writes it (the hf-trainer backend prints torchtitan's line so every
 backend's log reads the same); :func:`parse_step_line` reads it back, with or without ANSI
@@ -19,7 +23,7 @@ from typing import Iterable, Optional
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 NUM = r"[-+]?(?:[0-9][0-9,]*(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|nan|NaN|inf|Inf|INF|NAN)"
 
-STEP_FIELDS = ("step", "loss", "grad_norm", "memory_gib", "memory_pct", "tps", "tflops", "mfu")
+STEP_FIELDS = ("step", "loss", "grad_norm", "memory_gib", "memory_pct", "tps", "tflops", "mfu", "lr")
 VALIDATION_FIELDS = ("loss", "memory_gib", "memory_pct", "tps")
 
 STEP_RE = re.compile(
@@ -30,6 +34,7 @@ STEP_RE = re.compile(
     r"(?:\s+tps:\s*(?P<tps>" + NUM + r"))?"
     r"(?:\s+tflops:\s*(?P<tflops>" + NUM + r"))?"
     r"(?:\s+mfu:\s*(?:(?P<mfu>" + NUM + r")\s*%|N/A))?"
+    r"(?:\s*(?:\x1b\[[0-9;]*m)?\s+lr:\s*(?P<lr>" + NUM + r"))?"
 )
 VALIDATE_RE = re.compile(
     r"validate step:\s*(?P<step>\d+)"
@@ -53,8 +58,9 @@ def format_step_line(
     tps: float,
     tflops: float,
     mfu: Optional[float],
+    lr: Optional[float] = None,
 ) -> str:
-    """One step line, character for character torchtitan's (colours off)."""
+    """One step line, character for character torchtitan's (colours off), then ``lr:`` when given."""
     mfu_str = f"{mfu:.2f}%" if mfu is not None else "N/A"
     return (
         f"step: {step:2}  "
@@ -65,7 +71,12 @@ def format_step_line(
         f"tps: {round(tps):,}  "
         f"tflops: {tflops:,.2f}  "
         f"mfu: {mfu_str}"
-    )
+    ) + (lr_text(lr) if lr is not None else "")
+
+
+def lr_text(lr: float) -> str:
+    """The ``lr:`` column appended to a step line (enough digits to compare backends exactly)."""
+    return f"  lr: {lr:.10g}"
 
 
 def strip_ansi(text: str) -> str:
@@ -139,6 +150,13 @@ def fast_step(line: str, i: int) -> Optional[dict]:
     if not step_key_glued_ok(line, i):
         return None
     tok = line[i:].split()
+    lr = None
+    if len(tok) == 16 and tok[14].endswith("lr:"):
+        try:
+            lr = float(tok[15])
+        except ValueError:
+            return None
+        tok = tok[:14]
     if (
         len(tok) != 14
         or not tok[2].endswith("loss:")
@@ -166,6 +184,7 @@ def fast_step(line: str, i: int) -> Optional[dict]:
             "tps": int(tps) if tps.is_integer() else tps,
             "tflops": float(tok[11].replace(",", "")),
             "mfu": None if mfu.startswith("N/A") else float(mfu[:e]),
+            "lr": lr,
         }
     except ValueError:
         return None

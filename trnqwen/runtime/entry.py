@@ -6,7 +6,8 @@ dense-mask SDPA attention override for native models (through torchtitan's overr
 and an SDPA ``flex_attention_forward`` for the Transformers backend.  On every device the
 Transformers backend gets its rotary buffers re-initialised after materialisation
 (:mod:`trnqwen.runtime.hf_rope`), and every run gets exact resume and preemption handling
-(:mod:`trnqwen.runtime.resume_state`).  Otherwise the entry is a pass-through to ``torchtitan.train.main`` (it only expands recipe-style bare-module
+(:mod:`trnqwen.runtime.resume_state`) and the learning rate at the end of each step line
+(:mod:`trnqwen.runtime.lr_log`).  Otherwise the entry is a pass-through to ``torchtitan.train.main`` (it only expands recipe-style bare-module
 ``--override.imports`` entries for torchtitan versions that want ``module.function``).
 
 It never runs in the launcher process, so touching the Neuron runtime here is fine.
@@ -96,6 +97,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     from trnqwen.runtime import resume_state
 
     resume_state.install()  # RNG in checkpoints, exports apart from resume points, preemption
+    from trnqwen.runtime import lr_log
+
+    lr_log.install()  # the step line ends with the step's learning rate (as every backend's does)
     sys.argv = [sys.argv[0], *rest]
     from torchtitan.train import main as titan_main
 

@@ -236,6 +236,35 @@ def save_hf_checkpoint(state_dict: dict, dest: Path, *, drop: set[str] = frozens
     return dest
 
 
+def schedule_trainer_class(base, spec: HFTrainerSpec):
+    """``base`` with torchtitan's optimizer and LR curve: one ``LambdaLR`` built from
+    :func:`trnqwen.train.schedule.lr_factor` (the formula torchtitan 0.3.0 uses), and weight decay on
+    every parameter, as torchtitan's ``default_adamw`` (one ``.*`` param group) applies it."""
+    import functools
+
+    from torch.optim.lr_scheduler import LambdaLR
+
+    from trnqwen.train.schedule import lr_factor
+
+    factor = functools.partial(
+        lr_factor, warmup_steps=spec.warmup_steps, total_steps=spec.steps,
+        decay_type="linear" if spec.lr_schedule == "constant" else spec.lr_schedule,
+        decay_ratio=0.0 if spec.lr_schedule == "constant" else None, min_lr_factor=spec.min_lr_ratio,
+    )
+
+    class TitanSchedule(base):
+        def create_scheduler(self, num_training_steps, optimizer=None):
+            if self.lr_scheduler is None:
+                self.lr_scheduler = LambdaLR(optimizer if optimizer is not None else self.optimizer, factor)
+                self._created_lr_scheduler = True
+            return self.lr_scheduler
+
+        def get_decay_parameter_names(self, model):
+            return [name for name, _ in model.named_parameters()]
+
+    return TitanSchedule
+
+
 def _step_logger_callback(spec: HFTrainerSpec, plan: ParallelPlan, flops_token: int):
     from transformers import TrainerCallback
 
@@ -247,9 +276,12 @@ def _step_logger_callback(spec: HFTrainerSpec, plan: ParallelPlan, flops_token: 
         def __init__(self):
             self.started = None
             self.seconds = 0.0
+            self.lr = None
 
         def on_step_begin(self, args, state, control, **kwargs):
             self.started = time.perf_counter()
+            scheduler = kwargs.get("lr_scheduler")  # the LR this step trains with (torchtitan logs the same)
+            self.lr = scheduler.get_last_lr()[0] if scheduler is not None else None
 
         def on_step_end(self, args, state, control, **kwargs):
             if self.started is not None:
@@ -262,7 +294,8 @@ def _step_logger_callback(spec: HFTrainerSpec, plan: ParallelPlan, flops_token: 
             tps, tflops, mfu = step_metrics(tokens_per_step, self.seconds, flops_token, spec.peak_flops_per_rank)
             mem_gib, mem_pct = _device_memory(spec.device, spec.memory_bytes_per_rank)
             grad_norm = float(logs.get("grad_norm", float("nan")))
-            _log(format_step_line(state.global_step, float(logs["loss"]), grad_norm, mem_gib, mem_pct, tps, tflops, mfu))
+            _log(format_step_line(state.global_step, float(logs["loss"]), grad_norm, mem_gib, mem_pct, tps, tflops, mfu,
+                                  lr=self.lr))
 
     return TorchtitanStepLines()
 
@@ -339,9 +372,15 @@ def training_arguments(spec: HFTrainerSpec, plan: ParallelPlan, *, bf16_supporte
         per_device_train_batch_size=spec.local_batch_size,
         gradient_accumulation_steps=plan.grad_accum,
         learning_rate=spec.lr,
+        # The LR curve is torchtitan's (schedule_trainer_class replaces the Trainer's scheduler with it);
+        # these name it for the Trainer's own records.
         warmup_steps=spec.warmup_steps,
-        lr_scheduler_type="linear",
+        lr_scheduler_type={"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[spec.lr_schedule],
         max_grad_norm=spec.max_grad_norm,
+        weight_decay=spec.weight_decay,
+        adam_beta1=0.9,  # torchtitan's default_adamw
+        adam_beta2=0.95,
+        adam_epsilon=1e-8,
         logging_steps=1,
         logging_first_step=True,
         # The Trainer's own resumable checkpoints; the HF export below is separate (hf/step-N).
@@ -359,6 +398,8 @@ def training_arguments(spec: HFTrainerSpec, plan: ParallelPlan, *, bf16_supporte
         ddp_find_unused_parameters=False,
         log_level="warning",
     )
+    if spec.gradient_checkpointing:  # --activation-checkpointing selective/full (transformers 5's name)
+        kwargs["activation_checkpointing"] = True
     if spec.seed is not None:
         kwargs["seed"] = spec.seed
     if spec.val_every:
@@ -499,7 +540,7 @@ def run(spec: HFTrainerSpec) -> int:
         _log(
             f"Trainer is initialized with local batch size {spec.local_batch_size}, global batch size {global_batch}, "
             f"gradient accumulation steps {plan.grad_accum}, sequence length {spec.seq_len}, "
-            f"total steps {spec.steps} (warmup {spec.warmup_steps})"
+            f"total steps {spec.steps} (warmup {spec.warmup_steps}, {spec.lr_schedule} LR from {spec.lr:g})"
         )
         if spec.peak_flops_per_rank:
             _log(f"Peak FLOPS used for computing MFU: {spec.peak_flops_per_rank:.3e}")
@@ -517,6 +558,7 @@ def run(spec: HFTrainerSpec) -> int:
 
     resume_state.install_signal_handlers()
     preemption = _resume_callback(resumable(spec))
+    trainer_cls = schedule_trainer_class(trainer_cls, spec)
     if resumable(spec):  # one checkpoint form for every strategy: DCP, resharded on load
         from trnqwen.runtime.hf_trainer_checkpoint import dcp_checkpoint_class
 

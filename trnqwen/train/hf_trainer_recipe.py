@@ -21,6 +21,7 @@ from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen.train import lora, tracking
 from trnqwen.train.hf_trainer_spec import LORA_TP_PROBLEM, HFTrainerSpec, SpecError, choose_strategy, spec_to_argv
 from trnqwen.train.job import TrainJob
+from trnqwen.train.schedule import plan_schedule
 from trnqwen.train.topology import Topology, plan_topology
 
 if TYPE_CHECKING:
@@ -108,6 +109,7 @@ def _dataset_arg(cfg: RunConfig, rank_data: Any = None) -> tuple[Optional[str], 
 def build_hf_trainer_spec(
     cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, dataset: Any = ..., rank_data: Any = None,
     lora_spec: Any = ...,
+    schedule: Any = None,
 ) -> HFTrainerSpec:
     """The :class:`~trnqwen.train.hf_trainer_spec.HFTrainerSpec` for this run (pure; checks only files).
 
@@ -119,20 +121,27 @@ def build_hf_trainer_spec(
     export = bool(cfg.resolved_export_hf)
     if dataset is ...:
         dataset, _, _ = _dataset_arg(cfg, rank_data)
+    if schedule is None:
+        schedule = plan_schedule(cfg, rank_data, plan_topology(cfg, device))
     device_type = device.type
     return HFTrainerSpec(
         assets_dir=str(assets_dir),
         model=cfg.model,
         dataset=dataset,
         cache_dir=str(rank_data.cache_dir) if rank_data is not None else None,
-        val_every=cfg.val_every,
+        val_every=schedule.val_every,
         device=device_type,
-        steps=cfg.steps,
+        steps=schedule.steps,
         local_batch_size=cfg.local_batch_size,
         global_batch_size=cfg.global_batch_size,
         seq_len=cfg.seq_len,
-        lr=cfg.lr,
-        warmup_steps=cfg.warmup_steps,
+        lr=schedule.lr,
+        warmup_steps=min(schedule.warmup_steps, schedule.steps),
+        lr_schedule=schedule.lr_schedule,
+        min_lr_ratio=schedule.min_lr_ratio,
+        weight_decay=schedule.weight_decay,
+        max_grad_norm=schedule.max_grad_norm,
+        gradient_checkpointing=schedule.activation_checkpointing in ("selective", "full"),
         seed=cfg.seed,
         tp=cfg.tp,
         dp_shard=cfg.dp_shard,
@@ -140,7 +149,7 @@ def build_hf_trainer_spec(
         finetune=cfg.finetune,
         checkpoint_dir=str(Path(cfg.resolved_checkpoint_dir).expanduser().absolute()),  # resume points always
         export_hf=export,
-        save_every=cfg.resolved_save_every,
+        save_every=schedule.save_every,
         keep_last=cfg.keep_last,
         output_dir=str(Path(run_dir if run_dir is not None else cfg.runs_dir).expanduser().absolute()),
         peak_flops_per_rank=device.peak_flops_per_rank,
@@ -209,13 +218,17 @@ def build_hf_trainer_job(
         data_notes = list(prepared[0].notes)
     hf_config = read_config_json(assets_dir)
     lora_spec, lora_note = _lora_plan(cfg, hf_config)
-    spec = build_hf_trainer_spec(cfg, device, run_dir, dataset=dataset, rank_data=rank_data, lora_spec=lora_spec)
+    topology = topology or plan_topology(cfg, device)
+    schedule = plan_schedule(cfg, rank_data, topology)
+    spec = build_hf_trainer_spec(cfg, device, run_dir, dataset=dataset, rank_data=rank_data, lora_spec=lora_spec,
+                                 schedule=schedule)
     device_type = spec.device
     notes = [] if rank_data is not None else ["hf-trainer pads/truncates each document to seq_len (no packing as in torchtitan)"]
     notes += [lora_note] if lora_note else []
     notes += data_notes
     notes += [f"not runnable here: {p.message}" for p in problems]
-    topology = topology or plan_topology(cfg, device)
+    if schedule.activation_checkpointing == "selective":
+        notes.append("hf-trainer has no selective activation checkpointing: it recomputes whole layers (gradient_checkpointing)")
     try:
         strategy = choose_strategy(topology, device=device_type, has_distributed_config=has_dc)
         notes += strategy.notes
@@ -248,4 +261,5 @@ def build_hf_trainer_job(
         dump_folder=Path(run_dir).absolute() if run_dir is not None else None,
         dataset=data_source,
         dataset_cache=rank_data.cache_dir if rank_data is not None else None,
+        schedule=schedule,
     )

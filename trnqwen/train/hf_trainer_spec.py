@@ -48,7 +48,11 @@ class HFTrainerSpec:
     global_batch_size: Optional[int] = None  # None = local batch x data-parallel degree
     seq_len: int = 2048
     lr: float = 8e-4
-    warmup_steps: int = 2
+    warmup_steps: int = 2  # resolved (trnqwen.train.schedule): the LR follows schedule.lr_factor, as torchtitan's
+    lr_schedule: str = "cosine"  # cosine | linear | constant
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.1  # AdamW on every parameter, betas (0.9, 0.95): torchtitan's default_adamw
+    gradient_checkpointing: bool = False
     seed: Optional[int] = 42
     tp: int = 1
     dp_shard: int = -1  # -1 = all ranks left after tp
@@ -84,6 +88,8 @@ class HFTrainerSpec:
             problems.append("dp_shard must be -1 (all ranks) or a positive integer")
         if self.global_batch_size is not None and self.global_batch_size < 1:
             problems.append("global_batch_size must be >= 1")
+        if self.lr_schedule not in ("cosine", "linear", "constant"):
+            problems.append("lr_schedule must be cosine, linear or constant")
         if self.strategy not in STRATEGIES:
             problems.append(f"strategy must be one of {', '.join(STRATEGIES)}")
         if self.export_hf and not self.checkpoint_dir:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 
 @dataclass
@@ -51,3 +51,5 @@ class TrainJob:
     dataset: Optional[str] = None
     # The tokenized cache every rank reads (trnqwen.dataset), when the run reads one.
     dataset_cache: Optional[Path] = None
+    # Steps, LR curve, optimizer (trnqwen.train.schedule.Schedule): resolved once, the same on every backend.
+    schedule: Optional[Any] = None

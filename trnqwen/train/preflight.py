@@ -102,7 +102,8 @@ class PreflightReport:
         raise cls(message, hint="; ".join(dict.fromkeys(hints)) or None)
 
 
-USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset", "outputs", "override-imports"}
+USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset", "outputs", "override-imports", "schedule"}
+FINETUNE_LR_WARN = 1e-4  # a full fine-tune at or above this rate tends to erase what the model knew
 
 
 # --- the checks ---------------------------------------------------------------------------
@@ -217,6 +218,30 @@ def _nearest_existing(path: Path) -> Path:
     while not path.exists() and not path.is_symlink() and path.parent != path:
         path = path.parent
     return path
+
+
+def check_schedule(report: PreflightReport, cfg: RunConfig, schedule: Any) -> None:
+    """Steps, warm-up and LR that would waste or wreck the run (trnqwen.train.schedule)."""
+    if schedule is None:
+        return
+    if schedule.sequences is not None and schedule.global_batch and schedule.sequences < schedule.global_batch:
+        report.add(ERROR, "schedule",
+                   f"the dataset has {schedule.sequences:,} training sequence(s), fewer than one global batch of "
+                   f"{schedule.global_batch}", "add data, or lower --global-batch-size / --local-batch-size / the ranks")
+    elif schedule.steps < 1:
+        report.add(ERROR, "schedule", f"--epochs {schedule.epochs:g} gives 0 steps (one epoch is "
+                   f"{schedule.steps_per_epoch} step(s))", f"use --epochs {1 / (schedule.steps_per_epoch or 1):.3g} or more, or --steps N")
+    if schedule.warmup_given and schedule.warmup_steps > schedule.steps:
+        report.add(ERROR, "schedule", f"--warmup {schedule.warmup_steps} is more warm-up steps than the run's "
+                   f"{schedule.steps} step(s)", "lower --warmup (a fraction such as 0.03 follows the step count)")
+    for name in schedule.epoch_settings:
+        if schedule.sequences is None:
+            report.add(ERROR, "schedule", f"--{name.replace('_', '-')} epoch needs a --dataset to count an epoch",
+                       f"give --dataset FILE, or --{name.replace('_', '-')} N steps")
+    if cfg.finetune and not cfg.lora and schedule.lr >= FINETUNE_LR_WARN:  # LoRA runs at 1e-4 by design
+        report.add(WARNING, "schedule",
+                   f"a full fine-tune of published weights at lr {schedule.lr:g} can erase what the model knew; "
+                   "full fine-tunes usually use 1e-6 to 5e-5 (the default is 1e-5)", "lower --lr, e.g. --lr 1e-5")
 
 
 def check_outputs(report: PreflightReport, cfg: RunConfig, job: TrainJob) -> None:
@@ -426,6 +451,7 @@ def preflight(
     check_topology(report, topo)
     check_ranks(report, device, topo.nproc_per_node)
     check_outputs(report, cfg, job)
+    check_schedule(report, cfg, job.schedule)
     check_override_imports(report, cfg, search_path if search_path is not None else [os.getcwd(), *sys.path])
     check_lora(report, cfg)
     if topo.problem(PARALLELISM) is None:

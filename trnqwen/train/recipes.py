@@ -36,6 +36,7 @@ from trnqwen.train.preflight import count_params  # one parameter formula for bo
 from trnqwen.train.cache_data import RankData, prepare_rank_data, streamed_data, titan_dataloader_code
 from trnqwen.train.datasets import DataSpec, render_dataset_code
 from trnqwen.train.job import TrainJob
+from trnqwen.train.schedule import Schedule, plan_schedule
 from trnqwen.train.topology import Topology, plan_topology
 
 CONFIG_MODULE = "trnqwen_run_config"
@@ -67,6 +68,7 @@ class Plan:
     rank_data: Optional[RankData] = None  # the token cache the ranks read (datasets the user names)
     lora: Optional[lora.LoraSpec] = None
     lora_targets: tuple[str, ...] = ()  # the HF targets this backend adapts (trnqwen.train.lora)
+    schedule: Optional[Schedule] = None  # steps, LR curve, optimizer: resolved once (train/schedule.py)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -136,6 +138,7 @@ def build_job(
         override_imports=override_imports,
         dataset=plan.data.source,
         dataset_cache=plan.rank_data.cache_dir if plan.rank_data is not None else None,
+        schedule=plan.schedule,
     )
     return job
 
@@ -182,6 +185,7 @@ def make_plan(
         cfg=cfg, device=device, api=api, assets_dir=assets_dir, hf_config=hf_config, data=data,
         topology=topology, checkpoint_dir=ckpt,
         dump_folder=Path(run_dir).absolute() if run_dir is not None else None, notes=notes, rank_data=rank_data,
+        schedule=plan_schedule(cfg, rank_data, topology),
     )
     if cfg.backend == "native":
         _plan_native(plan)
@@ -292,6 +296,7 @@ def hf_export_dtype(hf_config: Optional[dict[str, Any]]) -> Optional[str]:
 
 def _render(plan: Plan) -> str:
     cfg, api = plan.cfg, plan.api
+    sched = plan.schedule or plan_schedule(cfg, plan.rank_data, plan.topology)
     imports: list[str] = []
     body: list[str] = []  # lines of the config function, after the base call
     head_lines: list[str] = []
@@ -358,7 +363,7 @@ def _render(plan: Plan) -> str:
         body += lora_lines
     if plan.rank_data is not None:
         data_imports, data_lines = titan_dataloader_code(
-            plan.rank_data, seed=cfg.seed, val_every=cfg.val_every, dp_degree=plan.topology.dp,
+            plan.rank_data, seed=cfg.seed, val_every=sched.val_every, dp_degree=plan.topology.dp,
             local_batch_size=cfg.local_batch_size,
         )
         body += data_lines
@@ -369,7 +374,7 @@ def _render(plan: Plan) -> str:
     for line in data_imports:
         imp(line)
     body += [
-        f"config.training.steps = {cfg.steps}",
+        f"config.training.steps = {sched.steps}",
         f"config.training.local_batch_size = {cfg.local_batch_size}",
     ]
     gbs = cfg.global_batch_size or (cfg.local_batch_size * plan.topology.dp if cfg.backend == "native" else None)
@@ -385,13 +390,14 @@ def _render(plan: Plan) -> str:
         body.append(f"config.parallelism.spmd_backend = {spmd!r}")
     imp("from torchtitan.components.optimizer import default_adamw")
     body += [
-        f"config.optimizer = default_adamw(lr={cfg.lr!r})",
-        f"config.lr_scheduler.warmup_steps = {min(cfg.warmup_steps, cfg.steps)}",
+        *sched.titan_lines(),  # optimizer, LR curve, clipping: the same numbers the Trainer backend gets
         "config.metrics.log_freq = 1",
         *tracking.titan_lines(cfg),  # --tensorboard / --wandb: torchtitan's own writers
     ]
     if cfg.seed is not None:
         body.append(f"config.debug.seed = {cfg.seed}")
+    if sched.activation_checkpointing is not None:  # else the recipe's own (hf-v5 selective, native full)
+        body += _activation_checkpoint_lines(sched.activation_checkpointing, imp)
     if cfg.backend != "nki-moe":
         body.append(f"config.compile.enable = {cfg.compile}")
         if cfg.compile and plan.device.type == "neuron":
@@ -404,7 +410,7 @@ def _render(plan: Plan) -> str:
             "config.checkpoint.enable = True",
             # trnqwen's layout: resume points only here; the HF export goes to <dir>/hf/step-N
             f"config.checkpoint.folder = {str(checkpoints.resume_dir(plan.checkpoint_dir))!r}",
-            f"config.checkpoint.interval = {cfg.resolved_save_every}",
+            f"config.checkpoint.interval = {sched.save_every}",
             f"config.checkpoint.keep_latest_k = {cfg.keep_last}",
             f"config.checkpoint.last_save_model_only = {export}",
             f"config.checkpoint.last_save_in_hf = {export}",
@@ -439,6 +445,15 @@ def _render(plan: Plan) -> str:
     lines += [f"    {line}" if line else "" for line in body]
     lines.append("    return config")
     return "\n".join(lines) + "\n"
+
+
+def _activation_checkpoint_lines(mode: str, imp) -> list[str]:
+    """torchtitan's activation_checkpoint for --activation-checkpointing (None disables it)."""
+    if mode == "none":
+        return ["config.activation_checkpoint = None"]
+    cls = {"selective": "SelectiveAC", "full": "FullAC"}[mode]
+    imp(f"from torchtitan.distributed.activation_checkpoint import {cls}")
+    return [f"config.activation_checkpoint = {cls}.Config()"]
 
 
 def _import_key(line: str) -> tuple[int, str]:

@@ -116,7 +116,7 @@ def prepare(ref: str, resolved: ResolvedConfig) -> ResumePoint:
     run_dir = find_run(ref, resolved.config.runs_dir)
     try:
         record = RunRecord.load(run_dir)
-        recorded = RunConfig(**record.config)
+        recorded = RunConfig(**recorded_config(record.config))
     except (OSError, ValueError, TypeError) as exc:
         raise UsageError(f"--resume: cannot read {run_dir / RUN_RECORD}: {exc}") from None
     changes = _allowed_changes(recorded, resolved, record.run_id)
@@ -161,6 +161,14 @@ def prepare(ref: str, resolved: ResolvedConfig) -> ResumePoint:
         )
     resolved_new = ResolvedConfig(config=config, sources=sources, config_file=resolved.config_file, warnings=resolved.warnings)
     return ResumePoint(record, resolved_new, cwd, from_step, latest.path if latest else None, changes, warnings)
+
+
+def recorded_config(values: dict[str, Any]) -> dict[str, Any]:
+    """A run.json config as today's fields (runs recorded before ``warmup`` replaced ``warmup_steps``)."""
+    values = dict(values)
+    if "warmup_steps" in values:
+        values.setdefault("warmup", values.pop("warmup_steps"))
+    return values
 
 
 def _allowed_changes(recorded: RunConfig, resolved: ResolvedConfig, run_id: str) -> dict[str, Any]:

@@ -130,6 +130,8 @@ class TrainPlan:
             "checkpoint_dir": str(self.job.checkpoint_dir) if self.job.checkpoint_dir else None,
             "preflight": self.preflight.as_dict(),
             "config": self.config.model_dump(mode="json"),
+            "schedule": self.job.schedule.as_dict() if self.job.schedule is not None else None,
+            "sources": dict(self.sources),
             "notes": list(self.notes) + list(self.job.notes or []),
         }
 
@@ -255,6 +257,8 @@ def plan_train(
     run_dir = runs_dir / run_id
     with _no_device_backend_autoload(device):
         job = build_job(cfg, device, run_dir, topology=topo, check_runtime=not dry_run)
+    if job.schedule is not None:  # the counted steps and the chosen LR: what run.json, resume and the status line see
+        cfg, sources = _with_schedule(cfg, dict(sources), job.schedule)
     extra = [str(a) for a in extra_args]
     argv = launcher.build_torchrun_argv(
         cfg, job, topo, python=python, extra_args=extra,
@@ -282,6 +286,15 @@ def plan_train(
         argv=argv, env=env, preflight=report, cwd=cwd, extra_args=extra, sources=dict(sources), notes=notes,
         resume=resume, overwrite=overwrite,
     )
+
+
+def _with_schedule(cfg: RunConfig, sources: dict[str, str], schedule: Any) -> tuple[RunConfig, dict[str, str]]:
+    """``cfg`` with the schedule's step count and LR filled in, their sources saying how."""
+    if cfg.steps is None:
+        sources["steps"] = schedule.explain
+    if cfg.lr is None:
+        sources["lr"] = schedule.lr_source
+    return cfg.model_copy(update={"steps": schedule.steps, "lr": schedule.lr}), sources
 
 
 @contextlib.contextmanager
@@ -368,6 +381,7 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
             "world_size": plan.topology.world_size,
             "cwd": str(plan.cwd),
             "sources": plan.sources,
+            "schedule": plan.job.schedule.as_dict() if plan.job.schedule is not None else None,
             "preflight": plan.preflight.as_dict(),
             "extra_args": plan.extra_args,
             "config_module": plan.job.config_module,
