@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from trnqwen.assets import INDEX_NAME
 from trnqwen.errors import UsageError
+from trnqwen.train.folder_lock import LOCK_NAME
 
 RESUME = "resume"
 EXPORT = "hf"
@@ -32,7 +33,7 @@ DCP_METADATA = ".metadata"
 TRAINER_STATE = "trainer_state.json"
 _STEP = re.compile(r"^(?:step|checkpoint)-(\d+)$")
 # Files torchtitan or the Trainer put beside their step folders; anything else is foreign.
-_KNOWN_EXTRA = {OWNER_FILE, ".DS_Store", "README.md", "runs"}
+_KNOWN_EXTRA = {OWNER_FILE, LOCK_NAME, ".DS_Store", "README.md", "runs"}
 
 
 def resume_dir(root: Path) -> Path:
@@ -239,11 +240,14 @@ def step_paths(root: Optional[Path]) -> set[str]:
     return {str(s.path) for s in (*found.resume, *found.exports, *found.legacy)}
 
 
-def find_export(root: Optional[Path]) -> Optional[Path]:
-    """The newest complete HF export (``hf/step-N``; an old-layout ``step-N`` with an index too)."""
+def find_export(root: Optional[Path], *, step: Optional[int] = None) -> Optional[Path]:
+    """The newest complete HF export (``hf/step-N``; an old-layout ``step-N`` with an index too);
+    with ``step``, only the export of that step (a run reports the export of the step it trained)."""
     if root is None:
         return None
     found = scan(root)
+    if step is not None:
+        return next((s.path for s in found.exports if s.step == step and s.complete), None)
     latest = found.latest_export
     if latest is not None:
         return latest.path
