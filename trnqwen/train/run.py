@@ -39,7 +39,7 @@ from trnqwen.fsutil import write_text_atomic
 from trnqwen.rundir import LOG_NAME, RunRecord, next_run_id, point_last
 from trnqwen.train import checkpoints, folder_lock, launcher, multinode, stops
 from trnqwen.train.job import TrainJob
-from trnqwen.train.preflight import ERROR, WARNING, Finding, PreflightReport, preflight
+from trnqwen.train.preflight import ERROR, INFO, WARNING, Finding, PreflightReport, preflight
 from trnqwen.train.recipes import build_job
 from trnqwen.train.topology import Topology, plan_topology
 
@@ -282,7 +282,10 @@ def plan_train(
         report.findings.insert(0, Finding(WARNING, "device" if resume is None else "resume", note))
     if resume is None and job.checkpoint_dir is not None and multinode.writes_run_record(cfg.node_rank):
         try:  # no silent resume: a folder with another run's checkpoints stops the run here
-            checkpoints.check_for_new_run(_abs(job.checkpoint_dir, cwd), overwrite=overwrite)
+            found = checkpoints.check_for_new_run(_abs(job.checkpoint_dir, cwd), overwrite=overwrite)
+            doomed = [str(p.relative_to(found.root)) for p in checkpoints.step_folders(found)] if overwrite else []
+            if doomed:  # what --overwrite will delete (a --dry-run lists it)
+                report.add(INFO, "outputs", f"--overwrite deletes from {found.root}: {', '.join(doomed)} and its owner file")
         except UsageError as exc:
             report.findings.insert(0, Finding(ERROR, "outputs", exc.message, exc.hint))
     if job.checkpoint_dir is not None and multinode.writes_run_record(cfg.node_rank):
