@@ -7,8 +7,8 @@ so a lock is never left held by a dead run; the file it leaves names that run (r
 host), which the next owner reports when it takes over.  A clean end removes the file.
 
 A second run, or a second ``--resume`` of the same run, finds the lock held and is refused
-with one line naming the holder (:class:`UsageError`, exit 2).  Multi-node runs take it once,
-on node 0 (``TrainPlan.owns_checkpoints``).  Pure Python; no torch.
+with one line naming the holder (:class:`UsageError`, exit 2).  A run takes it through
+:mod:`trnqwen.train.ownership`.  Pure Python; no torch.
 """
 
 from __future__ import annotations
@@ -169,54 +169,4 @@ def acquire(folder: Path, *, run_id: str, what: str = "checkpoint folder") -> Fo
     raise UsageError(f"{what} {folder}: could not take its lock {path} (it kept changing)", hint="try again")
 
 
-# --- a run's claim on its folder --------------------------------------------------------------
-
-
-def _abs(path: Path, cwd: Path) -> Path:
-    path = Path(path).expanduser()
-    return path if path.is_absolute() else cwd / path
-
-
-def claim(plan: Any) -> Optional[FolderLock]:
-    """A run's lock on its checkpoint folder (a resume without one: on its run dir), taken before
-    anything is written; then what planning checked is checked again under it (another run's
-    checkpoints arrived, or this run finished or was resumed meanwhile).  Node 0 only
-    (``TrainPlan.owns_checkpoints``): it owns the folder for the whole job."""
-    from trnqwen.train import checkpoints
-
-    if not plan.owns_checkpoints:
-        return None
-    if plan.job.checkpoint_dir is not None:
-        lock = acquire(_abs(plan.job.checkpoint_dir, plan.cwd), run_id=plan.run_id)
-    elif plan.resume is not None:
-        lock = acquire(plan.run_dir, run_id=plan.run_id, what="run directory")
-    else:
-        return None
-    try:
-        if plan.resume is not None:
-            from trnqwen.train.resume import recheck
-
-            recheck(plan.resume)
-        elif plan.job.checkpoint_dir is not None:
-            checkpoints.check_for_new_run(lock.folder, overwrite=plan.overwrite)
-    except BaseException:
-        lock.release()
-        raise
-    return lock
-
-
-def prepare_folder(plan: Any, record: Any) -> None:
-    """Under the lock: --overwrite removes the old checkpoints, then the owner file names this run."""
-    from trnqwen.train import checkpoints
-
-    if plan.job.checkpoint_dir is None or not plan.owns_checkpoints:
-        return
-    root = _abs(plan.job.checkpoint_dir, plan.cwd)
-    if plan.resume is None and plan.overwrite:
-        removed = checkpoints.clear(checkpoints.scan(root))
-        if removed:
-            record.extra["overwrote"] = removed
-    checkpoints.write_owner(root, run_id=plan.run_id, model=plan.config.model, backend=plan.config.backend)
-
-
-__all__ = ["LOCK_NAME", "FolderLock", "acquire", "holder_of", "describe", "refusal", "claim", "prepare_folder"]
+__all__ = ["LOCK_NAME", "FolderLock", "acquire", "holder_of", "describe", "refusal"]

@@ -37,7 +37,7 @@ from trnqwen.errors import (
 )
 from trnqwen.fsutil import write_text_atomic
 from trnqwen.rundir import LOG_NAME, RunRecord, next_run_id, point_last
-from trnqwen.train import checkpoints, folder_lock, launcher, multinode, stops
+from trnqwen.train import checkpoints, folder_lock, launcher, multinode, ownership, stops
 from trnqwen.train.job import TrainJob
 from trnqwen.train.preflight import ERROR, INFO, WARNING, Finding, PreflightReport, preflight
 from trnqwen.train.recipes import build_job
@@ -507,7 +507,7 @@ def execute(
     (a lock taken over from a killed run).
     """
     plan.preflight.raise_for_errors()
-    lock = folder_lock.claim(plan)
+    lock = ownership.claim(plan)
     try:
         if lock is not None and lock.took_over and note is not None:
             note(lock.takeover_note())
@@ -530,7 +530,7 @@ def _execute(
     record = create_run_dir(plan)
     if lock is not None and lock.took_over:
         record.extra["lock_taken_over"] = lock.took_over
-    folder_lock.prepare_folder(plan, record)
+    ownership.prepare_folder(plan, record)
     if plan.resume is not None:
         _mark_resume(plan, record)
     grace_s = plan.config.grace_seconds if grace_s is None else grace_s

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_BEFORE_START
 from trnqwen.train import checkpoints
@@ -27,7 +27,6 @@ from trnqwen.train import checkpoints
 if TYPE_CHECKING:
     from trnqwen.rundir import RunRecord
     from trnqwen.train.launcher import LaunchResult
-    from trnqwen.train.run import TrainPlan
 
 PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
 _STOP_SIGNALS = ("SIGINT", *PREEMPTION_SIGNALS)
@@ -59,7 +58,7 @@ def _signal_name(text: str) -> str:
         return f"signal {text}"
 
 
-def classify(plan: TrainPlan, result: LaunchResult, record: RunRecord, offset: int, ckpt_root: Optional[Path]) -> None:
+def classify(plan: Any, result: LaunchResult, record: RunRecord, offset: int, ckpt_root: Optional[Path]) -> None:
     """Set the exit code, status and record fields of a run that met a stop signal (see above)."""
     from trnqwen.train.resume import preempted_step, resume_command
 
@@ -94,7 +93,7 @@ def _set(result: LaunchResult, record: RunRecord, code: int, ended_by: str, stat
     record.status = status
 
 
-def _finished(plan: TrainPlan, result: LaunchResult, root: Optional[Path]) -> bool:
+def _finished(plan: Any, result: LaunchResult, root: Optional[Path]) -> bool:
     """Every planned step logged by this run, and its last save complete (export or resume point)."""
     total = plan.config.steps
     last = (result.last_step or {}).get("step")
