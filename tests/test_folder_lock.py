@@ -112,3 +112,31 @@ def test_the_signal_torchrun_logs_is_read_by_name_or_number(tmp_path):
     log.write_text("W api.py:753] Received Signals.SIGTERM death signal, shutting down workers\n")
     assert stops.torchrun_signal(log) == "SIGTERM"
     assert stops.torchrun_signal(log, offset=log.stat().st_size) is None
+
+
+def test_a_multi_node_run_takes_the_folder_once_on_node_0(tmp_path):
+    """Node 0 owns the checkpoint folder for the whole job: only it locks; node 1 never contends."""
+    from trnqwen.config import RunConfig
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+    from trnqwen.train import ownership
+    from trnqwen.train.run import plan_train
+
+    assets = write_tiny_qwen3(tmp_path / "assets" / "hf" / "tiny-qwen3")
+
+    def plan(node_rank: int, rdzv_id: str = "job-1"):
+        cfg = RunConfig(model="builtin:tiny-qwen3", assets_dir=assets, device="cpu", nnodes=2, node_rank=node_rank,
+                        rdzv_endpoint="127.0.0.1:29400", rdzv_id=rdzv_id, seq_len=128, finetune=True,
+                        checkpoint_dir=tmp_path / "ckpt", runs_dir=tmp_path / "runs")
+        return plan_train(cfg, dry_run=True, cwd=tmp_path)
+
+    node1 = plan(1)
+    assert not node1.owns_checkpoints and ownership.claim(node1) is None
+    assert not (tmp_path / "ckpt").exists()
+    lock = ownership.claim(plan(0))
+    try:
+        assert folder_lock.holder_of(tmp_path / "ckpt")["run_id"] == "job-1"
+        assert ownership.claim(plan(1)) is None  # its own node 1 is not refused
+        with pytest.raises(UsageError, match="is in use by run job-1"):
+            ownership.claim(plan(0, rdzv_id="job-2"))  # another job's node 0 is
+    finally:
+        lock.release()
