@@ -5,6 +5,7 @@ signal torchrun logs, the exit codes the sbatch script requeues on)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -140,3 +141,21 @@ def test_a_multi_node_run_takes_the_folder_once_on_node_0(tmp_path):
             ownership.claim(plan(0, rdzv_id="job-2"))  # another job's node 0 is
     finally:
         lock.release()
+
+
+def test_inspect_logs_calls_torchrun_stopped_by_sigusr1_an_interruption(tmp_path):
+    """torchrun relays SIGUSR1 by raising SignalException (signal 10): not a crash of the launcher."""
+    from tests.helpers import run_subprocess
+
+    log = tmp_path / "train.log"
+    log.write_text(
+        "W1201 16:07:01.000000 123 torch/distributed/elastic/agent/server/api.py:753] Received 10 death signal, shutting down workers\n"
+        "Traceback (most recent call last):\n"
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 950, in main\n'
+        "    run(args)\n"
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 123 got signal: 10\n"
+    )
+    r = run_subprocess("inspect-logs", str(log), "--json", cwd=tmp_path)
+    findings = json.loads(r.out)["findings"]
+    assert not [f for f in findings if f["code"] == "crash"], findings
+    assert [f for f in findings if f["code"] == "interrupted" and "SIGUSR1" in f["message"]], findings

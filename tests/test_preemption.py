@@ -177,10 +177,6 @@ def test_sigusr1_before_the_first_step_exits_140(work):
     assert (record["status"], record["ended_by"], record["exit_code"]) == ("interrupted", "SIGUSR1", 140)
     assert not _losses(run_dir)
     assert not list((work / "early").glob("*/step-*"))
-    # inspect-logs calls it an interruption by SIGUSR1, not a crash of whatever the signal stopped
-    judged = run_subprocess("inspect-logs", str(run_dir), "--json", cwd=work, env=ENV)
-    findings = json.loads(judged.out)["findings"]
-    assert not [f for f in findings if f["code"] == "crash"], findings
 
 
 def test_two_runs_on_one_checkpoint_folder_the_second_is_refused(work):
