@@ -513,3 +513,45 @@ def test_two_nodes_completing_one_shared_export_do_not_collide(tiny, tmp_path):
         assert not [p.name for p in export.iterdir() if p.name.endswith(".tmp")]
         assert (export / "tokenizer_config.json").read_bytes() == (tiny / "tokenizer_config.json").read_bytes()
     assert not errors, errors
+
+
+def test_a_rebuilt_validation_split_that_differs_from_the_recorded_one_is_refused(tiny, tmp_path, cli, monkeypatch):
+    """Issue 24: the run's token cache is gone and its dataset file changed since training. The
+    split rebuilt from the new file is not the one the run held out (it may hold trained records):
+    eval refuses instead of silently scoring it, unless --dataset is given explicitly."""
+    from types import SimpleNamespace
+
+    from trnqwen.ckpt.model_folder import CardInfo, complete_export
+    from trnqwen.dataset.prepare import prepare_dataset
+    from trnqwen.rundir import RunRecord
+
+    data = tmp_path / "chat.jsonl"
+    records = chat_records()[:80]
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    config = {"model": "builtin:tiny-qwen3", "seq_len": 128, "dataset": str(data), "val_split": 0.25}
+    trained_on = prepare_dataset(SimpleNamespace(**config, data_cache_dir=str(tmp_path / "cache")), tiny).cache_dir
+    export = write_tuned(tiny, tmp_path / "checkpoint_tiny_qwen3_ft" / "step-3")
+    complete_export(export, tiny, CardInfo(base_model="tiny-qwen3", backend="native", steps=3))
+    run_dir = record_run(tmp_path, tiny, export, trained_on)
+    record = RunRecord.load(run_dir)
+    record.config.update(config, data_cache_dir=str(tmp_path / "cache"))
+    record.save()
+    monkeypatch.chdir(tmp_path)
+
+    same = cli("eval", "--json", "--no-base")  # the recorded cache, rebuilt identically: scored
+    assert same.code == 0, same.text
+    shutil.rmtree(trained_on)
+    again = cli("eval", "--json", "--no-base")  # gone, but the same data rebuilds the same key
+    assert again.code == 0, again.text
+    assert json.loads(again.out)["results"] == json.loads(same.out)["results"]
+
+    shutil.rmtree(trained_on)
+    data.write_text("".join(json.dumps(r) + "\n" for r in reversed(records)))  # the file changed since
+    eval_json = run_dir / "eval.json"
+    before = eval_json.read_bytes()
+    changed = cli("eval", "--no-base")
+    assert_clean_error(changed, code=2, contains="the run's validation data changed since training")
+    assert trained_on.name in changed.err and f"--dataset {data}" in changed.err
+    assert eval_json.read_bytes() == before  # not overwritten
+    explicit = cli("eval", "--no-base", "--dataset", str(data), "--json")
+    assert explicit.code == 0, explicit.text

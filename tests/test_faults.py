@@ -185,35 +185,34 @@ def test_sigint_at_startup_stops_every_rank(complete_run, fetched_tiny, tmp_path
 
 
 @pytest.mark.slow
-def test_sigterm_during_checkpoint_save(complete_run, fetched_tiny, tmp_path):
+def test_sigterm_during_the_final_export_lets_the_ranks_finish_it(complete_run, fetched_tiny, tmp_path):
     """Saves every step (DCP) and the last one as HF; SIGTERM arrives while the export is running.
 
-    A rank-side double (tests/doubles/slow_save) makes the export wait for the signal and die of
-    it, so the interrupted-save path runs every time instead of racing the save."""
+    A rank-side double (tests/doubles/slow_save) makes the export wait until trnqwen's own
+    handler (left in place, as in production) has seen the signal, so the signal always lands
+    inside the save.  The ranks finish the save within the grace period: the run is complete,
+    its export whole, and trnqwen says so (exit 0) instead of calling a finished run stopped."""
     ckpt = tmp_path / "ckpt"
     slow_save = str(REPO_ROOT / "tests" / "doubles" / "slow_save")
     w = Watched([*TINY, "--steps", "3", "--assets", str(fetched_tiny), "--finetune", "--checkpoint-dir", str(ckpt),
                  "--", "--checkpoint.interval", "1"], tmp_path,
                 env={"PYTHONPATH": slow_save + os.pathsep + str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
-    w.wait_for(lambda w: "EXPORT_WAITS_FOR_SIGTERM step 3" in w.log_text(), timeout=400)
+    w.wait_for(lambda w: "EXPORT_WAITS_FOR_SIGNAL step 3" in w.log_text(), timeout=400)
     code, out, err, took = w.stop(signal.SIGTERM)
-    assert code == 143, err
+    assert code == 0, err
     assert took < 60
-    assert "Traceback" not in err and "SIGTERM" in err
+    assert "Traceback" not in err
     assert w.leftovers() == []
     record = json.loads((w.run_dir() / "run.json").read_text())
-    assert (record["status"], record["ended_by"], record["exit_code"]) == ("interrupted", "SIGTERM", 143)
-    # the resumable saves (every step, and step 3's full state before its export) are complete;
-    # the interrupted export left no hf/step-3 behind
-    assert sorted(p.name for p in (ckpt / "resume").glob("step-*")) == ["step-1", "step-2", "step-3"]
+    assert (record["status"], record["ended_by"], record["exit_code"]) == ("succeeded", "completed", 0)
+    assert "SIGTERM arrived while the last step was saved" in record["extra"]["signal_after_last_step"]
+    assert "[trnqwen] received SIGTERM" in w.log_text()  # trnqwen's handler, not a double's, took it
     for step in ("step-1", "step-2", "step-3"):
         assert (ckpt / "resume" / step / ".metadata").is_file(), sorted(p.name for p in (ckpt / "resume" / step).iterdir())
-    assert not list((ckpt / "hf").glob("step-*"))
-    assert "HF checkpoint" not in err and record.get("extra", {}).get("exported") is None
-    # and the earlier run's export still verifies
-    v = run_subprocess("verify-ckpt", str(complete_run["ckpt"]), "--assets", str(fetched_tiny), "--json",
-                       cwd=complete_run["cwd"])
+    assert record["extra"]["exported"] == str(ckpt / "hf" / "step-3")
+    v = run_subprocess("verify-ckpt", str(ckpt), "--assets", str(fetched_tiny), "--json", cwd=tmp_path)
     assert v.code == 0, v.text
+    assert json.loads(v.out)["step"] == 3
 
 
 CRASHY = textwrap.dedent(

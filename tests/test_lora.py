@@ -393,3 +393,25 @@ def test_a_lora_setting_cannot_change_on_resume_but_merge_can():
 
     assert "merge" in MAY_CHANGE
     assert not {"lora", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets"} & MAY_CHANGE
+
+
+def test_overwrite_clears_a_lora_runs_adapter_and_merged_folder_and_nothing_else(tmp_path):
+    from trnqwen.train import checkpoints
+
+    root = tmp_path / "ckpt"
+    files = ["hf/step-3/adapter_config.json", "hf/step-3/adapter_model.safetensors", "hf/step-3/tokenizer.json",
+             "hf/step-3/README.md", "hf/step-3.merged/model.safetensors", "hf/step-3.merged/config.json",
+             "hf/step-3.merged/model.safetensors.index.json", "resume/step-3/.metadata"]
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("x")
+    found = checkpoints.scan(root)
+    assert [s.kind for s in found.exports] == ["adapter"] and found.exports[0].complete
+    assert checkpoints.not_written_by_us(found) == []
+    checkpoints.clear(found)
+    assert not (root / "hf").exists() and not (root / "resume").exists()
+    (root / "hf" / "step-4.merged").mkdir(parents=True)
+    (root / "hf" / "step-4.merged" / "NOTES.md").write_text("mine")
+    with pytest.raises(UsageError, match="NOTES.md"):
+        checkpoints.clear(checkpoints.scan(root))
+    assert (root / "hf" / "step-4.merged" / "NOTES.md").read_text() == "mine"

@@ -377,3 +377,78 @@ def test_a_one_node_scheduler_job_is_named_after_its_run_id(in_tmp, cli):
               "--rdzv-id", "job9", "--resume", "auto", "--dry-run", "--json")
     assert res.code == 0, res.text
     assert json.loads(res.out)["run_id"] == "job9"
+
+
+# --- --overwrite deletes only what trnqwen wrote (issue 24) ------------------------------------------
+
+
+def _used_folder(root: Path) -> Path:
+    """What a finished run leaves: resume points, an export with its .sharded pieces, the owner file."""
+    _dcp(root / "resume" / "step-2")
+    _dcp(root / "resume" / "step-3")
+    _hf(root / "hf" / "step-3")
+    for name in ("config.json", "tokenizer.json", "README.md"):
+        (root / "hf" / "step-3" / name).write_text("{}")
+    (root / "hf" / "step-3.sharded").mkdir()
+    (root / "hf" / "step-3.sharded" / "shard-00001-model-00001-of-00001.safetensors").write_bytes(b"x")
+    trainer = root / "resume" / "checkpoint-4"
+    (trainer / "dcp").mkdir(parents=True)
+    for name in ("trainer_state.json", "rng_state_0.pth", "scheduler.pt", "dcp/.metadata", "dcp/__0_0.distcp"):
+        (trainer / name).write_bytes(b"x")
+    checkpoints.write_owner(root, run_id="first", model=TINY, backend="native")
+    return root
+
+
+@pytest.mark.parametrize("user_path", ["hf/step-3/NOTES.md", "hf/step-3/eval_outputs/scores.json", "resume/step-2/extra/a.txt",
+                                       "resume/checkpoint-4/dcp/mine.txt", "hf/notes.txt"])
+def test_overwrite_refuses_a_folder_with_files_trnqwen_did_not_write(tmp_path, user_path):
+    root = _used_folder(tmp_path / "ck")
+    (root / user_path).parent.mkdir(parents=True, exist_ok=True)
+    (root / user_path).write_text("mine")
+    before = tree_hash(root)
+    with pytest.raises(UsageError) as exc:
+        checkpoints.check_for_new_run(root, overwrite=True)
+    shown = user_path if user_path.count("/") < 3 or "dcp" in user_path else user_path.rsplit("/", 1)[0] + "/"
+    assert "holds files trnqwen did not write" in exc.value.message and shown in exc.value.message, exc.value.message
+    with pytest.raises(UsageError):
+        checkpoints.clear(checkpoints.scan(root))
+    assert tree_hash(root) == before  # nothing deleted
+
+
+def test_overwrite_deletes_every_file_trnqwen_writes_and_nothing_else(tmp_path):
+    root = _used_folder(tmp_path / "ck")
+    (root / "README.md").write_text("the user's notes on this folder")  # beside, not inside, the step folders
+    found = checkpoints.check_for_new_run(root, overwrite=True)
+    assert [str(p.relative_to(root)) for p in checkpoints.step_folders(found)] == [
+        "resume/checkpoint-4", "resume/step-2", "resume/step-3", "hf/step-3", "hf/step-3.sharded"]
+    checkpoints.clear(found)
+    assert sorted(p.name for p in root.iterdir()) == ["README.md"]
+
+
+def test_overwrite_dry_run_lists_what_it_would_delete_and_refuses_user_files(in_tmp, cli):
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    write_tiny_qwen3(in_tmp / "assets" / "hf" / "tiny-qwen3")
+    root = _used_folder(in_tmp / "ck")
+    args = ["train", "--model", TINY, "--device", "cpu", "--steps", "2", "--seq-len", "128", "--finetune",
+            "--checkpoint-dir", "ck", "--overwrite"]
+    dry = cli(*args, "--dry-run", "--json")
+    assert dry.code == 0, dry.text
+    listed = [f["message"] for f in json.loads(dry.out)["preflight"]["findings"] if f["message"].startswith("--overwrite deletes")]
+    assert listed == [f"--overwrite deletes from {root}: resume/checkpoint-4, resume/step-2, resume/step-3, hf/step-3, "
+                      "hf/step-3.sharded and its owner file"], dry.out
+    (root / "hf" / "step-3" / "NOTES.md").write_text("mine")
+    before = tree_hash(in_tmp)
+    res = cli(*args)
+    assert_clean_error(res, code=2, contains="holds files trnqwen did not write (hf/step-3/NOTES.md)")
+    assert tree_hash(in_tmp) == before and not (in_tmp / ".trnqwen").exists()
+
+
+# --- a resume whose checkpoints are gone (issue 24) -----------------------------------------------------
+
+
+def test_saved_steps_come_from_the_record():
+    record = RunRecord(run_id="r", run_dir="/x", status="interrupted",
+                       extra={"saved_checkpoints": [2, 4], "interrupted_at_step": 5, "resumes": [{"from_step": 0}, {"from_step": 3}]})
+    assert resume.saved_steps(record) == [2, 3, 4, 5]
+    assert resume.saved_steps(RunRecord(run_id="r", run_dir="/x", status="failed")) == []

@@ -5,6 +5,7 @@ cluster started by the ``slurm_cluster`` fixture: it trains the tiny model on CP
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -171,9 +172,10 @@ def _fake_slurm(bin_dir, srun_rc: int):
         f.chmod(0o755)
 
 
-@pytest.mark.parametrize("srun_rc, expect_rc, requeued", [(138, 0, True), (1, 1, False), (0, 0, False)])
+@pytest.mark.parametrize("srun_rc, expect_rc, requeued", [(138, 0, True), (140, 0, True), (143, 143, False), (1, 1, False), (0, 0, False)])
 def test_a_preempted_job_requeues_itself(tmp_path, srun_rc, expect_rc, requeued):
-    """Exit 138 (saved a checkpoint after SIGUSR1) -> scontrol requeue; anything else is passed on."""
+    """Exit 138 (saved a checkpoint after SIGUSR1) or 140 (signalled before the first step: nothing
+    trained) -> scontrol requeue; anything else is passed on."""
     text = slurm.sbatch_script(_job(tmp_path, device="cpu"))
     bin_dir = tmp_path / "bin"
     _fake_slurm(bin_dir, srun_rc)
@@ -183,3 +185,82 @@ def test_a_preempted_job_requeues_itself(tmp_path, srun_rc, expect_rc, requeued)
     assert proc.returncode == expect_rc, proc.stderr
     assert ("scontrol requeue 77" in calls) is requeued
     assert "train --resume auto" in calls  # the requeued job runs the same line and resumes by itself
+
+
+def _losses(log: Path) -> dict[int, float]:
+    from trnqwen.logs.parse import parse_step_line
+
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return {m["step"]: m["loss"] for m in map(parse_step_line, text.splitlines()) if m}
+
+
+def _job_fields(job_id: str) -> dict[str, str]:
+    proc = subprocess.run(["scontrol", "show", "job", job_id, "-o"], capture_output=True, text=True, timeout=20)
+    return dict(tok.split("=", 1) for tok in proc.stdout.split() if "=" in tok)
+
+
+@pytest.mark.slow
+def test_real_slurm_scancel_usr1_saves_exits_138_and_the_requeued_job_continues_exactly(slurm_cluster, tmp_path, monkeypatch):  # noqa: F811
+    """`scancel --signal=USR1` delivers what the script's `#SBATCH --signal=USR1@N` delivers (to the
+    job step's processes, not the batch shell): the ranks save at the step boundary, trnqwen exits
+    138, the script requeues the job, and the requeued job (`--resume auto`) continues the run to
+    the losses of an uninterrupted run."""
+    from tests.helpers import REPO_ROOT
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    for key, value in slurm_cluster.env.items():
+        monkeypatch.setenv(key, value)
+    work = tmp_path / "work"
+    write_tiny_qwen3(work / "assets" / "hf" / "tiny-qwen3")
+    flags = ["--model", "builtin:tiny-qwen3", "--device", "cpu", "--nproc-per-node", "2", "--backend", "native",
+             "--steps", "8", "--seq-len", "128", "--finetune"]
+    base = run_subprocess("train", *flags, "--checkpoint-dir", "base", cwd=work, timeout=600)
+    assert base.code == 0, base.text[-3000:]
+    (base_dir,) = [p.parent for p in (work / ".trnqwen" / "runs").glob("*/run.json")]
+    expected = _losses(base_dir / "train.log")
+    # the job's ranks pace their steps (tests/doubles/slow_steps) so the signal lands mid-run
+    slow = str(REPO_ROOT / "tests" / "doubles" / "slow_steps")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([slow, str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("SLOW_STEPS_SLEEP_S", "0.6")
+    r = run_subprocess(
+        "train", "--launcher", "slurm", "--nodes", "1", "--partition", slurm_cluster.partition, "--time", "20",
+        "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", *flags, "--grace-seconds", "60", "--json",
+        cwd=work, timeout=60,
+    )  # fmt: skip
+    assert r.code == 0, r.text
+    info = json.loads(r.out)
+    job_id, run_dir = info["job_id"], Path(info["run_dir"])
+    log = run_dir / "train.log"  # one node: the run's own log
+    try:
+        deadline = time.monotonic() + 400
+        while 3 not in _losses(log) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert 3 in _losses(log), slurm_cluster.logs()
+        sent = slurm_cluster.run("scancel", "--signal=USR1", job_id)
+        assert sent.returncode == 0, sent.stderr
+        # the script's requeue: the job goes back to PENDING with one restart
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (_job_fields(job_id).get("Restarts") == "1"
+                                                   and _job_fields(job_id).get("JobState") == "PENDING"):
+            time.sleep(0.3)
+        fields = _job_fields(job_id)
+        assert fields.get("Restarts") == "1", (fields, slurm_cluster.logs())
+        # SLURM holds a requeued job for a while before it may start again; start it now
+        slurm_cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        state = slurm.wait_for_job(job_id, timeout_s=420)
+    finally:
+        if slurm.job_state(job_id) not in (None, *slurm.TERMINAL_STATES):
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=10)
+    debug = log.read_text(errors="replace")[-4000:] + "\n" + slurm_cluster.logs()
+    assert state == "COMPLETED", f"job {job_id} ended {state}\n{debug}"
+    text = log.read_text(errors="replace")
+    record = json.loads((run_dir / "run.json").read_text())
+    (resume,) = record["extra"]["resumes"]
+    stopped = resume["from_step"]
+    assert f"[trnqwen] preempted: SIGUSR1 at step {stopped}; saved a resumable checkpoint of step {stopped}" in text, debug
+    assert resume["previous"]["exit_code"] == 138 and resume["previous"]["ended_by"] == "SIGUSR1"
+    assert 3 <= stopped < 8 and resume["checkpoint"].endswith(f"resume/step-{stopped}")
+    assert record["status"] == "succeeded"
+    losses = _losses(log)
+    assert sorted(losses) == list(range(1, 9))
+    assert all(abs(losses[s] - expected[s]) <= 1e-5 for s in losses), (losses, expected)

@@ -6,7 +6,9 @@ Exit codes mean something:
   2  usage error: bad flag, bad config value, missing path
   3  environment error: a dependency or device is missing
   70  internal error (a trnqwen bug; unknown exceptions at the CLI edge)
-  130/143  interrupted by SIGINT/SIGTERM
+  130/143  interrupted by SIGINT/SIGTERM (the ranks were stopped)
+  138  preempted (SIGTERM/SIGUSR1) after saving a resumable checkpoint: requeue / --resume
+  140  preempted (SIGTERM/SIGUSR1) before the first step: nothing trained; requeue / --resume
 TRNQWEN_DEBUG=1 adds the traceback and never changes the code.
 """
 
@@ -24,6 +26,10 @@ EXIT_SIGTERM = 143
 # Preempted after saving a resumable checkpoint: 128 + SIGUSR1, the code Kubeflow's ExitCode
 # restart policy reserves for user-defined retryable errors (a requeue / restart resumes).
 EXIT_PREEMPTED = 138
+# Preempted before the first step (start-up, Neuron compilation): nothing was trained, so nothing
+# was lost; a scheduler should requeue it like 138 (the generated sbatch script does).  128 + 12
+# keeps it in the 128-255 range Kubeflow's ExitCode policy retries.
+EXIT_PREEMPTED_BEFORE_START = 140
 
 
 class TrnqwenError(Exception):

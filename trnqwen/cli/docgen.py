@@ -156,6 +156,8 @@ EXIT_CODES = (
     (3, "environment problem: a package, tool or device is missing"),
     (70, "internal error: a trnqwen bug (`TRNQWEN_DEBUG=1` prints the traceback; the code stays 70)"),
     (130, "interrupted by SIGINT (Ctrl-C); every rank was stopped"),
+    (138, "train: preempted by SIGTERM/SIGUSR1 after saving a resumable checkpoint; requeue or `--resume` continues it"),
+    (140, "train: preempted by SIGTERM/SIGUSR1 before the first step; nothing was trained or lost; requeue or `--resume` starts it again"),
     (143, "stopped by SIGTERM; every rank was stopped"),
 )
 

@@ -324,7 +324,7 @@ def train(
             f"{plan.config.steps} step(s); log {plan.log_path}"
         )
     echo = sys.stderr.write if show_log else None
-    outcome = execute(plan, echo=echo, status=True)
+    outcome = execute(plan, echo=echo, status=True, note=output.warn)
     validation = None
     if outcome.exit_code == 0 and plan.config.finetune and outcome.exported is not None and plan.config.node_rank == 0:
         from trnqwen.evaluate.lifecycle import validation_before_after  # base vs export, when a val split exists

@@ -193,7 +193,15 @@ def run_cache(run: RunInfo) -> Optional[Path]:
     if not (config.get("val_split") or config.get("val_dataset")):
         return None
     root = config.get("data_cache_dir")
-    return _prepare(config, run.assets, (cwd / root) if root and not Path(root).is_absolute() else root)
+    rebuilt = _prepare(config, run.assets, (cwd / root) if root and not Path(root).is_absolute() else root)
+    recorded = run.record.extra.get("dataset_cache")
+    if recorded and Path(recorded).name != rebuilt.name:  # the cache folder's name is its content key
+        raise UsageError(
+            f"the run's validation data changed since training: run {run.run_id} trained on token cache "
+            f"{Path(recorded).name} (gone from {Path(recorded).parent}), its data now gives {rebuilt.name}",
+            hint=f"score the current data anyway with --dataset {dataset}, or put the training data back as it was",
+        )
+    return rebuilt
 
 
 def _prepare(settings: dict[str, Any], assets: Path, cache_root: Optional[Any]) -> Path:

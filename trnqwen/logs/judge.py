@@ -473,7 +473,8 @@ def root_cause(log: ParsedLog) -> Optional[dict]:
 
 
 # A rank or torchrun stopped by Ctrl-C / SIGTERM: the "root cause" is the signal, not a crash.
-_INTERRUPT = re.compile(r"^(KeyboardInterrupt\b|\S*SignalException: Process \d+ got signal: (2|15)\b)")
+_INTERRUPT = re.compile(r"^(KeyboardInterrupt\b|\S*SignalException: Process \d+ got signal: (2|10|15)\b)")
+_SIGNAL_NAMES = {"2": "SIGINT (Ctrl-C)", "10": "SIGUSR1", "15": "SIGTERM"}
 
 
 def _check_crash(log: ParsedLog, ctx: RunContext) -> list[Finding]:
@@ -484,8 +485,8 @@ def _check_crash(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         return out  # torchrun relaying the preemption signal; the ranks saved (see "preempted")
     if cause is not None and _INTERRUPT.match(cause["text"]):
         record = ctx.record
-        how = record.ended_by if record is not None and record.ended_by in ("SIGINT", "SIGTERM") else (
-            "SIGTERM" if cause["text"].rstrip().endswith("15") else "SIGINT (Ctrl-C)")
+        how = record.ended_by if record is not None and record.ended_by in ("SIGINT", "SIGTERM", "SIGUSR1") else (
+            _SIGNAL_NAMES.get(cause["text"].rstrip().rsplit(" ", 1)[-1], "SIGINT (Ctrl-C)"))
         lines = [x for x in (cause.get("traceback_start"), cause["line"]) if x]
         out.append(Finding("warning", "interrupted", f"the run was interrupted by {how}, not crashed "
                            f"({len(log.steps)} step(s) logged)", lines))

@@ -264,6 +264,11 @@ def signal_name() -> str:
     return signal.Signals(_state["signal"]).name if _state["signal"] else "a peer rank's signal"
 
 
+def signal_received() -> bool:
+    """Whether SIGTERM/SIGUSR1 has reached this rank's handler (the save at the next boundary is due)."""
+    return _state["signal"] is not None
+
+
 def preempted() -> bool:
     return bool(_state["stop"])
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from trnqwen.assets import ADAPTER_CONFIG, INDEX_NAME
+from trnqwen.assets import ADAPTER_CONFIG, INDEX_NAME, TOKENIZER_FILES
 from trnqwen.errors import UsageError
+from trnqwen.train.folder_lock import LOCK_NAME
 
 RESUME = "resume"
 EXPORT = "hf"
@@ -32,7 +33,18 @@ DCP_METADATA = ".metadata"
 TRAINER_STATE = "trainer_state.json"
 _STEP = re.compile(r"^(?:step|checkpoint)-(\d+)$")
 # Files torchtitan or the Trainer put beside their step folders; anything else is foreign.
-_KNOWN_EXTRA = {OWNER_FILE, ".DS_Store", "README.md", "runs"}
+_KNOWN_EXTRA = {OWNER_FILE, LOCK_NAME, ".DS_Store", "README.md", "runs"}
+# Every file name trnqwen, torchtitan (DCP, the HF export) and the Trainer write inside a step
+# folder; --overwrite deletes these and nothing else.
+_WRITTEN = re.compile(
+    r"\.metadata(\.tmp)?|__\d+_\d+\.distcp|[\w.\-]+\.safetensors|[\w.\-]+\.safetensors\.index\.json|"
+    r"config\.json|adapter_config\.json|generation_config\.json|README\.md|trainer_state\.json|rng_state(_\d+)?\.pth|"
+    r"scheduler\.pt|optimizer\.pt|training_args\.bin|"
+    + "|".join(re.escape(name) for name in TOKENIZER_FILES)
+)
+_WRITTEN_DIRS = {"dcp"}  # the Trainer's checkpoint-N/dcp/ (trnqwen.runtime.hf_trainer_checkpoint)
+# hf/step-N.sharded: the export's pieces; hf/step-N.merged: a LoRA adapter merged into its base (--merge)
+_STEP_OR_SHARDS = re.compile(r"^(?:step|checkpoint)-\d+(?:\.sharded|\.merged)?$")
 
 
 def resume_dir(root: Path) -> Path:
@@ -195,6 +207,9 @@ def check_for_new_run(root: Path, *, overwrite: bool) -> FolderScan:
     if not found.has_checkpoints:
         return found
     if overwrite:
+        foreign = not_written_by_us(found)
+        if foreign:
+            raise overwrite_refusal(root, foreign)
         return found
     owner = (found.owner or {}).get("run_id")
     whose = f" of run {owner}" if owner else ""
@@ -206,15 +221,67 @@ def check_for_new_run(root: Path, *, overwrite: bool) -> FolderScan:
     )
 
 
+def _ours(rel: Path, is_dir: bool) -> bool:
+    """Whether ``rel`` (a path inside a step folder) is something trnqwen or its trainers write."""
+    parts = rel.parts
+    if len(parts) == 1:
+        return parts[0] in _WRITTEN_DIRS if is_dir else bool(_WRITTEN.fullmatch(parts[0]))
+    return len(parts) == 2 and parts[0] in _WRITTEN_DIRS and not is_dir and bool(_WRITTEN.fullmatch(parts[1]))
+
+
+def step_folders(found: FolderScan) -> list[Path]:
+    """Every folder --overwrite would remove: resume points, exports (and their ``.sharded`` pieces),
+    old-layout steps."""
+    out: list[Path] = []
+    for top in (resume_dir(found.root), export_root(found.root)):
+        if top.is_dir():
+            out += sorted(p for p in top.iterdir() if p.is_dir() and _STEP_OR_SHARDS.match(p.name))
+    return out + [s.path for s in found.legacy]
+
+
+def not_written_by_us(found: FolderScan) -> list[str]:
+    """Paths (relative to the root) inside trnqwen's own subfolders that no trnqwen run wrote:
+    a user's notes in ``hf/step-3/``, an ``eval_outputs/`` folder, anything loose in ``resume/``."""
+    foreign: list[str] = []
+    steps = set(step_folders(found))
+    for top in (resume_dir(found.root), export_root(found.root)):
+        if top.is_dir():
+            foreign += [f"{p.relative_to(found.root)}{'/' if p.is_dir() else ''}" for p in sorted(top.iterdir()) if p not in steps]
+    for folder in sorted(steps):
+        for path in sorted(folder.rglob("*")):
+            rel = path.relative_to(folder)
+            below_foreign = any(not _ours(Path(*rel.parts[:i]), True) for i in range(1, len(rel.parts)))
+            if not below_foreign and not _ours(rel, path.is_dir()):  # a foreign folder once, not each file in it
+                foreign.append(f"{path.relative_to(found.root)}{'/' if path.is_dir() else ''}")
+    return foreign
+
+
 def clear(found: FolderScan) -> list[str]:
-    """``--overwrite``: remove our own checkpoints (never foreign files)."""
+    """``--overwrite``: remove our own checkpoints, file by file, only names trnqwen writes.
+
+    Refuses (:class:`UsageError`, nothing deleted) when anything else is inside them."""
+    foreign = not_written_by_us(found)
+    if foreign:
+        raise overwrite_refusal(found.root, foreign)
     removed = []
-    for path in (resume_dir(found.root), export_root(found.root), *(s.path for s in found.legacy)):
-        if path.exists():
-            shutil.rmtree(path)
-            removed.append(str(path))
+    for folder in step_folders(found):
+        for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            path.rmdir() if path.is_dir() else path.unlink()
+        folder.rmdir()
+        removed.append(str(folder))
+    for top in (resume_dir(found.root), export_root(found.root)):
+        if top.is_dir() and not any(top.iterdir()):
+            top.rmdir()
     (found.root / OWNER_FILE).unlink(missing_ok=True)
     return removed
+
+
+def overwrite_refusal(root: Path, foreign: list[str]) -> UsageError:
+    shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+    return UsageError(
+        f"--overwrite: checkpoint folder {root} holds files trnqwen did not write ({shown}); it deletes only its own",
+        hint="move those files out of the folder first, or pass --checkpoint-dir with a new folder",
+    )
 
 
 def remove_incomplete(root: Optional[Path], before: set[str]) -> list[str]:
@@ -241,11 +308,14 @@ def step_paths(root: Optional[Path]) -> set[str]:
     return {str(s.path) for s in (*found.resume, *found.exports, *found.legacy)}
 
 
-def find_export(root: Optional[Path]) -> Optional[Path]:
-    """The newest complete HF export (``hf/step-N``; an old-layout ``step-N`` with an index too)."""
+def find_export(root: Optional[Path], *, step: Optional[int] = None) -> Optional[Path]:
+    """The newest complete HF export (``hf/step-N``; an old-layout ``step-N`` with an index too);
+    with ``step``, only the export of that step (a run reports the export of the step it trained)."""
     if root is None:
         return None
     found = scan(root)
+    if step is not None:
+        return next((s.path for s in found.exports if s.step == step and s.complete), None)
     latest = found.latest_export
     if latest is not None:
         return latest.path

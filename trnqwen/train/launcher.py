@@ -46,6 +46,17 @@ DEFAULT_GRACE_S = 20.0
 # Signals the launcher forwards: Ctrl-C stops at once; SIGTERM / SIGUSR1 (preemption notices)
 # make the ranks save a resumable checkpoint at their next step boundary first.
 PREEMPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+TORCHRUN_SIGNALS_VAR = "PET_SIGNALS_TO_HANDLE"  # torchrun's --signals-to-handle
+TORCHRUN_DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+def torchrun_signals(user_value: Optional[str] = None) -> str:
+    """torchrun's ``--signals-to-handle``: its defaults (or the user's list) plus SIGUSR1."""
+    names = [n.strip() for n in (user_value or ",".join(TORCHRUN_DEFAULT_SIGNALS)).split(",") if n.strip()]
+    for needed in ("SIGTERM", "SIGINT", "SIGUSR1"):
+        if needed not in names:
+            names.append(needed)
+    return ",".join(names)
 
 
 # --- the command --------------------------------------------------------------------------
@@ -475,7 +486,8 @@ def supervise(
     ``env`` is merged over ``os.environ``.  The whole output goes to ``log_path`` as printed;
     ``echo`` (if given) sees every line too.  SIGINT/SIGTERM received here are forwarded to
     torchrun and every rank; after ``grace_s`` survivors get SIGKILL; a second Ctrl-C kills at
-    once.  Exit code: 0 done, 1 failed, 130 SIGINT, 143 SIGTERM.
+    once.  Exit code: 0 done, 1 failed, 130 SIGINT, 143 SIGTERM/SIGUSR1 (the caller turns a
+    preemption the ranks saved into 138, one before the first step into 140: trnqwen.train.stops).
     """
     full_env = dict(os.environ)
     full_env.update(env)
@@ -483,8 +495,10 @@ def supervise(
     # The ranks get the whole grace period (a preempted rank saves at its next step boundary);
     # torchrun's SIGTERM->SIGKILL escalation for them comes first, ours for torchrun after it.
     full_env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, int(grace_s))))
-    # SIGUSR1 (SLURM's --signal, spot notices) reaches the ranks through torchrun too.
-    full_env.setdefault("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1")
+    # SIGUSR1 (SLURM's --signal, spot notices) reaches the ranks through torchrun too: torchrun
+    # forwards only the signals of its --signals-to-handle flag, read from PET_SIGNALS_TO_HANDLE
+    # (it overwrites TORCHELASTIC_SIGNALS_TO_HANDLE itself, so that variable does nothing).
+    full_env[TORCHRUN_SIGNALS_VAR] = torchrun_signals(full_env.get(TORCHRUN_SIGNALS_VAR))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     result = LaunchResult(exit_code=EXIT_FAILED, ended_by="launch error")

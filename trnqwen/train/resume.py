@@ -55,6 +55,8 @@ class ResumePoint:
         return {
             "from_step": self.from_step, "line": line, "at": time.time(),
             "checkpoint": str(self.checkpoint) if self.checkpoint else None, "changes": self.changes,
+            # how the attempt before this one ended (138 preempted, 140 before its first step, ...)
+            "previous": {"status": self.record.status, "exit_code": self.record.exit_code, "ended_by": self.record.ended_by},
         }
 
 
@@ -142,6 +144,7 @@ def prepare(ref: str, resolved: ResolvedConfig) -> ResumePoint:
             hint=f"resume {owner} instead (`{resume_command(owner)}`), or start a new run",
         )
     latest = found.latest_resume
+    _refuse_if_checkpoints_lost(record, root, found)
     from_step = latest.step if latest else 0
     done_steps = int(record.config.get("steps") or 0)
     if record.status == "succeeded" and config.steps <= max(from_step, done_steps):
@@ -169,6 +172,47 @@ def recorded_config(values: dict[str, Any]) -> dict[str, Any]:
     if "warmup_steps" in values:
         values.setdefault("warmup", values.pop("warmup_steps"))
     return values
+def saved_steps(record: RunRecord) -> list[int]:
+    """The resume points run.json says this run saved (recorded at the end of every attempt, and
+    the step of a preemption), oldest first."""
+    steps = {int(s) for s in record.extra.get("saved_checkpoints") or [] if str(s).isdigit()}
+    if isinstance(record.extra.get("interrupted_at_step"), int):
+        steps.add(record.extra["interrupted_at_step"])
+    for entry in record.extra.get("resumes") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("from_step"), int) and entry["from_step"] > 0:
+            steps.add(entry["from_step"])
+    return sorted(steps)
+
+
+def _refuse_if_checkpoints_lost(record: RunRecord, root: Path, found: checkpoints.FolderScan) -> None:
+    """A run that saved resume points which are gone now never silently starts over from step 1."""
+    saved = saved_steps(record)
+    latest = found.latest_resume
+    if not saved or (latest is not None and latest.step >= saved[-1]):
+        return
+    where = checkpoints.resume_dir(root)
+    now = f"; the newest there now is step {latest.step}" if latest is not None else ""
+    raise UsageError(
+        f"--resume: run {record.run_id} saved resumable checkpoints (steps {', '.join(map(str, saved))}) in {where}, "
+        f"and step {saved[-1]} is gone{now}",
+        hint=f"put the checkpoint folder back at {root} and resume again, or start a new run (without --resume)",
+    )
+
+
+def recheck(point: ResumePoint) -> None:
+    """Under the run's lock: the run is still the one :func:`prepare` planned to continue (no other
+    resume ran in between and it did not finish meanwhile)."""
+    try:
+        now = RunRecord.load(Path(point.record.run_dir))
+    except (OSError, ValueError, TypeError) as exc:
+        raise UsageError(f"--resume: cannot read {Path(point.record.run_dir) / RUN_RECORD}: {exc}") from None
+    before = point.record
+    if len(now.extra.get("resumes") or []) != len(before.extra.get("resumes") or []) or now.status != before.status:
+        raise UsageError(
+            f"--resume: run {point.run_id} was resumed by another trnqwen while this one started "
+            f"(it is now {now.status})",
+            hint=f"see `trnqwen inspect-logs {now.run_dir}`; resume it again if it stopped",
+        )
 
 
 def _allowed_changes(recorded: RunConfig, resolved: ResolvedConfig, run_id: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from trnqwen.env.versions import package_versions
 from trnqwen.errors import (
     EXIT_FAILED,
     EXIT_PREEMPTED,
+    EXIT_PREEMPTED_BEFORE_START,
     EXIT_SIGINT,
     EXIT_SIGTERM,
     CheckFailed,
@@ -36,9 +37,9 @@ from trnqwen.errors import (
 )
 from trnqwen.fsutil import write_text_atomic
 from trnqwen.rundir import LOG_NAME, RunRecord, next_run_id, point_last
-from trnqwen.train import checkpoints, launcher, multinode
+from trnqwen.train import checkpoints, folder_lock, launcher, multinode, ownership, stops
 from trnqwen.train.job import TrainJob
-from trnqwen.train.preflight import ERROR, WARNING, Finding, PreflightReport, preflight
+from trnqwen.train.preflight import ERROR, INFO, WARNING, Finding, PreflightReport, preflight
 from trnqwen.train.recipes import build_job
 from trnqwen.train.topology import Topology, plan_topology
 
@@ -174,6 +175,13 @@ class TrainOutcome:
                 hint=f"continue it with: {self.record.extra.get('resume_command') if self.record else 'trnqwen train --resume last'}",
                 exit_code=EXIT_PREEMPTED,
             )
+        if r.exit_code == EXIT_PREEMPTED_BEFORE_START:
+            command = self.record.extra.get("resume_command") if self.record else None
+            raise TrnqwenError(
+                f"training preempted by {r.ended_by} before its first step: nothing was trained, nothing was lost",
+                hint=f"start it again with: {command or 'trnqwen train --resume last'}",
+                exit_code=EXIT_PREEMPTED_BEFORE_START,
+            )
         if r.exit_code in (EXIT_SIGINT, EXIT_SIGTERM):
             raise TrnqwenError(
                 f"training stopped by {r.ended_by} after {len(r.steps)} logged step(s); every rank was stopped",
@@ -278,8 +286,16 @@ def plan_train(
         report.findings.insert(0, Finding(WARNING, "device" if resume is None else "resume", note))
     if resume is None and job.checkpoint_dir is not None and multinode.writes_run_record(cfg.node_rank):
         try:  # no silent resume: a folder with another run's checkpoints stops the run here
-            checkpoints.check_for_new_run(_abs(job.checkpoint_dir, cwd), overwrite=overwrite)
+            found = checkpoints.check_for_new_run(_abs(job.checkpoint_dir, cwd), overwrite=overwrite)
+            doomed = [str(p.relative_to(found.root)) for p in checkpoints.step_folders(found)] if overwrite else []
+            if doomed:  # what --overwrite will delete (a --dry-run lists it)
+                report.add(INFO, "outputs", f"--overwrite deletes from {found.root}: {', '.join(doomed)} and its owner file")
         except UsageError as exc:
+            report.findings.insert(0, Finding(ERROR, "outputs", exc.message, exc.hint))
+    if job.checkpoint_dir is not None and multinode.writes_run_record(cfg.node_rank):
+        holder = folder_lock.holder_of(_abs(job.checkpoint_dir, cwd))
+        if holder is not None:  # told now, before anything is announced; execute() takes the lock for real
+            exc = folder_lock.refusal(_abs(job.checkpoint_dir, cwd), holder)
             report.findings.insert(0, Finding(ERROR, "outputs", exc.message, exc.hint))
     return TrainPlan(
         config=cfg, device=device, job=job, topology=topo, run_id=run_id, run_dir=run_dir,
@@ -464,18 +480,6 @@ def find_export(checkpoint_dir: Optional[Path], cwd: Path) -> Optional[Path]:
     return checkpoints.find_export(_abs(Path(checkpoint_dir), cwd) if checkpoint_dir is not None else None)
 
 
-def _prepare_checkpoint_folder(plan: TrainPlan, record: RunRecord) -> None:
-    """Claim the checkpoint folder for this run (after --overwrite removed the old checkpoints)."""
-    if plan.job.checkpoint_dir is None or not plan.owns_checkpoints:
-        return
-    root = _abs(plan.job.checkpoint_dir, plan.cwd)
-    if plan.resume is None and plan.overwrite:
-        removed = checkpoints.clear(checkpoints.scan(root))
-        if removed:
-            record.extra["overwrote"] = removed
-    checkpoints.write_owner(root, run_id=plan.run_id, model=plan.config.model, backend=plan.config.backend)
-
-
 def _mark_resume(plan: TrainPlan, record: RunRecord) -> None:
     """Append ``[trnqwen] resumed ...`` to the log and the resume to run.json (inspect-logs reads both)."""
     from trnqwen.train.resume import RESUMED_MARK
@@ -508,14 +512,39 @@ def execute(
     echo: Optional[Callable[[str], None]] = None,
     grace_s: Optional[float] = None,
     status_stream: Any = None,
+    note: Optional[Callable[[str], None]] = None,
 ) -> TrainOutcome:
-    """Create the run dir, start torchrun, supervise it, record how it ended.
+    """Take the checkpoint folder, create the run dir, start torchrun, supervise it, record how it ended.
 
-    Raises :class:`CheckFailed` when preflight found errors (nothing is created then).
+    Raises :class:`CheckFailed` when preflight found errors and :class:`UsageError` when another
+    run holds the checkpoint folder (nothing is created then).  ``note`` gets one-line notes
+    (a lock taken over from a killed run).
     """
     plan.preflight.raise_for_errors()
+    lock = ownership.claim(plan)
+    try:
+        if lock is not None and lock.took_over and note is not None:
+            note(lock.takeover_note())
+        return _execute(plan, lock, status=status, echo=echo, grace_s=grace_s, status_stream=status_stream)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _execute(
+    plan: TrainPlan,
+    lock: Optional[folder_lock.FolderLock],
+    *,
+    status: bool,
+    echo: Optional[Callable[[str], None]],
+    grace_s: Optional[float],
+    status_stream: Any,
+) -> TrainOutcome:
+    """:func:`execute` holding the folder's lock."""
     record = create_run_dir(plan)
-    _prepare_checkpoint_folder(plan, record)
+    if lock is not None and lock.took_over:
+        record.extra["lock_taken_over"] = lock.took_over
+    ownership.prepare_folder(plan, record)
     if plan.resume is not None:
         _mark_resume(plan, record)
     grace_s = plan.config.grace_seconds if grace_s is None else grace_s
@@ -562,8 +591,8 @@ def execute(
         "SIGUSR1": "interrupted",
     }.get(result.ended_by, "failed")
     record.extra["summary"] = result.summary()
-    _classify_preemption(plan, result, record, log_offset)
-    if result.exit_code not in (0, EXIT_PREEMPTED) and result.error and "No space left" not in result.error:
+    stops.classify(plan, result, record, log_offset, ckpt_root)  # 138 / 140 / finished anyway
+    if result.exit_code not in (0, EXIT_PREEMPTED, EXIT_PREEMPTED_BEFORE_START) and result.error and "No space left" not in result.error:
         full = _disk_full_at(ckpt_root)  # torch's zip writer fails on a full disk without saying so
         if full:
             result.error = record.error = f"{result.error}; No space left on device ({full})"
@@ -574,7 +603,13 @@ def execute(
         removed = checkpoints.remove_incomplete(ckpt_root, steps_before)
         if removed:
             record.extra["removed_incomplete_checkpoints"] = removed
-    exported = checkpoints.find_export(ckpt_root) if result.exit_code == 0 and plan.config.resolved_export_hf else None
+    if ckpt_root is not None:  # what a later --resume must find (trnqwen.train.resume.saved_steps)
+        saved = [s.step for s in checkpoints.scan(ckpt_root).resume if s.complete]
+        record.extra["saved_checkpoints"] = sorted(set(record.extra.get("saved_checkpoints") or []) | set(saved))
+    # the export of the last step THIS run trained, never an older one left in the folder
+    trained = (result.last_step or {}).get("step")
+    wanted = result.exit_code == 0 and plan.config.resolved_export_hf and trained is not None
+    exported = checkpoints.find_export(ckpt_root, step=trained) if wanted else None
     if exported is not None:
         record.extra["exported"] = str(exported)
         from trnqwen.ckpt.model_folder import complete_run_export  # a whole model folder (issue 15)
@@ -584,7 +619,7 @@ def execute(
     if result.exit_code == 0 and plan.config.resolved_export_hf and plan.job.checkpoint_dir and exported is None:
         record.status = "failed"
         record.ended_by = "no export"
-        record.error = f"training finished but no HF export appeared under {plan.job.checkpoint_dir}"
+        record.error = f"training finished but no HF export of step {trained} appeared under {plan.job.checkpoint_dir}"
         result.exit_code = EXIT_FAILED
         result.ended_by = record.ended_by
         result.error = record.error
@@ -630,28 +665,6 @@ def _disk_full_at(root: Optional[Path]) -> Optional[str]:
     except OSError:
         return None
     return f"{free // 1024} KiB free on {where}" if free is not None and free < 4 * 1024 * 1024 else None
-
-
-def _classify_preemption(plan: TrainPlan, result: launcher.LaunchResult, record: RunRecord, offset: int) -> None:
-    """A run whose ranks logged ``[trnqwen] preempted: ...`` ended by preemption (exit 138), however
-    the signal reached them (the launcher, torchrun, or the ranks directly under SLURM)."""
-    from trnqwen.train.resume import preempted_step
-
-    found = preempted_step(plan.log_path, offset)
-    if found is None:
-        return
-    step, signal_name = found
-    result.exit_code = EXIT_PREEMPTED
-    result.ended_by = signal_name
-    result.error = None
-    record.exit_code = EXIT_PREEMPTED
-    record.ended_by = signal_name
-    record.error = None
-    record.status = "interrupted"
-    record.extra["interrupted_at_step"] = step
-    record.extra["interrupted"] = f"interrupted at step {step} by {signal_name}; a resumable checkpoint was saved"
-    record.extra["resume_command"] = f"trnqwen train --resume {plan.run_id}"
-    record.extra["summary"] = result.summary()
 
 
 def _seconds_since_process_start(now: float) -> Optional[float]:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from trnqwen.errors import CheckFailed, EnvironmentProblem, UsageError, redact
+from trnqwen.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_BEFORE_START, CheckFailed, EnvironmentProblem, UsageError, redact
 from trnqwen.train import multinode
 
 if TYPE_CHECKING:
@@ -142,9 +142,10 @@ def sbatch_script(job: SlurmJob) -> str:
         f"  --output={q(str(job.node_output_pattern))} \\",
         f"  bash -c {q(multinode.node_wrapper('SLURM_NODEID'))} trnqwen-node \\",
         "  " + shlex.join(job.command) + " || rc=$?",
-        "# 138: preempted after saving a resumable checkpoint: requeue; the job continues where it stopped.",
-        'if [ "$rc" -eq 138 ]; then',
-        '  echo "trnqwen: preempted with a checkpoint; requeueing job ${SLURM_JOB_ID}"',
+        f"# {EXIT_PREEMPTED}: preempted after saving a resumable checkpoint; {EXIT_PREEMPTED_BEFORE_START}: preempted before",
+        "# the first step (nothing trained). Either way: requeue; the job continues where it stopped.",
+        f'if [ "$rc" -eq {EXIT_PREEMPTED} ] || [ "$rc" -eq {EXIT_PREEMPTED_BEFORE_START} ]; then',
+        '  echo "trnqwen: preempted (exit ${rc}); requeueing job ${SLURM_JOB_ID}"',
         '  scontrol requeue "${SLURM_JOB_ID}" && exit 0',
         "fi",
         'exit "$rc"',
