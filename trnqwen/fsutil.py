@@ -93,3 +93,18 @@ def broken_link(path: Path) -> Optional[str]:
         if exc.errno == errno.ELOOP:
             return "a symlink loop"
     return f"a broken symbolic link (to {target}, which does not exist)"
+
+
+def disk_full_at(root: Optional[Path]) -> Optional[str]:
+    """``"12 KiB free on <dir>"`` when the disk holding ``root`` (or its nearest existing parent)
+    is (nearly) full, else None."""
+    import shutil
+
+    where = root
+    while where is not None and not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free if where is not None else None
+    except OSError:
+        return None
+    return f"{free // 1024} KiB free on {where}" if free is not None and free < 4 * 1024 * 1024 else None

@@ -184,6 +184,23 @@ def log_line(*, trainable: int, total: int, spec: LoraSpec, adapters: int, initi
     )
 
 
+def finish_export(cfg: Any, exported: Any, assets_dir: Any, extra: dict) -> Optional[tuple[str, str]]:
+    """After a LoRA run: its export must be the adapter (a base-model export would be the base,
+    unchanged); ``--merge`` writes the merged folder beside it in a child process (the launcher
+    never imports torch), recorded in ``extra["merged"]``.  (ended_by, error) when either fails."""
+    from trnqwen.ckpt.lora import is_adapter_folder
+
+    if not is_adapter_folder(exported):
+        return "no adapter", f"a LoRA run exported {exported} without its adapter (no adapter_config.json)"
+    if cfg.merge:
+        from trnqwen.ckpt.merge import merge_in_child
+
+        merged = extra["merged"] = merge_in_child(exported, assets_dir)
+        if "error" in merged:
+            return "merge failed", f"the adapter was exported to {exported}, but merging it failed: {merged['error']}"
+    return None
+
+
 def render_attach_lines(spec: LoraSpec, *, backend: str, targets: tuple[str, ...]) -> tuple[list[str], list[str]]:
     """(imports, body lines) for the generated config module: attach LoRA to the config."""
     spec = LoraSpec(**{**asdict(spec), "targets": targets})
@@ -198,5 +215,5 @@ def render_attach_lines(spec: LoraSpec, *, backend: str, targets: tuple[str, ...
 
 __all__ = [
     "LoraSpec", "spec_from_config", "targets_of", "backend_targets", "titan_target_names", "adapter_params",
-    "plan_note", "vllm_rank_warning", "render_attach_lines", "LOG_MARK", "VLLM_RANKS", "LOG_LINE_RE", "log_line",
+    "plan_note", "vllm_rank_warning", "render_attach_lines", "finish_export", "LOG_MARK", "VLLM_RANKS", "LOG_LINE_RE", "log_line",
 ]

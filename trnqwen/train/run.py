@@ -35,7 +35,7 @@ from trnqwen.errors import (
     redact,
     redact_env,
 )
-from trnqwen.fsutil import write_text_atomic
+from trnqwen.fsutil import disk_full_at, write_text_atomic
 from trnqwen.rundir import LOG_NAME, RunRecord, next_run_id, point_last
 from trnqwen.train import checkpoints, folder_lock, launcher, multinode, ownership, stops
 from trnqwen.train.job import TrainJob
@@ -593,7 +593,7 @@ def _execute(
     record.extra["summary"] = result.summary()
     stops.classify(plan, result, record, log_offset, ckpt_root)  # 138 / 140 / finished anyway
     if result.exit_code not in (0, EXIT_PREEMPTED, EXIT_PREEMPTED_BEFORE_START) and result.error and "No space left" not in result.error:
-        full = _disk_full_at(ckpt_root)  # torch's zip writer fails on a full disk without saying so
+        full = disk_full_at(ckpt_root)  # torch's zip writer fails on a full disk without saying so
         if full:
             result.error = record.error = f"{result.error}; No space left on device ({full})"
     if not plan.owns_checkpoints:  # node 0 cleans, completes and checks the export
@@ -615,56 +615,24 @@ def _execute(
         from trnqwen.ckpt.model_folder import complete_run_export  # a whole model folder (issue 15)
 
         record.extra["export_files"] = complete_run_export(record, exported)
-        _check_lora_export(plan, result, record, exported)
+        if plan.config.lora and result.exit_code == 0:  # the adapter, never the base; --merge beside it
+            from trnqwen.train.lora import finish_export
+
+            failure = finish_export(plan.config, exported, Path(record.assets_dir), record.extra)
+            if failure is not None:
+                _fail(result, record, *failure)
     if result.exit_code == 0 and plan.config.resolved_export_hf and plan.job.checkpoint_dir and exported is None:
-        record.status = "failed"
-        record.ended_by = "no export"
-        record.error = f"training finished but no HF export of step {trained} appeared under {plan.job.checkpoint_dir}"
-        result.exit_code = EXIT_FAILED
-        result.ended_by = record.ended_by
-        result.error = record.error
-        record.exit_code = EXIT_FAILED
+        _fail(result, record, "no export",
+              f"training finished but no HF export of step {trained} appeared under {plan.job.checkpoint_dir}")
     record.save()
     return TrainOutcome(plan=plan, result=result, record=record, exported=exported)
 
 
-def _check_lora_export(plan: TrainPlan, result: launcher.LaunchResult, record: RunRecord, exported: Path) -> None:
-    """A LoRA run's export must be its adapter (a base-model export would be the base, unchanged);
-    ``--merge`` then writes the merged folder beside it, in a child process (no torch here)."""
-    from trnqwen.ckpt.lora import is_adapter_folder
-
-    if not plan.config.lora or result.exit_code != 0:
-        return
-    if not is_adapter_folder(exported):
-        result.exit_code = record.exit_code = EXIT_FAILED
-        record.status, record.ended_by = "failed", "no adapter"
-        result.ended_by = record.ended_by
-        result.error = record.error = f"a LoRA run exported {exported} without its adapter (no adapter_config.json)"
-        return
-    if plan.config.merge:
-        from trnqwen.ckpt.merge import merge_in_child
-
-        merged = merge_in_child(exported, Path(record.assets_dir))
-        record.extra["merged"] = merged
-        if "error" in merged:
-            result.exit_code = record.exit_code = EXIT_FAILED
-            record.status, record.ended_by = "failed", "merge failed"
-            result.ended_by = record.ended_by
-            result.error = record.error = f"the adapter was exported to {exported}, but merging it failed: {merged['error']}"
-
-
-def _disk_full_at(root: Optional[Path]) -> Optional[str]:
-    """``"12 KiB free on <dir>"`` when the checkpoint folder's disk is (nearly) full, else None."""
-    import shutil
-
-    where = root
-    while where is not None and not where.exists() and where != where.parent:
-        where = where.parent
-    try:
-        free = shutil.disk_usage(where).free if where is not None else None
-    except OSError:
-        return None
-    return f"{free // 1024} KiB free on {where}" if free is not None and free < 4 * 1024 * 1024 else None
+def _fail(result: launcher.LaunchResult, record: RunRecord, ended_by: str, error: str) -> None:
+    """A run that trained but whose result is not what it promised: failed, with why."""
+    record.status, record.ended_by, record.error = "failed", ended_by, error
+    result.exit_code = record.exit_code = EXIT_FAILED
+    result.ended_by, result.error = ended_by, error
 
 
 def _seconds_since_process_start(now: float) -> Optional[float]:
