@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -50,12 +51,15 @@ LAYERS = 36
 E = "\x1b"
 
 
-def _step(step: int, loss: float, gn: float, gib: float, pct: float, tps: float, tflops: float, mfu: float) -> str:
-    # torchtitan 0.3.0 components/metrics.py, verbatim layout
+def _step(step: int, loss: float, gn: float, gib: float, pct: float, tps: float, tflops: float, mfu: float,
+          lr: float) -> str:
+    # torchtitan 0.3.0 components/metrics.py, verbatim layout, and the lr column trnqwen's ranks append
+    from trnqwen.logs.stepline import lr_text
+
     return (
         f"{E}[31mstep: {step:2}  {E}[32mloss: {loss:8.5f}  {E}[38;2;180;60;0mgrad_norm: {gn:7.4f}  "
         f"{E}[38;2;54;234;195mmemory: {gib:5.2f}GiB({pct:.2f}%)  {E}[34mtps: {round(tps):,}  "
-        f"{E}[36mtflops: {tflops:,.2f}  {E}[35mmfu: {mfu:.2f}%{E}[39m"
+        f"{E}[36mtflops: {tflops:,.2f}  {E}[35mmfu: {mfu:.2f}%{E}[39m" + lr_text(lr)
     )
 
 
@@ -91,13 +95,14 @@ def generate(path: Path, target_mb: float = 0.0, *, ranks: int = RANKS, steps: i
         while (written < target) if steps <= 0 else (step < steps):
             step += 1
             loss = 6.54 / (1 + step / 2000) + 0.5
+            lr = 1e-5 * min(1.0, step / 100) * (0.55 + 0.45 * math.cos(step / 5000))  # warm-up, then a curve
             block = []
             sec = step % 60
             for r in range(ranks):
                 pre = f"[rank{r}]:[titan] 2026-11-29 10:{(step // 60) % 60:02d}:{sec:02d},{(r * 13) % 1000:03d} - root - INFO - "
                 tps = 55.0 if step == 1 else 1234.0 + (r * 7 + step) % 50
                 block.append(pre + _step(step, loss, 1.0 + (step % 17) / 10, 14.2 + r / 100, 59.2 + r / 50, tps,
-                                         3.5 if step == 1 else 49.9, 7.48) + "\n")
+                                         3.5 if step == 1 else 49.9, 7.48, lr) + "\n")
                 if step % 500 == 0 and r % 16 == 3:
                     block.append(f"[rank{r}]:[titan] 2026-11-29 10:00:00,000 - root - WARNING - "
                                  f"Dataloader slow: waited 1.{r:02d}s for batch at step {step}\n")

@@ -18,7 +18,7 @@ import pytest
 
 from trnqwen.logs.engine import LogParser
 from trnqwen.logs.parse import parse_bytes
-from trnqwen.logs.stepline import format_step_line
+from trnqwen.logs.stepline import format_step_line, lr_text
 
 E = "\x1b"
 
@@ -32,7 +32,7 @@ def colour_step(step, loss, gn, gib, pct, tps, tflops, mfu) -> str:
 
 
 def generate(seed: int, *, ranks: int, steps: int, colour: bool, every_rank: bool, role: str = "rank",
-             oddities: bool = True) -> bytes:
+             oddities: bool = True, lr: bool = False) -> bytes:
     rnd = random.Random(seed)
     out: list[bytes] = []
 
@@ -67,6 +67,8 @@ def generate(seed: int, *, ranks: int, steps: int, colour: bool, every_rank: boo
             l_val = float("nan") if rnd.random() < 0.01 else loss
             args = (step, l_val, 1.0 + step % 7 / 10, pct / 4, pct, tps, tflops, mfu)
             msg = colour_step(*args) if colour else format_step_line(*args)
+            if lr:  # trnqwen's ranks append the step's LR (runtime/lr_log.py): warm-up, then cosine
+                msg += lr_text(2e-5 * min(1.0, step / 10) * (0.5 + 0.5 * math.cos(math.pi * step / steps)) + 1e-9)
             end = "\r\n" if oddities and rnd.random() < 0.01 else "\n"
             emit(r, msg, end=end)
             if not oddities:
@@ -143,6 +145,8 @@ SHAPES = [
     dict(ranks=1, steps=600, colour=False, every_rank=True),
     dict(ranks=0, steps=600, colour=True, every_rank=True),  # one unprefixed stream
     dict(ranks=8, steps=400, colour=True, every_rank=True, oddities=False),  # the exact layout only
+    dict(ranks=8, steps=300, colour=True, every_rank=True, lr=True),  # trnqwen's lr column on every step line
+    dict(ranks=2, steps=400, colour=False, every_rank=False, lr=True, oddities=False),
 ]
 
 
@@ -171,10 +175,14 @@ def test_fast_path_is_taken_and_equal_on_the_exact_layout(monkeypatch):
         return cols
 
     monkeypatch.setattr(bulk, "primary_columns", spy)
-    data = generate(9, ranks=8, steps=400, colour=True, every_rank=True, oddities=False)
-    got = parse_bytes(data, "x", chunk_size=1 << 16)
-    assert None not in stored and sum(stored) > 350
-    assert snapshot(got) == snapshot(reference(data))
+    for lr in (False, True):  # torchtitan's own lines, and trnqwen's with the lr column
+        stored.clear()
+        data = generate(9, ranks=8, steps=400, colour=True, every_rank=True, oddities=False, lr=lr)
+        got = parse_bytes(data, "x", chunk_size=1 << 16)
+        assert None not in stored and sum(stored) > 350, lr
+        assert snapshot(got) == snapshot(reference(data))
+        lrs = [row["lr"] for row in got.steps.values()] if hasattr(got.steps, "values") else []
+        assert not lr or (lrs and all(v is not None and v > 0 for v in lrs)), lrs[:3]
 
 
 @pytest.mark.parametrize("shape", [0, 2, 5])

@@ -53,6 +53,7 @@ _VALIDATE = b"validate step:"
 # the key each even token of a step line (cut at its "step:") ends with
 _KEYS = ((2, b"loss:"), (4, b"grad_norm:"), (6, b"memory:"), (8, b"tps:"), (10, b"tflops:"), (12, b"mfu:"))
 WIDTH = 14  # tokens of a step line from its "step:" on
+LR_WIDTH = WIDTH + 2  # trnqwen's ranks append "lr: <value>" (trnqwen.runtime.lr_log)
 
 
 PIECE = 1 << 20  # bytes classified at a time: the passes over a piece stay in the core's cache
@@ -241,26 +242,31 @@ def primary_columns(bodies: list, lines: list, prefix: bytes) -> Optional[tuple]
     if parts.count(b"step:") != n:
         return None
     tokens = parts.split()
-    if len(tokens) != WIDTH * n:
+    width = WIDTH if len(tokens) == WIDTH * n else LR_WIDTH if len(tokens) == LR_WIDTH * n else None
+    if width is None:  # another layout, or lines with and without lr mixed: line by line
         return None
-    for offset, key in _KEYS:
-        col = tokens[offset::WIDTH]
+    keys = _KEYS + (((WIDTH, b"lr:"),) if width == LR_WIDTH else ())
+    for offset, key in keys:
+        col = tokens[offset::width]
         if not (col.count(col[0]) == n and col[0].endswith(key)):
             if not all(map(bytes.endswith, set(col), repeat(key))):
                 return None
-    memory = _memory_column(tokens[7::WIDTH], n)
-    mfu, missing = _mfu_column(tokens[13::WIDTH], n)
+    memory = _memory_column(tokens[7::width], n)
+    mfu, missing = _mfu_column(tokens[13::width], n)
     if memory is None or mfu is None:
         return None
     try:  # numbers.floats/ints: float()/int() per token, bit for bit, at numpy speed
-        steps = numbers.ints(tokens[1::WIDTH])
+        steps = numbers.ints(tokens[1::width])
         values = dict(zip(("loss", "grad_norm", "memory_gib", "memory_pct", "mfu"), numbers.float_columns(
-            [tokens[3::WIDTH], tokens[5::WIDTH], memory[0], memory[1], mfu])))
-        values["tps"], values["tflops"] = numbers.float_columns([tokens[9::WIDTH], tokens[11::WIDTH]], commas=True)
+            [tokens[3::width], tokens[5::width], memory[0], memory[1], mfu])))
+        values["tps"], values["tflops"] = numbers.float_columns([tokens[9::width], tokens[11::width]], commas=True)
+        if width == LR_WIDTH:
+            (values["lr"],) = numbers.float_columns([tokens[WIDTH + 1::width]])
     except ValueError:
         return None
-    values["lr"] = array("d", [float("nan")]) * n  # this layout has no lr column (trnqwen's lines go line by line)
-    missing["lr"] = list(range(n))
+    if width == WIDTH:  # torchtitan's own layout has no lr column
+        values["lr"] = array("d", [float("nan")]) * n
+        missing["lr"] = list(range(n))
     return steps, lines, values, missing, skip
 
 
