@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from trnqwen.assets import moe_layout
 from trnqwen.safetensors_format import TORCH_TO_ST
 from trnqwen.errors import UsageError
 
@@ -41,8 +42,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3_moe": dict(
         vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
         num_attention_heads=32, num_key_value_heads=4, head_dim=None, attention_bias=False,
-        tie_word_embeddings=False, decoder_sparse_step=1, moe_intermediate_size=768, num_experts=128,
-        mlp_only_layers=None,
+        tie_word_embeddings=False,  # the MoE fields' defaults: trnqwen.assets.moe_layout
     ),
 }
 
@@ -104,8 +104,7 @@ def check_model_type(config: dict[str, Any], where: str) -> str:
 def expected_tensors(config: dict[str, Any], where: str = "config.json") -> ModelSpec:
     """Names, shapes and dtypes of the model's state dict, as ``AutoModelForCausalLM`` builds it."""
     model_type = check_model_type(config, where)
-    if "num_experts" not in config and "num_local_experts" in config:  # transformers 5 writes this name
-        config = {**config, "num_experts": config["num_local_experts"]}
+    layout = moe_layout(config, where)  # every MoE key form, one reader (None: dense Qwen3)
     # Absent keys take the class default; an explicit null takes the derived value (kv heads =
     # heads, head_dim = hidden // heads), as the config's __post_init__/the attention module do.
     c = {**_DEFAULTS[model_type], **{k: v for k, v in config.items() if k in _DEFAULTS[model_type]}}
@@ -124,7 +123,6 @@ def expected_tensors(config: dict[str, Any], where: str = "config.json") -> Mode
         return ExpectedTensor(tuple(shape), dtype)
 
     out: dict[str, ExpectedTensor] = {"model.embed_tokens.weight": t(vocab, hidden)}
-    mlp_only = set(c.get("mlp_only_layers") or [])
     for i in range(layers):
         p = f"model.layers.{i}."
         out[p + "self_attn.q_proj.weight"] = t(heads * head_dim, hidden)
@@ -141,15 +139,9 @@ def expected_tensors(config: dict[str, Any], where: str = "config.json") -> Mode
             out[p + "self_attn.o_proj.bias"] = t(hidden)
         out[p + "self_attn.q_norm.weight"] = t(head_dim)
         out[p + "self_attn.k_norm.weight"] = t(head_dim)
-        sparse = (
-            model_type == "qwen3_moe"
-            and i not in mlp_only
-            and int(c["num_experts"]) > 0
-            and (i + 1) % int(c["decoder_sparse_step"]) == 0
-        )
-        if sparse:
+        if layout is not None and i in layout.sparse_layers:
             # The Hub layout (one module per expert); transformers 5 fuses experts on load.
-            experts, moe_inter = int(c["num_experts"]), int(c["moe_intermediate_size"])
+            experts, moe_inter = layout.num_experts, layout.moe_ffn_dim
             out[p + "mlp.gate.weight"] = t(experts, hidden)
             for e in range(experts):
                 q = f"{p}mlp.experts.{e}."
