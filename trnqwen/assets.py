@@ -116,6 +116,15 @@ def moe_layout(config: dict[str, Any], where: str = CONFIG_NAME) -> Optional[Moe
     return layout
 
 
+def checkpoint_dtype(config: Optional[dict[str, Any]]) -> Optional[str]:
+    """The torch dtype name a checkpoint's config.json names (``dtype``/``torch_dtype``): what every
+    backend's HF export keeps; None when it names none of float16/bfloat16/float32."""
+    if not config:
+        return None
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "").removeprefix("torch.")
+    return dtype if dtype in ("float16", "bfloat16", "float32") else None
+
+
 def has_tokenizer(folder: Path) -> bool:
     """Whether one complete tokenizer set is present (:data:`TOKENIZER_SETS`)."""
     return any(all((Path(folder) / name).is_file() for name in group) for group in TOKENIZER_SETS)

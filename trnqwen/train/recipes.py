@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from trnqwen.assets import moe_layout, read_config_json
+from trnqwen.assets import checkpoint_dtype, moe_layout, read_config_json
 from trnqwen.config import RunConfig
 from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import EnvironmentProblem, UsageError
@@ -304,12 +304,7 @@ def _plan_nki_moe(plan: Plan) -> None:
     plan.flavor = NKI_MOE_FLAVOR
 
 
-def hf_export_dtype(hf_config: Optional[dict[str, Any]]) -> Optional[str]:
-    """The dtype the HF export should use: the assets' own (``dtype``/``torch_dtype``)."""
-    if not hf_config:
-        return None
-    dtype = str(hf_config.get("dtype") or hf_config.get("torch_dtype") or "").removeprefix("torch.")
-    return dtype if dtype in ("float16", "bfloat16", "float32") else None
+hf_export_dtype = checkpoint_dtype  # the HF export keeps the assets' own dtype (one home: trnqwen.assets)
 
 
 # --- rendering -----------------------------------------------------------------------------------
