@@ -200,3 +200,69 @@ def round_trip(config_dir: str, header_tensors: dict[str, tuple[tuple[int, ...],
         type(model).__name__,
         bool(getattr(config, "tie_word_embeddings", False)),
     )
+
+
+def round_trip_pretrained(folder: str, config: dict[str, Any], *, trust_remote_code: bool = False) -> dict[str, Any]:
+    """A Qwen3-MoE export through transformers' own ``from_pretrained`` of the folder, on the meta
+    device (no tensor data read): its weight conversion fuses the per-expert Hub tensors into
+    ``mlp.experts.gate_up_proj``/``down_proj`` as it does for a real load.  Then the loaded model's
+    experts and router are checked against config.json (:func:`trnqwen.assets.moe_layout`).
+
+    Returns {model_class, missing_keys, unexpected_keys, mismatched_keys, problems, error}:
+    ``error`` is transformers' own refusal (a conversion that cannot concatenate the experts, e.g.
+    an expert missing), ``problems`` what the expert/router check found."""
+    import contextlib
+    import io
+    import logging
+
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    layout = moe_layout(config)
+    out: dict[str, Any] = {"model_class": "AutoModelForCausalLM", "missing_keys": [], "unexpected_keys": [],
+                           "mismatched_keys": [], "problems": [], "error": None}
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity(logging.ERROR)
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            model, info = AutoModelForCausalLM.from_pretrained(
+                folder, device_map="meta", dtype="auto", output_loading_info=True, trust_remote_code=trust_remote_code,
+            )
+    except (RuntimeError, ValueError, OSError, KeyError) as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        detail = [line for line in sink.getvalue().splitlines() if line.startswith(("Error:", "RuntimeError:"))]
+        out["error"] = "; ".join(dict.fromkeys(detail[-2:] + lines[:1]))[:400] or type(exc).__name__
+        return out
+    finally:
+        hf_logging.set_verbosity(level)
+    out["model_class"] = type(model).__name__
+    out["missing_keys"] = sorted(info.get("missing_keys") or [])
+    out["unexpected_keys"] = sorted(info.get("unexpected_keys") or [])
+    out["mismatched_keys"] = sorted(str(m[0]) if isinstance(m, tuple) else str(m) for m in info.get("mismatched_keys") or [])
+    if layout is None:
+        return out
+    params = dict(model.named_parameters())
+    hidden = int(config["hidden_size"])
+    want = {
+        "mlp.experts.gate_up_proj": (layout.num_experts, 2 * layout.moe_ffn_dim, hidden),
+        "mlp.experts.down_proj": (layout.num_experts, hidden, layout.moe_ffn_dim),
+        "mlp.gate.weight": (layout.num_experts, hidden),
+    }
+    for i in range(layout.n_layers):
+        sparse = i in layout.sparse_layers
+        for suffix, shape in want.items():
+            name = f"model.layers.{i}.{suffix}"
+            got = tuple(params[name].shape) if name in params else None
+            if sparse and got != shape:
+                out["problems"].append(f"{name}: {got or 'absent'} after loading, config.json says {shape}")
+            if not sparse and got is not None:
+                out["problems"].append(f"{name}: layer {i} is dense in config.json but loaded experts")
+    experts = {type(m).__name__: int(getattr(m, "num_experts", 0)) for n, m in model.named_modules() if n.endswith("mlp.experts")}
+    if any(n != layout.num_experts for n in experts.values()):
+        out["problems"].append(f"experts per layer {sorted(set(experts.values()))}, config.json says {layout.num_experts}")
+    top_k = {int(getattr(m, "top_k", 0)) for n, m in model.named_modules() if n.endswith("mlp.gate")}
+    if layout.is_moe and top_k != {layout.top_k}:
+        out["problems"].append(f"router top-k {sorted(top_k)}, config.json says {layout.top_k}")
+    out["checked"] = f"{len(layout.sparse_layers)} MoE layer(s) x {layout.num_experts} experts, top-{layout.top_k}"
+    return out
