@@ -180,3 +180,24 @@ def test_verify_round_trip_fails_an_expert_short_export(tmp_path):
     report = verify(*_verify(bad), round_trip=True, quick=True)
     assert not report.ok and report.missing_keys == ["model.layers.1.mlp.experts.3.up_proj.weight"]
     assert report.round_trip["loaded_problems"] and report.round_trip["disagrees"] is None  # both fail it
+
+
+# --- hf-v5 -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["hub", "local"])
+def test_hf_v5_refuses_a_moe_up_front_with_the_backends_to_use(tmp_path, form, monkeypatch):
+    """It once launched and crashed in the ranks (the dense Transformers-backend config never swaps
+    torchtitan's MoE in, so ``layer.moe`` is missing; and 0.3.0 has no checkpoint adapter for it)."""
+    from tests.helpers import assert_clean_error, run_cli
+
+    src = write_tiny_moe(tmp_path / "moe", key_form=form)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(8)))
+    monkeypatch.chdir(tmp_path)
+    res = run_cli("train", "--finetune", "--assets", str(src), "--backend", "hf-v5", "--dataset", str(data),
+                  "--steps", "1", "--device", "cpu", "--nproc-per-node", "2", "--seq-len", "64")
+    assert_clean_error(res, code=2, contains="backend hf-v5 cannot train a Qwen3-MoE")
+    assert "--backend native" in res.text and "--backend hf-trainer" in res.text
+    assert not (tmp_path / ".trnqwen" / "runs").exists() or not any(
+        (d / "ranks").exists() for d in (tmp_path / ".trnqwen" / "runs").iterdir() if d.is_dir())
