@@ -186,18 +186,40 @@ def test_verify_round_trip_fails_an_expert_short_export(tmp_path):
 
 
 @pytest.mark.parametrize("form", ["hub", "local"])
-def test_hf_v5_refuses_a_moe_up_front_with_the_backends_to_use(tmp_path, form, monkeypatch):
-    """It once launched and crashed in the ranks (the dense Transformers-backend config never swaps
-    torchtitan's MoE in, so ``layer.moe`` is missing; and 0.3.0 has no checkpoint adapter for it)."""
-    from tests.helpers import assert_clean_error, run_cli
+def test_hf_v5_plan_swaps_torchtitan_moe_in_with_the_hub_layout_adapter(tmp_path, form):
+    """The dense Transformers-backend config never swapped torchtitan's MoE in, so the ranks
+    crashed ('FSDPCheckpointWrapper' object has no attribute 'moe' / plain-tensor experts)."""
+    from trnqwen.runtime.hf_moe_adapter import HFMoeStateDictAdapter
 
-    src = write_tiny_moe(tmp_path / "moe", key_form=form)
+    assets = tmp_path / "moe"
+    assets.mkdir()
+    config = hf_config()
+    (assets / "config.json").write_text(json.dumps(config if form == "hub" else _local_form(config)))
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(8)))
-    monkeypatch.chdir(tmp_path)
-    res = run_cli("train", "--finetune", "--assets", str(src), "--backend", "hf-v5", "--dataset", str(data),
-                  "--steps", "1", "--device", "cpu", "--nproc-per-node", "2", "--seq-len", "64")
-    assert_clean_error(res, code=2, contains="backend hf-v5 cannot train a Qwen3-MoE")
-    assert "--backend native" in res.text and "--backend hf-trainer" in res.text
-    assert not (tmp_path / ".trnqwen" / "runs").exists() or not any(
-        (d / "ranks").exists() for d in (tmp_path / ".trnqwen" / "runs").iterdir() if d.is_dir())
+    cfg = RunConfig(model="tiny-moe", assets_dir=assets, backend="hf-v5", device="cpu", dataset=str(data),
+                    finetune=True, seq_len=64)
+    _job, config_obj = job_and_config(cfg, CPU, tmp_path)
+    model = config_obj.model_spec.model
+    assert model.is_moe  # built from a TitanMoeModelConfig: the backend swaps torchtitan's MoE in
+    assert model.attn_mask_type == "block_causal" and model.load_balance_coeff is None
+    assert config_obj.model_spec.state_dict_adapter is HFMoeStateDictAdapter
+
+
+def test_hf_v5_moe_adapter_maps_the_hub_layout_both_ways(tmp_path):
+    """Plain tensors (the offline path): per-expert Hub keys <-> torchtitan's grouped experts."""
+    import torch
+    from safetensors.torch import load_file
+
+    from trnqwen.runtime.hf_moe_adapter import HFMoeStateDictAdapter
+
+    src = write_tiny_moe(tmp_path / "moe", tokenizer=False)
+    hub = load_file(str(src / "model.safetensors"))
+    adapter = HFMoeStateDictAdapter(None, str(src))
+    titan = adapter.from_hf(dict(hub))
+    w1 = titan["model.model.layers.1.mlp.routed_experts.inner_experts.w1_EFD"]
+    assert w1.shape == (8, 32, 64) and torch.equal(w1[5], hub["model.layers.1.mlp.experts.5.gate_proj.weight"])
+    assert torch.equal(titan["model.model.layers.0.mlp.router.gate.weight"], hub["model.layers.0.mlp.gate.weight"])
+    assert "model.model.embed_tokens.weight" in titan
+    back = adapter.to_hf(titan)
+    assert set(back) == set(hub) and all(torch.equal(back[k], hub[k]) for k in hub)

@@ -7,8 +7,8 @@ equal the source bit for bit):
 * step-1 losses agree within 0.5 % across the backends on the same tokens (neither adds an aux
   loss: the config has output_router_logits false, so transformers trains without one too);
 * ``verify-ckpt --round-trip`` passes each export (``from_pretrained`` of the folder);
-* native says which grouped GEMM ran on CPU and the load balancing in force (the ``[MoE]`` line);
-* hf-v5 is refused up front, with the reason and the backends to use.
+* native and hf-v5 (whose Transformers backend swaps torchtitan's MoE in) say which grouped GEMM
+  ran on CPU and the load balancing in force (the ``[MoE]`` line).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.moe_fixtures import write_tiny_moe
 
 pytestmark = pytest.mark.slow
 
-BACKENDS = ("native", "hf-trainer")
+BACKENDS = ("native", "hf-v5", "hf-trainer")
 DATA = Path(__file__).resolve().parents[1] / "trnqwen" / "data" / "tiny_chat" / "calculator.jsonl"
 
 
@@ -89,9 +89,10 @@ def test_step1_losses_agree_across_backends(runs):
     assert all(abs(v - ref) / ref < 0.005 for v in losses.values()), losses
 
 
-def test_native_logs_the_grouped_gemm_and_load_balancing(runs):
+@pytest.mark.parametrize("backend", ["native", "hf-v5"])
+def test_torchtitan_backends_log_the_grouped_gemm_and_load_balancing(runs, backend):
     _work, _assets, out = runs
-    log = out["native"][2]
+    log = out[backend][2]
     line = next(line for line in log.splitlines() if "[MoE] experts:" in line)
     assert "torch._grouped_mm on cpu" in line and "8 experts, top-2" in line
     assert "load balancing: none (as transformers trains this config" in line

@@ -67,7 +67,7 @@ def qwen3_model_spec(
         if dense_layers:
             dense = q._build_qwen3_layers(**common, hidden_dim=ffn_dim)
             layers = [dense[i] if i in dense_layers else layer for i, layer in enumerate(layers)]
-        _log_experts_path_once(num_experts, top_k, balance_note)
+        log_experts_path(num_experts, top_k, balance_note)
     else:
         layers = q._build_qwen3_layers(**common, hidden_dim=ffn_dim)
     model = q.Qwen3Model.Config(
@@ -106,7 +106,7 @@ def set_rope_theta(model_spec: Any, theta: float) -> None:
 MOE_TAG = "[MoE]"
 
 
-def _log_experts_path_once(num_experts: int, top_k: int, balance_note: str) -> None:
+def log_experts_path(num_experts: int, top_k: int, balance_note: str) -> None:
     """Wrap torchtitan's ``GroupedExperts._grouped_mm`` (its documented seam) so the first call in
     this rank logs which grouped GEMM ran, on which device and dtype, with the load balancing in
     force.  Idempotent; the wrapper only observes (same op, same arguments)."""

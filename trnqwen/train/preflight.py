@@ -102,7 +102,7 @@ class PreflightReport:
         raise cls(message, hint="; ".join(dict.fromkeys(hints)) or None)
 
 
-USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset", "outputs", "override-imports", "backend"}
+USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset", "outputs", "override-imports"}
 
 
 # --- the checks ---------------------------------------------------------------------------
@@ -161,28 +161,6 @@ def check_context(report: PreflightReport, cfg: RunConfig, hf_config: Optional[d
         "(max_position_embeddings in config.json, no RoPE scaling)",
         f"use --seq-len {limit} or less",
     )
-
-
-def check_backend_model(report: PreflightReport, cfg: RunConfig, hf_config: Optional[dict[str, Any]]) -> None:
-    """A Qwen3-MoE on hf-v5: torchtitan 0.3.0's Transformers backend swaps its own MoE in for the
-    HF experts but its checkpoint adapter only strips a prefix, so HF weights cannot load into the
-    swapped experts and the export would not be the Hub layout (docs/moe.md)."""
-    from trnqwen.assets import moe_layout
-
-    if cfg.backend != "hf-v5" or not hf_config:
-        return
-    try:
-        layout = moe_layout(hf_config)
-    except UsageError as exc:
-        report.add(ERROR, "assets", exc.message, exc.hint or "fix config.json")
-        return
-    if layout is not None and layout.is_moe:
-        report.add(
-            ERROR, "backend",
-            "backend hf-v5 cannot train a Qwen3-MoE: torchtitan's Transformers backend has no checkpoint "
-            "adapter for the MoE experts it swaps in (HF weights would not load, the export would not be the Hub layout)",
-            "use --backend native (torchtitan's Qwen3-MoE) or --backend hf-trainer",
-        )
 
 
 def check_topology(report: PreflightReport, topo: Topology) -> None:
@@ -446,7 +424,6 @@ def preflight(
     hf_config = check_assets(report, cfg, Path(assets_dir or cfg.resolved_assets_dir))
     check_seq_len(report, cfg, device)
     check_context(report, cfg, hf_config)
-    check_backend_model(report, cfg, hf_config)
     check_topology(report, topo)
     check_ranks(report, device, topo.nproc_per_node)
     check_outputs(report, cfg, job)

@@ -329,6 +329,23 @@ def _render(plan: Plan) -> str:
         # Packed documents must not attend across each other (native models always mask per
         # document); torchtitan's Transformers backend defaults to a plain causal mask.
         body.append('config.model_spec.model.attn_mask_type = "block_causal"')
+        layout = moe_layout(plan.hf_config or {})
+        if layout is not None and layout.is_moe:
+            # The dense base config never swaps torchtitan's MoE in (then the load-balancing hook
+            # finds no ``layer.moe``); the MoE config does, and trnqwen's adapter loads and exports
+            # the Hub's per-expert tensors (the backend's own only strips a prefix).
+            package = api.hf_config_registry.rpartition(".")[0]
+            coeff, note = moe_balance(plan.hf_config or {})
+            imp(f"from {package} import HFTransformerModel, TitanMoeModelConfig")
+            imp("from trnqwen.runtime.hf_moe_adapter import HFMoeStateDictAdapter")
+            imp("from trnqwen.runtime.qwen3_native import log_experts_path")
+            body += [
+                "config.model_spec.model = HFTransformerModel.Config(model_config=TitanMoeModelConfig(",
+                f'    attn_mask_type="block_causal", load_balance_coeff={coeff!r},',
+                "))",
+                "config.model_spec.state_dict_adapter = HFMoeStateDictAdapter",
+                f"log_experts_path({layout.num_experts}, {layout.top_k}, {note!r})",
+            ]
     elif cfg.backend == "native":
         imp(f"from {api.qwen3_config_registry} import {api.native_base_fn}")
         base = f"{api.native_base_fn}()"
