@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from tests.moe_fixtures import hf_config, write_tiny_moe
-from tests.test_recipes import CPU, job_and_config
+from tests.test_recipes import CPU, job_and_config, neuron_double  # noqa: F401 (fixture)
 from trnqwen.config import RunConfig
 from trnqwen.errors import UsageError
 from trnqwen.train.compat import dims_from_hf_config
@@ -223,3 +223,33 @@ def test_hf_v5_moe_adapter_maps_the_hub_layout_both_ways(tmp_path):
     assert "model.model.embed_tokens.weight" in titan
     back = adapter.to_hf(titan)
     assert set(back) == set(hub) and all(torch.equal(back[k], hub[k]) for k in hub)
+
+
+# --- nki-moe -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["hub", "local"])
+def test_nki_moe_plan_for_the_tiny_moe_against_the_neuron_double(tmp_path, form, neuron_double):
+    """The recipe's cut (2 layers, 8 experts, top-2) as torchtitan-neuron's entry point builds it;
+    fine-tuning the tiny MoE's own weights into 30B-A3B's layer shape is refused by name."""
+    from tests.test_recipes import load_config
+    from trnqwen.train.recipes import build_job
+
+    assets = tmp_path / "moe"
+    assets.mkdir()
+    (assets / "config.json").write_text(json.dumps(hf_config() if form == "hub" else _local_form(hf_config())))
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(8)))
+    cfg = RunConfig(model="tiny-moe", assets_dir=assets, backend="nki-moe", dataset=str(data), moe_layers=2,
+                    num_experts=8, top_k=2)
+    from tests.test_recipes import TRN2
+
+    job = build_job(cfg, TRN2, None, check_runtime=False)
+    config = load_config(job.config_module_text, job.config_fn, tmp_path)
+    call = neuron_double.CALLS[-1]
+    assert (call["flavor"], call["n_layers"], call["num_experts"], call["top_k"]) == ("30B-A3B", 2, 8, 2)
+    layers = config.model_spec.model.layers
+    assert len(layers) == 2 and all(la.moe.num_experts == 8 and la.moe.router.top_k == 2 for la in layers)
+    assert job.num_layers == 2 and job.model_flavor == "30B-A3B"
+    with pytest.raises(UsageError, match=r"nki-moe fine-tunes the layers of Qwen3-30B-A3B, cut; .* dim 64 \(30B-A3B: 2048\)"):
+        build_job(cfg.model_copy(update={"finetune": True}), TRN2, None, check_runtime=False)

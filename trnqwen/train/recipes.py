@@ -301,6 +301,17 @@ def _plan_nki_moe(plan: Plan) -> None:
         from dataclasses import replace
 
         plan.dims = replace(base, n_layers=plan.cfg.moe_layers, num_experts=plan.cfg.num_experts, top_k=plan.cfg.top_k)
+        if plan.cfg.finetune and plan.hf_config and plan.hf_config.get("model_type") == "qwen3_moe":
+            # The recipe cuts Qwen3-30B-A3B's layers; HF weights of another layer shape cannot load.
+            have = compat.dims_from_hf_config(plan.hf_config)
+            fields = ("dim", "n_heads", "n_kv_heads", "head_dim", "moe_ffn_dim", "vocab_size")
+            differ = [f"{f} {getattr(have, f)} (30B-A3B: {getattr(base, f)})" for f in fields if getattr(have, f) != getattr(base, f)]
+            if differ:
+                raise UsageError(
+                    f"nki-moe fine-tunes the layers of Qwen3-{NKI_MOE_FLAVOR}, cut; {plan.assets_dir / 'config.json'} "
+                    f"is another shape: {', '.join(differ)}",
+                    hint="use --backend native (any Qwen3-MoE from config.json) for this checkpoint",
+                )
     plan.flavor = NKI_MOE_FLAVOR
 
 
