@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from tests.moe_fixtures import hf_config, write_tiny_moe
-from tests.test_recipes import CPU, job_and_config, neuron_double  # noqa: F401 (fixture)
+from tests.test_recipes import CPU, job_and_config
 from trnqwen.config import RunConfig
 from trnqwen.errors import UsageError
 from trnqwen.train.compat import dims_from_hf_config
@@ -226,6 +226,22 @@ def test_hf_v5_moe_adapter_maps_the_hub_layout_both_ways(tmp_path):
 
 
 # --- nki-moe -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def neuron_double(monkeypatch):
+    """torchtitan-neuron's test double (tests/doubles), as tests/test_recipes.py uses it."""
+    import importlib
+    import sys
+
+    from tests.test_recipes import DOUBLES
+
+    monkeypatch.syspath_prepend(str(DOUBLES))
+    for name in [m for m in sys.modules if m.startswith("torchtitan_neuron")]:
+        monkeypatch.delitem(sys.modules, name)
+    yield importlib.import_module("torchtitan_neuron.models.qwen3.config_registry")
+    for name in [m for m in sys.modules if m.startswith("torchtitan_neuron")]:
+        sys.modules.pop(name, None)
 
 
 @pytest.mark.parametrize("form", ["hub", "local"])

@@ -108,3 +108,20 @@ def test_verify_ckpt_round_trips_each_export(runs, backend):
     rt = doc["round_trip"]
     assert doc["ok"] and rt["model_class"] == "Qwen3MoeForCausalLM" and rt["disagrees"] is None
     assert rt["loaded_problems"] == [] and rt["checked"] == "2 MoE layer(s) x 8 experts, top-2"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lora_on_the_moe_adapts_attention_only_and_verifies(tmp_path, backend):
+    """LoRA on a Qwen3-MoE: q/k/v/o adapters, routed experts frozen, a PEFT adapter that loads."""
+    assets = write_tiny_moe(tmp_path / "tiny-moe")
+    res = run_subprocess(
+        "train", "--finetune", "--lora", "--assets", str(assets), "--backend", backend, "--dataset", str(DATA),
+        "--steps", "1", "--seq-len", "128", "--device", "cpu", "--nproc-per-node", "2",
+        "--checkpoint-dir", str(tmp_path / "ckpt"), cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"}, timeout=900,
+    )
+    assert res.code == 0, res.text[-4000:]
+    assert "targets q_proj,k_proj,v_proj,o_proj" in res.text and "routed experts stay frozen" in res.text
+    adapter = tmp_path / "ckpt" / "hf" / "step-1"
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    check = run_subprocess("verify-ckpt", str(adapter), cwd=tmp_path, timeout=300)
+    assert check.code == 0 and "a PEFT LoRA adapter that loads onto its base" in check.text, check.text[-3000:]
