@@ -6,7 +6,8 @@ equal the source bit for bit):
 * each export has exactly the source's key set (the Hub's per-expert layout) and its bf16 values;
 * step-1 losses agree within 0.5 % across the backends on the same tokens (neither adds an aux
   loss: the config has output_router_logits false, so transformers trains without one too);
-* ``verify-ckpt --round-trip`` passes each export (``from_pretrained`` of the folder);
+* ``verify-ckpt --round-trip`` passes each export (``from_pretrained`` of the folder), and
+  ``trnqwen eval`` scores base and export (the same loss at lr 1e-12);
 * native and hf-v5 (whose Transformers backend swaps torchtitan's MoE in) say which grouped GEMM
   ran on CPU and the load balancing in force (the ``[MoE]`` line).
 """
@@ -125,3 +126,16 @@ def test_lora_on_the_moe_adapts_attention_only_and_verifies(tmp_path, backend):
     assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
     check = run_subprocess("verify-ckpt", str(adapter), cwd=tmp_path, timeout=300)
     assert check.code == 0 and "a PEFT LoRA adapter that loads onto its base" in check.text, check.text[-3000:]
+
+
+def test_eval_scores_base_and_each_export(runs):
+    """``trnqwen eval`` loads every backend's MoE export and their base in one call; at lr 1e-12
+    they all score the base's loss."""
+    work, _assets, _out = runs
+    run_ids = sorted(d.name for d in (work / ".trnqwen" / "runs").iterdir() if d.is_dir())
+    assert len(run_ids) == len(BACKENDS)
+    res = run_subprocess("eval", *run_ids, "--dataset", str(DATA), "--json", cwd=work, timeout=600)
+    assert res.code == 0, res.text[-3000:]
+    base, *tuned = json.loads(res.out)["results"]
+    assert base["checkpoint"] == "base" and len(tuned) == len(BACKENDS)
+    assert all(t["tokens"] == base["tokens"] > 0 and abs(t["loss"] - base["loss"]) < 1e-4 for t in tuned), (base, tuned)
