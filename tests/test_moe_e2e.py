@@ -139,3 +139,33 @@ def test_eval_scores_base_and_each_export(runs):
     base, *tuned = json.loads(res.out)["results"]
     assert base["checkpoint"] == "base" and len(tuned) == len(BACKENDS)
     assert all(t["tokens"] == base["tokens"] > 0 and abs(t["loss"] - base["loss"]) < 1e-4 for t in tuned), (base, tuned)
+
+
+@pytest.fixture(scope="module")
+def mix_runs(tmp_path_factory):
+    """A dense/MoE mix (3 layers, layer 1 dense by ``mlp_only_layers``) whose config asks for the
+    router aux loss (``output_router_logits``)."""
+    work = tmp_path_factory.mktemp("moe-mix")
+    assets = write_tiny_moe(work / "tiny-moe", num_hidden_layers=3, mlp_only_layers=[1], output_router_logits=True)
+    out = {}
+    for backend in BACKENDS:
+        res = _train(work, assets, backend)
+        assert res.code == 0, res.text[-4000:]
+        out[backend] = (work / f"ckpt-{backend}" / "hf" / "step-1", _last_log(work))
+    return work, assets, out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dense_moe_mix_fine_tunes_and_round_trips(mix_runs, backend):
+    import torch
+
+    work, assets, out = mix_runs
+    export, log = out[backend]
+    got, want = _tensors(export), _tensors(assets)
+    assert "model.layers.1.mlp.gate_proj.weight" in got and "model.layers.1.mlp.gate.weight" not in got
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+    if backend != "hf-trainer":  # torchtitan has no router aux loss: its expert bias instead, and it says so
+        assert "load balancing: torchtitan's aux-loss-free expert bias (coeff 0.001), not transformers' router aux loss" in log
+    res = run_subprocess("verify-ckpt", str(export), "--round-trip", "--json", cwd=work, timeout=300)
+    assert res.code == 0, res.text[-3000:]
+    assert json.loads(res.out)["round_trip"]["checked"] == "2 MoE layer(s) x 8 experts, top-2"
