@@ -195,9 +195,15 @@ def test_flavors_match_hf_configs():
         "model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
         "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
         "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "tie_word_embeddings": False,
-        "rope_parameters": {"rope_theta": 1000000.0},
+        "rope_parameters": {"rope_theta": 1000000.0}, "norm_topk_prob": True,  # as the Hub's config.json has it
     }
     assert compat.match_flavor(compat.dims_from_hf_config(moe), flavors) == "30B-A3B"
+    # transformers 5's key for the expert count reads the same
+    local = {k: v for k, v in moe.items() if k != "num_experts"} | {"num_local_experts": 128}
+    assert compat.match_flavor(compat.dims_from_hf_config(local), flavors) == "30B-A3B"
+    # un-normalised top-k weights, or a dense layer in the mix, is another model
+    assert compat.match_flavor(compat.dims_from_hf_config(dict(moe, norm_topk_prob=False)), flavors) is None
+    assert compat.match_flavor(compat.dims_from_hf_config(dict(moe, mlp_only_layers=[0])), flavors) is None
     tiny = dict(qwen3_4b_2507, hidden_size=128, num_hidden_layers=4)
     assert compat.match_flavor(compat.dims_from_hf_config(tiny), flavors) is None
 

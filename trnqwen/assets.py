@@ -43,6 +43,88 @@ def read_config_json(folder: Path) -> Optional[dict[str, Any]]:
     return config if isinstance(config, dict) else None
 
 
+# transformers 5's Qwen3MoeConfig defaults for the mixture-of-experts fields (absent keys).
+_MOE_DEFAULTS: dict[str, Any] = dict(
+    num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, intermediate_size=6144,
+    norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=None, router_aux_loss_coef=0.001,
+    output_router_logits=False, num_hidden_layers=24,
+)
+
+
+@dataclass(frozen=True)
+class MoeLayout:
+    """The mixture-of-experts facts of a Qwen3-MoE ``config.json``, read once (:func:`moe_layout`).
+
+    ``sparse_layers``: the layers whose MLP is routed experts, by transformers' own rule (layer
+    ``i`` is sparse when ``i`` is not in ``mlp_only_layers``, there are experts, and
+    ``(i + 1) % decoder_sparse_step == 0``); the others are dense MLPs of ``dense_ffn_dim``."""
+
+    num_experts: int
+    top_k: int
+    moe_ffn_dim: int
+    norm_topk_prob: bool
+    n_layers: int
+    sparse_layers: tuple[int, ...]
+    dense_ffn_dim: int
+    router_aux_loss_coef: float
+    output_router_logits: bool
+
+    @property
+    def dense_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layers) if i not in self.sparse_layers)
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.sparse_layers)
+
+    @property
+    def aux_loss_coef(self) -> float:
+        """The weight of the router aux loss in transformers' training loss (0 unless the config
+        sets ``output_router_logits``: Qwen3MoeForCausalLM only adds it then)."""
+        return self.router_aux_loss_coef if self.output_router_logits else 0.0
+
+
+def moe_layout(config: dict[str, Any], where: str = CONFIG_NAME) -> Optional[MoeLayout]:
+    """The MoE layout of a ``qwen3_moe`` config in either key form (the Hub's ``num_experts``,
+    transformers 5's ``num_local_experts``); None for any other model type.  A field that is
+    not a number (or two expert counts that disagree) is a :class:`~trnqwen.errors.UsageError`."""
+    from trnqwen.errors import UsageError
+
+    if config.get("model_type") != "qwen3_moe":
+        return None
+    hub, local = config.get("num_experts"), config.get("num_local_experts")
+    if hub is not None and local is not None and hub != local:
+        raise UsageError(f"{where}: num_experts ({hub}) and num_local_experts ({local}) disagree",
+                         hint="keep one of the two keys (transformers 5 writes num_local_experts)")
+    c = {**_MOE_DEFAULTS, **{k: v for k, v in config.items() if k in _MOE_DEFAULTS and v is not None}}
+    if local is not None:
+        c["num_experts"] = local
+    try:
+        experts, step, n_layers = int(c["num_experts"]), int(c["decoder_sparse_step"]), int(c["num_hidden_layers"])
+        mlp_only = {int(i) for i in (c["mlp_only_layers"] or [])}
+        layout = MoeLayout(
+            num_experts=experts, top_k=int(c["num_experts_per_tok"]), moe_ffn_dim=int(c["moe_intermediate_size"]),
+            norm_topk_prob=bool(c["norm_topk_prob"]), n_layers=n_layers,
+            sparse_layers=tuple(i for i in range(n_layers) if i not in mlp_only and experts > 0 and step > 0 and (i + 1) % step == 0),
+            dense_ffn_dim=int(c["intermediate_size"]), router_aux_loss_coef=float(c["router_aux_loss_coef"]),
+            output_router_logits=bool(c["output_router_logits"]),
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{where}: a mixture-of-experts field is not a number ({exc})") from None
+    if layout.is_moe and not 0 < layout.top_k <= layout.num_experts:
+        raise UsageError(f"{where}: num_experts_per_tok {layout.top_k} is not between 1 and num_experts {experts}")
+    return layout
+
+
+def checkpoint_dtype(config: Optional[dict[str, Any]]) -> Optional[str]:
+    """The torch dtype name a checkpoint's config.json names (``dtype``/``torch_dtype``): what every
+    backend's HF export keeps; None when it names none of float16/bfloat16/float32."""
+    if not config:
+        return None
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "").removeprefix("torch.")
+    return dtype if dtype in ("float16", "bfloat16", "float32") else None
+
+
 def has_tokenizer(folder: Path) -> bool:
     """Whether one complete tokenizer set is present (:data:`TOKENIZER_SETS`)."""
     return any(all((Path(folder) / name).is_file() for name in group) for group in TOKENIZER_SETS)

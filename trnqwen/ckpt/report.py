@@ -322,6 +322,10 @@ def render(report: VerifyReport, other_steps: list[int] | None = None) -> None:
             rt = report.round_trip
             if rt.get("skipped"):
                 row("round trip", None, rt["skipped"])
+            elif "loaded_problems" in rt:  # Qwen3-MoE: from_pretrained of the folder
+                row("round trip", not rt.get("disagrees"),
+                    f"{rt['model_class']}.from_pretrained (meta): "
+                    + ("; ".join(rt["loaded_problems"])[:300] if rt["loaded_problems"] else f"loads, {rt.get('checked', '')}"))
             else:
                 row("round trip", not rt.get("disagrees"),
                     f"{rt['model_class']}.load_state_dict(strict=False): missing {rt['missing_keys'][:3]}, unexpected {rt['unexpected_keys'][:3]}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from trnqwen.assets import moe_layout
 from trnqwen.safetensors_format import TORCH_TO_ST
 from trnqwen.errors import UsageError
 
@@ -41,8 +42,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3_moe": dict(
         vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
         num_attention_heads=32, num_key_value_heads=4, head_dim=None, attention_bias=False,
-        tie_word_embeddings=False, decoder_sparse_step=1, moe_intermediate_size=768, num_experts=128,
-        mlp_only_layers=None,
+        tie_word_embeddings=False,  # the MoE fields' defaults: trnqwen.assets.moe_layout
     ),
 }
 
@@ -104,8 +104,7 @@ def check_model_type(config: dict[str, Any], where: str) -> str:
 def expected_tensors(config: dict[str, Any], where: str = "config.json") -> ModelSpec:
     """Names, shapes and dtypes of the model's state dict, as ``AutoModelForCausalLM`` builds it."""
     model_type = check_model_type(config, where)
-    if "num_experts" not in config and "num_local_experts" in config:  # transformers 5 writes this name
-        config = {**config, "num_experts": config["num_local_experts"]}
+    layout = moe_layout(config, where)  # every MoE key form, one reader (None: dense Qwen3)
     # Absent keys take the class default; an explicit null takes the derived value (kv heads =
     # heads, head_dim = hidden // heads), as the config's __post_init__/the attention module do.
     c = {**_DEFAULTS[model_type], **{k: v for k, v in config.items() if k in _DEFAULTS[model_type]}}
@@ -124,7 +123,6 @@ def expected_tensors(config: dict[str, Any], where: str = "config.json") -> Mode
         return ExpectedTensor(tuple(shape), dtype)
 
     out: dict[str, ExpectedTensor] = {"model.embed_tokens.weight": t(vocab, hidden)}
-    mlp_only = set(c.get("mlp_only_layers") or [])
     for i in range(layers):
         p = f"model.layers.{i}."
         out[p + "self_attn.q_proj.weight"] = t(heads * head_dim, hidden)
@@ -141,15 +139,9 @@ def expected_tensors(config: dict[str, Any], where: str = "config.json") -> Mode
             out[p + "self_attn.o_proj.bias"] = t(hidden)
         out[p + "self_attn.q_norm.weight"] = t(head_dim)
         out[p + "self_attn.k_norm.weight"] = t(head_dim)
-        sparse = (
-            model_type == "qwen3_moe"
-            and i not in mlp_only
-            and int(c["num_experts"]) > 0
-            and (i + 1) % int(c["decoder_sparse_step"]) == 0
-        )
-        if sparse:
+        if layout is not None and i in layout.sparse_layers:
             # The Hub layout (one module per expert); transformers 5 fuses experts on load.
-            experts, moe_inter = int(c["num_experts"]), int(c["moe_intermediate_size"])
+            experts, moe_inter = layout.num_experts, layout.moe_ffn_dim
             out[p + "mlp.gate.weight"] = t(experts, hidden)
             for e in range(experts):
                 q = f"{p}mlp.experts.{e}."
@@ -208,3 +200,69 @@ def round_trip(config_dir: str, header_tensors: dict[str, tuple[tuple[int, ...],
         type(model).__name__,
         bool(getattr(config, "tie_word_embeddings", False)),
     )
+
+
+def round_trip_pretrained(folder: str, config: dict[str, Any], *, trust_remote_code: bool = False) -> dict[str, Any]:
+    """A Qwen3-MoE export through transformers' own ``from_pretrained`` of the folder, on the meta
+    device (no tensor data read): its weight conversion fuses the per-expert Hub tensors into
+    ``mlp.experts.gate_up_proj``/``down_proj`` as it does for a real load.  Then the loaded model's
+    experts and router are checked against config.json (:func:`trnqwen.assets.moe_layout`).
+
+    Returns {model_class, missing_keys, unexpected_keys, mismatched_keys, problems, error}:
+    ``error`` is transformers' own refusal (a conversion that cannot concatenate the experts, e.g.
+    an expert missing), ``problems`` what the expert/router check found."""
+    import contextlib
+    import io
+    import logging
+
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    layout = moe_layout(config)
+    out: dict[str, Any] = {"model_class": "AutoModelForCausalLM", "missing_keys": [], "unexpected_keys": [],
+                           "mismatched_keys": [], "problems": [], "error": None}
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity(logging.ERROR)
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            model, info = AutoModelForCausalLM.from_pretrained(
+                folder, device_map="meta", dtype="auto", output_loading_info=True, trust_remote_code=trust_remote_code,
+            )
+    except (RuntimeError, ValueError, OSError, KeyError) as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        detail = [line for line in sink.getvalue().splitlines() if line.startswith(("Error:", "RuntimeError:"))]
+        out["error"] = "; ".join(dict.fromkeys(detail[-2:] + lines[:1]))[:400] or type(exc).__name__
+        return out
+    finally:
+        hf_logging.set_verbosity(level)
+    out["model_class"] = type(model).__name__
+    out["missing_keys"] = sorted(info.get("missing_keys") or [])
+    out["unexpected_keys"] = sorted(info.get("unexpected_keys") or [])
+    out["mismatched_keys"] = sorted(str(m[0]) if isinstance(m, tuple) else str(m) for m in info.get("mismatched_keys") or [])
+    if layout is None:
+        return out
+    params = dict(model.named_parameters())
+    hidden = int(config["hidden_size"])
+    want = {
+        "mlp.experts.gate_up_proj": (layout.num_experts, 2 * layout.moe_ffn_dim, hidden),
+        "mlp.experts.down_proj": (layout.num_experts, hidden, layout.moe_ffn_dim),
+        "mlp.gate.weight": (layout.num_experts, hidden),
+    }
+    for i in range(layout.n_layers):
+        sparse = i in layout.sparse_layers
+        for suffix, shape in want.items():
+            name = f"model.layers.{i}.{suffix}"
+            got = tuple(params[name].shape) if name in params else None
+            if sparse and got != shape:
+                out["problems"].append(f"{name}: {got or 'absent'} after loading, config.json says {shape}")
+            if not sparse and got is not None:
+                out["problems"].append(f"{name}: layer {i} is dense in config.json but loaded experts")
+    experts = {type(m).__name__: int(getattr(m, "num_experts", 0)) for n, m in model.named_modules() if n.endswith("mlp.experts")}
+    if any(n != layout.num_experts for n in experts.values()):
+        out["problems"].append(f"experts per layer {sorted(set(experts.values()))}, config.json says {layout.num_experts}")
+    top_k = {int(getattr(m, "top_k", 0)) for n, m in model.named_modules() if n.endswith("mlp.gate")}
+    if layout.is_moe and top_k != {layout.top_k}:
+        out["problems"].append(f"router top-k {sorted(top_k)}, config.json says {layout.top_k}")
+    out["checked"] = f"{len(layout.sparse_layers)} MoE layer(s) x {layout.num_experts} experts, top-{layout.top_k}"
+    return out

@@ -4,7 +4,8 @@ Order of work, cheapest first, each step only reading what it needs:
   1. resolve the files (:mod:`trnqwen.ckpt.layout`) and the config.json to build from;
   2. parse every safetensors header (no tensor data) and cross-check the index file;
   3. compare names/shapes/dtypes with the model's state dict (:mod:`trnqwen.ckpt.spec`);
-     ``round_trip=True`` also runs the recipe's meta-device ``load_state_dict``;
+     ``round_trip=True`` also runs the recipe's meta-device ``load_state_dict`` (a Qwen3-MoE:
+     ``from_pretrained`` of the folder on meta, which fuses the experts, + an expert/router check);
   4. unless ``quick``, stream every byte once counting NaN/Inf (:mod:`trnqwen.ckpt.scan`);
   5. opt-in: relative change against a reference checkpoint, and a greedy generation.
 Files are only ever opened read-only.
@@ -268,7 +269,7 @@ def verify(
         report.diagnosis = diagnose_size(spec, tensors)
 
     if round_trip:
-        report.round_trip = _round_trip(model_config, tensors, report, trust_remote_code)
+        report.round_trip = _round_trip(model_config, tensors, report, trust_remote_code, ckpt=ckpt)
 
     if not quick:
         ordered = list(headers.values())
@@ -294,11 +295,12 @@ def verify(
     return report
 
 
-def _round_trip(model_config: ModelConfig, tensors: dict[str, TensorInfo], report: VerifyReport, trust_remote_code: bool) -> dict[str, Any]:
+def _round_trip(model_config: ModelConfig, tensors: dict[str, TensorInfo], report: VerifyReport, trust_remote_code: bool,
+                *, ckpt: CheckpointFiles) -> dict[str, Any]:
     from trnqwen.ckpt.spec import round_trip
 
     if model_config.data.get("model_type") == "qwen3_moe":
-        return {"skipped": "transformers 5 fuses qwen3_moe experts on load; the Hub layout is checked from the headers"}
+        return _round_trip_moe(model_config, report, trust_remote_code, ckpt)
     try:
         result = round_trip(
             str(model_config.path.parent),
@@ -327,6 +329,37 @@ def _round_trip(model_config: ModelConfig, tensors: dict[str, TensorInfo], repor
         "tied": result.tied,
         "disagrees": "; ".join(disagrees) or None,
     }
+
+
+def _round_trip_moe(model_config: ModelConfig, report: VerifyReport, trust_remote_code: bool, ckpt: CheckpointFiles) -> dict[str, Any]:
+    """Qwen3-MoE: transformers fuses the Hub's per-expert tensors on load, so the round trip is
+    ``from_pretrained`` of the folder itself (meta device) plus the expert/router check; it agrees
+    with the header check when both find the export clean or both find it broken.  A config.json
+    from elsewhere (--assets) is put next to links to the checkpoint's files in a temp folder."""
+    import tempfile
+
+    from trnqwen.ckpt.spec import round_trip_pretrained
+
+    folder = Path(model_config.path).parent
+    with tempfile.TemporaryDirectory(prefix="trnqwen-roundtrip-") as tmp:
+        if folder.resolve() != Path(ckpt.root).resolve():
+            folder = Path(tmp)
+            for f in [*ckpt.files, *([ckpt.index] if ckpt.index else []), Path(model_config.path)]:
+                (folder / Path(f).name).symlink_to(Path(f).resolve())
+        rt = round_trip_pretrained(str(folder), model_config.data, trust_remote_code=trust_remote_code)
+    loaded_bad = [f"transformers refused it: {rt['error']}"] if rt["error"] else []
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        if rt[kind]:
+            loaded_bad.append(f"{kind.replace('_', ' ')} {rt[kind][:3]}")
+    loaded_bad += rt["problems"]
+    headers_bad = bool(report.missing_keys or report.unexpected_keys or report.fatal_mismatches)
+    rt["disagrees"] = None
+    if loaded_bad and not headers_bad:
+        rt["disagrees"] = "; ".join(loaded_bad)
+    elif headers_bad and not loaded_bad:
+        rt["disagrees"] = "from_pretrained loads it although the header check fails it"
+    rt["loaded_problems"] = loaded_bad
+    return rt
 
 
 def _compare(

@@ -40,7 +40,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from trnqwen.assets import INDEX_NAME
+from trnqwen.assets import INDEX_NAME, checkpoint_dtype, read_config_json
 from trnqwen.logs.stepline import format_step_line  # torchtitan's step line has one home
 from trnqwen.train.hf_trainer_spec import (
     HFTrainerSpec,
@@ -209,6 +209,21 @@ def _tied_keys(model) -> set[str]:
     keys = getattr(model, "_tied_weights_keys", None) or {}
     names = set(keys) if isinstance(keys, (dict, list, tuple, set)) else set()
     return names or {"lm_head.weight"}
+
+
+def hub_layout(model, state_dict: dict, *, dtype: Optional[str]) -> dict:
+    """The state dict as the checkpoint had it: transformers' own reverse weight conversion (what
+    ``save_pretrained`` applies: a Qwen3-MoE's fused ``mlp.experts.gate_up_proj``/``down_proj`` back
+    to per-expert ``mlp.experts.{e}.{gate,up,down}_proj.weight``), in the checkpoint's own dtype
+    (the model trains in float32; ``dtype`` None keeps it)."""
+    import torch
+    from transformers.core_model_loading import revert_weight_conversion
+
+    state = revert_weight_conversion(model, dict(state_dict))
+    if dtype is None:
+        return state
+    target = getattr(torch, dtype)
+    return {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
 
 
 def save_hf_checkpoint(state_dict: dict, dest: Path, *, drop: set[str] = frozenset()) -> Path:
@@ -601,6 +616,7 @@ def run(spec: HFTrainerSpec) -> int:
             else:
                 state = trained.state_dict() if rank == 0 else {}
             if rank == 0:
+                state = hub_layout(trained, state, dtype=checkpoint_dtype(read_config_json(Path(spec.assets_dir))))
                 save_hf_checkpoint(state, dest, drop=_tied_keys(trained))
         if rank == 0:
             _log(f"Saved HF safetensors checkpoint of step {final_step} to {dest}")

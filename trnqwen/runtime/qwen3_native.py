@@ -4,6 +4,14 @@ Generated config modules call :func:`qwen3_model_spec` with the numbers read fro
 checkpoint's ``config.json``; it builds the model config with the same layer builders and
 initialisers torchtitan uses for its registered Qwen3 flavors, so the state-dict adapter (HF
 checkpoint keys) and sharding work unchanged.
+
+Qwen3-MoE (``num_experts`` set): the sparse layers come from torchtitan's own
+``_build_qwen3_moe_layers`` (GroupedExperts + TokenChoiceTopKRouter, softmax scores), the
+dense layers of a mix (``mlp_only_layers``, ``decoder_sparse_step``) from ``_build_qwen3_layers``;
+the router's top-k renormalisation is the checkpoint's ``norm_topk_prob`` and torchtitan's
+aux-loss-free expert bias is on only when ``load_balance_coeff`` is given.  The first expert
+call of each rank logs one ``[MoE]`` line: which grouped GEMM ran, on which device, and the
+load balancing in force (docs/moe.md).
 """
 
 from __future__ import annotations
@@ -27,9 +35,17 @@ def qwen3_model_spec(
     attn_backend: str = "flex",
     norm_eps: float = 1e-6,
     fuse_qkv: bool = True,
+    num_experts: int = 0,
+    top_k: int = 0,
+    moe_ffn_dim: int = 0,
+    route_norm: bool = True,
+    dense_layers: tuple[int, ...] = (),
+    load_balance_coeff: float | None = None,
+    balance_note: str = "",
 ) -> Any:
-    """A dense Qwen3 ``ModelSpec`` (torchtitan 0.3 layout).  ``fuse_qkv=False`` builds separate
-    q/k/v projections (LoRA: one adapter each, as peft has them)."""
+    """A Qwen3 ``ModelSpec`` (torchtitan 0.3 layout): dense, or MoE when ``num_experts`` is set
+    (``dense_layers``: the layers of a mix that keep a dense MLP of ``ffn_dim``).
+    ``fuse_qkv=False`` builds separate q/k/v projections (LoRA: one adapter each, as peft has them)."""
     from torchtitan.components.optimizer import register_moe_load_balancing_hook
     from torchtitan.distributed.pipeline_parallel import pipeline_llm
     from torchtitan.models import qwen3 as q
@@ -38,6 +54,22 @@ def qwen3_model_spec(
     from torchtitan.protocols.model_spec import ModelSpec
 
     embedding_init = q._EMBEDDING_SKIP_INIT if tied else q._EMBEDDING_INIT
+    rope = CosSinRoPE.Config(dim=head_dim, max_seq_len=max_seq_len, theta=rope_theta)
+    common = dict(fuse_qkv=fuse_qkv, n_layers=n_layers, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                  head_dim=head_dim, attn_backend=attn_backend, rope=rope)
+    if num_experts:
+        layers = q._build_qwen3_moe_layers(
+            **common, moe_hidden_dim=moe_ffn_dim, num_experts=num_experts, top_k=top_k, moe_comm_backend="standard",
+        )
+        for layer in layers:
+            layer.moe.router.route_norm = route_norm  # HF norm_topk_prob (torchtitan's builder: True)
+            layer.moe.load_balance_coeff = load_balance_coeff
+        if dense_layers:
+            dense = q._build_qwen3_layers(**common, hidden_dim=ffn_dim)
+            layers = [dense[i] if i in dense_layers else layer for i, layer in enumerate(layers)]
+        log_experts_path(num_experts, top_k, balance_note)
+    else:
+        layers = q._build_qwen3_layers(**common, hidden_dim=ffn_dim)
     model = q.Qwen3Model.Config(
         vocab_size=vocab_size,
         dim=dim,
@@ -45,17 +77,7 @@ def qwen3_model_spec(
         enable_weight_tying=tied,
         tok_embeddings=Embedding.Config(num_embeddings=vocab_size, embedding_dim=dim, param_init=embedding_init),
         lm_head=Linear.Config(in_features=dim, out_features=vocab_size, param_init=q._LINEAR_INIT),
-        layers=q._build_qwen3_layers(
-            fuse_qkv=fuse_qkv,
-            n_layers=n_layers,
-            dim=dim,
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-            head_dim=head_dim,
-            hidden_dim=ffn_dim,
-            attn_backend=attn_backend,
-            rope=CosSinRoPE.Config(dim=head_dim, max_seq_len=max_seq_len, theta=rope_theta),
-        ),
+        layers=layers,
     )
     if norm_eps != q._EPS:
         for layer in model.layers:
@@ -79,3 +101,37 @@ def set_rope_theta(model_spec: Any, theta: float) -> None:
 
     for _fqn, rope, _parent, _attr in model_spec.model.traverse(RoPE.Config):
         rope.theta = theta
+
+
+MOE_TAG = "[MoE]"
+
+
+def log_experts_path(num_experts: int, top_k: int, balance_note: str) -> None:
+    """Wrap torchtitan's ``GroupedExperts._grouped_mm`` (its documented seam) so the first call in
+    this rank logs which grouped GEMM ran, on which device and dtype, with the load balancing in
+    force.  Idempotent; the wrapper only observes (same op, same arguments)."""
+    import logging
+    import os
+
+    from torchtitan.models.common.moe import GroupedExperts
+
+    original = GroupedExperts._grouped_mm
+    if getattr(original, "_trnqwen_logged", False):
+        GroupedExperts._grouped_mm._trnqwen_note = (num_experts, top_k, balance_note)
+        return
+    state = {"done": False}
+
+    def _grouped_mm(self, *, A, B_t, offs):
+        if not state["done"]:
+            state["done"] = True
+            experts, k, note = wrapper._trnqwen_note
+            logging.getLogger().info(
+                f"{MOE_TAG} experts: torch._grouped_mm on {A.device.type} ({A.dtype}, torchtitan GroupedExperts; "
+                f"{experts} experts, top-{k}); load balancing: {note or 'none'} rank={os.environ.get('RANK', '0')}"
+            )
+        return original(self, A=A, B_t=B_t, offs=offs)
+
+    wrapper = _grouped_mm
+    wrapper._trnqwen_logged = True
+    wrapper._trnqwen_note = (num_experts, top_k, balance_note)
+    GroupedExperts._grouped_mm = wrapper

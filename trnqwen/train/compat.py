@@ -313,55 +313,78 @@ class FlavorDims:
     n_kv_heads: int
     head_dim: int
     vocab_size: int
-    ffn_dim: Optional[int]  # dense FFN hidden size; None for MoE
+    ffn_dim: Optional[int]  # dense FFN hidden size; for MoE only when some layers are dense
     tied: bool
     rope_theta: float
     num_experts: Optional[int] = None
     top_k: Optional[int] = None
     moe_ffn_dim: Optional[int] = None
+    route_norm: Optional[bool] = None  # MoE: top-k weights renormalised (HF norm_topk_prob)
+    dense_layers: tuple[int, ...] = ()  # MoE: the layers with a dense MLP (mlp_only_layers, sparse step)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dense_layers", tuple(self.dense_layers))  # JSON cache: lists
 
     @property
     def shape_key(self) -> tuple:
         return (
             self.dim, self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim, self.vocab_size,
-            self.ffn_dim, self.tied, self.num_experts, self.top_k, self.moe_ffn_dim,
+            self.ffn_dim, self.tied, self.num_experts, self.top_k, self.moe_ffn_dim, self.route_norm,
+            self.dense_layers,
         )
+
+    @property
+    def moe_layers(self) -> int:
+        """How many layers are routed experts (0 for a dense model)."""
+        return self.n_layers - len(self.dense_layers) if self.num_experts else 0
 
 
 def dims_from_model_config(model_cfg: Any) -> FlavorDims:
     """Read FlavorDims off a torchtitan Qwen3Model.Config (0.3 layout)."""
-    layer = model_cfg.layers[0]
-    attn = layer.attention
-    moe = getattr(layer, "moe", None)
-    ffn = getattr(layer, "feed_forward", None)
-    num_experts = top_k = moe_ffn = None
-    if moe is not None:
+    layers = model_cfg.layers
+    attn = layers[0].attention
+    moe_layer = next((layer for layer in layers if getattr(layer, "moe", None) is not None), None)
+    dense_layer = next((layer for layer in layers if getattr(layer, "moe", None) is None), None)
+    ffn = getattr(dense_layer, "feed_forward", None) if dense_layer is not None else None
+    num_experts = top_k = moe_ffn = route_norm = None
+    dense_layers: tuple[int, ...] = ()
+    if moe_layer is not None:
+        moe = moe_layer.moe
         num_experts = moe.num_experts
         top_k = moe.router.top_k
         moe_ffn = moe.routed_experts.inner_experts.hidden_dim
+        route_norm = bool(moe.router.route_norm)
+        dense_layers = tuple(i for i, layer in enumerate(layers) if getattr(layer, "moe", None) is None)
     return FlavorDims(
         dim=model_cfg.dim,
-        n_layers=len(model_cfg.layers),
+        n_layers=len(layers),
         n_heads=attn.n_heads,
         n_kv_heads=attn.n_kv_heads or attn.n_heads,
         head_dim=attn.head_dim,
         vocab_size=model_cfg.vocab_size,
-        ffn_dim=ffn.w1.out_features if ffn is not None and moe is None else None,
+        ffn_dim=ffn.w1.out_features if ffn is not None else None,
         tied=bool(getattr(model_cfg, "enable_weight_tying", False)),
         rope_theta=float(attn.rope.theta),
         num_experts=num_experts,
         top_k=top_k,
         moe_ffn_dim=moe_ffn,
+        route_norm=route_norm,
+        dense_layers=dense_layers,
     )
 
 
 def dims_from_hf_config(config: dict[str, Any]) -> FlavorDims:
-    """FlavorDims from a Qwen3 / Qwen3-MoE ``config.json`` dict."""
+    """FlavorDims from a Qwen3 / Qwen3-MoE ``config.json`` dict (every MoE key form: the one
+    reader is :func:`trnqwen.assets.moe_layout`)."""
+    from trnqwen.assets import moe_layout
+
     rope_theta = config.get("rope_theta")
     if rope_theta is None:
         rope_theta = (config.get("rope_parameters") or {}).get("rope_theta", 1_000_000.0)
-    is_moe = bool(config.get("num_experts")) and config.get("model_type") == "qwen3_moe"
+    layout = moe_layout(config)
+    moe = layout if layout is not None and layout.is_moe else None
     heads = int(config["num_attention_heads"])
+    dense_layers = moe.dense_layers if moe else ()
     return FlavorDims(
         dim=int(config["hidden_size"]),
         n_layers=int(config["num_hidden_layers"]),
@@ -369,12 +392,15 @@ def dims_from_hf_config(config: dict[str, Any]) -> FlavorDims:
         n_kv_heads=int(config.get("num_key_value_heads") or heads),
         head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
         vocab_size=int(config["vocab_size"]),
-        ffn_dim=None if is_moe else int(config["intermediate_size"]),
+        ffn_dim=(moe.dense_ffn_dim if dense_layers else None) if moe else int(
+            layout.dense_ffn_dim if layout is not None else config["intermediate_size"]),
         tied=bool(config.get("tie_word_embeddings", False)),
         rope_theta=float(rope_theta),
-        num_experts=int(config["num_experts"]) if is_moe else None,
-        top_k=int(config["num_experts_per_tok"]) if is_moe else None,
-        moe_ffn_dim=int(config["moe_intermediate_size"]) if is_moe else None,
+        num_experts=moe.num_experts if moe else None,
+        top_k=moe.top_k if moe else None,
+        moe_ffn_dim=moe.moe_ffn_dim if moe else None,
+        route_norm=moe.norm_topk_prob if moe else None,
+        dense_layers=dense_layers,
     )
 
 
@@ -407,7 +433,7 @@ def _flavor_cache_file() -> Optional[Path]:
         stamp = 0
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trnqwen"
     version = installed_version() or "unknown"
-    return base / f"qwen3-flavors-{version}-{stamp}.json"
+    return base / f"qwen3-flavors-v2-{version}-{stamp}.json"  # v2: route_norm, dense_layers
 
 
 @functools.lru_cache(maxsize=1)

@@ -126,13 +126,15 @@ def count_params(dims: Any) -> int:
     """Parameters of a Qwen3 (dense or MoE) from its dims (embeddings, attention, FFN, norms)."""
     h, hd = dims.dim, dims.head_dim
     attn = h * dims.n_heads * hd + 2 * h * dims.n_kv_heads * hd + dims.n_heads * hd * h + 2 * hd
-    if dims.num_experts:
-        ffn = dims.num_experts * 3 * h * (dims.moe_ffn_dim or 0) + h * dims.num_experts
+    dense_ffn = 3 * h * (dims.ffn_dim or 4 * h)
+    if dims.num_experts:  # a dense/MoE mix: dense_layers have a plain MLP, the others experts + router
+        moe_ffn = dims.num_experts * 3 * h * (dims.moe_ffn_dim or 0) + h * dims.num_experts
+        n_dense = len(getattr(dims, "dense_layers", ()) or ())
+        ffn_total = (dims.n_layers - n_dense) * moe_ffn + n_dense * dense_ffn
     else:
-        ffn = 3 * h * (dims.ffn_dim or 4 * h)
-    per_layer = attn + ffn + 2 * h
+        ffn_total = dims.n_layers * dense_ffn
     embed = dims.vocab_size * h * (1 if dims.tied else 2)
-    return dims.n_layers * per_layer + embed + h
+    return dims.n_layers * (attn + 2 * h) + ffn_total + embed + h
 
 
 def estimate_memory(

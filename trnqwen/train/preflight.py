@@ -285,7 +285,8 @@ def _dims_for(cfg: RunConfig, hf_config: dict[str, Any]) -> Any:
     dims = dims_from_hf_config(hf_config)
     if cfg.backend == "nki-moe":
         # The recipe cuts the MoE model to moe_layers layers and num_experts experts.
-        dims = FlavorDims(**{**asdict(dims), "n_layers": cfg.moe_layers, "num_experts": cfg.num_experts, "top_k": cfg.top_k})
+        dims = FlavorDims(**{**asdict(dims), "n_layers": cfg.moe_layers, "num_experts": cfg.num_experts, "top_k": cfg.top_k,
+                              "dense_layers": ()})
     return dims
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from trnqwen.assets import read_config_json
+from trnqwen.assets import checkpoint_dtype, moe_layout, read_config_json
 from trnqwen.config import RunConfig
 from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import EnvironmentProblem, UsageError
@@ -251,6 +251,16 @@ def _plan_native(plan: Plan) -> None:
             hint="use --backend hf-v5 for other architectures",
         )
     hf_dims = compat.dims_from_hf_config(plan.hf_config)
+    if hf_dims.num_experts:
+        # Every Qwen3-MoE is built from config.json with torchtitan's own MoE builders (a registered
+        # flavor would fix route_norm and torchtitan's load balancing, which the checkpoint decides).
+        plan.custom_dims = plan.dims = hf_dims
+        mix = f", dense MLP in layers {list(hf_dims.dense_layers)}" if hf_dims.dense_layers else ""
+        plan.notes.append(
+            f"Qwen3-MoE: {hf_dims.num_experts} experts, top-{hf_dims.top_k}{mix}; built from config.json with "
+            f"torchtitan's MoE builders; load balancing: {moe_balance(plan.hf_config)[1]}"
+        )
+        return
     flavor = compat.match_flavor(hf_dims, flavors)
     if flavor is not None:
         plan.flavor = flavor
@@ -262,15 +272,30 @@ def _plan_native(plan: Plan) -> None:
                 f"{hf_dims.rope_theta:g} is used instead"
             )
         return
-    if hf_dims.num_experts:
-        raise UsageError(
-            f"no registered torchtitan Qwen3-MoE flavor matches {plan.assets_dir / 'config.json'}",
-            hint=f"native MoE supports the registered flavors ({', '.join(n for n, d in flavors.items() if d.num_experts)}); "
-            "use --backend hf-v5 for this checkpoint",
-        )
     plan.custom_dims = hf_dims
     plan.dims = hf_dims
     plan.notes.append("no registered Qwen3 flavor matches config.json: the model config is built from it")
+
+
+# torchtitan's default coefficient of its aux-loss-free expert-bias update (MoE.Config).
+TITAN_LOAD_BALANCE_COEFF = 1e-3
+
+
+def moe_balance(hf_config: dict[str, Any]) -> tuple[Optional[float], str]:
+    """(torchtitan ``load_balance_coeff``, what to log) for a Qwen3-MoE fine-tune on native.
+
+    transformers adds its router aux loss (``router_aux_loss_coef`` x load_balancing_loss) to the
+    training loss only when the config sets ``output_router_logits``; the published Qwen3-MoE
+    configs do not, so then native trains without any balancing term either (the same objective).
+    With ``output_router_logits`` torchtitan has no aux loss to match: it balances with its
+    aux-loss-free expert bias instead, and says so."""
+    layout = moe_layout(hf_config)
+    if layout is None or not layout.aux_loss_coef:
+        return None, "none (as transformers trains this config: output_router_logits is false, no router aux loss)"
+    return TITAN_LOAD_BALANCE_COEFF, (
+        f"torchtitan's aux-loss-free expert bias (coeff {TITAN_LOAD_BALANCE_COEFF:g}), not transformers' router aux "
+        f"loss (x{layout.router_aux_loss_coef:g}); the logged loss has no aux term"
+    )
 
 
 def _plan_nki_moe(plan: Plan) -> None:
@@ -280,15 +305,21 @@ def _plan_nki_moe(plan: Plan) -> None:
         from dataclasses import replace
 
         plan.dims = replace(base, n_layers=plan.cfg.moe_layers, num_experts=plan.cfg.num_experts, top_k=plan.cfg.top_k)
+        if plan.cfg.finetune and plan.hf_config and plan.hf_config.get("model_type") == "qwen3_moe":
+            # The recipe cuts Qwen3-30B-A3B's layers; HF weights of another layer shape cannot load.
+            have = compat.dims_from_hf_config(plan.hf_config)
+            fields = ("dim", "n_heads", "n_kv_heads", "head_dim", "moe_ffn_dim", "vocab_size")
+            differ = [f"{f} {getattr(have, f)} (30B-A3B: {getattr(base, f)})" for f in fields if getattr(have, f) != getattr(base, f)]
+            if differ:
+                raise UsageError(
+                    f"nki-moe fine-tunes the layers of Qwen3-{NKI_MOE_FLAVOR}, cut; {plan.assets_dir / 'config.json'} "
+                    f"is another shape: {', '.join(differ)}",
+                    hint="use --backend native (any Qwen3-MoE from config.json) for this checkpoint",
+                )
     plan.flavor = NKI_MOE_FLAVOR
 
 
-def hf_export_dtype(hf_config: Optional[dict[str, Any]]) -> Optional[str]:
-    """The dtype the HF export should use: the assets' own (``dtype``/``torch_dtype``)."""
-    if not hf_config:
-        return None
-    dtype = str(hf_config.get("dtype") or hf_config.get("torch_dtype") or "").removeprefix("torch.")
-    return dtype if dtype in ("float16", "bfloat16", "float32") else None
+hf_export_dtype = checkpoint_dtype  # the HF export keeps the assets' own dtype (one home: trnqwen.assets)
 
 
 # --- rendering -----------------------------------------------------------------------------------
@@ -314,6 +345,23 @@ def _render(plan: Plan) -> str:
         # Packed documents must not attend across each other (native models always mask per
         # document); torchtitan's Transformers backend defaults to a plain causal mask.
         body.append('config.model_spec.model.attn_mask_type = "block_causal"')
+        layout = moe_layout(plan.hf_config or {})
+        if layout is not None and layout.is_moe:
+            # The dense base config never swaps torchtitan's MoE in (then the load-balancing hook
+            # finds no ``layer.moe``); the MoE config does, and trnqwen's adapter loads and exports
+            # the Hub's per-expert tensors (the backend's own only strips a prefix).
+            package = api.hf_config_registry.rpartition(".")[0]
+            coeff, note = moe_balance(plan.hf_config or {})
+            imp(f"from {package} import HFTransformerModel, TitanMoeModelConfig")
+            imp("from trnqwen.runtime.hf_moe_adapter import HFMoeStateDictAdapter")
+            imp("from trnqwen.runtime.qwen3_native import log_experts_path")
+            body += [
+                "config.model_spec.model = HFTransformerModel.Config(model_config=TitanMoeModelConfig(",
+                f'    attn_mask_type="block_causal", load_balance_coeff={coeff!r},',
+                "))",
+                "config.model_spec.state_dict_adapter = HFMoeStateDictAdapter",
+                f"log_experts_path({layout.num_experts}, {layout.top_k}, {note!r})",
+            ]
     elif cfg.backend == "native":
         imp(f"from {api.qwen3_config_registry} import {api.native_base_fn}")
         base = f"{api.native_base_fn}()"
@@ -338,8 +386,15 @@ def _render(plan: Plan) -> str:
                 f"    tied={d.tied}, rope_theta={d.rope_theta!r}, max_seq_len={max(max_pos, cfg.seq_len)},",
                 f"    norm_eps={eps!r}, attn_backend={api.attn_backend!r},"
                 + (" fuse_qkv=False," if plan.lora else ""),
-                ")",
             ]
+            if d.num_experts:
+                coeff, note = moe_balance(hf_config)
+                body += [
+                    f"    num_experts={d.num_experts}, top_k={d.top_k}, moe_ffn_dim={d.moe_ffn_dim}, route_norm={d.route_norm},",
+                    f"    dense_layers={d.dense_layers!r}, load_balance_coeff={coeff!r},",
+                    f"    balance_note={note!r},",
+                ]
+            body.append(")")
         body.append("config.loss.loss_fn.global_vocab_size = config.model_spec.model.vocab_size")
     else:
         imp("from torchtitan.config import CompileConfig")
