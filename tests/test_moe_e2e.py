@@ -45,7 +45,7 @@ def runs(request, tmp_path_factory):
         res = _train(work, assets, backend)
         assert res.code == 0, res.text[-4000:]
         out[backend] = (res, work / f"ckpt-{backend}" / "hf" / "step-1", _last_log(work))
-    return work, assets, out
+    return work, assets, out, request.param
 
 
 def _last_log(work: Path) -> str:
@@ -74,7 +74,7 @@ def _step1(log: str) -> float:
 def test_export_is_the_source_bit_for_bit_in_the_hub_layout(runs, backend):
     import torch
 
-    _work, assets, out = runs
+    _work, assets, out, _form = runs
     _res, export, _log = out[backend]
     got, want = _tensors(export), _tensors(assets)
     assert set(got) == set(want), sorted(set(got) ^ set(want))[:8]
@@ -84,7 +84,7 @@ def test_export_is_the_source_bit_for_bit_in_the_hub_layout(runs, backend):
 
 
 def test_step1_losses_agree_across_backends(runs):
-    _work, _assets, out = runs
+    _work, _assets, out, _form = runs
     losses = {b: _step1(log) for b, (_r, _e, log) in out.items()}
     ref = losses["hf-trainer"]
     assert all(abs(v - ref) / ref < 0.005 for v in losses.values()), losses
@@ -92,7 +92,7 @@ def test_step1_losses_agree_across_backends(runs):
 
 @pytest.mark.parametrize("backend", ["native", "hf-v5"])
 def test_torchtitan_backends_log_the_grouped_gemm_and_load_balancing(runs, backend):
-    _work, _assets, out = runs
+    _work, _assets, out, _form = runs
     log = out[backend][2]
     line = next(line for line in log.splitlines() if "[MoE] experts:" in line)
     assert "torch._grouped_mm on cpu" in line and "8 experts, top-2" in line
@@ -101,7 +101,9 @@ def test_torchtitan_backends_log_the_grouped_gemm_and_load_balancing(runs, backe
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_verify_ckpt_round_trips_each_export(runs, backend):
-    work, _assets, out = runs
+    work, _assets, out, form = runs
+    if form != "local":
+        pytest.skip("the export of either key form is the same Hub layout (checked bit for bit above): verified once")
     export = out[backend][1]
     res = run_subprocess("verify-ckpt", str(export), "--round-trip", "--json", cwd=work, timeout=300)
     assert res.code == 0, res.text[-3000:]
@@ -111,7 +113,7 @@ def test_verify_ckpt_round_trips_each_export(runs, backend):
     assert rt["loaded_problems"] == [] and rt["checked"] == "2 MoE layer(s) x 8 experts, top-2"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["native"])  # the other backends' MoE LoRA plans: tests/test_moe.py, test_lora_hf_trainer.py
 def test_lora_on_the_moe_adapts_attention_only_and_verifies(tmp_path, backend):
     """LoRA on a Qwen3-MoE: q/k/v/o adapters, routed experts frozen, a PEFT adapter that loads."""
     assets = write_tiny_moe(tmp_path / "tiny-moe")
@@ -131,7 +133,9 @@ def test_lora_on_the_moe_adapts_attention_only_and_verifies(tmp_path, backend):
 def test_eval_scores_base_and_each_export(runs):
     """``trnqwen eval`` loads every backend's MoE export and their base in one call; at lr 1e-12
     they all score the base's loss."""
-    work, _assets, _out = runs
+    work, _assets, _out, form = runs
+    if form != "local":
+        pytest.skip("eval reads either key form through from_pretrained: scored once")
     run_ids = sorted(d.name for d in (work / ".trnqwen" / "runs").iterdir() if d.is_dir())
     assert len(run_ids) == len(BACKENDS)
     res = run_subprocess("eval", *run_ids, "--dataset", str(DATA), "--json", cwd=work, timeout=600)
