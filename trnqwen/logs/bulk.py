@@ -7,7 +7,7 @@
   others are read one by one.
 * The primary rank's step lines (:func:`primary_columns`, planned per region by
   :func:`plan_region`): cut at their first ``step:``,
-  joined and split on whitespace once as bytes (no decoding); with 14 tokens per line,
+  joined and split on whitespace once as bytes (no decoding); with 14 tokens per line (16 with the lr column trnqwen's ranks append),
   ``tokens[j::14]`` is one column, converted by :mod:`trnqwen.logs.numbers` (numpy, exactly
   ``float()``).  A line that is not torchtitan's exact layout (another layout, a comma in a
   loss, non-ASCII) sends the region back to the per-line parser, which is the reference.
