@@ -1,7 +1,7 @@
 """LoRA fine-tunes for real: torchrun, torchtitan, 2 CPU ranks, the bundled chat data.
 
-One ``trnqwen train --lora --merge`` run per torchtitan backend (native, hf-v5) from the same
-briefly pre-trained tiny Qwen3, shared by the tests here:
+One ``trnqwen train --lora --merge`` run per backend (native, hf-v5, hf-trainer) from the same
+briefly pre-trained tiny Qwen3 and one LR curve (trnqwen.train.schedule), shared by the tests here:
 
 * the adapter is what plain peft loads: zero missing, zero unexpected adapter keys;
 * base + adapter scores the held-out split below the base, and the merged folder (plain
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 SEQ = 256
 STEPS = 5
-BACKENDS = ("native", "hf-v5")
+BACKENDS = ("native", "hf-v5", "hf-trainer")
 COMMON = ("--device", "cpu", "--nproc-per-node", "2", "--steps", str(STEPS), "--seq-len", str(SEQ), "--lr", "5e-3",
           "--finetune", "--lora", "--lora-rank", "8", "--val-split", "0.1", "--val-every", str(STEPS), "--json")
 
@@ -148,10 +148,11 @@ def test_backends_agree_step_by_step_and_count_exactly_the_adapters(lora_runs):
         losses[backend] = _losses(cwd)
         assert sorted(losses[backend]) == list(range(1, STEPS + 1))
         assert all(math.isfinite(v) for v in losses[backend].values())
-    for step in range(1, STEPS + 1):
-        a, b = losses["native"][step], losses["hf-v5"][step]
-        assert abs(a - b) / a < 0.005, (step, losses)
-    assert losses["native"][1] == pytest.approx(losses["hf-v5"][1], rel=1e-4)  # same adapters at init
+    for backend in ("hf-v5", "hf-trainer"):
+        for step in range(1, STEPS + 1):
+            a, b = losses["native"][step], losses[backend][step]
+            assert abs(a - b) / a < 0.005, (backend, step, losses)
+        assert losses["native"][1] == pytest.approx(losses[backend][1], rel=1e-4)  # same adapters at init
     dims = compat.dims_from_hf_config(json.loads((lora_runs["assets"] / "config.json").read_text()))
     spec = lora.LoraSpec(rank=8, alpha=16.0, dropout=0.0, targets=lora.targets_of("all-linear"), seed=42, base_model="x")
     expected = lora.adapter_params(dims, spec, spec.targets)
