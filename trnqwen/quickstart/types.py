@@ -1,0 +1,144 @@
+"""The quickstart's settings, its result types and its progress lines."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from trnqwen.errors import CheckFailed
+
+DEFAULT_WORKDIR = Path("trnqwen-quickstart")
+MARKER = ".trnqwen-quickstart"
+FINETUNE_BACKENDS: tuple[str, ...] = ("native", "hf-v5", "hf-trainer")
+PRETRAIN_BACKEND = "native"
+DEFAULT_PRETRAIN_STEPS = 20
+DEFAULT_FINETUNE_STEPS = 3
+DEFAULT_SEQ_LEN = 256
+DEFAULT_LOCAL_BATCH = 2
+OVERRIDE_EXAMPLE = "torch_rope_override.torch_rope"  # examples/torch_rope, the NKI example's CPU twin
+OVERRIDE_LOSS_TOLERANCE = 1e-5  # the same weights and data through the twin: the same losses
+PRETRAIN_LR = 5e-3
+FINETUNE_LR = 1e-3
+# The fine-tunes must keep at least this share of what pre-training took off the loss
+# (a fine-tune whose weights did not load starts back at the random-init loss).
+KEEP_FRACTION = 0.5
+# Pre-training must lower the loss by at least this much (nats) to count as having learned.
+MIN_PRETRAIN_DROP = 0.5
+SUMMARY_FILE = "summary.json"
+PLOT_FILE = "loss.png"
+
+NEXT_COMMANDS = (
+    "trnqwen fetch Qwen/Qwen3-4B-Instruct-2507",
+    "trnqwen check-env",
+    "trnqwen train --backend hf-v5 --finetune --checkpoint-dir checkpoint_qwen3_4b_hf_v5",
+    "trnqwen train --backend native --finetune --global-batch-size 64 --checkpoint-dir checkpoint_qwen3_4b_native",
+    "trnqwen train --backend hf-trainer --finetune --checkpoint-dir checkpoint_qwen3_4b_hf_trainer",
+    "trnqwen verify-ckpt checkpoint_qwen3_4b_native --round-trip",
+    "trnqwen inspect-logs --plot loss.png",
+)
+
+
+class StageFailed(CheckFailed):
+    """A quickstart stage failed; ``stage`` names it."""
+
+    def __init__(self, stage: str, message: str, *, hint: Optional[str] = None, exit_code: Optional[int] = None):
+        super().__init__(f"quickstart stage '{stage}' failed: {message}", hint=hint)
+        self.stage = stage
+        self.result: Optional["QuickstartResult"] = None
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+@dataclass
+class Stage:
+    name: str
+    ok: bool = False
+    seconds: float = 0.0
+    detail: str = ""
+    error: Optional[str] = None
+    skipped: Optional[str] = None  # why the stage did not run (it is not a failure)
+
+
+@dataclass
+class RunInfo:
+    """One training run of the quickstart."""
+
+    label: str
+    backend: str
+    finetune: bool
+    steps: int
+    nproc_per_node: int
+    run_dir: Optional[str] = None
+    log: Optional[str] = None
+    checkpoint_dir: Optional[str] = None
+    exported: Optional[str] = None
+    status: Optional[str] = None
+    wall_s: Optional[float] = None
+    step1_loss: Optional[float] = None
+    last_loss: Optional[float] = None
+    losses: list[Optional[float]] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    verify: Optional[dict[str, Any]] = None
+
+
+@dataclass
+class QuickstartResult:
+    workdir: str
+    device: str
+    ok: bool = False
+    failed_stage: Optional[str] = None
+    error: Optional[str] = None
+    seconds: float = 0.0
+    stages: list[Stage] = field(default_factory=list)
+    runs: dict[str, RunInfo] = field(default_factory=dict)
+    comparison: dict[str, Any] = field(default_factory=dict)
+    evaluation: dict[str, Any] = field(default_factory=dict)  # the chat stage's held-out loss and answers
+    lora: dict[str, Any] = field(default_factory=dict)  # the LoRA stage's numbers (trnqwen.quickstart.lora_stage)
+    files: dict[str, str] = field(default_factory=dict)
+    next_commands: list[str] = field(default_factory=lambda: list(NEXT_COMMANDS))
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- progress --------------------------------------------------------------------------------------
+
+
+class Progress:
+    """Stage lines on stderr (rich); the quiet variant prints nothing."""
+
+    def __init__(self, enabled: bool = True, total: int = 0):
+        self.enabled = enabled
+        self.total = total
+        self.index = 0
+
+    def start(self, name: str, what: str) -> None:
+        self.index += 1
+        if self.enabled:
+            from rich.markup import escape
+
+            from trnqwen import output
+
+            output.console().print(f"[bold cyan][{self.index}/{self.total}] {escape(name)}[/bold cyan]  {escape(what)}")
+
+    def done(self, stage: Stage) -> None:
+        if not self.enabled:
+            return
+        from rich.markup import escape
+
+        from trnqwen import output
+
+        mark = "[yellow]skipped[/yellow]" if stage.skipped else "[green]ok[/green]" if stage.ok else "[red]FAILED[/red]"
+        text = escape(stage.skipped or (stage.detail if stage.ok else (stage.error or stage.detail)))
+        output.console().print(f"      {mark} {text} [dim]({stage.seconds:.1f}s)[/dim]")
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            from rich.markup import escape
+
+            from trnqwen import output
+
+            output.console().print(f"      [yellow]{escape(text)}[/yellow]")
+
+
