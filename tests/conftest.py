@@ -45,3 +45,18 @@ def cli():
     from tests.helpers import run_cli
 
     return run_cli
+
+
+@pytest.fixture
+def neuron_double(monkeypatch):
+    """torchtitan-neuron's test double (tests/doubles/torchtitan_neuron), imported fresh; its CALLS
+    list records every call of the documented entry point."""
+    import importlib
+    import sys
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "doubles"))
+    for name in [m for m in sys.modules if m.startswith("torchtitan_neuron")]:
+        monkeypatch.delitem(sys.modules, name)
+    yield importlib.import_module("torchtitan_neuron.models.qwen3.config_registry")
+    for name in [m for m in sys.modules if m.startswith("torchtitan_neuron")]:
+        sys.modules.pop(name, None)

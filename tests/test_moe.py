@@ -228,22 +228,6 @@ def test_hf_v5_moe_adapter_maps_the_hub_layout_both_ways(tmp_path):
 # --- nki-moe -------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def neuron_double(monkeypatch):
-    """torchtitan-neuron's test double (tests/doubles), as tests/test_recipes.py uses it."""
-    import importlib
-    import sys
-
-    from tests.test_recipes import DOUBLES
-
-    monkeypatch.syspath_prepend(str(DOUBLES))
-    for name in [m for m in sys.modules if m.startswith("torchtitan_neuron")]:
-        monkeypatch.delitem(sys.modules, name)
-    yield importlib.import_module("torchtitan_neuron.models.qwen3.config_registry")
-    for name in [m for m in sys.modules if m.startswith("torchtitan_neuron")]:
-        sys.modules.pop(name, None)
-
-
 @pytest.mark.parametrize("form", ["hub", "local"])
 def test_nki_moe_plan_for_the_tiny_moe_against_the_neuron_double(tmp_path, form, neuron_double):
     """The recipe's cut (2 layers, 8 experts, top-2) as torchtitan-neuron's entry point builds it;

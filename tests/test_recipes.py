@@ -208,16 +208,6 @@ def test_exported_config_loads_through_torchtitans_config_manager(tiny_assets, t
 # --- nki-moe -------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def neuron_double(monkeypatch):
-    monkeypatch.syspath_prepend(str(DOUBLES))
-    for name in [m for m in sys.modules if m.startswith("torchtitan_neuron")]:
-        monkeypatch.delitem(sys.modules, name)
-    yield importlib.import_module("torchtitan_neuron.models.qwen3.config_registry")
-    for name in [m for m in sys.modules if m.startswith("torchtitan_neuron")]:
-        sys.modules.pop(name, None)
-
-
 def test_nki_moe_calls_the_documented_entry_point(neuron_double, tmp_path, text_jsonl):
     cfg = RunConfig(model="Qwen/Qwen3-30B-A3B", assets_dir=tmp_path / "none", backend="nki-moe",
                     dataset=str(text_jsonl))

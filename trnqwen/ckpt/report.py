@@ -68,17 +68,7 @@ def run_verify(
             trust_remote_code=cfg.trust_remote_code,
             progress=progress,
         )
-    if json_out:
-        doc = report.to_json()
-        if ckpt.folder is not None:
-            doc["checkpoint_folder"] = ckpt.folder  # every resume point and export, complete or not
-        if ckpt.note:
-            doc["note"] = ckpt.note
-        output.print_json(doc)
-    else:
-        render(report, ckpt.other_steps)
-        if ckpt.folder is not None:
-            render_folder(ckpt.folder)
+    _show(report, ckpt, json_out, render)
     problems = report.problems
     if problems:
         more = f" (+{len(problems) - 1} more finding(s) above)" if len(problems) > 1 else ""
@@ -87,6 +77,23 @@ def run_verify(
             hint=_hint(report),
         )
     return report
+
+
+def _show(report: Any, ckpt: Any, json_out: bool, render_table: Any) -> None:
+    """The report as one JSON object (with the checkpoint folder's steps and any note) or as tables."""
+    from trnqwen import output
+
+    if json_out:
+        doc = report.to_json()
+        if ckpt.folder is not None:
+            doc["checkpoint_folder"] = ckpt.folder  # every resume point and export, complete or not
+        if ckpt.note:
+            doc["note"] = ckpt.note
+        output.print_json(doc)
+    else:
+        render_table(report, ckpt.other_steps)
+        if ckpt.folder is not None:
+            render_folder(ckpt.folder)
 
 
 def _run_verify_adapter(ckpt, model_config, *, quick: bool, compare_to: Optional[Path], generate: Optional[str],
@@ -103,17 +110,7 @@ def _run_verify_adapter(ckpt, model_config, *, quick: bool, compare_to: Optional
                 hint="verify the adapter without it; `trnqwen eval` scores and answers with base + adapter side by side",
             )
     report = verify_adapter(ckpt, model_config, quick=quick, trust_remote_code=cfg.trust_remote_code)
-    if json_out:
-        doc = report.to_json()
-        if ckpt.folder is not None:
-            doc["checkpoint_folder"] = ckpt.folder
-        if ckpt.note:
-            doc["note"] = ckpt.note
-        output.print_json(doc)
-    else:
-        render_adapter(report, ckpt.other_steps)
-        if ckpt.folder is not None:
-            render_folder(ckpt.folder)
+    _show(report, ckpt, json_out, render_adapter)
     for warning in report.warnings:
         output.warn(warning)
     problems = report.problems
