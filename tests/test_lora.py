@@ -415,3 +415,19 @@ def test_overwrite_clears_a_lora_runs_adapter_and_merged_folder_and_nothing_else
     with pytest.raises(UsageError, match="NOTES.md"):
         checkpoints.clear(checkpoints.scan(root))
     assert (root / "hf" / "step-4.merged" / "NOTES.md").read_text() == "mine"
+
+
+def test_the_adapter_keeps_the_base_checkpoints_dtype(tmp_path):
+    """A bf16 base gets a bf16 adapter (half the bytes of float32; the 0.6B shape's rank-16 adapter
+    is then 1.7% of the base), as every trnqwen export keeps the checkpoint's dtype."""
+    import torch
+    from safetensors.torch import load_file
+
+    modules = {"model.layers.0.self_attn.q_proj": (torch.randn(2, 8), torch.randn(8, 2))}
+    ckpt_lora.write_adapter(tmp_path / "bf16", modules, _spec(rank=2), dtype="bfloat16")
+    ckpt_lora.write_adapter(tmp_path / "kept", modules, _spec(rank=2))
+    bf16 = load_file(str(tmp_path / "bf16" / "adapter_model.safetensors"))
+    assert {t.dtype for t in bf16.values()} == {torch.bfloat16}
+    assert {t.dtype for t in load_file(str(tmp_path / "kept" / "adapter_model.safetensors")).values()} == {torch.float32}
+    a = bf16["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
+    assert torch.equal(a, modules["model.layers.0.self_attn.q_proj"][0].to(torch.bfloat16))

@@ -6,7 +6,7 @@ vLLM (``--enable-lora``) load as they are:
   adapter_config.json        peft_type LORA, r, lora_alpha, lora_dropout, target_modules,
                              task_type CAUSAL_LM, base_model_name_or_path, ... (written last)
   adapter_model.safetensors  ``base_model.model.<HF module path>.lora_A.weight`` [r, in] and
-                             ``...lora_B.weight`` [out, r], float32
+                             ``...lora_B.weight`` [out, r], in the base checkpoint's dtype
 
 Names are mapped from each backend's modules here (:func:`hf_module_of_titan`); a fused ``wqkv``
 adapter (torchtitan-neuron's models) is split exactly: A is shared, so q, k and v each get a copy;
@@ -128,13 +128,19 @@ def adapter_config(spec: Any, target_modules: list[str]) -> dict[str, Any]:
 
 
 def write_adapter(folder: str | Path, modules: dict[str, tuple[Any, Any]], spec: Any, *,
-                  fused_dims: Optional[tuple[int, int, int]] = None) -> list[str]:
-    """Write the PEFT adapter folder; adapter_config.json last, so its presence means complete."""
+                  fused_dims: Optional[tuple[int, int, int]] = None, dtype: Optional[str] = None) -> list[str]:
+    """Write the PEFT adapter folder; adapter_config.json last, so its presence means complete.
+
+    ``dtype``: the base checkpoint's (``bfloat16`` for the published Qwen3), as every export keeps
+    it; peft upcasts bf16/fp16 adapters to float32 when it loads them.  None keeps the tensors'."""
+    import torch
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = peft_tensors(modules, fused_dims=fused_dims)
+    if dtype is not None:
+        tensors = {k: v.to(getattr(torch, dtype)).contiguous() for k, v in tensors.items()}
     targets = sorted({PEFT_KEY.match(k).group("module").rsplit(".", 1)[-1] for k in tensors})  # type: ignore[union-attr]
     _atomic(folder / ADAPTER_WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     text = json.dumps(adapter_config(spec, targets), indent=2, sort_keys=True) + "\n"

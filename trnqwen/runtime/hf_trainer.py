@@ -605,7 +605,8 @@ def run(spec: HFTrainerSpec) -> int:
         trained = trainer.model
         trained = getattr(trained, "module", trained)
         if lora is not None:  # the PEFT adapter, not the base model
-            written = hf_trainer_lora.export(trained, lora, dest, rank=rank)
+            written = hf_trainer_lora.export(trained, lora, dest, rank=rank,
+                                             dtype=checkpoint_dtype(read_config_json(Path(spec.assets_dir))))
             if rank == 0:
                 _log(f"{LOG_MARK} exported a PEFT adapter: {len(written or [])} tensors to {dest}")
         else:

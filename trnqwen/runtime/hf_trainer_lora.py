@@ -140,14 +140,15 @@ def _full(tensor: Any) -> Any:
     return full.detach().to(device="cpu", dtype=torch.float32)
 
 
-def export(model: Any, spec: LoraSpec, folder: Any, *, rank: int) -> Optional[list[str]]:
-    """Write the PEFT adapter folder on rank 0 (every rank calls this); the written key names there."""
+def export(model: Any, spec: LoraSpec, folder: Any, *, rank: int, dtype: Optional[str] = None) -> Optional[list[str]]:
+    """Write the PEFT adapter folder on rank 0 (every rank calls this), in ``dtype`` (the base
+    checkpoint's); the written key names there."""
     from trnqwen.ckpt.lora import write_adapter
 
     tensors = {path: (_full(a), _full(b)) for path, a, b in adapter_modules(model)}
     if rank != 0:
         return None
-    return write_adapter(folder, tensors, spec)
+    return write_adapter(folder, tensors, spec, dtype=dtype)
 
 
 __all__ = ["ADAPTER_NAME", "peft_config", "hf_module_path", "adapter_modules", "initialise", "attach",

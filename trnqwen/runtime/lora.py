@@ -320,7 +320,8 @@ def export_adapter(manager: Any, folder: str) -> None:
             tensors[path] = (full_a.detach().to(torch.float32).cpu(), full_b.detach().to(torch.float32).cpu())
     if not dist.is_initialized() or dist.get_rank() == 0:
         dims = _fused_dims(model_parts[0])
-        written = write_adapter(folder, tensors, spec, fused_dims=dims)
+        dtype = str(getattr(manager, "export_dtype", "") or "").removeprefix("torch.") or None  # the checkpoint's
+        written = write_adapter(folder, tensors, spec, fused_dims=dims, dtype=dtype)
         _state["exported"] = len(written)
         _log(f"{LOG_MARK} exported a PEFT adapter: {len(written)} tensors for {len(tensors)} module(s) to {folder}")
     if dist.is_initialized():
