@@ -228,6 +228,7 @@ def round_trip_pretrained(folder: str, config: dict[str, Any], *, trust_remote_c
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
             model, info = AutoModelForCausalLM.from_pretrained(
                 folder, device_map="meta", dtype="auto", output_loading_info=True, trust_remote_code=trust_remote_code,
+                use_safetensors=True,  # a pickle beside the shards is never read
             )
     except (RuntimeError, ValueError, OSError, KeyError) as exc:
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
