@@ -245,7 +245,10 @@ def test_real_slurm_scancel_usr1_saves_exits_138_and_the_requeued_job_continues_
             time.sleep(0.3)
         fields = _job_fields(job_id)
         assert fields.get("Restarts") == "1", (fields, slurm_cluster.logs())
-        # SLURM holds a requeued job for a while before it may start again; start it now
+        # SLURM holds a requeued job for a while before it may start again; start it now, but not
+        # within the second of the requeue: slurmctld kills a job started in the second its old
+        # credential was revoked ("Killing non-startable batch JobId=N: Job credential revoked")
+        time.sleep(2.5)
         slurm_cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
         state = slurm.wait_for_job(job_id, timeout_s=420)
     finally:
