@@ -79,6 +79,17 @@ def run_verify(
     return report
 
 
+def _row_adder(rows: list) -> Any:
+    """``row(name, ok, detail)`` appending one check row (ok / FAILED / skipped for True / False / None)."""
+    from rich.markup import escape
+
+    def row(name: str, ok: Optional[bool], detail: str) -> None:
+        mark = "[green]ok[/green]" if ok else ("[red]FAILED[/red]" if ok is False else "[dim]skipped[/dim]")
+        rows.append((name, mark, escape(redact(detail))))
+
+    return row
+
+
 def _show(report: Any, ckpt: Any, json_out: bool, render_table: Any) -> None:
     """The report as one JSON object (with the checkpoint folder's steps and any note) or as tables."""
     from trnqwen import output
@@ -143,10 +154,7 @@ def render_adapter(report: AdapterReport, other_steps: list[int] | None = None) 
     out.print(f"[bold]Base[/bold] {report.model}")
     out.print(f"  {escape(report.base)} ({escape(report.base_source)})")
     rows: list[tuple[str, str, str]] = []
-
-    def row(name: str, ok: Optional[bool], detail: str) -> None:
-        mark = "[green]ok[/green]" if ok else ("[red]FAILED[/red]" if ok is False else "[dim]skipped[/dim]")
-        rows.append((name, mark, escape(redact(detail))))
+    row = _row_adder(rows)
 
     row("adapter_config.json", not report.config_problems, report.config_problems[0] if report.config_problems
         else f"peft_type LORA, r {cfg.get('r')}, target_modules {cfg.get('target_modules')}")
@@ -283,10 +291,7 @@ def render(report: VerifyReport, other_steps: list[int] | None = None) -> None:
     out.print(f"  config.json: {escape(report.config_path)} ({report.config_source})")
 
     rows: list[tuple[str, str, str]] = []
-
-    def row(name: str, ok: Optional[bool], detail: str) -> None:
-        mark = "[green]ok[/green]" if ok else ("[red]FAILED[/red]" if ok is False else "[dim]skipped[/dim]")
-        rows.append((name, mark, escape(redact(detail))))
+    row = _row_adder(rows)
 
     row(
         "files readable",

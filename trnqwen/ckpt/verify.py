@@ -281,9 +281,7 @@ def verify(
         except (OSError, EOFError) as exc:
             report.file_errors["scan"] = f"reading failed: {exc}"
             return report
-        report.scanned = True
-        report.nonfinite = {k: v.total for k, v in sorted(found.items())}
-        report.nonfinite_detail = {k: {"nan": v.nan, "inf": v.inf} for k, v in sorted(found.items())}
+        record_scan(report, found)
 
     if compare_to is not None:
         report.compare = _compare(tensors, where, compare_to, max_rel_change, progress)
@@ -360,6 +358,13 @@ def _round_trip_moe(model_config: ModelConfig, report: VerifyReport, trust_remot
         rt["disagrees"] = "from_pretrained loads it although the header check fails it"
     rt["loaded_problems"] = loaded_bad
     return rt
+
+
+def record_scan(report: Any, found: dict) -> None:
+    """A finished bit scan on a report (whole model or adapter): per-tensor non-finite counts."""
+    report.scanned = True
+    report.nonfinite = {k: v.total for k, v in sorted(found.items())}
+    report.nonfinite_detail = {k: {"nan": v.nan, "inf": v.inf} for k, v in sorted(found.items())}
 
 
 def _compare(

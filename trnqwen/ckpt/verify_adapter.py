@@ -288,6 +288,7 @@ def verify_adapter(
     if quick:
         return report
     from trnqwen.ckpt.scan import nonzero_tensors, scan_nonfinite
+    from trnqwen.ckpt.verify import record_scan
 
     try:
         found = scan_nonfinite([header])
@@ -296,9 +297,7 @@ def verify_adapter(
     except (OSError, EOFError) as exc:
         report.file_errors["scan"] = f"reading failed: {exc}"
         return report
-    report.scanned = True
-    report.nonfinite = {k: v.total for k, v in sorted(found.items())}
-    report.nonfinite_detail = {k: {"nan": v.nan, "inf": v.inf} for k, v in sorted(found.items())}
+    record_scan(report, found)
     report.nonzero_b = len(nonzero)
     report.untrained = bool(b_keys) and not nonzero
     if not report.config_problems:
