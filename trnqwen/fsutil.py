@@ -108,3 +108,19 @@ def disk_full_at(root: Optional[Path]) -> Optional[str]:
     except OSError:
         return None
     return f"{free // 1024} KiB free on {where}" if free is not None and free < 4 * 1024 * 1024 else None
+
+
+def first_match(log_path: Path, pattern: Any, marker: bytes, offset: int = 0) -> Any:
+    """The first ``pattern`` match on a line of ``log_path`` after byte ``offset`` that contains
+    ``marker`` (a cheap byte test before decoding); None when there is none or the file is unreadable."""
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(offset)
+            for raw in fh:
+                if marker in raw:
+                    m = pattern.search(raw.decode("utf-8", "replace"))
+                    if m:
+                        return m
+    except OSError:
+        return None
+    return None

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from trnqwen.config import FIELD_NAMES, ResolvedConfig, RunConfig
 from trnqwen.errors import UsageError
+from trnqwen.fsutil import first_match
 from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir
 from trnqwen.train import checkpoints, multinode
 
@@ -291,14 +292,5 @@ def _require_inputs(config: RunConfig, cwd: Path, run_id: str) -> None:
 
 def preempted_step(log_path: Path, offset: int = 0) -> Optional[tuple[int, str]]:
     """(step, signal) of a preemption, from the ranks' ``[trnqwen] preempted:`` line after ``offset``."""
-    try:
-        with open(log_path, "rb") as fh:
-            fh.seek(offset)
-            for raw in fh:
-                if b"[trnqwen] preempted:" in raw:
-                    m = _PREEMPTED_STEP.search(raw.decode("utf-8", "replace"))
-                    if m:
-                        return int(m.group(2)), m.group(1)
-    except OSError:
-        return None
-    return None
+    m = first_match(log_path, _PREEMPTED_STEP, b"[trnqwen] preempted:", offset)
+    return (int(m.group(2)), m.group(1)) if m else None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_BEFORE_START
+from trnqwen.fsutil import first_match
 from trnqwen.train import checkpoints
 
 if TYPE_CHECKING:
@@ -36,17 +37,8 @@ _TORCHRUN_SIGNAL = re.compile(r"Received (?:Signals\.)?(SIG[A-Z0-9]+|\d+) death 
 
 def torchrun_signal(log_path: Path, offset: int = 0) -> Optional[str]:
     """The signal torchrun says it got (``Received Signals.SIGUSR1 death signal``) after ``offset``."""
-    try:
-        with open(log_path, "rb") as fh:
-            fh.seek(offset)
-            for raw in fh:
-                if b"death signal" in raw:
-                    m = _TORCHRUN_SIGNAL.search(raw.decode("utf-8", "replace"))
-                    if m:
-                        return _signal_name(m.group(1))
-    except OSError:
-        return None
-    return None
+    m = first_match(log_path, _TORCHRUN_SIGNAL, b"death signal", offset)
+    return _signal_name(m.group(1)) if m else None
 
 
 def _signal_name(text: str) -> str:
