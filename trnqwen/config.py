@@ -43,9 +43,14 @@ Backend = Literal["hf-v5", "native", "nki-moe", "hf-trainer"]
 Device = Literal["auto", "neuron", "cuda", "cpu"]
 Launcher = Literal["local", "slurm", "k8s"]
 K8sApi = Literal["trainjob", "pytorchjob"]
-DatasetFormat = Literal["auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text"]
+DatasetFormat = Literal[
+    "auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text",
+    "prompt-chosen-rejected", "conversation-chosen-rejected",  # --method dpo
+]
 LongConversations = Literal["truncate", "drop"]
 LrSchedule = Literal["cosine", "linear", "constant"]
+Method = Literal["sft", "dpo"]
+DpoLoss = Literal["sigmoid", "ipo"]
 ActivationCheckpointing = Literal["none", "selective", "full"]
 EPOCH = "epoch"  # --val-every / --save-every epoch: once per pass over the training data
 EveryN = Union[Annotated[int, Field(ge=1)], Literal["epoch"]]
@@ -110,6 +115,10 @@ class RunConfig(BaseModel):
         "all-linear = those seven.",
     )
     merge: bool = Field(False, description="With --lora: also write the merged whole model folder beside the adapter.")
+    # --- preference tuning (trnqwen.train.dpo: plan; runtime.dpo: in the ranks; dataset.preference: pairs) ---
+    method: Method = Field("sft", description="sft (supervised: answers are targets) or dpo (preference pairs).")
+    beta: float = Field(0.1, gt=0.0, le=100.0, allow_inf_nan=False, description="DPO: strength of the pull toward the reference.")
+    dpo_loss: DpoLoss = Field("sigmoid", description="DPO loss: sigmoid (DPO's) or ipo.")
     # --- fine-tune schedule: epochs, LR curve, optimizer, memory (the same on every backend) ----
     epochs: Optional[float] = Field(
         None, gt=0, le=1_000_000, allow_inf_nan=False,
@@ -343,6 +352,10 @@ def default_lr(cfg: "RunConfig") -> tuple[float, str]:
     plan print the reason).  Published weights are fine-tuned gently (LLaMA-Factory's full SFT of
     Qwen3 uses 1e-5); a LoRA adapter, which starts at zero, at 1e-4; a model from random init gets
     torchtitan's pre-training rate."""
+    if getattr(cfg, "method", "sft") == "dpo":  # preference tuning moves a tuned model a little
+        if cfg.lora:
+            return 5e-6, "default for LoRA DPO (LLaMA-Factory's Qwen3 example)"
+        return 1e-6, "default for DPO (TRL's)"
     if cfg.lora:  # adapters start at zero: the peers' Qwen3 LoRA examples use 1e-4 to 2e-4
         return 1e-4, "default for LoRA"
     if cfg.finetune:

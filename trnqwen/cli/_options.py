@@ -495,3 +495,31 @@ MergeOpt = Annotated[
         show_default=False,
     ),
 ]
+
+# --- preference tuning (docs/preference.md) --------------------------------------------------------
+MethodOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--method",
+        help="sft (supervised: the answers are the targets) or dpo (preference pairs: prompt, chosen, rejected). "
+        "Env: TRNQWEN_METHOD. " + _default("method"),
+        show_default=False,
+    ),
+]
+BetaOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--beta",
+        help="DPO: how strongly the tuned model is held to the reference (rewards are beta x log-ratio). "
+        "Env: TRNQWEN_BETA. " + _default("beta"),
+        show_default=False,
+    ),
+]
+DpoLossOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--dpo-loss",
+        help="DPO loss: sigmoid (DPO's; ln 2 at step 1) or ipo. Env: TRNQWEN_DPO_LOSS. " + _default("dpo_loss"),
+        show_default=False,
+    ),
+]

@@ -20,6 +20,7 @@ from trnqwen.cli._options import (
     DatasetSplitOpt,
     JsonOpt,
     LongConversationsOpt,
+    MethodOpt,
     ModelOpt,
     PackingOpt,
     SeqLenOpt,
@@ -55,6 +56,7 @@ def data(
     model: ModelOpt = None,
     assets: AssetsOpt = None,
     seq_len: SeqLenOpt = None,
+    method: MethodOpt = None,
     dataset_format: DatasetFormatOpt = None,
     dataset_split: DatasetSplitOpt = None,
     packing: PackingOpt = None,
@@ -74,7 +76,7 @@ def data(
 
     resolved = resolve_config(
         given(
-            dataset=dataset, model=model, assets_dir=assets, seq_len=seq_len, dataset_format=dataset_format,
+            dataset=dataset, model=model, assets_dir=assets, seq_len=seq_len, method=method, dataset_format=dataset_format,
             dataset_split=dataset_split, packing=packing, long_conversations=long_conversations,
             train_on_inputs=train_on_inputs, val_split=val_split, val_dataset=val_dataset,
             data_cache_dir=data_cache_dir,
@@ -87,5 +89,9 @@ def data(
         prepared = prepare_dataset(resolved.config)
     if json_out:
         output.print_json({**prepared.report, "cache_dir": str(prepared.cache_dir), "reused": prepared.reused})
+    elif prepared.report.get("method") == "dpo":
+        from trnqwen.dataset.preference_report import print_pair_report
+
+        print_pair_report(prepared, dataset=resolved.config.dataset)
     else:
         print_report(prepared, dataset=resolved.config.dataset)

@@ -111,6 +111,7 @@ class SplitArrays:
     positions: np.ndarray
     documents: int
     padding_tokens: int
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # more int32 [N, S] arrays (DPO: segments)
 
     def stats(self) -> dict[str, int]:
         sequences, seq_len = self.input_ids.shape
@@ -131,6 +132,9 @@ class SplitArrays:
                 )
             if array.shape != self.input_ids.shape:
                 raise ValueError(f"{name}.{array_name}: shape {array.shape} != input_ids")
+        for array_name, array in self.extra.items():
+            if array_name in ARRAY_NAMES or array.shape != self.input_ids.shape:
+                raise ValueError(f"{name}.{array_name}: an extra array must be new and shaped like input_ids")
 
 
 def cache_dir_for(cache_root: Path, key: str) -> Path:
@@ -181,6 +185,8 @@ def write_cache(
             for array_name in ARRAY_NAMES:
                 array = np.ascontiguousarray(getattr(split, array_name), dtype=np.int32)
                 np.save(tmp / f"{name}.{array_name}.npy", array, allow_pickle=False)
+            for array_name, array in split.extra.items():
+                np.save(tmp / f"{name}.{array_name}.npy", np.ascontiguousarray(array, dtype=np.int32), allow_pickle=False)
         meta = {
             **dict(extra_meta or {}),
             "version": CACHE_VERSION,
@@ -190,6 +196,7 @@ def write_cache(
             "pad_id": int(pad_id),
             "eos_id": None if eos_id is None else int(eos_id),
             "splits": {name: split.stats() for name, split in splits.items()},
+            "extra_arrays": sorted({array_name for split in splits.values() for array_name in split.extra}),
         }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
         os.chmod(tmp, 0o777 & ~current_umask())
@@ -228,6 +235,7 @@ class TokenSplit:
     labels: np.ndarray
     positions: np.ndarray
     meta: dict[str, Any] = field(repr=False)
+    extra: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # meta["extra_arrays"]
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -251,7 +259,11 @@ def open_split(cache_dir: Path, split: str = "train") -> TokenSplit:
         name: np.load(cache_dir / f"{split}.{name}.npy", mmap_mode="r", allow_pickle=False)
         for name in ARRAY_NAMES
     }
-    return TokenSplit(name=split, meta=meta, **arrays)
+    extra = {
+        name: np.load(cache_dir / f"{split}.{name}.npy", mmap_mode="r", allow_pickle=False)
+        for name in meta.get("extra_arrays", [])
+    }
+    return TokenSplit(name=split, meta=meta, extra=extra, **arrays)
 
 
 def has_split(cache_dir: Path, split: str) -> bool:

@@ -45,6 +45,7 @@ class DataSettings:
     val_split: float = 0.0
     val_dataset: Optional[str] = None
     seed: int = 42
+    method: str = "sft"  # "dpo": preference pairs (trnqwen.dataset.preference)
 
     @classmethod
     def from_config(cls, cfg: Any) -> DataSettings:
@@ -60,6 +61,8 @@ class DataSettings:
         out["dataset_format"] = self.dataset_format or "auto"
         if not self.val_split:
             out.pop("seed")
+        if self.method == "sft":
+            out.pop("method")  # SFT caches keep the keys they had before preference data existed
         return out
 
 
@@ -101,14 +104,24 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
     _check_settings(settings)
     prepared = _existing_cache(settings.dataset)
     if prepared is not None:
+        _check_cache_method(prepared, settings.method)
         return prepared
-    source = resolve_source(settings.dataset, split=settings.dataset_split)
+    dataset = settings.dataset
+    if dataset is None and settings.method == "dpo":
+        from trnqwen.dataset.preference import bundled_pairs_path
+
+        dataset = str(bundled_pairs_path())
+    source = resolve_source(dataset, split=settings.dataset_split)
     val_source = resolve_source(settings.val_dataset, split=settings.dataset_split) if settings.val_dataset else None
     key = _key(settings, source, val_source, assets_dir)
     found = cache.lookup(cache_root, key)
     if found is not None:
         return PreparedData(found, key, True, cache.read_meta(found).get("report", {}))
 
+    if settings.method == "dpo":
+        from trnqwen.dataset import preference
+
+        return preference.write_pairs(settings, assets_dir, cache_root, key, source, val_source, _split)
     examples, fmt, records = _examples(source, settings.dataset_format)
     val_examples: list[Example] = []
     if val_source is not None:
@@ -134,13 +147,30 @@ def _existing_cache(dataset: Optional[str]) -> Optional[PreparedData]:
     return PreparedData(found, path.name, True, cache.read_meta(found).get("report", {}))
 
 
+def _check_cache_method(prepared: PreparedData, method: str) -> None:
+    made_for = cache.read_meta(prepared.cache_dir).get("method", "sft")
+    if made_for != method:
+        raise UsageError(
+            f"the token cache {prepared.cache_dir} holds {'preference pairs' if made_for == 'dpo' else 'SFT rows'}, "
+            f"not data for --method {method}",
+            hint=f"use --method {made_for}, or give the records themselves as --dataset",
+        )
+
+
 def _check_settings(settings: DataSettings) -> None:
-    if settings.dataset_format not in (None, "auto", *FORMATS):
-        raise UsageError(f"--dataset-format must be one of: auto, {', '.join(FORMATS)}")
+    from trnqwen.dataset.preference_formats import PREFERENCE_FORMATS
+
+    if settings.dataset_format not in (None, "auto", *FORMATS, *PREFERENCE_FORMATS):
+        raise UsageError(f"--dataset-format must be one of: auto, {', '.join(FORMATS + PREFERENCE_FORMATS)}")
+    if settings.method == "sft" and settings.dataset_format in PREFERENCE_FORMATS:
+        raise UsageError(f"--dataset-format {settings.dataset_format} holds preference pairs", hint="add --method dpo")
     if not 0.0 <= settings.val_split < 1.0:
         raise UsageError(f"--val-split must be in [0, 1), got {settings.val_split}")
     if settings.val_split and settings.val_dataset:
         raise UsageError("--val-split and --val-dataset both given", hint="pick one way to get validation data")
+    if settings.method == "dpo" and settings.train_on_inputs:
+        raise UsageError("--train-on-inputs has no meaning with --method dpo: only the answers are compared",
+                         hint="drop --train-on-inputs")
 
 
 def _key(settings: DataSettings, source: Source, val_source: Optional[Source], assets_dir: Path) -> str:
@@ -165,6 +195,12 @@ def _examples(source: Source, forced: Optional[str]) -> tuple[list[Example], str
     records = source.records()
     if not records:
         raise UsageError(f"dataset {source.name} has no records", hint="point --dataset at data with records in it")
+    first = records[0].data
+    if isinstance(first, dict) and "chosen" in first and "rejected" in first and forced in (None, "auto"):
+        raise UsageError(
+            f"{records[0].where}: a preference pair (chosen/rejected), but this run is supervised (--method sft)",
+            hint="train on pairs with --method dpo (docs/preference.md), or give chat records",
+        )
     fmt = forced if forced not in (None, "auto") else detect_format(records[0], columns=source.columns)
     return normalise(records, fmt), fmt, len(records)
 

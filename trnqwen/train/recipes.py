@@ -31,7 +31,7 @@ from trnqwen.assets import checkpoint_dtype, moe_layout, read_config_json
 from trnqwen.config import RunConfig
 from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import EnvironmentProblem, UsageError
-from trnqwen.train import checkpoints, compat, lora, tracking
+from trnqwen.train import checkpoints, compat, dpo, lora, tracking
 from trnqwen.train.preflight import count_params  # one parameter formula for both
 from trnqwen.train.cache_data import RankData, prepare_rank_data, streamed_data, titan_dataloader_code
 from trnqwen.train.datasets import DataSpec, render_dataset_code
@@ -68,6 +68,8 @@ class Plan:
     rank_data: Optional[RankData] = None  # the token cache the ranks read (datasets the user names)
     lora: Optional[lora.LoraSpec] = None
     lora_targets: tuple[str, ...] = ()  # the HF targets this backend adapts (trnqwen.train.lora)
+    dpo: Optional[dpo.DpoSpec] = None  # --method dpo (trnqwen.train.dpo)
+    reference_dir: Optional[Path] = None  # where the DPO reference log-probs of these weights live
     schedule: Optional[Schedule] = None  # steps, LR curve, optimizer: resolved once (train/schedule.py)
     notes: list[str] = field(default_factory=list)
 
@@ -194,7 +196,36 @@ def make_plan(
     else:
         _plan_nki_moe(plan)
     _plan_lora(plan)
+    _plan_dpo(plan)
     return plan
+
+
+def _plan_dpo(plan: Plan) -> None:
+    cfg = plan.cfg
+    dpo.check(cfg)
+    made_for = plan.rank_data.meta.get("method", "sft") if plan.rank_data is not None else "sft"
+    if plan.rank_data is not None and plan.rank_data.meta and made_for != cfg.method:
+        raise UsageError(
+            f"the token cache {plan.rank_data.cache_dir} holds {'preference pairs' if made_for == 'dpo' else 'SFT rows'}, "
+            f"not data for --method {cfg.method}",
+            hint=f"use --method {made_for}, or give the records themselves as --dataset",
+        )
+    spec = dpo.spec_from_config(cfg)
+    if spec is None or plan.rank_data is None:
+        return
+    from trnqwen.dataset import reference
+    from trnqwen.env.versions import package_versions
+
+    key = dpo.reference_key(cfg, plan.assets_dir, device_type=plan.device.type,
+                            versions=package_versions(("torch", "torchtitan", "transformers")))
+    plan.dpo = spec
+    plan.reference_dir = reference.reference_dir(plan.rank_data.cache_dir, key)
+    rows_per_step = cfg.global_batch_size or cfg.local_batch_size * plan.topology.dp
+    steps = plan.schedule.steps if plan.schedule else 1
+    needed = {"train": reference.prefix_rows(plan.rank_data.train_rows, steps, rows_per_step)}
+    if plan.schedule and plan.schedule.val_every:
+        needed["val"] = plan.rank_data.val_rows
+    plan.notes.append(dpo.plan_note(spec, plan.reference_dir, reused=reference.is_complete(plan.reference_dir, needed)))
 
 
 def _plan_lora(plan: Plan) -> None:
@@ -428,6 +459,11 @@ def _render(plan: Plan) -> str:
         body.append(f"config.dataloader = {data_expr}")
     for line in data_imports:
         imp(line)
+    if plan.dpo is not None and plan.reference_dir is not None:
+        dpo_imports, dpo_lines = dpo.render_lines(plan.dpo, plan.reference_dir, validates=bool(sched.val_every))
+        for line in dpo_imports:
+            imp(line)
+        body += dpo_lines
     body += [
         f"config.training.steps = {sched.steps}",
         f"config.training.local_batch_size = {cfg.local_batch_size}",

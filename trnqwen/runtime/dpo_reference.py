@@ -1,0 +1,120 @@
+"""The DPO reference pass inside torchtitan ranks: the starting weights' log-probs, once.
+
+Run by :func:`ensure` right after the checkpoint load and before step 1.  With the reference
+already on disk for this key (a rerun, or a resumed run) it is reused; otherwise every data-parallel
+rank runs the model (eval mode, no grad, the trainer's own input processing and context) over its
+rows of each split, rows ``r, r + W, ...`` in batches of the training batch size, which is exactly
+the order of the first training steps, so step 1 sees bit-for-bit the numbers it was compared
+with.  Every rank runs the same number of forwards (FSDP gathers in each); the last batch is
+filled with rows that hold no pair.  The per-rank results are summed across ranks (each row is
+computed by one rank of each data-parallel group) and rank 0 writes them
+(:mod:`trnqwen.dataset.reference`).  No second model is ever held: the reference *is* the model,
+before its first update.  With LoRA the adapters start at B = 0, so the reference is the base.
+
+A resumed run (step > 0) whose reference is gone cannot be continued exactly: it stops with that
+message instead of computing one from weights that have already trained.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trnqwen.dataset import reference as store
+from trnqwen.dataset.cache import open_split
+from trnqwen.runtime.dpo_loss import batch_from_rows, segment_logps
+from trnqwen.runtime.token_stream import RankStream
+
+
+def _needed(trainer, cache_dir: str) -> dict[str, int]:
+    """Rows each split needs: the training prefix the run reads, every validation row."""
+    stream = trainer.dataloader.dataset.stream
+    per_step = trainer.config.training.local_batch_size * stream.world * trainer.gradient_accumulation_steps
+    needed = {"train": store.prefix_rows(stream.n_rows, trainer.config.training.steps, per_step)}
+    if trainer.config.validator.enable:
+        needed["val"] = len(open_split(cache_dir, "val"))
+    return needed
+
+
+def ensure(trainer) -> None:
+    import torch.distributed as dist
+    from torchtitan.tools.logging import logger
+
+    from trnqwen.logs.dpo import reference_line
+
+    directory = Path(trainer.loss_fn.config.reference_dir)
+    cache_dir = trainer.config.dataloader.cache_dir
+    needed = _needed(trainer, cache_dir)
+    if store.is_complete(directory, needed):
+        logger.info(reference_line("reused", f"(key {directory.name[:12]}, {directory})"))
+        return
+    if trainer.step > 0:
+        raise RuntimeError(
+            f"this run resumes at step {trainer.step}, but the reference log-probs it needs are not in {directory} "
+            f"(rows needed {needed}, present {store.computed_rows(directory)}): they cannot be computed from weights "
+            "that have already trained; resume with the --steps it started with, or start the run over"
+        )
+    started = time.perf_counter()
+    stream = trainer.dataloader.dataset.stream
+    have = store.computed_rows(directory)
+    arrays, computed = {}, {}
+    for name, rows in needed.items():
+        split = open_split(cache_dir, name)
+        first = min(have.get(name, 0), rows)
+        array = _compute(trainer, split, stream.rank, stream.world, first, rows)
+        if dist.is_available() and dist.is_initialized():
+            tensor = torch.from_numpy(array)
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)  # each row came from one rank per dp group
+            array = tensor.numpy() / _replicas(trainer)
+        if first:  # extend the earlier prefix: its rows stay exactly as they were
+            array[:first] = store.open_reference(directory, name)[:first]
+        array[rows:] = np.nan
+        arrays[name], computed[name] = array, rows
+    seconds = time.perf_counter() - started
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+        store.write_reference(directory, arrays, computed, {"seconds": round(seconds, 3)})
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    done = ", ".join(f"{rows - min(have.get(name, 0), rows)} {name}" for name, rows in needed.items())
+    logger.info(reference_line("computed", f"for {done} rows in {seconds:.1f} s (key {directory.name[:12]}, {directory})"))
+
+
+def _replicas(trainer) -> int:
+    """Ranks that computed each row (the non-data-parallel degree: tp, cp...)."""
+    return int(getattr(trainer.parallel_dims, "non_data_parallel_size", 1) or 1)
+
+
+def _compute(trainer, split, rank: int, world: int, first: int, rows_needed: int) -> np.ndarray:
+    """This rank's rows among ``first .. rows_needed - 1`` (zeros elsewhere), in the training order."""
+    pairs_per_row = int(split.meta["pairs_per_row"][split.name])
+    batch_size = trainer.config.training.local_batch_size
+    out = np.zeros((len(split), pairs_per_row, 2), dtype=np.float32)
+    stream = RankStream(max(1, rows_needed), rank=rank, world=world, infinite=False, batch_size=batch_size)
+    stream.rows_read = first // world  # rows below ``first`` were computed by an earlier run
+    model = trainer.model_parts[0]
+    was_training = model.training
+    model.eval()  # dropout off: the reference is the deterministic model
+    seen = trainer.ntokens_seen
+    try:
+        with torch.no_grad():
+            while not stream.exhausted():
+                rows = [stream.advance() for _ in range(batch_size)]
+                ids, positions, targets, segments, _, markers = batch_from_rows(split, rows, None, pairs_per_row)
+                input_dict = {"input": torch.from_numpy(ids).to(trainer.device),
+                              "positions": torch.from_numpy(positions).to(trainer.device)}
+                inputs, _, extra = trainer.post_dataloading_process(input_dict, torch.from_numpy(markers).to(trainer.device))
+                with trainer.train_context():
+                    pred = model(inputs, **extra)
+                sums, _ = segment_logps(pred, torch.from_numpy(targets).to(pred.device),
+                                        torch.from_numpy(segments).to(pred.device), pairs_per_row)
+                sums = sums.float().cpu().numpy()
+                for i, row in enumerate(rows):
+                    if row is not None and row >= first:
+                        out[row] = sums[i]
+    finally:
+        model.train(was_training)
+        trainer.ntokens_seen = seen
+    return out

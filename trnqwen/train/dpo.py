@@ -1,0 +1,113 @@
+"""DPO planned (launcher side): what a ``--method dpo`` run is, refused where it cannot run.
+
+* :func:`spec_from_config` -> :class:`DpoSpec` (beta, loss type), or None for SFT;
+* :func:`check` refuses what has no DPO here (nki-moe; a stream torchtitan reads itself);
+* :func:`reference_key` names the starting weights and everything that changes their numbers,
+  so the reference pass (``runtime/dpo_reference.py``) runs once per (weights, cache, layout) and a
+  resumed run finds its own (``dataset/reference.py`` stores it with the token cache);
+* :func:`render_lines` is the config module's part: the loss and the dataloaders' reference folder.
+
+The step-1 check belongs to the judge (``logs/judge.py``): before any update the policy is the
+reference, so the first loss is :func:`trnqwen.runtime.dpo_loss.initial_loss` (ln 2 for sigmoid),
+and a run that starts elsewhere compared itself with another model's log-probs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from trnqwen.errors import UsageError
+
+METHODS = ("sft", "dpo")
+LOSS_TYPES = ("sigmoid", "ipo")
+REFERENCE_IMPORT = "from trnqwen.runtime.dpo import dpo_loss_config"
+
+
+@dataclass(frozen=True)
+class DpoSpec:
+    beta: float = 0.1
+    loss_type: str = "sigmoid"
+
+    @property
+    def initial_loss(self) -> float:
+        """Every pair's loss before the first update (policy = reference): ln 2 for sigmoid."""
+        return math.log(2.0) if self.loss_type == "sigmoid" else (1.0 / (2.0 * self.beta)) ** 2
+
+
+def spec_from_config(cfg: Any) -> Optional[DpoSpec]:
+    if getattr(cfg, "method", "sft") != "dpo":
+        return None
+    return DpoSpec(beta=float(cfg.beta), loss_type=str(cfg.dpo_loss))
+
+
+def check(cfg: Any) -> None:
+    """Refuse a DPO run that cannot be one, with what to do instead."""
+    if getattr(cfg, "method", "sft") != "dpo":
+        return
+    if cfg.backend == "nki-moe":
+        raise UsageError(
+            "--method dpo runs on hf-v5, native and hf-trainer; nki-moe's kernels are not wired to the DPO loss yet",
+            hint="use --backend native for a Qwen3-MoE (docs/moe.md) or a dense model on hf-v5",
+        )
+    if cfg.train_on_inputs:
+        raise UsageError("--train-on-inputs has no meaning with --method dpo: only the answers are compared",
+                         hint="drop --train-on-inputs")
+
+
+def weights_identity(cfg: Any, assets_dir: Path) -> dict[str, Any]:
+    """What the starting weights are: the checkpoint files (name, size, mtime, header) for a
+    fine-tune, the seed and model config for a random init.  Cheap: each file's first MiB (its
+    header and first tensors), never all of it."""
+    assets_dir = Path(assets_dir)
+    config_text = (assets_dir / "config.json").read_text() if (assets_dir / "config.json").is_file() else ""
+    if not cfg.finetune:
+        return {"init": "random", "seed": cfg.seed, "config": config_text}
+    files = []
+    for path in sorted(assets_dir.glob("*.safetensors")):
+        stat = path.stat()
+        with path.open("rb") as fh:
+            head = hashlib.sha256(fh.read(1 << 20)).hexdigest()
+        files.append([path.name, stat.st_size, stat.st_mtime_ns, head])
+    return {"init": "checkpoint", "files": files, "config": config_text}
+
+
+def reference_key(cfg: Any, assets_dir: Path, *, device_type: str, versions: dict[str, str]) -> str:
+    """sha256 of the starting weights and of what changes the numbers computed from them.
+
+    Not the data-parallel layout or batch size: they change the last bits only (the batch a row
+    is computed in), and a resumed run may change its rank count and must find its own reference."""
+    identity = {
+        "weights": weights_identity(cfg, assets_dir),
+        "backend": cfg.backend,
+        "device": device_type,
+        "tp": cfg.tp,
+        "lora": [cfg.lora_targets] if cfg.lora else None,  # native LoRA builds q/k/v unfused
+        "compile": cfg.compile,
+        "versions": versions,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def render_lines(spec: DpoSpec, reference_dir: Path, *, validates: bool) -> tuple[list[str], list[str]]:
+    """(imports, config-function lines): DPO's loss and where the dataloaders find the reference."""
+    ref = str(reference_dir)
+    lines = [
+        "# DPO: the loss of the pairs against reference log-probs computed once from these starting",
+        "# weights, before step 1 (trnqwen.runtime.dpo_reference), kept with the token cache.",
+        f"config.loss = dpo_loss_config(beta={spec.beta!r}, loss_type={spec.loss_type!r}, reference_dir={ref!r})",
+        f"config.dataloader.reference_dir = {ref!r}",
+    ]
+    if validates:
+        lines.append(f"config.validator.dataloader.reference_dir = {ref!r}")
+    return [REFERENCE_IMPORT], lines
+
+
+def plan_note(spec: DpoSpec, reference_dir: Path, *, reused: bool) -> str:
+    how = "reused from an earlier run" if reused else "computed before step 1"
+    return (f"DPO: beta {spec.beta:g}, {spec.loss_type} loss (step-1 loss {spec.initial_loss:.6f}); "
+            f"reference log-probs {how} ({reference_dir})")
