@@ -40,46 +40,68 @@ def _needed(trainer, cache_dir: str) -> dict[str, int]:
 
 
 def ensure(trainer) -> None:
-    import torch.distributed as dist
+    """torchtitan: the reference of ``trainer.loss_fn``'s folder, after the checkpoint load."""
     from torchtitan.tools.logging import logger
+
+    cache_dir = trainer.config.dataloader.cache_dir
+    stream = trainer.dataloader.dataset.stream
+    model = trainer.model_parts[0]
+
+    def forward(ids: np.ndarray, positions: np.ndarray, markers: np.ndarray):
+        seen = trainer.ntokens_seen
+        input_dict = {"input": torch.from_numpy(ids).to(trainer.device),
+                      "positions": torch.from_numpy(positions).to(trainer.device)}
+        inputs, _, extra = trainer.post_dataloading_process(input_dict, torch.from_numpy(markers).to(trainer.device))
+        trainer.ntokens_seen = seen
+        with trainer.train_context():
+            return model(inputs, **extra)
+
+    run_pass(Path(trainer.loss_fn.config.reference_dir), cache_dir, _needed(trainer, cache_dir), model=model,
+             forward=forward, rank=stream.rank, world=stream.world, batch_size=trainer.config.training.local_batch_size,
+             resumed_at=trainer.step, replicas=_replicas(trainer), log=logger.info)
+
+
+def run_pass(directory: Path, cache_dir: str, needed: dict[str, int], *, model, forward, rank: int, world: int,
+             batch_size: int, resumed_at: int, replicas: int = 1, log=print) -> None:
+    """Reuse, extend or compute the reference in ``directory`` (every backend's one path).
+
+    ``forward(ids, positions, markers) -> logits`` runs the model on one batch as training does."""
+    import torch.distributed as dist
 
     from trnqwen.logs.dpo import reference_line
 
-    directory = Path(trainer.loss_fn.config.reference_dir)
-    cache_dir = trainer.config.dataloader.cache_dir
-    needed = _needed(trainer, cache_dir)
+    distributed = dist.is_available() and dist.is_initialized()
     if store.is_complete(directory, needed):
-        logger.info(reference_line("reused", f"(key {directory.name[:12]}, {directory})"))
+        log(reference_line("reused", f"(key {directory.name[:12]}, {directory})"))
         return
-    if trainer.step > 0:
+    if resumed_at > 0:
         raise RuntimeError(
-            f"this run resumes at step {trainer.step}, but the reference log-probs it needs are not in {directory} "
+            f"this run resumes at step {resumed_at}, but the reference log-probs it needs are not in {directory} "
             f"(rows needed {needed}, present {store.computed_rows(directory)}): they cannot be computed from weights "
             "that have already trained; resume with the --steps it started with, or start the run over"
         )
     started = time.perf_counter()
-    stream = trainer.dataloader.dataset.stream
     have = store.computed_rows(directory)
     arrays, computed = {}, {}
     for name, rows in needed.items():
         split = open_split(cache_dir, name)
         first = min(have.get(name, 0), rows)
-        array = _compute(trainer, split, stream.rank, stream.world, first, rows)
-        if dist.is_available() and dist.is_initialized():
+        array = _compute(model, forward, split, rank, world, batch_size, first, rows)
+        if distributed:
             tensor = torch.from_numpy(array)
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)  # each row came from one rank per dp group
-            array = tensor.numpy() / _replicas(trainer)
+            array = tensor.numpy() / replicas
         if first:  # extend the earlier prefix: its rows stay exactly as they were
             array[:first] = store.open_reference(directory, name)[:first]
         array[rows:] = np.nan
         arrays[name], computed[name] = array, rows
     seconds = time.perf_counter() - started
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:
+    if not distributed or dist.get_rank() == 0:
         store.write_reference(directory, arrays, computed, {"seconds": round(seconds, 3)})
-    if dist.is_available() and dist.is_initialized():
+    if distributed:
         dist.barrier()
     done = ", ".join(f"{rows - min(have.get(name, 0), rows)} {name}" for name, rows in needed.items())
-    logger.info(reference_line("computed", f"for {done} rows in {seconds:.1f} s (key {directory.name[:12]}, {directory})"))
+    log(reference_line("computed", f"for {done} rows in {seconds:.1f} s (key {directory.name[:12]}, {directory})"))
 
 
 def _replicas(trainer) -> int:
@@ -87,27 +109,20 @@ def _replicas(trainer) -> int:
     return int(getattr(trainer.parallel_dims, "non_data_parallel_size", 1) or 1)
 
 
-def _compute(trainer, split, rank: int, world: int, first: int, rows_needed: int) -> np.ndarray:
+def _compute(model, forward, split, rank: int, world: int, batch_size: int, first: int, rows_needed: int) -> np.ndarray:
     """This rank's rows among ``first .. rows_needed - 1`` (zeros elsewhere), in the training order."""
     pairs_per_row = int(split.meta["pairs_per_row"][split.name])
-    batch_size = trainer.config.training.local_batch_size
     out = np.zeros((len(split), pairs_per_row, 2), dtype=np.float32)
     stream = RankStream(max(1, rows_needed), rank=rank, world=world, infinite=False, batch_size=batch_size)
     stream.rows_read = first // world  # rows below ``first`` were computed by an earlier run
-    model = trainer.model_parts[0]
     was_training = model.training
     model.eval()  # dropout off: the reference is the deterministic model
-    seen = trainer.ntokens_seen
     try:
         with torch.no_grad():
             while not stream.exhausted():
                 rows = [stream.advance() for _ in range(batch_size)]
                 ids, positions, targets, segments, _, markers = batch_from_rows(split, rows, None, pairs_per_row)
-                input_dict = {"input": torch.from_numpy(ids).to(trainer.device),
-                              "positions": torch.from_numpy(positions).to(trainer.device)}
-                inputs, _, extra = trainer.post_dataloading_process(input_dict, torch.from_numpy(markers).to(trainer.device))
-                with trainer.train_context():
-                    pred = model(inputs, **extra)
+                pred = forward(ids, positions, markers)
                 sums, _ = segment_logps(pred, torch.from_numpy(targets).to(pred.device),
                                         torch.from_numpy(segments).to(pred.device), pairs_per_row)
                 sums = sums.float().cpu().numpy()
@@ -116,5 +131,4 @@ def _compute(trainer, split, rank: int, world: int, first: int, rows_needed: int
                         out[row] = sums[i]
     finally:
         model.train(was_training)
-        trainer.ntokens_seen = seen
     return out

@@ -515,14 +515,21 @@ def run(spec: HFTrainerSpec) -> int:
         from trnqwen.runtime import hf_trainer_data
 
         # TP ranks of one group read the same rows: the data-parallel rank is rank // tp.
-        train_dataset, eval_dataset = hf_trainer_data.cache_datasets(spec, rank=rank // plan.tp, world=plan.dp)
+        def log_validation(step, loss, tps):
+            memory = _device_memory(spec.device, spec.memory_bytes_per_rank)
+            print(hf_trainer_data.format_validation_line(step, loss, *memory, tps), flush=True)
+
+        if spec.dpo_beta is not None:  # preference pairs: the DPO rows, loss and validation
+            from trnqwen.runtime import hf_trainer_dpo
+
+            train_dataset, eval_dataset = hf_trainer_dpo.pair_datasets(spec, rank=rank // plan.tp, world=plan.dp)
+        else:
+            train_dataset, eval_dataset = hf_trainer_data.cache_datasets(spec, rank=rank // plan.tp, world=plan.dp)
         trainer_cls = hf_trainer_data.cache_trainer_class(
-            Trainer, batch_size=spec.local_batch_size,
-            log_validation=lambda step, loss, tps: print(
-                hf_trainer_data.format_validation_line(step, loss, *_device_memory(spec.device, spec.memory_bytes_per_rank), tps),
-                flush=True,
-            ),
-        )
+            Trainer, batch_size=spec.local_batch_size, log_validation=log_validation)
+        if spec.dpo_beta is not None:
+            trainer_cls = hf_trainer_dpo.dpo_trainer_class(trainer_cls, beta=spec.dpo_beta, loss_type=spec.dpo_loss,
+                                                           log_validation=log_validation)
     else:
         tokenizer = AutoTokenizer.from_pretrained(spec.assets_dir, trust_remote_code=spec.trust_remote_code)
         rows_needed = spec.steps * spec.local_batch_size * plan.grad_accum * plan.dp
@@ -568,6 +575,11 @@ def run(spec: HFTrainerSpec) -> int:
 
         model, initialised = hf_trainer_lora.attach(model, lora)
         callbacks.append(hf_trainer_lora.callback(lora, initialised=initialised, rank=rank, log=_log))
+
+    if spec.dpo_beta is not None:  # the reference log-probs of these starting weights, before step 1
+        hf_trainer_dpo.reference_pass(spec, model, rank=rank // plan.tp, world=plan.dp, replicas=plan.tp,
+                                      grad_accum=plan.grad_accum, resumed_at=_step_of(resume_from),
+                                      log=_log if rank == 0 else (lambda _m: None))
 
     from trnqwen.runtime import resume_state
 

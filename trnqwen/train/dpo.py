@@ -111,3 +111,30 @@ def plan_note(spec: DpoSpec, reference_dir: Path, *, reused: bool) -> str:
     how = "reused from an earlier run" if reused else "computed before step 1"
     return (f"DPO: beta {spec.beta:g}, {spec.loss_type} loss (step-1 loss {spec.initial_loss:.6f}); "
             f"reference log-probs {how} ({reference_dir})")
+
+
+def plan(cfg: Any, assets_dir: Path, rank_data: Any, *, device_type: str, rows_per_step: int, steps: int,
+         validates: bool) -> Optional[tuple[DpoSpec, Path, str]]:
+    """(spec, reference folder, plan note) of a DPO run, None for SFT; refuses a cache of the other kind."""
+    check(cfg)
+    method = getattr(cfg, "method", "sft")
+    made_for = rank_data.meta.get("method", "sft") if rank_data is not None and rank_data.meta else method
+    if made_for != method:
+        raise UsageError(
+            f"the token cache {rank_data.cache_dir} holds {'preference pairs' if made_for == 'dpo' else 'SFT rows'}, "
+            f"not data for --method {method}",
+            hint=f"use --method {made_for}, or give the records themselves as --dataset",
+        )
+    spec = spec_from_config(cfg)
+    if spec is None or rank_data is None:
+        return None
+    from trnqwen.dataset import reference
+    from trnqwen.env.versions import package_versions
+
+    key = reference_key(cfg, assets_dir, device_type=device_type,
+                        versions=package_versions(("torch", "torchtitan", "transformers")))
+    directory = reference.reference_dir(rank_data.cache_dir, key)
+    needed = {"train": reference.prefix_rows(rank_data.train_rows, steps, rows_per_step)}
+    if validates:
+        needed["val"] = rank_data.val_rows
+    return spec, directory, plan_note(spec, directory, reused=reference.is_complete(directory, needed))

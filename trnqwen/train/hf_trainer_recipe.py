@@ -110,6 +110,7 @@ def build_hf_trainer_spec(
     cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, dataset: Any = ..., rank_data: Any = None,
     lora_spec: Any = ...,
     schedule: Any = None,
+    dpo_plan: Any = None,
 ) -> HFTrainerSpec:
     """The :class:`~trnqwen.train.hf_trainer_spec.HFTrainerSpec` for this run (pure; checks only files).
 
@@ -157,6 +158,9 @@ def build_hf_trainer_spec(
         trust_remote_code=cfg.trust_remote_code,
         report_to=",".join(tracking.report_to(cfg)),
         lora=lora_spec.to_json() if lora_spec is not None else None,
+        dpo_beta=dpo_plan[0].beta if dpo_plan else None,
+        dpo_loss=dpo_plan[0].loss_type if dpo_plan else "sigmoid",
+        reference_dir=str(dpo_plan[1]) if dpo_plan else None,
     )
 
 
@@ -220,11 +224,17 @@ def build_hf_trainer_job(
     lora_spec, lora_note = _lora_plan(cfg, hf_config)
     topology = topology or plan_topology(cfg, device)
     schedule = plan_schedule(cfg, rank_data, topology)
+    from trnqwen.train import dpo
+
+    dpo_plan = dpo.plan(cfg, assets_dir, rank_data, device_type=device.type,
+                        rows_per_step=cfg.global_batch_size or cfg.local_batch_size * topology.dp,
+                        steps=schedule.steps, validates=bool(schedule.val_every))
     spec = build_hf_trainer_spec(cfg, device, run_dir, dataset=dataset, rank_data=rank_data, lora_spec=lora_spec,
-                                 schedule=schedule)
+                                 schedule=schedule, dpo_plan=dpo_plan)
     device_type = spec.device
     notes = [] if rank_data is not None else ["hf-trainer pads/truncates each document to seq_len (no packing as in torchtitan)"]
     notes += [lora_note] if lora_note else []
+    notes += [dpo_plan[2]] if dpo_plan else []
     notes += data_notes
     notes += [f"not runnable here: {p.message}" for p in problems]
     if schedule.activation_checkpointing == "selective":

@@ -202,30 +202,13 @@ def make_plan(
 
 def _plan_dpo(plan: Plan) -> None:
     cfg = plan.cfg
-    dpo.check(cfg)
-    made_for = plan.rank_data.meta.get("method", "sft") if plan.rank_data is not None else "sft"
-    if plan.rank_data is not None and plan.rank_data.meta and made_for != cfg.method:
-        raise UsageError(
-            f"the token cache {plan.rank_data.cache_dir} holds {'preference pairs' if made_for == 'dpo' else 'SFT rows'}, "
-            f"not data for --method {cfg.method}",
-            hint=f"use --method {made_for}, or give the records themselves as --dataset",
-        )
-    spec = dpo.spec_from_config(cfg)
-    if spec is None or plan.rank_data is None:
-        return
-    from trnqwen.dataset import reference
-    from trnqwen.env.versions import package_versions
-
-    key = dpo.reference_key(cfg, plan.assets_dir, device_type=plan.device.type,
-                            versions=package_versions(("torch", "torchtitan", "transformers")))
-    plan.dpo = spec
-    plan.reference_dir = reference.reference_dir(plan.rank_data.cache_dir, key)
-    rows_per_step = cfg.global_batch_size or cfg.local_batch_size * plan.topology.dp
-    steps = plan.schedule.steps if plan.schedule else 1
-    needed = {"train": reference.prefix_rows(plan.rank_data.train_rows, steps, rows_per_step)}
-    if plan.schedule and plan.schedule.val_every:
-        needed["val"] = plan.rank_data.val_rows
-    plan.notes.append(dpo.plan_note(spec, plan.reference_dir, reused=reference.is_complete(plan.reference_dir, needed)))
+    planned = dpo.plan(cfg, plan.assets_dir, plan.rank_data, device_type=plan.device.type,
+                       rows_per_step=cfg.global_batch_size or cfg.local_batch_size * plan.topology.dp,
+                       steps=plan.schedule.steps if plan.schedule else 1,
+                       validates=bool(plan.schedule and plan.schedule.val_every))
+    if planned is not None:
+        plan.dpo, plan.reference_dir, note = planned
+        plan.notes.append(note)
 
 
 def _plan_lora(plan: Plan) -> None:
