@@ -4,6 +4,7 @@ Examples:
   trnqwen data conversations.jsonl --model builtin:tiny-qwen3 --seq-len 256
   trnqwen data ./my_chats/ --val-split 0.05 --json | jq .trained_tokens
   trnqwen data org/dataset --dataset-split train --dataset-format sharegpt
+  trnqwen data prefs.jsonl --method dpo      # preference pairs: kept/dropped, tokens, one pair
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ Examples:
   trnqwen data conversations.jsonl --model builtin:tiny-qwen3 --seq-len 256
   trnqwen data ./my_chats/ --val-split 0.05 --json | jq .trained_tokens
   trnqwen data org/dataset --dataset-split train --dataset-format sharegpt
+  trnqwen data prefs.jsonl --method dpo      # preference pairs: kept/dropped, tokens, one pair
 
 Uses the same code as `trnqwen train`: the tokenized cache it writes is the one training reads.
 Without DATASET, the dataset from the config (or the bundled calculator chat set) is used.

@@ -93,6 +93,8 @@ Examples:
 
   # LoRA on your chat data: a PEFT adapter out (docs/lora.md)
   trnqwen train --backend hf-v5 --finetune --lora --dataset mychat.jsonl --lr 1e-4
+  # preference tuning on prompt/chosen/rejected pairs; step 1 is ln 2 (docs/preference.md)
+  trnqwen train --backend hf-v5 --finetune --method dpo --beta 0.1 --dataset prefs.jsonl
   # the NKI mixture-of-experts recipe (Qwen3-30B-A3B cut to 4 layers, 64 experts)
   trnqwen train --backend nki-moe --model Qwen/Qwen3-30B-A3B --moe-layers 4 --num-experts 64 --top-k 4
   # the whole thing on a laptop: tiny offline model, 2 CPU ranks

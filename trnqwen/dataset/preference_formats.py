@@ -127,6 +127,8 @@ def _pair(record: Record, fmt: str) -> PreferencePair:
     carried = {}
     for name in _SIDES:
         head, tail = _split_conversation(sides[name])
+        if not tail:
+            raise _bad(record, f"the {name} answer is empty (no assistant turn)")
         if head:
             carried[name] = head
             sides[name] = tail

@@ -1,0 +1,121 @@
+"""DPO against SFT on the same tokens, in one run.
+
+The first N pairs of the bundled preference set; 2 CPU ranks, seq 256, one epoch of the pairs:
+
+  A. ``trnqwen train --finetune`` on the same tokens as SFT: every pair's two conversations
+     (prompt + chosen, prompt + rejected) as chat records, packed the same way;
+  B. ``trnqwen train --finetune --method dpo`` on the pairs: the reference pass, then training.
+
+Reported: seconds per step (median of the ranks' own step-line stamps), the reference pass's
+own seconds (from its meta.json), "reference + training" = pass + steps x s/step for B against
+steps x s/step for A (the goal: at most 2.2x), whole-command wall times, and peak RSS per rank.
+Either run failing is reported as a failure, never hidden.
+
+  python benchmarks/dpo.py [--pairs 40] [--shape tiny|0.6b] [--backend native|hf-v5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+
+from _common import load_note  # noqa: E402
+from lora import make_model, measured_run  # noqa: E402
+
+
+def write_data(work: Path, pairs: int) -> tuple[Path, Path]:
+    """(the first ``pairs`` preference records, the same conversations as SFT chat records)."""
+    from trnqwen.dataset.preference import bundled_pairs_path
+    from trnqwen.dataset.preference_formats import detect_preference_format, normalise_pairs
+    from trnqwen.dataset.sources import resolve_source
+
+    records = resolve_source(str(bundled_pairs_path())).records()[:pairs]
+    prefs = work / "pairs.jsonl"
+    prefs.write_text("".join(json.dumps(r.data) + "\n" for r in records))
+    chats = work / "chats.jsonl"
+    with chats.open("w") as fh:
+        for pair in normalise_pairs(records, detect_preference_format(records[0])):
+            for side in ("chosen", "rejected"):
+                fh.write(json.dumps({"messages": pair.conversation(side)}) + "\n")
+    return prefs, chats
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=40)
+    ap.add_argument("--shape", default="0.6b", choices=["tiny", "0.6b"])
+    ap.add_argument("--backend", default="native", choices=["native", "hf-v5"])
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    load_before = os.getloadavg()[0]
+    work = Path(tempfile.mkdtemp(prefix="trnqwen-bench-dpo-"))
+    try:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        env["XDG_CACHE_HOME"] = str(work / "cache")
+        if args.shape == "tiny":
+            from trnqwen.fetch.builtin import write_tiny_qwen3
+
+            assets = write_tiny_qwen3(work / "assets" / "tiny-qwen3")
+        else:
+            assets = make_model(work / "assets" / "qwen3-0.6b-shaped")
+        prefs, chats = write_data(work, args.pairs)
+        from trnqwen.dataset.prepare import DataSettings, prepare
+
+        prepared = prepare(DataSettings(dataset=str(prefs), seq_len=args.seq_len, method="dpo"), assets,
+                           work / "cache" / "trnqwen" / "datasets")
+        steps = max(2, len(prepared.split("train")) // 2)  # one epoch of the pair rows on 2 ranks
+        base = [sys.executable, "-m", "trnqwen", "train", "--model", "builtin:tiny-qwen3", "--assets", str(assets),
+                "--backend", args.backend, "--device", "cpu", "--nproc-per-node", "2", "--steps", str(steps),
+                "--seq-len", str(args.seq_len), "--finetune", "--lr", "1e-5", "--no-export-hf", "--show-log"]
+        runs = {}
+        for label, extra in (("sft", ["--dataset", str(chats)]), ("dpo", ["--dataset", str(prefs), "--method", "dpo"])):
+            cwd = work / label
+            cwd.mkdir()
+            runs[label] = measured_run([*base, "--checkpoint-dir", str(cwd / "ckpt"), *extra], cwd=cwd, env=env)
+            print(f"{label:3s} rc={runs[label]['rc']} {runs[label]['steps']} steps, {runs[label]['seconds_per_step']} s/step, "
+                  f"wall {runs[label]['wall_s']} s, peak RSS/rank {runs[label]['peak_rss_per_rank_mib']} MiB", flush=True)
+            if runs[label]["rc"] != 0:
+                print(runs[label]["output_tail"], file=sys.stderr)
+        failed = [k for k, v in runs.items() if v["rc"] != 0 or v["steps"] != steps]
+        metas = list((prepared.cache_dir / "reference").glob("*/meta.json"))
+        reference_s = json.loads(metas[0].read_text())["seconds"] if metas else None
+        if reference_s is None and "dpo" not in failed:
+            failed.append("dpo (no reference pass recorded)")
+        summary = {"benchmark": "dpo", "backend": args.backend, "shape": args.shape, "pairs": args.pairs,
+                   "rows": len(prepared.split("train")), "steps": steps, "seq_len": args.seq_len, "runs": runs,
+                   "reference_pass_s": reference_s, "failed": failed}
+        if not failed:
+            sft, dpo = runs["sft"], runs["dpo"]
+            sft_train = steps * sft["seconds_per_step"]
+            dpo_train = reference_s + steps * dpo["seconds_per_step"]
+            summary["ratios"] = {
+                "reference_plus_training_vs_sft": round(dpo_train / sft_train, 3),
+                "seconds_per_step": round(dpo["seconds_per_step"] / sft["seconds_per_step"], 3),
+                "wall": round(dpo["wall_s"] / sft["wall_s"], 3),
+                "peak_rss": round(max(dpo["peak_rss_per_rank_mib"]) / max(sft["peak_rss_per_rank_mib"]), 3),
+            }
+            print("ratios DPO / SFT: " + ", ".join(f"{k} {v}" for k, v in summary["ratios"].items())
+                  + " (goal: reference_plus_training_vs_sft <= 2.2)")
+        summary.update(load_note(load_before, os.getloadavg()[0]))
+        if args.json:
+            print(json.dumps(summary))
+        return 1 if failed else 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

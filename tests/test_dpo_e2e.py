@@ -1,0 +1,151 @@
+"""DPO for real: torchrun, 2 CPU ranks, the bundled preference set, every backend.
+
+One ``trnqwen train --method dpo`` per backend (native, hf-v5, hf-trainer) from the same briefly
+pre-trained tiny Qwen3, shared by the tests here:
+
+* step 1 is ln 2 on every backend (the reference is the starting weights, computed once before
+  step 1 and reused by a rerun), and the backends agree step by step;
+* the ``[DPO]`` lines carry rewards, margin and accuracy; the held-out pairs' margin grows;
+* the export is a whole model folder that plain ``from_pretrained`` loads, and it prefers the
+  chosen answers more than the starting weights did;
+* a run preempted at step 3 and resumed logs the uninterrupted run's losses and rewards (1e-5).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_subprocess
+from tests.test_chat_training import _pretrain
+
+pytestmark = pytest.mark.slow
+
+SEQ = 256
+STEPS = 6
+BACKENDS = ("native", "hf-v5", "hf-trainer")
+COMMON = ("--device", "cpu", "--nproc-per-node", "2", "--steps", str(STEPS), "--seq-len", str(SEQ), "--lr", "2e-3",
+          "--finetune", "--method", "dpo", "--beta", "0.1", "--local-batch-size", "2", "--val-split", "0.1",
+          "--val-every", str(STEPS), "--json")
+
+
+@pytest.fixture(scope="session")
+def dpo_runs(tmp_path_factory):
+    from trnqwen.data import chat_recipe
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    root = tmp_path_factory.mktemp("dpo")
+    tiny = write_tiny_qwen3(root / "tiny" / "tiny-qwen3")
+    assets = _pretrain(tiny, chat_recipe.chat_path(), root / "assets" / "tiny-qwen3")
+    env = {"XDG_CACHE_HOME": str(root / "cache")}
+    runs = {}
+    for backend in BACKENDS:
+        cwd = root / backend
+        cwd.mkdir()
+        r = run_subprocess("train", "--model", "builtin:tiny-qwen3", "--assets", str(assets), "--backend", backend,
+                           *COMMON, cwd=cwd, env=env, timeout=900)
+        runs[backend] = (r, cwd)
+    return {"runs": runs, "assets": assets, "root": root, "env": env}
+
+
+def _log(cwd: Path) -> str:
+    from trnqwen.rundir import last_run_dir
+
+    return (last_run_dir(cwd / ".trnqwen" / "runs") / "train.log").read_text()
+
+
+def _losses(cwd: Path) -> dict[int, float]:
+    from trnqwen.logs.parse import parse_step_line
+
+    return {m["step"]: m["loss"] for m in map(parse_step_line, _log(cwd).splitlines()) if m}
+
+
+def _dpo(cwd: Path, *, validate: bool = False) -> dict[int, dict[str, float]]:
+    from trnqwen.logs.dpo import parse_line
+
+    out = {}
+    for parsed in map(parse_line, _log(cwd).splitlines()):
+        if parsed and parsed[0] == validate:
+            out[parsed[1]] = parsed[2]
+    return out
+
+
+def _preference(model_dir: Path, cache_dir: Path) -> tuple[float, float]:
+    """(accuracy, mean margin) of summed log-probs, chosen vs rejected, over the held-out pairs."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trnqwen.dataset.cache import open_split
+    from trnqwen.runtime.dpo_loss import batch_from_rows, segment_logps
+
+    split = open_split(cache_dir, "val")
+    per_row = int(split.meta["pairs_per_row"]["val"])
+    ids, positions, targets, segments, _, _ = batch_from_rows(split, list(range(len(split))), None, per_row)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.from_numpy(ids), position_ids=torch.from_numpy(positions), use_cache=False).logits
+        sums, counts = segment_logps(logits, torch.from_numpy(targets), torch.from_numpy(segments), per_row)
+    present = ((counts[..., 0] > 0) & (counts[..., 1] > 0)).numpy()
+    margin = (sums[..., 0] - sums[..., 1]).numpy()[present]
+    return float(np.mean(margin > 0)), float(np.mean(margin))
+
+
+def test_step_one_is_ln2_on_every_backend_and_they_agree(dpo_runs):
+    losses = {}
+    for backend in BACKENDS:
+        r, cwd = dpo_runs["runs"][backend]
+        assert r.code == 0, r.text[-4000:]
+        losses[backend] = _losses(cwd)
+        assert sorted(losses[backend]) == list(range(1, STEPS + 1))
+        assert abs(losses[backend][1] - math.log(2)) < 1e-4, (backend, losses[backend][1])
+        log = _log(cwd)
+        assert "[DPO] reference log-probs: computed" in log, backend
+        first = _dpo(cwd)[1]
+        assert first["rewards_chosen"] == 0 == first["rewards_rejected"] and first["pairs"] > 0, first
+        rows = _dpo(cwd)
+        assert sorted(rows) == list(range(1, STEPS + 1))
+        assert any(v["margin"] > 0 for v in rows.values()), rows
+    for backend in ("hf-v5", "hf-trainer"):
+        for step in range(1, STEPS + 1):
+            a, b = losses["native"][step], losses[backend][step]
+            assert abs(a - b) < 5e-3, (backend, step, losses)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_export_loads_plainly_and_prefers_the_chosen_answers_more(dpo_runs, backend):
+    r, cwd = dpo_runs["runs"][backend]
+    assert r.code == 0, r.text[-4000:]
+    exported = Path(json.loads(r.out)["exported"])
+    assert (exported / "config.json").is_file() and list(exported.glob("*.safetensors"))
+    caches = [p for p in (dpo_runs["root"] / "cache" / "trnqwen" / "datasets").iterdir() if (p / "meta.json").is_file()]
+    cache = next(p for p in caches if json.loads((p / "meta.json").read_text()).get("method") == "dpo")
+    base_acc, base_margin = _preference(dpo_runs["assets"], cache)
+    tuned_acc, tuned_margin = _preference(exported, cache)
+    assert tuned_margin > base_margin, (backend, base_margin, tuned_margin)
+    assert tuned_acc >= base_acc, (backend, base_acc, tuned_acc)
+    val = _dpo(cwd, validate=True)
+    assert val[STEPS]["margin"] > 0, val
+
+
+def test_a_rerun_reuses_the_reference_and_a_preempted_run_resumes_exactly(dpo_runs):
+    _r, reference_cwd = dpo_runs["runs"]["native"]
+    cwd = dpo_runs["root"] / "resume"
+    cwd.mkdir()
+    args = ("train", "--model", "builtin:tiny-qwen3", "--assets", str(dpo_runs["assets"]), "--backend", "native", *COMMON)
+    stopped = run_subprocess(*args, cwd=cwd, env={**dpo_runs["env"], "TRNQWEN_FAULT_PREEMPT_AT_STEP": "3"}, timeout=900)
+    assert stopped.code == 138, stopped.text[-3000:]
+    assert "[DPO] reference log-probs: reused" in _log(cwd)  # same weights, same cache: the native run's pass
+    changed = run_subprocess("train", "--resume", "--beta", "0.5", cwd=cwd, env=dpo_runs["env"], timeout=300)
+    assert changed.code == 2 and "beta" in changed.text and "Traceback" not in changed.text, changed.text
+    resumed = run_subprocess("train", "--resume", "--json", cwd=cwd, env=dpo_runs["env"], timeout=900)
+    assert resumed.code == 0, resumed.text[-3000:]
+    got, want = _losses(cwd), _losses(reference_cwd)
+    got_dpo, want_dpo = _dpo(cwd), _dpo(reference_cwd)
+    for step in range(4, STEPS + 1):
+        assert abs(got[step] - want[step]) < 1e-5, (step, got, want)
+        for name in ("rewards_chosen", "rewards_rejected", "margin", "accuracy"):
+            assert abs(got_dpo[step][name] - want_dpo[step][name]) < 1e-5, (step, name, got_dpo[step], want_dpo[step])
