@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-if TYPE_CHECKING:
-    from trnqwen.logs.patterns import LineAt
-    from trnqwen.logs.record import ParsedLog
+# ``log`` below is a trnqwen.logs.record.ParsedLog and ``at`` a trnqwen.logs.patterns.LineAt: not
+# imported, not even for type checking (both import this module: the step line's reader skips
+# ``[DPO] validate`` lines, the line table stores them here)
+ParsedLog = LineAt = Any
 
 MARK = "[DPO]"
 FIELDS = ("rewards_chosen", "rewards_rejected", "margin", "accuracy")
@@ -55,16 +56,13 @@ def format_line(step: int, metrics: dict[str, float], *, validate: bool = False)
 
 
 def parse_line(line: str) -> Optional[tuple[bool, int, dict[str, float]]]:
-    """(is validation, step, metrics) of a ``[DPO]`` step line, else None."""
+    """(is validation, step, metrics) of a ``[DPO]`` step line, else None (``pairs`` an int)."""
     if MARK not in line:
         return None
     m = LINE_RE.search(line)
     if m is None:
         return None
-    values = _values(m)
-    if "pairs" in values:
-        values["pairs"] = float(values["pairs"])
-    return bool(m.group("validate")), int(m.group("step")), values
+    return bool(m.group("validate")), int(m.group("step")), _values(m)
 
 
 def reference_line(how: str, detail: str, *, beta: Optional[float] = None, loss_type: Optional[str] = None) -> str:
@@ -89,7 +87,7 @@ def _values(m: "re.Match[str]") -> dict:
     return values
 
 
-def store(log: "ParsedLog", m: "re.Match[str]", at: "LineAt") -> None:
+def store(log: ParsedLog, m: "re.Match[str]", at: LineAt) -> None:
     """A ``[DPO] [validate ]step:`` line of the primary rank: a step's values go to
     ``log.dpo_steps`` (the last line of a step wins, as for the step table); a validation's join
     the validation record of that step (``dpo_loss`` the line's loss), else make one."""
@@ -108,7 +106,7 @@ def store(log: "ParsedLog", m: "re.Match[str]", at: "LineAt") -> None:
     rec.update(values, dpo_loss=loss)
 
 
-def store_reference(log: "ParsedLog", m: "re.Match[str]", at: "LineAt") -> None:
+def store_reference(log: ParsedLog, m: "re.Match[str]", at: LineAt) -> None:
     if not at.primary:
         return
     rest = m.group("rest").strip()
@@ -122,12 +120,12 @@ def store_reference(log: "ParsedLog", m: "re.Match[str]", at: "LineAt") -> None:
     }
 
 
-def is_dpo(log: "ParsedLog", ctx: Any = None) -> bool:
+def is_dpo(log: ParsedLog, ctx: Any = None) -> bool:
     """A DPO run: its log has ``[DPO]`` lines, or its run config says ``method: dpo``."""
     return bool(log.dpo_steps or log.dpo_reference or getattr(ctx, "dpo", None))
 
 
-def settings(log: "ParsedLog", ctx: Any = None) -> tuple[Optional[float], Optional[str], Optional[str]]:
+def settings(log: ParsedLog, ctx: Any = None) -> tuple[Optional[float], Optional[str], Optional[str]]:
     """(beta, loss type, where from): the reference line's, else the run config's, else unknown."""
     ref = log.dpo_reference or {}
     if ref.get("loss_type"):
@@ -155,7 +153,7 @@ def _finding(severity: str, code: str, message: str, lines: Optional[list] = Non
     return severity, code, message, list(lines or [])
 
 
-def check_dpo(log: "ParsedLog", ctx: Any) -> list[tuple]:
+def check_dpo(log: ParsedLog, ctx: Any) -> list[tuple]:
     """(severity, code, message, lines): the step-1 loss of a DPO run against its expected value
     (only step 1, and only when this log starts there: a resumed run's first step is not judged)."""
     if not is_dpo(log, ctx) or not log.steps:
@@ -187,12 +185,12 @@ def check_dpo(log: "ParsedLog", ctx: Any) -> list[tuple]:
 # reporting
 
 
-def step_values(log: "ParsedLog") -> dict[int, dict]:
+def step_values(log: ParsedLog) -> dict[int, dict]:
     """step -> the DPO values of that step (empty for a run without DPO lines)."""
     return log.dpo_steps
 
 
-def _last_validation(log: "ParsedLog") -> Optional[dict]:
+def _last_validation(log: ParsedLog) -> Optional[dict]:
     return next((v for v in reversed(log.validations) if "margin" in v), None)
 
 
@@ -202,7 +200,7 @@ def _rounded(rec: Optional[dict], keys: tuple) -> Optional[dict]:
     return {k: (None if isinstance(rec.get(k), float) and not math.isfinite(rec[k]) else rec.get(k)) for k in keys}
 
 
-def dpo_json(log: "ParsedLog", ctx: Any) -> Optional[dict]:
+def dpo_json(log: ParsedLog, ctx: Any) -> Optional[dict]:
     """``--json``'s ``dpo`` key (None for a run that is not DPO): the settings, the reference
     line, the expected step-1 loss, and the last step's and last validation's values."""
     if not is_dpo(log, ctx):
@@ -231,7 +229,7 @@ def _values_text(rec: dict) -> str:
             f"margin {_fmt(rec.get('margin'), '.4f')}, accuracy {_fmt(rec.get('accuracy'), '.2f')}")
 
 
-def dpo_rows(log: "ParsedLog", ctx: Any) -> list[tuple[str, str]]:
+def dpo_rows(log: ParsedLog, ctx: Any) -> list[tuple[str, str]]:
     """The human table's DPO rows (none for a run that is not DPO)."""
     if not is_dpo(log, ctx):
         return []
