@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import math
+import re
 import sys
 import textwrap
 
@@ -324,3 +325,67 @@ def test_an_sft_runs_summary_has_no_dpo_key(tmp_path):
     result = launcher.supervise([sys.executable, str(script)], env={}, log_path=tmp_path / "train.log",
                                 handle_signals=False)
     assert result.exit_code == 0 and "dpo" not in result.summary()
+
+
+# --- for real: torchrun, torchtitan native, 2 CPU ranks -----------------------------------------
+
+
+@pytest.mark.slow
+def test_a_real_dpo_run_reads_back_and_an_edited_step1_loss_fails(tmp_path):
+    """A 3-step DPO train (validation at step 3, TensorBoard on): inspect-logs --json has the DPO
+    fields per step and validation and the judge passes; run.json's summary has ``dpo``; the events
+    have ``dpo/margin``.  The same log with its step-1 loss edited to 0.70 fails with the DPO error."""
+    from tests.helpers import run_subprocess
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    assets = write_tiny_qwen3(tmp_path / "tiny")
+    env = {"HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    run = run_subprocess(
+        "train", "--model", "builtin:tiny-qwen3", "--assets", str(assets), "--backend", "native", "--finetune",
+        "--device", "cpu", "--nproc-per-node", "2", "--steps", "3", "--seq-len", "256", "--method", "dpo",
+        "--lr", "1e-3", "--checkpoint-dir", str(tmp_path / "ck"), "--data-cache-dir", str(tmp_path / "cache"),
+        "--val-split", "0.1", "--val-every", "3", "--no-export-hf", "--tensorboard", cwd=tmp_path, env=env, timeout=900)
+    assert run.code == 0, run.text[-4000:]
+    # the live status line (not a terminal: one line per step, after its [DPO] line)
+    status = [ln for ln in run.err.splitlines() if ln.startswith("step ")]
+    assert len(status) == 3 and all("  acc " in ln and "  margin " in ln for ln in status), run.err
+    run_dir = next((tmp_path / ".trnqwen" / "runs").glob("*-native"))
+    summary = json.loads((run_dir / "run.json").read_text())["extra"]["summary"]
+    assert summary["dpo"]["last_step"]["step"] == 3 and set(dpo.FIELDS) <= set(summary["dpo"]["last_step"])
+    assert summary["dpo"]["last_validation"]["step"] == 3 and summary["last_validation"]["loss"] is not None
+
+    logs = run_subprocess("inspect-logs", str(run_dir), "--json", cwd=tmp_path, env=env, timeout=300)
+    assert logs.code == 0, logs.text
+    doc = json.loads(logs.out)
+    assert [s["step"] for s in doc["steps"]] == [1, 2, 3]
+    for s in doc["steps"]:
+        assert all(isinstance(s[k], float) for k in dpo.FIELDS), s
+    assert doc["steps"][0]["margin"] == 0.0 and doc["steps"][0]["loss"] == pytest.approx(LN2, abs=1e-5)
+    last_val = doc["validation"][-1]
+    assert last_val["step"] == 3 and all(isinstance(last_val[k], float) for k in (*dpo.FIELDS, "loss", "dpo_loss"))
+    assert doc["dpo"]["loss_type"] == "sigmoid" and doc["dpo"]["reference"]["how"] == "computed"
+    codes_found = {f["code"]: f for f in doc["findings"]}
+    assert codes_found["dpo-reference"]["severity"] == "info" and doc["summary"]["findings"]["error"] == 0
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for events in run_dir.rglob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(events))
+        acc.Reload()
+        tags.update(acc.Tags()["scalars"])
+    assert "dpo/margin" in tags and "dpo/accuracy" in tags, tags
+
+    log = run_dir / "train.log"
+    text = log.read_text()
+    from trnqwen.logs.stepline import parse_step_line
+
+    step1 = next(ln for ln in text.splitlines() if "[DPO]" not in ln and (parse_step_line(ln) or {}).get("step") == 1)
+    edited = re.sub(r"loss:(\s*)[0-9.]+", r"loss:\g<1>0.70000", step1, count=1)
+    assert edited != step1
+    log.write_text(text.replace(step1, edited))
+    bad = run_subprocess("inspect-logs", str(run_dir), "--json", cwd=tmp_path, env=env, timeout=300)
+    assert bad.code == 1, bad.text
+    (err,) = [f for f in json.loads(bad.out)["findings"] if f["severity"] == "error"]
+    assert err["code"] == "dpo-reference-mismatch"
+    assert err["message"].startswith("step-1 DPO loss 0.700000, expected ln 2 = 0.693147: the reference log-probs do not")
