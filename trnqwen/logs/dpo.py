@@ -5,15 +5,29 @@ Each logged step of a DPO run is followed by::
     [DPO] step: 3  rewards/chosen: 0.012340  rewards/rejected: -0.004560  margin: 0.016900  accuracy: 0.7500  pairs: 8
 
 and each validation by ``[DPO] validate step: 3  ...  loss: 0.690000  pairs: 12``; before step 1
-the reference pass says what it did (``[DPO] reference log-probs: computed ...`` or ``reused``).
+the reference pass says what it did (``[DPO] reference log-probs: computed ...`` or ``reused``),
+ending ``; beta 0.1, sigmoid loss`` when the ranks pass the settings (the judge's expected step-1 loss).
 A separate line, not more columns on the step line: the step line stays torchtitan's (its fast
 parsers and every other tool that reads it are unchanged), and a run without DPO has none.
+
+The reading side, for ``inspect-logs`` (like :mod:`trnqwen.logs.lora` for the ``[LoRA]`` line):
+:func:`store` keeps the lines in ``ParsedLog`` (``dpo_steps``, the validation records,
+``dpo_reference``); :func:`check_dpo` is the judge's step-1 check (error ``dpo-reference-mismatch``:
+before its first update the policy is its reference, so the loss is ln 2 for sigmoid, (1/(2 beta))^2
+for ipo; a run that starts elsewhere compared itself with another model's log-probs);
+:func:`dpo_json`, :func:`dpo_rows` and :func:`step_values` feed ``--json``, the table, CSV and plot.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Optional
+from typing import Any, Optional
+
+# ``log`` below is a trnqwen.logs.record.ParsedLog and ``at`` a trnqwen.logs.patterns.LineAt: not
+# imported, not even for type checking (both import this module: the step line's reader skips
+# ``[DPO] validate`` lines, the line table stores them here)
+ParsedLog = LineAt = Any
 
 MARK = "[DPO]"
 FIELDS = ("rewards_chosen", "rewards_rejected", "margin", "accuracy")
@@ -25,6 +39,9 @@ LINE_RE = re.compile(
     r"(?:\s+pairs:\s*(?P<pairs>\d+))?"
 )
 REFERENCE_RE = re.compile(r"\[DPO\] reference log-probs: (?P<how>computed|reused)\b(?P<rest>.*)")
+SETTINGS_RE = re.compile(r";\s*beta (?P<beta>" + _NUM + r"), (?P<loss_type>[a-z]+) loss\s*$")
+# step-1 loss against the expected value: the log prints 5 decimals (float32 sums: ~1e-6 off)
+STEP1_TOLERANCE = 1e-3
 
 
 def format_line(step: int, metrics: dict[str, float], *, validate: bool = False) -> str:
@@ -39,19 +56,192 @@ def format_line(step: int, metrics: dict[str, float], *, validate: bool = False)
 
 
 def parse_line(line: str) -> Optional[tuple[bool, int, dict[str, float]]]:
-    """(is validation, step, metrics) of a ``[DPO]`` step line, else None."""
+    """(is validation, step, metrics) of a ``[DPO]`` step line, else None (``pairs`` an int)."""
     if MARK not in line:
         return None
     m = LINE_RE.search(line)
     if m is None:
         return None
-    values = {name: float(m.group(name)) for name in FIELDS}
+    return bool(m.group("validate")), int(m.group("step")), _values(m)
+
+
+def reference_line(how: str, detail: str, *, beta: Optional[float] = None, loss_type: Optional[str] = None) -> str:
+    """``[DPO] reference log-probs: HOW DETAIL[; beta B, TYPE loss]`` (the settings: what the judge
+    expects the step-1 loss to be from the log alone)."""
+    text = f"{MARK} reference log-probs: {how} {detail}"
+    if beta is not None and loss_type:
+        text += f"; beta {beta:g}, {loss_type} loss"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# reading: ParsedLog fields
+
+
+def _values(m: "re.Match[str]") -> dict:
+    values: dict = {name: float(m.group(name)) for name in FIELDS}
     if m.group("loss") is not None:
         values["loss"] = float(m.group("loss"))
     if m.group("pairs") is not None:
-        values["pairs"] = float(m.group("pairs"))
-    return bool(m.group("validate")), int(m.group("step")), values
+        values["pairs"] = int(m.group("pairs"))
+    return values
 
 
-def reference_line(how: str, detail: str) -> str:
-    return f"{MARK} reference log-probs: {how} {detail}"
+def store(log: ParsedLog, m: "re.Match[str]", at: LineAt) -> None:
+    """A ``[DPO] [validate ]step:`` line of the primary rank: a step's values go to
+    ``log.dpo_steps`` (the last line of a step wins, as for the step table); a validation's join
+    the validation record of that step (``dpo_loss`` the line's loss), else make one."""
+    if not at.primary:
+        return
+    values = _values(m)
+    step = int(m.group("step"))
+    if not m.group("validate"):
+        log.dpo_steps[step] = {**values, "line": at.lineno}
+        return
+    loss = values.pop("loss", None)
+    rec = log.validations[-1] if log.validations and log.validations[-1]["step"] == step else None
+    if rec is None:
+        rec = {"step": step, "loss": loss, "memory_gib": None, "memory_pct": None, "tps": None, "line": at.lineno}
+        log.validations.append(rec)
+    rec.update(values, dpo_loss=loss)
+
+
+def store_reference(log: ParsedLog, m: "re.Match[str]", at: LineAt) -> None:
+    if not at.primary:
+        return
+    rest = m.group("rest").strip()
+    settings = SETTINGS_RE.search(rest)
+    log.dpo_reference = {
+        "how": m.group("how"),
+        "detail": (rest[: settings.start()] if settings else rest).strip(),
+        "beta": float(settings.group("beta")) if settings else None,
+        "loss_type": settings.group("loss_type") if settings else None,
+        "line": at.lineno,
+    }
+
+
+def is_dpo(log: ParsedLog, ctx: Any = None) -> bool:
+    """A DPO run: its log has ``[DPO]`` lines, or its run config says ``method: dpo``."""
+    return bool(log.dpo_steps or log.dpo_reference or getattr(ctx, "dpo", None))
+
+
+def settings(log: ParsedLog, ctx: Any = None) -> tuple[Optional[float], Optional[str], Optional[str]]:
+    """(beta, loss type, where from): the reference line's, else the run config's, else unknown."""
+    ref = log.dpo_reference or {}
+    if ref.get("loss_type"):
+        return ref.get("beta"), ref["loss_type"], "the [DPO] reference line"
+    cfg = getattr(ctx, "dpo", None) or {}
+    if cfg.get("loss_type"):
+        return cfg.get("beta"), cfg["loss_type"], "the run config"
+    return None, None, None
+
+
+def expected_step1(beta: Optional[float], loss_type: Optional[str]) -> tuple[Optional[float], str]:
+    """(the loss every pair has before the first update, how it is written)."""
+    from trnqwen.train.dpo import DpoSpec
+
+    if loss_type == "ipo":
+        if beta is None or not beta > 0:
+            return None, "(1/(2 beta))^2"
+        value = DpoSpec(beta=beta, loss_type="ipo").initial_loss
+        return value, f"(1/(2 beta))^2 = {value:.6f} (ipo loss, beta {beta:g})"
+    value = DpoSpec(loss_type="sigmoid").initial_loss
+    return value, f"ln 2 = {value:.6f}"
+
+
+def _finding(severity: str, code: str, message: str, lines: Optional[list] = None) -> tuple:
+    return severity, code, message, list(lines or [])
+
+
+def check_dpo(log: ParsedLog, ctx: Any) -> list[tuple]:
+    """(severity, code, message, lines): the step-1 loss of a DPO run against its expected value
+    (only step 1, and only when this log starts there: a resumed run's first step is not judged)."""
+    if not is_dpo(log, ctx) or not log.steps:
+        return []
+    first = log.steps.row(0)
+    loss = first["loss"]
+    if first["step"] != 1 or log.start_step not in (None, 1) or not isinstance(loss, float) or not math.isfinite(loss):
+        return []
+    beta, loss_type, whence = settings(log, ctx)
+    expected, written = expected_step1(beta, loss_type)
+    ref = log.dpo_reference
+    lines = [first["line"], *([ref["line"]] if ref else [])]
+    if expected is None:
+        return [_finding("warning", "dpo-step1-unknown", f"step-1 DPO loss {loss:.6f}: ipo loss without a beta, "
+                         "so the expected start (1/(2 beta))^2 is not known", lines)]
+    known = whence is not None
+    assumed = "" if known else " (sigmoid assumed: neither the log nor a run config gives the loss type)"
+    if abs(loss - expected) > STEP1_TOLERANCE * max(1.0, abs(expected)):
+        return [_finding("error" if known else "warning", "dpo-reference-mismatch",
+                         f"step-1 DPO loss {loss:.6f}, expected {written}{assumed}: the reference log-probs do not "
+                         "belong to these weights (a reference from another model or checkpoint, or weights that "
+                         "changed before step 1)", lines)]
+    how = f"; reference log-probs {ref['how']}" if ref else ""
+    return [_finding("info", "dpo-reference", f"step-1 DPO loss {loss:.6f} = {written}{assumed}: the policy started "
+                     f"at its reference{how}", lines)]
+
+
+# ---------------------------------------------------------------------------------------------
+# reporting
+
+
+def step_values(log: ParsedLog) -> dict[int, dict]:
+    """step -> the DPO values of that step (empty for a run without DPO lines)."""
+    return log.dpo_steps
+
+
+def _last_validation(log: ParsedLog) -> Optional[dict]:
+    return next((v for v in reversed(log.validations) if "margin" in v), None)
+
+
+def _rounded(rec: Optional[dict], keys: tuple) -> Optional[dict]:
+    if rec is None:
+        return None
+    return {k: (None if isinstance(rec.get(k), float) and not math.isfinite(rec[k]) else rec.get(k)) for k in keys}
+
+
+def dpo_json(log: ParsedLog, ctx: Any) -> Optional[dict]:
+    """``--json``'s ``dpo`` key (None for a run that is not DPO): the settings, the reference
+    line, the expected step-1 loss, and the last step's and last validation's values."""
+    if not is_dpo(log, ctx):
+        return None
+    beta, loss_type, whence = settings(log, ctx)
+    expected, _ = expected_step1(beta, loss_type)
+    last = max(log.dpo_steps) if log.dpo_steps else None
+    return {
+        "beta": beta,
+        "loss_type": loss_type,
+        "settings_from": whence,
+        "expected_step1_loss": expected,
+        "reference": dict(log.dpo_reference) if log.dpo_reference else None,
+        "steps_logged": len(log.dpo_steps),
+        "last_step": _rounded({"step": last, **log.dpo_steps[last]}, ("step", *FIELDS, "pairs", "line")) if last else None,
+        "last_validation": _rounded(_last_validation(log), ("step", *FIELDS, "dpo_loss", "pairs", "line")),
+    }
+
+
+def _fmt(x: Any, spec: str) -> str:
+    return "-" if not isinstance(x, (int, float)) else format(x, spec)
+
+
+def _values_text(rec: dict) -> str:
+    return (f"rewards chosen {_fmt(rec.get('rewards_chosen'), '.4f')} / rejected {_fmt(rec.get('rewards_rejected'), '.4f')}, "
+            f"margin {_fmt(rec.get('margin'), '.4f')}, accuracy {_fmt(rec.get('accuracy'), '.2f')}")
+
+
+def dpo_rows(log: ParsedLog, ctx: Any) -> list[tuple[str, str]]:
+    """The human table's DPO rows (none for a run that is not DPO)."""
+    if not is_dpo(log, ctx):
+        return []
+    beta, loss_type, _ = settings(log, ctx)
+    ref = log.dpo_reference
+    rows = []
+    head = f"beta {beta:g}, {loss_type} loss" if beta is not None and loss_type else (loss_type or "settings not logged")
+    rows.append(("DPO", head + (f"; reference log-probs {ref['how']} {ref['detail']}" if ref else "; no reference line")))
+    if log.dpo_steps:
+        last = max(log.dpo_steps)
+        rows.append(("DPO last step", f"step {last}: {_values_text(log.dpo_steps[last])}"))
+    val = _last_validation(log)
+    if val is not None:
+        rows.append(("DPO last validation", f"step {val['step']}: {_values_text(val)}"))
+    return rows

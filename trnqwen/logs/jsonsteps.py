@@ -6,6 +6,8 @@ The encoder never builds a dict per step: each column becomes a list of JSON tex
 merged into the key texts around it), and a batch of rows is one ``str.join`` over the columns
 interleaved with those texts.  Rows that are not plain finite numbers (NaN/Inf, absent values, filled-in steps) go
 through :func:`_step_row` and ``json.dumps``.  The text equals ``json.dumps(step_rows(log))``.
+A DPO run's rows also carry its ``[DPO]`` values (:data:`trnqwen.logs.dpo.FIELDS`, after ``lr``);
+other runs' rows are as they were.
 (Encoding half of the rows in a forked child was tried: on two cores the copy-on-write faults
 on both sides cost what it saved.)
 """
@@ -13,11 +15,16 @@ on both sides cost what it saved.)
 from __future__ import annotations
 
 import math
+from array import array
 from itertools import repeat
 from typing import Any, Iterator
 
+from trnqwen.logs import dpo
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.stepline import STEP_FIELDS
+
+_NAN = float("nan")
+
 
 def _num(x: Any) -> Any:
     """JSON-safe number: NaN/Inf become null (JSON has no such numbers; see ``nonfinite``)."""
@@ -30,9 +37,20 @@ def _nonfinite_name(x: float) -> str:
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
-def _step_row(s: dict) -> dict:
-    row = {name: _num(s.get(name)) for name in STEP_FIELDS}
-    bad = {name: _nonfinite_name(s[name]) for name in STEP_FIELDS
+def row_fields(log: ParsedLog) -> tuple[str, ...]:
+    """The value keys of a ``--json`` step row: the step line's, then a DPO run's ``[DPO]`` values."""
+    return (*STEP_FIELDS, *(dpo.FIELDS if dpo.step_values(log) else ()))
+
+
+def _with_dpo(log: ParsedLog, s: dict) -> dict:
+    """A step table row with its step's ``[DPO]`` values (None where the step logged none)."""
+    values = dpo.step_values(log).get(s["step"], {})
+    return {**s, **{name: values.get(name) for name in dpo.FIELDS}}
+
+
+def _step_row(s: dict, fields: tuple[str, ...] = STEP_FIELDS) -> dict:
+    row = {name: _num(s.get(name)) for name in fields}
+    bad = {name: _nonfinite_name(s[name]) for name in fields
            if isinstance(s.get(name), float) and not math.isfinite(s[name])}
     if bad:
         row["nonfinite"] = bad
@@ -45,7 +63,10 @@ def _step_row(s: dict) -> dict:
 def step_rows(log: ParsedLog) -> list[dict]:
     """``--json`` steps: numbers or null; a NaN/Inf value is null plus ``nonfinite``
     ``{"loss": "nan"}``; ``line`` is the log line (null when filled in from TensorBoard)."""
-    return [_step_row(s) for s in log.steps.rows()]
+    fields = row_fields(log)
+    if fields == STEP_FIELDS:
+        return [_step_row(s) for s in log.steps.rows()]
+    return [_step_row(_with_dpo(log, s), fields) for s in log.steps.rows()]
 
 
 def _json_number(v: float, name: str) -> str:
@@ -58,20 +79,29 @@ class StepRowsJSON:
     ``json.dumps(step_rows(log))``."""
 
     BATCH = 16384
-    # before each value of a row: '{"step": ', ', "loss": ', ... ', "line": '
-    _KEYS = ["{" + f'"{STEP_FIELDS[0]}": '] + [f', "{name}": ' for name in (*STEP_FIELDS[1:], "line")]
 
     def __init__(self, log: ParsedLog):
+        self.log = log
         self.table = log.steps
+        self.fields = row_fields(log)
+        # before each value of a row: '{"step": ', ', "loss": ', ... ', "line": '
+        self._KEYS = ["{" + f'"{self.fields[0]}": '] + [f', "{name}": ' for name in (*self.fields[1:], "line")]
+        self.cols: dict = {}
 
     def chunks(self) -> Iterator[str]:
         import numpy as np
 
         t = self.table
         n = len(t)
+        self.cols = {name: t.cols[name] for name in STEP_FIELDS[1:]}
+        if self.fields != STEP_FIELDS:  # a DPO run: its values as columns by step (NaN: none logged)
+            values = dpo.step_values(self.log)
+            for name in self.fields[len(STEP_FIELDS):]:
+                self.cols[name] = array("d", (values[s].get(name, _NAN) if s in values else _NAN for s in t.step))
         slow = set(t.source)
-        for name in STEP_FIELDS[1:]:
-            slow.update(np.flatnonzero(~np.isfinite(t.np(name))).tolist())
+        for name in self.fields[1:]:
+            col = self.cols[name]
+            slow.update(np.flatnonzero(~np.isfinite(np.frombuffer(col, np.float64) if len(col) else np.zeros(0))).tolist())
         yield "["
         for lo in range(0, n, self.BATCH):
             yield self._batch(lo, min(n, lo + self.BATCH), slow)
@@ -87,8 +117,8 @@ class StepRowsJSON:
         # the row as texts that are the same on every row (keys, columns of one value), merged,
         # and columns (lists of texts): '{"step": ', steps, ', "loss": ', losses, ...
         layout: list = [self._KEYS[0], list(map(int.__repr__, t.step[lo:hi]))]
-        for key, name in zip(self._KEYS[1:], STEP_FIELDS[1:]):
-            col = t.cols[name][lo:hi]
+        for key, name in zip(self._KEYS[1:], self.fields[1:]):
+            col = self.cols[name][lo:hi]
             first = col[0]
             if (np.frombuffer(col, np.float64) == first).all():  # one value (False for NaN)
                 layout.append(key + _json_number(first, name))
@@ -120,5 +150,6 @@ class StepRowsJSON:
         parts[0] = merged[0]  # the batch's first row: no row before it to close
         for i in sorted(x for x in slow if lo <= x < hi):
             r = (i - lo) * width
-            parts[r:r + width] = [("}, " if r else "") + json.dumps(_step_row(t.row(i)))[:-1]] + [""] * (width - 1)
+            row = t.row(i) if self.fields == STEP_FIELDS else _with_dpo(self.log, t.row(i))
+            parts[r:r + width] = [("}, " if r else "") + json.dumps(_step_row(row, self.fields))[:-1]] + [""] * (width - 1)
         return (", " if lo else "") + "".join(parts) + "}"

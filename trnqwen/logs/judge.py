@@ -14,6 +14,7 @@ from typing import Optional
 
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
 from trnqwen.logs.identity import with_identity
+from trnqwen.logs.dpo import check_dpo, is_dpo
 from trnqwen.logs.lora import check_lora
 from trnqwen.logs.sources import RunContext
 
@@ -60,6 +61,7 @@ def judge(log: ParsedLog, ctx: Optional[RunContext] = None) -> list[Finding]:
         _check_overrides,
         _check_override_calls,
         _check_lora,
+        _check_dpo,
         _check_nonfinite,
         _check_exploding,
         _check_grad_spikes,
@@ -82,6 +84,10 @@ def judge(log: ParsedLog, ctx: Optional[RunContext] = None) -> list[Finding]:
 
 def _check_lora(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     return [Finding(*fields) for fields in check_lora(log, ctx)]
+
+
+def _check_dpo(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    return [Finding(*fields) for fields in check_dpo(log, ctx)]
 
 
 def _check_input(log: ParsedLog, ctx: RunContext) -> list[Finding]:
@@ -116,8 +122,9 @@ def _check_steps_present(log: ParsedLog, ctx: RunContext) -> list[Finding]:
 
 def _check_weights_loaded(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     """Step-1 loss against the random-init level ln(vocab): the model's identity comes from the
-    run directory or the flags, else from the log itself (:mod:`trnqwen.logs.identity`)."""
-    if not log.steps:
+    run directory or the flags, else from the log itself (:mod:`trnqwen.logs.identity`).  Not for
+    a DPO run: its loss is a preference loss (ln 2 at step 1), judged by :mod:`trnqwen.logs.dpo`."""
+    if not log.steps or is_dpo(log, ctx):
         return []
     first = log.steps.row(0)
     if first["step"] != 1 or (log.start_step not in (None, 1)):

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
+from trnqwen.logs import dpo
 from trnqwen.logs.stepline import strip_ansi, to_number
 from trnqwen.runtime.override_calls import CALLS_RE, CALLS_TAG
 from trnqwen.train.lora import LOG_LINE_RE as LORA_RE
@@ -261,6 +262,8 @@ INFO_LINES: tuple[LinePattern, ...] = (
     LinePattern("peak-flops", re.compile(r"Peak FLOPS used for computing MFU: (\S+)"), _peak_flops),
     LinePattern("override-calls", CALLS_RE, _override_calls, (CALLS_TAG,)),
     LinePattern("lora", LORA_RE, _lora, (LORA_TAG,)),
+    LinePattern("dpo", dpo.LINE_RE, dpo.store, (dpo.MARK,)),
+    LinePattern("dpo-reference", dpo.REFERENCE_RE, dpo.store_reference, (dpo.MARK,)),
     LinePattern("world-size", re.compile(r"(?:world[ _]size|WORLD_SIZE|nproc_per_node)\s*[:=]\s*(\d+)", re.IGNORECASE), _launcher_world),
     LinePattern("world-size", re.compile(r"(?:launching|starting|with) (\d+) ranks?\b", re.IGNORECASE), _launcher_world),
 )

@@ -1,4 +1,6 @@
-"""``--plot FILE.png``: loss, grad norm, throughput/MFU and (when logged) the learning rate against step (matplotlib, Agg)."""
+"""``--plot FILE.png``: loss, grad norm, throughput/MFU and (when logged) the learning rate against
+step (matplotlib, Agg); a DPO run adds a panel of its ``[DPO]`` values: rewards chosen/rejected and
+margin, accuracy on a second axis."""
 
 from __future__ import annotations
 
@@ -10,6 +12,31 @@ from typing import Optional
 
 from trnqwen.fsutil import current_umask
 from trnqwen.logs.record import ParsedLog
+
+
+def _dpo_series(log: ParsedLog, key: str, *, validation: bool = False) -> tuple[list[int], list[float]]:
+    """A ``[DPO]`` value by step (``validation``: of the validations)."""
+    recs = ([(v["step"], v) for v in log.validations] if validation
+            else sorted(log.dpo_steps.items()))
+    pts = [(step, float(rec[key])) for step, rec in recs
+           if isinstance(rec.get(key), (int, float)) and math.isfinite(rec[key])]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _plot_dpo(ax, run: ParsedLog, style: str, suffix: str) -> None:
+    """Rewards chosen/rejected and margin on ``ax``, accuracy on its twin (``ax.acc``)."""
+    for key, color, label in (("rewards_chosen", "tab:green", "rewards chosen"),
+                              ("rewards_rejected", "tab:red", "rewards rejected"), ("margin", "tab:blue", "margin")):
+        x, y = _dpo_series(run, key)
+        ax.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color=color, label=f"{label}{suffix}")
+    x, y = _dpo_series(run, "margin", validation=True)
+    if x:
+        ax.plot(x, y, style, marker="s", ms=4, color="tab:cyan", label=f"validation margin{suffix}")
+    x, y = _dpo_series(run, "accuracy")
+    ax.acc.plot(x, y, style, color="tab:grey", alpha=0.7, label=f"accuracy{suffix}")
+    x, y = _dpo_series(run, "accuracy", validation=True)
+    if x:
+        ax.acc.plot(x, y, style, marker="s", ms=4, color="black", alpha=0.7, label=f"validation accuracy{suffix}")
 
 
 def _series(log: ParsedLog, key: str) -> tuple[list[int], list[float]]:
@@ -36,9 +63,14 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
     if other is not None:
         runs.append(("B", other, "--"))
     with_lr = any(_series(run, "lr")[0] for _, run, _ in runs)
-    fig, axes = plt.subplots(4 if with_lr else 3, 1, figsize=(9, 11 if with_lr else 9), sharex=True, constrained_layout=True)
+    with_dpo = any(run.dpo_steps for _, run, _ in runs)
+    panels = 3 + with_lr + with_dpo
+    fig, axes = plt.subplots(panels, 1, figsize=(9, 3 + 2 * panels), sharex=True, constrained_layout=True)
     ax_loss, ax_grad, ax_tps = axes[:3]
     ax_lr = axes[3] if with_lr else None
+    ax_dpo = axes[-1] if with_dpo else None
+    if ax_dpo is not None:
+        ax_dpo.acc = ax_dpo.twinx()
     ax_mfu = ax_tps.twinx()
     for label, run, style in runs:
         suffix = f" ({label})" if label else ""
@@ -58,6 +90,8 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
         x, y = _series(run, "lr")
         if ax_lr is not None and x:
             ax_lr.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color="tab:brown", label=f"learning rate{suffix}")
+        if ax_dpo is not None and run.dpo_steps:
+            _plot_dpo(ax_dpo, run, style, suffix)
     # trnqwen eval's held-out losses (eval.json): the base before step 1, the export at its step
     for n, ev in enumerate(evaluations or []):
         for r in (ev or {}).get("results", []):
@@ -80,13 +114,21 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
     ax_mfu.set_ylabel("MFU (%)")
     if ax_mfu.lines:
         ax_mfu.set_ylim(bottom=0)  # an honest scale: a 0.1-point wobble should look like one
-    bottom = ax_lr if ax_lr is not None else ax_tps
+    bottom = axes[-1]
     bottom.set_xlabel("step")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     if ax_lr is not None:
         ax_lr.set_ylabel("learning rate")
         ax_lr.legend(loc="upper right", fontsize=8)
-    for ax in (ax_loss, ax_grad, ax_tps, *([ax_lr] if ax_lr is not None else [])):
+    if ax_dpo is not None:
+        ax_dpo.set_ylabel("DPO rewards / margin")
+        ax_dpo.acc.set_ylabel("DPO accuracy")
+        ax_dpo.acc.set_ylim(-0.05, 1.05)
+        ax_dpo.axhline(0.0, color="grey", lw=0.8, alpha=0.5)
+        h1, l1 = ax_dpo.get_legend_handles_labels()
+        h2, l2 = ax_dpo.acc.get_legend_handles_labels()
+        ax_dpo.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=8)
+    for ax in (ax_loss, ax_grad, ax_tps, *(a for a in (ax_lr, ax_dpo) if a is not None)):
         ax.grid(True, alpha=0.3)
     ax_loss.legend(loc="upper right", fontsize=8)
     ax_grad.legend(loc="upper right", fontsize=8)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trnqwen.logs.jsonsteps import StepRowsJSON, _num, step_rows  # noqa: F401 (step_rows: part of this API)
+from trnqwen.logs import dpo
 from trnqwen.logs.lora import lora_json, lora_row
 from trnqwen.logs.judge import Finding, configured_steps, override_calls, override_table, root_cause, weights_verdict
 from trnqwen.logs.record import ParsedLog
@@ -153,6 +154,7 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream:
         "overrides": overrides,
         "applied_overrides": [n for n, _ in log.applied.get(log.primary_rank, [])] or None,
         "lora": lora_json(log, ctx),  # the [LoRA] line (None: not a LoRA run)
+        "dpo": dpo.dpo_json(log, ctx),  # the [DPO] lines' settings, reference and last values (None: not DPO)
         "checkpoint": [{k: v for k, v in e.items()} for e in log.checkpoint_events],
         "findings": [f.as_dict() for f in findings],
         "summary": summarize(log, ctx, findings),
@@ -253,6 +255,8 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
         t.add_row("LoRA", _escape(lora))
     elif ctx.lora:
         t.add_row("LoRA", "[yellow]configured, but no [LoRA] line logged[/yellow]")
+    for what, text in dpo.dpo_rows(log, ctx):
+        t.add_row(what, _escape(redact(text)))
     fc = s["findings"]
     t.add_row("findings: errors / warnings", f"{fc['error']} / {fc['warning']}")
     t.add_row("log lines: WARNING / ERROR", f"{s['warnings']} / {s['errors']}")
@@ -308,15 +312,20 @@ def _layers(layers: list[int]) -> str:
 
 
 def write_csv(log: ParsedLog, path: Path) -> None:
-    """One row per step (``val_loss`` where a validation ran after it); written to a temp file and
+    """One row per step (``val_loss`` where a validation ran after it; a DPO run's log adds its
+    ``[DPO]`` values, and ``val_`` of each where a validation ran); written to a temp file and
     renamed (never half a file)."""
-    val_loss = {v["step"]: v.get("loss") for v in log.validations}
-    fields = (*STEP_FIELDS, "val_loss", "line")
+    vals = {v["step"]: v for v in log.validations}
+    dpo_steps = dpo.step_values(log)
+    dpo_cols = dpo.FIELDS if dpo_steps else ()
+    fields = (*STEP_FIELDS, *dpo_cols, "val_loss", *(f"val_{k}" for k in dpo_cols), "line")
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(fields), lineterminator="\n")
     writer.writeheader()
     for s in log.steps.rows():
-        row = {**s, "val_loss": val_loss.get(s.get("step"))}
+        val = vals.get(s.get("step")) or {}
+        row = {**s, **dpo_steps.get(s["step"], {}), "val_loss": val.get("loss"),
+               **{f"val_{k}": val.get(k) for k in dpo_cols}, "line": s.get("line")}
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in fields})
     write_text_atomic(path, buf.getvalue())
 

@@ -70,6 +70,7 @@ class RunContext:
     lora: Optional[dict] = None
     model_config: Optional[dict] = None  # the base model's config.json, when found
     rank_lora: dict = field(default_factory=dict)  # rank -> its [LoRA] line from the run's per-rank logs
+    dpo: Optional[dict] = None  # the run config's DPO settings when it is one: {beta, loss_type}; None: not DPO / unknown
 
 
 def resolve_input(arg: Optional[str], runs_dir: Optional[Path] = None) -> LogInput:
@@ -176,6 +177,8 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
     ctx.model_config = model_cfg
     if cfg.get("lora"):
         ctx.lora = _lora_settings(cfg)
+    if cfg.get("method") == "dpo":
+        ctx.dpo = {"beta": cfg.get("beta", 0.1), "loss_type": cfg.get("dpo_loss") or "sigmoid"}
     # vocab
     if _pos_int(vocab_size):
         ctx.vocab_size, ctx.vocab_source = int(vocab_size), "--vocab-size"

@@ -19,6 +19,8 @@ import math
 import re
 from typing import Iterable, Optional
 
+from trnqwen.logs.dpo import MARK as DPO_MARK
+
 # ESC [ ... m colour codes (torchtitan's Color class) and any other CSI sequence.
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 NUM = r"[-+]?(?:[0-9][0-9,]*(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|nan|NaN|inf|Inf|INF|NAN)"
@@ -191,8 +193,9 @@ def fast_step(line: str, i: int) -> Optional[dict]:
 
 
 def parse_validation_line(line: str) -> Optional[dict]:
-    """``validate step: N  loss: X  memory: ...  tps: N`` -> dict, else None."""
-    if "validate step:" not in line:
+    """``validate step: N  loss: X  memory: ...  tps: N`` -> dict, else None (also for the
+    ``[DPO] validate step:`` line that follows it: :mod:`trnqwen.logs.dpo` reads that one)."""
+    if "validate step:" not in line or DPO_MARK in line:
         return None
     text = strip_ansi(line)
     m = VALIDATE_RE.match(text, text.find("validate step:"))

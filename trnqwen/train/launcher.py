@@ -27,10 +27,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
 from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, redact
 from trnqwen.train.multinode import rendezvous_argv
+from trnqwen.train.status import StatusLine
 
 if TYPE_CHECKING:
     from trnqwen.config import RunConfig
@@ -256,95 +257,7 @@ def failure_cause(stream_lines: Sequence[str], rank_log_dir: Optional[Path] = No
     return root_cause(stream_lines) or _cause_in_files(rank_log_files(rank_log_dir))
 
 
-# --- the live status line -----------------------------------------------------------------
-
-
-def _fmt_num(value: Optional[float], spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-class StatusLine:
-    """``step 3/10  loss 7.12  tok/s 1,234  mfu 1.2%  elapsed 0:42`` on stderr.
-
-    On a terminal it redraws one line; elsewhere (CI, pipes) it prints a line per new step.
-    """
-
-    def __init__(self, stream: Optional[TextIO] = None, total_steps: Optional[int] = None, enabled: bool = True):
-        self.stream = stream if stream is not None else sys.stderr
-        self.total = total_steps
-        self.enabled = enabled
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.start = time.monotonic()
-        self.last: Optional[dict] = None
-        self.last_validation: Optional[dict] = None
-        self.phase = "starting ranks"
-        self._drawn = False
-        self._lock = threading.Lock()
-
-    def text(self) -> str:
-        elapsed = int(time.monotonic() - self.start)
-        clock = f"{elapsed // 3600}:{elapsed % 3600 // 60:02d}:{elapsed % 60:02d}" if elapsed >= 3600 else f"{elapsed // 60}:{elapsed % 60:02d}"
-        if self.last is None:
-            return f"{self.phase}  elapsed {clock}"
-        m = self.last
-        step = f"{m['step']}/{self.total}" if self.total else str(m["step"])
-        parts = [f"step {step}", f"loss {_fmt_num(m.get('loss'), '.4f')}"]
-        if self.last_validation is not None:
-            parts.append(f"val {_fmt_num(self.last_validation.get('loss'), '.4f')}")
-        parts.append(f"tok/s {_fmt_num(m.get('tps'), ',.0f')}")
-        parts.append(f"mfu {_fmt_num(m.get('mfu'), '.2f')}%" if m.get("mfu") is not None else "mfu -")
-        parts.append(f"elapsed {clock}")
-        return "  ".join(parts)
-
-    def update(self, metrics: dict) -> None:
-        with self._lock:
-            self.last = metrics
-            if not self.enabled:
-                return
-            if self.tty:
-                self._draw()
-            else:
-                self.stream.write(self.text() + "\n")
-                self.stream.flush()
-
-    def update_validation(self, metrics: dict) -> None:
-        """A validation result: shown as ``val X`` from now on (redrawn on a terminal)."""
-        with self._lock:
-            self.last_validation = metrics
-            if self.enabled and self.tty and self.last is not None:
-                self._draw()
-
-    def set_phase(self, phase: str) -> None:
-        with self._lock:
-            self.phase = phase
-
-    def tick(self) -> None:
-        """Refresh the elapsed time (terminal only)."""
-        with self._lock:
-            if self.enabled and self.tty:
-                self._draw()
-
-    def clear(self) -> None:
-        with self._lock:
-            if self.enabled and self.tty and self._drawn:
-                self.stream.write("\r\x1b[2K")
-                self.stream.flush()
-                self._drawn = False
-
-    def print_above(self, text: str) -> None:
-        """A log line printed without breaking the status line."""
-        with self._lock:
-            if self.enabled and self.tty and self._drawn:
-                self.stream.write("\r\x1b[2K")
-            self.stream.write(text.rstrip("\n") + "\n")
-            if self.enabled and self.tty:
-                self._draw()
-            self.stream.flush()
-
-    def _draw(self) -> None:
-        self.stream.write("\r\x1b[2K" + self.text())
-        self.stream.flush()
-        self._drawn = True
+# --- the live status line: trnqwen.train.status (StatusLine, re-exported here) ---------------
 
 
 # --- supervision --------------------------------------------------------------------------
@@ -363,6 +276,9 @@ class LaunchResult:
     step_times: list[float] = field(default_factory=list)  # monotonic seconds since start, per step line
     steps: list[dict] = field(default_factory=list)
     validations: list[dict] = field(default_factory=list)  # {"step", "loss", ...} per validation line
+    # a DPO run's last [DPO] values (trnqwen.logs.dpo): {"step", rewards_chosen, rewards_rejected, margin, accuracy, pairs}
+    dpo_last_step: Optional[dict] = None
+    dpo_last_validation: Optional[dict] = None  # ... and "loss"
     killed_pids: list[int] = field(default_factory=list)  # survivors the sweep had to SIGKILL
 
     @property
@@ -390,6 +306,8 @@ class LaunchResult:
             "steps_logged": len(self.steps),
             "last_step": self.last_step,
             "last_validation": self.validations[-1] if self.validations else None,
+            **({"dpo": {"last_step": self.dpo_last_step, "last_validation": self.dpo_last_validation}}
+               if self.dpo_last_step or self.dpo_last_validation else {}),
         }
 
 
@@ -563,6 +481,7 @@ def _run_supervised(
     lines_seen: list[str] = []  # bounded: early lines (tracebacks come first) + a tail
     max_kept = 5000
 
+    from trnqwen.logs.dpo import MARK as DPO_MARK, parse_line as parse_dpo_line
     from trnqwen.logs.parse import parse_step_line, parse_validation_line
 
     def reader() -> None:
@@ -580,6 +499,17 @@ def _run_supervised(
                         del tail[: len(tail) - max_kept]
                 if echo is not None:
                     echo(line)
+                if DPO_MARK in line:  # a DPO run's values of the step (validation) just logged
+                    dpo = parse_dpo_line(line)
+                    if dpo is not None:
+                        rec = {"step": dpo[1], **dpo[2]}
+                        if dpo[0]:
+                            result.dpo_last_validation = rec
+                        else:
+                            result.dpo_last_step = rec
+                        if status is not None:
+                            status.update_dpo(rec, validation=dpo[0])
+                    continue
                 if "validate step:" in line:
                     validation = parse_validation_line(line)
                     if validation is not None:

@@ -549,7 +549,8 @@ def _execute(
         _mark_resume(plan, record)
     grace_s = plan.config.grace_seconds if grace_s is None else grace_s
     log_offset = plan.log_path.stat().st_size if plan.log_path.is_file() else 0
-    line = launcher.StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status)
+    line = launcher.StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status,
+                               dpo=plan.config.method == "dpo")
     if echo is not None and status:
         # Log lines go above the live status line so it keeps its place at the bottom.
         echo = line.print_above
