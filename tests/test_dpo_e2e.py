@@ -22,7 +22,7 @@ import pytest
 from tests.helpers import run_subprocess
 from tests.test_chat_training import _pretrain
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # three backends' runs in one fixture
 
 SEQ = 256
 STEPS = 6

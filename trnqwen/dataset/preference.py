@@ -168,9 +168,8 @@ def build_pair_rows(docs: TokenizedDocs, fitted: FittedPairs, pair_indices: np.n
 
 def write_pairs(settings, assets_dir: Path, cache_root: Path, key: str, source: Source,
                 val_source: Optional[Source], split_indices) -> Any:
-    """Read, render, fit, pack and write; returns ``prepare.PreparedData``."""
+    """Read, render, fit, pack and write; returns (the cache folder, its report)."""
     from trnqwen.dataset import chat
-    from trnqwen.dataset.prepare import PreparedData
 
     pairs, fmt, n_records = load_pairs(source, settings.dataset_format)
     val_pairs: list[PreferencePair] = []
@@ -206,7 +205,7 @@ def write_pairs(settings, assets_dir: Path, cache_root: Path, key: str, source: 
                     "pairs": {name: int(len(idx)) for name, idx in (("train", train_pairs), ("val", val_kept)) if len(idx)},
                     "pairs_per_row": per_row, "settings": {**settings.__dict__}},
     )
-    return PreparedData(directory, key, False, report)
+    return directory, report
 
 
 def pair_report(settings, fmt, n_records, docs, pairs, fitted, splits, train_pairs, n_val) -> dict[str, Any]:

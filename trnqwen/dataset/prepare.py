@@ -121,7 +121,8 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
     if settings.method == "dpo":
         from trnqwen.dataset import preference
 
-        return preference.write_pairs(settings, assets_dir, cache_root, key, source, val_source, _split)
+        directory, report = preference.write_pairs(settings, assets_dir, cache_root, key, source, val_source, _split)
+        return PreparedData(directory, key, False, report)
     examples, fmt, records = _examples(source, settings.dataset_format)
     val_examples: list[Example] = []
     if val_source is not None:

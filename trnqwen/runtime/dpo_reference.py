@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -58,21 +59,23 @@ def ensure(trainer) -> None:
 
     run_pass(Path(trainer.loss_fn.config.reference_dir), cache_dir, _needed(trainer, cache_dir), model=model,
              forward=forward, rank=stream.rank, world=stream.world, batch_size=trainer.config.training.local_batch_size,
-             resumed_at=trainer.step, replicas=_replicas(trainer), log=logger.info)
+             resumed_at=trainer.step, replicas=_replicas(trainer), log=logger.info,
+             settings={"beta": trainer.loss_fn.config.beta, "loss_type": trainer.loss_fn.config.loss_type})
 
 
 def run_pass(directory: Path, cache_dir: str, needed: dict[str, int], *, model, forward, rank: int, world: int,
-             batch_size: int, resumed_at: int, replicas: int = 1, log=print) -> None:
+             batch_size: int, resumed_at: int, replicas: int = 1, log=print, settings: Optional[dict] = None) -> None:
     """Reuse, extend or compute the reference in ``directory`` (every backend's one path).
 
-    ``forward(ids, positions, markers) -> logits`` runs the model on one batch as training does."""
+    ``forward(ids, positions, markers) -> logits`` runs the model on one batch as training does;
+    ``settings`` (beta, loss_type) go on the log line, so the judge knows the expected step-1 loss."""
     import torch.distributed as dist
 
     from trnqwen.logs.dpo import reference_line
 
     distributed = dist.is_available() and dist.is_initialized()
     if store.is_complete(directory, needed):
-        log(reference_line("reused", f"(key {directory.name[:12]}, {directory})"))
+        log(reference_line("reused", f"(key {directory.name[:12]}, {directory})", **(settings or {})))
         return
     if resumed_at > 0:
         raise RuntimeError(
@@ -101,7 +104,8 @@ def run_pass(directory: Path, cache_dir: str, needed: dict[str, int], *, model, 
     if distributed:
         dist.barrier()
     done = ", ".join(f"{rows - min(have.get(name, 0), rows)} {name}" for name, rows in needed.items())
-    log(reference_line("computed", f"for {done} rows in {seconds:.1f} s (key {directory.name[:12]}, {directory})"))
+    log(reference_line("computed", f"for {done} rows in {seconds:.1f} s (key {directory.name[:12]}, {directory})",
+                       **(settings or {})))
 
 
 def _replicas(trainer) -> int:

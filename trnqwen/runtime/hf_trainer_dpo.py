@@ -78,7 +78,8 @@ def reference_pass(spec: Any, model, *, rank: int, world: int, replicas: int, gr
                      use_cache=False).logits
 
     run_pass(Path(spec.reference_dir), spec.cache_dir, needed, model=model, forward=forward, rank=rank, world=world,
-             batch_size=spec.local_batch_size, resumed_at=resumed_at, replicas=replicas, log=log)
+             batch_size=spec.local_batch_size, resumed_at=resumed_at, replicas=replicas, log=log,
+             settings={"beta": spec.dpo_beta, "loss_type": spec.dpo_loss})
 
 
 def _sum(tensor: torch.Tensor) -> None:
