@@ -241,3 +241,41 @@ def test_the_bundled_set_is_its_recipe_and_reads_as_pairs():
     assert len(pairs) == 300 and all(p.chosen != p.rejected for p in pairs)
     shapes = {"prompt-list" if isinstance(r.data["prompt"], list) else "ultrafeedback" for r in records}
     assert shapes == {"prompt-list", "ultrafeedback"}
+
+
+def test_the_reference_pass_computes_a_prefix_and_a_longer_run_extends_it(tiny, tmp_path):
+    """run_pass in one process with a small real model: the rows a run reads, then more, never
+    recomputing (or changing) the rows already there, and a resumed run never computing any."""
+    import torch
+
+    from trnqwen.dataset import reference as store
+    from trnqwen.runtime.dpo_reference import run_pass
+
+    records = [{"prompt": f"What is {i} plus 1?", "chosen": f"{i + 1}.", "rejected": f"{i + 3}."} for i in range(12)]
+    prepared = _prepare(tiny, tmp_path, records, seq_len=64, packing=False, val_split=0.25, seed=1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(4096, 16), torch.nn.Linear(16, 4096))
+    calls = []
+
+    def forward(ids, positions, markers):
+        calls.append(len(ids))
+        return model(torch.from_numpy(ids))
+
+    directory = tmp_path / "ref" / "k"
+    common = dict(model=model, forward=forward, rank=0, world=1, batch_size=2, resumed_at=0, log=lambda _m: None)
+    run_pass(directory, str(prepared.cache_dir), {"train": 4, "val": 3}, **common)
+    assert store.computed_rows(directory) == {"train": 4, "val": 3} and sum(calls) == 4 + 4  # val: 3 rows + 1 fill
+    first = np.array(store.open_reference(directory, "train"))
+    assert np.isfinite(first[:4]).all() and np.isnan(first[4:]).all() and (first[:4] != 0).all()
+    calls.clear()
+    run_pass(directory, str(prepared.cache_dir), {"train": 8, "val": 3}, **common)
+    assert store.computed_rows(directory) == {"train": 8, "val": 3}
+    longer = np.array(store.open_reference(directory, "train"))
+    assert np.array_equal(longer[:4], first[:4]) and np.isfinite(longer[:8]).all() and sum(calls) == 4
+    calls.clear()
+    run_pass(directory, str(prepared.cache_dir), {"train": 8, "val": 3}, **common)
+    assert calls == []  # reused
+    run_pass(directory, str(prepared.cache_dir), {"train": 9}, **common)
+    assert store.computed_rows(directory) == {"train": 9, "val": 3}  # val kept though this run does not read it
+    with pytest.raises(RuntimeError, match="resumes at step 5"):
+        run_pass(directory, str(prepared.cache_dir), {"train": 10}, **{**common, "resumed_at": 5})

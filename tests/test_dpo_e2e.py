@@ -149,3 +149,17 @@ def test_a_rerun_reuses_the_reference_and_a_preempted_run_resumes_exactly(dpo_ru
         assert abs(got[step] - want[step]) < 1e-5, (step, got, want)
         for name in ("rewards_chosen", "rewards_rejected", "margin", "accuracy"):
             assert abs(got_dpo[step][name] - want_dpo[step][name]) < 1e-5, (step, name, got_dpo[step], want_dpo[step])
+
+
+def test_lora_dpo_starts_at_ln2_with_the_base_as_reference_and_exports_an_adapter(dpo_runs):
+    """With LoRA the reference is the base (every B starts at 0, dropout or not) and the export the adapter."""
+    cwd = dpo_runs["root"] / "lora"
+    cwd.mkdir()
+    r = run_subprocess("train", "--model", "builtin:tiny-qwen3", "--assets", str(dpo_runs["assets"]), "--backend", "hf-v5",
+                       *COMMON[:4], "--steps", "3", *COMMON[6:], "--lora", "--lora-rank", "8", "--lora-dropout", "0.1",
+                       cwd=cwd, env=dpo_runs["env"], timeout=900)
+    assert r.code == 0, r.text[-4000:]
+    assert abs(_losses(cwd)[1] - math.log(2)) < 1e-4, _losses(cwd)
+    assert "[LoRA] trainable" in _log(cwd) and "[DPO] reference log-probs: computed" in _log(cwd)
+    exported = Path(json.loads(r.out)["exported"])
+    assert (exported / "adapter_config.json").is_file() and not list(exported.glob("model*.safetensors"))

@@ -89,6 +89,9 @@ def run_pass(directory: Path, cache_dir: str, needed: dict[str, int], *, model, 
     for name, rows in needed.items():
         split = open_split(cache_dir, name)
         first = min(have.get(name, 0), rows)
+        if first >= rows:  # this split's rows are all there already
+            arrays[name], computed[name] = np.array(store.open_reference(directory, name)), have[name]
+            continue
         array = _compute(model, forward, split, rank, world, batch_size, first, rows)
         if distributed:
             tensor = torch.from_numpy(array)
@@ -98,6 +101,8 @@ def run_pass(directory: Path, cache_dir: str, needed: dict[str, int], *, model, 
             array[:first] = store.open_reference(directory, name)[:first]
         array[rows:] = np.nan
         arrays[name], computed[name] = array, rows
+    for name in set(have) - set(needed):  # a split this run does not read stays as it was
+        arrays[name], computed[name] = np.array(store.open_reference(directory, name)), have[name]
     seconds = time.perf_counter() - started
     if not distributed or dist.get_rank() == 0:
         store.write_reference(directory, arrays, computed, {"seconds": round(seconds, 3)})
@@ -118,7 +123,8 @@ def _compute(model, forward, split, rank: int, world: int, batch_size: int, firs
     pairs_per_row = int(split.meta["pairs_per_row"][split.name])
     out = np.zeros((len(split), pairs_per_row, 2), dtype=np.float32)
     stream = RankStream(max(1, rows_needed), rank=rank, world=world, infinite=False, batch_size=batch_size)
-    stream.rows_read = first // world  # rows below ``first`` were computed by an earlier run
+    # rows below ``first`` were computed by an earlier run: skip whole batches of them (every rank the same)
+    stream.rows_read = (first // world) // batch_size * batch_size
     was_training = model.training
     model.eval()  # dropout off: the reference is the deterministic model
     try:

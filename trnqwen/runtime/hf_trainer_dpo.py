@@ -134,6 +134,13 @@ def dpo_trainer_class(trainer_cls: type, *, beta: float, loss_type: str, log_val
                 loss = terms.losses.mean()
             return (loss, out) if return_outputs else loss
 
+        def log(self, logs, *args, **kwargs):
+            """The step's DPO numbers join the Trainer's own logs (its TensorBoard/W&B writers)."""
+            lines = next((c for c in self.callback_handler.callbacks if isinstance(c, DPOLines)), None)
+            if lines is not None and lines.values and lines.values[1] and "loss" in logs:
+                logs = {**logs, **{f"dpo/{k}": lines.values[1][k] for k in METRICS}}
+            return super().log(logs, *args, **kwargs)
+
         def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
             started = time.perf_counter()
             model = self.model
