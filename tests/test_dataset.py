@@ -415,7 +415,10 @@ def test_val_split_is_seeded_and_disjoint(tmp_path, tiny, tokenizer):
 def test_val_dataset_becomes_the_val_split(tmp_path, tiny):
     val = write_jsonl(tmp_path / "val.jsonl", [RECORDS["messages"]] * 3)
     prepared = run(tmp_path, tiny, val_dataset=str(val))
-    assert prepared.report["val_records"] == 3 and prepared.report["records"] == 300
+    # records counts every record read, from both datasets, so kept + dropped == records holds
+    report = prepared.report
+    assert report["val_records"] == 3 and report["train_records"] == 300 and report["records"] == 303
+    assert report["kept"] + report["dropped"] == report["records"] and report["warnings"] == []
     assert len(documents(prepared.split("val"))) == 3
     assert run(tmp_path, tiny).cache_dir != prepared.cache_dir
 

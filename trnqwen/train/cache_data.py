@@ -151,7 +151,7 @@ def prepare_rank_data(cfg: Any, assets_dir: Path) -> Optional[tuple[Any, RankDat
 
 def _report_notes(report: dict[str, Any]) -> list[str]:
     """What preparing the data left out, said before training (never dropped silently)."""
-    notes = []
+    notes = [f"dataset: {warning}" for warning in report.get("warnings") or []]
     dropped, truncated = int(report.get("dropped") or 0), int(report.get("truncated") or 0)
     if dropped or truncated:
         notes.append(
