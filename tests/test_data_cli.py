@@ -118,3 +118,29 @@ def test_val_dataset_that_is_the_training_file_warns_and_counts_add_up(cli, in_t
     r = cli("train", "--model", "builtin:tiny-qwen3", "--device", "cpu", "--assets", str(tiny), "--dataset", "train.jsonl",
             "--val-dataset", "train.jsonl", "--seq-len", "256", "--data-cache-dir", str(in_tmp / "cache"), "--dry-run")
     assert "--val-dataset train.jsonl is training data too" in r.text, r.text
+
+
+def test_a_token_cache_as_dataset_refuses_data_settings_it_was_not_prepared_with(cli, in_tmp, tiny):
+    """Issue 28 item 2: --dataset <cache folder> trains on the cache as it is, so every data
+    setting that disagrees with it is refused by name (train and data alike), and --val-every's
+    hint does not ask for a --val-split that was given."""
+    report = json.loads(cli(*args(tiny, in_tmp / "cache", "--seq-len", "256", "--json")).out)
+    cache = report["cache_dir"]
+    train = ["train", "--model", "builtin:tiny-qwen3", "--device", "cpu", "--assets", str(tiny), "--dataset", cache,
+             "--seq-len", "256", "--dry-run"]
+    r = cli(*train, "--val-split", "0.05", "--no-packing", "--train-on-inputs", "--val-every", "5")
+    clean = [line for line in r.err.splitlines() if line.startswith("Error:")]
+    assert r.code == 2 and len(clean) == 1 and "Traceback" not in r.text, r.text
+    for needle in ("is a token cache", "--val-split 0.05 (the cache: 0.0)", "--no-packing (the cache: --packing)",
+                   "--train-on-inputs (the cache: --no-train-on-inputs)"):
+        assert needle in clean[0], clean[0]
+    r = cli(*train, "--long-conversations", "drop", "--dataset-format", "sharegpt")
+    assert r.code == 2 and "--long-conversations drop (the cache: truncate)" in r.err and "--dataset-format sharegpt" in r.err
+    r = cli(*args(tiny, in_tmp / "cache", cache, "--no-packing"))
+    assert r.code == 2 and "--no-packing (the cache: --packing)" in r.err, r.text
+    # what agrees with the cache (or is left at its default) is fine
+    assert cli(*train, "--dataset-format", "messages").code == 0
+    assert cli(*args(tiny, in_tmp / "cache", cache, "--seq-len", "256", "--packing")).code == 0
+    # no validation split in the cache: the hint names the original data, not a flag to add
+    r = cli(*train, "--val-every", "5")
+    assert r.code == 2 and "has none" in r.err and "calculator.jsonl" in r.err and "add --val-split" not in r.err, r.text

@@ -102,6 +102,7 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
     _check_settings(settings)
     prepared = _existing_cache(settings.dataset)
     if prepared is not None:
+        check_cache_settings(settings, cache.read_meta(prepared.cache_dir), prepared.cache_dir)
         return prepared
     source = resolve_source(settings.dataset, split=settings.dataset_split)
     val_source = resolve_source(settings.val_dataset, split=settings.dataset_split) if settings.val_dataset else None
@@ -160,6 +161,45 @@ def _existing_cache(dataset: Optional[str]) -> Optional[PreparedData]:
     if found is None:
         return None
     return PreparedData(found, path.name, True, cache.read_meta(found).get("report", {}))
+
+
+def _flag(name: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return f"--{'' if value else 'no-'}{name.replace('_', '-')}"
+    return f"--{name.replace('_', '-')} {value if value is not None else '(none)'}"
+
+
+def check_cache_settings(settings: Any, meta: dict[str, Any], cache_dir: Path) -> None:
+    """``--dataset`` naming a token cache trains on the cache as it was prepared: a data setting
+    given away from its default that disagrees with the cache is refused (all of them in one line),
+    never silently ignored.  ``settings``: a DataSettings or a RunConfig."""
+    if not isinstance(settings, DataSettings):
+        settings = DataSettings.from_config(settings)
+    defaults = DataSettings()
+    recorded = {**defaults.__dict__, **(meta.get("settings") or {})}
+    recorded["seq_len"], recorded["packing"] = meta.get("seq_len", recorded["seq_len"]), meta.get("packing", recorded["packing"])
+    recorded["dataset_format"] = meta.get("format") or recorded["dataset_format"]
+    wrong = []
+    for name in ("seq_len", "packing", "train_on_inputs", "long_conversations", "val_split", "val_dataset",
+                 "dataset_format", "dataset_split"):
+        value = getattr(settings, name)
+        if name == "dataset_format" and value == "auto":
+            value = None
+        if value == getattr(defaults, name) or value == recorded.get(name):
+            continue
+        theirs = recorded.get(name)
+        if name == "seq_len":
+            wrong.append(f"--seq-len {value} (the cache holds {theirs}-token sequences)")
+            continue
+        shown = _flag(name, theirs) if isinstance(theirs, bool) else ("none" if theirs is None else theirs)
+        wrong.append(f"{_flag(name, value)} (the cache: {shown})")
+    if wrong:
+        raise UsageError(
+            f"--dataset {cache_dir} is a token cache, prepared with other data settings than "
+            f"{'these' if len(wrong) > 1 else 'this one'}: {'; '.join(wrong)}",
+            hint="drop those settings to use the cache as it is, or pass the original data as --dataset "
+            "to prepare it with them",
+        )
 
 
 def _check_settings(settings: DataSettings) -> None:
