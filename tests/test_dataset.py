@@ -479,8 +479,11 @@ def test_template_from_chat_template_jinja_and_missing_template(tmp_path, tiny):
 
 def test_a_cache_folder_as_dataset_is_used_as_it_is(tmp_path, tiny):
     first = run(tmp_path, tiny, seq_len=128)
-    again = run(tmp_path, tiny, dataset=str(first.cache_dir), seq_len=4096)
+    again = prepare(DataSettings(dataset=str(first.cache_dir)), tiny, tmp_path / "cache")  # seq_len left at its default
     assert again.reused and again.cache_dir == first.cache_dir and again.report == first.report
+    # a setting given that the cache was not prepared with is refused, not silently unused (issue 28)
+    with pytest.raises(UsageError, match="--seq-len 4096 \\(the cache holds 128-token sequences\\)"):
+        run(tmp_path, tiny, dataset=str(first.cache_dir), seq_len=4096)
 
 
 def test_auto_format_and_no_format_share_a_cache(tmp_path, tiny):

@@ -153,3 +153,112 @@ def test_a_broken_link_is_said_to_be_one_at_once(cli, in_tmp, tiny, monkeypatch,
     r = cli("data", dataset, *extra, "--model", "builtin:tiny-qwen3", "--assets", str(tiny), "--data-cache-dir", "cache")
     clean_error(r, 2, "mydata is a broken symbolic link", "moved-away.jsonl")
     assert "hub" not in r.err.lower() and time.monotonic() - start < 10
+
+
+# --- item 4: OpenAI's fine-tuning fields: weight, tools, tool_calls, role tool --------------------
+
+# ChatML with tools laid out as Qwen3's templates lay them out (tool definitions in the system turn,
+# <tool_call> blocks in the assistant turn, tool results as a user turn of <tool_response> blocks).
+TOOLS_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n<tools>' }}{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' %}{{- '<|im_start|>user\\n' + m.content + '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'assistant' %}{{- '<|im_start|>assistant\\n' + m.content }}"
+    "{%- for call in m.tool_calls or [] %}{%- set f = call.function or call %}"
+    "{{- ('\\n' if (m.content or not loop.first) else '') + '<tool_call>\\n{\"name\": \"' + f.name + '\", \"arguments\": '"
+    " + (f.arguments if f.arguments is string else (f.arguments | tojson)) + '}\\n</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+TOOL_RECORD = {
+    "tools": [WEATHER],
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"temp": 21}'},
+        {"role": "assistant", "content": "21 C."},
+        {"role": "user", "content": "Thanks"},
+        {"role": "assistant", "content": "Welcome.", "weight": 0},
+    ],
+}
+
+
+def trained_texts(report: dict) -> list[str]:
+    sample = report["sample"]
+    return [sample["text"][s:e] for s, e in sample["trained_spans"]]
+
+
+def test_weight_0_keeps_an_answer_as_context_only(cli, in_tmp, tiny):
+    turns = [dict(t) for t in TURNS] + [{"role": "user", "content": "And 3 plus 3?"}, {"role": "assistant", "content": "6.", "weight": 0}]
+    (in_tmp / "w.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
+    report = data_json(cli, tiny, "w.jsonl")
+    assert trained_texts(report) == ["4.<|im_end|>"]
+    # --train-on-inputs trains every token but that answer
+    everything = trained_texts(data_json(cli, tiny, "w.jsonl", "--train-on-inputs"))
+    assert len(everything) == 2 and "6." not in "".join(everything) and everything[-1] == "\n"
+    assert "6.<|im_end|>" in report["sample"]["text"]
+    turns[1]["weight"] = 0
+    (in_tmp / "w.jsonl").write_text(json.dumps({"messages": turns}) + "\n")
+    data_error(cli, tiny, "w.jsonl", 2, "w.jsonl line 1", 'every assistant turn has "weight": 0')
+
+
+@pytest.mark.parametrize("message,needle", [
+    ({"role": "assistant", "content": "4.", "weight": 0.5}, "'weight' must be 0 or 1"),
+    ({"role": "assistant", "content": "4.", "weight": True}, "'weight' must be 0 or 1"),
+    ({"role": "user", "content": "hi", "weight": 1}, "message 3 (user) has 'weight': 1"),
+    ({"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}, "'function_call'"),
+    ({"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f"}}]}, "only assistant messages call tools"),
+    ({"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}, "tool call 1 has no function name"),
+    ({"role": "assistant", "content": None, "tool_calls": []}, "message 3 (assistant) content must be a string"),
+])
+def test_openai_fields_that_cannot_be_honoured_are_refused_by_name(cli, in_tmp, tiny, message, needle):
+    (in_tmp / "o.jsonl").write_text(json.dumps({"messages": [*TURNS, message, *([] if message["role"] == "assistant" else [TURNS[1]])]}) + "\n")
+    data_error(cli, tiny, "o.jsonl", 2, "o.jsonl line 1", needle)
+
+
+def test_tools_and_tool_turns_are_rendered_by_the_template_and_only_the_calls_are_trained(cli, in_tmp, tiny):
+    from tests.test_dataset import with_template
+
+    snapshot = with_template(tiny, in_tmp / "tools-model", TOOLS_TEMPLATE)
+    (in_tmp / "t.jsonl").write_text(json.dumps(TOOL_RECORD) + "\n")
+    report = data_json(cli, snapshot, "t.jsonl", "--seq-len", "512")
+    text = report["sample"]["text"]
+    assert '"name": "get_weather"' in text.split("<|im_end|>")[0]  # the tool definitions, in the system turn
+    assert "<tool_response>\n{\"temp\": 21}\n</tool_response>" in text
+    # The turn of tool calls only is an answer (trained); the definitions, the tool's result and
+    # the "weight": 0 answer are context.
+    assert trained_texts(report) == [
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>', "21 C.<|im_end|>"]
+
+
+def test_a_template_without_tools_refuses_them_by_name(cli, in_tmp, tiny):
+    """The tiny model's plain ChatML has no tool support: never trained without them."""
+    (in_tmp / "t.jsonl").write_text(json.dumps(TOOL_RECORD) + "\n")
+    data_error(cli, tiny, "t.jsonl", 2, "t.jsonl line 1", "does not render the record's 'tools'", "get_weather")
+    no_defs = {"messages": TOOL_RECORD["messages"]}
+    (in_tmp / "t.jsonl").write_text(json.dumps(no_defs) + "\n")
+    data_error(cli, tiny, "t.jsonl", 2, "t.jsonl line 1", "does not render message 3's tool_calls", "get_weather")
+
+
+# --- item 5: a control token written inside the content --------------------------------------------
+
+
+@pytest.mark.parametrize("role,index", [("assistant", 2), ("user", 1)])
+def test_a_special_token_inside_content_is_named(cli, in_tmp, tiny, role, index):
+    turns = [dict(t) for t in TURNS]
+    turns[index - 1]["content"] = "4.<|im_end|>\n<|im_start|>user\nmore?"
+    (in_tmp / "s.jsonl").write_text(json.dumps({"messages": TURNS}) + "\n" + json.dumps({"messages": turns}) + "\n")
+    r = data_error(cli, tiny, "s.jsonl", 2, "s.jsonl line 2", f"message {index} ({role}) content contains the special token <|im_end|>")
+    assert "prefix" not in r.err
