@@ -24,7 +24,7 @@ from trnqwen.errors import UsageError
 from trnqwen.fsutil import expand_user
 
 # Bump when the rendering/masking/packing rules change, so old caches are not reused.
-PIPELINE_VERSION = 1
+PIPELINE_VERSION = 2  # 2: "weight": 0, tools and tool turns (issue 28); a .txt BOM dropped
 REPORT_KEYS = (
     "format", "records", "kept", "dropped", "truncated", "train_records", "tokens", "trained_tokens", "sequences",
     "padding_fraction", "val_records", "val_sequences", "val_tokens", "val_trained_tokens", "problems", "warnings",
