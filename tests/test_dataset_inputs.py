@@ -237,6 +237,13 @@ def test_tools_and_tool_turns_are_rendered_by_the_template_and_only_the_calls_ar
     text = report["sample"]["text"]
     assert '"name": "get_weather"' in text.split("<|im_end|>")[0]  # the tool definitions, in the system turn
     assert "<tool_response>\n{\"temp\": 21}\n</tool_response>" in text
+    # the batched renderer gives exactly what transformers renders, tools included
+    from trnqwen.dataset.chat import load_tokenizer
+    from trnqwen.dataset.formats import normalise
+    from trnqwen.dataset.sources import Record
+
+    example = normalise([Record(TOOL_RECORD, "t")], "messages")[0]
+    assert text == load_tokenizer(snapshot).apply_chat_template(example.messages, tools=example.tools, tokenize=False)
     # The turn of tool calls only is an answer (trained); the definitions, the tool's result and
     # the "weight": 0 answer are context.
     assert trained_texts(report) == [
