@@ -136,7 +136,7 @@ def _messages(record: Record) -> Example:
                        "write it as 'tool_calls'")
         out: dict[str, Any] = {"role": role}
         calls = message.get("tool_calls")
-        if calls is not None and role != "assistant":
+        if calls and role != "assistant":  # (an empty list or null, as some exporters write, says nothing)
             raise _bad(record, f"message {i} ({role}) has 'tool_calls': only assistant messages call tools")
         if calls:
             out["tool_calls"] = _tool_calls(record, i, calls)
