@@ -269,3 +269,19 @@ def test_a_special_token_inside_content_is_named(cli, in_tmp, tiny, role, index)
     (in_tmp / "s.jsonl").write_text(json.dumps({"messages": TURNS}) + "\n" + json.dumps({"messages": turns}) + "\n")
     r = data_error(cli, tiny, "s.jsonl", 2, "s.jsonl line 2", f"message {index} ({role}) content contains the special token <|im_end|>")
     assert "prefix" not in r.err
+
+
+def test_parquet_rows_with_nulls_for_unused_openai_fields(cli, in_tmp, tiny):
+    """Parquet (and Hub) rows carry every column of the schema: a message without a weight or a
+    tool call has them as null, which means absent."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {"messages": [*TURNS, {"role": "user", "content": "3 plus 3?"}, {"role": "assistant", "content": "6.", "weight": 0}]},
+        {"messages": [{"role": "user", "content": "5 plus 5?"}, {"role": "assistant", "content": "10."}]},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), in_tmp / "rows.parquet")
+    assert pa.Table.from_pylist(rows).to_pylist()[1]["messages"][0]["weight"] is None  # the nulls under test
+    report = data_json(cli, tiny, "rows.parquet")
+    assert report["records"] == 2 and trained_texts(report) == ["4.<|im_end|>"]

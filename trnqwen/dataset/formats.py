@@ -119,7 +119,7 @@ def _messages(record: Record) -> Example:
     raw = _field(record, data, "messages", "messages")
     if not isinstance(raw, list) or not raw:
         raise _bad(record, f"'messages' must be a non-empty list, not {_type(raw) if raw != [] else 'an empty list'}")
-    if "functions" in data:
+    if data.get("functions") is not None:  # (Parquet / Hub rows carry every column, null where unused)
         raise _bad(record, "'functions' is OpenAI's legacy form of tool definitions", "write them as 'tools'")
     tools = data.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
@@ -131,7 +131,7 @@ def _messages(record: Record) -> Example:
         role = message.get("role")
         if role not in ROLES:
             raise _bad(record, f"message {i}: unknown role {role!r} (expected {', '.join(ROLES)})")
-        if "function_call" in message:
+        if message.get("function_call") is not None:
             raise _bad(record, f"message {i} ({role}) has 'function_call', OpenAI's legacy form of a tool call",
                        "write it as 'tool_calls'")
         out: dict[str, Any] = {"role": role}
@@ -157,9 +157,9 @@ def _messages(record: Record) -> Example:
 def _weight(record: Record, i: int, role: str, message: dict[str, Any]) -> int:
     """OpenAI's per-message ``weight``: 1 trains an assistant answer (the default), 0 keeps it as
     context only.  Other turns are never trained, so only 0 fits them."""
-    if "weight" not in message:
+    weight = message.get("weight")
+    if weight is None:  # absent, or null in a Parquet / Hub row whose other messages have one
         return 1
-    weight = message["weight"]
     if isinstance(weight, bool) or weight not in (0, 1):
         raise _bad(record, f"message {i} ({role}): 'weight' must be 0 or 1, not {weight!r}")
     if weight == 1 and role != "assistant":
