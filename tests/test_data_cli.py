@@ -67,3 +67,80 @@ def test_hub_dataset_offline_is_one_clear_line(in_tmp, tiny):
                        cwd=in_tmp, timeout=120)
     assert r.code == 2, r.text
     assert "Traceback" not in r.text and "someorg/not-downloaded" in r.err and "offline" in r.err.lower()
+
+
+def test_table_is_narrow_labels_each_scope_and_shows_the_validation_split(cli, in_tmp, tiny):
+    """Issue 28 item 27: the cache key is cut in the table (whole in --json); the record counts
+    cover every record, the token counts one split each, and the validation split has its rows."""
+    base = args(tiny, in_tmp / "cache", "--seq-len", "256", "--val-split", "0.05")
+    report = json.loads(cli(*base, "--json").out)
+    key = Path(report["cache_dir"]).name
+    assert len(key) == 64 and report["train_records"] + report["val_records"] == report["kept"] == 300
+    assert report["val_tokens"] > report["val_trained_tokens"] > 0 and report["val_sequences"] > 0
+    r = cli(*base)
+    assert r.code == 0, r.text
+    table = r.out.split("\nSample")[0]
+    assert key not in table and key[:12] + "…" in table
+    width = max(len(line) for line in table.splitlines())
+    assert width <= 60 + len(str(in_tmp / "cache")), table
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in table.splitlines() if line.count("│") == 3}
+    assert rows["records"] == "300 read (all splits)"
+    assert rows["kept"] == f"300: {report['train_records']} training, {report['val_records']} validation"
+    assert rows["training split"] == f"{report['train_records']} records"
+    assert rows["validation split"] == f"{report['val_records']} records"
+    # each split's token rows sit under its own heading
+    lines = [line.split("│")[1].strip() for line in table.splitlines() if line.count("│") == 3]
+    val_at = lines.index("validation split")
+    assert lines[lines.index("training split") + 1 : val_at] == ["tokens", "trained tokens", "sequences", "padding"]
+    assert lines[val_at + 1 : val_at + 5] == ["tokens", "trained tokens", "sequences", "padding"]
+    assert f"{report['val_tokens']:,}" in table.splitlines()[[i for i, line in enumerate(table.splitlines())
+                                                              if "validation split" in line][0] + 1]
+
+
+def test_val_dataset_that_is_the_training_file_warns_and_counts_add_up(cli, in_tmp, tiny):
+    """Issue 28 item 6: the same file as --dataset and --val-dataset (or a copy of it)."""
+    from trnqwen.dataset.sources import bundled_chat_path
+
+    (in_tmp / "train.jsonl").write_bytes(bundled_chat_path().read_bytes())
+    (in_tmp / "copy.jsonl").write_bytes(bundled_chat_path().read_bytes())
+    for val in ("train.jsonl", "copy.jsonl"):
+        r = cli(*args(tiny, in_tmp / "cache", "train.jsonl", "--seq-len", "256", "--val-dataset", val, "--json"))
+        assert r.code == 0, r.text
+        report = json.loads(r.out)
+        assert report["records"] == 600 and report["kept"] + report["dropped"] == 600
+        assert report["train_records"] == 300 and report["val_records"] == 300
+        assert any(f"--val-dataset {val} is training data too" in w for w in report["warnings"]), report["warnings"]
+    other = in_tmp / "other.jsonl"
+    other.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}) + "\n")
+    report = json.loads(cli(*args(tiny, in_tmp / "cache", "train.jsonl", "--seq-len", "256", "--val-dataset", str(other), "--json")).out)
+    assert report["warnings"] == [] and report["records"] == 301
+    # train says it too, before any rank starts
+    r = cli("train", "--model", "builtin:tiny-qwen3", "--device", "cpu", "--assets", str(tiny), "--dataset", "train.jsonl",
+            "--val-dataset", "train.jsonl", "--seq-len", "256", "--data-cache-dir", str(in_tmp / "cache"), "--dry-run")
+    assert "--val-dataset train.jsonl is training data too" in r.text, r.text
+
+
+def test_a_token_cache_as_dataset_refuses_data_settings_it_was_not_prepared_with(cli, in_tmp, tiny):
+    """Issue 28 item 2: --dataset <cache folder> trains on the cache as it is, so every data
+    setting that disagrees with it is refused by name (train and data alike), and --val-every's
+    hint does not ask for a --val-split that was given."""
+    report = json.loads(cli(*args(tiny, in_tmp / "cache", "--seq-len", "256", "--json")).out)
+    cache = report["cache_dir"]
+    train = ["train", "--model", "builtin:tiny-qwen3", "--device", "cpu", "--assets", str(tiny), "--dataset", cache,
+             "--seq-len", "256", "--dry-run"]
+    r = cli(*train, "--val-split", "0.05", "--no-packing", "--train-on-inputs", "--val-every", "5")
+    clean = [line for line in r.err.splitlines() if line.startswith("Error:")]
+    assert r.code == 2 and len(clean) == 1 and "Traceback" not in r.text, r.text
+    for needle in ("is a token cache", "--val-split 0.05 (the cache: 0.0)", "--no-packing (the cache: --packing)",
+                   "--train-on-inputs (the cache: --no-train-on-inputs)"):
+        assert needle in clean[0], clean[0]
+    r = cli(*train, "--long-conversations", "drop", "--dataset-format", "sharegpt")
+    assert r.code == 2 and "--long-conversations drop (the cache: truncate)" in r.err and "--dataset-format sharegpt" in r.err
+    r = cli(*args(tiny, in_tmp / "cache", cache, "--no-packing"))
+    assert r.code == 2 and "--no-packing (the cache: --packing)" in r.err, r.text
+    # what agrees with the cache (or is left at its default) is fine
+    assert cli(*train, "--dataset-format", "messages").code == 0
+    assert cli(*args(tiny, in_tmp / "cache", cache, "--seq-len", "256", "--packing")).code == 0
+    # no validation split in the cache: the hint names the original data, not a flag to add
+    r = cli(*train, "--val-every", "5")
+    assert r.code == 2 and "has none" in r.err and "calculator.jsonl" in r.err and "add --val-split" not in r.err, r.text

@@ -415,7 +415,10 @@ def test_val_split_is_seeded_and_disjoint(tmp_path, tiny, tokenizer):
 def test_val_dataset_becomes_the_val_split(tmp_path, tiny):
     val = write_jsonl(tmp_path / "val.jsonl", [RECORDS["messages"]] * 3)
     prepared = run(tmp_path, tiny, val_dataset=str(val))
-    assert prepared.report["val_records"] == 3 and prepared.report["records"] == 300
+    # records counts every record read, from both datasets, so kept + dropped == records holds
+    report = prepared.report
+    assert report["val_records"] == 3 and report["train_records"] == 300 and report["records"] == 303
+    assert report["kept"] + report["dropped"] == report["records"] and report["warnings"] == []
     assert len(documents(prepared.split("val"))) == 3
     assert run(tmp_path, tiny).cache_dir != prepared.cache_dir
 
@@ -476,8 +479,11 @@ def test_template_from_chat_template_jinja_and_missing_template(tmp_path, tiny):
 
 def test_a_cache_folder_as_dataset_is_used_as_it_is(tmp_path, tiny):
     first = run(tmp_path, tiny, seq_len=128)
-    again = run(tmp_path, tiny, dataset=str(first.cache_dir), seq_len=4096)
+    again = prepare(DataSettings(dataset=str(first.cache_dir)), tiny, tmp_path / "cache")  # seq_len left at its default
     assert again.reused and again.cache_dir == first.cache_dir and again.report == first.report
+    # a setting given that the cache was not prepared with is refused, not silently unused (issue 28)
+    with pytest.raises(UsageError, match="--seq-len 4096 \\(the cache holds 128-token sequences\\)"):
+        run(tmp_path, tiny, dataset=str(first.cache_dir), seq_len=4096)
 
 
 def test_auto_format_and_no_format_share_a_cache(tmp_path, tiny):

@@ -8,8 +8,14 @@ The rule (the one axolotl, LLaMA-Factory and TRL follow, written down):
   including ``<|im_start|>assistant\\n``, and the newline the template writes after
   ``<|im_end|>`` (it belongs to the layout between turns, not to the answer; at inference
   generation stops at ``<|im_end|>`` and never produces it);
-* ``--train-on-inputs`` trains every token; ``text`` records train every token too, each
-  document ending with ``<|endoftext|>``.
+* an answer marked ``"weight": 0`` (OpenAI's fine-tuning format) is context only, like a prompt;
+* a turn of tool calls is an answer like any other (the calls as the template writes them, and
+  ``<|im_end|>``); tool definitions and tool results are context;
+* ``--train-on-inputs`` trains every token but the ``"weight": 0`` answers; ``text`` records train
+  every token, each document ending with ``<|endoftext|>``.
+
+A message whose content holds a control token as text (``<|im_end|>``) is refused: the tokenizer
+would read it as that token.
 
 Qwen3's templates have no ``{% generation %}`` markers, so the answer spans come from prefix
 rendering: the text up to assistant turn *i* is the template applied to the messages before it
@@ -24,6 +30,7 @@ texts and spans into token ids and trained flags.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from trnqwen.dataset.encode import TokenizedDocs, tokenize  # noqa: F401  (the pipeline's next step)
@@ -85,24 +92,85 @@ def render(tokenizer, examples: list[Example], *, train_on_inputs: bool) -> tupl
             hint="use a model snapshot with a chat template (tokenizer_config.json or chat_template.jinja), "
             "or 'text' records",
         )
+    check_special_tokens(tokenizer, examples)
     conversations = [ex.messages for ex in examples]
     texts = _render_batched(tokenizer, conversations, examples, generation_prompt=False)
-    if train_on_inputs:
-        return texts, [[(0, len(t))] for t in texts]
-    # One prefix per assistant turn: the messages before it plus the generation prompt.
+    for example, text in zip(examples, texts):
+        if example.uses_tools:
+            _check_tools_rendered(example, text)
+    # One prefix per assistant turn located: the messages before it plus the generation prompt.
+    # Normally every trained answer; with --train-on-inputs only the "weight": 0 answers, which are
+    # then cut out of the whole text.
     owners: list[tuple[int, int]] = []  # (example index, message index of the assistant turn)
     prefixes = []
     for e, messages in enumerate(conversations):
+        if train_on_inputs and not examples[e].untrained:
+            continue
         for m, message in enumerate(messages):
-            if message["role"] == "assistant":
+            if message["role"] == "assistant" and (m in examples[e].untrained) == train_on_inputs:
                 owners.append((e, m))
                 prefixes.append(messages[:m])
     prefix_texts = _render_batched(tokenizer, prefixes, [examples[e] for e, _ in owners], generation_prompt=True)
     marker = end_of_turn(tokenizer)
-    spans: list[list[tuple[int, int]]] = [[] for _ in examples]
+    located: list[list[tuple[int, int]]] = [[] for _ in examples]
     for (e, m), prefix in zip(owners, prefix_texts):
-        spans[e].append(_answer_span(examples[e], m, texts[e], prefix, marker, spans[e]))
-    return texts, spans
+        located[e].append(_answer_span(examples[e], m, texts[e], prefix, marker, located[e]))
+    if not train_on_inputs:
+        return texts, located
+    return texts, [_outside(spans, len(text)) for spans, text in zip(located, texts)]
+
+
+def _outside(cut: list[tuple[int, int]], length: int) -> list[tuple[int, int]]:
+    """``[0, length)`` without the ``cut`` spans (sorted, disjoint)."""
+    out, cursor = [], 0
+    for start, end in cut:
+        if start > cursor:
+            out.append((cursor, start))
+        cursor = end
+    if cursor < length:
+        out.append((cursor, length))
+    return out
+
+
+def check_special_tokens(tokenizer, examples: list[Example]) -> None:
+    """A control token written as text inside a message (``<|im_end|>`` in an answer) would be
+    read as that token and change the conversation's layout: refused, naming the record."""
+    specials = [t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special]
+    if not specials:
+        return
+    pattern = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
+    for example in examples:
+        for i, message in enumerate(example.messages or (), start=1):
+            found = pattern.search(message["content"])
+            if found:
+                raise UsageError(
+                    f"{example.where}: message {i} ({message['role']}) content contains the special token "
+                    f"{found.group()}, which the tokenizer reads as a control token, not as text",
+                    hint="remove or escape it in the data (the chat template writes every control token itself)",
+                )
+
+
+def _check_tools_rendered(example: Example, text: str) -> None:
+    """Tool definitions, tool calls and tool results must all reach the rendered text: a template
+    that leaves them out would train the answers without the context they depend on."""
+    def missing(what: str, needle: str) -> UsageError:
+        return UsageError(
+            f"{example.where}: the model's chat template does not render {what} ({needle!r} is not in its rendering)",
+            hint="use a model whose chat template renders tools (Qwen3's does), or remove the tool parts of the record",
+        )
+
+    for tool in example.tools or ():
+        spec = tool.get("function", tool)
+        name = spec.get("name") if isinstance(spec, dict) else None
+        if isinstance(name, str) and name not in text:
+            raise missing("the record's 'tools'", name)
+    for i, message in enumerate(example.messages, start=1):
+        for call in message.get("tool_calls") or ():
+            name = call.get("function", call)["name"]
+            if name not in text:
+                raise missing(f"message {i}'s tool_calls", name)
+        if message["role"] == "tool" and message["content"].strip() and message["content"] not in text:
+            raise missing(f"message {i} (tool)", message["content"][:40])
 
 
 def _answer_span(example: Example, m: int, full: str, prefix: str, marker: str, before: list[tuple[int, int]]) -> tuple[int, int]:
@@ -137,10 +205,11 @@ def _render_batched(tokenizer, conversations: list, examples: list[Example], *, 
     out: list[str] = []
     for lo in range(0, len(conversations), _BATCH):
         chunk = conversations[lo : lo + _BATCH]
+        chunk_examples = examples[lo : lo + _BATCH]
         try:
-            out.extend(render_many(chunk, generation_prompt))
+            out.extend(render_many(chunk, generation_prompt, [ex.tools for ex in chunk_examples]))
         except Exception:  # find the record that breaks the template, one by one
-            for conversation, example in zip(chunk, examples[lo : lo + _BATCH]):
+            for conversation, example in zip(chunk, chunk_examples):
                 out.append(_render_one(tokenizer, conversation, example, generation_prompt))
     return out
 
@@ -161,13 +230,15 @@ def _batch_renderer(tokenizer):
         base = dict(compiled.globals)
         concat = compiled.environment.concat
     except (ImportError, AttributeError, TypeError):  # pragma: no cover - other transformers versions
-        return lambda chunk, gen: tokenizer.apply_chat_template(chunk, tokenize=False, add_generation_prompt=gen)
+        return lambda chunk, gen, tools: [
+            tokenizer.apply_chat_template(c, tools=t, tokenize=False, add_generation_prompt=gen) for c, t in zip(chunk, tools)
+        ]
 
-    def render_many(chunk, generation_prompt):
+    def render_many(chunk, generation_prompt, tools):
         fixed = {**base, "tools": None, "documents": None, "add_generation_prompt": generation_prompt, **extra}
         return [
-            concat(compiled.root_render_func(compiled.new_context({**fixed, "messages": messages}, shared=True)))
-            for messages in chunk
+            concat(compiled.root_render_func(compiled.new_context({**fixed, "messages": messages, "tools": t}, shared=True)))
+            for messages, t in zip(chunk, tools)
         ]
 
     return render_many
@@ -175,7 +246,8 @@ def _batch_renderer(tokenizer):
 
 def _render_one(tokenizer, conversation, example: Example, generation_prompt: bool) -> str:
     try:
-        return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=generation_prompt)
+        return tokenizer.apply_chat_template(conversation, tools=example.tools, tokenize=False,
+                                             add_generation_prompt=generation_prompt)
     except Exception as exc:  # jinja2 errors, raise_exception() in the template, type errors
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UsageError(

@@ -1,9 +1,15 @@
 """Record shapes trnqwen understands, detected from the records, normalised to one form.
 
-Every chat format becomes a list of ``{"role": system|user|assistant, "content": str}``
+Every chat format becomes a list of ``{"role": system|user|assistant|tool, "content": str}``
 messages; ``text`` stays text (every token trained).  A record that does not fit stops the
 whole run with one line naming the file and the record: training on half-understood data is
 worse than not starting.
+
+The ``messages`` format reads OpenAI's fine-tuning fields too, and never drops one quietly:
+``"weight": 0`` on an assistant message keeps that answer as context only; ``tool_calls`` on an
+assistant message, ``role: "tool"`` results and the record's ``tools`` are handed to the model's
+chat template (``chat.py`` refuses a record whose template leaves them out); the legacy
+``function_call`` / ``functions`` are refused by name.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from trnqwen.dataset.sources import Record
 from trnqwen.errors import UsageError
 
 FORMATS = ("messages", "sharegpt", "alpaca", "prompt-completion", "text")
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 # Field(s) that identify each format, in detection order.
 _SIGNATURES = (
@@ -33,8 +39,14 @@ class Example:
     """One normalised record: ``messages`` for chat formats, ``text`` for plain text."""
 
     where: str
-    messages: Optional[list[dict[str, str]]] = None
+    messages: Optional[list[dict[str, Any]]] = None
     text: Optional[str] = None
+    tools: Optional[list[Any]] = None  # the record's tool definitions, for the chat template
+    untrained: tuple[int, ...] = ()  # message indices of assistant answers with "weight": 0
+
+    @property
+    def uses_tools(self) -> bool:
+        return bool(self.tools) or any(m["role"] == "tool" or m.get("tool_calls") for m in self.messages or [])
 
 
 def detect_format(record: Record, *, columns: Optional[list[str]] = None) -> str:
@@ -92,9 +104,11 @@ def _text(record: Record, value: Any, what: str, *, allow_empty: bool = False) -
     return value
 
 
-def _check_conversation(record: Record, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+def _check_conversation(record: Record, messages: list[dict[str, Any]], untrained: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     if not any(m["role"] == "assistant" for m in messages):
         raise _bad(record, "conversation has no assistant turn (nothing to learn from)")
+    if all(i in untrained for i, m in enumerate(messages) if m["role"] == "assistant"):
+        raise _bad(record, 'every assistant turn has "weight": 0 (nothing to learn from)')
     if messages[0]["role"] == "assistant":
         raise _bad(record, "conversation starts with an assistant turn", "put the user's turn (or a system prompt) first")
     return messages
@@ -105,16 +119,65 @@ def _messages(record: Record) -> Example:
     raw = _field(record, data, "messages", "messages")
     if not isinstance(raw, list) or not raw:
         raise _bad(record, f"'messages' must be a non-empty list, not {_type(raw) if raw != [] else 'an empty list'}")
-    messages = []
+    if data.get("functions") is not None:  # (Parquet / Hub rows carry every column, null where unused)
+        raise _bad(record, "'functions' is OpenAI's legacy form of tool definitions", "write them as 'tools'")
+    tools = data.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise _bad(record, f"'tools' must be a list of objects, not {_type(tools)}")
+    messages, untrained = [], []
     for i, message in enumerate(raw, start=1):
         if not isinstance(message, dict):
             raise _bad(record, f"message {i} must be an object, not {_type(message)}")
         role = message.get("role")
         if role not in ROLES:
             raise _bad(record, f"message {i}: unknown role {role!r} (expected {', '.join(ROLES)})")
-        content = _text(record, message.get("content"), f"message {i} ({role}) content")
-        messages.append({"role": role, "content": content})
-    return Example(record.where, messages=_check_conversation(record, messages))
+        if message.get("function_call") is not None:
+            raise _bad(record, f"message {i} ({role}) has 'function_call', OpenAI's legacy form of a tool call",
+                       "write it as 'tool_calls'")
+        out: dict[str, Any] = {"role": role}
+        calls = message.get("tool_calls")
+        if calls and role != "assistant":  # (an empty list or null, as some exporters write, says nothing)
+            raise _bad(record, f"message {i} ({role}) has 'tool_calls': only assistant messages call tools")
+        if calls:
+            out["tool_calls"] = _tool_calls(record, i, calls)
+        content = message.get("content")
+        if calls and content is None:  # a turn of tool calls only: no text, and that is fine
+            content = ""
+        out["content"] = _text(record, content, f"message {i} ({role}) content", allow_empty=bool(calls) or role == "tool")
+        if role == "tool":
+            out.update({k: message[k] for k in ("tool_call_id", "name") if isinstance(message.get(k), str)})
+        if _weight(record, i, role, message) == 0 and role == "assistant":
+            untrained.append(len(messages))
+        messages.append(out)
+    untrained_turns = tuple(untrained)
+    return Example(record.where, messages=_check_conversation(record, messages, untrained_turns), tools=tools or None,
+                   untrained=untrained_turns)
+
+
+def _weight(record: Record, i: int, role: str, message: dict[str, Any]) -> int:
+    """OpenAI's per-message ``weight``: 1 trains an assistant answer (the default), 0 keeps it as
+    context only.  Other turns are never trained, so only 0 fits them."""
+    weight = message.get("weight")
+    if weight is None:  # absent, or null in a Parquet / Hub row whose other messages have one
+        return 1
+    if isinstance(weight, bool) or weight not in (0, 1):
+        raise _bad(record, f"message {i} ({role}): 'weight' must be 0 or 1, not {weight!r}")
+    if weight == 1 and role != "assistant":
+        raise _bad(record, f"message {i} ({role}) has 'weight': 1, but only assistant answers are trained",
+                   "drop the weight, or use --train-on-inputs to train every token")
+    return int(weight)
+
+
+def _tool_calls(record: Record, i: int, calls: Any) -> list[dict[str, Any]]:
+    """OpenAI's ``[{"type": "function", "function": {"name", "arguments"}}]``, checked and kept as is."""
+    if not isinstance(calls, list):
+        raise _bad(record, f"message {i} (assistant): 'tool_calls' must be a list, not {_type(calls)}")
+    for n, call in enumerate(calls, start=1):
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise _bad(record, f"message {i} (assistant): tool call {n} has no function name",
+                       'write each call as {"type": "function", "function": {"name": ..., "arguments": ...}}')
+    return calls
 
 
 def _sharegpt(record: Record) -> Example:

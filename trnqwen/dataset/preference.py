@@ -174,7 +174,8 @@ def write_pairs(settings, assets_dir: Path, cache_root: Path, key: str, source: 
     pairs, fmt, n_records = load_pairs(source, settings.dataset_format)
     val_pairs: list[PreferencePair] = []
     if val_source is not None:
-        val_pairs, _, _ = load_pairs(val_source, fmt)
+        val_pairs, _, val_records = load_pairs(val_source, fmt)
+        n_records += val_records  # records = every record read, kept + dropped (as SFT's report counts)
     train_idx, val_idx = split_indices(len(pairs), len(val_pairs), settings)
     everything = pairs + val_pairs
     tokenizer = chat.load_tokenizer(assets_dir)

@@ -24,10 +24,11 @@ from trnqwen.errors import UsageError
 from trnqwen.fsutil import expand_user
 
 # Bump when the rendering/masking/packing rules change, so old caches are not reused.
-PIPELINE_VERSION = 1
+PIPELINE_VERSION = 2  # 2: "weight": 0, tools and tool turns (issue 28); a .txt BOM dropped
 REPORT_KEYS = (
-    "format", "records", "kept", "dropped", "truncated", "tokens", "trained_tokens", "sequences",
-    "padding_fraction", "val_records", "problems", "sample",
+    "format", "records", "kept", "dropped", "truncated", "train_records", "tokens", "trained_tokens", "sequences",
+    "padding_fraction", "val_records", "val_sequences", "val_tokens", "val_trained_tokens", "problems", "warnings",
+    "sample",
 )
 
 
@@ -105,6 +106,7 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
     prepared = _existing_cache(settings.dataset)
     if prepared is not None:
         _check_cache_method(prepared, settings.method)
+        check_cache_settings(settings, cache.read_meta(prepared.cache_dir), prepared.cache_dir)
         return prepared
     dataset = settings.dataset
     if dataset is None and settings.method == "dpo":
@@ -114,19 +116,24 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
     source = resolve_source(dataset, split=settings.dataset_split)
     val_source = resolve_source(settings.val_dataset, split=settings.dataset_split) if settings.val_dataset else None
     key = _key(settings, source, val_source, assets_dir)
+    # What the folders hold beside the data is not in the key: said afresh on every call.
+    warnings = [*source.skipped]
+    if val_source is not None:
+        warnings += [*val_source.skipped, *_same_data(source, val_source, settings.val_dataset)]
     found = cache.lookup(cache_root, key)
     if found is not None:
-        return PreparedData(found, key, True, cache.read_meta(found).get("report", {}))
+        return PreparedData(found, key, True, {**cache.read_meta(found).get("report", {}), "warnings": warnings})
 
     if settings.method == "dpo":
         from trnqwen.dataset import preference
 
         directory, report = preference.write_pairs(settings, assets_dir, cache_root, key, source, val_source, _split)
-        return PreparedData(directory, key, False, report)
+        return PreparedData(directory, key, False, {**report, "warnings": warnings})
     examples, fmt, records = _examples(source, settings.dataset_format)
     val_examples: list[Example] = []
     if val_source is not None:
-        val_examples, _, _ = _examples(val_source, fmt)
+        val_examples, _, val_records = _examples(val_source, fmt)
+        records += val_records
     train_idx, val_idx = _split(len(examples), len(val_examples), settings)
 
     tokenizer = chat.load_tokenizer(assets_dir)
@@ -134,7 +141,29 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
     texts, spans = chat.render(tokenizer, everything, train_on_inputs=settings.train_on_inputs)
     docs = chat.tokenize(tokenizer, texts, spans)
     return _pack_and_write(settings, docs, everything, fmt, records, train_idx, val_idx, tokenizer, source,
-                           cache_root, key)
+                           cache_root, key, warnings)
+
+
+def _same_data(source: Source, val_source: Source, val_name: Optional[str]) -> list[str]:
+    """A warning when ``--val-dataset`` holds the training data (the same file, or a copy of it):
+    its loss would then measure records the model trains on."""
+    if source.hub_name or val_source.hub_name:
+        same = [source.hub_name] if (source.hub_name, source.split) == (val_source.hub_name, val_source.split) else []
+    else:
+        same = [str(v) for v in val_source.files if any(_same_file(v, t) for t in source.files)]
+    if not same:
+        return []
+    return [f"--val-dataset {val_name} is training data too ({', '.join(same[:3])}{', ...' if len(same) > 3 else ''} "
+            "is also in --dataset): its validation loss measures records the model trains on"]
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    import filecmp
+
+    try:
+        return a.samefile(b) or (a.stat().st_size == b.stat().st_size and filecmp.cmp(a, b, shallow=False))
+    except OSError:
+        return False
 
 
 def _existing_cache(dataset: Optional[str]) -> Optional[PreparedData]:
@@ -155,6 +184,45 @@ def _check_cache_method(prepared: PreparedData, method: str) -> None:
             f"the token cache {prepared.cache_dir} holds {'preference pairs' if made_for == 'dpo' else 'SFT rows'}, "
             f"not data for --method {method}",
             hint=f"use --method {made_for}, or give the records themselves as --dataset",
+        )
+
+
+def _flag(name: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return f"--{'' if value else 'no-'}{name.replace('_', '-')}"
+    return f"--{name.replace('_', '-')} {value if value is not None else '(none)'}"
+
+
+def check_cache_settings(settings: Any, meta: dict[str, Any], cache_dir: Path) -> None:
+    """``--dataset`` naming a token cache trains on the cache as it was prepared: a data setting
+    given away from its default that disagrees with the cache is refused (all of them in one line),
+    never silently ignored.  ``settings``: a DataSettings or a RunConfig."""
+    if not isinstance(settings, DataSettings):
+        settings = DataSettings.from_config(settings)
+    defaults = DataSettings()
+    recorded = {**defaults.__dict__, **(meta.get("settings") or {})}
+    recorded["seq_len"], recorded["packing"] = meta.get("seq_len", recorded["seq_len"]), meta.get("packing", recorded["packing"])
+    recorded["dataset_format"] = meta.get("format") or recorded["dataset_format"]
+    wrong = []
+    for name in ("seq_len", "packing", "train_on_inputs", "long_conversations", "val_split", "val_dataset",
+                 "dataset_format", "dataset_split"):
+        value = getattr(settings, name)
+        if name == "dataset_format" and value == "auto":
+            value = None
+        if value == getattr(defaults, name) or value == recorded.get(name):
+            continue
+        theirs = recorded.get(name)
+        if name == "seq_len":
+            wrong.append(f"--seq-len {value} (the cache holds {theirs}-token sequences)")
+            continue
+        shown = _flag(name, theirs) if isinstance(theirs, bool) else ("none" if theirs is None else theirs)
+        wrong.append(f"{_flag(name, value)} (the cache: {shown})")
+    if wrong:
+        raise UsageError(
+            f"--dataset {cache_dir} is a token cache, prepared with other data settings than "
+            f"{'these' if len(wrong) > 1 else 'this one'}: {'; '.join(wrong)}",
+            hint="drop those settings to use the cache as it is, or pass the original data as --dataset "
+            "to prepare it with them",
         )
 
 
@@ -222,7 +290,8 @@ def _split(n_train: int, n_val_dataset: int, settings: DataSettings) -> tuple[np
     return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
-def _pack_and_write(settings, docs, examples, fmt, n_records, train_idx, val_idx, tokenizer, source, cache_root, key):
+def _pack_and_write(settings, docs, examples, fmt, n_records, train_idx, val_idx, tokenizer, source, cache_root, key,
+                    warnings):
     from trnqwen.dataset import packing
 
     fitted = packing.fit_documents(docs, settings.seq_len, settings.long_conversations)
@@ -242,6 +311,7 @@ def _pack_and_write(settings, docs, examples, fmt, n_records, train_idx, val_idx
     elif len(val_idx):
         raise UsageError("every validation record was dropped", hint="raise --seq-len or pick other validation data")
     report = _report(settings, fmt, n_records, docs, examples, fitted, splits, train_docs, len(val_docs), tokenizer)
+    report["warnings"] = warnings
     report["source"] = source.name
     directory = cache.write_cache(
         cache_root, key, splits, seq_len=settings.seq_len, packing=settings.packing, pad_id=int(pad_id),
@@ -270,6 +340,7 @@ def _report(settings, fmt, n_records, docs, examples, fitted, splits, train_docs
     for reason, indices in fitted.dropped.items():
         problems.append(f"{len(indices)} record(s) dropped: {reason} (first: {examples[indices[0]].where})")
     dropped = sum(len(v) for v in fitted.dropped.values())
+    val = splits["val"].stats() if "val" in splits else {"sequences": 0, "tokens": 0, "trained_tokens": 0, "padding_tokens": 0}
     return {
         "format": fmt,
         "records": int(n_records),
@@ -283,8 +354,12 @@ def _report(settings, fmt, n_records, docs, examples, fitted, splits, train_docs
         "seq_len": seq_len,
         "packing": settings.packing,
         "padding_fraction": round(train["padding_tokens"] / max(1, train["sequences"] * seq_len), 4),
+        "train_records": int(len(train_docs)),
         "val_records": int(n_val),
-        "val_sequences": splits["val"].stats()["sequences"] if "val" in splits else 0,
+        "val_sequences": val["sequences"],
+        "val_tokens": val["tokens"],
+        "val_trained_tokens": val["trained_tokens"],
+        "val_padding_fraction": round(val["padding_tokens"] / max(1, val["sequences"] * seq_len), 4),
         "problems": problems,
         "sample": _sample(docs, fitted, int(train_docs[0]), tokenizer, seq_len),
     }

@@ -6,6 +6,7 @@ On a terminal the trained spans are highlighted; piped (or with NO_COLOR) they a
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional
 
 TRAINED_STYLE = "bold black on green"
@@ -25,26 +26,64 @@ def sample_text(sample: dict[str, Any], *, markers: bool):
     return out
 
 
-def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
-    trained_share = report["trained_tokens"] / max(1, report["tokens"])
-    reasons = report.get("dropped_reasons") or {}
-    dropped = f"{report['dropped']:,}" + (f" ({'; '.join(f'{n} {r}' for r, n in reasons.items())})" if reasons else "")
-    layout = "packed" if report.get("packing", True) else "one conversation per row"
+KEY_SHOWN = 12  # the cache key's leading hex digits in the table (the whole key is in --json)
+
+
+def _split_rows(stats: dict[str, Any], seq_len: Any, layout: str) -> list[tuple[str, str]]:
+    share = stats["trained_tokens"] / max(1, stats["tokens"])
     return [
-        ("format", report["format"]),
-        ("records", f"{report['records']:,}"),
-        ("kept", f"{report['kept']:,}"),
-        ("dropped", dropped),
-        ("truncated", f"{report['truncated']:,}"),
-        ("tokens", f"{report['tokens']:,}"),
-        ("trained tokens", f"{report['trained_tokens']:,} ({trained_share:.1%} of tokens)"),
-        ("sequences", f"{report['sequences']:,} x {report.get('seq_len', '?')} tokens, {layout}"),
-        ("padding", f"{report['padding_fraction']:.1%}"),
-        ("validation", f"{report['val_records']:,} records" if report["val_records"] else "none"),
+        ("  tokens", f"{stats['tokens']:,}"),
+        ("  trained tokens", f"{stats['trained_tokens']:,} ({share:.1%} of tokens)"),
+        ("  sequences", f"{stats['sequences']:,} x {seq_len} tokens, {layout}"),
+        ("  padding", f"{stats['padding_fraction']:.1%}"),
     ]
 
 
+def summary_groups(report: dict[str, Any]) -> list[list[tuple[str, str]]]:
+    """The table's rows in groups, each group one scope: every record read (both datasets),
+    then the training split, then the validation split."""
+    reasons = report.get("dropped_reasons") or {}
+    dropped = f"{report['dropped']:,}" + (f" ({'; '.join(f'{n} {r}' for r, n in reasons.items())})" if reasons else "")
+    layout = "packed" if report.get("packing", True) else "one conversation per row"
+    seq_len = report.get("seq_len", "?")
+    n_val = int(report.get("val_records") or 0)
+    n_train = int(report.get("train_records", report["kept"] - n_val))
+    records = [
+        ("format", report["format"]),
+        ("records", f"{report['records']:,} read (all splits)"),
+        ("kept", f"{report['kept']:,}: {n_train:,} training, {n_val:,} validation"),
+        ("dropped", dropped),
+        ("truncated", f"{report['truncated']:,}"),
+    ]
+    train = {k: report[k] for k in ("tokens", "trained_tokens", "sequences", "padding_fraction")}
+    groups = [records, [("training split", f"{n_train:,} records"), *_split_rows(train, seq_len, layout)]]
+    if not n_val:
+        groups.append([("validation split", "none")])
+    elif "val_tokens" in report:
+        val = {k: report[f"val_{k}"] for k in ("tokens", "trained_tokens", "sequences", "padding_fraction")}
+        groups.append([("validation split", f"{n_val:,} records"), *_split_rows(val, seq_len, layout)])
+    else:  # a report written before the validation split's counts were kept
+        groups.append([("validation split", f"{n_val:,} records, {report.get('val_sequences', 0):,} sequences")])
+    return groups
+
+
+def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    return [row for group in summary_groups(report) for row in group]
+
+
+def short_cache_dir(cache_dir: Path) -> str:
+    """``~/.cache/trnqwen/datasets/256e157d1a2b…``: the folder with the key cut to KEY_SHOWN digits."""
+    cache_dir = Path(cache_dir)
+    parent = str(cache_dir.parent)
+    home = str(Path.home())
+    if parent == home or parent.startswith(home + "/"):
+        parent = "~" + parent[len(home):]
+    name = cache_dir.name
+    return f"{parent}/{name[:KEY_SHOWN]}…" if len(name) > KEY_SHOWN + 4 else f"{parent}/{name}"
+
+
 def print_report(prepared, *, dataset: Optional[str] = None) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from trnqwen.output import console
@@ -54,12 +93,14 @@ def print_report(prepared, *, dataset: Optional[str] = None) -> None:
     table = Table(title=f"Dataset {report.get('source') or dataset or ''}".strip(), title_justify="left", show_header=False)
     table.add_column("", style="bold")
     table.add_column("", overflow="fold")
-    for name, value in summary_rows(report):
-        table.add_row(name, value)
-    table.add_row("cache", f"{prepared.cache_dir} ({'reused' if prepared.reused else 'written'})")
+    for group in summary_groups(report):
+        for name, value in group:
+            table.add_row(name, value)
+        table.add_section()
+    table.add_row("cache", f"{short_cache_dir(prepared.cache_dir)} ({'reused' if prepared.reused else 'written'})")
     out.print(table)
-    for problem in report.get("problems", []):
-        out.print(f"[yellow]note:[/yellow] {problem}", markup=True, highlight=False)
+    for note in [*report.get("warnings", []), *report.get("problems", [])]:
+        out.print(f"[yellow]note:[/yellow] {escape(note)}", markup=True, highlight=False)
     markers = not out.is_terminal or out.no_color
     legend = f"trained text in {OPEN} {CLOSE}" if markers else "trained text highlighted"
     out.print(f"\nSample (first training record; {legend}):")

@@ -7,16 +7,18 @@ judge the records' shape: :mod:`trnqwen.dataset.formats` does that.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trnqwen.dataset.cache import ContentKey
 from trnqwen.errors import EnvironmentProblem, UsageError
-from trnqwen.fsutil import expand_user
+from trnqwen.fsutil import broken_link, expand_user
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?")
@@ -37,6 +39,7 @@ class Source:
     hub_name: str | None = None
     split: str = "train"
     columns: list[str] | None = None  # Parquet / Hub: the columns, for "no recognised column" errors
+    skipped: list[str] = field(default_factory=list)  # what a folder held that is not read, and why
     _hub_dataset: Any = field(default=None, repr=False)
 
     def add_to_key(self, key: ContentKey, label: str) -> None:
@@ -82,7 +85,11 @@ def resolve_source(dataset: str | os.PathLike | None, *, split: str = "train") -
     name = str(dataset) if dataset is not None else str(bundled_chat_path())
     path = expand_user(name)
     if path.exists():
-        return Source(name=name, files=_local_files(path.resolve()), split=split)
+        files, skipped = _local_files(path.resolve())
+        return Source(name=name, files=files, split=split, skipped=skipped)
+    link = broken_link(path)
+    if link:  # a local path the user can see: never taken for a Hub name
+        raise UsageError(f"dataset {name} is {link}", hint="point the link at the data, or pass the data's own path")
     if name.startswith((".", "/", "~")) or Path(name).suffix.lower() in SUFFIXES or name.endswith("/"):
         raise UsageError(
             f"dataset {name} does not exist",
@@ -96,12 +103,16 @@ def resolve_source(dataset: str | os.PathLike | None, *, split: str = "train") -
     return Source(name=name, hub_name=name, split=split)
 
 
-def _local_files(path: Path) -> list[Path]:
+def _local_files(path: Path) -> tuple[list[Path], list[str]]:
+    """The data files of ``path`` (a file, or a folder walked with its links followed) and what
+    a folder held that is not read, each with why."""
+    skipped: list[str] = []
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
+        files = _walk(path, skipped)
         if not files:
             raise UsageError(
-                f"dataset folder {path} has no .jsonl/.json/.parquet/.txt files",
+                f"dataset folder {path} has no .jsonl/.json/.parquet/.txt files"
+                + (f" ({'; '.join(skipped)})" if skipped else ""),
                 hint="put the records in that folder, or pass one file",
             )
     else:
@@ -114,41 +125,161 @@ def _local_files(path: Path) -> list[Path]:
     kinds = {SUFFIXES[p.suffix.lower()] for p in files}
     if len(kinds) > 1:
         raise UsageError(f"dataset folder {path} mixes file types ({', '.join(sorted(kinds))})", hint="keep one type per folder")
-    return files
+    return files, skipped
+
+
+_SHOWN_SKIPPED = 5
+
+
+def _walk(top: Path, notes: list[str]) -> list[Path]:
+    """Every data file under ``top``, following links to folders and files (a folder of linked
+    shards is the data); a link back to a folder above it (a loop), a second way to a folder or
+    file already read, a broken link, an unreadable folder and files of other types are left out
+    and named in ``notes``, never silently."""
+    files: list[Path] = []
+    skipped: list[str] = []
+    other_types: list[str] = []
+    seen: dict[tuple[int, int], Path] = {}
+
+    def visit(folder: Path, above: tuple[tuple[int, int], ...]) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            skipped.append(f"{folder} (cannot be read: {exc.strerror or exc})")
+            return
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                st = path.stat()  # follows links
+            except OSError:
+                skipped.append(f"{path} ({broken_link(path) or 'cannot be read'})")
+                continue
+            ident = (st.st_dev, st.st_ino)
+            if stat.S_ISDIR(st.st_mode):
+                if ident in above:
+                    skipped.append(f"{path} (a link back to {seen.get(ident, 'a folder above it')}: a loop)")
+                elif ident in seen:
+                    skipped.append(f"{path} (the same folder as {seen[ident]}, read once)")
+                else:
+                    seen[ident] = path
+                    visit(path, (*above, ident))
+            elif path.suffix.lower() not in SUFFIXES:
+                if stat.S_ISREG(st.st_mode) and not entry.name.startswith("."):
+                    other_types.append(str(path.relative_to(top)))
+            elif ident in seen:
+                skipped.append(f"{path} (the same file as {seen[ident]}, read once)")
+            elif stat.S_ISREG(st.st_mode):
+                seen[ident] = path
+                files.append(path)
+
+    root = top.stat()
+    seen[(root.st_dev, root.st_ino)] = top
+    visit(top, ((root.st_dev, root.st_ino),))
+    if skipped:
+        more = f"; and {len(skipped) - _SHOWN_SKIPPED} more" if len(skipped) > _SHOWN_SKIPPED else ""
+        notes.append(f"{len(skipped)} path(s) in {top} not read: {'; '.join(skipped[:_SHOWN_SKIPPED])}{more}")
+    if other_types:
+        more = ", ..." if len(other_types) > _SHOWN_SKIPPED else ""
+        notes.append(f"{len(other_types)} file(s) in {top} not read, not .jsonl/.json/.parquet/.txt: "
+                     f"{', '.join(other_types[:_SHOWN_SKIPPED])}{more}")
+    return sorted(files)
 
 
 def _read_text(path: Path) -> str:
+    """The file as text: UTF-8, a leading byte-order mark dropped (it is not part of the data)."""
+    data = path.read_bytes()
+    bom = data.startswith(codecs.BOM_UTF8)
+    body = data[len(codecs.BOM_UTF8):] if bom else data
     try:
-        return path.read_text(encoding="utf-8")
+        return body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: not UTF-8 text (byte {exc.start})", hint="save the file as UTF-8") from None
+        line = body.count(b"\n", 0, exc.start) + 1
+        raise UsageError(
+            f"{path} line {line}: not UTF-8 text (byte {exc.start + (3 if bom else 0)} of the file, {body[exc.start:exc.start + 1]!r})",
+            hint="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+        ) from None
+
+
+def _parse(text: str, where: str) -> Any:
+    """One JSON value; too deep a nesting is the record's fault, named."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise UsageError(f"{where}: nested too deeply to read as JSON", hint="flatten or remove that record") from None
+
+
+def _has_surrogate_escape(text: str) -> bool:
+    return "\\ud" in text or "\\uD" in text
+
+
+def _check_unicode(value: Any, where: str) -> None:
+    """A ``\\ud800``-style escape alone is valid JSON but no character: name the record."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UsageError(
+            f"{where}: a string holds a lone surrogate \\u{ord(exc.object[exc.start]):04x} "
+            "(half of a UTF-16 pair, not a character)",
+            hint="fix the escape (a pair like \\ud83d\\ude00 is one character) or remove it",
+        ) from None
+
+
+def _whole_file_is(text: str, kind: type) -> bool:
+    try:
+        return isinstance(json.loads(text), kind)
+    except (ValueError, RecursionError):
+        return False
 
 
 def _read_jsonl(source: Source, path: Path) -> list[Record]:
+    """One JSON object per line.  Lines end at ``\\n`` only (``\\r\\n`` too): U+2028, U+2029 and
+    U+0085 are valid inside JSON strings, so ``str.splitlines`` would cut records in two."""
+    text = _read_text(path)
     records = []
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
+        where = f"{path} line {number}"
         try:
-            records.append(Record(json.loads(line), f"{path} line {number}"))
+            value = _parse(line, where)
         except json.JSONDecodeError as exc:
+            if not records and line.lstrip().startswith("[") and _whole_file_is(text, list):
+                raise _rename(path, "one JSON array of records", ".json") from None
             raise UsageError(
-                f"{path} line {number}: not valid JSON ({exc.msg}, column {exc.colno})",
+                f"{where}: not valid JSON ({exc.msg}, column {exc.colno})",
                 hint="each line of a .jsonl file must be one JSON object",
             ) from None
+        if not records and isinstance(value, list):
+            raise _rename(path, "a JSON array of records", ".json")
+        if _has_surrogate_escape(line):  # (a pair, or half of one: rare, so checked only then)
+            _check_unicode(value, where)
+        records.append(Record(value, where))
     return records
 
 
+def _rename(path: Path, what: str, suffix: str) -> UsageError:
+    layout = "JSON Lines (one object per line)" if suffix == ".json" else "one JSON list of records"
+    return UsageError(f"{path}: holds {what}, not {layout}", hint=f"rename it to {path.stem}{suffix}")
+
+
 def _read_json(source: Source, path: Path) -> list[Record]:
+    text = _read_text(path)
     try:
-        data = json.loads(_read_text(path))
+        data = _parse(text, str(path))
     except json.JSONDecodeError as exc:
+        first = next((line for line in text.split("\n") if line.strip()), "")
+        if exc.msg == "Extra data" and _whole_file_is(first, dict):
+            raise _rename(path, "one JSON object per line (JSON Lines)", ".jsonl") from None
         raise UsageError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})", hint="fix the file") from None
     if isinstance(data, dict) and len(data) == 1 and isinstance(next(iter(data.values())), list):
         data = next(iter(data.values()))  # {"data": [...]} / {"train": [...]}
     if not isinstance(data, list):
         raise UsageError(f"{path}: expected a JSON list of records", hint="or write one record per line as .jsonl")
-    return [Record(item, f"{path} record {i}") for i, item in enumerate(data, start=1)]
+    records = [Record(item, f"{path} record {i}") for i, item in enumerate(data, start=1)]
+    if _has_surrogate_escape(text):
+        for record in records:
+            _check_unicode(record.data, record.where)
+    return records
 
 
 def _read_parquet(source: Source, path: Path) -> list[Record]:

@@ -53,8 +53,9 @@ class RankData:
         )
 
 
-def check_run(data: RankData, *, seq_len: int, val_every: Optional[int]) -> None:
-    """What would stop the ranks, said before any of them starts."""
+def check_run(data: RankData, *, seq_len: int, val_every: Optional[int], from_cache: bool = False) -> None:
+    """What would stop the ranks, said before any of them starts (``from_cache``: ``--dataset``
+    named the token cache itself, so the data settings cannot change it)."""
     if data.seq_len != seq_len:
         raise UsageError(
             f"the dataset cache {data.cache_dir} holds {data.seq_len}-token sequences, the run uses --seq-len {seq_len}",
@@ -63,6 +64,12 @@ def check_run(data: RankData, *, seq_len: int, val_every: Optional[int]) -> None
     if data.train_rows < 1:
         raise UsageError(f"the dataset cache {data.cache_dir} has no training sequences", hint="check the data with `trnqwen data`")
     if val_every and not data.has_val:
+        if from_cache:
+            source = data.meta.get("source") or "the original data"
+            raise UsageError(
+                f"--val-every needs a validation split, and the token cache {data.cache_dir} has none",
+                hint=f"pass the original data ({source}) as --dataset with --val-split 0.05 (or --val-dataset FILE)",
+            )
         raise UsageError(
             "--val-every needs a validation split, and this dataset has none",
             hint="add --val-split 0.05 (held out from the data) or --val-dataset FILE",
@@ -132,7 +139,10 @@ def prepare_rank_data(cfg: Any, assets_dir: Path) -> Optional[tuple[Any, RankDat
     path = Path(cfg.dataset).expanduser()
     notes: list[str] = []
     if is_prepared_cache(path):
+        from trnqwen.dataset.prepare import check_cache_settings
+
         data = RankData.from_cache(path)
+        check_cache_settings(cfg, data.meta, data.cache_dir)
     else:
         from trnqwen.dataset.prepare import prepare_dataset
 
@@ -149,14 +159,14 @@ def prepare_rank_data(cfg: Any, assets_dir: Path) -> Optional[tuple[Any, RankDat
         prepared = prepare_dataset(cfg, assets_dir)
         data = RankData.from_cache(prepared.cache_dir)
         notes += _report_notes(prepared.report)
-    check_run(data, seq_len=cfg.seq_len, val_every=cfg.val_every)
+    check_run(data, seq_len=cfg.seq_len, val_every=cfg.val_every, from_cache=is_prepared_cache(path))
     spec = DataSpec(kind="cache", source=str(cfg.dataset), data_files=[str(data.cache_dir)], notes=notes)
     return spec, data
 
 
 def _report_notes(report: dict[str, Any]) -> list[str]:
     """What preparing the data left out, said before training (never dropped silently)."""
-    notes = []
+    notes = [f"dataset: {warning}" for warning in report.get("warnings") or []]
     dropped, truncated = int(report.get("dropped") or 0), int(report.get("truncated") or 0)
     if dropped or truncated:
         notes.append(
