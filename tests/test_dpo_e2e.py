@@ -1,7 +1,9 @@
 """DPO for real: torchrun, 2 CPU ranks, the bundled preference set, every backend.
 
-One ``trnqwen train --method dpo`` per backend (native, hf-v5, hf-trainer) from the same briefly
-pre-trained tiny Qwen3, shared by the tests here:
+One ``trnqwen train --method dpo`` per backend (native, hf-v5, hf-trainer) from the same tiny Qwen3
+(the built-in random init: its held-out preference accuracy is near chance, 0.57, so a gain is
+visible; a model pre-trained on the chats already prefers the right result 80% of the time), shared
+by the tests here:
 
 * step 1 is ln 2 on every backend (the reference is the starting weights, computed once before
   step 1 and reused by a rerun), and the backends agree step by step;
@@ -20,26 +22,23 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import run_subprocess
-from tests.test_chat_training import _pretrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # three backends' runs in one fixture
 
 SEQ = 256
-STEPS = 6
+STEPS = 16
 BACKENDS = ("native", "hf-v5", "hf-trainer")
-COMMON = ("--device", "cpu", "--nproc-per-node", "2", "--steps", str(STEPS), "--seq-len", str(SEQ), "--lr", "2e-3",
+COMMON = ("--device", "cpu", "--nproc-per-node", "2", "--steps", str(STEPS), "--seq-len", str(SEQ), "--lr", "5e-4",
           "--finetune", "--method", "dpo", "--beta", "0.1", "--local-batch-size", "2", "--val-split", "0.1",
           "--val-every", str(STEPS), "--json")
 
 
 @pytest.fixture(scope="session")
 def dpo_runs(tmp_path_factory):
-    from trnqwen.data import chat_recipe
     from trnqwen.fetch.builtin import write_tiny_qwen3
 
     root = tmp_path_factory.mktemp("dpo")
-    tiny = write_tiny_qwen3(root / "tiny" / "tiny-qwen3")
-    assets = _pretrain(tiny, chat_recipe.chat_path(), root / "assets" / "tiny-qwen3")
+    assets = write_tiny_qwen3(root / "assets" / "tiny-qwen3")
     env = {"XDG_CACHE_HOME": str(root / "cache")}
     runs = {}
     for backend in BACKENDS:
@@ -126,7 +125,7 @@ def test_the_export_loads_plainly_and_prefers_the_chosen_answers_more(dpo_runs, 
     base_acc, base_margin = _preference(dpo_runs["assets"], cache)
     tuned_acc, tuned_margin = _preference(exported, cache)
     assert tuned_margin > base_margin, (backend, base_margin, tuned_margin)
-    assert tuned_acc >= base_acc, (backend, base_acc, tuned_acc)
+    assert tuned_acc > base_acc, (backend, base_acc, tuned_acc)  # measured 0.57 -> 0.77 (native)
     val = _dpo(cwd, validate=True)
     assert val[STEPS]["margin"] > 0, val
 
@@ -156,7 +155,8 @@ def test_lora_dpo_starts_at_ln2_with_the_base_as_reference_and_exports_an_adapte
     cwd = dpo_runs["root"] / "lora"
     cwd.mkdir()
     r = run_subprocess("train", "--model", "builtin:tiny-qwen3", "--assets", str(dpo_runs["assets"]), "--backend", "hf-v5",
-                       *COMMON[:4], "--steps", "3", *COMMON[6:], "--lora", "--lora-rank", "8", "--lora-dropout", "0.1",
+                       "--device", "cpu", "--nproc-per-node", "2", "--steps", "3", "--seq-len", str(SEQ), "--lr", "1e-3",
+                       "--finetune", "--method", "dpo", "--json", "--lora", "--lora-rank", "8", "--lora-dropout", "0.1",
                        cwd=cwd, env=dpo_runs["env"], timeout=900)
     assert r.code == 0, r.text[-4000:]
     assert abs(_losses(cwd)[1] - math.log(2)) < 1e-4, _losses(cwd)
