@@ -67,6 +67,17 @@ def fit_documents(docs: TokenizedDocs, seq_len: int, policy: str) -> Fitted:
     return Fitted(keep=keep, lengths=lengths[keep], truncated=truncated, dropped=dropped)
 
 
+def fit_problems(noun: str, cut: str, truncated: list[int], dropped: dict[str, list[int]], where) -> list[str]:
+    """The report's lines for what fitting cut or dropped, each naming its first record
+    (``where(i)``); one wording for chat records and preference pairs."""
+    problems = []
+    if truncated:
+        problems.append(f"{len(truncated)} {noun}(s) {cut} (first: {where(truncated[0])})")
+    for reason, indices in dropped.items():
+        problems.append(f"{len(indices)} {noun}(s) dropped: {reason} (first: {where(indices[0])})")
+    return problems
+
+
 def _targets_per_doc(docs: TokenizedDocs, lengths: np.ndarray) -> np.ndarray:
     start = docs.bounds[:-1]
     position = np.arange(len(docs.ids)) - np.repeat(start, docs.lengths)

@@ -29,6 +29,7 @@ import numpy as np
 from trnqwen.dataset import cache
 from trnqwen.dataset.cache import IGNORE_INDEX, SplitArrays
 from trnqwen.dataset.encode import TokenizedDocs
+from trnqwen.dataset.packing import fit_problems
 from trnqwen.dataset.preference_formats import (
     PREFERENCE_FORMATS,
     PreferencePair,
@@ -212,14 +213,8 @@ def write_pairs(settings, assets_dir: Path, cache_root: Path, key: str, source: 
 def pair_report(settings, fmt, n_records, docs, pairs, fitted, splits, train_pairs, n_val) -> dict[str, Any]:
     train = splits["train"].stats()
     seq_len = settings.seq_len
-    problems = []
-    if fitted.truncated:
-        problems.append(
-            f"{len(fitted.truncated)} pair(s) longer than {seq_len} tokens: their prompts cut from the start "
-            f"(first: {pairs[fitted.truncated[0]].where})"
-        )
-    for reason, indices in fitted.dropped.items():
-        problems.append(f"{len(indices)} pair(s) dropped: {reason} (first: {pairs[indices[0]].where})")
+    problems = fit_problems("pair", f"longer than {seq_len} tokens: their prompts cut from the start",
+                            fitted.truncated, fitted.dropped, lambda i: pairs[i].where)
     lengths = docs.lengths.reshape(-1, 2)[train_pairs]
     trained = np.add.reduceat(docs.trained.astype(np.int64), docs.bounds[:-1]).reshape(-1, 2)[train_pairs]
     return {

@@ -331,14 +331,10 @@ def _eos_token(tokenizer) -> str:
 def _report(settings, fmt, n_records, docs, examples, fitted, splits, train_docs, n_val, tokenizer) -> dict[str, Any]:
     train = splits["train"].stats()
     seq_len = settings.seq_len
-    problems = []
-    if fitted.truncated:
-        problems.append(
-            f"{len(fitted.truncated)} record(s) longer than {seq_len} tokens truncated to {seq_len} "
-            f"(first: {examples[fitted.truncated[0]].where})"
-        )
-    for reason, indices in fitted.dropped.items():
-        problems.append(f"{len(indices)} record(s) dropped: {reason} (first: {examples[indices[0]].where})")
+    from trnqwen.dataset.packing import fit_problems
+
+    problems = fit_problems("record", f"longer than {seq_len} tokens truncated to {seq_len}", fitted.truncated,
+                            fitted.dropped, lambda i: examples[i].where)
     dropped = sum(len(v) for v in fitted.dropped.values())
     val = splits["val"].stats() if "val" in splits else {"sequences": 0, "tokens": 0, "trained_tokens": 0, "padding_tokens": 0}
     return {
