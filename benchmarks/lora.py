@@ -101,11 +101,13 @@ def measured_run(argv: list[str], *, cwd: Path, env: dict) -> dict:
     sampler.start()
     from trnqwen.logs.parse import parse_step_line
 
-    stamps, tail, last_step_at = [], [], None
+    stamps, tail, last_step_at, ready = [], [], None, None
     assert proc.stdout is not None
     for raw in iter(proc.stdout.readline, b""):
         text = raw.decode("utf-8", "replace")
         tail = (tail + [text])[-20:]
+        if ready is None and "Trainer is initialized" in text:  # model built and sharded; the load comes next
+            ready = logged_at(text)
         if parse_step_line(text) is not None:
             last_step_at = time.monotonic()
             at = logged_at(text)
@@ -121,6 +123,8 @@ def measured_run(argv: list[str], *, cwd: Path, env: dict) -> dict:
         "wall_s": round(wall, 2),
         "steps": len(stamps),
         "seconds_per_step": round(statistics.median(deltas), 3) if deltas else None,
+        # from the trainer's start (checkpoint load, any pass before step 1, step 1's warm-up) to the last step
+        "ready_to_last_step_s": round(stamps[-1] - ready, 2) if stamps and ready is not None else None,
         "after_last_step_s": round(time.monotonic() - last_step_at, 2) if last_step_at else None,
         "peak_rss_per_rank_mib": sorted(round(v / 2**20) for v in peaks.values()),
         "output_tail": "".join(tail) if rc else "",
