@@ -95,13 +95,16 @@ def _calls(module):
 # --- trnqwen.toml examples ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", ["hf-v5", "native", "nki-moe"])
+@pytest.mark.parametrize("backend", ["hf-v5", "native", "nki-moe", "dpo"])
 def test_each_trn2_example_config_resolves(backend, in_tmp):
     from trnqwen.config import resolve_config
 
     path = EXAMPLES / f"trn2-{backend}.toml"
     resolved = resolve_config({}, config_file=path, environ={})
     cfg = resolved.config
+    if backend == "dpo":  # preference tuning with a LoRA adapter on the recipe's backend
+        assert (cfg.method, cfg.beta, cfg.dpo_loss, cfg.lora, cfg.lr) == ("dpo", 0.1, "sigmoid", True, 5e-6)
+        backend = "hf-v5"
     assert cfg.backend == backend
     assert cfg.device == "neuron" and cfg.nproc_per_node == 64 and cfg.lnc == 2
     assert cfg.finetune is True
