@@ -102,6 +102,7 @@ class Meter:
     """Sums over a step (or a validation pass): reduced across ranks once, at log time."""
 
     def __init__(self) -> None:
+        self.device = None  # where the sums live (the logits' device): the collective runs there
         self.reset()
 
     def reset(self) -> None:
@@ -115,10 +116,12 @@ class Meter:
             terms.losses.detach().sum(),
         ]).float()
         self.totals = row if self.totals is None else self.totals + row
+        self.device = row.device
 
     def reduce(self, all_reduce=None) -> Optional[dict[str, float]]:
         """The means (over every rank's pairs when ``all_reduce`` sums a tensor across ranks)."""
-        totals = self.totals if self.totals is not None else torch.zeros(5, dtype=torch.float32)
+        # a rank that saw no pair this time still joins the sum, on the device the collective needs
+        totals = self.totals if self.totals is not None else torch.zeros(5, dtype=torch.float32, device=self.device)
         if all_reduce is not None:
             totals = totals.clone()
             all_reduce(totals)

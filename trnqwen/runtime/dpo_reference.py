@@ -93,10 +93,10 @@ def run_pass(directory: Path, cache_dir: str, needed: dict[str, int], *, model, 
             arrays[name], computed[name] = np.array(store.open_reference(directory, name)), have[name]
             continue
         array = _compute(model, forward, split, rank, world, batch_size, first, rows)
-        if distributed:
-            tensor = torch.from_numpy(array)
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)  # each row came from one rank per dp group
-            array = tensor.numpy() / replicas
+        if distributed:  # each row came from one rank per dp group; NCCL/Neuron collectives want device tensors
+            tensor = torch.from_numpy(array).to(_collective_device(model))
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            array = tensor.cpu().numpy() / replicas
         if first:  # extend the earlier prefix: its rows stay exactly as they were
             array[:first] = store.open_reference(directory, name)[:first]
         array[rows:] = np.nan
@@ -111,6 +111,13 @@ def run_pass(directory: Path, cache_dir: str, needed: dict[str, int], *, model, 
     done = ", ".join(f"{rows - min(have.get(name, 0), rows)} {name}" for name, rows in needed.items())
     log(reference_line("computed", f"for {done} rows in {seconds:.1f} s (key {directory.name[:12]}, {directory})",
                        **(settings or {})))
+
+
+def _collective_device(model) -> torch.device:
+    """The device the process group reduces on: the model's (gloo on CPU reduces CPU tensors)."""
+    param = next(model.parameters(), None)
+    device = getattr(param, "device", torch.device("cpu"))
+    return torch.device("cpu") if device.type == "meta" else device
 
 
 def _replicas(trainer) -> int:
