@@ -173,6 +173,34 @@ def test_unknown_key_suggests(tmp_path):
     assert closest_field("zzzzzz") is None
 
 
+def test_toml_booleans_are_not_numbers(tmp_path):
+    """issue 28 #8: `steps = true` became steps 1 (pydantic's lax bool -> int)."""
+    _write(tmp_path / "trnqwen.toml", 'steps = true\nlr = false\nlnc = true\ncompile = true\n')
+    with pytest.raises(ConfigError) as exc:
+        resolve_config({}, environ={}, cwd=tmp_path)
+    problems = exc.value.problems
+    assert len(problems) == 3, problems  # compile is a boolean field: accepted
+    assert "steps = true: steps takes a whole number, not true/false" in problems[0]
+    assert "lr = false: lr takes a number" in problems[1]
+    assert "lnc = true: lnc takes a value: one of 1, 2" in problems[2]
+
+
+@pytest.mark.parametrize(
+    "text, again",
+    [
+        ("steps = 3\n[run]\nsteps = 5\n", "[run] steps sets steps again (already set by steps)"),
+        ("seq_len = 64\nseq-len = 128\n", "seq-len sets seq_len again (already set by seq_len)"),
+        ("[run]\nseq-len = 64\nseq_len = 64\n", "[run] seq_len sets seq_len again (already set by [run] seq-len)"),
+    ],
+)
+def test_toml_duplicate_keys_are_refused(tmp_path, text, again):
+    """issue 28 #8: a flat key and its [run] twin, or seq_len and seq-len, were resolved silently."""
+    _write(tmp_path / "trnqwen.toml", text)
+    with pytest.raises(ConfigError) as exc:
+        resolve_config({}, environ={}, cwd=tmp_path)
+    assert again in exc.value.message and exc.value.exit_code == EXIT_USAGE
+
+
 def test_toml_syntax_error(tmp_path):
     _write(tmp_path / "trnqwen.toml", "steps = = 3\n")
     with pytest.raises(ConfigError) as exc:

@@ -481,6 +481,23 @@ def _unknown_key_message(key: str, where: str) -> str:
     return f"{where}: unknown key '{key}'{tip}"
 
 
+def _takes_bool(name: str) -> bool:
+    return "bool" in str(RunConfig.model_fields[name].annotation)
+
+
+def _kind(name: str) -> str:
+    """What a field takes, in words, for an error about a TOML boolean."""
+    text = str(RunConfig.model_fields[name].annotation)
+    if "Literal" in text and "int" not in text:
+        words = re.findall(r"Literal\[([^\]]*)\]", text)
+        return "value: one of " + ", ".join(w.strip(" '") for w in ",".join(words).split(","))
+    if "float" in text:
+        return "number"
+    if "int" in text:
+        return "whole number"
+    return "list" if "list" in text else ("path" if "Path" in text else "string")
+
+
 def load_config_file(path: Path) -> dict[str, Any]:
     """Read trnqwen.toml: flat keys, or the same keys under a [run] table."""
     try:
@@ -493,13 +510,28 @@ def load_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError([f"{path}: not UTF-8 text"], hint="save trnqwen.toml as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{path}: TOML syntax error: {exc}"], hint="fix the line shown; see docs/config.md") from None
+    tables = [("", data)]
     if "run" in data and isinstance(data["run"], dict):
-        nested = data.pop("run")
-        data = {**data, **nested}
-    problems = [_unknown_key_message(k, str(path)) for k in data if k.replace("-", "_") not in FIELD_NAMES]
+        tables = [("", {k: v for k, v in data.items() if k != "run"}), ("[run] ", data["run"])]
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    written: dict[str, str] = {}  # field -> the key as written, where
+    for where, table in tables:
+        for key, value in table.items():
+            name = key.replace("-", "_")
+            if name not in FIELD_NAMES:
+                problems.append(_unknown_key_message(key, str(path)))
+                continue
+            if name in written:  # seq_len and seq-len, or steps and [run] steps: never pick one silently
+                problems.append(f"{path}: {where}{key} sets {name} again (already set by {written[name]}): keep one")
+                continue
+            written[name] = f"{where}{key}"
+            if isinstance(value, bool) and not _takes_bool(name):  # TOML true would become 1
+                problems.append(f"{path}: {where}{key} = {str(value).lower()}: {name} takes a {_kind(name)}, not true/false")
+                continue
+            values[name] = value
     if problems:
         raise ConfigError(problems, hint="see `trnqwen config show` or docs/config.md for the known keys")
-    values = {k.replace("-", "_"): v for k, v in data.items()}
     base = path.parent
     for key in PATH_FIELDS & values.keys():
         if isinstance(values[key], str) and not _expand(values[key]).is_absolute():
