@@ -266,7 +266,9 @@ def render_config_reference() -> str:
         f"`./{CONFIG_FILE_NAME}` is read when present; `--config-file FILE` (or `TRNQWEN_CONFIG_FILE`) "
         "names another one. Keys are the field names below (`-` and `_` both work), flat or under a "
         "`[run]` table. Relative paths in the file are relative to the file's folder. Unknown keys are "
-        "errors with a did-you-mean suggestion. Ready-made files for trn2.48xlarge are in "
+        "errors with a did-you-mean suggestion; so is a field set twice (`seq_len` and `seq-len`, or a flat "
+        "key and the same key under `[run]`), and `true`/`false` for a field that is not a bool (TOML "
+        "booleans never become 1/0). Ready-made files for trn2.48xlarge are in "
         "[`examples/`](../examples/).",
         "",
         "```toml",
