@@ -245,3 +245,16 @@ def test_killed_run_leaves_no_processes(tmp_path, tiny_assets):
     assert not alive, f"left behind: {[psutil.Process(p).cmdline() for p in alive]}"
     record = json.loads((log.parent / "run.json").read_text())
     assert (record["status"], record["ended_by"], record["exit_code"]) == ("interrupted", "SIGTERM", 138)
+
+
+@pytest.mark.slow
+def test_typo_in_a_raw_torchtitan_flag_is_the_root_cause(tmp_path, tiny_assets):
+    """issue 28 #9: the rank printed tyro's "Unrecognized options" box and exited 2 without a traceback;
+    the run said "no error message from the ranks"."""
+    args = [*TINY, "--nproc-per-node", "1", "--assets", str(tiny_assets), "--backend", "native", "--steps", "1"]
+    r = run_subprocess("train", *args, "--", "--metrics.log_freqq", "5", cwd=tmp_path, timeout=300)
+    assert r.code == 1, r.text
+    run_json = next((tmp_path / ".trnqwen" / "runs").glob("*/run.json"))
+    error = json.loads(run_json.read_text())["error"]
+    assert error == "Unrecognized options: --metrics.log_freqq, 5 (perhaps you meant --metrics.log-freq)", error
+    assert "no error message" not in r.err and "Unrecognized options: --metrics.log_freqq" in r.err

@@ -179,11 +179,22 @@ def root_cause(lines: Iterable[str]) -> Optional[str]:
     in_tb = False
     fatal: Optional[str] = None
     wrapper: Optional[str] = None  # torch.distributed.checkpoint wraps each rank's real error
+    box: Optional[list[str]] = None  # a command-line parse error (tyro's box): no traceback, exit 2
+    parse_error: Optional[str] = None
     # an item may hold several lines (a captured block): the answer is always one line
     for raw in (piece for item in lines for piece in item.splitlines()):
         text = clean_line(raw)
         line = text.strip()
         if not line:
+            continue
+        if parse_error is None and line.startswith("\u256d\u2500"):  # ╭─ Unrecognized options ───╮
+            box = []
+            continue
+        if box is not None:
+            if line.startswith("\u2570"):  # ╰───╯: the box ends
+                parse_error, box = _parse_error_line(box), None
+            else:
+                box.append(line.strip("\u2502 "))  # │ ... │
             continue
         if line.startswith(_TRACEBACK_START):
             in_tb = True
@@ -202,7 +213,26 @@ def root_cause(lines: Iterable[str]) -> Optional[str]:
             return line
         if fatal is None and _KNOWN_FATAL.search(line) and "torch/distributed/elastic" not in line:
             fatal = line
-    return wrapper or fatal
+    if box:  # a log cut off inside the box
+        parse_error = _parse_error_line(box)
+    return wrapper or parse_error or fatal
+
+
+def _parse_error_line(box: list[str]) -> Optional[str]:
+    """tyro's parse-error box (torchtitan's command line) as one line: what is wrong, and its suggestion.
+
+    ``Unrecognized options: --metrics.log_freqq, 5 (perhaps you meant --metrics.log-freq)``.
+    """
+    rows = [row for row in box if row and not set(row) <= set("\u2500 ")]
+    if not rows:
+        return None
+    first = rows[0]
+    if "Perhaps you meant:" in rows:
+        after = rows[rows.index("Perhaps you meant:") + 1:]
+        guess = next((row.split()[0] for row in after if row.startswith("-")), None)
+        if guess:
+            first += f" (perhaps you meant {guess})"
+    return first
 
 
 def first_failed_local_rank(lines: Iterable[str]) -> Optional[str]:
