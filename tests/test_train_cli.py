@@ -258,3 +258,6 @@ def test_typo_in_a_raw_torchtitan_flag_is_the_root_cause(tmp_path, tiny_assets):
     error = json.loads(run_json.read_text())["error"]
     assert error == "Unrecognized options: --metrics.log_freqq, 5 (perhaps you meant --metrics.log-freq)", error
     assert "no error message" not in r.err and "Unrecognized options: --metrics.log_freqq" in r.err
+    judged = run_subprocess("inspect-logs", "--json", cwd=tmp_path, timeout=120)
+    crash = [f for f in json.loads(judged.out)["findings"] if f["code"] == "crash"]
+    assert crash and "Unrecognized options: --metrics.log_freqq" in crash[0]["message"], judged.text

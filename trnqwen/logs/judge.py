@@ -510,7 +510,9 @@ def _check_crash(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         if isinstance(code, int) and code < 0:
             sig = {-9: " (SIGKILL: often the host's out-of-memory killer)", -15: " (SIGTERM)", -6: " (SIGABRT)", -11: " (SIGSEGV)"}.get(code, f" (signal {-code})")
         lines = [x for x in (failure.get("root_cause_line"), *(f["line"] for f in failure.get("failed", [])[:2])) if x]
-        out.append(Finding("error", "crash", f"rank {rank if rank is not None else '?'} exited with code {code}{sig}; no traceback in the log", lines))
+        found = ctx.record.error if ctx.record is not None and ctx.record.error and "no error message" not in ctx.record.error else None
+        tail = f"; the launcher found: {found}" if found else "; no traceback in the log"
+        out.append(Finding("error", "crash", f"rank {rank if rank is not None else '?'} exited with code {code}{sig}{tail}", lines))
     elif log.errors:
         first = log.errors[0]
         who = f"rank {first['rank']}" if first["rank"] is not None else "the log"
