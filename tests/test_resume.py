@@ -209,8 +209,44 @@ def test_resume_with_data_gone(recorded):
         resume.prepare("r1", _resolved())
 
 
+def test_resume_after_the_data_changed_is_refused_before_any_rank_starts(recorded, cli):
+    """issue 28 #10: the ranks started and failed 12 s later on the saved data position."""
+    from trnqwen.config import resolve_config
+    from trnqwen.dataset.prepare import prepare_dataset
+
+    work, record, root = recorded
+    data = work / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": f"record {i} " * 20}) + "\n" for i in range(12)))
+    record.config["dataset"] = str(data)
+    cfg = resolve_config(dict(record.config), environ={}).config
+    record.extra["dataset_cache"] = str(prepare_dataset(cfg).cache_dir)
+    record.save()
+    dry = cli("train", "--resume", "--dry-run", "--json")
+    assert dry.code in (0, 1) and "changed since it was saved" not in dry.text, dry.text  # the same data resumes
+    data.write_text(data.read_text() + json.dumps({"text": "one more record " * 20}) + "\n")
+    before = tree_hash(work / ".trnqwen")
+    r = cli("train", "--resume")
+    assert_clean_error(r, code=2, contains="the training data of run r1 changed since it was saved: step 4")
+    assert "put the data back" in r.text
+    assert tree_hash(work / ".trnqwen") == before  # nothing started, nothing written
+
+
+def test_resume_on_another_kind_of_device_is_refused(recorded, cli):
+    """issue 28 #15: MAY_CHANGE admitted device; a Trainium run continued on CPU is not exact."""
+    work, record, root = recorded
+    record.extra["device"] = {"type": "neuron"}
+    record.save()
+    r = cli("train", "--resume", "--dry-run")
+    assert_clean_error(r, code=2, contains="run r1 trained on neuron, and this run would continue on cpu")
+    record.extra["device"] = {"type": "cpu"}
+    record.save()
+    assert cli("train", "--resume", "--dry-run", "--device", "auto").code in (0, 1)  # the same kind, named again
+
+
 def test_resume_without_any_earlier_run(in_tmp, cli):
-    assert_clean_error(cli("train", "--resume"), code=2, contains="no earlier run")
+    r = cli("train", "--resume")
+    assert_clean_error(r, code=2, contains="no earlier run")
+    assert "--runs-dir" not in r.text and "TRNQWEN_RUNS_DIR" in r.text  # issue 28 #10: there is no --runs-dir flag
     assert not (in_tmp / ".trnqwen").exists()
 
 

@@ -253,6 +253,10 @@ def plan_train(
     notes: list[str] = []
     if device is None:
         device, notes = resolve_device(cfg, dry_run=dry_run)
+    if resume is not None:
+        from trnqwen.train.resume import refuse_other_device
+
+        refuse_other_device(resume, device.type)
     topo = plan_topology(cfg, device)
     runs_dir = _abs(cfg.runs_dir, cwd)
     if cfg.nnodes > 1:  # every node names the shared run dir after the rendezvous id
@@ -265,6 +269,10 @@ def plan_train(
     run_dir = runs_dir / run_id
     with _no_device_backend_autoload(device):
         job = build_job(cfg, device, run_dir, topology=topo, check_runtime=not dry_run)
+    if resume is not None:
+        from trnqwen.train.resume import refuse_changed_data
+
+        refuse_changed_data(resume, job.dataset_cache)
     if job.schedule is not None:  # the counted steps and the chosen LR: what run.json, resume and the status line see
         cfg, sources = _with_schedule(cfg, dict(sources), job.schedule)
     extra = [str(a) for a in extra_args]
