@@ -21,6 +21,24 @@ def test_committed_cli_and_config_pages_equal_the_generated_ones():
     assert not problems, "docs are stale; run `make docs`:\n" + "\n".join(problems)
 
 
+def test_every_exit_code_is_in_every_table_and_no_table_has_others():
+    """issue 28 #15: one exit-code table; errors.py, the CLI reference and architecture.md all list it whole."""
+    from trnqwen import errors
+    from trnqwen.cli import docgen
+
+    codes = {value for name, value in vars(errors).items() if name.startswith("EXIT_") and isinstance(value, int)}
+    assert {0, 1, 2, 3, 70, 130, 138, 140, 143} <= codes
+    assert {code for code, _ in docgen.EXIT_CODES} == codes
+    index = (CLI_DOCS / "index.md").read_text().split("## Exit codes", 1)[1]
+    assert {int(m) for m in re.findall(r"^\| (\d+) \|", index, re.M)} == codes
+    doc_lines = errors.__doc__.split("Exit codes mean something:", 1)[1].split("TRNQWEN_DEBUG", 1)[0]
+    assert {int(c) for c in re.findall(r"^\s+(\d+(?:/\d+)*)\s", doc_lines, re.M) for c in c.split("/")} == codes
+    architecture = (DOCS / "architecture.md").read_text()
+    paragraph = architecture.split("**One error type, meaningful exit codes.**", 1)[1].split("\n- **", 1)[0]
+    mentioned = {int(c) for c in re.findall(r"(?<![\d.])(\d{1,3})(?![\d.])", paragraph)}
+    assert codes - {0} <= mentioned, sorted(codes - {0} - mentioned)
+
+
 def test_every_command_has_a_page_and_the_index_lists_it():
     from trnqwen.cli.main import COMMANDS, GROUPS
 

@@ -144,7 +144,7 @@ class RunConfig(BaseModel):
     top_k: int = Field(4, ge=1, description="nki-moe: experts each token is routed to.")
     # --- outputs ---------------------------------------------------------------------------
     checkpoint_dir: Optional[Path] = Field(
-        None, description="Where checkpoints go (default ./checkpoint_<model>_ft when fine-tuning)."
+        None, description="Where checkpoints go (default ./checkpoint_<slug>_<hash6>, _ft appended when fine-tuning)."
     )
     export_hf: Optional[bool] = Field(
         None, description="Save the last step as HF safetensors (default: on with --finetune)."

@@ -21,6 +21,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 3
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a trnqwen bug (an exception no error type claims)
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 # Preempted after saving a resumable checkpoint: 128 + SIGUSR1, the code Kubeflow's ExitCode

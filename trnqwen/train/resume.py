@@ -1,4 +1,4 @@
-"""``trnqwen train --resume [RUN_ID|last]``: continue a recorded run exactly where it stopped.
+"""``trnqwen train --resume [RUN_ID|last|auto]``: continue a recorded run exactly where it stopped.
 
 The run's own ``run.json`` is the configuration; the flags given with ``--resume`` may only
 change what does not change the run (:data:`MAY_CHANGE`: steps, time limit, node and rank
