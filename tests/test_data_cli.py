@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,13 @@ def test_json_report_of_the_bundled_chat_set(cli, in_tmp, tiny):
     assert report["reused"] is False and Path(report["cache_dir"]).parent == in_tmp / "cache"
     again = json.loads(cli(*args(tiny, in_tmp / "cache", "--seq-len", "256", "--val-split", "0.05", "--json")).out)
     assert again["reused"] is True and again["cache_dir"] == report["cache_dir"]
+    # issue 28 #15: docs/data.md lists every key --json prints, and no other
+    from tests.helpers import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "data.md").read_text().split("`--json` prints one object with these keys:", 1)[1]
+    block = text.split("\n\n", 2)[1].replace("\n  ", " ")  # bullets joined with their continuation lines
+    documented = {k for k in re.findall(r"^- (.*)$", block, re.M) for k in re.findall(r"`(\w+)`", k.split(":")[0] if "sample" in k else k)}
+    assert documented == set(report), (sorted(set(report) - documented), sorted(documented - set(report)))
 
 
 def test_human_report_shows_counts_and_marks_trained_text(cli, in_tmp, tiny):
