@@ -165,3 +165,26 @@ def test_getting_started_installs_what_check_env_recommends():
         assert f"torch-neuronx=={neuron_series(neuron_combo_for(py))}.*" in text
     compiler = {c.packages["neuronx-cc"].split(".")[0] + "." + c.packages["neuronx-cc"].split(".")[1] for c in neuron}
     assert set(re.findall(r"neuronx-cc==(\d+\.\d+)\.\*", text)) <= compiler
+
+
+def test_the_signal_tables_run_json_fields_are_where_stops_writes_them(tmp_path):
+    """issue 28 #12: resume.md put `interrupted_at_step` at the top of run.json; stops.py writes it under extra."""
+    from types import SimpleNamespace
+
+    from trnqwen.rundir import RunRecord
+    from trnqwen.train import stops
+    from trnqwen.train.launcher import LaunchResult
+
+    table = (DOCS / "resume.md").read_text().split("| signal | when |", 1)[1].split("\n\n", 1)[0]
+    rows = {row.split("|")[4].strip(" *"): row.split("|")[5] for row in table.splitlines()[2:]}
+    log = tmp_path / "train.log"
+    for code, line, steps in (("138", "[rank0]:[trnqwen] preempted: SIGTERM at step 4; saved\n", [{"step": 4}]),
+                              ("140", "starting\n", [])):
+        log.write_text(line)
+        plan = SimpleNamespace(log_path=log, run_id="r1", config=None)
+        record = RunRecord(run_id="r1", run_dir=str(tmp_path), status="running")
+        stops.classify(plan, LaunchResult(exit_code=143, ended_by="SIGTERM", steps=steps), record, 0, None)
+        written = {"extra." + k for k in record.extra} | {k for k in vars(record) if getattr(record, k) is not None}
+        status, *fields = re.findall(r"`([\w.]+)`", rows[code])
+        assert record.status == status and record.exit_code == int(code)
+        assert set(fields) <= written, (code, sorted(set(fields) - written))
