@@ -257,8 +257,10 @@ def test_resume_refuses_a_run_that_is_still_running(recorded):
     record.status = "running"
     record.extra.update(launcher_pid=os.getppid(), launcher_started_at=psutil.Process(os.getppid()).create_time())
     record.save()
-    with pytest.raises(UsageError, match="still running"):
+    with pytest.raises(UsageError, match="still running") as exc:
         resume.prepare("r1", _resolved())
+    # issue 28 #12: Ctrl-C (SIGINT) stops without a checkpoint; SIGTERM saves one
+    assert f"kill -TERM {os.getppid()} saves a checkpoint" in exc.value.hint and "Ctrl-C stops it without one" in exc.value.hint
 
 
 def test_config_show_lists_the_checkpoint_settings(cli, in_tmp):
@@ -294,6 +296,23 @@ def test_verify_ckpt_without_argument_never_passes_a_failed_run_silently(in_tmp,
     good.status = "failed"
     good.save()
     assert_clean_error(cli("verify-ckpt", "--quick"), code=2, contains="no earlier run exported")
+
+
+def test_verify_ckpt_while_the_last_run_is_still_running_says_so(in_tmp, cli):
+    """issue 28 #12: "the last run (r) ended running" and "holds no checkpoints yet (no checkpoints)"."""
+    runs = in_tmp / ".trnqwen" / "runs"
+    root = in_tmp / "ck"
+    running = RunRecord(run_id="r-live", run_dir=str(runs / "r-live"), status="running", checkpoint_dir=str(root))
+    Path(running.run_dir).mkdir(parents=True)
+    running.save()
+    point_last(runs, "r-live")
+    r = cli("verify-ckpt", "--quick")
+    assert_clean_error(r, code=2, contains="the last run (r-live) is still running, and no earlier run exported")
+    assert "ended running" not in r.text and "wait until that run has finished" in r.text
+    checkpoints.write_owner(root, run_id="r-live", model=TINY, backend="native")  # a run that has not saved yet
+    r = cli("verify-ckpt", str(root), "--quick")
+    assert_clean_error(r, code=2, contains=f"{root} holds no checkpoints yet")
+    assert "(no checkpoints)" not in r.text
 
 
 def test_verify_ckpt_lists_complete_and_incomplete_steps(in_tmp, cli):

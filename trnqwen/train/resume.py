@@ -272,7 +272,8 @@ def _refuse_if_running(record: RunRecord) -> None:
     if alive:
         raise UsageError(
             f"run {record.run_id} is still running (launcher pid {pid})",
-            hint="stop it first (Ctrl-C or kill -TERM saves a checkpoint), then resume it",
+            hint=f"stop it first (kill -TERM {pid} saves a checkpoint at the next step boundary; Ctrl-C stops it "
+            "without one), then resume it",
         )
 
 
