@@ -254,7 +254,7 @@ def test_export_loads_with_plain_from_pretrained_and_generates(tiny, tmp_path):
     written = complete_export(
         export, tiny,
         CardInfo(base_model="Qwen/Qwen3-4B-Instruct-2507", backend="hf-v5", steps=5, dataset="mychat.jsonl",
-                 final_loss=1.5, validation_loss=1.75, run_id="r1"),
+                 final_loss=1.5, validation_loss=1.75, validation_step=4, run_id="r1"),
     )
     assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "README.md"} <= set(written)
     # torchtitan's per-rank pieces are kept, beside the model folder instead of inside it
@@ -262,7 +262,7 @@ def test_export_loads_with_plain_from_pretrained_and_generates(tiny, tmp_path):
     assert json.loads((export / "config.json").read_text())["dtype"] == "bfloat16"  # as saved, not the base's float32
     card = ModelCard.load(export / "README.md")
     assert card.data.base_model == "Qwen/Qwen3-4B-Instruct-2507" and "trnqwen" in card.data.tags
-    for fact in ("mychat.jsonl", "hf-v5", "1.5000", "1.7500", "| steps | 5 |"):
+    for fact in ("mychat.jsonl", "hf-v5", "1.5000", "| validation loss | 1.7500 (after step 4) |", "| steps | 5 |"):
         assert fact in card.text
     script = (
         "import sys; from transformers import AutoModelForCausalLM, AutoTokenizer\n"

@@ -320,7 +320,8 @@ class StatusLine:
         step = f"{m['step']}/{self.total}" if self.total else str(m["step"])
         parts = [f"step {step}", f"loss {_fmt_num(m.get('loss'), '.4f')}"]
         if self.last_validation is not None:
-            parts.append(f"val {_fmt_num(self.last_validation.get('loss'), '.4f')}")
+            at = self.last_validation.get("step")  # often an earlier step than this line's: say which
+            parts.append(f"val {_fmt_num(self.last_validation.get('loss'), '.4f')}" + (f" (step {at})" if at is not None else ""))
         parts.append(f"tok/s {_fmt_num(m.get('tps'), ',.0f')}")
         parts.append(f"mfu {_fmt_num(m.get('mfu'), '.2f')}%" if m.get("mfu") is not None else "mfu -")
         parts.append(f"elapsed {clock}")
