@@ -145,6 +145,21 @@ def test_export_config_wants_a_module_name(cli, in_tmp, tiny_assets):
     assert_clean_error(r, code=2, contains="module name")
 
 
+def test_dry_run_with_export_config_writes_nothing(cli, in_tmp, tiny_assets):
+    """issue 28 #12: `train --dry-run --export-config F` wrote F."""
+    target = in_tmp / "qwen3_ft.py"
+    r = cli("train", *TINY, "--assets", str(tiny_assets), "--dry-run", "--export-config", str(target))
+    assert r.code == 0, r.text
+    assert not target.exists() and f"would write the config module to {target} (nothing written)" in r.out
+    assert "--module qwen3_ft" in r.out  # the hand-run command is still shown
+    doc = _dry(cli, *TINY, "--assets", str(tiny_assets), "--export-config", str(target))
+    assert doc["would_export_config"] == str(target) and "exported_config" not in doc and not target.exists()
+    bad = cli("train", *TINY, "--assets", str(tiny_assets), "--dry-run", "--export-config", str(in_tmp / "my-config.py"))
+    assert_clean_error(bad, code=2, contains="module name")
+    r = cli("train", *TINY, "--assets", str(tiny_assets), "--export-config", str(target))  # without --dry-run: written
+    assert r.code == 0 and target.is_file()
+
+
 # --- real runs -------------------------------------------------------------------------------
 
 

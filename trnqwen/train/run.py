@@ -653,8 +653,9 @@ def _seconds_since_process_start(now: float) -> Optional[float]:
         return None
 
 
-def export_config(plan: TrainPlan, dest: Path) -> Path:
-    """Write the standalone torchtitan config module of this plan to ``dest`` (a .py file)."""
+def export_config(plan: TrainPlan, dest: Path, *, dry_run: bool = False) -> Path:
+    """Write the standalone torchtitan config module of this plan to ``dest`` (a .py file); with
+    ``dry_run``, only check the name."""
     dest = Path(dest).expanduser()
     if dest.suffix != ".py":
         raise UsageError(f"--export-config wants a .py file name, got {dest}", hint="e.g. --export-config my_qwen3.py")
@@ -663,6 +664,8 @@ def export_config(plan: TrainPlan, dest: Path) -> Path:
             f"{dest.name}: the file name must be a Python module name (letters, digits, _)",
             hint="torchtitan imports it with --module <name>; e.g. --export-config qwen3_ft.py",
         )
+    if dry_run:
+        return dest
     from trnqwen.train.recipes import render_config_module
 
     # without the run dir: an exported module writes no dump folder into a run that never was
