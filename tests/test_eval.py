@@ -196,6 +196,14 @@ def test_missing_checkpoint_and_unknown_run_id(run_work, cli):
     assert _tree(work) == before and not (run_dir / "eval.json").exists()
 
 
+def test_seq_len_without_dataset_is_refused(run_work, cli):
+    """issue 28 #12: `eval --seq-len 64` scored the run's split at its own length and said nothing."""
+    work, run_dir, _ = run_work
+    before = _tree(work)
+    assert_clean_error(cli("eval", "--seq-len", "64"), code=2, contains="--seq-len 64 applies only with --dataset")
+    assert _tree(work) == before
+
+
 def test_architecture_mismatch_with_base(run_work, cli):
     work, run_dir, export = run_work
     config = json.loads((export / "config.json").read_text())

@@ -68,6 +68,11 @@ def plan_eval(
         raise UsageError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
     if batch_size < 1:
         raise UsageError(f"--batch-size must be >= 1 (got {batch_size})")
+    if seq_len is not None and dataset is None:  # the run's validation split is already tokenized at its length
+        raise UsageError(
+            f"--seq-len {seq_len} applies only with --dataset: the run's own validation split keeps the run's sequence length",
+            hint="drop --seq-len, or pass --dataset FILE to score other data at another length",
+        )
     runs_dir = Path(runs_dir)
     targets = [resolve_target(arg, runs_dir) for arg in checkpoints] or [resolve_target(None, runs_dir)]
     reference = None
