@@ -58,6 +58,17 @@ def test_human_report_shows_counts_and_marks_trained_text(cli, in_tmp, tiny):
     for needle in ("sharegpt", "trained tokens", "one conversation per row", "padding", "written"):
         assert needle in r.out, r.out
     assert "<|im_start|>assistant\n[[4.<|im_end|>]]" in r.out
+
+
+def test_one_validation_record_is_not_records(cli, in_tmp, tiny):
+    """issue 28 #12: "1 records"."""
+    data = in_tmp / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"{i} plus 1?"},
+                                                     {"role": "assistant", "content": f"{i + 1}."}]}) + "\n" for i in range(20)))
+    r = cli(*args(tiny, in_tmp / "cache", str(data), "--seq-len", "64", "--val-split", "0.05"))
+    assert r.code == 0, r.text
+    row = next(line for line in r.out.splitlines() if line.lstrip("│ ").startswith("validation"))
+    assert "1 record " in row + " " and "1 records" not in r.out, row
     assert r.out.count("[[") == 2  # the legend and the one answer: system/user text is not marked
 
 

@@ -40,7 +40,7 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("trained tokens", f"{report['trained_tokens']:,} ({trained_share:.1%} of tokens)"),
         ("sequences", f"{report['sequences']:,} x {report.get('seq_len', '?')} tokens, {layout}"),
         ("padding", f"{report['padding_fraction']:.1%}"),
-        ("validation", f"{report['val_records']:,} records" if report["val_records"] else "none"),
+        ("validation", f"{report['val_records']:,} record{'' if report['val_records'] == 1 else 's'}" if report["val_records"] else "none"),
     ]
 
 
