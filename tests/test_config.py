@@ -267,3 +267,45 @@ def test_cli_config_show_json_sources(cli, in_tmp, monkeypatch):
 def test_cli_config_show_table(cli, in_tmp):
     r = cli("config", "show")
     assert r.code == 0 and "steps" in r.out and "default" in r.out and "no trnqwen.toml" in r.out
+
+
+def test_a_bad_variable_for_train_does_not_stop_read_only_commands(cli, in_tmp, monkeypatch):
+    """issue 28 #12: TRNQWEN_STEPS=abc (a train setting) stopped inspect-logs, verify-ckpt --quick, eval and data."""
+    from tests.ckpt_fixtures import make_case
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    ckpt, assets, _ = make_case(in_tmp / "case")
+    tiny = write_tiny_qwen3(in_tmp / "tiny-qwen3")
+    log = in_tmp / "train.log"
+    log.write_text("[rank0]:[titan] 2026-11-30 20:01:44,135 - root - INFO - step:  1  loss:  7.6395  memory:  0.94GiB(3.97%)  tps: 13\n")
+    data = in_tmp / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": f"line {i}"}) + "\n" for i in range(4)))
+    monkeypatch.setenv("TRNQWEN_STEPS", "abc")
+    monkeypatch.setenv("TRNQWEN_SCAN_THREADS", "2")  # used by verify-ckpt: not "not a config field"
+    monkeypatch.setenv("TRNQWEN_LOG_WORKERS", "0")  # used by inspect-logs
+    for args in (["inspect-logs", str(log)], ["verify-ckpt", str(ckpt), "--assets", str(assets), "--quick"],
+                 ["data", str(data), "--model", "builtin:tiny-qwen3", "--assets", str(tiny), "--seq-len", "32"]):
+        r = cli(*args)
+        assert r.code == 0, (args, r.text)
+        assert "TRNQWEN_STEPS" not in r.text and "not a config field" not in r.text, r.text
+    r = cli("eval")  # no run here: its own error, not the variable's
+    assert_clean_error(r, code=2, contains="no CHECKPOINT given and no previous run")
+    assert "TRNQWEN_STEPS" not in r.text
+    r = cli("train", "--model", "builtin:tiny-qwen3", "--dry-run")  # train uses it: refused, naming it
+    assert_clean_error(r, code=2, contains="from env TRNQWEN_STEPS")
+
+
+def test_every_trnqwen_variable_the_code_reads_is_a_field_or_reserved():
+    """issue 28 #12: TRNQWEN_SCAN_THREADS and TRNQWEN_LOG_WORKERS were read, and warned about as "not a config field"."""
+    import re
+
+    from tests.helpers import REPO_ROOT
+    from trnqwen.config import ENV_PREFIX, RESERVED_ENV
+
+    named = set()
+    for path in (REPO_ROOT / "trnqwen").rglob("*.py"):
+        if path.name != "_help_text.py":
+            named |= set(re.findall(r"[\"'](TRNQWEN_[A-Z0-9_]+)[\"']", path.read_text()))
+    assert {"TRNQWEN_SCAN_THREADS", "TRNQWEN_LOG_WORKERS"} <= named
+    unknown = {n for n in named if n not in RESERVED_ENV and n[len(ENV_PREFIX):].lower() not in FIELD_NAMES}
+    assert not unknown, sorted(unknown)

@@ -18,7 +18,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Iterable, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -37,7 +37,9 @@ from trnqwen.constants import (  # noqa: E402,F401
 ENV_PREFIX = "TRNQWEN_"
 # TRNQWEN_* variables that are not run fields.
 RESERVED_ENV = {"TRNQWEN_DEBUG", "TRNQWEN_CONFIG_FILE", "TRNQWEN_NO_COLOR", "TRNQWEN_HOME", "TRNQWEN_SYSFS_ROOT",
-                "TRNQWEN_FAULT_PREEMPT_AT_STEP"}
+                "TRNQWEN_FAULT_PREEMPT_AT_STEP",
+                "TRNQWEN_SCAN_THREADS",  # verify-ckpt's scan threads (ckpt/scan.py)
+                "TRNQWEN_LOG_WORKERS"}  # inspect-logs' parser processes (logs/parallel.py)
 
 Backend = Literal["hf-v5", "native", "nki-moe", "hf-trainer"]
 Device = Literal["auto", "neuron", "cuda", "cpu"]
@@ -583,12 +585,16 @@ def resolve_config(
     environ: Optional[dict[str, str]] = None,
     cwd: Optional[Path] = None,
     labels: Optional[dict[str, str]] = None,
+    uses: Optional[Iterable[str]] = None,
 ) -> ResolvedConfig:
     """Merge defaults < trnqwen.toml < TRNQWEN_* < flags and validate once.
 
     ``cli`` holds only the flags the user actually gave (``None`` values are dropped).
     ``labels`` names what the command line calls a field when it is not the usual flag
     (``fetch REPO`` sets ``model``: an error must blame ``argument REPO``, not ``--model``).
+    ``uses`` (a read-only command: inspect-logs, verify-ckpt, eval, data) names the fields the
+    command reads: a ``TRNQWEN_*`` variable for any other field is not read, so a bad value meant
+    for ``train`` does not stop it.
     """
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -598,6 +604,9 @@ def resolve_config(
             merged[key] = value
             sources[key] = f"file {path}"
     env_vals, warnings = env_values(environ)
+    if uses is not None:
+        wanted = set(uses)
+        env_vals = {k: v for k, v in env_vals.items() if k in wanted}
     for key, value in env_vals.items():
         merged[key] = value
         sources[key] = f"env {ENV_PREFIX}{key.upper()}"

@@ -315,7 +315,8 @@ def render_config_reference() -> str:
         f"(`TRNQWEN_OVERRIDE_IMPORTS=a.f,b.g`); booleans take `1/0`, `true/false`, `yes/no`. An unknown "
         f"`{ENV_PREFIX}*` name is a warning. Reserved (not fields): "
         + ", ".join(f"`{n}`" for n in sorted(RESERVED_ENV))
-        + ".",
+        + ". The read-only commands (`inspect-logs`, `verify-ckpt`, `eval`, `data`) read only the variables "
+        "of the fields they use, so a bad value meant for `train` (`TRNQWEN_STEPS=abc`) does not stop them.",
         "",
         "## Fields",
         "",

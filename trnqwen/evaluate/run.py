@@ -232,7 +232,9 @@ def run_eval(
     from trnqwen import output
     from trnqwen.config import resolve_config
 
-    resolved = resolve_config(run_flags, config_file=config_file)
+    resolved = resolve_config(
+        run_flags, config_file=config_file, uses={"runs_dir", "device", "data_cache_dir", "trust_remote_code", "seq_len"}
+    )
     for w in resolved.warnings:
         output.warn(w)
     cfg = resolved.config
