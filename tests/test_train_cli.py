@@ -160,6 +160,28 @@ def test_dry_run_with_export_config_writes_nothing(cli, in_tmp, tiny_assets):
     assert r.code == 0 and target.is_file()
 
 
+def test_a_secret_given_as_a_raw_flag_value_is_never_recorded_or_printed(cli, in_tmp, tiny_assets):
+    """issue 28 #12: `-- --some.api_key VALUE` reached run.json's command and extra_args unredacted."""
+    from trnqwen.config import resolve_config
+    from trnqwen.train.run import create_run_dir, plan_train
+
+    key, token = "k3yVALUEnotHFshaped42", "t0kenVALUEnotHF99"
+    raw = ["--metrics.wandb_api_key", key, f"--job.auth_token={token}", "--metrics.log_freq", "5"]
+    r = cli("train", *TINY, "--assets", str(tiny_assets), "--dry-run", "--json", "--", *raw)
+    assert r.code == 0, r.text
+    assert key not in r.text and token not in r.text and "--metrics.log_freq 5" in json.loads(r.out)["shell_command"]
+    resolved = resolve_config({"model": "builtin:tiny-qwen3", "device": "cpu", "nproc_per_node": 1, "steps": 2,
+                               "seq_len": 256, "assets_dir": str(tiny_assets)}, environ={})
+    plan = plan_train(resolved, extra_args=raw, cwd=in_tmp)
+    assert key in plan.argv  # the ranks still get the value
+    record = create_run_dir(plan)
+    for path in Path(record.run_dir).iterdir():
+        text = path.read_text(errors="replace")
+        assert key not in text and token not in text, path.name
+    saved = json.loads((Path(record.run_dir) / "run.json").read_text())
+    assert saved["extra"]["extra_args"] == ["--metrics.wandb_api_key", "***", "--job.auth_token=***", "--metrics.log_freq", "5"]
+
+
 # --- real runs -------------------------------------------------------------------------------
 
 

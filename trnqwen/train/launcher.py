@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, TextIO
 
-from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, redact
+from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, redact, redact_argv
 from trnqwen.train.multinode import rendezvous_argv
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def rank_env(cfg: RunConfig, job: TrainJob, device: DeviceInfo, run_dir: Optiona
 def shell_command(argv: Sequence[str], env: Optional[dict[str, str]] = None) -> str:
     """One copy-pasteable line: ``VAR=value ... python -m torch.distributed.run ...``."""
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
-    cmd = shlex.join([str(a) for a in argv])
+    cmd = shlex.join(redact_argv(argv))
     return redact(f"{prefix} {cmd}" if prefix else cmd)
 
 
@@ -132,7 +132,7 @@ def command_script(argv: Sequence[str], env: dict[str, str], cwd: Path) -> str:
     lines.append(f"cd {shlex.quote(str(cwd))}")
     for k, v in env.items():
         lines.append(f"export {k}={shlex.quote(v)}")
-    lines.append("exec " + " \\\n  ".join(_argv_chunks(argv)))
+    lines.append("exec " + " \\\n  ".join(_argv_chunks(redact_argv(argv))))
     return redact("\n".join(lines) + "\n")
 
 

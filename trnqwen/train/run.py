@@ -33,6 +33,7 @@ from trnqwen.errors import (
     TrnqwenError,
     UsageError,
     redact,
+    redact_argv,
     redact_env,
 )
 from trnqwen.fsutil import disk_full_at, write_text_atomic
@@ -121,7 +122,7 @@ class TrainPlan:
             "device": vars(self.device).copy(),
             "nproc_per_node": self.nproc_per_node,
             "world_size": self.topology.world_size,
-            "command": [redact(a) for a in self.argv],
+            "command": redact_argv(self.argv),
             "shell_command": self.shell_command,
             "env": redact_env(self.env),
             "cwd": str(self.cwd),
@@ -391,7 +392,7 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
         run_dir=str(plan.run_dir),
         status="created",
         config=plan.config.model_dump(mode="json"),
-        command=[redact(a) for a in plan.argv],
+        command=redact_argv(plan.argv),
         env=redact_env(plan.env),
         versions=run_versions(),
         log_path=str(plan.log_path),
@@ -407,7 +408,7 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
             "sources": plan.sources,
             "schedule": plan.job.schedule.as_dict() if plan.job.schedule is not None else None,
             "preflight": plan.preflight.as_dict(),
-            "extra_args": plan.extra_args,
+            "extra_args": redact_argv(plan.extra_args),
             "config_module": plan.job.config_module,
             "config_fn": plan.job.config_fn,
             "rank_log_dir": str(plan.rank_log_dir),
@@ -449,7 +450,7 @@ def _reopen_run_dir(plan: TrainPlan) -> RunRecord:
     script_dir = node_dir if multi else plan.run_dir
     write_text_atomic(script_dir / COMMAND_SCRIPT, launcher.command_script(plan.argv, plan.env, plan.cwd), mode=0o777)
     record.config = plan.config.model_dump(mode="json")
-    record.command = [redact(a) for a in plan.argv]
+    record.command = redact_argv(plan.argv)
     record.env = redact_env(plan.env)
     record.steps = plan.config.steps
     record.status = "created"
@@ -688,7 +689,7 @@ def hand_run_command(plan: TrainPlan, module_file: Path) -> str:
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     # the folder quoted, the shell expansion of an existing PYTHONPATH left to the shell
     prefix = (prefix + " " if prefix else "") + "PYTHONPATH=" + shlex.quote(parent) + '"${PYTHONPATH:+:$PYTHONPATH}"'
-    return redact(f"{prefix} {shlex.join(argv)}")
+    return redact(f"{prefix} {shlex.join(redact_argv(argv))}")
 
 
 __all__ = [
