@@ -60,7 +60,7 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
     # --- what to train -------------------------------------------------------------
-    model: str = Field(DEFAULT_MODEL, description="Hub repo id, or builtin:tiny-qwen3 for the offline tiny model.")
+    model: str = Field(DEFAULT_MODEL, description="Hub repo id, or builtin:tiny-qwen3 for the offline tiny model (random weights).")
     assets_dir: Optional[Path] = Field(
         None, description="Local HF snapshot of the model (default ./assets/hf/<model name>)."
     )
