@@ -152,8 +152,10 @@ def test_eval_json_base_then_tuned_with_deterministic_answers(run_work, cli):
     assert base["perplexity"] == pytest.approx(math.exp(base["loss"]), rel=1e-4)
     assert len(doc["generations"]) == 2
     gen = doc["generations"][0]
-    assert set(gen) == {"prompt", "reference", "answers"} and set(gen["answers"]) == {"base", tuned["checkpoint"]}
-    assert gen["prompt"] == [m for m in chat_records()[120]["messages"] if m["role"] == "user"][-1]["content"]
+    assert set(gen) == {"prompt", "conversation", "reference", "answers"} and set(gen["answers"]) == {"base", tuned["checkpoint"]}
+    messages = chat_records()[120]["messages"]
+    assert gen["prompt"] == [m for m in messages if m["role"] == "user"][-1]["content"]
+    assert gen["conversation"] == messages[:-1]  # the system prompt too: what the models were given
     saved = json.loads((run_dir / "eval.json").read_text())
     assert saved["results"] == doc["results"]
 
@@ -179,6 +181,32 @@ def test_table_shows_the_change_against_base(run_work, cli):
     assert res.code == 0, res.text
     assert "perplexity" in res.out and "vs base" in res.out and "base" in res.out
     assert "validation loss" in res.err
+
+
+def test_generate_prompts_with_the_whole_conversation_and_shows_it(tiny, tmp_path, capsys):
+    """issue 28 #25: the answer is generated from every turn up to the last user message, through
+    the chat template (system prompt, earlier turns), the output shows those turns, and an empty
+    answer reads "(empty)"."""
+    from transformers import AutoTokenizer
+
+    from trnqwen.evaluate.data import from_cache, held_out_conversations
+    from trnqwen.evaluate.report import EvalReport, Generation, render
+    from trnqwen.evaluate.run import prompt_turns
+
+    talk = {"messages": [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "2 plus 2?"},
+                         {"role": "assistant", "content": "Quatre."}, {"role": "user", "content": "And times 3?"},
+                         {"role": "assistant", "content": "Douze."}]}
+    cache = write_chat_cache(tmp_path / "c", tiny, chat_records()[:20] + [talk], val=1, key="multi-turn")
+    conversation = held_out_conversations(from_cache(cache, "val", name="t"), 1)[0]
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny))
+    expected = tokenizer.apply_chat_template(talk["messages"][:-1], add_generation_prompt=True, tokenize=True)
+    assert conversation.prompt_ids == list(expected.get("input_ids", expected) if hasattr(expected, "get") else expected)
+    prompt, turns = prompt_turns(tokenizer, conversation.prompt_ids)
+    assert prompt == "And times 3?" and turns == talk["messages"][:-1]
+    render(EvalReport(dataset="t", generations=[Generation(prompt, "Douze.", {"base": "", "tuned": "Douze."}, turns)]))
+    out = capsys.readouterr().out
+    assert "system: Answer in French." in out and "assistant: Quatre." in out and "prompt: And times 3?" in out
+    assert "base: (empty)" in out and "tuned: Douze." in out
 
 
 # --- bad input: one line, exit 2, nothing written ------------------------------------------------

@@ -161,11 +161,13 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
         if base is not None and r is not base:
             r.delta_vs_base = r.loss - base.loss
     for conversation, slot in zip(plan.conversations, answers):
+        prompt, turns = prompt_turns(tokenizer, conversation.prompt_ids)
         report.generations.append(
             Generation(
-                prompt=prompt_text(tokenizer, conversation.prompt_ids),
+                prompt=prompt,
                 reference=tokenizer.decode(conversation.reference_ids, skip_special_tokens=True).strip(),
                 answers=slot,
+                conversation=turns,
             )
         )
     if plan.record_dir is not None:
@@ -181,16 +183,18 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
     return report
 
 
-_LAST_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
+_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.DOTALL)
 
 
-def prompt_text(tokenizer, prompt_ids: list[int]) -> str:
-    """The last user message of a ChatML prompt, else the prompt without special tokens."""
+def prompt_turns(tokenizer, prompt_ids: list[int]) -> tuple[str, list[dict[str, str]]]:
+    """(the last user message, every turn before the answer) of a ChatML prompt as the model got it:
+    the system prompt and the earlier turns too.  Not ChatML: the prompt without special tokens, no turns."""
     rendered = tokenizer.decode(prompt_ids, skip_special_tokens=False)
-    users = _LAST_USER.findall(rendered)
+    turns = [{"role": role, "content": content.strip()} for role, content in _TURN.findall(rendered)]
+    users = [t["content"] for t in turns if t["role"] == "user"]
     if users:
-        return users[-1].strip()
-    return tokenizer.decode(prompt_ids, skip_special_tokens=True).strip()
+        return users[-1], turns
+    return tokenizer.decode(prompt_ids, skip_special_tokens=True).strip(), []
 
 
 def record(
