@@ -375,6 +375,25 @@ def test_dataset_file_is_scored_on_exactly_the_rows_training_reads(run_work, cli
     assert {r["tokens"] for r in json.loads(res.out)["results"]} == {scored.trained_tokens}
 
 
+def test_other_data_never_rewrites_the_runs_record_or_card(run_work, cli, tmp_path):
+    """issue 28 #26: `eval --dataset FILE` overwrote eval.json and the card's held-out table (8 training
+    records published as held-out numbers).  Only the run's own split writes them; other data is
+    saved under its own name."""
+    work, run_dir, export = run_work
+    own = cli("eval", "--json", "--device", "cpu")
+    assert own.code == 0, own.text
+    record, card = (run_dir / "eval.json").read_bytes(), (export / "README.md").read_bytes()
+    assert b"Held-out evaluation" in card
+    data_file = tmp_path / "trained_on.jsonl"
+    data_file.write_text("".join(json.dumps(r) + "\n" for r in chat_records()[:8]))
+    other = cli("eval", "--dataset", str(data_file), "--seq-len", "128", "--json", "--device", "cpu")
+    assert other.code == 0, other.text
+    assert (run_dir / "eval.json").read_bytes() == record and (export / "README.md").read_bytes() == card
+    [kept] = run_dir.glob("eval-trained_on.jsonl-*.json")  # its own name: eval-<data>-<hash6>.json
+    saved = json.loads(kept.read_text())
+    assert saved["dataset"] == str(data_file) and saved["results"] == json.loads(other.out)["results"]
+
+
 # --- in the lifecycle ------------------------------------------------------------------------------
 
 

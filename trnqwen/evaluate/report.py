@@ -12,7 +12,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-EVAL_RECORD = "eval.json"  # written into the run directory the tuned checkpoint came from
+EVAL_RECORD = "eval.json"  # the run's own validation split, written into the run directory the tuned checkpoint came from
+
+
+def other_data_record(name: str) -> str:
+    """``eval-<data>-<hash6>.json``: where the results on other data (``--dataset``) go in the run dir,
+    so they never pass for the run's held-out numbers (eval.json, the model card)."""
+    import hashlib
+    import re
+
+    stem = re.sub(r"[^\w.-]+", "_", name.rstrip("/").split("/")[-1]).strip("._")[:40] or "data"
+    return f"eval-{stem}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:6]}.json"
 
 
 @dataclass
