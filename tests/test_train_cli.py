@@ -112,6 +112,8 @@ def test_dry_run_on_fake_trainium_host(tmp_path, tiny_assets):
     assert _flag(plan["command"], "--nproc_per_node") == "64"
     assert plan["env"]["TORCH_NEURONX_NEFF_CACHE_DIR"] == str((tmp_path / ".trnqwen" / "neff-cache").resolve())
     assert plan["preflight"]["memory"]["capacity"] == 24 * 1024**3
+    checks = {f["check"] for f in plan["preflight"]["findings"]}  # issue 28 #30: the same rows as on CPU
+    assert {"memory", "host-memory", "seq_len", "batch"} <= checks, checks
     # The user's own cache location wins.
     env["TORCH_NEURONX_NEFF_CACHE_DIR"] = "/somewhere/else"
     r = run_subprocess("train", "--model", "builtin:tiny-qwen3", "--assets", str(tiny_assets), "--device", "neuron",
@@ -143,6 +145,20 @@ def test_export_config_imports_and_builds_with_torchtitan(cli, in_tmp, tiny_asse
 def test_export_config_wants_a_module_name(cli, in_tmp, tiny_assets):
     r = cli("train", *TINY, "--assets", str(tiny_assets), "--export-config", str(in_tmp / "my-config.py"))
     assert_clean_error(r, code=2, contains="module name")
+
+
+def test_cpu_dry_run_shows_memory_per_rank_context_and_batch_arithmetic(cli, in_tmp, tiny_assets):
+    """issue 28 #30: on CPU the preflight showed one row (host memory); getting-started promises memory
+    per rank, seq_len against the context and the batch arithmetic, on every device."""
+    plan = _dry(cli, *TINY, "--assets", str(tiny_assets), "--finetune")
+    rows = {f["check"]: f for f in plan["preflight"]["findings"]}
+    assert {"memory", "host-memory", "seq_len", "batch"} <= set(rows), rows
+    assert rows["seq_len"]["message"] == "--seq-len 256 of the model's 2,048-token context (max_position_embeddings)"
+    assert rows["batch"]["message"].startswith("global batch 2 = local batch 1 x 2 data-parallel rank(s); 2 x 256 tokens")
+    assert rows["batch"]["message"].endswith("= 512 tokens per step")
+    assert rows["memory"]["message"].startswith("estimated ~") and "per rank" in rows["memory"]["message"]
+    table = cli("train", *TINY, "--assets", str(tiny_assets), "--finetune", "--dry-run")
+    assert "2,048-token context" in table.out and "512 tokens per step" in table.out
 
 
 def test_dry_run_with_export_config_writes_nothing(cli, in_tmp, tiny_assets):
