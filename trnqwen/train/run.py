@@ -42,6 +42,7 @@ from trnqwen.train import checkpoints, folder_lock, launcher, multinode, ownersh
 from trnqwen.train.job import TrainJob
 from trnqwen.train.preflight import ERROR, INFO, WARNING, Finding, PreflightReport, preflight
 from trnqwen.train.recipes import build_job
+from trnqwen.train.resume import refuse_changed_data, refuse_other_device
 from trnqwen.train.topology import Topology, plan_topology
 
 COMMAND_SCRIPT = "command.sh"
@@ -255,8 +256,6 @@ def plan_train(
     if device is None:
         device, notes = resolve_device(cfg, dry_run=dry_run)
     if resume is not None:
-        from trnqwen.train.resume import refuse_other_device
-
         refuse_other_device(resume, device.type)
     topo = plan_topology(cfg, device)
     runs_dir = _abs(cfg.runs_dir, cwd)
@@ -271,8 +270,6 @@ def plan_train(
     with _no_device_backend_autoload(device):
         job = build_job(cfg, device, run_dir, topology=topo, check_runtime=not dry_run)
     if resume is not None:
-        from trnqwen.train.resume import refuse_changed_data
-
         refuse_changed_data(resume, job.dataset_cache)
     if job.schedule is not None:  # the counted steps and the chosen LR: what run.json, resume and the status line see
         cfg, sources = _with_schedule(cfg, dict(sources), job.schedule)
