@@ -635,7 +635,8 @@ def test_rope_scaling_lifts_the_context_limit(cli, in_tmp, tiny, tmp_path):
     (scaled / "config.json").write_text(json.dumps(cfg))
     r = cli("train", *B_CPU, "--assets", str(scaled), "--seq-len", "4096", "--dry-run", "--json")
     assert r.code == 0, r.text
-    assert not [f for f in json.loads(r.out)["preflight"]["findings"] if f["check"] == "seq_len"]
+    rows = [f for f in json.loads(r.out)["preflight"]["findings"] if f["check"] == "seq_len"]
+    assert [f["severity"] for f in rows] == ["plan"] and "RoPE scaling in config.json extends it" in rows[0]["message"]
 
 
 # --- 3. host memory next to the device estimate ------------------------------------------------------------

@@ -173,6 +173,34 @@ def test_unknown_key_suggests(tmp_path):
     assert closest_field("zzzzzz") is None
 
 
+def test_toml_booleans_are_not_numbers(tmp_path):
+    """issue 28 #8: `steps = true` became steps 1 (pydantic's lax bool -> int)."""
+    _write(tmp_path / "trnqwen.toml", 'steps = true\nlr = false\nlnc = true\ncompile = true\n')
+    with pytest.raises(ConfigError) as exc:
+        resolve_config({}, environ={}, cwd=tmp_path)
+    problems = exc.value.problems
+    assert len(problems) == 3, problems  # compile is a boolean field: accepted
+    assert "steps = true: steps takes a whole number, not true/false" in problems[0]
+    assert "lr = false: lr takes a number" in problems[1]
+    assert "lnc = true: lnc takes a value: one of 1, 2" in problems[2]
+
+
+@pytest.mark.parametrize(
+    "text, again",
+    [
+        ("steps = 3\n[run]\nsteps = 5\n", "[run] steps sets steps again (already set by steps)"),
+        ("seq_len = 64\nseq-len = 128\n", "seq-len sets seq_len again (already set by seq_len)"),
+        ("[run]\nseq-len = 64\nseq_len = 64\n", "[run] seq_len sets seq_len again (already set by [run] seq-len)"),
+    ],
+)
+def test_toml_duplicate_keys_are_refused(tmp_path, text, again):
+    """issue 28 #8: a flat key and its [run] twin, or seq_len and seq-len, were resolved silently."""
+    _write(tmp_path / "trnqwen.toml", text)
+    with pytest.raises(ConfigError) as exc:
+        resolve_config({}, environ={}, cwd=tmp_path)
+    assert again in exc.value.message and exc.value.exit_code == EXIT_USAGE
+
+
 def test_toml_syntax_error(tmp_path):
     _write(tmp_path / "trnqwen.toml", "steps = = 3\n")
     with pytest.raises(ConfigError) as exc:
@@ -239,3 +267,45 @@ def test_cli_config_show_json_sources(cli, in_tmp, monkeypatch):
 def test_cli_config_show_table(cli, in_tmp):
     r = cli("config", "show")
     assert r.code == 0 and "steps" in r.out and "default" in r.out and "no trnqwen.toml" in r.out
+
+
+def test_a_bad_variable_for_train_does_not_stop_read_only_commands(cli, in_tmp, monkeypatch):
+    """issue 28 #12: TRNQWEN_STEPS=abc (a train setting) stopped inspect-logs, verify-ckpt --quick, eval and data."""
+    from tests.ckpt_fixtures import make_case
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    ckpt, assets, _ = make_case(in_tmp / "case")
+    tiny = write_tiny_qwen3(in_tmp / "tiny-qwen3")
+    log = in_tmp / "train.log"
+    log.write_text("[rank0]:[titan] 2026-11-30 20:01:44,135 - root - INFO - step:  1  loss:  7.6395  memory:  0.94GiB(3.97%)  tps: 13\n")
+    data = in_tmp / "d.jsonl"
+    data.write_text("".join(json.dumps({"text": f"line {i}"}) + "\n" for i in range(4)))
+    monkeypatch.setenv("TRNQWEN_STEPS", "abc")
+    monkeypatch.setenv("TRNQWEN_SCAN_THREADS", "2")  # used by verify-ckpt: not "not a config field"
+    monkeypatch.setenv("TRNQWEN_LOG_WORKERS", "0")  # used by inspect-logs
+    for args in (["inspect-logs", str(log)], ["verify-ckpt", str(ckpt), "--assets", str(assets), "--quick"],
+                 ["data", str(data), "--model", "builtin:tiny-qwen3", "--assets", str(tiny), "--seq-len", "32"]):
+        r = cli(*args)
+        assert r.code == 0, (args, r.text)
+        assert "TRNQWEN_STEPS" not in r.text and "not a config field" not in r.text, r.text
+    r = cli("eval")  # no run here: its own error, not the variable's
+    assert_clean_error(r, code=2, contains="no CHECKPOINT given and no previous run")
+    assert "TRNQWEN_STEPS" not in r.text
+    r = cli("train", "--model", "builtin:tiny-qwen3", "--dry-run")  # train uses it: refused, naming it
+    assert_clean_error(r, code=2, contains="from env TRNQWEN_STEPS")
+
+
+def test_every_trnqwen_variable_the_code_reads_is_a_field_or_reserved():
+    """issue 28 #12: TRNQWEN_SCAN_THREADS and TRNQWEN_LOG_WORKERS were read, and warned about as "not a config field"."""
+    import re
+
+    from tests.helpers import REPO_ROOT
+    from trnqwen.config import ENV_PREFIX, RESERVED_ENV
+
+    named = set()
+    for path in (REPO_ROOT / "trnqwen").rglob("*.py"):
+        if path.name != "_help_text.py":
+            named |= set(re.findall(r"[\"'](TRNQWEN_[A-Z0-9_]+)[\"']", path.read_text()))
+    assert {"TRNQWEN_SCAN_THREADS", "TRNQWEN_LOG_WORKERS"} <= named
+    unknown = {n for n in named if n not in RESERVED_ENV and n[len(ENV_PREFIX):].lower() not in FIELD_NAMES}
+    assert not unknown, sorted(unknown)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,13 @@ def test_json_report_of_the_bundled_chat_set(cli, in_tmp, tiny):
     assert report["reused"] is False and Path(report["cache_dir"]).parent == in_tmp / "cache"
     again = json.loads(cli(*args(tiny, in_tmp / "cache", "--seq-len", "256", "--val-split", "0.05", "--json")).out)
     assert again["reused"] is True and again["cache_dir"] == report["cache_dir"]
+    # issue 28 #15: docs/data.md lists every key --json prints, and no other
+    from tests.helpers import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "data.md").read_text().split("`--json` prints one object with these keys:", 1)[1]
+    block = text.split("\n\n", 2)[1].replace("\n  ", " ")  # bullets joined with their continuation lines
+    documented = {k for k in re.findall(r"^- (.*)$", block, re.M) for k in re.findall(r"`(\w+)`", k.split(":")[0] if "sample" in k else k)}
+    assert documented == set(report), (sorted(set(report) - documented), sorted(documented - set(report)))
 
 
 def test_human_report_shows_counts_and_marks_trained_text(cli, in_tmp, tiny):
@@ -50,6 +58,17 @@ def test_human_report_shows_counts_and_marks_trained_text(cli, in_tmp, tiny):
     for needle in ("sharegpt", "trained tokens", "one conversation per row", "padding", "written"):
         assert needle in r.out, r.out
     assert "<|im_start|>assistant\n[[4.<|im_end|>]]" in r.out
+
+
+def test_one_validation_record_is_not_records(cli, in_tmp, tiny):
+    """issue 28 #12: "1 records"."""
+    data = in_tmp / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"{i} plus 1?"},
+                                                     {"role": "assistant", "content": f"{i + 1}."}]}) + "\n" for i in range(20)))
+    r = cli(*args(tiny, in_tmp / "cache", str(data), "--seq-len", "64", "--val-split", "0.05"))
+    assert r.code == 0, r.text
+    row = next(line for line in r.out.splitlines() if line.lstrip("│ ").startswith("validation"))
+    assert "1 record " in row + " " and "1 records" not in r.out, row
     assert r.out.count("[[") == 2  # the legend and the one answer: system/user text is not marked
 
 

@@ -21,6 +21,24 @@ def test_committed_cli_and_config_pages_equal_the_generated_ones():
     assert not problems, "docs are stale; run `make docs`:\n" + "\n".join(problems)
 
 
+def test_every_exit_code_is_in_every_table_and_no_table_has_others():
+    """issue 28 #15: one exit-code table; errors.py, the CLI reference and architecture.md all list it whole."""
+    from trnqwen import errors
+    from trnqwen.cli import docgen
+
+    codes = {value for name, value in vars(errors).items() if name.startswith("EXIT_") and isinstance(value, int)}
+    assert {0, 1, 2, 3, 70, 130, 138, 140, 143} <= codes
+    assert {code for code, _ in docgen.EXIT_CODES} == codes
+    index = (CLI_DOCS / "index.md").read_text().split("## Exit codes", 1)[1]
+    assert {int(m) for m in re.findall(r"^\| (\d+) \|", index, re.M)} == codes
+    doc_lines = errors.__doc__.split("Exit codes mean something:", 1)[1].split("TRNQWEN_DEBUG", 1)[0]
+    assert {int(c) for c in re.findall(r"^\s+(\d+(?:/\d+)*)\s", doc_lines, re.M) for c in c.split("/")} == codes
+    architecture = (DOCS / "architecture.md").read_text()
+    paragraph = architecture.split("**One error type, meaningful exit codes.**", 1)[1].split("\n- **", 1)[0]
+    mentioned = {int(c) for c in re.findall(r"(?<![\d.])(\d{1,3})(?![\d.])", paragraph)}
+    assert codes - {0} <= mentioned, sorted(codes - {0} - mentioned)
+
+
 def test_every_command_has_a_page_and_the_index_lists_it():
     from trnqwen.cli.main import COMMANDS, GROUPS
 
@@ -147,3 +165,26 @@ def test_getting_started_installs_what_check_env_recommends():
         assert f"torch-neuronx=={neuron_series(neuron_combo_for(py))}.*" in text
     compiler = {c.packages["neuronx-cc"].split(".")[0] + "." + c.packages["neuronx-cc"].split(".")[1] for c in neuron}
     assert set(re.findall(r"neuronx-cc==(\d+\.\d+)\.\*", text)) <= compiler
+
+
+def test_the_signal_tables_run_json_fields_are_where_stops_writes_them(tmp_path):
+    """issue 28 #12: resume.md put `interrupted_at_step` at the top of run.json; stops.py writes it under extra."""
+    from types import SimpleNamespace
+
+    from trnqwen.rundir import RunRecord
+    from trnqwen.train import stops
+    from trnqwen.train.launcher import LaunchResult
+
+    table = (DOCS / "resume.md").read_text().split("| signal | when |", 1)[1].split("\n\n", 1)[0]
+    rows = {row.split("|")[4].strip(" *"): row.split("|")[5] for row in table.splitlines()[2:]}
+    log = tmp_path / "train.log"
+    for code, line, steps in (("138", "[rank0]:[trnqwen] preempted: SIGTERM at step 4; saved\n", [{"step": 4}]),
+                              ("140", "starting\n", [])):
+        log.write_text(line)
+        plan = SimpleNamespace(log_path=log, run_id="r1", config=None)
+        record = RunRecord(run_id="r1", run_dir=str(tmp_path), status="running")
+        stops.classify(plan, LaunchResult(exit_code=143, ended_by="SIGTERM", steps=steps), record, 0, None)
+        written = {"extra." + k for k in record.extra} | {k for k in vars(record) if getattr(record, k) is not None}
+        status, *fields = re.findall(r"`([\w.]+)`", rows[code])
+        assert record.status == status and record.exit_code == int(code)
+        assert set(fields) <= written, (code, sorted(set(fields) - written))

@@ -152,8 +152,10 @@ def test_eval_json_base_then_tuned_with_deterministic_answers(run_work, cli):
     assert base["perplexity"] == pytest.approx(math.exp(base["loss"]), rel=1e-4)
     assert len(doc["generations"]) == 2
     gen = doc["generations"][0]
-    assert set(gen) == {"prompt", "reference", "answers"} and set(gen["answers"]) == {"base", tuned["checkpoint"]}
-    assert gen["prompt"] == [m for m in chat_records()[120]["messages"] if m["role"] == "user"][-1]["content"]
+    assert set(gen) == {"prompt", "conversation", "reference", "answers"} and set(gen["answers"]) == {"base", tuned["checkpoint"]}
+    messages = chat_records()[120]["messages"]
+    assert gen["prompt"] == [m for m in messages if m["role"] == "user"][-1]["content"]
+    assert gen["conversation"] == messages[:-1]  # the system prompt too: what the models were given
     saved = json.loads((run_dir / "eval.json").read_text())
     assert saved["results"] == doc["results"]
 
@@ -181,6 +183,32 @@ def test_table_shows_the_change_against_base(run_work, cli):
     assert "validation loss" in res.err
 
 
+def test_generate_prompts_with_the_whole_conversation_and_shows_it(tiny, tmp_path, capsys):
+    """issue 28 #25: the answer is generated from every turn up to the last user message, through
+    the chat template (system prompt, earlier turns), the output shows those turns, and an empty
+    answer reads "(empty)"."""
+    from transformers import AutoTokenizer
+
+    from trnqwen.evaluate.data import from_cache, held_out_conversations
+    from trnqwen.evaluate.report import EvalReport, Generation, render
+    from trnqwen.evaluate.run import prompt_turns
+
+    talk = {"messages": [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "2 plus 2?"},
+                         {"role": "assistant", "content": "Quatre."}, {"role": "user", "content": "And times 3?"},
+                         {"role": "assistant", "content": "Douze."}]}
+    cache = write_chat_cache(tmp_path / "c", tiny, chat_records()[:20] + [talk], val=1, key="multi-turn")
+    conversation = held_out_conversations(from_cache(cache, "val", name="t"), 1)[0]
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny))
+    expected = tokenizer.apply_chat_template(talk["messages"][:-1], add_generation_prompt=True, tokenize=True)
+    assert conversation.prompt_ids == list(expected.get("input_ids", expected) if hasattr(expected, "get") else expected)
+    prompt, turns = prompt_turns(tokenizer, conversation.prompt_ids)
+    assert prompt == "And times 3?" and turns == talk["messages"][:-1]
+    render(EvalReport(dataset="t", generations=[Generation(prompt, "Douze.", {"base": "", "tuned": "Douze."}, turns)]))
+    out = capsys.readouterr().out
+    assert "system: Answer in French." in out and "assistant: Quatre." in out and "prompt: And times 3?" in out
+    assert "base: (empty)" in out and "tuned: Douze." in out
+
+
 # --- bad input: one line, exit 2, nothing written ------------------------------------------------
 
 
@@ -194,6 +222,14 @@ def test_missing_checkpoint_and_unknown_run_id(run_work, cli):
     assert_clean_error(cli("eval", "./no/such/ckpt"), code=2, contains="no such checkpoint")
     assert_clean_error(cli("eval", "20990101-000000-native"), code=2, contains="no run 20990101-000000-native")
     assert _tree(work) == before and not (run_dir / "eval.json").exists()
+
+
+def test_seq_len_without_dataset_is_refused(run_work, cli):
+    """issue 28 #12: `eval --seq-len 64` scored the run's split at its own length and said nothing."""
+    work, run_dir, _ = run_work
+    before = _tree(work)
+    assert_clean_error(cli("eval", "--seq-len", "64"), code=2, contains="--seq-len 64 applies only with --dataset")
+    assert _tree(work) == before
 
 
 def test_architecture_mismatch_with_base(run_work, cli):
@@ -254,7 +290,7 @@ def test_export_loads_with_plain_from_pretrained_and_generates(tiny, tmp_path):
     written = complete_export(
         export, tiny,
         CardInfo(base_model="Qwen/Qwen3-4B-Instruct-2507", backend="hf-v5", steps=5, dataset="mychat.jsonl",
-                 final_loss=1.5, validation_loss=1.75, run_id="r1"),
+                 final_loss=1.5, validation_loss=1.75, validation_step=4, run_id="r1"),
     )
     assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "README.md"} <= set(written)
     # torchtitan's per-rank pieces are kept, beside the model folder instead of inside it
@@ -262,7 +298,7 @@ def test_export_loads_with_plain_from_pretrained_and_generates(tiny, tmp_path):
     assert json.loads((export / "config.json").read_text())["dtype"] == "bfloat16"  # as saved, not the base's float32
     card = ModelCard.load(export / "README.md")
     assert card.data.base_model == "Qwen/Qwen3-4B-Instruct-2507" and "trnqwen" in card.data.tags
-    for fact in ("mychat.jsonl", "hf-v5", "1.5000", "1.7500", "| steps | 5 |"):
+    for fact in ("mychat.jsonl", "hf-v5", "1.5000", "| validation loss | 1.7500 (after step 4) |", "| steps | 5 |"):
         assert fact in card.text
     script = (
         "import sys; from transformers import AutoModelForCausalLM, AutoTokenizer\n"
@@ -337,6 +373,25 @@ def test_dataset_file_is_scored_on_exactly_the_rows_training_reads(run_work, cli
     res = cli("eval", str(export), "--dataset", str(data_file), "--seq-len", "128", "--json")
     assert res.code == 0, res.text
     assert {r["tokens"] for r in json.loads(res.out)["results"]} == {scored.trained_tokens}
+
+
+def test_other_data_never_rewrites_the_runs_record_or_card(run_work, cli, tmp_path):
+    """issue 28 #26: `eval --dataset FILE` overwrote eval.json and the card's held-out table (8 training
+    records published as held-out numbers).  Only the run's own split writes them; other data is
+    saved under its own name."""
+    work, run_dir, export = run_work
+    own = cli("eval", "--json", "--device", "cpu")
+    assert own.code == 0, own.text
+    record, card = (run_dir / "eval.json").read_bytes(), (export / "README.md").read_bytes()
+    assert b"Held-out evaluation" in card
+    data_file = tmp_path / "trained_on.jsonl"
+    data_file.write_text("".join(json.dumps(r) + "\n" for r in chat_records()[:8]))
+    other = cli("eval", "--dataset", str(data_file), "--seq-len", "128", "--json", "--device", "cpu")
+    assert other.code == 0, other.text
+    assert (run_dir / "eval.json").read_bytes() == record and (export / "README.md").read_bytes() == card
+    [kept] = run_dir.glob("eval-trained_on.jsonl-*.json")  # its own name: eval-<data>-<hash6>.json
+    saved = json.loads(kept.read_text())
+    assert saved["dataset"] == str(data_file) and saved["results"] == json.loads(other.out)["results"]
 
 
 # --- in the lifecycle ------------------------------------------------------------------------------

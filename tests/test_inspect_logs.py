@@ -666,10 +666,13 @@ def test_real_native_finetune_log_overrides_and_checkpoint():
     assert [n for n, _ in log.applied[0]] == [4]
     assert [e["kind"] for e in log.checkpoint_events] == ["active", "load", "load", "loaded", "save", "save", "saved"]
     assert log.checkpoint_events[1]["path"].endswith("assets/hf/tiny-qwen3")
-    # the tiny model's "published" weights are random: loaded, but at random-init loss
+    # loaded, but at random-init loss: one name, one severity (issue 28 #23), whatever the model
     fs = judge(log, RunContext(vocab_size=2048, num_layers=4, layers_source="config.json"))
-    assert find(fs, "weights-untrained").severity == "warning"
-    assert "override-ok" in codes(fs) and not [f for f in fs if f.severity == "error"]
+    assert find(fs, "weights-not-loaded").severity == "error"
+    # unless the base model's card says its weights are random by design (builtin:tiny-qwen3; issue 28 #24)
+    fs = judge(log, RunContext(vocab_size=2048, num_layers=4, layers_source="config.json", base_random_init=True))
+    assert find(fs, "base-random-init").severity == "info"
+    assert "override-ok" in codes(fs) and not [f for f in fs if f.severity == "error" or f.code.startswith("weights")], fs
     # a custom flavor name says nothing about the vocab: no guess without config.json
     assert find(judge(log), "vocab-unknown").severity == "info"
 
@@ -694,3 +697,36 @@ def test_eval_results_beside_the_training_curves(cli, in_tmp):
     res = cli("inspect-logs", str(a), "--compare", str(b), "--plot", str(plot), "--no-strict")
     assert res.code == 0, res.text
     assert "held-out eval (A)" in res.out and plot.stat().st_size > 0
+
+
+def test_a_fine_tune_of_the_builtin_model_is_judged_clean_and_a_resume_keeps_the_judgement(cli, in_tmp):
+    """issue 28 #23/#24: the built-in model is random by design (its card's random-init tag): a fine-tune of
+    it starts at ln(vocab) and is judged clean, and the summary row says why; the same step-1 loss
+    of any other model is the error weights-not-loaded, in a resumed run's log too."""
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    text = (DATA / "real_native_tiny_2ranks_finetune.log").read_text()
+    runs = in_tmp / ".trnqwen" / "runs"
+    run = make_run(runs, "tiny", text, steps=3, vocab=2048, layers=4)
+    builtin = write_tiny_qwen3(in_tmp / "assets" / "hf" / "tiny-qwen3")
+    record = json.loads((run / "run.json").read_text())
+    record["assets_dir"] = str(builtin)
+    (run / "run.json").write_text(json.dumps(record))
+    res = cli("inspect-logs", str(run), "--json")
+    assert res.code == 0, res.text
+    found = {f["code"]: f for f in json.loads(res.out)["findings"]}
+    assert found["base-random-init"]["severity"] == "info"
+    assert not [f for f in found.values() if f["severity"] == "error" or f["code"].startswith("weights")], found
+    table = cli("inspect-logs", str(run))
+    assert "the base model is random by design" in table.out, table.out
+    # another model at the same loss (a card without the tag): an error, in a resumed log too
+    (builtin / "README.md").write_text("# my model\n")
+    resumed = text + "[trnqwen] resumed run tiny from step 2\n" + "".join(
+        ln for ln in text.splitlines(True) if "Training starts at step" in ln).replace("step 1", "step 3")
+    (run / "train.log").write_text(resumed)
+    for _ in range(2):
+        res = cli("inspect-logs", str(run), "--json")
+        found = {f["code"]: f for f in json.loads(res.out)["findings"]}
+        assert res.code == 1 and found["weights-not-loaded"]["severity"] == "error", res.text
+        assert json.loads(res.out)["summary"]["weights_loaded"] is False
+        (run / "train.log").write_text(text)

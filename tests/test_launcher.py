@@ -207,6 +207,19 @@ def test_root_cause_known_runtime_line_without_traceback():
     assert launcher.root_cause(["all good", "done"]) is None
 
 
+def test_root_cause_of_a_command_line_typo_is_tyros_unrecognized_options_line():
+    """issue 28 #9: torchtitan parses its flags with tyro, which prints a box and exits 2 (no traceback)."""
+    lines = _real_traceback(
+        "import dataclasses, tyro\n"
+        "@dataclasses.dataclass\nclass Metrics:\n    log_freq: int = 1\n"
+        "@dataclasses.dataclass\nclass Job:\n    metrics: Metrics = dataclasses.field(default_factory=Metrics)\n"
+        "tyro.cli(Job, args=['--metrics.log_freqq', '5'])\n"
+    )
+    prefixed = ["[rank0]:[titan] INFO - starting", *(f"[rank0]:{line}" for line in lines)]
+    assert launcher.root_cause(prefixed) == "Unrecognized options: --metrics.log_freqq, 5 (perhaps you meant --metrics.log-freq)"
+    assert launcher.root_cause(prefixed[:4]).startswith("Unrecognized options: --metrics.log_freqq")  # cut off in the box
+
+
 # --- supervision under real torchrun ---------------------------------------------------------
 
 FAKE_RANK = textwrap.dedent(

@@ -176,6 +176,47 @@ def test_failed_stage_is_named_and_exits_nonzero(tmp_path):
     assert json.loads((tmp_path / "qs" / "summary.json").read_text())["failed_stage"] == "check-env"
 
 
+def test_a_bug_in_a_stage_exits_70_naming_the_stage(cli, tmp_path, monkeypatch):
+    """issue 28 #14: every stray exception became StageFailed, exit 1; the one error table says 70."""
+    from trnqwen.quickstart import stages
+
+    def broken(device, assets):
+        raise ZeroDivisionError("a bug in check-env")
+
+    monkeypatch.setattr(stages, "stage_check_env", broken)  # the fault injected; the error mapping is under test
+    result = cli("quickstart", "--workdir", str(tmp_path / "qs"), "--json")
+    assert_clean_error(result, code=70, contains="internal error: ZeroDivisionError: a bug in check-env")
+    partial = json.loads(result.out)  # what was done is still reported
+    assert partial["failed_stage"] == "check-env" and partial["error"] == "ZeroDivisionError: a bug in check-env"
+
+
+@pytest.mark.slow
+def test_a_full_disk_exits_3_naming_the_stage(tmp_path):
+    """issue 28 #14: a full disk was StageFailed, exit 1; the one error table says 3 (environment).
+
+    The assets folder is a real tmpfs holding the fetched tiny model and 64 KiB more: the snapshot
+    stage (after the pre-training run) fills it."""
+    import subprocess
+
+    from tests.helpers import mounted_tmpfs
+    from trnqwen.constants import TINY_MODEL
+    from trnqwen.fetch.download import fetch
+    from trnqwen.quickstart import prepare_workdir
+
+    work = prepare_workdir(tmp_path / "qs")
+    with mounted_tmpfs(work / "assets", "size=16m") as assets:
+        assert fetch(TINY_MODEL, assets / "tiny-qwen3", progress=False, keep_free=0).verified
+        used_kib = int(subprocess.run(["df", "-k", "--output=used", str(assets)], capture_output=True, text=True,
+                                      check=True).stdout.split()[-1])
+        subprocess.run(["mount", "-o", f"remount,size={used_kib + 64}k", str(assets)], check=True)
+        result = run_subprocess("quickstart", "--workdir", str(work), "--pretrain-steps", "2", "--json",
+                                cwd=tmp_path, timeout=600)
+    assert result.code == 3, result.text
+    assert "disk full: No space left on device" in result.err and "Traceback" not in result.text
+    partial = json.loads(result.out)
+    assert partial["failed_stage"] == "snapshot" and "No space left" in partial["error"]
+
+
 def test_refuses_a_folder_it_did_not_make(cli, tmp_path):
     foreign = tmp_path / "mine"
     foreign.mkdir()

@@ -338,4 +338,21 @@ def test_status_line_shows_the_last_validation_loss():
     line.update_validation({"step": 1, "loss": 7.25})
     line.update({"step": 2, "loss": 7.1, "tps": 100, "mfu": None})
     assert "step 1/4  loss 7.5000  tok/s" in out.getvalue().splitlines()[0]
-    assert "step 2/4  loss 7.1000  val 7.2500" in out.getvalue().splitlines()[1]
+    # issue 28 #12: the validation loss beside step 2 is step 1's: the line says so
+    assert "step 2/4  loss 7.1000  val 7.2500 (step 1)" in out.getvalue().splitlines()[1]
+
+
+def test_model_card_says_which_step_its_validation_loss_is_from(tmp_path):
+    """issue 28 #12: the card showed the last validation loss (step 3) as if it were the last step's (step 5)."""
+    from trnqwen.ckpt.model_folder import card_info, render_card
+    from trnqwen.rundir import RunRecord
+    from trnqwen.runtime.hf_trainer_data import format_validation_line
+
+    log = tmp_path / "train.log"
+    log.write_text("\n".join("[rank0]:" + format_validation_line(s, loss, 0.97, 4.11, 115)
+                             for s, loss in ((1, 7.3848), (3, 7.1879))) + "\n")
+    record = RunRecord(run_id="r1", run_dir=str(tmp_path), config={"model": "builtin:tiny-qwen3"}, log_path=str(log),
+                       backend="native", steps=5, extra={"summary": {"last_step": {"step": 5, "loss": 6.5}}})
+    info = card_info(record)
+    assert (info.validation_loss, info.validation_step, info.steps) == (7.1879, 3, 5)
+    assert "| validation loss | 7.1879 (after step 3) |" in render_card(info)

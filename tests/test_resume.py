@@ -209,8 +209,44 @@ def test_resume_with_data_gone(recorded):
         resume.prepare("r1", _resolved())
 
 
+def test_resume_after_the_data_changed_is_refused_before_any_rank_starts(recorded, cli):
+    """issue 28 #10: the ranks started and failed 12 s later on the saved data position."""
+    from trnqwen.config import resolve_config
+    from trnqwen.dataset.prepare import prepare_dataset
+
+    work, record, root = recorded
+    data = work / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": f"record {i} " * 20}) + "\n" for i in range(12)))
+    record.config["dataset"] = str(data)
+    cfg = resolve_config(dict(record.config), environ={}).config
+    record.extra["dataset_cache"] = str(prepare_dataset(cfg).cache_dir)
+    record.save()
+    dry = cli("train", "--resume", "--dry-run", "--json")
+    assert dry.code in (0, 1) and "changed since it was saved" not in dry.text, dry.text  # the same data resumes
+    data.write_text(data.read_text() + json.dumps({"text": "one more record " * 20}) + "\n")
+    before = tree_hash(work / ".trnqwen")
+    r = cli("train", "--resume")
+    assert_clean_error(r, code=2, contains="the training data of run r1 changed since it was saved: step 4")
+    assert "put the data back" in r.text
+    assert tree_hash(work / ".trnqwen") == before  # nothing started, nothing written
+
+
+def test_resume_on_another_kind_of_device_is_refused(recorded, cli):
+    """issue 28 #15: MAY_CHANGE admitted device; a Trainium run continued on CPU is not exact."""
+    work, record, root = recorded
+    record.extra["device"] = {"type": "neuron"}
+    record.save()
+    r = cli("train", "--resume", "--dry-run")
+    assert_clean_error(r, code=2, contains="run r1 trained on neuron, and this run would continue on cpu")
+    record.extra["device"] = {"type": "cpu"}
+    record.save()
+    assert cli("train", "--resume", "--dry-run", "--device", "auto").code in (0, 1)  # the same kind, named again
+
+
 def test_resume_without_any_earlier_run(in_tmp, cli):
-    assert_clean_error(cli("train", "--resume"), code=2, contains="no earlier run")
+    r = cli("train", "--resume")
+    assert_clean_error(r, code=2, contains="no earlier run")
+    assert "--runs-dir" not in r.text and "TRNQWEN_RUNS_DIR" in r.text  # issue 28 #10: there is no --runs-dir flag
     assert not (in_tmp / ".trnqwen").exists()
 
 
@@ -221,8 +257,10 @@ def test_resume_refuses_a_run_that_is_still_running(recorded):
     record.status = "running"
     record.extra.update(launcher_pid=os.getppid(), launcher_started_at=psutil.Process(os.getppid()).create_time())
     record.save()
-    with pytest.raises(UsageError, match="still running"):
+    with pytest.raises(UsageError, match="still running") as exc:
         resume.prepare("r1", _resolved())
+    # issue 28 #12: Ctrl-C (SIGINT) stops without a checkpoint; SIGTERM saves one
+    assert f"kill -TERM {os.getppid()} saves a checkpoint" in exc.value.hint and "Ctrl-C stops it without one" in exc.value.hint
 
 
 def test_config_show_lists_the_checkpoint_settings(cli, in_tmp):
@@ -258,6 +296,23 @@ def test_verify_ckpt_without_argument_never_passes_a_failed_run_silently(in_tmp,
     good.status = "failed"
     good.save()
     assert_clean_error(cli("verify-ckpt", "--quick"), code=2, contains="no earlier run exported")
+
+
+def test_verify_ckpt_while_the_last_run_is_still_running_says_so(in_tmp, cli):
+    """issue 28 #12: "the last run (r) ended running" and "holds no checkpoints yet (no checkpoints)"."""
+    runs = in_tmp / ".trnqwen" / "runs"
+    root = in_tmp / "ck"
+    running = RunRecord(run_id="r-live", run_dir=str(runs / "r-live"), status="running", checkpoint_dir=str(root))
+    Path(running.run_dir).mkdir(parents=True)
+    running.save()
+    point_last(runs, "r-live")
+    r = cli("verify-ckpt", "--quick")
+    assert_clean_error(r, code=2, contains="the last run (r-live) is still running, and no earlier run exported")
+    assert "ended running" not in r.text and "wait until that run has finished" in r.text
+    checkpoints.write_owner(root, run_id="r-live", model=TINY, backend="native")  # a run that has not saved yet
+    r = cli("verify-ckpt", str(root), "--quick")
+    assert_clean_error(r, code=2, contains=f"{root} holds no checkpoints yet")
+    assert "(no checkpoints)" not in r.text
 
 
 def test_verify_ckpt_lists_complete_and_incomplete_steps(in_tmp, cli):

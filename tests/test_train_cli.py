@@ -112,6 +112,8 @@ def test_dry_run_on_fake_trainium_host(tmp_path, tiny_assets):
     assert _flag(plan["command"], "--nproc_per_node") == "64"
     assert plan["env"]["TORCH_NEURONX_NEFF_CACHE_DIR"] == str((tmp_path / ".trnqwen" / "neff-cache").resolve())
     assert plan["preflight"]["memory"]["capacity"] == 24 * 1024**3
+    checks = {f["check"] for f in plan["preflight"]["findings"]}  # issue 28 #30: the same rows as on CPU
+    assert {"memory", "host-memory", "seq_len", "batch"} <= checks, checks
     # The user's own cache location wins.
     env["TORCH_NEURONX_NEFF_CACHE_DIR"] = "/somewhere/else"
     r = run_subprocess("train", "--model", "builtin:tiny-qwen3", "--assets", str(tiny_assets), "--device", "neuron",
@@ -143,6 +145,57 @@ def test_export_config_imports_and_builds_with_torchtitan(cli, in_tmp, tiny_asse
 def test_export_config_wants_a_module_name(cli, in_tmp, tiny_assets):
     r = cli("train", *TINY, "--assets", str(tiny_assets), "--export-config", str(in_tmp / "my-config.py"))
     assert_clean_error(r, code=2, contains="module name")
+
+
+def test_cpu_dry_run_shows_memory_per_rank_context_and_batch_arithmetic(cli, in_tmp, tiny_assets):
+    """issue 28 #30: on CPU the preflight showed one row (host memory); getting-started promises memory
+    per rank, seq_len against the context and the batch arithmetic, on every device."""
+    plan = _dry(cli, *TINY, "--assets", str(tiny_assets), "--finetune")
+    rows = {f["check"]: f for f in plan["preflight"]["findings"]}
+    assert {"memory", "host-memory", "seq_len", "batch"} <= set(rows), rows
+    assert rows["seq_len"]["message"] == "--seq-len 256 of the model's 2,048-token context (max_position_embeddings)"
+    assert rows["batch"]["message"].startswith("global batch 2 = local batch 1 x 2 data-parallel rank(s); 2 x 256 tokens")
+    assert rows["batch"]["message"].endswith("= 512 tokens per step")
+    assert rows["memory"]["message"].startswith("estimated ~") and "per rank" in rows["memory"]["message"]
+    table = cli("train", *TINY, "--assets", str(tiny_assets), "--finetune", "--dry-run")
+    assert "2,048-token context" in table.out and "512 tokens per step" in table.out
+
+
+def test_dry_run_with_export_config_writes_nothing(cli, in_tmp, tiny_assets):
+    """issue 28 #12: `train --dry-run --export-config F` wrote F."""
+    target = in_tmp / "qwen3_ft.py"
+    r = cli("train", *TINY, "--assets", str(tiny_assets), "--dry-run", "--export-config", str(target))
+    assert r.code == 0, r.text
+    assert not target.exists() and f"would write the config module to {target} (nothing written)" in r.out
+    assert "--module qwen3_ft" in r.out  # the hand-run command is still shown
+    doc = _dry(cli, *TINY, "--assets", str(tiny_assets), "--export-config", str(target))
+    assert doc["would_export_config"] == str(target) and "exported_config" not in doc and not target.exists()
+    bad = cli("train", *TINY, "--assets", str(tiny_assets), "--dry-run", "--export-config", str(in_tmp / "my-config.py"))
+    assert_clean_error(bad, code=2, contains="module name")
+    r = cli("train", *TINY, "--assets", str(tiny_assets), "--export-config", str(target))  # without --dry-run: written
+    assert r.code == 0 and target.is_file()
+
+
+def test_a_secret_given_as_a_raw_flag_value_is_never_recorded_or_printed(cli, in_tmp, tiny_assets):
+    """issue 28 #12: `-- --some.api_key VALUE` reached run.json's command and extra_args unredacted."""
+    from trnqwen.config import resolve_config
+    from trnqwen.train.run import create_run_dir, plan_train
+
+    key, token = "k3yVALUEnotHFshaped42", "t0kenVALUEnotHF99"
+    raw = ["--metrics.wandb_api_key", key, f"--job.auth_token={token}", "--metrics.log_freq", "5"]
+    r = cli("train", *TINY, "--assets", str(tiny_assets), "--dry-run", "--json", "--", *raw)
+    assert r.code == 0, r.text
+    assert key not in r.text and token not in r.text and "--metrics.log_freq 5" in json.loads(r.out)["shell_command"]
+    resolved = resolve_config({"model": "builtin:tiny-qwen3", "device": "cpu", "nproc_per_node": 1, "steps": 2,
+                               "seq_len": 256, "assets_dir": str(tiny_assets)}, environ={})
+    plan = plan_train(resolved, extra_args=raw, cwd=in_tmp)
+    assert key in plan.argv  # the ranks still get the value
+    record = create_run_dir(plan)
+    for path in Path(record.run_dir).iterdir():
+        text = path.read_text(errors="replace")
+        assert key not in text and token not in text, path.name
+    saved = json.loads((Path(record.run_dir) / "run.json").read_text())
+    assert saved["extra"]["extra_args"] == ["--metrics.wandb_api_key", "***", "--job.auth_token=***", "--metrics.log_freq", "5"]
 
 
 # --- real runs -------------------------------------------------------------------------------
@@ -245,3 +298,19 @@ def test_killed_run_leaves_no_processes(tmp_path, tiny_assets):
     assert not alive, f"left behind: {[psutil.Process(p).cmdline() for p in alive]}"
     record = json.loads((log.parent / "run.json").read_text())
     assert (record["status"], record["ended_by"], record["exit_code"]) == ("interrupted", "SIGTERM", 138)
+
+
+@pytest.mark.slow
+def test_typo_in_a_raw_torchtitan_flag_is_the_root_cause(tmp_path, tiny_assets):
+    """issue 28 #9: the rank printed tyro's "Unrecognized options" box and exited 2 without a traceback;
+    the run said "no error message from the ranks"."""
+    args = [*TINY, "--nproc-per-node", "1", "--assets", str(tiny_assets), "--backend", "native", "--steps", "1"]
+    r = run_subprocess("train", *args, "--", "--metrics.log_freqq", "5", cwd=tmp_path, timeout=300)
+    assert r.code == 1, r.text
+    run_json = next((tmp_path / ".trnqwen" / "runs").glob("*/run.json"))
+    error = json.loads(run_json.read_text())["error"]
+    assert error == "Unrecognized options: --metrics.log_freqq, 5 (perhaps you meant --metrics.log-freq)", error
+    assert "no error message" not in r.err and "Unrecognized options: --metrics.log_freqq" in r.err
+    judged = run_subprocess("inspect-logs", "--json", cwd=tmp_path, timeout=120)
+    crash = [f for f in json.loads(judged.out)["findings"] if f["code"] == "crash"]
+    assert crash and "Unrecognized options: --metrics.log_freqq" in crash[0]["message"], judged.text

@@ -218,6 +218,19 @@ def test_index_cross_check(cli, case):
     assert stray in text and "does not list" in text
 
 
+def test_a_self_linked_shard_is_named_as_such_not_absent(cli, case):
+    """issue 28 #12: a shard that is a symbolic link to itself was reported as "absent"."""
+    ckpt, assets, _ = case
+    shard = step_dir(ckpt) / "model-00002-of-00002.safetensors"
+    shard.unlink()
+    shard.symlink_to(shard.name)
+    res, doc = verify_json(cli, ckpt, "--assets", assets)
+    assert res.code == 1
+    text = "\n".join(doc["index_problems"])
+    assert "lists model-00002-of-00002.safetensors" in text and "but it is a symbolic link to itself" in text, text
+    assert "absent" not in text
+
+
 def test_float32_export_of_bf16_config_loads_with_a_note(cli, case):
     ckpt, assets, state = case
     rewrite(ckpt, {k: v.float() for k, v in state.items()})

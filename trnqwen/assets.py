@@ -125,6 +125,37 @@ def checkpoint_dtype(config: Optional[dict[str, Any]]) -> Optional[str]:
     return dtype if dtype in ("float16", "bfloat16", "float32") else None
 
 
+# The model card tag of a snapshot whose weights are random by design (builtin:tiny-qwen3): a
+# fine-tune of it starts at random-init loss, and inspect-logs says so instead of an error.
+RANDOM_INIT_TAG = "random-init"
+_CARD_NAME = "README.md"
+
+
+def declares_random_init(folder: Path) -> bool:
+    """Whether the model card (README.md front matter ``tags:``) of ``folder`` says its weights are
+    random by design (:data:`RANDOM_INIT_TAG`)."""
+    try:
+        with open(Path(folder) / _CARD_NAME, encoding="utf-8", errors="replace") as fh:
+            head = fh.read(8192)
+    except OSError:
+        return False
+    if not head.startswith("---\n"):
+        return False
+    front = head[4:].split("\n---", 1)[0]
+    tags: list[str] = []
+    in_tags = False
+    for line in front.splitlines():
+        if line.startswith("tags:"):
+            inline = line[5:].strip()
+            tags += [t.strip(" '\"") for t in inline.strip("[]").split(",") if t.strip()] if inline else []
+            in_tags = not inline
+        elif in_tags and line.lstrip().startswith("- "):
+            tags.append(line.lstrip()[2:].strip(" '\""))
+        else:
+            in_tags = False
+    return RANDOM_INIT_TAG in tags
+
+
 def has_tokenizer(folder: Path) -> bool:
     """Whether one complete tokenizer set is present (:data:`TOKENIZER_SETS`)."""
     return any(all((Path(folder) / name).is_file() for name in group) for group in TOKENIZER_SETS)

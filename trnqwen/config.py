@@ -18,7 +18,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Iterable, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -37,7 +37,9 @@ from trnqwen.constants import (  # noqa: E402,F401
 ENV_PREFIX = "TRNQWEN_"
 # TRNQWEN_* variables that are not run fields.
 RESERVED_ENV = {"TRNQWEN_DEBUG", "TRNQWEN_CONFIG_FILE", "TRNQWEN_NO_COLOR", "TRNQWEN_HOME", "TRNQWEN_SYSFS_ROOT",
-                "TRNQWEN_FAULT_PREEMPT_AT_STEP"}
+                "TRNQWEN_FAULT_PREEMPT_AT_STEP",
+                "TRNQWEN_SCAN_THREADS",  # verify-ckpt's scan threads (ckpt/scan.py)
+                "TRNQWEN_LOG_WORKERS"}  # inspect-logs' parser processes (logs/parallel.py)
 
 Backend = Literal["hf-v5", "native", "nki-moe", "hf-trainer"]
 Device = Literal["auto", "neuron", "cuda", "cpu"]
@@ -63,7 +65,7 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
     # --- what to train -------------------------------------------------------------
-    model: str = Field(DEFAULT_MODEL, description="Hub repo id, or builtin:tiny-qwen3 for the offline tiny model.")
+    model: str = Field(DEFAULT_MODEL, description="Hub repo id, or builtin:tiny-qwen3 for the offline tiny model (random weights).")
     assets_dir: Optional[Path] = Field(
         None, description="Local HF snapshot of the model (default ./assets/hf/<model name>)."
     )
@@ -153,7 +155,7 @@ class RunConfig(BaseModel):
     top_k: int = Field(4, ge=1, description="nki-moe: experts each token is routed to.")
     # --- outputs ---------------------------------------------------------------------------
     checkpoint_dir: Optional[Path] = Field(
-        None, description="Where checkpoints go (default ./checkpoint_<model>_ft when fine-tuning)."
+        None, description="Where checkpoints go (default ./checkpoint_<slug>_<hash6>, _ft appended when fine-tuning)."
     )
     export_hf: Optional[bool] = Field(
         None, description="Save the last step as HF safetensors (default: on with --finetune)."
@@ -494,6 +496,23 @@ def _unknown_key_message(key: str, where: str) -> str:
     return f"{where}: unknown key '{key}'{tip}"
 
 
+def _takes_bool(name: str) -> bool:
+    return "bool" in str(RunConfig.model_fields[name].annotation)
+
+
+def _kind(name: str) -> str:
+    """What a field takes, in words, for an error about a TOML boolean."""
+    text = str(RunConfig.model_fields[name].annotation)
+    if "Literal" in text and "int" not in text:
+        words = re.findall(r"Literal\[([^\]]*)\]", text)
+        return "value: one of " + ", ".join(w.strip(" '") for w in ",".join(words).split(","))
+    if "float" in text:
+        return "number"
+    if "int" in text:
+        return "whole number"
+    return "list" if "list" in text else ("path" if "Path" in text else "string")
+
+
 def load_config_file(path: Path) -> dict[str, Any]:
     """Read trnqwen.toml: flat keys, or the same keys under a [run] table."""
     try:
@@ -506,13 +525,28 @@ def load_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError([f"{path}: not UTF-8 text"], hint="save trnqwen.toml as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([f"{path}: TOML syntax error: {exc}"], hint="fix the line shown; see docs/config.md") from None
+    tables = [("", data)]
     if "run" in data and isinstance(data["run"], dict):
-        nested = data.pop("run")
-        data = {**data, **nested}
-    problems = [_unknown_key_message(k, str(path)) for k in data if k.replace("-", "_") not in FIELD_NAMES]
+        tables = [("", {k: v for k, v in data.items() if k != "run"}), ("[run] ", data["run"])]
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    written: dict[str, str] = {}  # field -> the key as written, where
+    for where, table in tables:
+        for key, value in table.items():
+            name = key.replace("-", "_")
+            if name not in FIELD_NAMES:
+                problems.append(_unknown_key_message(key, str(path)))
+                continue
+            if name in written:  # seq_len and seq-len, or steps and [run] steps: never pick one silently
+                problems.append(f"{path}: {where}{key} sets {name} again (already set by {written[name]}): keep one")
+                continue
+            written[name] = f"{where}{key}"
+            if isinstance(value, bool) and not _takes_bool(name):  # TOML true would become 1
+                problems.append(f"{path}: {where}{key} = {str(value).lower()}: {name} takes a {_kind(name)}, not true/false")
+                continue
+            values[name] = value
     if problems:
         raise ConfigError(problems, hint="see `trnqwen config show` or docs/config.md for the known keys")
-    values = {k.replace("-", "_"): v for k, v in data.items()}
     base = path.parent
     for key in PATH_FIELDS & values.keys():
         if isinstance(values[key], str) and not _expand(values[key]).is_absolute():
@@ -564,12 +598,16 @@ def resolve_config(
     environ: Optional[dict[str, str]] = None,
     cwd: Optional[Path] = None,
     labels: Optional[dict[str, str]] = None,
+    uses: Optional[Iterable[str]] = None,
 ) -> ResolvedConfig:
     """Merge defaults < trnqwen.toml < TRNQWEN_* < flags and validate once.
 
     ``cli`` holds only the flags the user actually gave (``None`` values are dropped).
     ``labels`` names what the command line calls a field when it is not the usual flag
     (``fetch REPO`` sets ``model``: an error must blame ``argument REPO``, not ``--model``).
+    ``uses`` (a read-only command: inspect-logs, verify-ckpt, eval, data) names the fields the
+    command reads: a ``TRNQWEN_*`` variable for any other field is not read, so a bad value meant
+    for ``train`` does not stop it.
     """
     merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -579,6 +617,9 @@ def resolve_config(
             merged[key] = value
             sources[key] = f"file {path}"
     env_vals, warnings = env_values(environ)
+    if uses is not None:
+        wanted = set(uses)
+        env_vals = {k: v for k, v in env_vals.items() if k in wanted}
     for key, value in env_vals.items():
         merged[key] = value
         sources[key] = f"env {ENV_PREFIX}{key.upper()}"

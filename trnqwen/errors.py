@@ -21,6 +21,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 3
+EXIT_INTERNAL = 70  # EX_SOFTWARE: a trnqwen bug (an exception no error type claims)
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 # Preempted after saving a resumable checkpoint: 128 + SIGUSR1, the code Kubeflow's ExitCode
@@ -123,3 +124,26 @@ def is_secret_var(name: str, value: str) -> bool:
 def redact_env(env: dict[str, str]) -> dict[str, str]:
     """A copy of an environment mapping safe to write into a run record: secrets become ``***``."""
     return {k: ("***" if is_secret_var(k, str(v)) else v) for k, v in env.items()}
+
+
+def redact_argv(argv: "list[str] | tuple[str, ...]", environ: dict[str, str] | None = None) -> list[str]:
+    """A command line safe to record or print: :func:`redact` on every word, and the value of any
+    flag named like a secret (``--metrics.wandb_api_key V``, ``--job.token=V``; :func:`is_secret_var`
+    on the flag's name) becomes ``***``."""
+    out: list[str] = []
+    secret_flag, flag_name = False, ""
+    for arg in (str(a) for a in argv):
+        if secret_flag and not arg.startswith("-") and is_secret_var(flag_name, arg):
+            out.append("***")
+            secret_flag = False
+            continue
+        secret_flag = False
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            flag_name = name.lstrip("-")
+            if eq and is_secret_var(flag_name, value):
+                out.append(f"{name}=***")
+                continue
+            secret_flag = not eq
+        out.append(redact(arg, environ))
+    return out

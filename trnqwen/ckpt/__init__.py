@@ -59,6 +59,16 @@ def locate(
     return ckpt, model_config
 
 
+def _how_it_stands(record) -> str:
+    """``is still running``, ``was interrupted at step 4 (resume it: ...)``, ``ended failed: <cause>``."""
+    if record.status in ("created", "running"):
+        return "is still running"
+    step = record.extra.get("interrupted_at_step")
+    if step:
+        return f"was interrupted at step {step} (resume it: {record.extra.get('resume_command')})"
+    return f"ended {record.status}" + (f": {record.error}" if record.error else "")
+
+
 def _last_run_checkpoint(run_config) -> tuple[Path, Optional[Path], Optional[str]]:
     """The last run's export when that run succeeded; else the newest succeeded run's, saying so.
 
@@ -79,21 +89,16 @@ def _last_run_checkpoint(run_config) -> tuple[Path, Optional[Path], Optional[str
         raise UsageError(f"cannot read the last run's record in {run_dir}: {exc}", hint="pass the checkpoint folder") from None
     note = None
     if record.status != "succeeded":
-        how = f"{record.status}" + (f": {record.error}" if record.error else "")
-        if record.extra.get("interrupted_at_step"):
-            how = f"was interrupted at step {record.extra['interrupted_at_step']} (resume it: {record.extra.get('resume_command')})"
+        how = _how_it_stands(record)
         earlier = _newest_succeeded_export(runs_dir, exclude=record.run_id)
         if earlier is None:
             raise UsageError(
-                f"the last run ({record.run_id}) {how if how.startswith('was') else 'ended ' + how}, and no earlier run "
-                "exported a checkpoint to check instead",
-                hint="pass the checkpoint folder explicitly, or finish that run first",
+                f"the last run ({record.run_id}) {how}, and no earlier run exported a checkpoint to check instead",
+                hint="pass the checkpoint folder explicitly, or "
+                + ("wait until that run has finished" if record.status in ("created", "running") else "finish that run first"),
             )
         other, path = earlier
-        note = (
-            f"the last run ({record.run_id}) {how if how.startswith('was') else 'ended ' + how}; "
-            f"checked the export of run {other.run_id} (succeeded) instead: {path}"
-        )
+        note = f"the last run ({record.run_id}) {how}; checked the export of run {other.run_id} (succeeded) instead: {path}"
         return path, Path(other.assets_dir) if other.assets_dir else None, note
     exported = record.extra.get("exported")
     if exported and Path(exported).exists():

@@ -166,7 +166,10 @@ def _resolve_layout_root(given: Path, step: Optional[int]) -> CheckpointFiles:
                 f"{given} holds no complete HF export, only resumable training state ({found.describe()})",
                 hint="finish the run (trnqwen train --resume) with --finetune or --export-hf to get hf/step-N",
             )
-        raise UsageError(f"{given} holds no checkpoints yet ({found.describe()})", hint="train first, or pass another folder")
+        what = found.describe()
+        detail = "" if what == "no checkpoints" else f" ({what})"
+        raise UsageError(f"{given} holds no checkpoints yet{detail}",
+                         hint="train first (a run still starting writes its first one at its first save), or pass another folder")
     out = resolve_checkpoint(exports, step)
     out.given = given
     out.folder = found.as_dict()

@@ -43,6 +43,7 @@ class CardInfo:
     dataset: Optional[str] = None
     final_loss: Optional[float] = None
     validation_loss: Optional[float] = None
+    validation_step: Optional[int] = None  # the step it was measured after (not always the last step)
     eval_results: list[dict[str, Any]] = field(default_factory=list)  # trnqwen eval's rows
     eval_dataset: Optional[str] = None
     run_id: Optional[str] = None
@@ -58,13 +59,15 @@ def card_info(record: Any, eval_results: Optional[list[dict[str, Any]]] = None, 
     config = record.config or {}
     model = str(config.get("model") or "")
     last = (record.extra.get("summary") or {}).get("last_step") or {}
+    validation = last_validation(Path(record.log_path)) if record.log_path else None
     return CardInfo(
         base_model=model.split(":", 1)[1] if model.startswith("builtin:") else model,
         backend=str(record.backend or config.get("backend") or ""),
         steps=last.get("step") or record.steps,
         dataset=config.get("dataset"),
         final_loss=last.get("loss"),
-        validation_loss=last_validation_loss(Path(record.log_path)) if record.log_path else None,
+        validation_loss=validation.get("loss") if validation else None,
+        validation_step=validation.get("step") if validation else None,
         eval_results=list(eval_results or []),
         eval_dataset=eval_dataset,
         run_id=record.run_id,
@@ -82,8 +85,8 @@ def complete_run_export(record: Any, exported: Path) -> list[str]:
     return complete_export(exported, Path(record.assets_dir), card_info(record), config_overrides=overrides)
 
 
-def last_validation_loss(log_path: Path) -> Optional[float]:
-    """The loss of the last ``validate step:`` line of a run's log (torchtitan's validator)."""
+def last_validation(log_path: Path) -> Optional[dict[str, Any]]:
+    """The last ``validate step:`` line of a run's log (torchtitan's validator): {"step", "loss", ...}."""
     from trnqwen.logs.stepline import parse_validation_line
 
     found = None
@@ -93,7 +96,7 @@ def last_validation_loss(log_path: Path) -> Optional[float]:
                 if b"validate step:" in raw:
                     parsed = parse_validation_line(raw.decode("utf-8", "replace"))
                     if parsed and parsed.get("loss") is not None:
-                        found = parsed["loss"]
+                        found = parsed
     except OSError:
         return None
     return found
@@ -201,7 +204,8 @@ def render_card(info: CardInfo) -> str:
         ("adapter", f"LoRA r {adapter.get('r')}, alpha {adapter.get('lora_alpha')}, targets "
                     f"{','.join(adapter.get('target_modules') or [])}" if adapter else None),
         ("final training loss", _num(info.final_loss)),
-        ("validation loss", _num(info.validation_loss)),
+        ("validation loss", _num(info.validation_loss) + (f" (after step {info.validation_step})" if info.validation_step else "")
+         if info.validation_loss is not None else None),
         ("run", info.run_id),
         ("trnqwen", info.trnqwen_version),
     ]

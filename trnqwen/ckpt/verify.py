@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from trnqwen.ckpt.layout import INDEX_NAME, CheckpointFiles, ModelConfig
 from trnqwen.safetensors_format import SafetensorsFormatError, SafetensorsHeader, TensorInfo, read_header
+from trnqwen.fsutil import broken_link
 from trnqwen.ckpt.spec import ModelSpec, expected_tensors
 
 DEFAULT_MAX_REL_CHANGE = 1.0
@@ -141,7 +142,9 @@ def check_index(index_path: Path, root: Path, headers: dict[Path, SafetensorsHea
     for fname in listed_files:
         if not (root / fname).is_file():
             n = sum(1 for f in weight_map.values() if f == fname)
-            problems.append(f"lists {fname} ({n} tensors) but the file is absent")
+            link = broken_link(root / fname)  # a self-link or a dangling one is there, just unreadable
+            what = f"it is {link}" if link else ("it is not a file" if (root / fname).exists() else "the file is absent")
+            problems.append(f"lists {fname} ({n} tensors) but {what}")
     for name, fname in sorted(weight_map.items()):
         header = by_name.get(fname)
         if header is not None and name not in header.tensors:

@@ -84,7 +84,8 @@ CheckpointDirOpt = Annotated[
     Optional[Path],
     typer.Option(
         "--checkpoint-dir",
-        help="Checkpoint folder. Env: TRNQWEN_CHECKPOINT_DIR. [default: ./checkpoint_<model>_ft]",
+        help="Checkpoint folder. Env: TRNQWEN_CHECKPOINT_DIR. [default: ./checkpoint_<slug>_<hash6>[_ft], "
+        "the hash of the model's identity; the recipe's Qwen3-4B-Instruct-2507: ./checkpoint_qwen3_4b[_ft]]",
         show_default=False,
     ),
 ]
@@ -434,9 +435,10 @@ ResumeOpt = Annotated[
     Optional[str],
     typer.Option(
         "--resume",
-        metavar="[RUN_ID|last]",
+        metavar="[RUN_ID|last|auto]",
         help="Continue a run from its latest complete checkpoint, with the config in its run.json "
-        "(alone: the last run). Only --steps, --time, node/rank counts and checkpoint cadence may change.",
+        "(alone: the last run; auto: a scheduler job's own run, named by --rdzv-id, if it started before). "
+        "Only --steps, --time, node/rank counts, checkpoint cadence and scheduler settings may change.",
         show_default=False,
     ),
 ]

@@ -73,7 +73,7 @@ def data(
     """Tokenize a dataset and report what will be trained."""
     from trnqwen import output
     from trnqwen.config import resolve_config
-    from trnqwen.dataset.prepare import prepare_dataset
+    from trnqwen.dataset.prepare import DataSettings, prepare_dataset
     from trnqwen.dataset.report import print_report
 
     resolved = resolve_config(
@@ -84,6 +84,7 @@ def data(
             data_cache_dir=data_cache_dir,
         ),
         config_file=config_file,
+        uses={*DataSettings.__dataclass_fields__, "data_cache_dir", "model", "assets_dir", "trust_remote_code"},
     )
     for warning in resolved.warnings:
         output.warn(warning)

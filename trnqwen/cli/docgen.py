@@ -266,7 +266,9 @@ def render_config_reference() -> str:
         f"`./{CONFIG_FILE_NAME}` is read when present; `--config-file FILE` (or `TRNQWEN_CONFIG_FILE`) "
         "names another one. Keys are the field names below (`-` and `_` both work), flat or under a "
         "`[run]` table. Relative paths in the file are relative to the file's folder. Unknown keys are "
-        "errors with a did-you-mean suggestion. Ready-made files for trn2.48xlarge are in "
+        "errors with a did-you-mean suggestion; so is a field set twice (`seq_len` and `seq-len`, or a flat "
+        "key and the same key under `[run]`), and `true`/`false` for a field that is not a bool (TOML "
+        "booleans never become 1/0). Ready-made files for trn2.48xlarge are in "
         "[`examples/`](../examples/).",
         "",
         "```toml",
@@ -313,7 +315,8 @@ def render_config_reference() -> str:
         f"(`TRNQWEN_OVERRIDE_IMPORTS=a.f,b.g`); booleans take `1/0`, `true/false`, `yes/no`. An unknown "
         f"`{ENV_PREFIX}*` name is a warning. Reserved (not fields): "
         + ", ".join(f"`{n}`" for n in sorted(RESERVED_ENV))
-        + ".",
+        + ". The read-only commands (`inspect-logs`, `verify-ckpt`, `eval`, `data`) read only the variables "
+        "of the fields they use, so a bad value meant for `train` (`TRNQWEN_STEPS=abc`) does not stop them.",
         "",
         "## Fields",
         "",

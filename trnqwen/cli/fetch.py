@@ -33,7 +33,8 @@ RepoArg = Annotated[
     Optional[str],
     typer.Argument(
         metavar="REPO",
-        help="Hub repo id (e.g. Qwen/Qwen3-4B-Instruct-2507) or builtin:tiny-qwen3. "
+        help="Hub repo id (e.g. Qwen/Qwen3-4B-Instruct-2507) or builtin:tiny-qwen3 (a 1M-parameter Qwen3 with "
+        "random weights, written offline). "
         "[default: the config's model, TRNQWEN_MODEL]",
         show_default=False,
     ),

@@ -74,7 +74,7 @@ def inspect_logs(
     if not args or (compare is not None and not Path(compare).exists() and compare != "-"):
         from trnqwen.config import resolve_config
 
-        runs_dir = resolve_config({}, config_file=config_file).config.runs_dir
+        runs_dir = resolve_config({}, config_file=config_file, uses={"runs_dir"}).config.runs_dir
     inputs = [resolve_input(a, runs_dir) for a in args] if args else [resolve_input(None, runs_dir)]
     if sum(1 for i in inputs if i.is_stdin) > 1:
         raise UsageError("stdin (-) can be read only once", hint="pass - at most once")

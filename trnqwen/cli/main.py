@@ -305,7 +305,9 @@ def _internal_error(exc: BaseException) -> int:
         f"internal error: {type(exc).__name__}: {exc}",
         "this is a trnqwen bug; rerun with TRNQWEN_DEBUG=1 for the traceback and report it",
     )
-    return 70
+    from trnqwen.errors import EXIT_INTERNAL
+
+    return EXIT_INTERNAL
 
 
 def _error_table() -> list[tuple[type, Callable[[Any], int], bool]]:

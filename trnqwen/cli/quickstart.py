@@ -29,7 +29,8 @@ exports HF weights; those weights packaged as a model snapshot; `train --finetun
 each backend (native, hf-v5, hf-trainer) through torchrun; verify-ckpt on every export;
 inspect-logs judging every run, checking that the fine-tunes' step-1 loss is far below the
 random-init run's, and writing loss.png. Everything goes under --workdir (summary.json lists it).
-Exit 0 when every stage passed; otherwise the failed stage is named (exit 1, 2 or 3).
+Exit 0 when every stage passed; otherwise the failed stage is named, with its error's exit code
+(1 a failed check, 2 usage, 3 the environment: a missing device, a full disk; 70 a trnqwen bug).
 """
 
 WorkdirOpt = Annotated[
@@ -68,7 +69,7 @@ def quickstart(
     """Run the whole lifecycle on the built-in tiny Qwen3."""
     from trnqwen.constants import DEVICES
     from trnqwen.errors import UsageError
-    from trnqwen.quickstart import DEFAULT_WORKDIR, FINETUNE_BACKENDS, StageFailed, run_quickstart
+    from trnqwen.quickstart import DEFAULT_WORKDIR, FINETUNE_BACKENDS, result_of, run_quickstart
 
     device = (device or "cpu").lower()
     if device not in DEVICES:
@@ -79,9 +80,10 @@ def quickstart(
             workdir or DEFAULT_WORKDIR, device=device, steps=steps, pretrain_steps=pretrain_steps,
             nproc_per_node=nproc_per_node, backends=backends,
         )
-    except StageFailed as exc:
-        if exc.result is not None:
-            _report(exc.result, json_out=json_out)
+    except Exception as exc:  # what was done is shown; main's error table gives the exit code
+        partial = result_of(exc)
+        if partial is not None:
+            _report(partial, json_out=json_out)
         raise
     _report(result, json_out=json_out)
 

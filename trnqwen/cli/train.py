@@ -319,10 +319,10 @@ def train(
 
     show_only = dry_run or export_config is not None
     plan = plan_train(resolved, extra_args=extra, dry_run=show_only, resume=point, overwrite=overwrite)
-    if export_config is not None:
-        write_config_module(plan, export_config)
+    if export_config is not None:  # --dry-run changes nothing: it only checks the file name
+        write_config_module(plan, export_config, dry_run=dry_run)
     if show_only:
-        _print_plan(plan, json_out=json_out, exported=export_config)
+        _print_plan(plan, json_out=json_out, exported=export_config, written=not dry_run)
         if dry_run and not plan.preflight.ok:  # a CI gate built on --dry-run must see the refusal
             _raise_would_not_start(plan.preflight)
         return
@@ -405,18 +405,24 @@ def _print_findings(report, *, quiet_info: bool = False, notes=()) -> None:
             output.info(f"[dim]preflight:[/dim] {f.message}")
 
 
-def _print_plan(plan, *, json_out: bool, exported: Optional[Path]) -> None:
+def _print_plan(plan, *, json_out: bool, exported: Optional[Path], written: bool = True) -> None:
     from trnqwen import output
     from trnqwen.train.run import hand_run_command
 
     if json_out:
         payload = plan.as_dict()
         if exported is not None:
-            payload["exported_config"] = str(exported)
+            payload["exported_config" if written else "would_export_config"] = str(exported)
             payload["hand_run_command"] = hand_run_command(plan, exported)
         output.print_json(payload)
         return
     con = output.console(stderr=False)
+    if exported is not None and not written:  # the whole dry run, then what --export-config would do
+        _print_plan(plan, json_out=False, exported=None)
+        con.print(f"--dry-run: would write the config module to {exported} (nothing written); run it by hand with:",
+                  markup=False, soft_wrap=True)
+        con.print(hand_run_command(plan, exported), markup=False, soft_wrap=True)
+        return
     if exported is not None:
         con.print(f"Wrote the {plan.config.backend} torchtitan config module to {exported}")
         con.print("Run it by hand with:")

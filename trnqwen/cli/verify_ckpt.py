@@ -107,7 +107,10 @@ def verify_ckpt(
             f"--max-rel-change must be a finite number >= 0, got {max_rel_change}",
             hint="e.g. --max-rel-change 1.0 (a tensor that moved more than 1x its norm has exploded)",
         )
-    resolved = resolve_config(given(model=model, device=device, trust_remote_code=trust_remote_code), config_file=config_file)
+    resolved = resolve_config(
+        given(model=model, device=device, trust_remote_code=trust_remote_code), config_file=config_file,
+        uses={"model", "assets_dir", "device", "trust_remote_code", "runs_dir"},
+    )
     for w in resolved.warnings:
         output.warn(w)
     run_verify(

@@ -29,6 +29,11 @@ def sample_text(sample: dict[str, Any], *, markers: bool):
 KEY_SHOWN = 12  # the cache key's leading hex digits in the table (the whole key is in --json)
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 record``, ``2 records``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def _split_rows(stats: dict[str, Any], seq_len: Any, layout: str) -> list[tuple[str, str]]:
     share = stats["trained_tokens"] / max(1, stats["tokens"])
     return [
@@ -56,14 +61,14 @@ def summary_groups(report: dict[str, Any]) -> list[list[tuple[str, str]]]:
         ("truncated", f"{report['truncated']:,}"),
     ]
     train = {k: report[k] for k in ("tokens", "trained_tokens", "sequences", "padding_fraction")}
-    groups = [records, [("training split", f"{n_train:,} records"), *_split_rows(train, seq_len, layout)]]
+    groups = [records, [("training split", _count(n_train, "record")), *_split_rows(train, seq_len, layout)]]
     if not n_val:
         groups.append([("validation split", "none")])
     elif "val_tokens" in report:
         val = {k: report[f"val_{k}"] for k in ("tokens", "trained_tokens", "sequences", "padding_fraction")}
-        groups.append([("validation split", f"{n_val:,} records"), *_split_rows(val, seq_len, layout)])
+        groups.append([("validation split", _count(n_val, "record")), *_split_rows(val, seq_len, layout)])
     else:  # a report written before the validation split's counts were kept
-        groups.append([("validation split", f"{n_val:,} records, {report.get('val_sequences', 0):,} sequences")])
+        groups.append([("validation split", f"{_count(n_val, 'record')}, {_count(report.get('val_sequences', 0), 'sequence')}")])
     return groups
 
 

@@ -2,7 +2,7 @@
 answers side by side, and one JSON object with exactly the documented keys.
 
 JSON: ``{"dataset", "results": [{"checkpoint", "tokens", "loss", "perplexity", "delta_vs_base"}],
-"generations": [{"prompt", "reference", "answers": {checkpoint: text}}]}``.  A perplexity too
+"generations": [{"prompt", "conversation", "reference", "answers": {checkpoint: text}}]}``.  A perplexity too
 large for a float is ``null`` (JSON has no infinity).
 """
 
@@ -12,7 +12,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-EVAL_RECORD = "eval.json"  # written into the run directory the tuned checkpoint came from
+EVAL_RECORD = "eval.json"  # the run's own validation split, written into the run directory the tuned checkpoint came from
+
+
+def other_data_record(name: str) -> str:
+    """``eval-<data>-<hash6>.json``: where the results on other data (``--dataset``) go in the run dir,
+    so they never pass for the run's held-out numbers (eval.json, the model card)."""
+    import hashlib
+    import re
+
+    stem = re.sub(r"[^\w.-]+", "_", name.rstrip("/").split("/")[-1]).strip("._")[:40] or "data"
+    return f"eval-{stem}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:6]}.json"
 
 
 @dataclass
@@ -33,14 +43,21 @@ class EvalResult:
         }
 
 
+EMPTY_ANSWER = "(empty)"  # how an answer with no text is shown (the JSON keeps "")
+
+
 @dataclass
 class Generation:
-    prompt: str
+    prompt: str  # the last user message
     reference: str
     answers: dict[str, str] = field(default_factory=dict)
+    # every turn the model was given before its answer ({"role", "content"}: system prompt, earlier turns,
+    # the last user message), as the chat template rendered them in training
+    conversation: list[dict[str, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"prompt": self.prompt, "reference": self.reference, "answers": dict(self.answers)}
+        return {"prompt": self.prompt, "conversation": [dict(t) for t in self.conversation], "reference": self.reference,
+                "answers": dict(self.answers)}
 
 
 @dataclass
@@ -93,9 +110,16 @@ def render(report: EvalReport) -> None:
     ]
     output.table(f"Held-out loss on {report.dataset}", ["checkpoint", "tokens", "loss", "perplexity", "vs base"], rows)
     for n, gen in enumerate(report.generations, 1):
-        lines = [f"[bold]#{n} prompt:[/bold] {_escape(gen.prompt)}", f"  [dim]reference:[/dim] {_escape(gen.reference)}"]
-        lines += [f"  [cyan]{_escape(label)}:[/cyan] {_escape(text)}" for label, text in gen.answers.items()]
+        earlier = gen.conversation[:-1] if gen.conversation and gen.conversation[-1]["role"] == "user" else gen.conversation
+        lines = [f"[bold]#{n}[/bold] [dim]{_escape(t['role'])}:[/dim] {_escape(t['content'])}" for t in earlier]
+        lines += [f"[bold]#{n} prompt:[/bold] {_escape(gen.prompt)}", f"  [dim]reference:[/dim] {_escape(shown(gen.reference))}"]
+        lines += [f"  [cyan]{_escape(label)}:[/cyan] {_escape(shown(text))}" for label, text in gen.answers.items()]
         output.console(stderr=False).print("\n".join(lines))
+
+
+def shown(answer: str) -> str:
+    """An answer as a person reads it: ``(empty)`` when the model said nothing."""
+    return answer if answer.strip() else EMPTY_ANSWER
 
 
 def _escape(text: str) -> str:

@@ -4,8 +4,9 @@ Everything a user can get wrong (a missing checkpoint, a run id naming no run, a
 that is not the base's, data with no trained tokens, ``--generate`` without a chat template) is
 checked before any model loads, so a mistake costs a second and writes nothing.  Then each model
 is loaded, scored, asked for its answers and freed before the next one loads: base and tuned never
-sit in memory together.  The report goes to ``<run dir>/eval.json`` of the tuned run (for
-``inspect-logs``) and, when the run tracks to TensorBoard, into its event files.
+sit in memory together.  On the run's own validation split the report goes to ``<run dir>/eval.json``
+of the tuned run (for ``inspect-logs``), its model card and, when the run tracks to TensorBoard, its
+event files; on other data (``--dataset``) only to ``<run dir>/eval-<data>-<hash6>.json``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from trnqwen.errors import UsageError
 from trnqwen.evaluate.data import Conversation, EvalData, eval_data, held_out_conversations
-from trnqwen.evaluate.report import EVAL_RECORD, EvalReport, EvalResult, Generation
+from trnqwen.evaluate.report import EVAL_RECORD, EvalReport, EvalResult, Generation, other_data_record
 from trnqwen.evaluate.targets import (
     EvalTarget,
     RunInfo,
@@ -45,6 +46,7 @@ class EvalPlan:
     max_new_tokens: int
     trust_remote_code: bool = False
     record_dir: Optional[Path] = None  # the run dir eval.json goes to
+    own_split: bool = True  # the run's own validation split (not --dataset): the only data that writes eval.json and the card
 
 
 def plan_eval(
@@ -68,6 +70,11 @@ def plan_eval(
         raise UsageError(f"--max-new-tokens must be >= 1 (got {max_new_tokens})")
     if batch_size < 1:
         raise UsageError(f"--batch-size must be >= 1 (got {batch_size})")
+    if seq_len is not None and dataset is None:  # the run's validation split is already tokenized at its length
+        raise UsageError(
+            f"--seq-len {seq_len} applies only with --dataset: the run's own validation split keeps the run's sequence length",
+            hint="drop --seq-len, or pass --dataset FILE to score other data at another length",
+        )
     runs_dir = Path(runs_dir)
     targets = [resolve_target(arg, runs_dir) for arg in checkpoints] or [resolve_target(None, runs_dir)]
     reference = None
@@ -99,7 +106,7 @@ def plan_eval(
     return EvalPlan(
         targets=targets, data=data, conversations=conversations, device_type=detect_device_type(device),
         batch_size=batch_size, max_new_tokens=max_new_tokens, trust_remote_code=trust_remote_code,
-        record_dir=record_run.run_dir if record_run else None,
+        record_dir=record_run.run_dir if record_run else None, own_split=dataset is None,
     )
 
 
@@ -156,11 +163,13 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
         if base is not None and r is not base:
             r.delta_vs_base = r.loss - base.loss
     for conversation, slot in zip(plan.conversations, answers):
+        prompt, turns = prompt_turns(tokenizer, conversation.prompt_ids)
         report.generations.append(
             Generation(
-                prompt=prompt_text(tokenizer, conversation.prompt_ids),
+                prompt=prompt,
                 reference=tokenizer.decode(conversation.reference_ids, skip_special_tokens=True).strip(),
                 answers=slot,
+                conversation=turns,
             )
         )
     if plan.record_dir is not None:
@@ -168,7 +177,15 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
         last = (tuned.run.record.extra.get("summary") or {}).get("last_step")
         step = (last.get("step") if isinstance(last, dict) else None) or tuned.run.record.steps
         try:
-            record(plan.record_dir, report, step=step, folder=tuned.export, run=tuned.run)
+            if plan.own_split:
+                record(plan.record_dir, report, step=step, folder=tuned.export, run=tuned.run)
+            else:  # other data: reported and kept under its own name, never as the run's held-out numbers
+                from trnqwen.fsutil import write_json_atomic
+
+                saved = Path(plan.record_dir) / other_data_record(plan.data.name)
+                write_json_atomic(saved, {**report.to_json(), "step": step, "evaluated_at": time.time()})
+                if say is not None:
+                    say(f"results on {plan.data.name} saved to {saved} (the run's eval.json and model card keep its own split)")
         except OSError as exc:  # a read-only run dir or export: the results are still printed
             from trnqwen import output
 
@@ -176,16 +193,18 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
     return report
 
 
-_LAST_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.DOTALL)
+_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>", re.DOTALL)
 
 
-def prompt_text(tokenizer, prompt_ids: list[int]) -> str:
-    """The last user message of a ChatML prompt, else the prompt without special tokens."""
+def prompt_turns(tokenizer, prompt_ids: list[int]) -> tuple[str, list[dict[str, str]]]:
+    """(the last user message, every turn before the answer) of a ChatML prompt as the model got it:
+    the system prompt and the earlier turns too.  Not ChatML: the prompt without special tokens, no turns."""
     rendered = tokenizer.decode(prompt_ids, skip_special_tokens=False)
-    users = _LAST_USER.findall(rendered)
+    turns = [{"role": role, "content": content.strip()} for role, content in _TURN.findall(rendered)]
+    users = [t["content"] for t in turns if t["role"] == "user"]
     if users:
-        return users[-1].strip()
-    return tokenizer.decode(prompt_ids, skip_special_tokens=True).strip()
+        return users[-1], turns
+    return tokenizer.decode(prompt_ids, skip_special_tokens=True).strip(), []
 
 
 def record(
@@ -227,7 +246,9 @@ def run_eval(
     from trnqwen import output
     from trnqwen.config import resolve_config
 
-    resolved = resolve_config(run_flags, config_file=config_file)
+    resolved = resolve_config(
+        run_flags, config_file=config_file, uses={"runs_dir", "device", "data_cache_dir", "trust_remote_code", "seq_len"}
+    )
     for w in resolved.warnings:
         output.warn(w)
     cfg = resolved.config

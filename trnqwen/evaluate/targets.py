@@ -156,7 +156,7 @@ def resolve_target(arg: Optional[str], runs_dir: Path, *, cwd: Optional[Path] = 
             f"no checkpoint or run named {arg!r}: no such path, and no run {arg} under {runs_dir}",
             hint=f"pass a checkpoint folder, a run directory, or a run id listed in {runs_dir}",
         )
-    raise UsageError(f"no such checkpoint: {arg}", hint="pass the export folder (checkpoint_<model>_ft/step-N) or a run id")
+    raise UsageError(f"no such checkpoint: {arg}", hint="pass the export folder (checkpoint_<slug>_<hash6>_ft/hf/step-N) or a run id")
 
 
 def _target_of_run(run: RunInfo) -> EvalTarget:

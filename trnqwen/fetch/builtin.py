@@ -1,4 +1,4 @@
-"""``builtin:tiny-qwen3``: a complete, deterministic HF snapshot of a tiny Qwen3, made offline.
+"""``builtin:tiny-qwen3``: a complete, deterministic HF snapshot of a tiny, randomly initialised Qwen3, made offline.
 
 :func:`fetch_builtin` is what ``trnqwen fetch builtin:tiny-qwen3`` runs: it writes the snapshot
 (unless a verified copy is already there) and verifies it like a Hub download.
@@ -13,7 +13,8 @@ hf-v5 backends, ``verify-ckpt``, transformers) treats it like the real thing:
   model.safetensors.index.json      seed, no lm_head.weight (tied, as in Qwen3-4B)
   tokenizer.json               byte-level BPE (Qwen's pre-tokenizer scheme) trained by
   tokenizer_config.json          ``tokenizers`` on the shipped corpus; ChatML chat template
-  README.md
+  README.md                    the model card; its ``random-init`` tag says the weights are random
+                               by design (inspect-logs reads it: a fine-tune of it starts at ln(vocab))
 
 Nothing binary is committed: the tokenizer and weights are produced here, from code and the
 plain-text corpus in ``trnqwen/data/tiny_corpus`` (itself written by
@@ -39,7 +40,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from trnqwen.assets import INDEX_NAME
+from trnqwen.assets import INDEX_NAME, RANDOM_INIT_TAG
 from trnqwen.constants import TINY_MODEL
 from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen.fetch.plan import DEFAULT_KEEP_FREE, FetchResult, RemoteFile, check_disk
@@ -361,7 +362,8 @@ def _save_weights(folder: Path, tensors: dict[str, Any]) -> None:
 def _readme(config: dict[str, Any], tensors: dict[str, Any]) -> str:
     params = sum(t.numel() for t in tensors.values())
     return (
-        "---\nlicense: apache-2.0\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n"
+        "---\nlicense: apache-2.0\nlibrary_name: transformers\npipeline_tag: text-generation\n"
+        f"tags:\n- {RANDOM_INIT_TAG}\n---\n"
         f"# {NAME}\n\n"
         f"A tiny, randomly initialised Qwen3 ({params:,} parameters, {config['num_hidden_layers']} layers, "
         f"hidden {config['hidden_size']}, vocab {config['vocab_size']}) written offline by "
@@ -422,7 +424,7 @@ def _require(*modules: str) -> None:
 # --- fetch builtin:... ------------------------------------------------------------------------
 
 BUILTINS = (TINY_MODEL,)
-_TINY_RECIPE_VERSION = 1
+_TINY_RECIPE_VERSION = 2  # 2: the card's random-init tag (inspect-logs reads it)
 # An upper bound of what the snapshot takes on disk (about 4.2 MiB today; a test keeps it a bound),
 # checked against --keep-free before anything is written.
 SNAPSHOT_BYTES_BOUND = 8 * 1024**2

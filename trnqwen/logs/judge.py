@@ -24,6 +24,10 @@ SEVERITIES = ("error", "warning", "info")
 RANDOM_INIT_FRACTION = 0.9
 # With the model unnamed: ln(32000), random-init level for any common LLM vocabulary.
 UNKNOWN_VOCAB_FLOOR = 32000
+# The one judgement of a fine-tune whose step-1 loss is at random-init level (>= the fraction above of
+# ln(vocab)): an error, whatever the model, unless the base model's card declares random weights.
+WEIGHTS_NOT_LOADED = "weights-not-loaded"
+BASE_RANDOM_INIT = "base-random-init"  # info: the base is random by design (builtin:tiny-qwen3)
 GRAD_SPIKE_RATIO = 10.0
 THROUGHPUT_DROP_RATIO = 0.5
 EXPLODE_RATIO = 1.5
@@ -161,14 +165,14 @@ def _check_weights_loaded(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     level = f"step-1 loss {loss:.2f} is random-init level (ln {vocab} = {ln_v:.2f})"
     whence = f" [vocab from {source}]"
     if finetune:
-        if load_lines and not fresh and known is None:
-            # a model whose published weights may be untrained (builtin:tiny-qwen3 is random by design)
-            return [Finding("warning", "weights-untrained",
-                            f"{level}: a checkpoint was loaded, but it behaves like an untrained model (is it a random-init checkpoint?){whence}",
+        if ctx.base_random_init and not fresh:  # builtin:tiny-qwen3: its published weights are random by design
+            return [Finding("info", BASE_RANDOM_INIT,
+                            f"{level}, as expected: the base model's card says its weights are random by design "
+                            f"(builtin:tiny-qwen3), so the step-1 loss cannot show whether they were loaded{whence}",
                             [first["line"], *load_lines[:2]])]
         reference = (f"; loaded Qwen3-{known.size} starts near {known.loaded_step1_loss:.2f}"
                      if known is not None and known.loaded_step1_loss else "")
-        return [Finding("error", "weights-not-loaded", f"weights were probably not loaded: {level}{reference}{ran}{whence}",
+        return [Finding("error", WEIGHTS_NOT_LOADED, f"weights were probably not loaded: {level}{reference}{ran}{whence}",
                         [first["line"], *load_lines[:2], *fresh[:1]])]
     if finetune is False or fresh:
         return [Finding("info", "from-scratch", f"{level}, as expected for a run from random init{whence}", [first["line"], *fresh[:1]])]
@@ -181,7 +185,7 @@ def weights_verdict(findings: list[Finding]) -> Optional[bool]:
     codes = {f.code for f in findings}
     if "weights-loaded" in codes:
         return True
-    if "weights-not-loaded" in codes:
+    if WEIGHTS_NOT_LOADED in codes:
         return False
     return None
 
@@ -517,7 +521,9 @@ def _check_crash(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         if isinstance(code, int) and code < 0:
             sig = {-9: " (SIGKILL: often the host's out-of-memory killer)", -15: " (SIGTERM)", -6: " (SIGABRT)", -11: " (SIGSEGV)"}.get(code, f" (signal {-code})")
         lines = [x for x in (failure.get("root_cause_line"), *(f["line"] for f in failure.get("failed", [])[:2])) if x]
-        out.append(Finding("error", "crash", f"rank {rank if rank is not None else '?'} exited with code {code}{sig}; no traceback in the log", lines))
+        found = ctx.record.error if ctx.record is not None and ctx.record.error and "no error message" not in ctx.record.error else None
+        tail = f"; the launcher found: {found}" if found else "; no traceback in the log"
+        out.append(Finding("error", "crash", f"rank {rank if rank is not None else '?'} exited with code {code}{sig}{tail}", lines))
     elif log.errors:
         first = log.errors[0]
         who = f"rank {first['rank']}" if first["rank"] is not None else "the log"

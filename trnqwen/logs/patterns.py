@@ -192,7 +192,7 @@ def _version(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
 
 
 def _starts(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
-    if at.primary:
+    if at.primary and log.start_step is None:  # the first attempt's: a resumed log still holds its step 1
         log.start_step = int(m.group(1))
 
 

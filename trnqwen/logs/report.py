@@ -12,7 +12,9 @@ from typing import Any, Optional
 from trnqwen.logs.jsonsteps import StepRowsJSON, _num, step_rows  # noqa: F401 (step_rows: part of this API)
 from trnqwen.logs import dpo
 from trnqwen.logs.lora import lora_json, lora_row
-from trnqwen.logs.judge import Finding, configured_steps, override_calls, override_table, root_cause, weights_verdict
+from trnqwen.logs.judge import (
+    BASE_RANDOM_INIT, Finding, configured_steps, override_calls, override_table, root_cause, weights_verdict,
+)
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.stepline import STEP_FIELDS
 from trnqwen.logs.sources import RunContext
@@ -225,9 +227,12 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
         t.add_row("validation", f"{len(log.validations)} run(s), last loss {_fmt(s['last_validation_loss'], '.4f')}")
     ck = []
     if s["checkpoint_loaded"]:
+        unknown = ("load ran; the base model is random by design, so the step-1 loss cannot show it took"
+                   if any(f.code == BASE_RANDOM_INIT for f in findings or []) else
+                   "load ran (whether the weights took is not known: see the findings)")
         ck.append({True: "load ran, and the step-1 loss says the weights took",
                    False: "load ran, but the step-1 loss says the weights did not take",
-                   None: "load ran (whether the weights took is not known)"}[s["weights_loaded"]])
+                   None: unknown}[s["weights_loaded"]])
     if s["checkpoint_saved"]:
         ck.append("saved")
     t.add_row("checkpoint", "; ".join(ck) or "-")

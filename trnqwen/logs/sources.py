@@ -69,6 +69,9 @@ class RunContext:
     # the run config's LoRA settings when it trained one: {rank, alpha, targets, backend}; None: not LoRA / unknown
     lora: Optional[dict] = None
     model_config: Optional[dict] = None  # the base model's config.json, when found
+    # the base model's card says its weights are random by design (builtin:tiny-qwen3): a fine-tune
+    # of it starts at random-init loss, and that is no sign of unloaded weights
+    base_random_init: bool = False
     rank_lora: dict = field(default_factory=dict)  # rank -> its [LoRA] line from the run's per-rank logs
     dpo: Optional[dict] = None  # the run config's DPO settings when it is one: {beta, loss_type}; None: not DPO / unknown
 
@@ -175,6 +178,10 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
     # model config.json
     model_cfg, model_cfg_path = _model_config(record, cfg, ctx.run_dir)
     ctx.model_config = model_cfg
+    if model_cfg_path is not None:
+        from trnqwen.assets import declares_random_init
+
+        ctx.base_random_init = declares_random_init(model_cfg_path.parent)
     if cfg.get("lora"):
         ctx.lora = _lora_settings(cfg)
     if cfg.get("method") == "dpo":

@@ -28,4 +28,5 @@ from trnqwen.quickstart.stages import (  # noqa: F401
 )
 from trnqwen.quickstart.types import (  # noqa: F401
     DEFAULT_WORKDIR, FINETUNE_BACKENDS, MARKER, NEXT_COMMANDS, Progress, QuickstartResult, RunInfo, Stage, StageFailed,
+    result_of,
 )

@@ -50,6 +50,21 @@ class StageFailed(CheckFailed):
             self.exit_code = exit_code
 
 
+def attach_result(exc: BaseException, result: "QuickstartResult") -> None:
+    """Give the exception that stopped the quickstart the result so far (:func:`result_of` reads it)."""
+    try:
+        exc.quickstart_result = result  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type with __slots__: no partial report, the error still shows
+        pass
+    if isinstance(exc, StageFailed):
+        exc.result = result
+
+
+def result_of(exc: BaseException) -> Optional["QuickstartResult"]:
+    """The quickstart's result at the moment ``exc`` stopped it, if it carries one."""
+    return getattr(exc, "quickstart_result", None)
+
+
 @dataclass
 class Stage:
     name: str

@@ -10,7 +10,8 @@ Transformers Trainer both trigger it)::
 
 ``calls``: calls that ran the override's own code; ``fallbacks``: calls that ran the code it
 replaces instead; ``modules``: how many distinct modules ran it (one per layer for a per-layer
-override); ``reason``: why the first fallback happened.  The shipped examples
+override); ``step``: this process's optimizer steps when it logged, always 1 (on a resumed run the first
+step after the resume, whatever its global number); ``reason``: why the first fallback happened.  The shipped examples
 (``examples/torch_rope``, ``examples/nki_rope``) log the same line from their own copy of this
 logic (they must stay standalone files).  ``trnqwen inspect-logs`` reads it.
 

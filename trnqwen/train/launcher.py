@@ -18,7 +18,6 @@ Nothing here imports torch: the launcher process must never initialize a device 
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -27,11 +26,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
-from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, redact
+from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, redact, redact_argv
 from trnqwen.train.multinode import rendezvous_argv
 from trnqwen.train.status import StatusLine
+# the root cause of a failure: its own module, its names kept here for the launcher's callers
+from trnqwen.train.rootcause import clean_line, failure_cause, first_failed_local_rank, rank_log_files, root_cause  # noqa: F401
 
 if TYPE_CHECKING:
     from trnqwen.config import RunConfig
@@ -123,7 +124,7 @@ def rank_env(cfg: RunConfig, job: TrainJob, device: DeviceInfo, run_dir: Optiona
 def shell_command(argv: Sequence[str], env: Optional[dict[str, str]] = None) -> str:
     """One copy-pasteable line: ``VAR=value ... python -m torch.distributed.run ...``."""
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
-    cmd = shlex.join([str(a) for a in argv])
+    cmd = shlex.join(redact_argv(argv))
     return redact(f"{prefix} {cmd}" if prefix else cmd)
 
 
@@ -133,7 +134,7 @@ def command_script(argv: Sequence[str], env: dict[str, str], cwd: Path) -> str:
     lines.append(f"cd {shlex.quote(str(cwd))}")
     for k, v in env.items():
         lines.append(f"export {k}={shlex.quote(v)}")
-    lines.append("exec " + " \\\n  ".join(_argv_chunks(argv)))
+    lines.append("exec " + " \\\n  ".join(_argv_chunks(redact_argv(argv))))
     return redact("\n".join(lines) + "\n")
 
 
@@ -149,115 +150,6 @@ def _argv_chunks(argv: Sequence[str]) -> list[str]:
     return chunks
 
 
-# --- reading the stream -------------------------------------------------------------------
-
-_RANK_PREFIX = re.compile(r"^\s*\[(?:[A-Za-z_]*\d+|[A-Za-z_]+)\]\s*:\s?")
-_TRACEBACK_START = "Traceback (most recent call last):"
-# Lines that mean something even without a traceback (device runtimes, the OOM killer).
-_KNOWN_FATAL = re.compile(
-    r"(NeuronCore\(s\) not available|Failed to alloc(ate)? DEVICE memory|NCC_E[A-Z]+\d+|NRT:nrt_init|"
-    r"NEFF version mismatch|is not compatible with the installed aws-neuron|CUDA out of memory|"
-    r"out of memory|Segmentation fault|Killed)"
-)
-_TORCHRUN_ROOT_CAUSE_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
-
-
-def clean_line(line: str) -> str:
-    """A log line without ANSI colours and without the torchrun ``[rankN]:`` prefix."""
-    from trnqwen.logs.parse import strip_ansi
-
-    text = strip_ansi(line).rstrip("\r\n")
-    return _RANK_PREFIX.sub("", text, count=1)
-
-
-def root_cause(lines: Iterable[str]) -> Optional[str]:
-    """The first real error in a log: the exception line that ends the first traceback.
-
-    torchrun's own traceback (``ChildFailedError``, which only says that a child failed) and
-    ``KeyboardInterrupt`` are skipped.  Without any traceback, a known fatal runtime message
-    (Neuron/CUDA out of memory, NeuronCores busy, ...) is the answer.
-    """
-    in_tb = False
-    fatal: Optional[str] = None
-    wrapper: Optional[str] = None  # torch.distributed.checkpoint wraps each rank's real error
-    # an item may hold several lines (a captured block): the answer is always one line
-    for raw in (piece for item in lines for piece in item.splitlines()):
-        text = clean_line(raw)
-        line = text.strip()
-        if not line:
-            continue
-        if line.startswith(_TRACEBACK_START):
-            in_tb = True
-            continue
-        if in_tb:
-            if text[:1] in (" ", "\t") or line.startswith(("^", "~")):
-                continue  # a frame, its source line or a caret marker
-            in_tb = False
-            if line.startswith(("The above exception", "During handling of")):
-                continue
-            if "ChildFailedError" in line or line.startswith(("KeyboardInterrupt", "SystemExit")):
-                continue
-            if "CheckpointException" in line:  # the rank's own traceback follows it
-                wrapper = wrapper or line
-                continue
-            return line
-        if fatal is None and _KNOWN_FATAL.search(line) and "torch/distributed/elastic" not in line:
-            fatal = line
-    return wrapper or fatal
-
-
-def first_failed_local_rank(lines: Iterable[str]) -> Optional[str]:
-    """The local rank torchrun's failure summary names under "Root Cause (first observed failure)"."""
-    after = False
-    for raw in lines:
-        line = clean_line(raw)
-        if "Root Cause" in line:
-            after = True
-            continue
-        if after:
-            m = _TORCHRUN_ROOT_CAUSE_RANK.search(line)
-            if m:
-                return m.group(2)
-    return None
-
-
-def rank_log_files(log_dir: Optional[Path], local_rank: Optional[str] = None) -> list[Path]:
-    """The tee'd per-rank logs torchrun wrote under ``--log-dir`` (``.../attempt_N/<rank>/std*.log``)."""
-    if log_dir is None or not Path(log_dir).is_dir():
-        return []
-    pattern = f"**/attempt_*/{local_rank}/std*.log" if local_rank is not None else "**/attempt_*/*/std*.log"
-    # stderr first: that is where tracebacks go.
-    return sorted(Path(log_dir).glob(pattern), key=lambda p: (p.parent.parent.name, p.parent.name, p.name != "stderr.log"))
-
-
-def _cause_in_files(files: Iterable[Path]) -> Optional[str]:
-    for path in files:
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        cause = root_cause(text.splitlines())
-        if cause:
-            return cause
-    return None
-
-
-def failure_cause(stream_lines: Sequence[str], rank_log_dir: Optional[Path] = None) -> Optional[str]:
-    """The root-cause line of a failed run.
-
-    1. the rank torchrun saw fail first: its own tee'd log;
-    2. the first traceback in the console stream (rank 0);
-    3. any rank's log.
-    """
-    first = first_failed_local_rank(stream_lines)
-    if first is not None:
-        cause = _cause_in_files(rank_log_files(rank_log_dir, first))
-        if cause:
-            return cause
-    return root_cause(stream_lines) or _cause_in_files(rank_log_files(rank_log_dir))
-
-
-# --- the live status line: trnqwen.train.status (StatusLine, re-exported here) ---------------
 
 
 # --- supervision --------------------------------------------------------------------------

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 ERROR = "error"
 WARNING = "warning"
 INFO = "info"
+# A fact of the plan, not a finding to act on (memory per rank, seq_len against the context, the
+# batch arithmetic): in the --dry-run table and --json on every device, not printed by a real run.
+PLAN = "plan"
 
 NKI_ROPE_TILE = 128
 MEMORY_WARN_FRACTION = 0.9
@@ -50,7 +53,7 @@ CPU_RANKS_PER_CORE_LIMIT = 4
 
 @dataclass
 class Finding:
-    severity: str  # error | warning | info
+    severity: str  # error | warning | info | plan
     check: str  # assets | seq_len | batch | ranks | memory | ...
     message: str
     hint: Optional[str] = None
@@ -153,7 +156,12 @@ def check_context(report: PreflightReport, cfg: RunConfig, hf_config: Optional[d
         limit = int(hf_config.get("max_position_embeddings") or 0)
     except (TypeError, ValueError):
         return
-    if limit <= 0 or cfg.seq_len <= limit or _has_rope_scaling(hf_config):
+    if limit <= 0:
+        return
+    if cfg.seq_len <= limit or _has_rope_scaling(hf_config):
+        scaled = " (RoPE scaling in config.json extends it)" if cfg.seq_len > limit else ""
+        report.add(PLAN, "seq_len", f"--seq-len {cfg.seq_len} of the model's {limit:,}-token context "
+                   f"(max_position_embeddings){scaled}")
         return
     report.add(
         ERROR,
@@ -164,7 +172,7 @@ def check_context(report: PreflightReport, cfg: RunConfig, hf_config: Optional[d
     )
 
 
-def check_topology(report: PreflightReport, topo: Topology) -> None:
+def check_topology(report: PreflightReport, topo: Topology, seq_len: Optional[int] = None) -> None:
     """The degrees cover the ranks and the global batch splits over them (rules: :mod:`.topology`)."""
     report.world_size = topo.world_size
     report.dp = topo.dp
@@ -175,14 +183,17 @@ def check_topology(report: PreflightReport, topo: Topology) -> None:
     if topo.problems:
         return
     report.grad_accum_steps = topo.grad_accum_steps
-    if topo.grad_accum_steps > 1:
-        per_step = topo.local_batch_size * topo.dp
-        report.add(
-            INFO,
-            "batch",
-            f"global batch {topo.global_batch_size} = {per_step} per micro-step x {topo.grad_accum_steps} "
-            "gradient-accumulation steps",
-        )
+    per_step = topo.local_batch_size * topo.dp
+    accum = (f" x {topo.grad_accum_steps} gradient-accumulation steps ({per_step} per micro-step)"
+             if topo.grad_accum_steps > 1 else "")
+    tokens = (f"; {topo.sequences_per_step} x {seq_len} tokens (--seq-len) = {topo.sequences_per_step * seq_len:,} "
+              "tokens per step" if seq_len else "")
+    report.add(
+        INFO if topo.grad_accum_steps > 1 else PLAN,  # accumulation is worth a line in every run
+        "batch",
+        f"global batch {topo.sequences_per_step} = local batch {topo.local_batch_size} x {topo.dp} data-parallel "
+        f"rank(s){accum}{tokens}",
+    )
 
 
 def check_ranks(report: PreflightReport, device: DeviceInfo, nproc_per_node: int) -> None:
@@ -327,6 +338,8 @@ def check_memory(
     fix = "lower --seq-len or --local-batch-size, raise --tp, or use more ranks"
     if not on_host:
         _against(report, "memory", est.total, capacity, f"estimated {est.describe()}", fix)
+    else:  # on CPU the device is host RAM: the training state is part of the host row below
+        report.add(PLAN, "memory", f"estimated {est.describe()}, in host RAM on CPU (counted in the host-memory row)")
     host_fix = (
         "use fewer ranks per node (--nproc-per-node), lower --seq-len or --local-batch-size, or a host with more RAM"
         if on_host else "use fewer ranks per node (--nproc-per-node) or a host with more RAM"
@@ -449,7 +462,7 @@ def preflight(
     hf_config = check_assets(report, cfg, Path(assets_dir or cfg.resolved_assets_dir))
     check_seq_len(report, cfg, device)
     check_context(report, cfg, hf_config)
-    check_topology(report, topo)
+    check_topology(report, topo, cfg.seq_len)
     check_ranks(report, device, topo.nproc_per_node)
     check_outputs(report, cfg, job)
     check_schedule(report, cfg, job.schedule)

@@ -1,4 +1,4 @@
-"""``trnqwen train --resume [RUN_ID|last]``: continue a recorded run exactly where it stopped.
+"""``trnqwen train --resume [RUN_ID|last|auto]``: continue a recorded run exactly where it stopped.
 
 The run's own ``run.json`` is the configuration; the flags given with ``--resume`` may only
 change what does not change the run (:data:`MAY_CHANGE`: steps, time limit, node and rank
@@ -25,7 +25,8 @@ from trnqwen.train import checkpoints, multinode
 MAY_CHANGE = frozenset({
     "steps", "time_limit", "nnodes", "nproc_per_node", "node_rank", "rdzv_endpoint", "rdzv_id",
     "max_restarts", "partition", "image", "k8s_api", "launcher", "save_every", "keep_last", "grace_seconds",
-    "compile_cache_dir", "runs_dir", "device",
+    "compile_cache_dir", "runs_dir",  # where files go, not what is trained
+    "device",  # only as another way to name the same kind of device: refuse_other_device
     "merge",  # LoRA: also write the merged folder at the end (after training; the adapter is the same)
 })
 RESUME_LAST = "last"
@@ -99,7 +100,7 @@ def find_run(ref: str, runs_dir: Path) -> Path:
         if found is None:
             raise UsageError(
                 f"--resume: there is no earlier run under {runs_dir} to continue",
-                hint="start one with `trnqwen train ...` (or pass --runs-dir where your runs are)",
+                hint="start one with `trnqwen train ...` (or set runs_dir in trnqwen.toml, or TRNQWEN_RUNS_DIR, to where your runs are)",
             )
         return found
     if "/" in ref or ref in (".", ".."):
@@ -271,7 +272,8 @@ def _refuse_if_running(record: RunRecord) -> None:
     if alive:
         raise UsageError(
             f"run {record.run_id} is still running (launcher pid {pid})",
-            hint="stop it first (Ctrl-C or kill -TERM saves a checkpoint), then resume it",
+            hint=f"stop it first (kill -TERM {pid} saves a checkpoint at the next step boundary; Ctrl-C stops it "
+            "without one), then resume it",
         )
 
 
@@ -288,6 +290,38 @@ def _require_inputs(config: RunConfig, cwd: Path, run_id: str) -> None:
             f"--resume: the training data of run {run_id} is gone ({_abs(Path(dataset), cwd)} does not exist)",
             hint="put the data back at that path (a resumed run must see the same data to continue exactly)",
         )
+
+
+def refuse_other_device(point: "ResumePoint", device_type: str) -> None:
+    """``device`` may be given again (``auto`` or the same kind), but a resumed run continues on the kind
+    of device it trained on: another one computes differently, so the run would not continue exactly."""
+    recorded = (point.record.extra.get("device") or {}).get("type")
+    if point.from_step == 0 or not recorded or recorded == device_type:
+        return
+    raise UsageError(
+        f"--resume: run {point.run_id} trained on {recorded}, and this run would continue on {device_type}; "
+        "a resumed run continues exactly only on the same kind of device",
+        hint=f"resume it on a {recorded} host (--device {recorded}), or start a new run (without --resume) here",
+    )
+
+
+def refuse_changed_data(point: "ResumePoint", cache_dir: Optional[Path]) -> None:
+    """A resume whose data now tokenizes to another cache is refused before any rank starts (the ranks'
+    saved read position belongs to the old rows; they would fail on it seconds later)."""
+    before = point.record.extra.get("dataset_cache")
+    if point.from_step == 0 or not before:  # nothing to continue exactly: it starts over
+        return
+    now = Path(cache_dir).name if cache_dir is not None else None
+    if now == Path(before).name:  # the cache folder is named by the content key
+        return
+    data = point.resolved.config.dataset or "the data"
+    what = f"now tokenizes to cache {now[:12]}" if now else "is no longer a token cache"
+    raise UsageError(
+        f"--resume: the training data of run {point.run_id} changed since it was saved: step {point.from_step} was "
+        f"trained on token cache {Path(before).name[:12]}, and {data} {what}",
+        hint="put the data back as it was (a resumed run must read the same tokens to continue exactly), "
+        "or start a new run (without --resume) on the new data",
+    )
 
 
 def preempted_step(log_path: Path, offset: int = 0) -> Optional[tuple[int, str]]:

@@ -33,6 +33,7 @@ from trnqwen.errors import (
     TrnqwenError,
     UsageError,
     redact,
+    redact_argv,
     redact_env,
 )
 from trnqwen.fsutil import disk_full_at, write_text_atomic
@@ -41,6 +42,7 @@ from trnqwen.train import checkpoints, folder_lock, launcher, multinode, ownersh
 from trnqwen.train.job import TrainJob
 from trnqwen.train.preflight import ERROR, INFO, WARNING, Finding, PreflightReport, preflight
 from trnqwen.train.recipes import build_job
+from trnqwen.train.resume import refuse_changed_data, refuse_other_device
 from trnqwen.train.topology import Topology, plan_topology
 
 COMMAND_SCRIPT = "command.sh"
@@ -121,7 +123,7 @@ class TrainPlan:
             "device": vars(self.device).copy(),
             "nproc_per_node": self.nproc_per_node,
             "world_size": self.topology.world_size,
-            "command": [redact(a) for a in self.argv],
+            "command": redact_argv(self.argv),
             "shell_command": self.shell_command,
             "env": redact_env(self.env),
             "cwd": str(self.cwd),
@@ -253,6 +255,8 @@ def plan_train(
     notes: list[str] = []
     if device is None:
         device, notes = resolve_device(cfg, dry_run=dry_run)
+    if resume is not None:
+        refuse_other_device(resume, device.type)
     topo = plan_topology(cfg, device)
     runs_dir = _abs(cfg.runs_dir, cwd)
     if cfg.nnodes > 1:  # every node names the shared run dir after the rendezvous id
@@ -265,6 +269,8 @@ def plan_train(
     run_dir = runs_dir / run_id
     with _no_device_backend_autoload(device):
         job = build_job(cfg, device, run_dir, topology=topo, check_runtime=not dry_run)
+    if resume is not None:
+        refuse_changed_data(resume, job.dataset_cache)
     if job.schedule is not None:  # the counted steps and the chosen LR: what run.json, resume and the status line see
         cfg, sources = _with_schedule(cfg, dict(sources), job.schedule)
     extra = [str(a) for a in extra_args]
@@ -383,7 +389,7 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
         run_dir=str(plan.run_dir),
         status="created",
         config=plan.config.model_dump(mode="json"),
-        command=[redact(a) for a in plan.argv],
+        command=redact_argv(plan.argv),
         env=redact_env(plan.env),
         versions=run_versions(),
         log_path=str(plan.log_path),
@@ -399,7 +405,7 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
             "sources": plan.sources,
             "schedule": plan.job.schedule.as_dict() if plan.job.schedule is not None else None,
             "preflight": plan.preflight.as_dict(),
-            "extra_args": plan.extra_args,
+            "extra_args": redact_argv(plan.extra_args),
             "config_module": plan.job.config_module,
             "config_fn": plan.job.config_fn,
             "rank_log_dir": str(plan.rank_log_dir),
@@ -441,7 +447,7 @@ def _reopen_run_dir(plan: TrainPlan) -> RunRecord:
     script_dir = node_dir if multi else plan.run_dir
     write_text_atomic(script_dir / COMMAND_SCRIPT, launcher.command_script(plan.argv, plan.env, plan.cwd), mode=0o777)
     record.config = plan.config.model_dump(mode="json")
-    record.command = [redact(a) for a in plan.argv]
+    record.command = redact_argv(plan.argv)
     record.env = redact_env(plan.env)
     record.steps = plan.config.steps
     record.status = "created"
@@ -646,8 +652,9 @@ def _seconds_since_process_start(now: float) -> Optional[float]:
         return None
 
 
-def export_config(plan: TrainPlan, dest: Path) -> Path:
-    """Write the standalone torchtitan config module of this plan to ``dest`` (a .py file)."""
+def export_config(plan: TrainPlan, dest: Path, *, dry_run: bool = False) -> Path:
+    """Write the standalone torchtitan config module of this plan to ``dest`` (a .py file); with
+    ``dry_run``, only check the name."""
     dest = Path(dest).expanduser()
     if dest.suffix != ".py":
         raise UsageError(f"--export-config wants a .py file name, got {dest}", hint="e.g. --export-config my_qwen3.py")
@@ -656,6 +663,8 @@ def export_config(plan: TrainPlan, dest: Path) -> Path:
             f"{dest.name}: the file name must be a Python module name (letters, digits, _)",
             hint="torchtitan imports it with --module <name>; e.g. --export-config qwen3_ft.py",
         )
+    if dry_run:
+        return dest
     from trnqwen.train.recipes import render_config_module
 
     # without the run dir: an exported module writes no dump folder into a run that never was
@@ -678,7 +687,7 @@ def hand_run_command(plan: TrainPlan, module_file: Path) -> str:
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     # the folder quoted, the shell expansion of an existing PYTHONPATH left to the shell
     prefix = (prefix + " " if prefix else "") + "PYTHONPATH=" + shlex.quote(parent) + '"${PYTHONPATH:+:$PYTHONPATH}"'
-    return redact(f"{prefix} {shlex.join(argv)}")
+    return redact(f"{prefix} {shlex.join(redact_argv(argv))}")
 
 
 __all__ = [

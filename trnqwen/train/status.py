@@ -53,6 +53,8 @@ class StatusLine:
             parts.append(f"acc {_fmt_num(self.last_dpo.get('accuracy'), '.2f')}  margin {_fmt_num(self.last_dpo.get('margin'), '.3f')}")
         if self.last_validation is not None:
             val = f"val {_fmt_num(self.last_validation.get('loss'), '.4f')}"
+            at = self.last_validation.get("step")  # often an earlier step than this line's: say which
+            val += f" (step {at})" if at is not None else ""
             if self.last_validation.get("accuracy") is not None:
                 val += f" (acc {_fmt_num(self.last_validation.get('accuracy'), '.2f')})"
             parts.append(val)
