@@ -291,7 +291,7 @@ def test_status_line_shows_accuracy_and_margin_of_a_dpo_run():
     lines = out.getvalue().splitlines()
     assert len(lines) == 3
     assert lines[0].startswith("step 1/3  loss 0.6932  acc 0.75  margin 0.120  tok/s 100")
-    assert lines[1].startswith("step 2/3  loss 0.6000  acc 0.75  margin 0.120  val 0.6100 (acc 0.50)")
+    assert lines[1].startswith("step 2/3  loss 0.6000  acc 0.75  margin 0.120  val 0.6100 (step 2, acc 0.50)")
     assert lines[2].startswith("step 3/3  loss 0.5000")
 
 

@@ -52,12 +52,11 @@ class StatusLine:
         if self.last_dpo is not None:
             parts.append(f"acc {_fmt_num(self.last_dpo.get('accuracy'), '.2f')}  margin {_fmt_num(self.last_dpo.get('margin'), '.3f')}")
         if self.last_validation is not None:
-            val = f"val {_fmt_num(self.last_validation.get('loss'), '.4f')}"
             at = self.last_validation.get("step")  # often an earlier step than this line's: say which
-            val += f" (step {at})" if at is not None else ""
+            notes = [f"step {at}"] if at is not None else []
             if self.last_validation.get("accuracy") is not None:
-                val += f" (acc {_fmt_num(self.last_validation.get('accuracy'), '.2f')})"
-            parts.append(val)
+                notes.append(f"acc {_fmt_num(self.last_validation.get('accuracy'), '.2f')}")
+            parts.append(f"val {_fmt_num(self.last_validation.get('loss'), '.4f')}" + (f" ({', '.join(notes)})" if notes else ""))
         parts.append(f"tok/s {_fmt_num(m.get('tps'), ',.0f')}")
         parts.append(f"mfu {_fmt_num(m.get('mfu'), '.2f')}%" if m.get("mfu") is not None else "mfu -")
         parts.append(f"elapsed {clock}")
