@@ -108,6 +108,8 @@ def test_pair_log_probs_equal_each_answer_scored_alone(tiny, dpo_cache):
                 counts.append([per_segment[2 * slot][1], per_segment[2 * slot + 1][1]])
     np.testing.assert_allclose(scores.logps, np.array(expected), rtol=1e-5, atol=1e-3)
     assert (scores.counts == np.array(counts)).all()
+    full_head = score_pairs(model, data, batch_size=3, static_shapes=True)  # Neuron's path: one shape, the whole head
+    np.testing.assert_allclose(full_head.logps, scores.logps, rtol=1e-5, atol=1e-4)
     chosen = scores.chosen_loss()
     assert chosen.tokens == int(np.count_nonzero((np.asarray(data.segments) >= 0) & (np.asarray(data.segments) % 2 == 0)))
     assert chosen.loss == pytest.approx(-np.array(expected)[:, 0].sum() / chosen.tokens, rel=1e-5)
