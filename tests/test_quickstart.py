@@ -41,7 +41,7 @@ def test_quickstart_runs_every_stage(quickstart_run):
         "check-env", "fetch", "pre-train", "snapshot",
         "train --finetune (native)", "train --finetune (hf-v5)", "train --finetune (hf-trainer)", "override",
         "verify-ckpt (native)", "verify-ckpt (hf-v5)", "verify-ckpt (hf-trainer)", "inspect-logs", "chat fine-tune",
-        "LoRA fine-tune",
+        "LoRA fine-tune", "DPO",
     ]
     assert all(s["ok"] for s in summary["stages"]), summary["stages"]
     # progress went to stderr, stage by stage; stdout is the one JSON object
@@ -57,7 +57,7 @@ def test_quickstart_finetunes_start_far_below_random_init(quickstart_run):
     result, _ = quickstart_run
     summary = json.loads(result.out)
     runs = summary["runs"]
-    assert set(runs) == {"pretrain", "native", "hf-v5", "hf-trainer", "override", "chat", "lora"}
+    assert set(runs) == {"pretrain", "native", "hf-v5", "hf-trainer", "override", "chat", "lora", "dpo"}
     pre = runs["pretrain"]
     assert pre["finetune"] is False and len(pre["losses"]) == PRETRAIN_STEPS
     vocab = json.loads((Path(summary["files"]["assets"]) / "config.json").read_text())["vocab_size"]
@@ -102,6 +102,24 @@ def test_quickstart_chat_stage_lowers_held_out_loss_and_answers(quickstart_run):
 
 
 @pytest.mark.slow
+def test_quickstart_dpo_stage_starts_at_ln2_and_raises_held_out_preference_accuracy(quickstart_run):
+    """The DPO stage: step 1 is the reference (loss ln 2), and `trnqwen eval` on the run says the
+    tuned model prefers the chosen answer on more held-out pairs than its starting point."""
+    result, _ = quickstart_run
+    summary = json.loads(result.out)
+    dpo, run = summary["dpo"], summary["runs"]["dpo"]
+    assert abs(dpo["step1_loss"] - math.log(2)) < 1e-4 and run["step1_loss"] == dpo["step1_loss"]
+    assert dpo["pairs"] == 30 and dpo["accuracy_after"] > dpo["accuracy_before"]
+    run_dir = Path(run["run_dir"])
+    assert json.loads((run_dir / "run.json").read_text())["config"]["method"] == "dpo"
+    saved = json.loads((run_dir / "eval.json").read_text())
+    assert saved["method"] == "dpo"
+    assert [r["preference_accuracy"] for r in saved["results"]] == [dpo["accuracy_before"], dpo["accuracy_after"]]
+    stage = next(s for s in summary["stages"] if s["name"] == "DPO")
+    assert stage["ok"] and "held-out preference accuracy" in stage["detail"]
+
+
+@pytest.mark.slow
 def test_quickstart_checkpoints_and_files(quickstart_run):
     from safetensors import safe_open
 
@@ -131,6 +149,8 @@ def test_quickstart_checkpoints_and_files(quickstart_run):
         if run["finetune"]:
             assert record["config"]["finetune"] is True
             assert Path(record["assets_dir"]) == snapshot
+            if label == "dpo":  # judged by its step-1 loss and held-out accuracy (the DPO stage's test)
+                continue
             v = run["verify"]
             assert v["ok"] is True and v["scanned"] is True and v["nonfinite_tensors"] == 0
             assert v["round_trip"]["missing_keys"] == ["lm_head.weight"]  # tied, as in Qwen3-4B

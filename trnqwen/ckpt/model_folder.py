@@ -220,7 +220,9 @@ def render_card(info: CardInfo) -> str:
         "|---|---|",
         table,
     ]
-    if info.eval_results:
+    if info.eval_results and any("preference_accuracy" in r for r in info.eval_results):
+        body += _preference_table(info)
+    elif info.eval_results:
         on = f" on {info.eval_dataset}" if info.eval_dataset else ""
         body += ["", f"## Held-out evaluation (`trnqwen eval`{on})", "", "| checkpoint | tokens | loss | perplexity | vs base |",
                  "|---|---|---|---|---|"]
@@ -237,6 +239,25 @@ def render_card(info: CardInfo) -> str:
     else:
         body += ["", "Load it with `AutoModelForCausalLM.from_pretrained(path)`; the tokenizer carries the chat template.", ""]
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)))
+
+
+def _preference_table(info: CardInfo) -> list[str]:
+    """A DPO run's held-out pairs (trnqwen eval's preference fields): accuracy and margin of base
+    and tuned, the rewards against the base, the loss on the chosen answers."""
+    on = f" on {info.eval_dataset}" if info.eval_dataset else ""
+    lines = ["", f"## Held-out preference pairs (`trnqwen eval`{on})", "",
+             "Preference accuracy: the share of pairs whose chosen answer the model gives the higher log-probability; "
+             "margin: mean log p(chosen) - log p(rejected); rewards: DPO's implicit rewards against the base model; "
+             "chosen-answer loss: mean NLL per token of the chosen answers.", "",
+             "| checkpoint | pairs | preference accuracy | margin | reward accuracy | reward margin | chosen-answer loss | vs base |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in info.eval_results:
+        delta = r.get("delta_vs_base")
+        cells = [r.get("checkpoint"), r.get("pairs"), _num(r.get("preference_accuracy")), _num(r.get("margin")),
+                 _num(r.get("reward_accuracy")), _num(r.get("reward_margin")), _num(r.get("loss")),
+                 None if delta is None else f"{delta:+.4f}"]
+        lines.append("| " + " | ".join("" if c is None else str(c) for c in cells) + " |")
+    return lines
 
 
 def _num(value: Any) -> Optional[str]:

@@ -8,7 +8,8 @@ pipeline the launcher uses, so its masks and packing are the training ones too.
 
 Generation prompts come from the same rows: a document's last trained span is its last answer;
 the tokens before it are the conversation up to its last user turn, already rendered with the
-chat template and ending in the assistant header.  numpy only.
+chat template and ending in the assistant header.  A DPO run's cache (``"method": "dpo"``) also
+carries each row's ``segments``: :mod:`trnqwen.evaluate.preference` scores its pairs.  numpy only.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ class EvalData:
     positions: Any
     pad_id: int
     source: Optional[Path] = None  # the cache folder
+    # preference pairs (a DPO cache): the split itself (rows for dpo_loss.batch_from_rows), its
+    # ``segments`` (2 * slot + side per target, -1 elsewhere) and the most pairs a row holds
+    split: Any = None
+    segments: Any = None
+    pairs_per_row: int = 0
+
+    @property
+    def is_preference(self) -> bool:
+        return self.segments is not None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -82,6 +92,11 @@ def from_cache(cache_dir: Path, split: str, name: str) -> EvalData:
         pad_id=int(tokens.meta.get("pad_id", 0)),
         source=Path(cache_dir),
     )
+    if tokens.meta.get("method") == "dpo":  # preference pairs: scored pair by pair (evaluate.preference)
+        from trnqwen.dataset.preference import SEGMENTS
+
+        data.split, data.segments = tokens, tokens.extra[SEGMENTS]
+        data.pairs_per_row = int((tokens.meta.get("pairs_per_row") or {}).get(split, 1))
     return require_trained_tokens(data)
 
 
@@ -106,17 +121,21 @@ def documents(positions_row) -> list[tuple[int, int]]:
 
 
 def held_out_conversations(data: EvalData, limit: int) -> list[Conversation]:
-    """Up to ``limit`` documents with a prompt and an answer, in row order (deterministic)."""
+    """Up to ``limit`` documents with a prompt and an answer, in row order (deterministic); of a
+    preference pair only the chosen side (its answer is the reference)."""
     import numpy as np
 
     found: list[Conversation] = []
     for row in range(len(data)):
         ids = np.asarray(data.input_ids[row])
         labels = np.asarray(data.labels[row])
+        segments = np.asarray(data.segments[row]) if data.is_preference else None
         for start, end in documents(data.positions[row]):
             trained = np.flatnonzero(labels[start:end] != IGNORE_INDEX) + start
             if trained.size == 0:
                 continue  # padding, or a conversation truncated before its first answer
+            if segments is not None and (segments[trained] % 2).any():
+                continue  # a preference pair's rejected answer: the chosen one is the reference
             # the last contiguous trained span is the last answer
             breaks = np.flatnonzero(np.diff(trained) != 1)
             first = int(trained[breaks[-1] + 1]) if breaks.size else int(trained[0])

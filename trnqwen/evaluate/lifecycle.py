@@ -1,4 +1,6 @@
-"""The fine-tune's last line: validation loss before (the base model) and after (the export).
+"""The fine-tune's last line: validation loss before (the base model) and after (the export);
+for a DPO run, held-out preference accuracy and margin before and after, and the loss on the
+chosen answers (:func:`trnqwen.evaluate.report.preference_line`).
 
 ``trnqwen train --finetune`` calls :func:`validation_before_after` when the run has a validation
 split.  It runs ``trnqwen eval <run dir> --json`` in a child process, because the launcher never
@@ -37,7 +39,10 @@ def validation_before_after(
     run_dir: Path, *, device: str = "auto", generate: int = 0, timeout: float = EVAL_TIMEOUT_S
 ) -> Optional[dict[str, Any]]:
     """``{"before", "after", "tokens", "line", "generations"}`` (or ``{"error", "line"}``); None
-    without a validation split.  ``generate``: held-out answers to ask both models for."""
+    without a validation split.  ``generate``: held-out answers to ask both models for.  On
+    preference pairs ``before``/``after`` are the chosen-answer losses, and ``preference`` holds
+    ``{"pairs", "accuracy_before", "accuracy_after", "margin_before", "margin_after",
+    "reward_accuracy", "reward_margin", "dpo_loss"}``."""
     if not has_validation(run_dir):
         return None
     argv = [sys.executable, "-m", "trnqwen", "eval", str(run_dir), "--json", "--device", device]
@@ -57,7 +62,7 @@ def validation_before_after(
     if base is None or not tuned:
         return None
     after = tuned[-1]
-    return {
+    got = {
         "before": base["loss"],
         "after": after["loss"],
         "tokens": after["tokens"],
@@ -67,6 +72,17 @@ def validation_before_after(
             f"({after['loss'] - base['loss']:+.4f}) on {after['tokens']:,} held-out tokens"
         ),
     }
+    if doc.get("method") == "dpo":
+        from trnqwen.evaluate.report import preference_line
+
+        got["line"] = preference_line(base, after)
+        got["preference"] = {
+            "pairs": after.get("pairs"),
+            "accuracy_before": base.get("preference_accuracy"), "accuracy_after": after.get("preference_accuracy"),
+            "margin_before": base.get("margin"), "margin_after": after.get("margin"),
+            **{k: after.get(k) for k in ("reward_accuracy", "reward_margin", "dpo_loss")},
+        }
+    return got
 
 
 def held_out_check(run_dir: Path, *, device: str = "auto") -> dict[str, Any]:

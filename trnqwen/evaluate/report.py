@@ -4,6 +4,12 @@ answers side by side, and one JSON object with exactly the documented keys.
 JSON: ``{"dataset", "results": [{"checkpoint", "tokens", "loss", "perplexity", "delta_vs_base"}],
 "generations": [{"prompt", "conversation", "reference", "answers": {checkpoint: text}}]}``.  A perplexity too
 large for a float is ``null`` (JSON has no infinity).
+
+On preference pairs (a DPO run) the object also says ``"method": "dpo"``, ``"beta"`` and
+``"dpo_loss"``; ``tokens``/``loss``/``perplexity`` are those of the chosen answers, and each result
+adds ``pairs``, ``preference_accuracy``, ``margin`` and, against the base as reference,
+``reward_accuracy``, ``reward_margin``, ``rewards_chosen``, ``rewards_rejected``, ``dpo_loss``
+(``null`` for the base itself) (:mod:`trnqwen.evaluate.preference`).
 """
 
 from __future__ import annotations
@@ -32,15 +38,19 @@ class EvalResult:
     loss: float
     perplexity: float
     delta_vs_base: Optional[float] = None
+    preference: Optional[dict[str, Any]] = None  # preference pairs: evaluate.preference.FIELDS
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "checkpoint": self.checkpoint,
             "tokens": self.tokens,
             "loss": round(self.loss, 6),
             "perplexity": round(self.perplexity, 4) if math.isfinite(self.perplexity) else None,
             "delta_vs_base": None if self.delta_vs_base is None else round(self.delta_vs_base, 6),
         }
+        for name, value in (self.preference or {}).items():
+            out[name] = round(value, 6) if isinstance(value, float) and math.isfinite(value) else value
+        return out
 
 
 EMPTY_ANSWER = "(empty)"  # how an answer with no text is shown (the JSON keeps "")
@@ -65,10 +75,14 @@ class EvalReport:
     dataset: str
     results: list[EvalResult] = field(default_factory=list)
     generations: list[Generation] = field(default_factory=list)
+    dpo: Optional[dict[str, Any]] = None  # preference pairs: {"beta", "dpo_loss"} the rewards were computed with
 
     def to_json(self) -> dict[str, Any]:
+        head: dict[str, Any] = {"dataset": self.dataset}
+        if self.dpo is not None:
+            head.update(method="dpo", **self.dpo)
         return {
-            "dataset": self.dataset,
+            **head,
             "results": [r.to_json() for r in self.results],
             "generations": [g.to_json() for g in self.generations],
         }
@@ -78,16 +92,39 @@ class EvalReport:
         return next((r for r in self.results if r.checkpoint == "base"), None)
 
     def summary_line(self) -> Optional[str]:
-        """``validation loss 5.41 -> 3.02 (-2.39) on 1,234 tokens``: base against the last tuned."""
+        """``validation loss 5.41 -> 3.02 (-2.39) on 1,234 tokens`` (preference pairs:
+        :func:`preference_line`): base against the last tuned."""
         base = self.base
         tuned = [r for r in self.results if r is not base]
         if base is None or not tuned:
             return None
         last = tuned[-1]
+        if self.dpo is not None:
+            return preference_line(base.to_json(), last.to_json())
         return (
             f"validation loss {base.loss:.4f} -> {last.loss:.4f} ({last.loss - base.loss:+.4f}, "
             f"perplexity {_ppl(base.perplexity)} -> {_ppl(last.perplexity)}) on {last.tokens:,} held-out tokens"
         )
+
+
+def preference_line(base: dict[str, Any], tuned: dict[str, Any]) -> str:
+    """The DPO summary, from two JSON result rows: ``preference accuracy before 0.5000 -> after
+    0.8000, margin ...; chosen-answer loss before ... -> after ...``."""
+    line = (
+        f"preference accuracy before {_num(base.get('preference_accuracy'))} -> after "
+        f"{_num(tuned.get('preference_accuracy'))}, margin {_num(base.get('margin'), '+.4f')} -> "
+        f"{_num(tuned.get('margin'), '+.4f')}"
+    )
+    if tuned.get("reward_accuracy") is not None:
+        line += f" (reward accuracy {_num(tuned['reward_accuracy'])}, reward margin {_num(tuned['reward_margin'], '+.4f')})"
+    return (
+        f"{line}; chosen-answer loss before {_num(base.get('loss'))} -> after {_num(tuned.get('loss'))} "
+        f"on {tuned.get('pairs', 0):,} held-out pairs"
+    )
+
+
+def _num(value: Any, spec: str = ".4f") -> str:
+    return "-" if not isinstance(value, (int, float)) or not math.isfinite(value) else format(value, spec)
 
 
 def _ppl(value: float) -> str:
@@ -96,6 +133,21 @@ def _ppl(value: float) -> str:
 
 def render(report: EvalReport) -> None:
     """The human output: the table on stdout, then each conversation with every model's answer."""
+    from trnqwen import output
+
+    if report.dpo is not None:
+        _render_preference(report)
+    else:
+        _render_loss(report)
+    for n, gen in enumerate(report.generations, 1):
+        earlier = gen.conversation[:-1] if gen.conversation and gen.conversation[-1]["role"] == "user" else gen.conversation
+        lines = [f"[bold]#{n}[/bold] [dim]{_escape(t['role'])}:[/dim] {_escape(t['content'])}" for t in earlier]
+        lines += [f"[bold]#{n} prompt:[/bold] {_escape(gen.prompt)}", f"  [dim]reference:[/dim] {_escape(shown(gen.reference))}"]
+        lines += [f"  [cyan]{_escape(label)}:[/cyan] {_escape(shown(text))}" for label, text in gen.answers.items()]
+        output.console(stderr=False).print("\n".join(lines))
+
+
+def _render_loss(report: EvalReport) -> None:
     from trnqwen import output
 
     rows = [
@@ -109,12 +161,29 @@ def render(report: EvalReport) -> None:
         for r in report.results
     ]
     output.table(f"Held-out loss on {report.dataset}", ["checkpoint", "tokens", "loss", "perplexity", "vs base"], rows)
-    for n, gen in enumerate(report.generations, 1):
-        earlier = gen.conversation[:-1] if gen.conversation and gen.conversation[-1]["role"] == "user" else gen.conversation
-        lines = [f"[bold]#{n}[/bold] [dim]{_escape(t['role'])}:[/dim] {_escape(t['content'])}" for t in earlier]
-        lines += [f"[bold]#{n} prompt:[/bold] {_escape(gen.prompt)}", f"  [dim]reference:[/dim] {_escape(shown(gen.reference))}"]
-        lines += [f"  [cyan]{_escape(label)}:[/cyan] {_escape(shown(text))}" for label, text in gen.answers.items()]
-        output.console(stderr=False).print("\n".join(lines))
+
+
+PREFERENCE_COLUMNS = ["checkpoint", "pairs", "pref. accuracy", "margin", "reward accuracy", "reward margin",
+                      "chosen loss", "vs base"]
+
+
+def preference_row(r: dict[str, Any]) -> list[str]:
+    """One JSON result row in :data:`PREFERENCE_COLUMNS` order (the table and the model card)."""
+    delta = r.get("delta_vs_base")
+    return [
+        str(r.get("checkpoint")), f"{r.get('pairs', 0):,}", _num(r.get("preference_accuracy")), _num(r.get("margin"), "+.4f"),
+        _num(r.get("reward_accuracy")) if r.get("reward_accuracy") is not None else "",
+        _num(r.get("reward_margin"), "+.4f") if r.get("reward_margin") is not None else "",
+        _num(r.get("loss")), "" if delta is None else f"{delta:+.4f}",
+    ]
+
+
+def _render_preference(report: EvalReport) -> None:
+    from trnqwen import output
+
+    beta = (report.dpo or {}).get("beta")
+    output.table(f"Held-out preference pairs on {report.dataset} (rewards against the base, beta {beta})",
+                 PREFERENCE_COLUMNS, [tuple(preference_row(r.to_json())) for r in report.results])
 
 
 def shown(answer: str) -> str:

@@ -47,6 +47,11 @@ class EvalPlan:
     trust_remote_code: bool = False
     record_dir: Optional[Path] = None  # the run dir eval.json goes to
     own_split: bool = True  # the run's own validation split (not --dataset): the only data that writes eval.json and the card
+    dpo: Optional[dict[str, Any]] = None  # preference pairs: {"beta", "dpo_loss"} (the run's, else the defaults)
+
+    @property
+    def dpo_args(self) -> dict[str, Any]:
+        return {"beta": self.dpo["beta"], "loss_type": self.dpo["dpo_loss"]} if self.dpo else {}
 
 
 def plan_eval(
@@ -107,7 +112,18 @@ def plan_eval(
         targets=targets, data=data, conversations=conversations, device_type=detect_device_type(device),
         batch_size=batch_size, max_new_tokens=max_new_tokens, trust_remote_code=trust_remote_code,
         record_dir=record_run.run_dir if record_run else None, own_split=dataset is None,
+        dpo=dpo_settings(record_run or next((t.run for t in targets if t.run is not None), None)) if data.is_preference else None,
     )
+
+
+def dpo_settings(run: Optional[RunInfo]) -> dict[str, Any]:
+    """The beta and loss the rewards are computed with: the run's (run.json), else the defaults."""
+    from trnqwen.config import RunConfig
+
+    config = (run.record.config or {}) if run is not None else {}
+    fields = RunConfig.model_fields
+    return {"beta": float(config.get("beta") or fields["beta"].default),
+            "dpo_loss": str(config.get("dpo_loss") or fields["dpo_loss"].default)}
 
 
 def require_chat_template(target: EvalTarget) -> None:
@@ -136,14 +152,24 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
 
     from trnqwen.evaluate import model as m
 
-    report = EvalReport(dataset=plan.data.name)
+    report = EvalReport(dataset=plan.data.name, dpo=plan.dpo)
     tokenizer = AutoTokenizer.from_pretrained(str(plan.targets[0].tokenizer_dir), trust_remote_code=plan.trust_remote_code) if plan.conversations else None
     prompt_len = m.prompt_length(plan.conversations) if plan.conversations else 0
     answers: list[dict[str, str]] = [{} for _ in plan.conversations]
+    base_pairs = None  # the base's log-probs per pair: the reference of the tuned models' rewards
     for target in plan.targets:
         started = time.perf_counter()
         model = m.load_model(target, plan.device_type, trust_remote_code=plan.trust_remote_code)
-        result = m.score(model, plan.data, batch_size=plan.batch_size, static_shapes=plan.device_type == "neuron")
+        numbers = None
+        if plan.dpo is not None:
+            from trnqwen.evaluate import preference
+
+            pairs = preference.score_pairs(model, plan.data, batch_size=plan.batch_size, static_shapes=plan.device_type == "neuron")
+            numbers = preference.preference_numbers(pairs, None if target.is_base else base_pairs, **plan.dpo_args)
+            result = pairs.chosen_loss()
+            base_pairs = pairs if target.is_base else base_pairs
+        else:
+            result = m.score(model, plan.data, batch_size=plan.batch_size, static_shapes=plan.device_type == "neuron")
         if plan.conversations:
             pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else plan.data.pad_id
             generated = m.answer(
@@ -155,9 +181,13 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
                 slot[target.label] = tokenizer.decode(ids, skip_special_tokens=True).strip()
         del model  # the last reference: base and tuned never sit in memory together
         m.release_memory()
-        report.results.append(EvalResult(target.label, result.tokens, result.loss, result.perplexity))
+        report.results.append(EvalResult(target.label, result.tokens, result.loss, result.perplexity, preference=numbers))
         if say is not None:
-            say(f"{target.label}: loss {result.loss:.4f} on {result.tokens:,} tokens ({time.perf_counter() - started:.1f}s)")
+            what = f"loss {result.loss:.4f} on {result.tokens:,} tokens"
+            if numbers is not None:
+                what = (f"preference accuracy {numbers['preference_accuracy']:.4f}, margin {numbers['margin']:+.4f}, "
+                        f"chosen-answer {what}")
+            say(f"{target.label}: {what} ({time.perf_counter() - started:.1f}s)")
     base = report.base
     for r in report.results:
         if base is not None and r is not base:

@@ -15,6 +15,9 @@ No network, no accelerator, in a working folder of its own (default ``./trnqwen-
   7. inspect-logs   every run judged; the fine-tunes' step-1 loss must sit far below the
                     random-init run's (the recipe's 6.54 vs 12.43), and a loss plot is written
   8. chat fine-tune on the bundled chat set, then ``trnqwen eval``: held-out loss must fall
+  9. LoRA fine-tune the chat set again as a LoRA adapter, merged and verified
+ 10. DPO            the snapshot preference-tuned on the bundled pairs: step-1 loss ln 2, then
+                    ``trnqwen eval``: held-out preference accuracy must rise
 
 Everything written stays under the working folder; a rerun starts the runs afresh (the fetched
 snapshot is reused).  :func:`run_quickstart` is the library call; the CLI prints its result.

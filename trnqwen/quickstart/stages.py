@@ -281,7 +281,7 @@ def run_quickstart(
     result = QuickstartResult(workdir=str(workdir), device=device)
     status = progress if status is None else status
     example = override_example_dir()
-    n_stages = 4 + 2 * len(backends) + 4  # ... override, inspect-logs, chat fine-tune, LoRA fine-tune
+    n_stages = 4 + 2 * len(backends) + 5  # ... override, inspect-logs, chat fine-tune, LoRA fine-tune, DPO
     prog = Progress(progress, n_stages)
     assets = workdir / "assets" / "tiny-qwen3"
     pretrained = workdir / "assets" / "tiny-qwen3-pretrained"
@@ -447,6 +447,20 @@ def run_quickstart(
             return line
 
         stage(lora_stage.STAGE, f"the chat set again as a rank-{lora_stage.LORA_RANK} LoRA adapter, merged", lora_finetune)
+        from trnqwen.quickstart import dpo_stage
+
+        dpo_cfg = dpo_stage.dpo_settings(chat_settings, ft_ranks)
+        dp = result.runs["dpo"] = RunInfo(label="dpo", backend=PRETRAIN_BACKEND, finetune=True, steps=dpo_cfg["steps"], nproc_per_node=ft_ranks)
+
+        def dpo() -> str:  # from the chat stage's starting point (dpo_stage says why not from its export)
+            cfg = run_config(**{**common, **dpo_cfg}, assets_dir=pretrained, backend=PRETRAIN_BACKEND, finetune=True,
+                             checkpoint_dir=_fresh_dir(ckpts / "dpo", workdir), nproc_per_node=ft_ranks)
+            train_run(dpo_stage.STAGE, dp, cfg, workdir, prog, status=status)
+            inspect_run(dp)
+            line, result.dpo = dpo_stage.judge_dpo_run(dp, device=device)
+            return line
+
+        stage(dpo_stage.STAGE, f"preference tuning on the bundled pairs, {dp.steps} steps, held-out accuracy before/after", dpo)
         result.ok = True
     except Exception as exc:  # the CLI still prints what was done, whatever stopped it
         attach_result(exc, result)

@@ -110,6 +110,7 @@ class QuickstartResult:
     comparison: dict[str, Any] = field(default_factory=dict)
     evaluation: dict[str, Any] = field(default_factory=dict)  # the chat stage's held-out loss and answers
     lora: dict[str, Any] = field(default_factory=dict)  # the LoRA stage's numbers (trnqwen.quickstart.lora_stage)
+    dpo: dict[str, Any] = field(default_factory=dict)  # the DPO stage's numbers (trnqwen.quickstart.dpo_stage)
     files: dict[str, str] = field(default_factory=dict)
     next_commands: list[str] = field(default_factory=lambda: list(NEXT_COMMANDS))
 

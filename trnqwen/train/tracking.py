@@ -81,6 +81,9 @@ def rank_env(cfg: Any, run_dir: Optional[Path]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in os.environ}
 
 
+PREFERENCE_SCALARS = ("preference_accuracy", "margin", "reward_accuracy", "reward_margin")
+
+
 def log_eval(run_dir: Path, results: list[dict[str, Any]], step: Optional[int]) -> Optional[Path]:
     """Eval losses as TensorBoard scalars beside the run's training events (``eval/<checkpoint>/loss``),
     when the run wrote TensorBoard events and tensorboard is installed; the folder, or None."""
@@ -97,6 +100,9 @@ def log_eval(run_dir: Path, results: list[dict[str, Any]], step: Optional[int]) 
             writer.add_scalar(f"eval/{name}/loss", r["loss"], global_step=step or 0)
             if r.get("perplexity") is not None:
                 writer.add_scalar(f"eval/{name}/perplexity", r["perplexity"], global_step=step or 0)
+            for field in PREFERENCE_SCALARS:  # a DPO run's held-out pairs
+                if r.get(field) is not None:
+                    writer.add_scalar(f"eval/{name}/{field}", r[field], global_step=step or 0)
     finally:
         writer.close()
     return folder
@@ -115,6 +121,8 @@ def log_eval_wandb(run_dir: Path, run_config: dict[str, Any], results: list[dict
     )
     try:
         metrics: dict[str, Any] = {f"eval/{str(r['checkpoint']).replace('/', '_')}/loss": r["loss"] for r in results}
+        metrics.update({f"eval/{str(r['checkpoint']).replace('/', '_')}/{field}": r[field]
+                        for r in results for field in PREFERENCE_SCALARS if r.get(field) is not None})
         if step is not None:  # W&B steps only grow: the training step it belongs to goes in as a value
             metrics["eval/train_step"] = step
         run.log(metrics)
