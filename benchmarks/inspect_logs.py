@@ -63,6 +63,21 @@ def _step(step: int, loss: float, gn: float, gib: float, pct: float, tps: float,
     )
 
 
+TFLOPS_PER_TPS = 6 * 4.02e9 / 1e12  # 6 x parameters of Qwen3-4B, per token
+PEAK_TFLOPS = 667.0
+DEVICE_GIB = 24.0
+
+
+def _tps(step: int, rank: int) -> float:
+    """Tokens per second as real runs show them: slow at step 1 (compilation), then varying per
+    rank and step, with a dip below 1,000 (no thousands comma) every 1,000 steps (a checkpoint save)."""
+    if step == 1:
+        return 55.0
+    if step % 1000 == 0:
+        return 612.0 + 37 * rank
+    return 1150.0 + (rank * 7919 + step * 104_729) % 311 + (step % 7) / 3
+
+
 def generate(path: Path, target_mb: float = 0.0, *, ranks: int = RANKS, steps: int = 0) -> dict:
     """Write the log (``ranks`` ranks, until ``target_mb`` MB or ``steps`` steps); returns its
     facts (steps, lines)."""
@@ -100,9 +115,11 @@ def generate(path: Path, target_mb: float = 0.0, *, ranks: int = RANKS, steps: i
             sec = step % 60
             for r in range(ranks):
                 pre = f"[rank{r}]:[titan] 2026-11-29 10:{(step // 60) % 60:02d}:{sec:02d},{(r * 13) % 1000:03d} - root - INFO - "
-                tps = 55.0 if step == 1 else 1234.0 + (r * 7 + step) % 50
-                block.append(pre + _step(step, loss, 1.0 + (step % 17) / 10, 14.2 + r / 100, 59.2 + r / 50, tps,
-                                         3.5 if step == 1 else 49.9, 7.48, lr) + "\n")
+                tps = _tps(step, r)
+                tflops = tps * TFLOPS_PER_TPS  # torchtitan: tflops and mfu follow tps
+                gib = 14.2 + r / 100 + (step % 997) / 400 + step / 100_000  # memory drifts per rank and step
+                block.append(pre + _step(step, loss, 1.0 + (step % 17) / 10, gib, 100 * gib / DEVICE_GIB, tps,
+                                         tflops, 100 * tflops / PEAK_TFLOPS, lr) + "\n")
                 if step % 500 == 0 and r % 16 == 3:
                     block.append(f"[rank{r}]:[titan] 2026-11-29 10:00:00,000 - root - WARNING - "
                                  f"Dataloader slow: waited 1.{r:02d}s for batch at step {step}\n")
@@ -153,7 +170,7 @@ SHAPES = {"real": {"ranks": 8, "steps": 200_000}, "uniform": {"ranks": RANKS}}
 
 def _log_for(shape: str, mb: float) -> tuple[Path, dict]:
     spec = SHAPES[shape]
-    name = f"inspect_logs_{spec['ranks']}ranks_{spec['steps']}steps.log" if "steps" in spec else f"inspect_logs_{spec['ranks']}ranks_{int(mb)}MB.log"
+    name = f"inspect_logs_{spec['ranks']}ranks_{spec['steps']}steps_varied.log" if "steps" in spec else f"inspect_logs_{spec['ranks']}ranks_{int(mb)}MB.log"
     path = WORK / name
     meta = path.with_suffix(".json")
     if not path.exists() or not meta.exists():

@@ -51,6 +51,7 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
     target = configured_steps(log, ctx)
     first_step = t.step[0] if n else None
     last_step = t.step[-1] if n else None
+    no_peak = log.no_peak_flops
     return {
         "source": log.source,
         "model": log.model_name,
@@ -72,7 +73,8 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
         "last_lr": _num(t.value("lr", n - 1)) if n else None,
         "mean_tps_after_step1": _column_mean(t, "tps", after_first),
         "mean_tflops_after_step1": _column_mean(t, "tflops", after_first),
-        "mean_mfu_after_step1": _column_mean(t, "mfu", after_first),
+        "mean_mfu_after_step1": None if no_peak else _column_mean(t, "mfu", after_first),
+        "mfu_unknown": f"no peak FLOPS known for {no_peak}" if no_peak else None,
         "step1_tps": t.value("tps", 0) if n and first_step == 1 else None,
         "peak_memory_gib": t.value("memory_gib", peak) if peak is not None else None,
         "peak_memory_pct": _num(t.value("memory_pct", peak)) if peak is not None else None,
@@ -215,7 +217,8 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
         t.add_row("learning rate peak / last", f"{s['peak_lr']:.4g} / {_fmt(s['last_lr'], '.4g')}")
     t.add_row("mean tps (after step 1)", _fmt(s["mean_tps_after_step1"], ",.0f")
               + (f"   step 1: {_fmt(s['step1_tps'], ',')}" if s["step1_tps"] is not None else ""))
-    t.add_row("mean MFU (after step 1)", (_fmt(s["mean_mfu_after_step1"], ".2f") + "%") if s["mean_mfu_after_step1"] is not None else "-")
+    t.add_row("mean MFU (after step 1)", (_fmt(s["mean_mfu_after_step1"], ".2f") + "%") if s["mean_mfu_after_step1"] is not None
+              else f"- ({s['mfu_unknown']})" if s["mfu_unknown"] else "-")
     t.add_row("peak memory",
               f"{_fmt(s['peak_memory_gib'], '.2f')} GiB ({_fmt(s['peak_memory_pct'], '.2f')}%) at step {s['peak_memory_step']}"
               if s["peak_memory_gib"] is not None else "-")

@@ -269,10 +269,12 @@ class StatusLine:
     On a terminal it redraws one line; elsewhere (CI, pipes) it prints a line per new step.
     """
 
-    def __init__(self, stream: Optional[TextIO] = None, total_steps: Optional[int] = None, enabled: bool = True):
+    def __init__(self, stream: Optional[TextIO] = None, total_steps: Optional[int] = None, enabled: bool = True,
+                 mfu: bool = True):
         self.stream = stream if stream is not None else sys.stderr
         self.total = total_steps
         self.enabled = enabled
+        self.mfu = mfu  # False on CPU: there is no peak to measure against (torchtitan's MFU is 0.00%)
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.start = time.monotonic()
         self.last: Optional[dict] = None
@@ -292,7 +294,7 @@ class StatusLine:
         if self.last_validation is not None:
             parts.append(f"val {_fmt_num(self.last_validation.get('loss'), '.4f')}")
         parts.append(f"tok/s {_fmt_num(m.get('tps'), ',.0f')}")
-        parts.append(f"mfu {_fmt_num(m.get('mfu'), '.2f')}%" if m.get("mfu") is not None else "mfu -")
+        parts.append(f"mfu {_fmt_num(m.get('mfu'), '.2f')}%" if self.mfu and m.get("mfu") is not None else "mfu -")
         parts.append(f"elapsed {clock}")
         return "  ".join(parts)
 
@@ -563,14 +565,18 @@ def _run_supervised(
     lines_seen: list[str] = []  # bounded: early lines (tracebacks come first) + a tail
     max_kept = 5000
 
-    from trnqwen.logs.parse import parse_step_line, parse_validation_line
+    from trnqwen.logs.parse import parse_step_line, parse_validation_line, strip_ansi
+
+    # train.log holds plain text (grep-able); the colours reach the console only when it is a terminal
+    color_echo = echo is not None and bool(getattr(status.stream if status is not None else sys.stderr, "isatty", lambda: False)())
 
     def reader() -> None:
         assert proc.stdout is not None
         with open(log_path, "a", encoding="utf-8", errors="replace") as log:
             for raw in iter(proc.stdout.readline, b""):
                 line = raw.decode("utf-8", errors="replace")
-                log.write(line)
+                plain = strip_ansi(line)
+                log.write(plain)
                 log.flush()
                 if len(lines_seen) < max_kept:
                     lines_seen.append(line)
@@ -579,7 +585,7 @@ def _run_supervised(
                     if len(tail) > max_kept:
                         del tail[: len(tail) - max_kept]
                 if echo is not None:
-                    echo(line)
+                    echo(line if color_echo else plain)
                 if "validate step:" in line:
                     validation = parse_validation_line(line)
                     if validation is not None:

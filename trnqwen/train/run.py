@@ -183,9 +183,12 @@ class TrainOutcome:
                 exit_code=EXIT_PREEMPTED_BEFORE_START,
             )
         if r.exit_code in (EXIT_SIGINT, EXIT_SIGTERM):
+            from trnqwen.train.resume import resume_command
+
             raise TrnqwenError(
                 f"training stopped by {r.ended_by} after {len(r.steps)} logged step(s); every rank was stopped",
-                hint=f"the log so far is in {self.plan.log_path}",
+                hint=f"continue it with `{resume_command(self.plan.run_id)}` (from its newest complete checkpoint; "
+                f"without one it starts over from step 1); the log so far is in {self.plan.log_path}",
                 exit_code=r.exit_code,
             )
         removed = (self.record.extra.get("removed_incomplete_checkpoints") if self.record else None) or []
@@ -549,7 +552,8 @@ def _execute(
         _mark_resume(plan, record)
     grace_s = plan.config.grace_seconds if grace_s is None else grace_s
     log_offset = plan.log_path.stat().st_size if plan.log_path.is_file() else 0
-    line = launcher.StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status)
+    line = launcher.StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status,
+                               mfu=plan.device.type != "cpu")
     if echo is not None and status:
         # Log lines go above the live status line so it keeps its place at the bottom.
         echo = line.print_above
