@@ -16,6 +16,7 @@ from trnqwen.logs.identity import with_identity
 from trnqwen.logs.judge import Finding, judge
 from trnqwen.logs.parallel import read_file
 from trnqwen.logs.engine import CHUNK_SIZE, MAX_LINE, LogParser
+from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.sources import LogInput, RunContext, fill_from_tensorboard, run_context
 
@@ -275,7 +276,7 @@ class _Emitter:
         vals = log.validations
         pending = vals[self.validations:] if self.on_validation is not None else []
         self.validations = len(vals)
-        no_mfu = log.no_peak_flops is not None
+        no_mfu = no_peak_flops(log) is not None
         top = max(steps) if steps else self.printed
         new = sorted(s for s in steps if s > self.printed) if top > self.printed else []
         # in step order: a validation after step N is reported after step N's line

@@ -15,6 +15,7 @@ from typing import Optional
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
 from trnqwen.logs.identity import with_identity
 from trnqwen.logs.lora import check_lora
+from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.sources import RunContext
 
 SEVERITIES = ("error", "warning", "info")
@@ -132,7 +133,7 @@ def unexplained_restarts(log: ParsedLog) -> list[int]:
 
 def on_cpu(log: ParsedLog) -> bool:
     """torchtitan said it has no peak FLOPS for a CPU: the run trained on the host's cores."""
-    return (log.no_peak_flops or "").upper().startswith("CPU")
+    return (no_peak_flops(log) or "").upper().startswith("CPU")
 
 
 def run_is_live(ctx: RunContext) -> bool:

@@ -231,8 +231,19 @@ def _lora(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
 
 
 # torchtitan's get_peak_flops on a device it has no table entry for (a WARNING line, kept in
-# ParsedLog.warnings): its MFU is then against an A100's peak (ParsedLog.no_peak_flops)
+# ParsedLog.warnings): its MFU is then against an A100's peak (no_peak_flops below)
 NO_PEAK_FLOPS_RE = re.compile(r"Peak flops undefined for: (.+?), fallback to")
+
+
+def no_peak_flops(log: "ParsedLog") -> Optional[str]:
+    """The device torchtitan knew no peak FLOPS for (``Peak flops undefined for: CPU (x86_64),
+    fallback to A100``): its MFU is then against another device's peak and means nothing (0.00%
+    on CPU).  None when the log does not say so."""
+    for entry in log.warnings.values():
+        m = NO_PEAK_FLOPS_RE.search(entry["text"])
+        if m is not None:
+            return m.group(1)
+    return None
 
 _CKPT = ("checkpoint", "safetensors")
 # model args / HF config printed in the log: "vocab_size=151936", "'vocab_size': 151936", "n_layers=36"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from trnqwen.fsutil import current_umask
+from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 
 
@@ -56,7 +57,7 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
     fig, axes = plt.subplots(4 if with_lr else 3, 1, figsize=(11, 11 if with_lr else 9), sharex=True, constrained_layout=True)
     ax_loss, ax_grad, ax_tps = axes[:3]
     ax_lr = axes[3] if with_lr else None
-    with_mfu = any(run.no_peak_flops is None and _series(run, "mfu")[0] for _, run, _ in runs)
+    with_mfu = any(no_peak_flops(run) is None and _series(run, "mfu")[0] for _, run, _ in runs)
     ax_mfu = ax_tps.twinx() if with_mfu else None
     for label, run, style in runs:
         suffix = f" ({label})" if label else ""
@@ -71,7 +72,7 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
         x, y = _series(run, "tps")
         ax_tps.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color="tab:purple", label=f"tokens/s/device{suffix}")
         x, y = _series(run, "mfu")
-        if ax_mfu is not None and x and run.no_peak_flops is None:
+        if ax_mfu is not None and x and no_peak_flops(run) is None:
             ax_mfu.plot(x, y, style, color="tab:red", alpha=0.7, label=f"MFU %{suffix}")
         x, y = _series(run, "lr")
         if ax_lr is not None and x:

@@ -81,19 +81,6 @@ class ParsedLog:
             self.recognized_lines == 0 and self.invalid_utf8_lines > max(1, self.lines // 3)
         )
 
-    @property
-    def no_peak_flops(self) -> Optional[str]:
-        """The device torchtitan knew no peak FLOPS for (``Peak flops undefined for: CPU
-        (x86_64), fallback to A100``): its MFU is then against another device's peak and means
-        nothing (0.00% on CPU).  None when the log does not say so."""
-        from trnqwen.logs.patterns import NO_PEAK_FLOPS_RE
-
-        for entry in self.warnings.values():
-            m = NO_PEAK_FLOPS_RE.search(entry["text"])
-            if m is not None:
-                return m.group(1)
-        return None
-
     def step_list(self) -> list[dict]:
         """One dict per step, in step order (small logs and tests; the judge reads columns)."""
         return list(self.steps.rows())

@@ -12,6 +12,7 @@ from typing import Any, Optional
 from trnqwen.logs.jsonsteps import StepRowsJSON, _num, step_rows  # noqa: F401 (step_rows: part of this API)
 from trnqwen.logs.lora import lora_json, lora_row
 from trnqwen.logs.judge import Finding, configured_steps, override_calls, override_table, root_cause, weights_verdict
+from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.stepline import STEP_FIELDS
 from trnqwen.logs.sources import RunContext
@@ -51,7 +52,7 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
     target = configured_steps(log, ctx)
     first_step = t.step[0] if n else None
     last_step = t.step[-1] if n else None
-    no_peak = log.no_peak_flops
+    no_peak = no_peak_flops(log)
     return {
         "source": log.source,
         "model": log.model_name,
