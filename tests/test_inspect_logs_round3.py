@@ -300,3 +300,25 @@ def test_plot_marks_preemption_and_resume_titles_the_run_and_hides_no_point(cli,
     p.write_text(text)
     assert cli("inspect-logs", str(p), "--plot", str(in_tmp / "b.png"), "--no-strict").code == 0
     assert figures[-1]["title"] == "train.log"
+
+
+def test_train_log_has_no_colour_codes_and_a_terminal_keeps_them(tmp_path):
+    """The launcher's tee writes train.log without ANSI codes (grep works); an echo to a terminal
+    keeps torchtitan's colours, an echo to a pipe does not."""
+    import sys
+
+    from tests.test_launcher import _FakeTTY
+    from trnqwen.train import launcher
+
+    coloured = "[rank0]:[titan] 2026-12-01 10:00:00,000 - root - INFO - " + step_msg(1, 7.25) + "  lr: 1e-05"
+    child = [sys.executable, "-c", f"print({coloured!r}); print('plain line')"]
+    for tty in (True, False):
+        log = tmp_path / f"train-{tty}.log"
+        term = _FakeTTY(tty)
+        echoed: list[str] = []
+        status = launcher.StatusLine(stream=term, total_steps=1)
+        result = launcher.supervise(child, env={}, log_path=log, status=status, echo=echoed.append, handle_signals=False)
+        assert result.exit_code == 0 and result.steps[0]["loss"] == 7.25 and result.steps[0]["lr"] == 1e-05
+        text = log.read_text()
+        assert "\x1b" not in text and "step:  1  loss:  7.25000" in text and "plain line" in text
+        assert ("\x1b[" in "".join(echoed)) is tty

@@ -31,7 +31,7 @@ def inspect_logs(
     logs: Annotated[
         Optional[list[str]],
         typer.Argument(
-            help="Log files, run directories, or - for stdin. Default: the last run's train.log.",
+            help="Log files (.gz, .bz2, .xz read too), run directories, or - for stdin. Default: the last run's train.log.",
             show_default=False,
             callback=user_paths,
         ),
@@ -61,7 +61,7 @@ def inspect_logs(
         typer.Option("--finetune/--from-scratch", help="Whether the run should have started from pretrained weights. [default: from the run record, or guessed from checkpoint lines]", show_default=False),
     ] = None,
     idle_timeout: Annotated[
-        float, typer.Option("--idle-timeout", min=1.0, help="--follow: give up after this many seconds without new log lines.")
+        float, typer.Option("--idle-timeout", min=1.0, help="--follow: give up after this many seconds without new log lines (a stalled error, exit 1).")
     ] = 600.0,
     config_file: ConfigFileOpt = None,
 ) -> None:

@@ -6,7 +6,7 @@ Three layers, each usable on its own:
   ``--dry-run`` prints it, ``command.sh`` replays it, tests check it field by field.
 * :func:`rank_env` -- the environment variables trnqwen sets for the ranks (job env, the
   config module's folder on ``PYTHONPATH``, the persistent Neuron compile cache).
-* :func:`supervise` -- starts torchrun in its own session, tees its output into ``train.log``,
+* :func:`supervise` -- starts torchrun in its own session, tees its output into ``train.log`` (colour codes removed),
   keeps a live status line, forwards Ctrl-C/SIGTERM to every rank, escalates to SIGKILL after a
   bounded grace period, sweeps any survivor, and reports how the run ended with the root-cause
   line of a failure instead of torchrun's wall of noise.
