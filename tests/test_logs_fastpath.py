@@ -32,7 +32,7 @@ def colour_step(step, loss, gn, gib, pct, tps, tflops, mfu) -> str:
 
 
 def generate(seed: int, *, ranks: int, steps: int, colour: bool, every_rank: bool, role: str = "rank",
-             oddities: bool = True, lr: bool = False) -> bytes:
+             oddities: bool = True, lr: bool = False, near_capacity: bool = False) -> bytes:
     rnd = random.Random(seed)
     out: list[bytes] = []
 
@@ -62,6 +62,8 @@ def generate(seed: int, *, ranks: int, steps: int, colour: bool, every_rank: boo
                 continue
             mfu = None if rnd.random() < 0.05 else 7.48 + (step % 3) / 100
             pct = 93.5 if rnd.random() < 0.02 else 40.0 + (r or 0)
+            if near_capacity:  # most lines above 90%, equal maxima on a rank, now and then 100%
+                pct = rnd.choice([100.0, 89.99, 90.0]) if rnd.random() < 0.05 else 90.0 + rnd.randrange(0, 1000, 7) / 100
             tps = rnd.choice([55, 999, 1234.0, 123456]) + (r or 0)
             tflops = rnd.choice([3.5, 1234.5])
             l_val = float("nan") if rnd.random() < 0.01 else loss
@@ -92,6 +94,8 @@ def generate(seed: int, *, ranks: int, steps: int, colour: bool, every_rank: boo
                 emit(r, f"x{E}[0mstep: {step}  loss: 1.0")  # another layout: the regex path
             elif x < 0.052:
                 emit(r, _lora_line(r, step))  # a [LoRA] line (trnqwen.train.lora) after the primary rank is known
+            elif x < 0.06 and near_capacity and r:  # another rank's validation at the highest memory: not a step
+                emit(r, f"validate step: {step}  loss: {loss:7.4f}  memory: 24.00GiB(99.99%)  tps: 1,000")
         if oddities and not crashed and ranks > 1 and step == (2 * steps) // 3:
             crashed = True
             r = ranks - 1
@@ -147,6 +151,8 @@ SHAPES = [
     dict(ranks=8, steps=400, colour=True, every_rank=True, oddities=False),  # the exact layout only
     dict(ranks=8, steps=300, colour=True, every_rank=True, lr=True),  # trnqwen's lr column on every step line
     dict(ranks=2, steps=400, colour=False, every_rank=False, lr=True, oddities=False),
+    dict(ranks=8, steps=300, colour=True, every_rank=True, lr=True, near_capacity=True),  # a run near HBM capacity
+    dict(ranks=4, steps=300, colour=False, every_rank=True, near_capacity=True, oddities=False),
 ]
 
 
