@@ -78,6 +78,12 @@ def _tps(step: int, rank: int) -> float:
     return 1150.0 + (rank * 7919 + step * 104_729) % 311 + (step % 7) / 3
 
 
+def _gib(step: int, rank: int, steps: int) -> float:
+    """Device memory as real runs log it: it differs per rank, wobbles per step and drifts up over
+    the run, from about 78% of the device to about 94% (the last third of the run near capacity)."""
+    return DEVICE_GIB * (0.78 + 0.16 * step / steps) + rank / 100 + (step % 97) / 400
+
+
 def generate(path: Path, target_mb: float = 0.0, *, ranks: int = RANKS, steps: int = 0) -> dict:
     """Write the log (``ranks`` ranks, until ``target_mb`` MB or ``steps`` steps); returns its
     facts (steps, lines)."""
@@ -117,7 +123,7 @@ def generate(path: Path, target_mb: float = 0.0, *, ranks: int = RANKS, steps: i
                 pre = f"[rank{r}]:[titan] 2026-11-29 10:{(step // 60) % 60:02d}:{sec:02d},{(r * 13) % 1000:03d} - root - INFO - "
                 tps = _tps(step, r)
                 tflops = tps * TFLOPS_PER_TPS  # torchtitan: tflops and mfu follow tps
-                gib = 14.2 + r / 100 + (step % 997) / 400 + step / 100_000  # memory drifts per rank and step
+                gib = _gib(step, r, steps or 100_000)
                 block.append(pre + _step(step, loss, 1.0 + (step % 17) / 10, gib, 100 * gib / DEVICE_GIB, tps,
                                          tflops, 100 * tflops / PEAK_TFLOPS, lr) + "\n")
                 if step % 500 == 0 and r % 16 == 3:

@@ -158,7 +158,7 @@ def plan_region(buf: bytes, start: int, end: int, prefix: bytes, max_line: int) 
     if int((ends - starts).max()) > max_line:  # overlong lines: truncated one by one
         return RegionPlan(n, [], [], None, True)
     piece = buf.__getitem__
-    memory = _high_memory_lines(buf, start, end, starts, ends, prefix)
+    memory = _high_memory_lines(buf, start, end, starts, ends, steplike, primary, prefix)
     single = (~steplike).nonzero()[0].tolist()
     raws = list(map(piece, map(slice, (starts[single] + start).tolist(), (ends[single] + start).tolist())))
     if any(map(bytes.__contains__, raws, repeat(_TB_START))):  # a crash: every line in order
@@ -183,17 +183,21 @@ def plan_region(buf: bytes, start: int, end: int, prefix: bytes, max_line: int) 
     return RegionPlan(n, single, raws, cols[:4], memory=memory)
 
 
-def _high_memory_lines(buf, start: int, end: int, starts, ends, prefix: bytes = b"") -> list:
+def _high_memory_lines(buf, start: int, end: int, starts, ends, steplike=None, primary=None, prefix: bytes = b"") -> list:
     """(region line index, line) of the lines that matter among those where B_MEM_HIGH matches in
-    ``buf[start:end]``, in order: the primary rank's lines (``prefix``; its memory comes from its
-    columns) are left out, and of the others only the first line with the highest percentage of
-    each line head (the rank prefix: first 16 bytes) is kept, since ``note_memory`` keeps each
-    rank's first maximum.  A run near capacity has a match on most lines; reading each one back
+    ``buf[start:end]``, in order.  With ``steplike``/``primary`` (:func:`line_table`'s), only
+    other ranks' step lines are kept (the primary rank's memory comes from its columns; other
+    lines are not read for memory), and of those only the first line with the highest percentage
+    per line head (the rank prefix: the line's first 16 bytes), since ``note_memory`` keeps each
+    rank's first maximum.  A run near capacity has a match on most lines: reading each one back
     with three regexes cost four times the whole parse."""
     import numpy as np
 
-    # every match begins "GiB(" then "9" or "1": its "(" (numpy) is where to try the regex;
-    # matches cannot overlap, so these are finditer's matches
+    # every match begins "GiB(9" or "GiB(10" (C's substring search: most regions have none;
+    # ``buf`` may be an mmap, which has find but no count); then its "(" (numpy) is where to
+    # try the regex; matches cannot overlap, so these are finditer's matches
+    if buf.find(b"GiB(9", start, end) < 0 and buf.find(b"GiB(10", start, end) < 0:
+        return []
     arr = np.frombuffer(buf, np.uint8, count=end - start, offset=start)
     size = len(arr)
     at = np.flatnonzero(arr[3:-1] == 40) + 3
@@ -201,55 +205,67 @@ def _high_memory_lines(buf, start: int, end: int, starts, ends, prefix: bytes = 
     at = at[(after == 57) | (after == 49)] - 3
     if not len(at):
         return []
-    # torchtitan's own form, "GiB(9d.dd%)", checked and read with numpy (d.dd / 100 is float()'s value)
-    fits = at[at + 10 < size]
-    b = [arr[fits + k] for k in range(11)]
-    digit = [(x >= 48) & (x <= 57) for x in b]
-    fixed = ((b[0] == 71) & (b[1] == 105) & (b[2] == 66) & (b[4] == 57) & digit[5] & (b[6] == 46) & digit[7] & digit[8]
-             & (b[9] == 37) & (b[10] == 41))
+    # torchtitan's own form, "GiB(9d.dd%)", checked and read as two unaligned words per match
+    # (d.dd / 100 is float()'s value: an exact integer over a power of ten, correctly rounded)
+    fits = at[at + 16 <= size]
+    word = _words(buf, start, size)
+    w0, w1 = word[fits], word[fits + 8]
+    d5, d7, d8 = (w0 >> 40) & 0xFF, w0 >> 56, w1 & 0xFF
+    fixed = (((w0 & 0x00FF00FFFFFFFFFF) == _GIB9) & ((w1 & 0xFFFF00) == _PCT_CLOSE)
+             & (d5 - 48 < 10) & (d7 - 48 < 10) & (d8 - 48 < 10))  # (unsigned: below "0" wraps)
     hits = [fits[fixed]]
-    values = [((b[4][fixed].astype(np.int64) - 48) * 1000 + (b[5][fixed] - 48) * 100 + (b[7][fixed] - 48) * 10
-               + (b[8][fixed] - 48)) / 100.0]
+    values = [(9000 + (d5[fixed] - 48).astype(np.int64) * 100 + (d7[fixed] - 48) * 10 + (d8[fixed] - 48)) / 100.0]
     match = B_MEM_HIGH.match
-    other = np.setdiff1d(at, hits[0], assume_unique=True).tolist()
-    found = [(p, m.group()) for p in other if (m := match(buf, start + p, end)) is not None]
+    rest = np.ones(len(at), bool)
+    rest[np.searchsorted(at, hits[0])] = False
+    found = [(p, m.group()) for p in at[rest].tolist() if (m := match(buf, start + p, end)) is not None]
     if found:
         hits.append(np.array([p for p, _ in found], np.int64))
         values.append(np.array([float(text[4:-2]) for _, text in found]))
     hits, values = np.concatenate(hits), np.concatenate(values)
     if not len(hits):
         return []
-    order = np.argsort(hits, kind="stable")
-    hits, values = hits[order], values[order]
+    if found:
+        order = np.argsort(hits, kind="stable")
+        hits, values = hits[order], values[order]
     rows = np.searchsorted(starts, hits, "right") - 1
-    rows, first = np.unique(rows, return_index=True)  # a line once, with its first match
-    values = values[first]
-    lens = ends[rows] - starts[rows]
-    if prefix:  # the primary rank's lines: its memory is read from its step columns
-        mine = lens >= len(prefix)
-        for k, c in enumerate(prefix):
-            mine &= arr[np.minimum(starts[rows] + k, size - 1)] == c
-        rows, values, lens = rows[~mine], values[~mine], lens[~mine]
+    once = np.ones(len(rows), bool)  # a line once, with its first match
+    once[1:] = rows[1:] != rows[:-1]
+    rows, values = rows[once], values[once]
+    line = buf.__getitem__
+    if steplike is None:
+        return [(i, line(slice(int(starts[i]) + start, int(ends[i]) + start))) for i in rows.tolist()]
+    keep = steplike[rows] & ~primary[rows] & (ends[rows] - starts[rows] >= 16)
+    rows, values = rows[keep], values[keep]
     if not len(rows):
         return []
-    head = starts[rows][:, None] + np.arange(16)
-    keys = np.where(head < (starts[rows] + lens)[:, None], arr[np.minimum(head, size - 1)], 0).astype(np.uint8)
-    keys = np.ascontiguousarray(keys).view("<u8")  # (lines, 2): the line head as two numbers
-    order = np.lexsort((rows, -values, keys[:, 1], keys[:, 0]))  # by head, highest first, then first line
-    k0, k1 = keys[order, 0], keys[order, 1]
-    starts_group = np.ones(len(order), bool)
-    starts_group[1:] = (k0[1:] != k0[:-1]) | (k1[1:] != k1[:-1])
-    group = np.cumsum(starts_group) - 1
-    line = buf.__getitem__
+    k0, k1 = word[starts[rows]], word[starts[rows] + 8]  # the line head as two numbers
+    order = np.lexsort((rows, -values, k1, k0))  # by head, highest first, then first line
+    k0, k1 = k0[order], k1[order]
+    first = np.ones(len(order), bool)
+    first[1:] = (k0[1:] != k0[:-1]) | (k1[1:] != k1[:-1])
+    group = np.cumsum(first) - 1
     kept: list = []
-    for g, o in zip(np.flatnonzero(starts_group).tolist(), order[starts_group].tolist()):
+    for g, o in zip(np.flatnonzero(first).tolist(), order[first].tolist()):
         i = int(rows[o])
-        raw = line(slice(int(starts[i]) + start, int(ends[i]) + start))
-        if is_other_step(raw, prefix) and _VALIDATE not in raw:
+        note = other_rank_memory(line(slice(int(starts[i]) + start, int(ends[i]) + start)), prefix)
+        if note is not None and note[3] == values[o]:
             kept.append(i)
-        else:  # the group's maximum is not a step line of another rank: every line of the group
+        else:  # read_other_ranks would not take the group's maximum as it is: every line of the group
             kept += rows[order[group == group[g]]].tolist()
     return [(i, line(slice(int(starts[i]) + start, int(ends[i]) + start))) for i in sorted(set(kept))]
+
+
+_GIB9 = int.from_bytes(b"GiB(9\x00.\x00", "little")
+_PCT_CLOSE = int.from_bytes(b"\x00%)", "little")
+
+
+def _words(buf, start: int, size: int):
+    """Every 8 bytes of ``buf[start:start + size]`` as a little-endian uint64, one per byte
+    offset (an unaligned, overlapping view: ``word[i]`` holds bytes i..i+7; no copy)."""
+    import numpy as np
+
+    return np.ndarray((max(0, size - 7),), dtype="<u8", buffer=buf, offset=start, strides=(1,))
 
 
 def primary_columns(bodies: list, lines: list, prefix: bytes) -> Optional[tuple]:
@@ -431,16 +447,21 @@ def read_other_ranks(parser: RankNotes, buf: bytes, start: int, end: int, base: 
             stop_at = hit
     # Memory above the threshold on any rank (the lines found by plan_region).
     for i, raw in memory:
-        if not is_other_step(raw, prefix) or b"validate step:" in raw:
-            continue
-        pm = B_PREFIX_RE.match(raw)
-        sm = B_STEP.search(raw)
-        mm = B_MEM.search(raw)
-        if pm and sm and mm:
-            parser.note_memory(
-                int(pm.group(2)), int(sm.group(1)), to_number(mm.group(1).decode()),
-                to_number(mm.group(2).decode()), base + i,
-            )
+        note = other_rank_memory(raw, prefix)
+        if note is not None:
+            parser.note_memory(*note, base + i)
+
+
+def other_rank_memory(raw: bytes, prefix: bytes) -> Optional[tuple]:
+    """(rank, step, GiB, percent) of a step line of a rank other than ``prefix``'s, or None."""
+    if not is_other_step(raw, prefix) or _VALIDATE in raw:
+        return None
+    pm = B_PREFIX_RE.match(raw)
+    sm = B_STEP.search(raw)
+    mm = B_MEM.search(raw)
+    if not (pm and sm and mm):
+        return None
+    return int(pm.group(2)), int(sm.group(1)), to_number(mm.group(1).decode()), to_number(mm.group(2).decode())
 
 
 def _step_rank(parser: RankNotes, raw: bytes, lineno: int, found: set) -> Optional[int]:

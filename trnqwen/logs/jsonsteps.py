@@ -100,7 +100,12 @@ class StepRowsJSON:
                 text = {v: _json_number(v, name) for v in distinct}
                 layout.append(list(map(text.get, col)))  # NaN rows (no match: None) are rewritten below
             elif name == "tps":
-                layout.append(list(map(_json_number, col, repeat(name))))
+                values = np.frombuffer(col, np.float64)
+                whole = values.astype(np.int64)
+                if (whole == values).all():  # tokens per second are whole numbers: int texts, at C speed
+                    layout.append(list(map(int.__repr__, whole.tolist())))
+                else:
+                    layout.append(list(map(_json_number, col, repeat(name))))
             else:
                 layout.append(list(map(float.__repr__, col)))
         layout += [self._KEYS[-1], list(map(int.__repr__, t.line[lo:hi]))]
