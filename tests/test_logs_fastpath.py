@@ -344,7 +344,7 @@ def test_number_columns_equal_float_and_int():
 
 
 @pytest.mark.parametrize("batch", [7, 1000, 16384])
-@pytest.mark.parametrize("shape", [0, 2, 5])
+@pytest.mark.parametrize("shape", [0, 2, 5, 8])
 def test_streamed_json_steps_equal_json_dumps(monkeypatch, shape, batch):
     """--json's steps, encoded column-wise in batches (constant columns, repeating ones, NaN,
     mfu N/A, restarts), are exactly json.dumps of the row dicts."""
@@ -361,6 +361,15 @@ def test_streamed_json_steps_equal_json_dumps(monkeypatch, shape, batch):
         col = log.steps.cols[name]
         assert not log.steps.missing[name]
         col[:] = type(col)("d", [12.5] * len(col))
+    assert "".join(report.StepRowsJSON(log).chunks()) == json.dumps(report.step_rows(log))
+    # repeating columns with values json.dumps writes its own way: -0.0 beside 0.0, a fractional
+    # or huge tps (int text only for whole numbers below 2**53), infinities
+    rnd = random.Random(shape)
+    odd = {"memory_gib": [0.0, -0.0, 1.5], "tps": [1234.0, 1234.5, -0.0, 2.0**60, 9007199254740993.0],
+           "tflops": [0.1, 0.2, float("inf"), 3.0], "loss": [7.25, -0.0, 1e-300]}
+    for name, pool in odd.items():
+        col = log.steps.cols[name]
+        col[:] = type(col)("d", [rnd.choice(pool) for _ in range(len(col))])
     assert "".join(report.StepRowsJSON(log).chunks()) == json.dumps(report.step_rows(log))
 
 
