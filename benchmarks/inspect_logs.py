@@ -5,8 +5,13 @@ Two generated torchtitan-style logs (ANSI colours, torchrun prefixes, start-up l
 written once under benchmarks/_work/ (gitignored) and reused:
 
 * ``real``: the issue-17 shape - 8 ranks, every rank prints its step lines, 200k steps, about
-  374 MB and 1.6 M step lines.  One step line in 8 is rank 0's, so rank 0's lines (parsed) are
-  dense, and a warning every ~1 MB breaks every all-step-lines stretch.
+  407 MB and 1.6 M step lines.  One step line in 8 is rank 0's, so rank 0's lines (parsed) are
+  dense, and a warning every ~1 MB breaks every all-step-lines stretch.  Every column varies as
+  in real runs (issue 28 item 19): tps per rank and step, with a dip below 1,000 (no thousands
+  comma) at every 1,000th step; tflops and mfu follow tps; memory differs per rank, wobbles per
+  step and drifts up over the run from about 78% to about 94% of the device (the last third near
+  capacity, so most lines there are "high memory"); the lr column (trnqwen's ranks append it)
+  warms up, then follows a curve, printed with 10 significant digits.
 * ``uniform``: 64 ranks, ``--mb`` MB.  Only one line in 64 is rank 0's; this is the *best case*
   for the parser (the other ranks' step lines are never decoded), and what the figures before
   issue 17 were measured on.
@@ -19,8 +24,8 @@ core, trnqwen.logs.parallel, and CPU time is then the sum over the processes).  
 wall time, CPU time (user + sys) and peak RSS are measured in a fresh wrapper process.  On a
 shared machine wall time includes waiting for a core: the load average is measured before and
 after, and MB/s is reported on both wall and CPU time.  trnqwen's bytecode is compiled first, as
-an install has it (see _compile_ahead).  Target (issue 17): >= 300 MB/s for the table and for
---json on the real shape, peak RSS <= 200 MB for --json.
+an install has it (see _compile_ahead).  Target (issues 17 and 28): >= 300 MB/s for the table
+and for --json on the real shape (wall, 2 cores), peak RSS <= 200 MB for --json.
 
 Usage:
   .venv/bin/python benchmarks/inspect_logs.py                 # both shapes, table
