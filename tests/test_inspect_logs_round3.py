@@ -61,6 +61,8 @@ def test_compressed_logs_are_read(cli, tmp_path, suffix, opener):
     b = json.loads(res.out)
     assert [s["loss"] for s in b["steps"]] == [s["loss"] for s in a["steps"]] == [7.0, 6.5, 6.0]
     assert _codes(b) == _codes(a)
+    res = cli("inspect-logs", str(packed), "--follow")
+    assert res.code == 2 and "does not grow" in res.err
 
 
 def test_a_cut_off_or_corrupt_gzip_is_a_usage_error(cli, tmp_path):

@@ -198,6 +198,13 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
         return judge_log(log, inp, **judge_kw)
 
     path = inp.path
+    try:
+        with open(path, "rb") as probe:
+            kind = _compression(probe.read(6))
+    except OSError:
+        kind = None
+    if kind:
+        raise UsageError(f"{inp.label} is {kind}-compressed: a compressed log does not grow", hint="drop --follow to read it")
     parser = LogParser(inp.label)
     pos = 0
     idle_since = time.monotonic()
