@@ -40,6 +40,11 @@ def test_a_run_still_starting_is_said_to_be_starting(cli, in_tmp, text):
     assert "still starting" in res.out + res.err and "no-steps" not in res.out
     doc = json.loads(cli("inspect-logs", str(d), "--json").out)
     assert "starting" in _codes(doc) and "no-steps" not in _codes(doc)
+    if not text:  # before torchrun starts there is no train.log at all
+        (d / "train.log").unlink()
+        res = cli("inspect-logs", str(d))
+        assert res.code == 0 and "still starting (no log line yet" in res.out, res.err
+        (d / "train.log").write_text(text)
     # the same log when the run has ended is an error, as before
     rec = json.loads((d / "run.json").read_text())
     rec["status"] = "failed"

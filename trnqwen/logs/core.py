@@ -88,6 +88,8 @@ def _read_compressed(raw: BinaryIO, kind: str, label: str, chunk_size: int) -> P
 def read_log(inp: LogInput, *, stdin: Optional[BinaryIO] = None, chunk_size: int = CHUNK_SIZE, live: bool = False) -> ParsedLog:
     """Parse the whole log (read-only, binary, bounded memory; gzip, bzip2 and xz decompressed)
     and refuse what is not a log (``live``: the run is still starting, an empty log is fine)."""
+    if live and inp.path is not None and not inp.path.exists():  # a starting run has no train.log yet
+        return ParsedLog(source=inp.label)
     if inp.is_stdin:
         stream = stdin if stdin is not None else sys.stdin.buffer
         kind = _compression(stream.peek(6)[:6]) if hasattr(stream, "peek") else None
