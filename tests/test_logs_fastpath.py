@@ -422,3 +422,50 @@ def test_lazy_block_answers_like_the_bytes(tmp_path):
             short.whole()  # the file is shorter than the block: changed while read
     finally:
         os.close(fd)
+
+
+def test_near_capacity_region_reads_back_one_line_per_rank():
+    """A run near HBM capacity has a match of the high-memory pattern on most lines: the plan
+    hands the engine each other rank's first maximum only (it handed every line, each read back
+    with three regexes: 4x the whole parse, issue 28 item 19), and the result is the reference's."""
+    from trnqwen.logs import bulk
+
+    data = generate(91, ranks=8, steps=300, colour=True, every_rank=True, lr=True, near_capacity=True, oddities=False)
+    start = data.index(b"\n", len(data) // 4) + 1
+    end = data.rindex(b"\n", 0, 3 * len(data) // 4)
+    plan = bulk.plan_region(data, start, end, b"[rank0]:", 1 << 20)
+    assert not plan.fallback and plan.lines > 500
+    ranks = {bytes(raw[: raw.index(b"]") + 1]) for _, raw in plan.memory}
+    assert len(plan.memory) == len(ranks) <= 7 and b"[rank0]" not in ranks
+    assert snapshot(parse_bytes(data, "x"))["rank_high_memory"] == snapshot(reference(data))["rank_high_memory"]
+
+
+def test_benchmark_log_varies_every_column_as_real_runs_do():
+    """benchmarks/inspect_logs.py's real shape: tflops and mfu follow tps, memory drifts (past
+    90%), lr moves; the old log kept rank 0's tflops, mfu and memory constant (issue 28 item 19)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from trnqwen.logs.parse import parse_file
+
+    here = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(here))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_inspect_logs", here / "inspect_logs.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(here))
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "x.log"
+        mod.generate(path, ranks=2, steps=3000)
+        log = parse_file(path)
+    steps = log.step_list()[1:]
+    for name in ("tps", "tflops", "mfu", "memory_gib", "memory_pct", "lr", "loss", "grad_norm"):
+        assert len({s[name] for s in steps}) > 10, name
+    assert max(s["memory_pct"] for s in steps) > 90 > min(s["memory_pct"] for s in steps)
+    assert any(s["tps"] < 1000 for s in steps) and any(s["tps"] >= 1000 for s in steps)  # with and without a comma
+    assert log.rank_high_memory.get(1, {}).get("pct", 0) > 90  # the other rank too
