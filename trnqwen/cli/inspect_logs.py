@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from trnqwen.cli._options import ConfigFileOpt, JsonOpt, user_paths
+from trnqwen.cli._base_options import ConfigFileOpt, JsonOpt, user_paths  # not _options: no pydantic for a log path
 
 HELP = "Read a torchtitan training log (file, run dir, stdin; default: the last run) and judge the run."
 EPILOG = (
