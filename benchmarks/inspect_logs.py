@@ -5,8 +5,13 @@ Two generated torchtitan-style logs (ANSI colours, torchrun prefixes, start-up l
 written once under benchmarks/_work/ (gitignored) and reused:
 
 * ``real``: the issue-17 shape - 8 ranks, every rank prints its step lines, 200k steps, about
-  374 MB and 1.6 M step lines.  One step line in 8 is rank 0's, so rank 0's lines (parsed) are
-  dense, and a warning every ~1 MB breaks every all-step-lines stretch.
+  407 MB and 1.6 M step lines.  One step line in 8 is rank 0's, so rank 0's lines (parsed) are
+  dense, and a warning every ~1 MB breaks every all-step-lines stretch.  Every column varies as
+  in real runs (issue 28 item 19): tps per rank and step, with a dip below 1,000 (no thousands
+  comma) at every 1,000th step; tflops and mfu follow tps; memory differs per rank, wobbles per
+  step and drifts up over the run from about 78% to about 94% of the device (the last third near
+  capacity, so most lines there are "high memory"); the lr column (trnqwen's ranks append it)
+  warms up, then follows a curve, printed with 10 significant digits.
 * ``uniform``: 64 ranks, ``--mb`` MB.  Only one line in 64 is rank 0's; this is the *best case*
   for the parser (the other ranks' step lines are never decoded), and what the figures before
   issue 17 were measured on.
@@ -19,8 +24,8 @@ core, trnqwen.logs.parallel, and CPU time is then the sum over the processes).  
 wall time, CPU time (user + sys) and peak RSS are measured in a fresh wrapper process.  On a
 shared machine wall time includes waiting for a core: the load average is measured before and
 after, and MB/s is reported on both wall and CPU time.  trnqwen's bytecode is compiled first, as
-an install has it (see _compile_ahead).  Target (issue 17): >= 300 MB/s for the table and for
---json on the real shape, peak RSS <= 200 MB for --json.
+an install has it (see _compile_ahead).  Target (issues 17 and 28): >= 300 MB/s for the table
+and for --json on the real shape (wall, 2 cores), peak RSS <= 200 MB for --json.
 
 Usage:
   .venv/bin/python benchmarks/inspect_logs.py                 # both shapes, table
@@ -63,6 +68,27 @@ def _step(step: int, loss: float, gn: float, gib: float, pct: float, tps: float,
     )
 
 
+TFLOPS_PER_TPS = 6 * 4.02e9 / 1e12  # 6 x parameters of Qwen3-4B, per token
+PEAK_TFLOPS = 667.0
+DEVICE_GIB = 24.0
+
+
+def _tps(step: int, rank: int) -> float:
+    """Tokens per second as real runs show them: slow at step 1 (compilation), then varying per
+    rank and step, with a dip below 1,000 (no thousands comma) every 1,000 steps (a checkpoint save)."""
+    if step == 1:
+        return 55.0
+    if step % 1000 == 0:
+        return 612.0 + 37 * rank
+    return 1150.0 + (rank * 7919 + step * 104_729) % 311 + (step % 7) / 3
+
+
+def _gib(step: int, rank: int, steps: int) -> float:
+    """Device memory as real runs log it: it differs per rank, wobbles per step and drifts up over
+    the run, from about 78% of the device to about 94% (the last third of the run near capacity)."""
+    return DEVICE_GIB * (0.78 + 0.16 * step / steps) + rank / 100 + (step % 97) / 400
+
+
 def generate(path: Path, target_mb: float = 0.0, *, ranks: int = RANKS, steps: int = 0) -> dict:
     """Write the log (``ranks`` ranks, until ``target_mb`` MB or ``steps`` steps); returns its
     facts (steps, lines)."""
@@ -100,9 +126,11 @@ def generate(path: Path, target_mb: float = 0.0, *, ranks: int = RANKS, steps: i
             sec = step % 60
             for r in range(ranks):
                 pre = f"[rank{r}]:[titan] 2026-11-29 10:{(step // 60) % 60:02d}:{sec:02d},{(r * 13) % 1000:03d} - root - INFO - "
-                tps = 55.0 if step == 1 else 1234.0 + (r * 7 + step) % 50
-                block.append(pre + _step(step, loss, 1.0 + (step % 17) / 10, 14.2 + r / 100, 59.2 + r / 50, tps,
-                                         3.5 if step == 1 else 49.9, 7.48, lr) + "\n")
+                tps = _tps(step, r)
+                tflops = tps * TFLOPS_PER_TPS  # torchtitan: tflops and mfu follow tps
+                gib = _gib(step, r, steps or 100_000)
+                block.append(pre + _step(step, loss, 1.0 + (step % 17) / 10, gib, 100 * gib / DEVICE_GIB, tps,
+                                         tflops, 100 * tflops / PEAK_TFLOPS, lr) + "\n")
                 if step % 500 == 0 and r % 16 == 3:
                     block.append(f"[rank{r}]:[titan] 2026-11-29 10:00:00,000 - root - WARNING - "
                                  f"Dataloader slow: waited 1.{r:02d}s for batch at step {step}\n")
@@ -153,7 +181,7 @@ SHAPES = {"real": {"ranks": 8, "steps": 200_000}, "uniform": {"ranks": RANKS}}
 
 def _log_for(shape: str, mb: float) -> tuple[Path, dict]:
     spec = SHAPES[shape]
-    name = f"inspect_logs_{spec['ranks']}ranks_{spec['steps']}steps.log" if "steps" in spec else f"inspect_logs_{spec['ranks']}ranks_{int(mb)}MB.log"
+    name = f"inspect_logs_{spec['ranks']}ranks_{spec['steps']}steps_varied.log" if "steps" in spec else f"inspect_logs_{spec['ranks']}ranks_{int(mb)}MB.log"
     path = WORK / name
     meta = path.with_suffix(".json")
     if not path.exists() or not meta.exists():

@@ -252,7 +252,7 @@ def test_config_json_of_another_model_family(cli, in_tmp, tiny, tmp_path):
 def test_binary_and_non_utf8_logs(cli, tmp_path):
     binary = tmp_path / "model.bin"
     binary.write_bytes(bytes(range(256)) * 64)
-    clean_error(cli("inspect-logs", str(binary)), 1, "does not look like a text log")
+    clean_error(cli("inspect-logs", str(binary)), 2, "does not look like a text log")  # not a log: a usage error (issue 28)
     latin1 = tmp_path / "latin1.log"
     latin1.write_bytes(b"caf\xe9 \xff\xfe\n" + NATIVE_LOG.read_bytes())
     r = cli("inspect-logs", str(latin1), "--json")
@@ -309,7 +309,7 @@ def test_binary_garbage_on_stdin(tmp_path):
     proc = subprocess.run([*TRNQWEN, "inspect-logs", "-"], input=os.urandom(1 << 20), capture_output=True, env=env,
                           timeout=120)
     err = proc.stderr.decode(errors="replace")
-    assert proc.returncode == 1 and "Traceback" not in err and "Error:" in err
+    assert proc.returncode == 2 and "Traceback" not in err and "Error:" in err
 
 
 # --- read-only output folders ---------------------------------------------------------------------------

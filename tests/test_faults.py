@@ -168,6 +168,7 @@ def test_sigint_at_startup_stops_every_rank(complete_run, fetched_tiny, tmp_path
     assert code == 130, err
     assert took < 60
     assert "Traceback" not in err and "SIGINT" in err
+    assert f"trnqwen train --resume {w.run_dir().name}" in err  # how to continue (issue 28 item 29)
     assert w.leftovers() == []
     record = json.loads((w.run_dir() / "run.json").read_text())
     assert (record["status"], record["ended_by"], record["exit_code"]) == ("interrupted", "SIGINT", 130)

@@ -503,10 +503,11 @@ def test_cli_compare(cli):
     (b"hello world\nno log here\n", "no torchtitan or torchrun log lines"),
 ])
 def test_cli_bad_inputs_are_clean(cli, tmp_path, content, needle):
+    """Not a log is a usage error (exit 2), not a failed run (exit 1) (issue 28 item 11)."""
     p = tmp_path / "x.log"
     p.write_bytes(content)
     res = cli("inspect-logs", str(p))
-    assert res.code == 1 and needle in res.err and "Traceback" not in res.err
+    assert res.code == 2 and needle in res.err and "Traceback" not in res.err
 
 
 def test_cli_missing_paths(cli, tmp_path, in_tmp):

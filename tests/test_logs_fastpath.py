@@ -32,7 +32,7 @@ def colour_step(step, loss, gn, gib, pct, tps, tflops, mfu) -> str:
 
 
 def generate(seed: int, *, ranks: int, steps: int, colour: bool, every_rank: bool, role: str = "rank",
-             oddities: bool = True, lr: bool = False) -> bytes:
+             oddities: bool = True, lr: bool = False, near_capacity: bool = False) -> bytes:
     rnd = random.Random(seed)
     out: list[bytes] = []
 
@@ -62,6 +62,8 @@ def generate(seed: int, *, ranks: int, steps: int, colour: bool, every_rank: boo
                 continue
             mfu = None if rnd.random() < 0.05 else 7.48 + (step % 3) / 100
             pct = 93.5 if rnd.random() < 0.02 else 40.0 + (r or 0)
+            if near_capacity:  # most lines above 90%, equal maxima on a rank, now and then 100%
+                pct = rnd.choice([100.0, 89.99, 90.0]) if rnd.random() < 0.05 else 90.0 + rnd.randrange(0, 1000, 7) / 100
             tps = rnd.choice([55, 999, 1234.0, 123456]) + (r or 0)
             tflops = rnd.choice([3.5, 1234.5])
             l_val = float("nan") if rnd.random() < 0.01 else loss
@@ -92,6 +94,8 @@ def generate(seed: int, *, ranks: int, steps: int, colour: bool, every_rank: boo
                 emit(r, f"x{E}[0mstep: {step}  loss: 1.0")  # another layout: the regex path
             elif x < 0.052:
                 emit(r, _lora_line(r, step))  # a [LoRA] line (trnqwen.train.lora) after the primary rank is known
+            elif x < 0.06 and near_capacity and r:  # another rank's validation at the highest memory: not a step
+                emit(r, f"validate step: {step}  loss: {loss:7.4f}  memory: 24.00GiB(99.99%)  tps: 1,000")
         if oddities and not crashed and ranks > 1 and step == (2 * steps) // 3:
             crashed = True
             r = ranks - 1
@@ -147,6 +151,8 @@ SHAPES = [
     dict(ranks=8, steps=400, colour=True, every_rank=True, oddities=False),  # the exact layout only
     dict(ranks=8, steps=300, colour=True, every_rank=True, lr=True),  # trnqwen's lr column on every step line
     dict(ranks=2, steps=400, colour=False, every_rank=False, lr=True, oddities=False),
+    dict(ranks=8, steps=300, colour=True, every_rank=True, lr=True, near_capacity=True),  # a run near HBM capacity
+    dict(ranks=4, steps=300, colour=False, every_rank=True, near_capacity=True, oddities=False),
 ]
 
 
@@ -338,7 +344,7 @@ def test_number_columns_equal_float_and_int():
 
 
 @pytest.mark.parametrize("batch", [7, 1000, 16384])
-@pytest.mark.parametrize("shape", [0, 2, 5])
+@pytest.mark.parametrize("shape", [0, 2, 5, 8])
 def test_streamed_json_steps_equal_json_dumps(monkeypatch, shape, batch):
     """--json's steps, encoded column-wise in batches (constant columns, repeating ones, NaN,
     mfu N/A, restarts), are exactly json.dumps of the row dicts."""
@@ -355,6 +361,15 @@ def test_streamed_json_steps_equal_json_dumps(monkeypatch, shape, batch):
         col = log.steps.cols[name]
         assert not log.steps.missing[name]
         col[:] = type(col)("d", [12.5] * len(col))
+    assert "".join(report.StepRowsJSON(log).chunks()) == json.dumps(report.step_rows(log))
+    # repeating columns with values json.dumps writes its own way: -0.0 beside 0.0, a fractional
+    # or huge tps (int text only for whole numbers below 2**53), infinities
+    rnd = random.Random(shape)
+    odd = {"memory_gib": [0.0, -0.0, 1.5], "tps": [1234.0, 1234.5, -0.0, 2.0**60, 9007199254740993.0],
+           "tflops": [0.1, 0.2, float("inf"), 3.0], "loss": [7.25, -0.0, 1e-300]}
+    for name, pool in odd.items():
+        col = log.steps.cols[name]
+        col[:] = type(col)("d", [rnd.choice(pool) for _ in range(len(col))])
     assert "".join(report.StepRowsJSON(log).chunks()) == json.dumps(report.step_rows(log))
 
 
@@ -407,3 +422,50 @@ def test_lazy_block_answers_like_the_bytes(tmp_path):
             short.whole()  # the file is shorter than the block: changed while read
     finally:
         os.close(fd)
+
+
+def test_near_capacity_region_reads_back_one_line_per_rank():
+    """A run near HBM capacity has a match of the high-memory pattern on most lines: the plan
+    hands the engine each other rank's first maximum only (it handed every line, each read back
+    with three regexes: 4x the whole parse, issue 28 item 19), and the result is the reference's."""
+    from trnqwen.logs import bulk
+
+    data = generate(91, ranks=8, steps=300, colour=True, every_rank=True, lr=True, near_capacity=True, oddities=False)
+    start = data.index(b"\n", len(data) // 4) + 1
+    end = data.rindex(b"\n", 0, 3 * len(data) // 4)
+    plan = bulk.plan_region(data, start, end, b"[rank0]:", 1 << 20)
+    assert not plan.fallback and plan.lines > 500
+    ranks = {bytes(raw[: raw.index(b"]") + 1]) for _, raw in plan.memory}
+    assert len(plan.memory) == len(ranks) <= 7 and b"[rank0]" not in ranks
+    assert snapshot(parse_bytes(data, "x"))["rank_high_memory"] == snapshot(reference(data))["rank_high_memory"]
+
+
+def test_benchmark_log_varies_every_column_as_real_runs_do():
+    """benchmarks/inspect_logs.py's real shape: tflops and mfu follow tps, memory drifts (past
+    90%), lr moves; the old log kept rank 0's tflops, mfu and memory constant (issue 28 item 19)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from trnqwen.logs.parse import parse_file
+
+    here = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(here))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_inspect_logs", here / "inspect_logs.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(here))
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "x.log"
+        mod.generate(path, ranks=2, steps=3000)
+        log = parse_file(path)
+    steps = log.step_list()[1:]
+    for name in ("tps", "tflops", "mfu", "memory_gib", "memory_pct", "lr", "loss", "grad_norm"):
+        assert len({s[name] for s in steps}) > 10, name
+    assert max(s["memory_pct"] for s in steps) > 90 > min(s["memory_pct"] for s in steps)
+    assert any(s["tps"] < 1000 for s in steps) and any(s["tps"] >= 1000 for s in steps)  # with and without a comma
+    assert log.rank_high_memory.get(1, {}).get("pct", 0) > 90  # the other rank too

@@ -7,10 +7,12 @@ Flags default to ``None`` = "not given", so lower-precedence sources still apply
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
+# the options that need no RunConfig live in _base_options (a command that needs no config imports it alone)
+from trnqwen.cli._base_options import ConfigFileOpt, JsonOpt, user_paths  # noqa: F401 (re-exported)
 from trnqwen.config import RunConfig
 from trnqwen.constants import BACKENDS, DEVICES
 
@@ -28,16 +30,6 @@ def _default(name: str) -> str:
     return f"[default: {text}]"
 
 
-ConfigFileOpt = Annotated[
-    Optional[Path],
-    typer.Option(
-        "--config-file",
-        "-c",
-        help="Project config file (default: ./trnqwen.toml if present). Env: TRNQWEN_CONFIG_FILE.",
-        show_default=False,
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout instead of tables.")]
 ModelOpt = Annotated[
     Optional[str],
     typer.Option(
@@ -316,16 +308,6 @@ SubmitOpt = Annotated[
     bool,
     typer.Option("--submit", help="k8s launcher: also `kubectl apply -f` the manifest (kubectl on PATH; --dry-run applies nothing)."),
 ]
-
-
-def user_paths(value: Any) -> Any:
-    """typer callback for path arguments outside the config: ``~nosuchuser/x`` is a UsageError now."""
-    from trnqwen.fsutil import expand_user
-
-    for item in value if isinstance(value, list) else [value]:
-        if item is not None and item != "-":
-            expand_user(item)
-    return value
 
 
 # --- your data (trnqwen.dataset; docs/data.md) -------------------------------------------------

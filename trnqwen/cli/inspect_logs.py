@@ -17,7 +17,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from trnqwen.cli._options import ConfigFileOpt, JsonOpt, user_paths
+from trnqwen.cli._base_options import ConfigFileOpt, JsonOpt, user_paths  # not _options: no pydantic for a log path
 
 HELP = "Read a torchtitan training log (file, run dir, stdin; default: the last run) and judge the run."
 EPILOG = (
@@ -31,7 +31,7 @@ def inspect_logs(
     logs: Annotated[
         Optional[list[str]],
         typer.Argument(
-            help="Log files, run directories, or - for stdin. Default: the last run's train.log.",
+            help="Log files (.gz, .bz2, .xz read too), run directories, or - for stdin. Default: the last run's train.log.",
             show_default=False,
             callback=user_paths,
         ),
@@ -61,7 +61,7 @@ def inspect_logs(
         typer.Option("--finetune/--from-scratch", help="Whether the run should have started from pretrained weights. [default: from the run record, or guessed from checkpoint lines]", show_default=False),
     ] = None,
     idle_timeout: Annotated[
-        float, typer.Option("--idle-timeout", min=1.0, help="--follow: give up after this many seconds without new log lines.")
+        float, typer.Option("--idle-timeout", min=1.0, help="--follow: give up after this many seconds without new log lines (a stalled error, exit 1).")
     ] = 600.0,
     config_file: ConfigFileOpt = None,
 ) -> None:
@@ -85,8 +85,8 @@ def inspect_logs(
             if out is not None and inp.path is not None and _same_file(out, inp.path):
                 raise UsageError(f"{out} is the log being read", hint="write --csv/--plot output to another file")
     for flag, out, example in (("--csv", csv_file, "steps.csv"), ("--plot", plot_file, "loss.png")):
-        if out is not None and out.is_dir():  # say so here, not as an error about a temp file inside it
-            raise UsageError(f"{flag} {out} is a folder", hint=f"pass a file name, e.g. {flag} {out / example}")
+        if out is not None:  # before reading the log: say what is wrong with the path, not with a temp file
+            _check_output(flag, out, example)
     if plot_file is not None and plot_file.suffix.lower() not in (".png", ".svg", ".pdf", ".jpg", ".jpeg"):
         raise UsageError(f"--plot {plot_file}: use a .png (or .svg/.pdf/.jpg) file name", hint="e.g. --plot loss.png")
     judge_kw = {"expect_layers": expect_layers, "vocab_size": vocab_size, "finetune": finetune}
@@ -128,17 +128,63 @@ def _run_inspect(inputs, json_out, csv_file, plot_file, strict, judge_kw) -> Non
     _finish(results, strict)
 
 
+def _check_output(flag: str, out: Path, example: str) -> None:
+    """An output path that cannot be a file: a folder, or a path through a file."""
+    from trnqwen.errors import UsageError
+
+    if out.is_dir():
+        raise UsageError(f"{flag} {out} is a folder", hint=f"pass a file name, e.g. {flag} {out / example}")
+    for parent in out.parents:
+        if parent.exists() or parent.is_symlink():
+            if not parent.is_dir():
+                raise UsageError(f"{flag} {out}: {parent} is a file, not a folder", hint=f"write {flag} into a folder")
+            return
+
+
+class _Writing:
+    """Writing ``path`` for ``flag``: an OSError (from the temp file beside it, or the rename)
+    becomes one line about ``path`` itself, never the temp file's name."""
+
+    def __init__(self, flag: str, path: Path):
+        self.flag, self.path = flag, path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        import errno
+
+        from trnqwen.errors import EnvironmentProblem, UsageError
+
+        if exc is None or not isinstance(exc, OSError) or isinstance(exc, BrokenPipeError):
+            return False
+        what = exc.strerror or str(exc)
+        where = f"{self.flag} {self.path}"
+        if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+            raise EnvironmentProblem(f"cannot write {where}: disk full", hint="free space there (df -h) or write elsewhere") from None
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise EnvironmentProblem(f"cannot write {where}: {what}", hint="pick a writable folder") from None
+        if exc.errno == errno.ENAMETOOLONG:
+            raise UsageError(f"cannot write {where}: the file name is too long", hint="use a shorter file name") from None
+        if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+            raise UsageError(f"cannot write {where}: a part of the path is a file, not a folder", hint="check the path") from None
+        raise UsageError(f"cannot write {where}: {what}", hint="check the path") from None
+
+
 def _write_files(result, csv_file, plot_file) -> None:
     from trnqwen import output
     from trnqwen.logs import report
 
     if csv_file is not None:
-        report.write_csv(result.log, csv_file)
+        with _Writing("--csv", csv_file):
+            report.write_csv(result.log, csv_file)
         output.info(f"wrote {csv_file} ({len(result.log.steps)} steps)")
     if plot_file is not None:
-        from trnqwen.logs.plot import write_plot
+        from trnqwen.logs.plot import plot_title, write_plot
 
-        write_plot(result.log, plot_file, evaluations=[result.ctx.evaluation])
+        with _Writing("--plot", plot_file):
+            write_plot(result.log, plot_file, evaluations=[result.ctx.evaluation],
+                       title=plot_title(result.log.source, result.ctx.run_dir))
         output.info(f"wrote {plot_file}")
 
 
@@ -171,12 +217,15 @@ def _run_compare(a_inp, b_inp, json_out, csv_file, plot_file, judge_kw) -> None:
             w.writerow({k: ("" if v is None else v) for k, v in row.items()})
         from trnqwen.fsutil import write_text_atomic
 
-        write_text_atomic(csv_file, buf.getvalue())
+        with _Writing("--csv", csv_file):
+            write_text_atomic(csv_file, buf.getvalue())
         output.info(f"wrote {csv_file}")
     if plot_file is not None:
-        from trnqwen.logs.plot import write_plot
+        from trnqwen.logs.plot import plot_title, write_plot
 
-        write_plot(a.log, plot_file, other=b.log, evaluations=[a.ctx.evaluation, b.ctx.evaluation])
+        title = f"A: {plot_title(a.log.source, a.ctx.run_dir)}  B: {plot_title(b.log.source, b.ctx.run_dir)}"
+        with _Writing("--plot", plot_file):
+            write_plot(a.log, plot_file, other=b.log, evaluations=[a.ctx.evaluation, b.ctx.evaluation], title=title)
         output.info(f"wrote {plot_file}")
     if json_out:
         cmp["a_summary"] = report.summarize(a.log, a.ctx)
@@ -200,12 +249,22 @@ def _run_follow(inp, json_out, csv_file, plot_file, strict, idle_timeout, judge_
         parts.append(f"tps {_f(s.get('tps'), ',')}")
         if s.get("mfu") is not None:
             parts.append(f"mfu {_f(s.get('mfu'), '.2f')}%")
+        else:
+            parts.append("mfu -")  # no peak FLOPS known for the device (CPU): torchtitan's 0.00% says nothing
         if s.get("lr") is not None:
             parts.append(f"lr {_f(s.get('lr'), '.4g')}")
         con.print("  ".join(parts), highlight=False)
 
+    def on_validation(v: dict) -> None:
+        parts = [f"validation after step {v['step']}", f"loss {_f(v.get('loss'), '.5f')}"]
+        if v.get("tps") is not None:
+            parts.append(f"tps {_f(v.get('tps'), ',')}")
+        con.print("  ".join(parts), highlight=False)
+
     output.info(f"following {inp.label} (Ctrl-C to stop)")
-    result = core.follow(inp, on_step=on_step, idle_timeout_s=idle_timeout, **judge_kw)
+    result = core.follow(inp, on_step=on_step, on_validation=on_validation, idle_timeout_s=idle_timeout, **judge_kw)
+    if any(f.code == "stalled" for f in result.findings):
+        output.warn(f"stopped following: no new log line for {idle_timeout:g} s (--idle-timeout)")
     _write_files(result, csv_file, plot_file)
     if json_out:
         report.write_json(report.payload(result.log, result.ctx, result.findings, stream=True))

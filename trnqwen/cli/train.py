@@ -326,7 +326,7 @@ def train(
         if dry_run and not plan.preflight.ok:  # a CI gate built on --dry-run must see the refusal
             _raise_would_not_start(plan.preflight)
         return
-    _print_findings(plan.preflight, quiet_info=json_out, notes=plan.job.notes)
+    _print_findings(plan.preflight, quiet_info=json_out, notes=plan.job.notes, brief=plan.preflight.ok)
     plan.preflight.raise_for_errors()  # before announcing a run (and a log path) that will not exist
     if not json_out:
         resumed = f" resumed from step {point.from_step}" if point is not None else ""
@@ -393,16 +393,21 @@ def _launch_on_scheduler(cfg, *, extra: list, dry_run: bool, submit: bool, json_
         output.info(f"node 0's log:   {info['logs']}")
 
 
-def _print_findings(report, *, quiet_info: bool = False, notes=()) -> None:
+def _print_findings(report, *, quiet_info: bool = False, notes=(), brief: bool = False) -> None:
+    """``brief`` (a run that will start): the memory estimates in one short line each; their
+    breakdown is in ``--dry-run`` and in any warning or error."""
     from trnqwen import output
 
+    short = {"memory": report.memory, "host-memory": report.host_memory} if brief else {}
     for note in notes:
         output.warn(note)
     for f in report.findings:
         if f.severity == "warning":
             output.warn(f.message + (f" ({f.hint})" if f.hint else ""))
         elif f.severity == "info" and not quiet_info:
-            output.info(f"[dim]preflight:[/dim] {f.message}")
+            estimate = short.get(f.check)
+            text = estimate.brief() + " (breakdown: --dry-run)" if estimate is not None else f.message
+            output.info(f"[dim]preflight:[/dim] {text}")
 
 
 def _print_plan(plan, *, json_out: bool, exported: Optional[Path], written: bool = True) -> None:

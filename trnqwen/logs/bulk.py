@@ -158,7 +158,7 @@ def plan_region(buf: bytes, start: int, end: int, prefix: bytes, max_line: int) 
     if int((ends - starts).max()) > max_line:  # overlong lines: truncated one by one
         return RegionPlan(n, [], [], None, True)
     piece = buf.__getitem__
-    memory = _high_memory_lines(buf, start, end, starts, ends)
+    memory = _high_memory_lines(buf, start, end, starts, ends, steplike, primary, prefix)
     single = (~steplike).nonzero()[0].tolist()
     raws = list(map(piece, map(slice, (starts[single] + start).tolist(), (ends[single] + start).tolist())))
     if any(map(bytes.__contains__, raws, repeat(_TB_START))):  # a crash: every line in order
@@ -183,23 +183,87 @@ def plan_region(buf: bytes, start: int, end: int, prefix: bytes, max_line: int) 
     return RegionPlan(n, single, raws, cols[:4], memory=memory)
 
 
-def _high_memory_lines(buf, start: int, end: int, starts, ends) -> list:
-    """(region line index, line) of each match of B_MEM_HIGH in ``buf[start:end]``, in order
-    (a line once)."""
+def _high_memory_lines(buf, start: int, end: int, starts, ends, steplike=None, primary=None, prefix: bytes = b"") -> list:
+    """(region line index, line) of the lines that matter among those where B_MEM_HIGH matches in
+    ``buf[start:end]``, in order.  With ``steplike``/``primary`` (:func:`line_table`'s), only
+    other ranks' step lines are kept (the primary rank's memory comes from its columns; other
+    lines are not read for memory), and of those only the first line with the highest percentage
+    per line head (the rank prefix: the line's first 16 bytes), since ``note_memory`` keeps each
+    rank's first maximum.  A run near capacity has a match on most lines: reading each one back
+    with three regexes cost four times the whole parse."""
     import numpy as np
 
     # every match begins "GiB(" then "9" or "1": its "(" (numpy) is where to try the regex;
-    # matches cannot overlap, so these are finditer's matches
+    # matches cannot overlap, so these are finditer's matches (numpy's scan is faster than a
+    # substring search here: "GiB(" is on every line)
     arr = np.frombuffer(buf, np.uint8, count=end - start, offset=start)
+    size = len(arr)
     at = np.flatnonzero(arr[3:-1] == 40) + 3
     after = arr[at + 1]
     at = at[(after == 57) | (after == 49)] - 3
-    match = B_MEM_HIGH.match
-    hits = [p for p in at.tolist() if match(buf, start + p, end)]
-    if not hits:
+    if not len(at):
         return []
-    rows = sorted(set((np.searchsorted(starts, hits, "right") - 1).tolist()))
-    return [(i, buf[int(starts[i]) + start: int(ends[i]) + start]) for i in rows]
+    # torchtitan's own form, "GiB(9d.dd%)", checked and read as two unaligned words per match
+    # (d.dd / 100 is float()'s value: an exact integer over a power of ten, correctly rounded)
+    fits = at[at + 16 <= size]
+    word = _words(buf, start, size)
+    w0, w1 = word[fits], word[fits + 8]
+    d5, d7, d8 = (w0 >> 40) & 0xFF, w0 >> 56, w1 & 0xFF
+    fixed = (((w0 & 0x00FF00FFFFFFFFFF) == _GIB9) & ((w1 & 0xFFFF00) == _PCT_CLOSE)
+             & (d5 - 48 < 10) & (d7 - 48 < 10) & (d8 - 48 < 10))  # (unsigned: below "0" wraps)
+    hits = [fits[fixed]]
+    values = [(9000 + (d5[fixed] - 48).astype(np.int64) * 100 + (d7[fixed] - 48) * 10 + (d8[fixed] - 48)) / 100.0]
+    match = B_MEM_HIGH.match
+    rest = np.ones(len(at), bool)
+    rest[np.searchsorted(at, hits[0])] = False
+    found = [(p, m.group()) for p in at[rest].tolist() if (m := match(buf, start + p, end)) is not None]
+    if found:
+        hits.append(np.array([p for p, _ in found], np.int64))
+        values.append(np.array([float(text[4:-2]) for _, text in found]))
+    hits, values = np.concatenate(hits), np.concatenate(values)
+    if not len(hits):
+        return []
+    if found:
+        order = np.argsort(hits, kind="stable")
+        hits, values = hits[order], values[order]
+    rows = np.searchsorted(starts, hits, "right") - 1
+    once = np.ones(len(rows), bool)  # a line once, with its first match
+    once[1:] = rows[1:] != rows[:-1]
+    rows, values = rows[once], values[once]
+    line = buf.__getitem__
+    if steplike is None:
+        return [(i, line(slice(int(starts[i]) + start, int(ends[i]) + start))) for i in rows.tolist()]
+    keep = steplike[rows] & ~primary[rows] & (ends[rows] - starts[rows] >= 16)
+    rows, values = rows[keep], values[keep]
+    if not len(rows):
+        return []
+    k0, k1 = word[starts[rows]], word[starts[rows] + 8]  # the line head as two numbers
+    order = np.lexsort((rows, -values, k1, k0))  # by head, highest first, then first line
+    k0, k1 = k0[order], k1[order]
+    first = np.ones(len(order), bool)
+    first[1:] = (k0[1:] != k0[:-1]) | (k1[1:] != k1[:-1])
+    group = np.cumsum(first) - 1
+    kept: list = []
+    for g, o in zip(np.flatnonzero(first).tolist(), order[first].tolist()):
+        i = int(rows[o])
+        note = other_rank_memory(line(slice(int(starts[i]) + start, int(ends[i]) + start)), prefix)
+        if note is not None and note[3] == values[o]:
+            kept.append(i)
+        else:  # read_other_ranks would not take the group's maximum as it is: every line of the group
+            kept += rows[order[group == group[g]]].tolist()
+    return [(i, line(slice(int(starts[i]) + start, int(ends[i]) + start))) for i in sorted(set(kept))]
+
+
+_GIB9 = int.from_bytes(b"GiB(9\x00.\x00", "little")
+_PCT_CLOSE = int.from_bytes(b"\x00%)", "little")
+
+
+def _words(buf, start: int, size: int):
+    """Every 8 bytes of ``buf[start:start + size]`` as a little-endian uint64, one per byte
+    offset (an unaligned, overlapping view: ``word[i]`` holds bytes i..i+7; no copy)."""
+    import numpy as np
+
+    return np.ndarray((max(0, size - 7),), dtype="<u8", buffer=buf, offset=start, strides=(1,))
 
 
 def primary_columns(bodies: list, lines: list, prefix: bytes) -> Optional[tuple]:
@@ -381,16 +445,21 @@ def read_other_ranks(parser: RankNotes, buf: bytes, start: int, end: int, base: 
             stop_at = hit
     # Memory above the threshold on any rank (the lines found by plan_region).
     for i, raw in memory:
-        if not is_other_step(raw, prefix) or b"validate step:" in raw:
-            continue
-        pm = B_PREFIX_RE.match(raw)
-        sm = B_STEP.search(raw)
-        mm = B_MEM.search(raw)
-        if pm and sm and mm:
-            parser.note_memory(
-                int(pm.group(2)), int(sm.group(1)), to_number(mm.group(1).decode()),
-                to_number(mm.group(2).decode()), base + i,
-            )
+        note = other_rank_memory(raw, prefix)
+        if note is not None:
+            parser.note_memory(*note, base + i)
+
+
+def other_rank_memory(raw: bytes, prefix: bytes) -> Optional[tuple]:
+    """(rank, step, GiB, percent) of a step line of a rank other than ``prefix``'s, or None."""
+    if not is_other_step(raw, prefix) or _VALIDATE in raw:
+        return None
+    pm = B_PREFIX_RE.match(raw)
+    sm = B_STEP.search(raw)
+    mm = B_MEM.search(raw)
+    if not (pm and sm and mm):
+        return None
+    return int(pm.group(2)), int(sm.group(1)), to_number(mm.group(1).decode()), to_number(mm.group(2).decode())
 
 
 def _step_rank(parser: RankNotes, raw: bytes, lineno: int, found: set) -> Optional[int]:

@@ -16,6 +16,7 @@ from trnqwen.logs.identity import with_identity
 from trnqwen.logs.judge import Finding, judge
 from trnqwen.logs.parallel import read_file
 from trnqwen.logs.engine import CHUNK_SIZE, MAX_LINE, LogParser
+from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.sources import LogInput, RunContext, fill_from_tensorboard, run_context
 
@@ -44,11 +45,55 @@ def read_stream(stream: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, m
     return parser.close()
 
 
-def read_log(inp: LogInput, *, stdin: Optional[BinaryIO] = None, chunk_size: int = CHUNK_SIZE) -> ParsedLog:
-    """Parse the whole log (read-only, binary, bounded memory) and refuse what is not a log."""
+# compressed logs: magic bytes -> (name, opener); zstd has no reader in the standard library
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
+_ZSTD = b"\x28\xb5\x2f\xfd"
+
+
+def _compression(head: bytes) -> Optional[str]:
+    for magic, name in _COMPRESSED.items():
+        if head.startswith(magic):
+            return name
+    if head.startswith(_ZSTD):
+        raise UsageError("the log is zstd-compressed, which trnqwen cannot read", hint="decompress it first: zstd -d FILE.zst")
+    return None
+
+
+def _decompressing(raw: BinaryIO, kind: str) -> BinaryIO:
+    import bz2
+    import gzip
+    import lzma
+
+    return {"gzip": lambda: gzip.GzipFile(fileobj=raw), "bzip2": lambda: bz2.BZ2File(raw),
+            "xz": lambda: lzma.LZMAFile(raw)}[kind]()
+
+
+def _read_compressed(raw: BinaryIO, kind: str, label: str, chunk_size: int) -> ParsedLog:
+    """A gzip/bzip2/xz log, decompressed as it is read (bounded memory, one process)."""
+    import lzma
+    import zlib
+
+    try:
+        return read_stream(_decompressing(raw, kind), label, chunk_size=chunk_size)
+    except EOFError:
+        raise UsageError(f"{label} is a cut-off {kind} file (it ends before its end-of-stream marker)",
+                         hint="copy the whole file again, or pass the uncompressed log") from None
+    except (zlib.error, lzma.LZMAError, ValueError) as exc:
+        raise UsageError(f"{label} is not valid {kind} data: {exc}", hint="pass the log itself, or a complete .gz/.bz2/.xz of it") from None
+    except CheckFailed as exc:  # gzip.BadGzipFile and friends are OSErrors: corrupt data, not a read failure
+        raise UsageError(f"{label} is not valid {kind} data: {exc.message.split(': ', 1)[-1]}",
+                         hint="pass the log itself, or a complete .gz/.bz2/.xz of it") from None
+
+
+def read_log(inp: LogInput, *, stdin: Optional[BinaryIO] = None, chunk_size: int = CHUNK_SIZE, live: bool = False) -> ParsedLog:
+    """Parse the whole log (read-only, binary, bounded memory; gzip, bzip2 and xz decompressed)
+    and refuse what is not a log (``live``: the run is still starting, an empty log is fine)."""
+    if live and inp.path is not None and not inp.path.exists():  # a starting run has no train.log yet
+        return ParsedLog(source=inp.label)
     if inp.is_stdin:
         stream = stdin if stdin is not None else sys.stdin.buffer
-        log = read_stream(stream, inp.label, chunk_size=chunk_size)
+        kind = _compression(stream.peek(6)[:6]) if hasattr(stream, "peek") else None
+        log = _read_compressed(stream, kind, inp.label, chunk_size) if kind else read_stream(stream, inp.label, chunk_size=chunk_size)
     else:
         try:
             fh = open(inp.path, "rb")
@@ -58,32 +103,45 @@ def read_log(inp: LogInput, *, stdin: Optional[BinaryIO] = None, chunk_size: int
             raise UsageError(f"cannot open {inp.label}: {exc.strerror or exc}", hint="check the path and its permissions") from None
         with fh:
             try:
-                log = read_file(fh, inp.label, chunk_size=chunk_size)  # big files: on every core
+                kind = _compression(fh.peek(6)[:6])
+                if kind:
+                    log = _read_compressed(fh, kind, inp.label, chunk_size)
+                else:
+                    log = read_file(fh, inp.label, chunk_size=chunk_size)  # big files: on every core
             except OSError as exc:
                 raise CheckFailed(f"could not read {inp.label}: {exc.strerror or exc}", hint="check the file and try again") from None
-    check_readable(log)
+    check_readable(log, live=live)
     return log
 
 
-def check_readable(log: ParsedLog) -> None:
-    """Clear messages for an empty, binary or foreign file."""
+def check_readable(log: ParsedLog, *, live: bool = False) -> None:
+    """Clear messages (usage errors: the input is not a log) for an empty, binary or foreign
+    file; ``live`` (run.json says the run is starting or running): empty or not yet recognizable
+    is fine, the judge says it is starting."""
     if log.bytes_read == 0:
-        raise CheckFailed(f"{log.source} is empty", hint="the run may not have started yet; check the path or use --follow")
+        if live:
+            return
+        raise UsageError(f"{log.source} is empty", hint="the run may not have started yet; check the path or use --follow")
     if log.looks_binary:
-        raise CheckFailed(
+        raise UsageError(
             f"{log.source} does not look like a text log ({log.nul_bytes} NUL bytes, {log.invalid_utf8_lines} non-UTF-8 line(s))",
-            hint="pass the training log (train.log or torchrun's output), not a binary file",
+            hint="pass the training log (train.log or torchrun's output; .gz, .bz2 and .xz are read too), not a binary file",
         )
-    if log.recognized_lines == 0:
-        raise CheckFailed(
+    if log.recognized_lines == 0 and not live:
+        raise UsageError(
             f"{log.source} has no torchtitan or torchrun log lines ({log.lines} line(s) read)",
             hint="pass the output of a torchtitan run (e.g. <run dir>/train.log)",
         )
 
 
+def _live(inp: Optional[LogInput]) -> bool:
+    rec = inp.record if inp is not None else None
+    return rec is not None and rec.status in ("created", "running") and rec.ended_at is None
+
+
 def inspect_input(inp: LogInput, *, expect_layers: Optional[int] = None, vocab_size: Optional[int] = None,
                   finetune: Optional[bool] = None, stdin: Optional[BinaryIO] = None) -> Inspection:
-    log = read_log(inp, stdin=stdin)
+    log = read_log(inp, stdin=stdin, live=_live(inp))
     return judge_log(log, inp, expect_layers=expect_layers, vocab_size=vocab_size, finetune=finetune)
 
 
@@ -116,34 +174,43 @@ def _record_ended(inp: LogInput) -> bool:
 
 def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.5, idle_timeout_s: float = 600.0,
            sleep: Callable[[float], None] = time.sleep, chunk_size: int = 1 << 20,
-           **judge_kw) -> Inspection:
-    """Watch a growing log: report each new step through ``on_step``; stop when the run record
-    says the run ended, when a log without a record shows the run finished or failed, after
-    ``idle_timeout_s`` with no new bytes, or on Ctrl-C (KeyboardInterrupt returns what was read).
+           on_validation: Optional[Callable[[dict], None]] = None, **judge_kw) -> Inspection:
+    """Watch a growing log: report each new step through ``on_step`` and each validation through
+    ``on_validation`` (a step's ``mfu`` is None when torchtitan knew no peak for the device);
+    stop when the run record says the run ended, when a log without a record shows the run
+    finished or failed, after ``idle_timeout_s`` with no new bytes (then the result has a
+    ``stalled`` error finding), or on Ctrl-C (KeyboardInterrupt returns what was read).
     Memory stays bounded: the parser keeps per-step records, not lines."""
+    emitter = _Emitter(on_step, on_validation)
     if inp.is_stdin:
         parser = LogParser(inp.label)
         stream = sys.stdin.buffer
-        printed = 0
         try:
             while True:
                 block = stream.read1(chunk_size) if hasattr(stream, "read1") else stream.read(chunk_size)
                 if not block:
                     break
                 parser.feed(block)
-                printed = _emit(parser.current_steps(), printed, on_step)
+                emitter.emit(parser.log, parser.current_steps())
         except KeyboardInterrupt:
             pass
         log = parser.close()
-        _emit(log.steps, printed, on_step)
+        emitter.emit(log, log.steps)
         check_readable(log)
         return judge_log(log, inp, **judge_kw)
 
     path = inp.path
+    try:
+        with open(path, "rb") as probe:
+            kind = _compression(probe.read(6))
+    except OSError:
+        kind = None
+    if kind:
+        raise UsageError(f"{inp.label} is {kind}-compressed: a compressed log does not grow", hint="drop --follow to read it")
     parser = LogParser(inp.label)
-    printed = 0
     pos = 0
     idle_since = time.monotonic()
+    stalled: Optional[float] = None
     fh = None
     try:
         while True:
@@ -157,7 +224,7 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
                     size = pos
                 if size < pos:  # truncated or replaced: start over
                     parser = LogParser(inp.label)
-                    printed = 0
+                    emitter = _Emitter(on_step, on_validation)
                     pos = 0
                     fh.seek(0)
                 while True:
@@ -167,7 +234,7 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
                     pos += len(block)
                     parser.feed(block)
                     grew = True
-                printed = _emit(parser.current_steps(), printed, on_step)
+                emitter.emit(parser.log, parser.current_steps())
             now = time.monotonic()
             if grew:
                 idle_since = now
@@ -181,6 +248,7 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
                         parser.feed(block)
                 break
             if now - idle_since > idle_timeout_s:
+                stalled = now - idle_since
                 break
             sleep(poll_s)
     except KeyboardInterrupt:
@@ -189,23 +257,49 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
         if fh is not None:
             fh.close()
     log = parser.close()
-    _emit(log.steps, printed, on_step)
-    if log.bytes_read == 0:
+    emitter.emit(log, log.steps)
+    if log.bytes_read == 0 and stalled is None:
         raise CheckFailed(f"{inp.label} stayed empty", hint="is the run writing to this file?")
-    return judge_log(log, inp, **judge_kw)
+    result = judge_log(log, inp, **judge_kw) if log.bytes_read else Inspection(log, run_context(inp), [])
+    if stalled is not None:
+        last = max(log.steps) if log.steps else None
+        where = f"after step {last}" if last is not None else "before any step"
+        result.findings.insert(0, Finding(
+            "error", "stalled",
+            f"no new log line for {stalled:.0f} s (--idle-timeout {idle_timeout_s:g}) {where}, and the run had not ended: "
+            "stopped following. Is it hung? (check its processes; a long silent phase such as Neuron compilation "
+            "needs a larger --idle-timeout)", [log.lines] if log.lines else []))
+    return result
+
+
+class _Emitter:
+    """Calls ``on_step`` for steps above the last one reported, ``on_validation`` for new
+    validation results, in order."""
+
+    def __init__(self, on_step: Callable[[dict], None], on_validation: Optional[Callable[[dict], None]]):
+        self.on_step, self.on_validation = on_step, on_validation
+        self.printed = 0
+        self.validations = 0
+
+    def emit(self, log: ParsedLog, steps) -> None:
+        vals = log.validations
+        pending = vals[self.validations:] if self.on_validation is not None else []
+        self.validations = len(vals)
+        no_mfu = no_peak_flops(log) is not None
+        top = max(steps) if steps else self.printed
+        new = sorted(s for s in steps if s > self.printed) if top > self.printed else []
+        # in step order: a validation after step N is reported after step N's line
+        k = 0
+        for step in new:
+            while k < len(pending) and pending[k]["step"] < step:
+                self.on_validation(pending[k])
+                k += 1
+            rec = steps[step]
+            self.on_step(dict(rec, mfu=None) if no_mfu else rec)
+        for v in pending[k:]:
+            self.on_validation(v)
+        self.printed = max(self.printed, top)
 
 
 def _log_says_ended(log: ParsedLog) -> bool:
     return bool(log.completed_line or log.torchrun_failure.get("summary_line"))
-
-
-def _emit(steps: dict, printed: int, on_step: Callable[[dict], None]) -> int:
-    """Call ``on_step`` for steps above ``printed``; returns the new high-water mark."""
-    if not steps:
-        return printed
-    top = max(steps)
-    if top <= printed:
-        return printed
-    for step in sorted(s for s in steps if s > printed):
-        on_step(steps[step])
-    return top

@@ -14,7 +14,6 @@ kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
 from __future__ import annotations
 
 import re
-from itertools import compress
 from typing import Callable, Optional
 
 from trnqwen.logs import bulk
@@ -404,10 +403,14 @@ class LogParser:
         self.note_rank_step(rank, steps[-1], lines[-1])
         pct = values["memory_pct"]
         if any_at_least(pct, HIGH_MEMORY_PCT):
+            import numpy as np
+
+            # note_memory keeps the first maximum: only this batch's first maximum can count
+            col = np.frombuffer(pct, np.float64)
+            high = np.flatnonzero(col >= HIGH_MEMORY_PCT)
+            i = int(high[int(np.argmax(col[high]))])
             gib = values["memory_gib"]
-            gone = set(missing.get("memory_gib", ()))
-            for i in compress(range(len(pct)), map(HIGH_MEMORY_PCT.__le__, pct)):
-                self.note_memory(rank, steps[i], None if i in gone else gib[i], pct[i], lines[i])
+            self.note_memory(rank, steps[i], None if i in set(missing.get("memory_gib", ())) else gib[i], pct[i], lines[i])
         log.steps.extend(steps, lines, values, missing)
 
     def _decide_primary(self) -> None:

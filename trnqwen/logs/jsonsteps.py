@@ -107,6 +107,30 @@ class StepRowsJSON:
             yield self._batch(lo, min(n, lo + self.BATCH), slow)
         yield "]"
 
+    @staticmethod
+    def _texts(col, name: str) -> list:
+        """The JSON text of each value of ``col`` (NaN rows are rewritten by the caller).  A
+        column whose values repeat (memory, tps, tflops, mfu, grad norm: a sample of 256 says)
+        formats each distinct bit pattern once and takes the texts by index (numpy's unique on
+        the bits, so -0.0 keeps its own text); a column of distinct values (loss, lr) formats each."""
+        import numpy as np
+
+        values = np.frombuffer(col, np.float64)
+        if len(set(col[:256])) == min(256, len(col)):
+            uniq, inverse = values, None
+        else:
+            bits, inverse = np.unique(values.view(np.int64), return_inverse=True)
+            uniq = bits.view(np.float64)
+        if name == "tps" and bool(((np.abs(uniq) < 2.0**53) & (np.trunc(uniq) == uniq)).all()):  # whole: int texts
+            texts = list(map(int.__repr__, uniq.astype(np.int64).tolist()))
+        elif name == "tps":
+            texts = list(map(_json_number, uniq.tolist(), repeat(name)))
+        else:
+            texts = list(map(float.__repr__, uniq.tolist()))
+        if inverse is None:
+            return texts
+        return np.array(texts, dtype=object)[inverse.reshape(-1)].tolist()
+
     def _batch(self, lo: int, hi: int, slow: set) -> str:
         import json
 
@@ -120,19 +144,12 @@ class StepRowsJSON:
         for key, name in zip(self._KEYS[1:], self.fields[1:]):
             col = self.cols[name][lo:hi]
             first = col[0]
-            if (np.frombuffer(col, np.float64) == first).all():  # one value (False for NaN)
+            bits = np.frombuffer(col, np.int64)
+            if (bits == bits[0]).all():  # one value, bit for bit (0.0 and -0.0 print differently)
                 layout.append(key + _json_number(first, name))
                 continue
             layout.append(key)
-            # a sample says whether the column repeats (loss does not: skip the set)
-            distinct = set(col) if len(set(col[:256])) * 4 < min(256, len(col)) else ()
-            if distinct and len(distinct) * 4 < len(col):  # memory, tps, tflops, mfu repeat: format each value once
-                text = {v: _json_number(v, name) for v in distinct}
-                layout.append(list(map(text.get, col)))  # NaN rows (no match: None) are rewritten below
-            elif name == "tps":
-                layout.append(list(map(_json_number, col, repeat(name))))
-            else:
-                layout.append(list(map(float.__repr__, col)))
+            layout.append(self._texts(col, name))
         layout += [self._KEYS[-1], list(map(int.__repr__, t.line[lo:hi]))]
         merged: list = []
         for item in layout:

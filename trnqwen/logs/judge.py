@@ -16,6 +16,7 @@ from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
 from trnqwen.logs.identity import with_identity
 from trnqwen.logs.dpo import check_dpo, is_dpo
 from trnqwen.logs.lora import check_lora
+from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.sources import RunContext
 
 SEVERITIES = ("error", "warning", "info")
@@ -111,16 +112,52 @@ def _check_input(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         out.append(Finding("warning", "preempted",
                            f"preempted by {p['signal']} at step {p['step']}: a resumable checkpoint was saved; "
                            "continue with `trnqwen train --resume`", [p["line"]]))
-    if log.restarts:
+    restarts = unexplained_restarts(log)
+    if restarts:
         out.append(Finding("warning", "restarted",
-                           f"the step counter went back {len(log.restarts)} time(s): the run restarted or resumed; the latest value of each step is kept",
-                           log.restarts[:10]))
+                           f"the step counter went back {len(restarts)} time(s): the run restarted or resumed; the latest value of each step is kept",
+                           restarts[:10]))
     return out
+
+
+def unexplained_restarts(log: ParsedLog) -> list[int]:
+    """The lines where the step counter went back, less those a ``trnqwen train --resume`` explains:
+    the first step line after a resume line, going back to just after the step it resumed from
+    (the stopped attempt had logged steps past its last checkpoint; they ran again)."""
+    if not log.restarts or not log.resumes:
+        return list(log.restarts)
+    lines, steps = log.steps.np("line"), log.steps.np("step")
+    marks = sorted((r["line"], r["from_step"]) for r in log.resumes)
+    out = []
+    for at in log.restarts:
+        before = [m for m in marks if m[0] < at]
+        if before:
+            resume_line, from_step = before[-1]
+            between = (lines > resume_line) & (lines < at)
+            here = steps[lines == at]
+            if not between.any() and here.size and int(here[0]) > from_step:
+                continue  # the resumed run's first step
+        out.append(at)
+    return out
+
+
+def on_cpu(log: ParsedLog) -> bool:
+    """torchtitan said it has no peak FLOPS for a CPU: the run trained on the host's cores."""
+    return (no_peak_flops(log) or "").upper().startswith("CPU")
+
+
+def run_is_live(ctx: RunContext) -> bool:
+    """run.json says the run has not ended (being set up, or running)."""
+    return ctx.record is not None and ctx.record.status in ("running", "created") and not ctx.ended
 
 
 def _check_steps_present(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     if log.steps:
         return []
+    if run_is_live(ctx):  # still starting (ranks loading, compiling): nothing is wrong yet
+        what = "no log line yet" if not log.bytes_read else "no step logged yet"
+        return [Finding("info", "starting", f"the run is still starting ({what}; run.json: {ctx.record.status}): "
+                        "watch it with `trnqwen inspect-logs --follow`")]
     return [Finding("error", "no-steps", "no training step was logged (no `step: N  loss: ...` line)")]
 
 
@@ -452,10 +489,12 @@ def _check_throughput(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         rest = statistics.median(tps[k + 2:k + 52].tolist())  # it stays down (not a one-step hiccup)
         if rest < THROUGHPUT_DROP_RATIO * b:
             i = int(rows[k + 2])
-            return [Finding("warning", "throughput-collapse",
-                            f"throughput fell to {t.value('tps', i):,} tps at step {t.step[i]} from about {b:,.0f} tps "
-                            f"and stayed below {THROUGHPUT_DROP_RATIO:.0%} of it (step 1 excluded: it includes compilation)",
-                            [t.line[i] or None])]
+            text = (f"throughput fell to {t.value('tps', i):,} tps at step {t.step[i]} from about {b:,.0f} tps "
+                    f"and stayed below {THROUGHPUT_DROP_RATIO:.0%} of it (step 1 excluded: it includes compilation)")
+            if on_cpu(log):  # the cores are the host's: other processes (a cold start's) take them
+                return [Finding("info", "throughput-collapse", text + "; on CPU throughput follows the host's load",
+                                [t.line[i] or None])]
+            return [Finding("warning", "throughput-collapse", text, [t.line[i] or None])]
     return []
 
 
@@ -549,7 +588,7 @@ def _check_stopped_early(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         out.append(Finding("warning", "ran-out-of-data", f"the data ran out at step {last}: training stopped early",
                            [log.ran_out_of_data_line]))
     if target and last < target:
-        live = ctx.record is not None and ctx.record.status in ("running", "created") and not ctx.ended
+        live = run_is_live(ctx)
         last_resume = log.resumes[-1]["line"] if log.resumes else 0
         preempted = [p for p in log.preempted if p["line"] > last_resume]
         if live:

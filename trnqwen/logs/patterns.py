@@ -205,6 +205,10 @@ def _peak_flops(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.trainer.setdefault("peak_flops", to_number(m.group(1)))
 
 
+def _compiled(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    log.compiled_line = log.compiled_line or at.lineno
+
+
 def _launcher_world(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.world_size_hints.setdefault("launcher", int(m.group(1)))
 
@@ -226,6 +230,21 @@ def _lora(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
 
     log.lora[at.rank if at.rank is not None else line_rank(m.string)] = record_of(m, at.lineno)
 
+
+# torchtitan's get_peak_flops on a device it has no table entry for (a WARNING line, kept in
+# ParsedLog.warnings): its MFU is then against an A100's peak (no_peak_flops below)
+NO_PEAK_FLOPS_RE = re.compile(r"Peak flops undefined for: (.+?), fallback to")
+
+
+def no_peak_flops(log: "ParsedLog") -> Optional[str]:
+    """The device torchtitan knew no peak FLOPS for (``Peak flops undefined for: CPU (x86_64),
+    fallback to A100``): its MFU is then against another device's peak and means nothing (0.00%
+    on CPU).  None when the log does not say so."""
+    for entry in log.warnings.values():
+        m = NO_PEAK_FLOPS_RE.search(entry["text"])
+        if m is not None:
+            return m.group(1)
+    return None
 
 _CKPT = ("checkpoint", "safetensors")
 # model args / HF config printed in the log: "vocab_size=151936", "'vocab_size': 151936", "n_layers=36"
@@ -259,6 +278,9 @@ INFO_LINES: tuple[LinePattern, ...] = (
     LinePattern("torchtitan-version", re.compile(r"torchtitan version: (?P<version>\S+)"), _version),
     LinePattern("start-step", re.compile(r"Training starts at step (\d+)"), _starts),
     LinePattern("completed", re.compile(r"Training completed"), _completed),
+    # torchtitan's torch.compile lines (distributed/compile.py, components/loss.py), the Neuron compiler's
+    LinePattern("compiled", re.compile(r"with torch\.compile|Compiler status PASS|neuronx-cc compil"), _compiled,
+                ("torch.compile", "Compiler status", "neuronx-cc")),
     LinePattern("peak-flops", re.compile(r"Peak FLOPS used for computing MFU: (\S+)"), _peak_flops),
     LinePattern("override-calls", CALLS_RE, _override_calls, (CALLS_TAG,)),
     LinePattern("lora", LORA_RE, _lora, (LORA_TAG,)),

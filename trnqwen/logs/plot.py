@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from trnqwen.fsutil import current_umask
+from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 
 
@@ -49,10 +50,28 @@ def _series(log: ParsedLog, key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
+def plot_title(source: str, run_dir: Optional[Path] = None) -> str:
+    """What names a run on a plot: its run directory's name, else the log's file name (not the
+    whole path, which can be longer than the figure is wide)."""
+    if run_dir is not None:
+        return Path(run_dir).name
+    return Path(source).name or source
+
+
 def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None, title: Optional[str] = None,
                evaluations: Optional[list[dict]] = None) -> None:
-    """Three stacked panels sharing the step axis; step 1 (compilation) is marked on the
-    throughput panel.  With ``other``, both runs are drawn (A solid, B dashed)."""
+    """Three stacked panels sharing the step axis (four with the learning rate, one more for a DPO
+    run's rewards/margin/accuracy), written atomically."""
+    save_figure_atomic(build_figure(log, other=other, title=title, evaluations=evaluations), Path(path))
+
+
+def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Optional[str] = None,
+                 evaluations: Optional[list[dict]] = None):
+    """The figure of :func:`write_plot`.  Step 1 is marked on the throughput panel when the log
+    says something was compiled (then it includes the compilation); a preemption and each resume
+    are marked on every panel; MFU is left out when torchtitan knew no peak for the device (CPU).
+    With ``other``, both runs are drawn (A solid, B dashed).  Legends sit outside the panels, so
+    that no data point is hidden under one."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -64,14 +83,15 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
         runs.append(("B", other, "--"))
     with_lr = any(_series(run, "lr")[0] for _, run, _ in runs)
     with_dpo = any(run.dpo_steps for _, run, _ in runs)
-    panels = 3 + with_lr + with_dpo
-    fig, axes = plt.subplots(panels, 1, figsize=(9, 3 + 2 * panels), sharex=True, constrained_layout=True)
+    n_panels = 3 + with_lr + with_dpo
+    fig, axes = plt.subplots(n_panels, 1, figsize=(11, 3 + 2 * n_panels), sharex=True, constrained_layout=True)
     ax_loss, ax_grad, ax_tps = axes[:3]
     ax_lr = axes[3] if with_lr else None
     ax_dpo = axes[-1] if with_dpo else None
     if ax_dpo is not None:
         ax_dpo.acc = ax_dpo.twinx()
-    ax_mfu = ax_tps.twinx()
+    with_mfu = any(no_peak_flops(run) is None and _series(run, "mfu")[0] for _, run, _ in runs)
+    ax_mfu = ax_tps.twinx() if with_mfu else None
     for label, run, style in runs:
         suffix = f" ({label})" if label else ""
         x, y = _series(run, "loss")
@@ -85,7 +105,7 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
         x, y = _series(run, "tps")
         ax_tps.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color="tab:purple", label=f"tokens/s/device{suffix}")
         x, y = _series(run, "mfu")
-        if x:
+        if ax_mfu is not None and x and no_peak_flops(run) is None:
             ax_mfu.plot(x, y, style, color="tab:red", alpha=0.7, label=f"MFU %{suffix}")
         x, y = _series(run, "lr")
         if ax_lr is not None and x:
@@ -106,39 +126,55 @@ def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None,
         ax_loss.axvline(st, color="red", alpha=0.3, lw=1)
     if bad:
         ax_loss.plot([], [], color="red", alpha=0.5, label="NaN/Inf loss")
-    if any(s["step"] == 1 for s in log.step_list()):
+    panels = [ax_loss, ax_grad, ax_tps, *(a for a in (ax_lr, ax_dpo) if a is not None)]
+    _mark_interruptions(log, panels)
+    if log.compiled_line is not None and 1 in log.steps:
         ax_tps.axvspan(0.5, 1.5, color="grey", alpha=0.15, label="step 1 (compilation)")
     ax_loss.set_ylabel("loss")
     ax_grad.set_ylabel("grad norm")
     ax_tps.set_ylabel("tokens / s / device")
-    ax_mfu.set_ylabel("MFU (%)")
-    if ax_mfu.lines:
+    if ax_mfu is not None:
+        ax_mfu.set_ylabel("MFU (%)")
         ax_mfu.set_ylim(bottom=0)  # an honest scale: a 0.1-point wobble should look like one
     bottom = axes[-1]
     bottom.set_xlabel("step")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     if ax_lr is not None:
         ax_lr.set_ylabel("learning rate")
-        ax_lr.legend(loc="upper right", fontsize=8)
     if ax_dpo is not None:
         ax_dpo.set_ylabel("DPO rewards / margin")
         ax_dpo.acc.set_ylabel("DPO accuracy")
         ax_dpo.acc.set_ylim(-0.05, 1.05)
         ax_dpo.axhline(0.0, color="grey", lw=0.8, alpha=0.5)
-        h1, l1 = ax_dpo.get_legend_handles_labels()
-        h2, l2 = ax_dpo.acc.get_legend_handles_labels()
-        ax_dpo.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=8)
-    for ax in (ax_loss, ax_grad, ax_tps, *(a for a in (ax_lr, ax_dpo) if a is not None)):
+    for ax in panels:
         ax.grid(True, alpha=0.3)
-    ax_loss.legend(loc="upper right", fontsize=8)
-    ax_grad.legend(loc="upper right", fontsize=8)
-    handles, labels = ax_tps.get_legend_handles_labels()
-    h2, l2 = ax_mfu.get_legend_handles_labels()
-    ax_tps.legend(handles + h2, labels + l2, loc="lower right", fontsize=8)
-    name = title or (log.source if other is None else f"A: {log.source}\nB: {other.source}")
-    fig.suptitle(name if len(name) < 120 else "..." + name[-117:], fontsize=10)
-    path = Path(path)
-    save_figure_atomic(fig, path)
+    for ax in panels:
+        handles, labels = ax.get_legend_handles_labels()
+        twin = ax_mfu if ax is ax_tps else ax_dpo.acc if ax is ax_dpo else None
+        if twin is not None:
+            h2, l2 = twin.get_legend_handles_labels()
+            handles, labels = handles + h2, labels + l2
+        if not handles:
+            continue
+        # outside the panel, on its right: never over a data point (the last throughput points were)
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.08 if twin is not None else 1.01, 1),
+                  fontsize=8, borderaxespad=0)
+    if title is None:
+        title = plot_title(log.source) if other is None else f"A: {plot_title(log.source)}  B: {plot_title(other.source)}"
+    fig.suptitle(title if len(title) < 120 else "..." + title[-117:], fontsize=10)
+    return fig
+
+
+def _mark_interruptions(log: ParsedLog, panels: list) -> None:
+    """A dotted red line at each preemption's step and a dashed green one where each resume
+    continued (trnqwen's own lines), on every panel; labelled once."""
+    for p in log.preempted:
+        for k, ax in enumerate(panels):
+            ax.axvline(p["step"], color="tab:red", ls=":", lw=1.2, label=f"preempted ({p['signal']}) at step {p['step']}" if k == 0 else None)
+    for r in log.resumes:
+        at = r["from_step"] + 0.5  # the resumed run's first step is from_step + 1
+        for k, ax in enumerate(panels):
+            ax.axvline(at, color="tab:green", ls="--", lw=1.2, label=f"resumed from step {r['from_step']}" if k == 0 else None)
 
 
 def save_figure_atomic(fig, path: Path, dpi: int = 110) -> Path:

@@ -54,6 +54,7 @@ class ParsedLog:
     trainer: dict = field(default_factory=dict)  # local_batch, global_batch, seq_len, steps, warmup
     start_step: Optional[int] = None
     completed_line: Optional[int] = None
+    compiled_line: Optional[int] = None  # the first line saying something was compiled (step 1 then includes it)
     ran_out_of_data_line: Optional[int] = None
     checkpoint_events: list[dict] = field(default_factory=list)
     warnings: dict[str, dict] = field(default_factory=dict)  # normalized -> {text, count, line, ranks}

@@ -15,6 +15,7 @@ from trnqwen.logs.lora import lora_json, lora_row
 from trnqwen.logs.judge import (
     BASE_RANDOM_INIT, Finding, configured_steps, override_calls, override_table, root_cause, weights_verdict,
 )
+from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.stepline import STEP_FIELDS
 from trnqwen.logs.sources import RunContext
@@ -54,6 +55,7 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
     target = configured_steps(log, ctx)
     first_step = t.step[0] if n else None
     last_step = t.step[-1] if n else None
+    no_peak = no_peak_flops(log)
     return {
         "source": log.source,
         "model": log.model_name,
@@ -75,7 +77,8 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
         "last_lr": _num(t.value("lr", n - 1)) if n else None,
         "mean_tps_after_step1": _column_mean(t, "tps", after_first),
         "mean_tflops_after_step1": _column_mean(t, "tflops", after_first),
-        "mean_mfu_after_step1": _column_mean(t, "mfu", after_first),
+        "mean_mfu_after_step1": None if no_peak else _column_mean(t, "mfu", after_first),
+        "mfu_unknown": f"no peak FLOPS known for {no_peak}" if no_peak else None,
         "step1_tps": t.value("tps", 0) if n and first_step == 1 else None,
         "peak_memory_gib": t.value("memory_gib", peak) if peak is not None else None,
         "peak_memory_pct": _num(t.value("memory_pct", peak)) if peak is not None else None,
@@ -219,7 +222,8 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
         t.add_row("learning rate peak / last", f"{s['peak_lr']:.4g} / {_fmt(s['last_lr'], '.4g')}")
     t.add_row("mean tps (after step 1)", _fmt(s["mean_tps_after_step1"], ",.0f")
               + (f"   step 1: {_fmt(s['step1_tps'], ',')}" if s["step1_tps"] is not None else ""))
-    t.add_row("mean MFU (after step 1)", (_fmt(s["mean_mfu_after_step1"], ".2f") + "%") if s["mean_mfu_after_step1"] is not None else "-")
+    t.add_row("mean MFU (after step 1)", (_fmt(s["mean_mfu_after_step1"], ".2f") + "%") if s["mean_mfu_after_step1"] is not None
+              else f"- ({s['mfu_unknown']})" if s["mfu_unknown"] else "-")
     t.add_row("peak memory",
               f"{_fmt(s['peak_memory_gib'], '.2f')} GiB ({_fmt(s['peak_memory_pct'], '.2f')}%) at step {s['peak_memory_step']}"
               if s["peak_memory_gib"] is not None else "-")

@@ -119,6 +119,9 @@ def _from_dir(path: Path, label: str) -> LogInput:
     log_path = None
     if record is not None and record.log_path:
         candidate = in_run_dir(record, path, record.log_path)
+        if not candidate.exists() and record.status in ("created", "running") and record.ended_at is None:
+            # still starting (data preparation, start-up): the launcher creates train.log when torchrun starts
+            return LogInput(label=str(candidate), path=candidate, run_dir=path, record=record)
         if not candidate.is_file():
             raise UsageError(
                 f"{label}: the run's log {candidate} is missing",

@@ -6,7 +6,7 @@ Three layers, each usable on its own:
   ``--dry-run`` prints it, ``command.sh`` replays it, tests check it field by field.
 * :func:`rank_env` -- the environment variables trnqwen sets for the ranks (job env, the
   config module's folder on ``PYTHONPATH``, the persistent Neuron compile cache).
-* :func:`supervise` -- starts torchrun in its own session, tees its output into ``train.log``,
+* :func:`supervise` -- starts torchrun in its own session, tees its output into ``train.log`` (colour codes removed),
   keeps a live status line, forwards Ctrl-C/SIGTERM to every rank, escalates to SIGKILL after a
   bounded grace period, sweeps any survivor, and reports how the run ended with the root-cause
   line of a failure instead of torchrun's wall of noise.
@@ -374,14 +374,18 @@ def _run_supervised(
     max_kept = 5000
 
     from trnqwen.logs.dpo import MARK as DPO_MARK, parse_line as parse_dpo_line
-    from trnqwen.logs.parse import parse_step_line, parse_validation_line
+    from trnqwen.logs.parse import parse_step_line, parse_validation_line, strip_ansi
+
+    # train.log holds plain text (grep-able); the colours reach the console only when it is a terminal
+    color_echo = echo is not None and bool(getattr(status.stream if status is not None else sys.stderr, "isatty", lambda: False)())
 
     def reader() -> None:
         assert proc.stdout is not None
         with open(log_path, "a", encoding="utf-8", errors="replace") as log:
             for raw in iter(proc.stdout.readline, b""):
                 line = raw.decode("utf-8", errors="replace")
-                log.write(line)
+                plain = strip_ansi(line)
+                log.write(plain)
                 log.flush()
                 if len(lines_seen) < max_kept:
                     lines_seen.append(line)
@@ -390,7 +394,7 @@ def _run_supervised(
                     if len(tail) > max_kept:
                         del tail[: len(tail) - max_kept]
                 if echo is not None:
-                    echo(line)
+                    echo(line if color_echo else plain)
                 if DPO_MARK in line:  # a DPO run's values of the step (validation) just logged
                     dpo = parse_dpo_line(line)
                     if dpo is not None:

@@ -67,6 +67,11 @@ class MemoryEstimate:
         out["total"] = self.total
         return out
 
+    def brief(self) -> str:
+        """One short line for every run (``describe`` has the breakdown, shown by --dry-run)."""
+        cap = f" of {size(self.capacity)}" if self.capacity else ""
+        return f"device memory ~{size(self.total)} per rank{cap}"
+
     def describe(self) -> str:
         parts = (
             f"params {size(self.params)} + grads {size(self.grads)} + AdamW m+v {size(self.optimizer)} + "
@@ -108,6 +113,11 @@ class HostMemoryEstimate:
         out = asdict(self)
         out.update(at_load=self.at_load, at_export=self.at_export, per_rank=self.per_rank, per_node=self.per_node)
         return out
+
+    def brief(self) -> str:
+        """One short line for every run (``describe`` has the breakdown, shown by --dry-run)."""
+        cap = f" of {size(self.capacity)}" if self.capacity else ""
+        return f"host memory ~{size(self.per_node)}{cap} ({self.ranks_per_node} rank(s) x ~{size(self.per_rank)})"
 
     def describe(self) -> str:
         cap = f" of {size(self.capacity)} host RAM" if self.capacity else ""

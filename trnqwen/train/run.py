@@ -42,7 +42,7 @@ from trnqwen.train import checkpoints, folder_lock, launcher, multinode, ownersh
 from trnqwen.train.job import TrainJob
 from trnqwen.train.preflight import ERROR, INFO, WARNING, Finding, PreflightReport, preflight
 from trnqwen.train.recipes import build_job
-from trnqwen.train.resume import refuse_changed_data, refuse_other_device
+from trnqwen.train.resume import refuse_changed_data, refuse_other_device, resume_command
 from trnqwen.train.topology import Topology, plan_topology
 
 COMMAND_SCRIPT = "command.sh"
@@ -187,7 +187,8 @@ class TrainOutcome:
         if r.exit_code in (EXIT_SIGINT, EXIT_SIGTERM):
             raise TrnqwenError(
                 f"training stopped by {r.ended_by} after {len(r.steps)} logged step(s); every rank was stopped",
-                hint=f"the log so far is in {self.plan.log_path}",
+                hint=f"continue it with `{resume_command(self.plan.run_id)}` (from its newest complete checkpoint; "
+                f"without one it starts over from step 1); the log so far is in {self.plan.log_path}",
                 exit_code=r.exit_code,
             )
         removed = (self.record.extra.get("removed_incomplete_checkpoints") if self.record else None) or []
@@ -556,7 +557,7 @@ def _execute(
     grace_s = plan.config.grace_seconds if grace_s is None else grace_s
     log_offset = plan.log_path.stat().st_size if plan.log_path.is_file() else 0
     line = launcher.StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status,
-                               dpo=plan.config.method == "dpo")
+                               dpo=plan.config.method == "dpo", mfu=plan.device.type != "cpu")
     if echo is not None and status:
         # Log lines go above the live status line so it keeps its place at the bottom.
         echo = line.print_above

@@ -26,7 +26,7 @@ class StatusLine:
     """
 
     def __init__(self, stream: Optional[TextIO] = None, total_steps: Optional[int] = None, enabled: bool = True,
-                 dpo: bool = False):
+                 dpo: bool = False, mfu: bool = True):
         self.stream = stream if stream is not None else sys.stderr
         self.total = total_steps
         self.enabled = enabled
@@ -35,6 +35,7 @@ class StatusLine:
         self.last: Optional[dict] = None
         self.last_validation: Optional[dict] = None
         self.dpo = dpo
+        self.mfu = mfu  # False on CPU: there is no peak to measure against (torchtitan's MFU is 0.00%)
         self.last_dpo: Optional[dict] = None  # the last [DPO] step values
         self._pending = False  # a step line not printed yet (not a terminal, waiting for its [DPO] line)
         self.phase = "starting ranks"
@@ -58,7 +59,7 @@ class StatusLine:
                 notes.append(f"acc {_fmt_num(self.last_validation.get('accuracy'), '.2f')}")
             parts.append(f"val {_fmt_num(self.last_validation.get('loss'), '.4f')}" + (f" ({', '.join(notes)})" if notes else ""))
         parts.append(f"tok/s {_fmt_num(m.get('tps'), ',.0f')}")
-        parts.append(f"mfu {_fmt_num(m.get('mfu'), '.2f')}%" if m.get("mfu") is not None else "mfu -")
+        parts.append(f"mfu {_fmt_num(m.get('mfu'), '.2f')}%" if self.mfu and m.get("mfu") is not None else "mfu -")
         parts.append(f"elapsed {clock}")
         return "  ".join(parts)
 
