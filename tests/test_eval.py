@@ -409,7 +409,7 @@ def test_neuron_paths_keep_one_shape_and_give_the_same_numbers(tiny, cache):
     assert "cache_implementation" not in calls[0]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed")
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed (the dev extra has it: pip install -e '.[dev]')")
 def test_eval_results_join_the_runs_wandb_run(run_work, cli, monkeypatch):
     """A run trained with --wandb: eval resumes the same W&B run (offline here) and logs to it."""
     work, run_dir, _ = run_work
