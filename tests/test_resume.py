@@ -452,3 +452,23 @@ def test_saved_steps_come_from_the_record():
                        extra={"saved_checkpoints": [2, 4], "interrupted_at_step": 5, "resumes": [{"from_step": 0}, {"from_step": 3}]})
     assert resume.saved_steps(record) == [2, 3, 4, 5]
     assert resume.saved_steps(RunRecord(run_id="r", run_dir="/x", status="failed")) == []
+
+
+def test_starting_the_dataloader_leaves_the_global_rng_alone():
+    """torch's DataLoader draws its iterator seed from the global RNG when iteration starts: in a
+    resumed run that happens after the RNG was restored, and shifted every dropout mask after it.
+    The ranks start it through _RngNeutralIterable, which leaves the RNG where it was."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from trnqwen.runtime.resume_state import _RngNeutralIterable
+
+    loader = DataLoader(list(range(8)), batch_size=2)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    iter(loader)
+    assert not torch.equal(torch.get_rng_state(), before)  # the draw this is about
+    torch.manual_seed(0)
+    batches = list(_RngNeutralIterable(loader))
+    assert torch.equal(torch.get_rng_state(), before)
+    assert [b.tolist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
