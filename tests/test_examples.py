@@ -224,6 +224,31 @@ def test_torch_rope_counts_fallbacks_and_logs_one_calls_line_after_the_first_ste
     del titan
 
 
+def test_example_counter_waits_for_a_step_that_followed_a_call_as_on_resume(torch_rope, caplog):
+    """A resumed run's checkpoint load takes one optimizer step before any forward: the examples'
+    counter (trnqwen's ModuleCallCounter, shared) logs after the first step that followed a call,
+    with that call counted, not calls=0 after the load's step."""
+    import logging
+
+    import torch
+
+    ours = torch_rope.TorchRoPE.Config(dim=32, max_seq_len=512, theta=1e6, override_name="test.resumed_rope").build()
+    param = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([param], lr=0.1)
+    q, k = _qk(batch=2, seq=256)
+    with caplog.at_level(logging.INFO, logger=""):
+        opt.step()  # the checkpoint load's step: no gradients, no forward yet
+        ours(q, k, _packed_positions(batch=2))
+        param.sum().backward()
+        opt.step()  # the first training step
+        opt.step()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[OverrideCalls] test.resumed_rope")]
+    assert lines == ["[OverrideCalls] test.resumed_rope: calls=1 fallbacks=0 modules=1 rank=0 step=1"]
+    from trnqwen.runtime.override_calls import ModuleCallCounter
+
+    assert isinstance(ours.counter, ModuleCallCounter)  # one helper, trnqwen's, not a copy in the example
+
+
 def test_torch_rope_override_replaces_every_layer_of_a_qwen3_config(torch_rope):
     """torchtitan's own apply_overrides on a Qwen3 model config: one replacement per layer."""
     from torchtitan.config.override import OverrideConfig, apply_overrides
