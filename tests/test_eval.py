@@ -496,6 +496,10 @@ def test_two_nodes_completing_one_shared_export_do_not_collide(tiny, tmp_path):
     errors: list[BaseException] = []
     for attempt in range(12):
         export = write_tuned(tiny, tmp_path / f"ckpt{attempt}" / "step-2")
+        (export / "sharded" / "__0_0.distcp").write_bytes(b"rank 0's piece")  # torchtitan's per-rank pieces
+        if attempt % 2:  # a stale copy beside it from an earlier export of this step: replaced once
+            (export.parent / "step-2.sharded").mkdir()
+            (export.parent / "step-2.sharded" / "stale").write_text("old")
         barrier = threading.Barrier(2)
 
         def finish() -> None:
@@ -512,6 +516,13 @@ def test_two_nodes_completing_one_shared_export_do_not_collide(tiny, tmp_path):
             t.join()
         assert not [p.name for p in export.iterdir() if p.name.endswith(".tmp")]
         assert (export / "tokenizer_config.json").read_bytes() == (tiny / "tokenizer_config.json").read_bytes()
+        # sharded/ moved out exactly once, whole: nothing left inside the model folder (no claimed
+        # .sharded.<pid> folder either), the pieces beside it, the stale copy gone
+        assert not [p.name for p in export.iterdir() if "sharded" in p.name], sorted(p.name for p in export.iterdir())
+        moved = export.parent / "step-2.sharded"
+        assert sorted(p.name for p in moved.iterdir()) == ["__0_0.distcp"], (attempt, sorted(moved.iterdir()))
+        assert (moved / "__0_0.distcp").read_bytes() == b"rank 0's piece"
+        assert sorted(p.name for p in export.parent.iterdir()) == ["step-2", "step-2.sharded"]
     assert not errors, errors
 
 
