@@ -225,12 +225,37 @@ def test_resume_refuses_a_run_that_is_still_running(recorded):
         resume.prepare("r1", _resolved())
 
 
-def test_config_show_lists_the_checkpoint_settings(cli, in_tmp):
+def _checkpoint_settings(cli) -> dict:
     res = cli("config", "show", "--json")
     assert res.code == 0, res.text
-    text = res.out
-    for name in ("save_every", "keep_last", "grace_seconds", "resolved_save_every"):
-        assert name in text
+    doc = json.loads(res.out)
+    names = ("save_every", "keep_last", "grace_seconds")
+    return {
+        "config": {k: doc["config"][k] for k in names},
+        "resolved_save_every": doc["derived"]["resolved_save_every"],
+        "sources": {k: doc["sources"][k] for k in (*names, "resolved_save_every")},
+    }
+
+
+def test_config_show_lists_the_checkpoint_settings_with_their_values_and_sources(cli, in_tmp, monkeypatch):
+    assert _checkpoint_settings(cli) == {
+        "config": {"save_every": None, "keep_last": 3, "grace_seconds": 90.0},
+        "resolved_save_every": 500,  # torchtitan's interval when nothing is set
+        "sources": {"save_every": "default", "keep_last": "default", "grace_seconds": "default",
+                    "resolved_save_every": "derived"},
+    }
+    monkeypatch.setenv("TRNQWEN_SAVE_EVERY", "50")
+    monkeypatch.setenv("TRNQWEN_KEEP_LAST", "0")
+    monkeypatch.setenv("TRNQWEN_GRACE_SECONDS", "30")
+    assert _checkpoint_settings(cli) == {
+        "config": {"save_every": 50, "keep_last": 0, "grace_seconds": 30.0},
+        "resolved_save_every": 50,
+        "sources": {"save_every": "env TRNQWEN_SAVE_EVERY", "keep_last": "env TRNQWEN_KEEP_LAST",
+                    "grace_seconds": "env TRNQWEN_GRACE_SECONDS", "resolved_save_every": "derived"},
+    }
+    monkeypatch.setenv("TRNQWEN_SAVE_EVERY", "epoch")
+    got = _checkpoint_settings(cli)
+    assert got["config"]["save_every"] == "epoch" and got["resolved_save_every"] == "epoch"
 
 
 # --- verify-ckpt after a failed run -------------------------------------------------------------
