@@ -99,6 +99,34 @@ def test_quickstart_chat_stage_lowers_held_out_loss_and_answers(quickstart_run):
     run_dir = Path(summary["runs"]["chat"]["run_dir"])
     saved = json.loads((run_dir / "eval.json").read_text())
     assert [r["loss"] for r in saved["results"]] == [ev["before"], ev["after"]]
+    from trnqwen.evaluate.lifecycle import answers_tell_apart
+
+    base, tuned = gen["answers"].values()
+    # answers are shown only when a person can tell them apart
+    assert ("base '" in ev["line"]) == answers_tell_apart(base, tuned), ev["line"]
+    assert ("answers not shown" in ev["line"]) != answers_tell_apart(base, tuned), ev["line"]
+
+
+@pytest.mark.parametrize("base, tuned, shown", [
+    ("................................", "................................", False),
+    ("................................", ",,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,", False),
+    ("the the the", " the  the the", False),
+    ("................................", "About 4100 people live in Quendale.", True),
+    ("Quendale Quendale", "About 4100 people", True),
+])
+def test_chat_line_shows_answers_only_when_they_can_be_told_apart(base, tuned, shown):
+    from trnqwen.evaluate.lifecycle import held_out_line
+
+    got = {"before": 6.1688, "after": 5.0517, "generations": [
+        {"prompt": "How many people live in Quendale?", "answers": {"base": base, "run/step-12": tuned}}]}
+    line = held_out_line(got, Path("runs/r1"))
+    assert line.startswith("held-out loss 6.169 -> 5.052; ")
+    if shown:
+        assert f"base {base[:60]!r}, tuned {tuned[:60]!r}" in line
+    else:
+        assert "base '" not in line and line.endswith(
+            "answers not shown: base and tuned write no words yet that tell them apart "
+            "(`trnqwen eval runs/r1 --generate 3` prints them)")
 
 
 @pytest.mark.slow
