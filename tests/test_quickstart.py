@@ -334,3 +334,66 @@ def test_quickstart_from_a_wheel_layout_shows_the_override_stage_skipped(tmp_pat
     assert "override" not in summary["runs"]
     (line,) = [x for x in result.err.splitlines() if "skipped" in x]
     assert "source checkout" in line
+
+
+# --- two stages at a time (trnqwen.quickstart.lanes) -------------------------------------------------------
+
+
+def test_lanes_run_two_jobs_at_once_in_order_and_wait_for_dependencies():
+    import threading
+    import time
+
+    from trnqwen.quickstart.lanes import Job, run_jobs
+
+    lock = threading.Lock()
+    running, peak, events = [0], [0], []
+
+    def job(name, seconds=0.2):
+        def run():
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+                events.append(("start", name))
+            time.sleep(seconds)
+            with lock:
+                running[0] -= 1
+                events.append(("end", name))
+        return run
+
+    jobs = [Job("chat", job("chat", 0.6)), Job("native", job("native")), Job("override", job("override"), after=("native",)),
+            Job("hf-v5", job("hf-v5")), Job("lora", job("lora")), Job("gone", job("gone"), after=("not a job",))]
+    t0 = time.monotonic()
+    run_jobs(jobs, workers=2)
+    took = time.monotonic() - t0
+    assert peak[0] == 2 and sorted(n for e, n in events if e == "end") == sorted(j.name for j in jobs)
+    assert events.index(("start", "override")) > events.index(("end", "native"))
+    assert [n for e, n in events if e == "start"][:2] == ["chat", "native"]  # list order
+    assert took < 0.6 + 0.2 * 5  # side by side: well under the 1.6 s one at a time takes
+
+
+def test_lanes_start_nothing_after_a_failure_and_raise_the_first_one():
+    import time
+
+    from trnqwen.quickstart.lanes import Job, run_jobs
+    from trnqwen.quickstart.types import StageFailed
+
+    ran = []
+
+    def fail(name, delay):
+        def run():
+            time.sleep(delay)
+            ran.append(name)
+            raise StageFailed(name, "boom")
+        return run
+
+    jobs = [Job("a", fail("a", 0.3)), Job("b", fail("b", 0.05)), Job("c", lambda: ran.append("c")), Job("d", lambda: ran.append("d"))]
+    with pytest.raises(StageFailed, match="'a' failed"):  # the first in list order, though b failed first
+        run_jobs(jobs, workers=2)
+    assert sorted(ran) == ["a", "b"]
+
+
+def test_run_ids_reserved_in_one_second_differ(tmp_path):
+    from trnqwen.quickstart.lanes import reserve_run_id
+
+    ids = [reserve_run_id(tmp_path, "native") for _ in range(3)]
+    assert len(set(ids)) == 3 and all(i.split("-")[2] == "native" for i in ids)
