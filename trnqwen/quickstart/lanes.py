@@ -66,8 +66,18 @@ def run_jobs(jobs: list[Job], workers: int = WORKERS) -> None:
                for i in range(max(1, min(workers, len(jobs))))]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.join()
+    except KeyboardInterrupt:  # only the main thread gets Ctrl-C: stop the lanes' runs, let them record it
+        from trnqwen.train.stop_requests import request_stop
+
+        with cond:
+            failed.setdefault("", KeyboardInterrupt())  # start nothing new
+        request_stop()
+        for t in threads:
+            t.join()
+        raise
     if failed:
         raise failed[next(j.name for j in jobs if j.name in failed)]
 

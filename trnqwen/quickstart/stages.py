@@ -120,7 +120,8 @@ def train_run(stage: str, info: RunInfo, cfg: Any, workdir: Path, progress: Prog
         r = outcome.result
         raise StageFailed(
             stage,
-            f"training ended with {r.ended_by if r else 'an error'}: {(r.error if r else None) or 'a rank failed'}",
+            f"training ended with {r.ended_by if r else 'an error'}: "
+            f"{(r.error if r else None) or ('stopped' if r and r.ended_by.startswith('SIG') else 'a rank failed')}",
             hint=f"full log: {plan.log_path}",
             exit_code=outcome.exit_code if outcome.exit_code in (130, 143) else None,
         )
