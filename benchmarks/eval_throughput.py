@@ -8,12 +8,19 @@ the same model, in the same run, each in its own child process so peak memory is
              over the trained labels (what a user writes by hand with transformers)
   trnqwen    ``trnqwen.evaluate.model.score`` (the loop ``trnqwen eval`` runs)
 
-The model is a random-init Qwen3 with Qwen3's real 151,936-token vocabulary and a small body
-(``--hidden``, ``--layers``), so the LM head weighs what it weighs in the small Qwen3s.  Both
-losses must agree (same numbers, different speed).  Goal (issue 15): tokens/s ratio >= 1.0 and
-peak memory no more than one model plus one batch.
+Two model shapes (``--shape``, default both), random init:
 
-    .venv/bin/python benchmarks/eval_throughput.py [--rows 16] [--repeats 2] [--device cpu] [--json]
+  lm-head    Qwen3's real 151,936-token vocabulary on a small body (``--hidden``, ``--layers``):
+             the LM head dominates, as it does in the smallest Qwen3s (where trnqwen's loop gains most)
+  qwen3-4b   Qwen3-4B's proportions at a quarter of its width and depth: hidden 640 (2560 / 4),
+             9 layers (36 / 4), 8 query and 2 key/value heads of 128 (32 and 8 / 4), FFN 2,432
+             (9,728 / 4), and a vocabulary of 9,496 (151,936 / 16, so vocab x hidden against
+             layers x hidden^2, the LM head's share of the FLOPs, is Qwen3-4B's: about a tenth)
+
+Both losses must agree (same numbers, different speed).  Goal (issue 15): tokens/s ratio >= 1.0 and
+peak memory no more than one model plus one batch, on each shape.
+
+    .venv/bin/python benchmarks/eval_throughput.py [--shape both] [--rows 16] [--repeats 2] [--device cpu] [--json]
 """
 
 from __future__ import annotations
@@ -32,9 +39,29 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 WORK = HERE / "_work" / "eval-throughput"
 VOCAB = 151936
+# Qwen3-4B (hidden 2560, 36 layers, 32/8 heads of 128, FFN 9728, vocab 151936, tied) at a quarter
+# of its width and depth; the vocabulary shrinks by 4 x 4 so the LM head keeps its share of the FLOPs.
+QWEN3_4B_QUARTER = {"vocab": VOCAB // 16, "hidden": 640, "layers": 9, "heads": 8, "kv_heads": 2, "head_dim": 128,
+                    "ffn": 9728 // 4}
+SHAPES = ("lm-head", "qwen3-4b")
 
 
-def build(work: Path, *, rows: int, seq_len: int, hidden: int, layers: int, seed: int = 0) -> tuple[Path, Path]:
+def shape_dims(shape: str, hidden: int, layers: int) -> dict:
+    """The model dimensions of ``shape`` (``--hidden``/``--layers`` size the lm-head shape's body)."""
+    if shape == "qwen3-4b":
+        return dict(QWEN3_4B_QUARTER)
+    return {"vocab": VOCAB, "hidden": hidden, "layers": layers, "heads": max(1, hidden // 64),
+            "kv_heads": max(1, hidden // 128), "head_dim": 64, "ffn": hidden * 3}
+
+
+def lm_head_share(d: dict) -> float:
+    """The LM head's share of a token's forward multiply-adds (attention scores left out)."""
+    attn = d["hidden"] * d["head_dim"] * (2 * d["heads"] + 2 * d["kv_heads"])
+    body = d["layers"] * (attn + 3 * d["hidden"] * d["ffn"])
+    return d["vocab"] * d["hidden"] / (body + d["vocab"] * d["hidden"])
+
+
+def build(work: Path, *, rows: int, seq_len: int, dims: dict, seed: int = 0) -> tuple[Path, Path]:
     """The model folder and the dataset cache (rebuilt when the shape arguments change)."""
     import numpy as np
     import torch
@@ -42,13 +69,14 @@ def build(work: Path, *, rows: int, seq_len: int, hidden: int, layers: int, seed
 
     from trnqwen.dataset.cache import SplitArrays, write_cache
 
-    tag = f"v{VOCAB}-h{hidden}-l{layers}-r{rows}-s{seq_len}"
+    vocab, hidden, layers = dims["vocab"], dims["hidden"], dims["layers"]
+    tag = f"v{vocab}-h{hidden}-l{layers}-f{dims['ffn']}-a{dims['heads']}x{dims['head_dim']}-r{rows}-s{seq_len}"
     model_dir, cache_root = work / f"model-{tag}", work / f"cache-{tag}"
     if not (model_dir / "config.json").is_file():
         torch.manual_seed(seed)
         config = Qwen3Config(
-            vocab_size=VOCAB, hidden_size=hidden, intermediate_size=hidden * 3, num_hidden_layers=layers,
-            num_attention_heads=max(1, hidden // 64), num_key_value_heads=max(1, hidden // 128), head_dim=64,
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=dims["ffn"], num_hidden_layers=layers,
+            num_attention_heads=dims["heads"], num_key_value_heads=dims["kv_heads"], head_dim=dims["head_dim"],
             tie_word_embeddings=True, max_position_embeddings=max(seq_len, 512),
         )
         Qwen3ForCausalLM(config).to(torch.float32).save_pretrained(str(model_dir))
@@ -63,7 +91,7 @@ def build(work: Path, *, rows: int, seq_len: int, hidden: int, layers: int, seed
             while t < seq_len:
                 length = min(int(rng.integers(40, 300)), seq_len - t)
                 answer = int(length * 0.35)
-                ids[r, t:t + length] = rng.integers(10, 30000, length)
+                ids[r, t:t + length] = rng.integers(10, min(30000, vocab), length)
                 positions[r, t:t + length] = np.arange(length)
                 # labels[i] = ids[i + 1] over the answer, shifted; the last input of a document is untrained
                 start = t + length - answer - 1
@@ -135,7 +163,7 @@ def child(method: str, model_dir: Path, cache: Path, batch_size: int, device: st
         "loss": loss_sum / tokens,
         "peak_bytes": peak,  # CPU: peak RSS growth from model load on; CUDA: peak allocated
         "model_bytes": model_bytes,
-        "logits_batch_bytes": batch_size * data.seq_len * VOCAB * 4,
+        "logits_batch_bytes": batch_size * data.seq_len * model.config.vocab_size * 4,
     }
 
 
@@ -147,11 +175,12 @@ def _head(data, n: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", choices=[*SHAPES, "both"], default="both")
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=256, help="the lm-head shape's hidden size")
+    ap.add_argument("--layers", type=int, default=4, help="the lm-head shape's layers")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--json", action="store_true", help="end with one JSON summary line")
@@ -163,9 +192,32 @@ def main() -> None:
         Path(out).write_text(json.dumps(child(method, Path(model_dir), Path(cache), args.batch_size, args.device)))
         return
 
-    model_dir, cache = build(WORK, rows=args.rows, seq_len=args.seq_len, hidden=args.hidden, layers=args.layers)
+    shapes = SHAPES if args.shape == "both" else (args.shape,)
+    results = {shape: measure_shape(shape, args) for shape in shapes}
+    summary = {
+        "benchmark": "eval_throughput",
+        "device": args.device,
+        "rows": args.rows,
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
+        "shapes": results,
+        "target_ratio": 1.0,
+        "losses_agree": all(r["losses_agree"] for r in results.values()),
+        "meets_target": all(r["meets_target"] for r in results.values()),
+    }
+    if args.json:
+        print(json.dumps(summary))
+
+
+def measure_shape(shape: str, args) -> dict:
+    """Both methods on one model shape, alternating, each run in its own process."""
+    dims = shape_dims(shape, args.hidden, args.layers)
+    model_dir, cache = build(WORK, rows=args.rows, seq_len=args.seq_len, dims=dims)
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     runs: dict[str, list[dict]] = {"baseline": [], "trnqwen": []}
+    share = lm_head_share(dims)
+    print(f"shape {shape}: vocab {dims['vocab']:,}, hidden {dims['hidden']}, {dims['layers']} layers, "
+          f"FFN {dims['ffn']:,}; LM head {100 * share:.0f}% of the forward")
     for _ in range(args.repeats):
         for method in ("baseline", "trnqwen"):  # alternate, so machine noise hits both alike
             out = WORK / f"{method}.json"
@@ -176,31 +228,26 @@ def main() -> None:
             )
             runs[method].append(json.loads(out.read_text()))
             r = runs[method][-1]
-            print(f"{method:9s} {r['tokens_per_s']:10,.0f} tok/s  loss {r['loss']:.5f}  peak +{r['peak_bytes'] / 2**20:,.0f} MiB")
+            print(f"  {method:9s} {r['tokens_per_s']:10,.0f} tok/s  loss {r['loss']:.5f}  peak +{r['peak_bytes'] / 2**20:,.0f} MiB")
     base_tps = statistics.median(r["tokens_per_s"] for r in runs["baseline"])
     ours_tps = statistics.median(r["tokens_per_s"] for r in runs["trnqwen"])
     ours, base = runs["trnqwen"][-1], runs["baseline"][-1]
     budget = ours["model_bytes"] + ours["logits_batch_bytes"]
-    summary = {
-        "benchmark": "eval_throughput",
-        "device": args.device,
-        "rows": args.rows,
-        "seq_len": args.seq_len,
-        "batch_size": args.batch_size,
+    result = {
+        **dims,
+        "lm_head_share": round(share, 3),
         "baseline_tokens_per_s": round(base_tps, 1),
         "trnqwen_tokens_per_s": round(ours_tps, 1),
         "ratio": round(ours_tps / base_tps, 3),
-        "target_ratio": 1.0,
         "losses_agree": abs(ours["loss"] - base["loss"]) < 1e-3 * max(1.0, abs(base["loss"])),
         "baseline_peak_mb": round(base["peak_bytes"] / 2**20, 1),
         "trnqwen_peak_mb": round(ours["peak_bytes"] / 2**20, 1),
         "model_plus_batch_mb": round(budget / 2**20, 1),
         "meets_target": ours_tps >= base_tps and ours["peak_bytes"] <= budget,
     }
-    print(f"ratio {summary['ratio']} (trnqwen / plain model(**batch)), peak {summary['trnqwen_peak_mb']} MiB "
-          f"vs model + one batch {summary['model_plus_batch_mb']} MiB")
-    if args.json:
-        print(json.dumps(summary))
+    print(f"  ratio {result['ratio']} (trnqwen / plain model(**batch)), peak {result['trnqwen_peak_mb']} MiB "
+          f"vs model + one batch {result['model_plus_batch_mb']} MiB")
+    return result
 
 
 if __name__ == "__main__":

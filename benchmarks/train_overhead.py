@@ -1,6 +1,7 @@
 """Overhead of ``trnqwen train`` against the same torchrun command run by hand.
 
-On the built-in tiny Qwen3 (CPU, 2 ranks), alternately runs
+On the built-in tiny Qwen3 (CPU, 2 ranks), runs in turn (A first in even repeats, B first in
+odd ones, so neither always has the warmer machine)
 
   A. ``trnqwen train ... --show-log`` (plan, preflight, run dir, supervised torchrun), and
   B. the run's own ``command.sh`` (the exact torchrun command and environment, by hand),
@@ -97,18 +98,30 @@ def main() -> int:
             "--steps", str(args.steps), "--seq-len", "256", "--finetune", "--show-log", "--checkpoint-dir", "ckpt",
         ]
         ckpt = work / "ckpt"
+        runs = work / ".trnqwen" / "runs"
         rows: dict[str, list[dict]] = {"trnqwen": [], "torchrun": []}
-        for i in range(args.repeats):
-            shutil.rmtree(ckpt, ignore_errors=True)
-            a = timed_run(train, cwd=work, env=env)
-            runs = work / ".trnqwen" / "runs"
+        orders: list[list[str]] = []
+
+        def run_trnqwen() -> dict:
+            r = timed_run(train, cwd=work, env=env)
             run_dir = runs / (runs / "LAST").read_text().strip()
-            script = run_dir / "command.sh"
             # trnqwen's own share, measured inside the run: process start -> torchrun started.
-            a["launcher_startup_s"] = json.loads((run_dir / "run.json").read_text())["extra"].get("launcher_startup_s")
-            shutil.rmtree(ckpt, ignore_errors=True)  # else torchtitan resumes from trnqwen's run instead of loading
-            b = timed_run(["bash", str(script)], cwd=work, env=env)
-            for name, r in (("trnqwen", a), ("torchrun", b)):
+            r["launcher_startup_s"] = json.loads((run_dir / "run.json").read_text())["extra"].get("launcher_startup_s")
+            return r
+
+        def run_by_hand() -> dict:
+            # the exact torchrun command of trnqwen's latest run (command.sh)
+            script = runs / (runs / "LAST").read_text().strip() / "command.sh"
+            return timed_run(["bash", str(script)], cwd=work, env=env)
+
+        for i in range(args.repeats):
+            # Alternate which goes first (page cache, CPU frequency, a neighbour's load hit both
+            # alike); the hand-run command needs a trnqwen run's command.sh, so run 0 starts with trnqwen.
+            order = ["trnqwen", "torchrun"] if i % 2 == 0 else ["torchrun", "trnqwen"]
+            orders.append(order)
+            for name in order:
+                shutil.rmtree(ckpt, ignore_errors=True)  # else torchtitan resumes from the previous run instead of loading
+                r = run_trnqwen() if name == "trnqwen" else run_by_hand()
                 if r["rc"] != 0 or r["steps"] != args.steps:
                     print(f"run {i} {name} failed: rc={r['rc']} steps={r['steps']}\n{r['output_tail']}", file=sys.stderr)
                     return 1
@@ -137,7 +150,8 @@ def main() -> int:
         if args.json:
             print(json.dumps({
                 "benchmark": "train_overhead", "backend": args.backend, "steps": args.steps,
-                "nproc": args.nproc, "repeats": args.repeats, "median": med, "ratio": ratio,
+                "nproc": args.nproc, "repeats": args.repeats, "order": [" then ".join(o) for o in orders],
+                "median": med, "ratio": ratio,
                 **load_note(load_before, os.getloadavg()[0]),
                 "launcher_startup_note": "launcher_startup_s is trnqwen's own share of the wall time",
             }))

@@ -333,8 +333,25 @@ def test_read_only_output_folders(read_only_dir, tiny, tmp_path):
     clean_error(run_subprocess("fetch", "builtin:tiny-qwen3", "--local-dir", str(ro / "x")), 3, "read-only")
     clean_error(run_subprocess("inspect-logs", str(NATIVE_LOG), "--csv", str(ro / "s.csv")), 3, "read-only")
     clean_error(run_subprocess("inspect-logs", str(NATIVE_LOG), "--plot", str(ro / "s.png")), 3, "read-only")
-    # readers only read: verify-ckpt of a checkpoint on a read-only mount works
     assert list(ro.iterdir()) == []
+
+
+def test_verify_ckpt_reads_a_checkpoint_on_a_read_only_mount(tiny, tmp_path):
+    """Readers only read: verify-ckpt (bit scan and round trip) of a model folder on a read-only
+    mount, run from inside it, passes and writes nothing there."""
+    with mounted_tmpfs(tmp_path / "ro", "size=16m") as mnt:
+        shutil.copytree(tiny, mnt / "tiny-qwen3")
+        before = sorted(str(p.relative_to(mnt)) for p in mnt.rglob("*"))
+        remount = subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True)
+        if remount.returncode != 0:
+            pytest.skip(f"cannot remount the tmpfs read-only: {remount.stderr.decode().strip()}")
+        assert subprocess.run(["touch", str(mnt / "probe")], capture_output=True).returncode != 0  # really read-only
+        r = run_subprocess("verify-ckpt", str(mnt / "tiny-qwen3"), "--round-trip", "--json", cwd=mnt)
+        assert r.code == 0, r.text
+        doc = json.loads(r.out)
+        assert doc["ok"] is True and doc["scanned"] is True and doc["nonfinite"] == {}, doc
+        assert doc["round_trip"] and not doc["round_trip"].get("disagrees"), doc["round_trip"]
+        assert sorted(str(p.relative_to(mnt)) for p in mnt.rglob("*")) == before
 
 
 # --- a token in the environment never shows --------------------------------------------------------------

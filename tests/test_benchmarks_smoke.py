@@ -1,5 +1,6 @@
-"""benchmarks/run_all.py's collecting and table building on canned --json lines (no timing), and
-gpu_check.sh failing clearly where there is no GPU."""
+"""benchmarks/run_all.py's collecting and table building on canned --json lines (no timing),
+gpu_check.sh failing clearly where there is no GPU, and (slow suite) every benchmark's quick path
+run for real through run_all: exit 0 and its own --json summary line."""
 
 from __future__ import annotations
 
@@ -21,13 +22,19 @@ CANNED = {
 }
 
 
-@pytest.fixture(scope="module")
-def run_all():
+def _load_run_all():
+    if "run_all" in sys.modules:
+        return sys.modules["run_all"]
     spec = importlib.util.spec_from_file_location("run_all", REPO_ROOT / "benchmarks" / "run_all.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["run_all"] = mod  # dataclasses look their module up while the class is built
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture(scope="module")
+def run_all():
+    return _load_run_all()
 
 
 def test_every_listed_benchmark_script_exists_and_takes_its_flags(run_all):
@@ -88,3 +95,43 @@ def test_gpu_check_without_a_gpu_says_so(tmp_path):
     assert r.returncode == 3
     assert r.stderr.strip() == "gpu_check: no CUDA GPU here: nvidia-smi is not on PATH (this check needs one NVIDIA GPU)"
     assert list(tmp_path.iterdir()) == []
+
+
+# --- every benchmark's quick path, for real (slow suite) ----------------------------------------------
+
+# What each summary must hold besides "benchmark": the measurement the benchmark exists for.
+MEASURED = {
+    "startup": "ratio",
+    "data_prep": "ratio",
+    "inspect_logs": "benchmark",  # its summary's shape is its own (issue 28, item 19 reworks it)
+    "fetch_throughput": "ratio_trnqwen_vs_hf",
+    "verify_ckpt": "default_vs_cat",
+    "eval_throughput": "shapes",
+    "train_overhead": "ratio",
+    "resume_overhead": "resumed_vs_fresh_first_step_ratio",
+    "hf_trainer_backends": "distributed_config_vs_ddp",
+}
+# Extra arguments on top of the quick path: train_overhead runs two repeats here so the test sees
+# that the order alternates.
+EXTRA = {"train_overhead": ["--repeats", "2", "--backend", "native"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [b.name for b in _load_run_all().BENCHES])
+def test_each_benchmark_quick_path_runs_for_real(run_all, name):
+    """run_all's own runner on the quick arguments: the script exits 0 and ends with its summary."""
+    bench = next(b for b in run_all.BENCHES if b.name == name)
+    row = run_all.run_one(bench, quick=True, timeout=1800, extra=EXTRA.get(name, []))
+    assert row["status"] == "ok", row
+    summary = row["summary"]
+    assert summary["benchmark"] == name and MEASURED[name] in summary, summary
+    ratios = {k: v for k, v in run_all.flat(summary).items() if run_all.is_ratio(k) and not isinstance(v, str)}
+    assert all(v > 0 for v in ratios.values()), ratios  # a measurement, never a zero placeholder
+    if name == "eval_throughput":
+        shapes = summary["shapes"]
+        assert set(shapes) == {"lm-head", "qwen3-4b"}
+        assert all(s["losses_agree"] for s in shapes.values()), shapes
+        assert shapes["lm-head"]["lm_head_share"] > 0.5  # the LM head dominates
+        assert 0.05 < shapes["qwen3-4b"]["lm_head_share"] < 0.15  # about Qwen3-4B's tenth
+    if name == "train_overhead":
+        assert summary["order"] == ["trnqwen then torchrun", "torchrun then trnqwen"], summary

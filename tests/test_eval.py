@@ -464,7 +464,7 @@ def test_neuron_paths_keep_one_shape_and_give_the_same_numbers(tiny, cache):
     assert "cache_implementation" not in calls[0]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed")
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed (the dev extra has it: pip install -e '.[dev]')")
 def test_eval_results_join_the_runs_wandb_run(run_work, cli, monkeypatch):
     """A run trained with --wandb: eval resumes the same W&B run (offline here) and logs to it."""
     work, run_dir, _ = run_work
@@ -551,6 +551,10 @@ def test_two_nodes_completing_one_shared_export_do_not_collide(tiny, tmp_path):
     errors: list[BaseException] = []
     for attempt in range(12):
         export = write_tuned(tiny, tmp_path / f"ckpt{attempt}" / "step-2")
+        (export / "sharded" / "__0_0.distcp").write_bytes(b"rank 0's piece")  # torchtitan's per-rank pieces
+        if attempt % 2:  # a stale copy beside it from an earlier export of this step: replaced once
+            (export.parent / "step-2.sharded").mkdir()
+            (export.parent / "step-2.sharded" / "stale").write_text("old")
         barrier = threading.Barrier(2)
 
         def finish() -> None:
@@ -567,6 +571,13 @@ def test_two_nodes_completing_one_shared_export_do_not_collide(tiny, tmp_path):
             t.join()
         assert not [p.name for p in export.iterdir() if p.name.endswith(".tmp")]
         assert (export / "tokenizer_config.json").read_bytes() == (tiny / "tokenizer_config.json").read_bytes()
+        # sharded/ moved out exactly once, whole: nothing left inside the model folder (no claimed
+        # .sharded.<pid> folder either), the pieces beside it, the stale copy gone
+        assert not [p.name for p in export.iterdir() if "sharded" in p.name], sorted(p.name for p in export.iterdir())
+        moved = export.parent / "step-2.sharded"
+        assert sorted(p.name for p in moved.iterdir()) == ["__0_0.distcp"], (attempt, sorted(moved.iterdir()))
+        assert (moved / "__0_0.distcp").read_bytes() == b"rank 0's piece"
+        assert sorted(p.name for p in export.parent.iterdir()) == ["step-2", "step-2.sharded"]
     assert not errors, errors
 
 

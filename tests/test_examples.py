@@ -227,6 +227,31 @@ def test_torch_rope_counts_fallbacks_and_logs_one_calls_line_after_the_first_ste
     del titan
 
 
+def test_example_counter_waits_for_a_step_that_followed_a_call_as_on_resume(torch_rope, caplog):
+    """A resumed run's checkpoint load takes one optimizer step before any forward: the examples'
+    counter (trnqwen's ModuleCallCounter, shared) logs after the first step that followed a call,
+    with that call counted, not calls=0 after the load's step."""
+    import logging
+
+    import torch
+
+    ours = torch_rope.TorchRoPE.Config(dim=32, max_seq_len=512, theta=1e6, override_name="test.resumed_rope").build()
+    param = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([param], lr=0.1)
+    q, k = _qk(batch=2, seq=256)
+    with caplog.at_level(logging.INFO, logger=""):
+        opt.step()  # the checkpoint load's step: no gradients, no forward yet
+        ours(q, k, _packed_positions(batch=2))
+        param.sum().backward()
+        opt.step()  # the first training step
+        opt.step()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[OverrideCalls] test.resumed_rope")]
+    assert lines == ["[OverrideCalls] test.resumed_rope: calls=1 fallbacks=0 modules=1 rank=0 step=1"]
+    from trnqwen.runtime.override_calls import ModuleCallCounter
+
+    assert isinstance(ours.counter, ModuleCallCounter)  # one helper, trnqwen's, not a copy in the example
+
+
 def test_torch_rope_override_replaces_every_layer_of_a_qwen3_config(torch_rope):
     """torchtitan's own apply_overrides on a Qwen3 model config: one replacement per layer."""
     from torchtitan.config.override import OverrideConfig, apply_overrides
@@ -370,6 +395,38 @@ def test_real_run_with_the_twin_trains_to_torchtitans_losses(override_run, basel
     assert all(abs(losses[0][k] - losses[1][k]) <= 1e-5 for k in losses[0]), losses
     # the baseline really ran without it
     assert not [r for r in _calls_lines(baseline_run[0]["log"]) if r["name"].startswith("torch_rope_override")]
+
+
+@pytest.mark.slow
+def test_resumed_run_with_the_example_override_reports_its_calls(tmp_path, tiny_assets):
+    """A resumed run's checkpoint load takes an optimizer step before any forward: the example's
+    [OverrideCalls] line must still count the resumed run's calls, and inspect-logs judge it ran."""
+    import os
+
+    from trnqwen.fetch.builtin import tiny_qwen3_config
+
+    env = {
+        "PYTHONPATH": os.pathsep.join([str(TORCH_ROPE_DIR), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+        "HF_HUB_OFFLINE": "1",
+    }
+    args = ["--backend", "native", "--model", "builtin:tiny-qwen3", "--assets", str(tiny_assets), "--device", "cpu",
+            "--nproc-per-node", "1", "--steps", "3", "--seq-len", "256", "--checkpoint-dir", "ckpt",
+            "--override-imports", "torch_rope_override.torch_rope"]
+    stopped = run_subprocess("train", *args, env={**env, "TRNQWEN_FAULT_PREEMPT_AT_STEP": "1"}, cwd=tmp_path, timeout=600)
+    assert stopped.code == 138, stopped.text[-3000:]
+    resumed = run_subprocess("train", "--resume", "--json", env=env, cwd=tmp_path, timeout=600)
+    assert resumed.code == 0, resumed.text[-3000:]
+    outcome = json.loads(resumed.out)
+    n_layers = tiny_qwen3_config()["num_hidden_layers"]
+    lines = [r for r in _calls_lines(outcome["log"]) if r["name"] == "torch_rope_override.torch_rope"]
+    assert len(lines) == 2, lines  # one per process: the first run's and the resumed run's
+    assert all(r["calls"] > 0 and r["fallbacks"] == 0 and r["modules"] == n_layers for r in lines), lines
+    shown = run_subprocess("inspect-logs", outcome["run_dir"], "--json", cwd=tmp_path)
+    assert shown.code == 0, shown.text[-3000:]
+    report = json.loads(shown.out)
+    assert report["resumes"] and report["overrides"]["torch_rope_override.torch_rope"]["calls"] > 0
+    codes = {(f["code"], f["severity"]) for f in report["findings"] if "torch_rope_override" in f["message"]}
+    assert ("override-ran", "info") in codes and not [c for c in codes if c[1] != "info"], codes
 
 
 # --- (3) the NKI example against test doubles ---------------------------------------------------

@@ -29,3 +29,23 @@ def test_only_the_dev_extra_names_torch():
 def test_console_script_points_at_the_cli_main():
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["trnqwen"] == "trnqwen.cli.main:main"
+
+
+# Modules a test may skip on that no extra can install: they exist only on a Trainium host.
+DEVICE_ONLY = {"torchtitan_neuron": "torchtitan's Neuron plugin, installed with the Neuron SDK"}
+
+
+def test_every_module_a_test_skips_on_is_in_an_extra():
+    """A test that skips when a module is missing must name a module `pip install -e '.[dev]'`
+    (or another extra) brings, so the skip never hides on the test machine (wandb was in none)."""
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    installable = _names(project["dependencies"])
+    for requirements in project["optional-dependencies"].values():
+        installable |= _names(requirements)
+    skipped_on = set()
+    for path in (REPO_ROOT / "tests").glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        skipped_on |= set(re.findall(r"""(?:find_spec|importorskip)\(\s*["']([A-Za-z0-9_]+)""", text))
+    assert "wandb" in skipped_on  # the scan sees the skips it is about
+    missing = sorted(m for m in skipped_on if m.replace("_", "-").lower() not in installable and m not in DEVICE_ONLY)
+    assert not missing, f"tests skip on {missing}, which no extra of pyproject.toml installs"

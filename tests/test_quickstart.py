@@ -99,6 +99,34 @@ def test_quickstart_chat_stage_lowers_held_out_loss_and_answers(quickstart_run):
     run_dir = Path(summary["runs"]["chat"]["run_dir"])
     saved = json.loads((run_dir / "eval.json").read_text())
     assert [r["loss"] for r in saved["results"]] == [ev["before"], ev["after"]]
+    from trnqwen.evaluate.lifecycle import answers_tell_apart
+
+    base, tuned = gen["answers"].values()
+    # answers are shown only when a person can tell them apart
+    assert ("base '" in ev["line"]) == answers_tell_apart(base, tuned), ev["line"]
+    assert ("answers not shown" in ev["line"]) != answers_tell_apart(base, tuned), ev["line"]
+
+
+@pytest.mark.parametrize("base, tuned, shown", [
+    ("................................", "................................", False),
+    ("................................", ",,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,,", False),
+    ("the the the", " the  the the", False),
+    ("................................", "About 4100 people live in Quendale.", True),
+    ("Quendale Quendale", "About 4100 people", True),
+])
+def test_chat_line_shows_answers_only_when_they_can_be_told_apart(base, tuned, shown):
+    from trnqwen.evaluate.lifecycle import held_out_line
+
+    got = {"before": 6.1688, "after": 5.0517, "generations": [
+        {"prompt": "How many people live in Quendale?", "answers": {"base": base, "run/step-12": tuned}}]}
+    line = held_out_line(got, Path("runs/r1"))
+    assert line.startswith("held-out loss 6.169 -> 5.052; ")
+    if shown:
+        assert f"base {base[:60]!r}, tuned {tuned[:60]!r}" in line
+    else:
+        assert "base '" not in line and line.endswith(
+            "answers not shown: base and tuned write no words yet that tell them apart "
+            "(`trnqwen eval runs/r1 --generate 3` prints them)")
 
 
 @pytest.mark.slow
@@ -367,3 +395,104 @@ def test_quickstart_from_a_wheel_layout_shows_the_override_stage_skipped(tmp_pat
     assert "override" not in summary["runs"]
     (line,) = [x for x in result.err.splitlines() if "skipped" in x]
     assert "source checkout" in line
+
+
+# --- two stages at a time (trnqwen.quickstart.lanes) -------------------------------------------------------
+
+
+def test_lanes_run_two_jobs_at_once_in_order_and_wait_for_dependencies():
+    import threading
+    import time
+
+    from trnqwen.quickstart.lanes import Job, run_jobs
+
+    lock = threading.Lock()
+    running, peak, events = [0], [0], []
+
+    def job(name, seconds=0.2):
+        def run():
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+                events.append(("start", name))
+            time.sleep(seconds)
+            with lock:
+                running[0] -= 1
+                events.append(("end", name))
+        return run
+
+    jobs = [Job("chat", job("chat", 0.6)), Job("native", job("native")), Job("override", job("override"), after=("native",)),
+            Job("hf-v5", job("hf-v5")), Job("lora", job("lora")), Job("gone", job("gone"), after=("not a job",))]
+    t0 = time.monotonic()
+    run_jobs(jobs, workers=2)
+    took = time.monotonic() - t0
+    assert peak[0] == 2 and sorted(n for e, n in events if e == "end") == sorted(j.name for j in jobs)
+    assert events.index(("start", "override")) > events.index(("end", "native"))
+    assert [n for e, n in events if e == "start"][:2] == ["chat", "native"]  # list order
+    assert took < 0.6 + 0.2 * 5  # side by side: well under the 1.6 s one at a time takes
+
+
+def test_lanes_start_nothing_after_a_failure_and_raise_the_first_one():
+    import time
+
+    from trnqwen.quickstart.lanes import Job, run_jobs
+    from trnqwen.quickstart.types import StageFailed
+
+    ran = []
+
+    def fail(name, delay):
+        def run():
+            time.sleep(delay)
+            ran.append(name)
+            raise StageFailed(name, "boom")
+        return run
+
+    jobs = [Job("a", fail("a", 0.3)), Job("b", fail("b", 0.05)), Job("c", lambda: ran.append("c")), Job("d", lambda: ran.append("d"))]
+    with pytest.raises(StageFailed, match="'a' failed"):  # the first in list order, though b failed first
+        run_jobs(jobs, workers=2)
+    assert sorted(ran) == ["a", "b"]
+
+
+def test_run_ids_reserved_in_one_second_differ(tmp_path):
+    from trnqwen.quickstart.lanes import reserve_run_id
+
+    ids = [reserve_run_id(tmp_path, "native") for _ in range(3)]
+    assert len(set(ids)) == 3 and all(i.split("-")[2] == "native" for i in ids)
+
+
+def test_ctrl_c_while_lanes_run_stops_each_run_through_its_own_stop_request():
+    """Only the main thread gets Ctrl-C: run_jobs hands it to every supervised run
+    (trnqwen.train.stop_requests), waits for the lanes to record how their runs ended, re-raises."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from trnqwen.quickstart.lanes import Job, run_jobs
+    from trnqwen.train import stop_requests
+
+    stopped_with, started = [], threading.Barrier(3)
+
+    def supervised_run():
+        received: list[int] = []
+        stop_requests.register(received)
+        try:
+            started.wait()
+            deadline = time.monotonic() + 20
+            while not received and time.monotonic() < deadline:
+                time.sleep(0.01)
+            stopped_with.append(received[:1])
+        finally:
+            stop_requests.unregister(received)
+
+    def press_ctrl_c():
+        started.wait()
+        time.sleep(0.2)  # the main thread is in run_jobs' join by now
+        os.kill(os.getpid(), signal.SIGINT)  # a real signal: only the main thread sees it
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    jobs = [Job("a", supervised_run), Job("b", supervised_run), Job("never", lambda: stopped_with.append("ran"))]
+    with pytest.raises(KeyboardInterrupt):
+        run_jobs(jobs, workers=2)
+    assert stopped_with == [[signal.SIGINT], [signal.SIGINT]]  # both stopped, nothing new started
+    assert stop_requests.request_stop() == 0  # each run unregistered itself

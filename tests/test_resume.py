@@ -263,12 +263,37 @@ def test_resume_refuses_a_run_that_is_still_running(recorded):
     assert f"kill -TERM {os.getppid()} saves a checkpoint" in exc.value.hint and "Ctrl-C stops it without one" in exc.value.hint
 
 
-def test_config_show_lists_the_checkpoint_settings(cli, in_tmp):
+def _checkpoint_settings(cli) -> dict:
     res = cli("config", "show", "--json")
     assert res.code == 0, res.text
-    text = res.out
-    for name in ("save_every", "keep_last", "grace_seconds", "resolved_save_every"):
-        assert name in text
+    doc = json.loads(res.out)
+    names = ("save_every", "keep_last", "grace_seconds")
+    return {
+        "config": {k: doc["config"][k] for k in names},
+        "resolved_save_every": doc["derived"]["resolved_save_every"],
+        "sources": {k: doc["sources"][k] for k in (*names, "resolved_save_every")},
+    }
+
+
+def test_config_show_lists_the_checkpoint_settings_with_their_values_and_sources(cli, in_tmp, monkeypatch):
+    assert _checkpoint_settings(cli) == {
+        "config": {"save_every": None, "keep_last": 3, "grace_seconds": 90.0},
+        "resolved_save_every": 500,  # torchtitan's interval when nothing is set
+        "sources": {"save_every": "default", "keep_last": "default", "grace_seconds": "default",
+                    "resolved_save_every": "derived"},
+    }
+    monkeypatch.setenv("TRNQWEN_SAVE_EVERY", "50")
+    monkeypatch.setenv("TRNQWEN_KEEP_LAST", "0")
+    monkeypatch.setenv("TRNQWEN_GRACE_SECONDS", "30")
+    assert _checkpoint_settings(cli) == {
+        "config": {"save_every": 50, "keep_last": 0, "grace_seconds": 30.0},
+        "resolved_save_every": 50,
+        "sources": {"save_every": "env TRNQWEN_SAVE_EVERY", "keep_last": "env TRNQWEN_KEEP_LAST",
+                    "grace_seconds": "env TRNQWEN_GRACE_SECONDS", "resolved_save_every": "derived"},
+    }
+    monkeypatch.setenv("TRNQWEN_SAVE_EVERY", "epoch")
+    got = _checkpoint_settings(cli)
+    assert got["config"]["save_every"] == "epoch" and got["resolved_save_every"] == "epoch"
 
 
 # --- verify-ckpt after a failed run -------------------------------------------------------------
@@ -507,3 +532,23 @@ def test_saved_steps_come_from_the_record():
                        extra={"saved_checkpoints": [2, 4], "interrupted_at_step": 5, "resumes": [{"from_step": 0}, {"from_step": 3}]})
     assert resume.saved_steps(record) == [2, 3, 4, 5]
     assert resume.saved_steps(RunRecord(run_id="r", run_dir="/x", status="failed")) == []
+
+
+def test_starting_the_dataloader_leaves_the_global_rng_alone():
+    """torch's DataLoader draws its iterator seed from the global RNG when iteration starts: in a
+    resumed run that happens after the RNG was restored, and shifted every dropout mask after it.
+    The ranks start it through _RngNeutralIterable, which leaves the RNG where it was."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from trnqwen.runtime.resume_state import _RngNeutralIterable
+
+    loader = DataLoader(list(range(8)), batch_size=2)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    iter(loader)
+    assert not torch.equal(torch.get_rng_state(), before)  # the draw this is about
+    torch.manual_seed(0)
+    batches = list(_RngNeutralIterable(loader))
+    assert torch.equal(torch.get_rng_state(), before)
+    assert [b.tolist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]

@@ -32,7 +32,7 @@ def test_hf_trainer_spec_carries_report_to_through_its_argv():
     assert spec_from_argv(spec_to_argv(spec)).report_to == "tensorboard,wandb"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed")
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed (the dev extra has it: pip install -e '.[dev]')")
 def test_wandb_problem_reads_login_state_not_the_key(monkeypatch, tmp_path):
     from trnqwen.train.tracking import wandb_problem
 

@@ -31,99 +31,38 @@ step each rank logs how many calls took the custom path and how many fell back::
     [OverrideCalls] torch_rope_override.torch_rope: calls=8 fallbacks=0 modules=4 rank=0 step=1
 
 ``trnqwen inspect-logs`` reads both: one ``[Override]`` line per layer, and ``calls > 0`` with
-no fallbacks.  This file imports nothing from trnqwen: copy it and change the kernel.
+no fallbacks.  The file imports one thing from trnqwen, its call counter
+(``trnqwen.runtime.override_calls.module_counter``, installed wherever trnqwen trains): copy it and
+change the kernel.
 """
 
 from __future__ import annotations
 
-import os
-import weakref
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch.distributed.tensor import DTensor
-from torch.optim.optimizer import register_optimizer_step_post_hook
 from torchtitan.config import derive, override
 from torchtitan.models.common.rope import CosSinRoPE
-from torchtitan.tools.logging import logger
 
-__all__ = ["CALLS_TAG", "CallCounter", "TorchRoPE", "counter_for", "gather_rope_cache", "rope_bhsd", "torch_rope"]
+from trnqwen.runtime.override_calls import CALLS_TAG, ModuleCallCounter, module_counter as counter_for
+
+__all__ = ["CALLS_TAG", "ModuleCallCounter", "TorchRoPE", "counter_for", "gather_rope_cache", "rope_bhsd", "torch_rope"]
 
 OVERRIDE_NAME = f"{__name__}.torch_rope"
-CALLS_TAG = "[OverrideCalls]"
 
 
 # --- proof that the custom path ran -------------------------------------------------------------
-
-
-class CallCounter:
-    """Counts, per override, the calls that ran the custom path and the calls that fell back.
-
-    Each module keeps two 0-d int64 buffers and adds 1 to one of them per call: a tensor op, so
-    the count stays right under ``torch.compile`` (a Python ``+= 1`` would be traced once).  After
-    the first optimizer step of the process (torch's global step hook) one line is logged::
-
-        [OverrideCalls] NAME: calls=C fallbacks=F modules=M rank=R step=1[ reason: TEXT]
-
-    ``calls``: forward calls that ran the custom rotation (summed over the modules of this rank;
-    activation recomputation counts again); ``fallbacks``: calls that ran torchtitan's own path
-    instead; ``modules``: how many module instances ran the custom path at least once (one per
-    layer the override replaced); ``reason``: why the first fallback happened.
-    """
-
-    def __init__(self, name: str):
-        self.name = name
-        self.modules: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
-        self.reason: Optional[str] = None
-        self.steps_seen = 0
-        self._hook = None
-
-    def track(self, module: torch.nn.Module) -> None:
-        self.modules.add(module)
-        if self._hook is None:
-            self._hook = register_optimizer_step_post_hook(self._after_step)
-
-    def fell_back(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-            logger.warning(f"{self.name}: falling back to torchtitan's rotation: {reason}")
-
-    def totals(self) -> tuple[int, int, int]:
-        calls = fallbacks = modules = 0
-        for module in list(self.modules):
-            if module.custom_calls.is_meta:  # built on the meta device and never materialised
-                continue
-            c, f = _count(module.custom_calls), _count(module.fallback_calls)
-            calls, fallbacks, modules = calls + c, fallbacks + f, modules + (c > 0)
-        return calls, fallbacks, modules
-
-    def line(self) -> str:
-        calls, fallbacks, modules = self.totals()
-        rank = os.environ.get("RANK", "0")
-        text = f"{CALLS_TAG} {self.name}: calls={calls} fallbacks={fallbacks} modules={modules} rank={rank} step=1"
-        return text + (f" reason: {self.reason}" if fallbacks and self.reason else "")
-
-    def _after_step(self, optimizer, args, kwargs) -> None:
-        # The hook stays registered (torch iterates the hooks while calling them: removing one
-        # here would break the step); it only counts from now on.
-        self.steps_seen += 1
-        if self.steps_seen == 1:
-            logger.info(self.line())
-
-
-def _count(buf: torch.Tensor) -> int:
-    return int((buf.to_local() if isinstance(buf, DTensor) else buf).item())
-
-
-# One counter per override name: each replaced node's config names the override that made it.
-COUNTERS: dict[str, CallCounter] = {}
-
-
-def counter_for(name: str) -> CallCounter:
-    if name not in COUNTERS:
-        COUNTERS[name] = CallCounter(name)
-    return COUNTERS[name]
+#
+# Each module keeps two 0-d int64 buffers, custom_calls and fallback_calls, and adds 1 to one of
+# them per call (a tensor op: the count stays right under torch.compile).  trnqwen's counter sums
+# them over the modules and logs the [OverrideCalls] line after the first optimizer step that
+# followed a call (a resumed run's checkpoint load takes one step before any forward):
+#
+#     [OverrideCalls] NAME: calls=C fallbacks=F modules=M rank=R step=1[ reason: TEXT]
+#
+# counter_for(name) is one counter per override name, shared by every module it replaced.
 
 
 # --- the kernel -----------------------------------------------------------------------------------

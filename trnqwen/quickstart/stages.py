@@ -15,12 +15,13 @@ from trnqwen.assets import INDEX_NAME
 from trnqwen.constants import TINY_MODEL
 from trnqwen.errors import TrnqwenError, UsageError
 from trnqwen.evaluate.lifecycle import held_out_check, quickstart_chat_settings
+from trnqwen.quickstart import lanes
 from trnqwen.quickstart.report import _finite, _fmt, compare_losses, write_loss_plot
 
 from trnqwen.quickstart.types import (
     DEFAULT_FINETUNE_STEPS, DEFAULT_LOCAL_BATCH, DEFAULT_PRETRAIN_STEPS, DEFAULT_SEQ_LEN, DEFAULT_WORKDIR,
     FINETUNE_BACKENDS, FINETUNE_LR, MARKER, OVERRIDE_EXAMPLE, OVERRIDE_LOSS_TOLERANCE, PLOT_FILE,
-    PRETRAIN_BACKEND, PRETRAIN_LR, SUMMARY_FILE, Progress, QuickstartResult, RunInfo, Stage, StageFailed, attach_result,
+    PRETRAIN_BACKEND, PRETRAIN_LR, SUMMARY_FILE, Progress, QuickstartResult, RunInfo, Stage, StageFailed,
 )
 
 
@@ -96,12 +97,12 @@ def run_config(**values: Any):
 
 
 def train_run(stage: str, info: RunInfo, cfg: Any, workdir: Path, progress: Progress, *, status: bool,
-              pythonpath: Optional[Path] = None) -> RunInfo:
+              pythonpath: Optional[Path] = None, run_id: Optional[str] = None) -> RunInfo:
     """One ``trnqwen train`` through the real planner and launcher (run dir, torchrun, record);
     ``pythonpath`` goes first on the ranks' ``PYTHONPATH`` (where an override module lives)."""
     from trnqwen.train.run import execute, plan_train
 
-    plan = plan_train(cfg, cwd=workdir, pythonpath=[pythonpath] if pythonpath is not None else ())
+    plan = plan_train(cfg, cwd=workdir, pythonpath=[pythonpath] if pythonpath is not None else (), run_id=run_id)
     info.run_dir = str(plan.run_dir)
     info.log = str(plan.log_path)
     info.nproc_per_node = plan.nproc_per_node
@@ -119,7 +120,8 @@ def train_run(stage: str, info: RunInfo, cfg: Any, workdir: Path, progress: Prog
         r = outcome.result
         raise StageFailed(
             stage,
-            f"training ended with {r.ended_by if r else 'an error'}: {(r.error if r else None) or 'a rank failed'}",
+            f"training ended with {r.ended_by if r else 'an error'}: "
+            f"{(r.error if r else None) or ('stopped' if r and r.ended_by.startswith('SIG') else 'a rank failed')}",
             hint=f"full log: {plan.log_path}",
             exit_code=outcome.exit_code if outcome.exit_code in (130, 143) else None,
         )
@@ -136,7 +138,7 @@ def make_snapshot(base_assets: Path, exported: Path, dest: Path) -> Path:
     reads exactly like a Hub repo.  Written to a temp folder and renamed into place.
     """
     import numpy as np
-    from safetensors.numpy import load_file, save
+    from safetensors.numpy import load_file, save_file
 
     config = json.loads((base_assets / "config.json").read_text())
     want = {"float32": np.float32, "float16": np.float16}.get(str(config.get("torch_dtype", "float32")), np.float32)
@@ -154,10 +156,8 @@ def make_snapshot(base_assets: Path, exported: Path, dest: Path) -> Path:
             raise StageFailed("snapshot", f"{exported} holds no *.safetensors")
         for shard in shards:
             tensors = load_file(str(shard))
-            # bytes written by Python, so a full disk is an OSError (ENOSPC: exit 3), not safetensors' own error type
-            (tmp / shard.name).write_bytes(
-                save({k: np.ascontiguousarray(v.astype(want)) for k, v in tensors.items()}, metadata={"format": "pt"})
-            )
+            save_file({k: np.ascontiguousarray(v.astype(want)) for k, v in tensors.items()}, str(tmp / shard.name),
+                      metadata={"format": "pt"})
         index = exported / INDEX_NAME
         if index.is_file():
             data = json.loads(index.read_text())
@@ -292,8 +292,15 @@ def run_quickstart(
         runs_dir=runs_dir, warmup=1, seed=42,
     )
 
-    def stage(name: str, what: str, fn: Callable[[], Any], skipped: Optional[str] = None) -> Any:
-        prog.start(name, what)
+    from trnqwen.quickstart import dpo_stage, lora_stage
+
+    # the stages in their documented order: their numbers, and the order of result.stages
+    canonical = ["check-env", "fetch", "pre-train", "snapshot", *[f"train --finetune ({b})" for b in backends],
+                 "override", *[f"verify-ckpt ({b})" for b in backends], "inspect-logs", "chat fine-tune", lora_stage.STAGE,
+                 dpo_stage.STAGE]
+
+    def stage(name: str, what: str, fn: Callable[[], Any], skipped: Optional[str] = None, lane: bool = False) -> Any:
+        prog.start(name, what, index=canonical.index(name) + 1)
         st = Stage(name=name, skipped=skipped, ok=skipped is not None)
         t0 = time.monotonic()
         try:
@@ -313,15 +320,15 @@ def run_quickstart(
             if not isinstance(exc, StageFailed):
                 exc = StageFailed(name, exc.message, hint=exc.hint, exit_code=exc.exit_code)
             raise exc from None
-        except Exception as exc:  # a bug (exit 70) or the system's refusal (a full disk: 3): the stage is named
-            st.error = f"{type(exc).__name__}: {exc}"  # in the result; the CLI's one error table picks the exit code
+        except Exception as exc:  # a bug or an unexpected library error: still name the stage
+            st.error = f"{type(exc).__name__}: {exc}"
             result.failed_stage = name
             result.error = st.error
-            raise
+            raise StageFailed(name, st.error, hint="rerun with TRNQWEN_DEBUG=1 for the traceback") from exc
         finally:
             st.seconds = round(time.monotonic() - t0, 2)
             result.stages.append(st)
-            prog.done(st)
+            prog.done(st, name=name if lane else None)  # lanes end in any order: name the stage
             if on_stage is not None:
                 on_stage(st)
 
@@ -356,6 +363,16 @@ def run_quickstart(
         result.files["pretrained_snapshot"] = str(pretrained)
 
         ft_ranks = nproc_per_node or 2
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        jobs: list[lanes.Job] = []  # every training stage after the snapshot, two at a time
+
+        def lane_stage(name: str, what: str, fn: Callable[[], Any], *, after: tuple[str, ...] = (),
+                       skipped: Optional[str] = None) -> None:
+            jobs.append(lanes.Job(name, lambda: stage(name, what, fn, skipped, lane=True), after))
+
+        def run_id(backend: str) -> str:
+            return lanes.reserve_run_id(runs_dir, backend)
+
         for backend in backends:
             info = RunInfo(label=backend, backend=backend, finetune=True, steps=steps, nproc_per_node=ft_ranks)
             ckpt = _fresh_dir(ckpts / backend, workdir)
@@ -365,13 +382,14 @@ def run_quickstart(
             )
 
             def finetune(info=info, cfg=cfg) -> str:
-                train_run(f"train --finetune ({info.backend})", info, cfg, workdir, prog, status=status)
+                train_run(f"train --finetune ({info.backend})", info, cfg, workdir, prog, status=False,
+                          run_id=run_id(info.backend))
                 inspect_run(info)
                 return (f"{info.backend}: {steps} step(s) on {info.nproc_per_node} rank(s), step-1 loss "
                         f"{_fmt(info.step1_loss)} -> {_fmt(info.last_loss)}; exported {info.exported}")
 
             result.runs[backend] = info
-            stage(f"train --finetune ({backend})", f"from {pretrained.name}, {steps} step(s)", finetune)
+            lane_stage(f"train --finetune ({backend})", f"from {pretrained.name}, {steps} step(s)", finetune)
 
         if example is not None:  # the custom-kernel workflow, with the NKI example's CPU twin
             from trnqwen.fetch.builtin import tiny_qwen3_config
@@ -384,15 +402,59 @@ def run_quickstart(
             )
 
             def override() -> str:
-                train_run("override", ov, ov_cfg, workdir, prog, status=status, pythonpath=example)
+                train_run("override", ov, ov_cfg, workdir, prog, status=False, pythonpath=example, run_id=run_id("native"))
                 inspection = inspect_run(ov)
                 return check_override_ran(ov, inspection, tiny_qwen3_config()["num_hidden_layers"],
                                           result.runs.get("native"))
 
             result.runs["override"] = ov
-            stage("override", f"native fine-tune with --override-imports {OVERRIDE_EXAMPLE}", override)
+            # after the native fine-tune: its losses are the reference
+            lane_stage("override", f"native fine-tune with --override-imports {OVERRIDE_EXAMPLE}", override,
+                       after=("train --finetune (native)",))
         else:
-            stage("override", f"native fine-tune with --override-imports {OVERRIDE_EXAMPLE}", None, OVERRIDE_SKIPPED)
+            lane_stage("override", f"native fine-tune with --override-imports {OVERRIDE_EXAMPLE}", lambda: None,
+                       skipped=OVERRIDE_SKIPPED)
+
+        chat_settings = quickstart_chat_settings(workdir)  # the chat stage: the bundled chat set with a held-out split
+        chat = result.runs["chat"] = RunInfo(label="chat", backend=PRETRAIN_BACKEND, finetune=True, steps=chat_settings["steps"], nproc_per_node=ft_ranks)
+        chat_cfg = run_config(**common, **chat_settings, assets_dir=pretrained, backend=PRETRAIN_BACKEND, finetune=True, checkpoint_dir=_fresh_dir(ckpts / "chat", workdir), nproc_per_node=ft_ranks)
+
+        def chat_finetune() -> str:
+            train_run("chat fine-tune", chat, chat_cfg, workdir, prog, status=False, run_id=run_id(PRETRAIN_BACKEND))
+            inspect_run(chat)
+            chat.verify = verify_checkpoint("chat fine-tune", Path(chat.checkpoint_dir), pretrained, round_trip=device == "cpu")
+            result.evaluation = held_out_check(Path(chat.run_dir), device=device)
+            return result.evaluation["line"]
+
+        lo = result.runs["lora"] = RunInfo(label="lora", backend=PRETRAIN_BACKEND, finetune=True, steps=chat_settings["steps"], nproc_per_node=ft_ranks)
+        lo_cfg = run_config(**{**common, **lora_stage.lora_settings(chat_settings)}, assets_dir=pretrained, backend=PRETRAIN_BACKEND,
+                            finetune=True, checkpoint_dir=_fresh_dir(ckpts / "lora", workdir), nproc_per_node=ft_ranks)
+
+        def lora_finetune() -> str:
+            train_run(lora_stage.STAGE, lo, lo_cfg, workdir, prog, status=False, run_id=run_id(PRETRAIN_BACKEND))
+            inspect_run(lo)
+            line, result.lora = lora_stage.judge_lora_run(lo, pretrained, verify_checkpoint)
+            lo.verify = result.lora["merged_verify"]  # the adapter's merged folder, verified like any export
+            return line
+
+        lane_stage("chat fine-tune", f"bundled chat set, {chat.steps} steps, held-out loss and one answer before/after", chat_finetune)
+        lane_stage(lora_stage.STAGE, f"the chat set again as a rank-{lora_stage.LORA_RANK} LoRA adapter, merged", lora_finetune)
+        dpo_cfg = dpo_stage.dpo_settings(chat_settings, ft_ranks)
+        dp = result.runs["dpo"] = RunInfo(label="dpo", backend=PRETRAIN_BACKEND, finetune=True, steps=dpo_cfg["steps"], nproc_per_node=ft_ranks)
+        dp_cfg = run_config(**{**common, **dpo_cfg}, assets_dir=pretrained, backend=PRETRAIN_BACKEND, finetune=True,
+                            checkpoint_dir=_fresh_dir(ckpts / "dpo", workdir), nproc_per_node=ft_ranks)
+
+        def dpo() -> str:  # from the chat stage's starting point (dpo_stage says why not from its export)
+            train_run(dpo_stage.STAGE, dp, dp_cfg, workdir, prog, status=False, run_id=run_id(PRETRAIN_BACKEND))
+            inspect_run(dp)
+            line, result.dpo = dpo_stage.judge_dpo_run(dp, device=device)
+            return line
+
+        lane_stage(dpo_stage.STAGE, f"preference tuning on the bundled pairs, {dp.steps} steps, held-out accuracy before/after", dpo)
+        # the longest first, so the two lanes end close together
+        longest_first = [dpo_stage.STAGE, "chat fine-tune", "train --finetune (native)", lora_stage.STAGE]
+        jobs.sort(key=lambda j: longest_first.index(j.name) if j.name in longest_first else len(longest_first))
+        lanes.run_jobs(jobs)
 
         for backend in backends:
             info = result.runs[backend]
@@ -409,63 +471,26 @@ def run_quickstart(
             stage(f"verify-ckpt ({backend})", str(info.checkpoint_dir), check)
 
         def judge() -> str:
-            errors = [(label, f) for label, info in result.runs.items() for f in info.findings if f.get("severity") == "error"]
+            # the pre-training and the short fine-tunes from it (the chat, LoRA and DPO stages judge their own)
+            judged = {label: info for label, info in result.runs.items() if label not in ("chat", "lora", "dpo")}
+            errors = [(label, f) for label, info in judged.items() for f in info.findings if f.get("severity") == "error"]
             if errors:
                 label, f = errors[0]
                 raise StageFailed("inspect-logs", f"{label}: {f.get('message')}", hint=shlex.join(["trnqwen", "inspect-logs", str(result.runs[label].run_dir)]))
-            result.comparison = compare_losses(result.runs)
-            plot = write_loss_plot(result.runs, workdir / PLOT_FILE)
+            result.comparison = compare_losses(judged)
+            plot = write_loss_plot(judged, workdir / PLOT_FILE)
             result.files["loss_plot"] = str(plot)
             c = result.comparison
             gaps = ", ".join(f"{k} {_fmt(v['step1_loss'])}" for k, v in c["finetunes"].items())
             return f"step-1 loss: random init {_fmt(c['random_init_step1_loss'])} vs fine-tune {gaps}; plot {plot}"
 
         stage("inspect-logs", "judge every run, compare random init with the fine-tunes, plot", judge)
-        chat_settings = quickstart_chat_settings(workdir)  # the chat stage: the bundled chat set with a held-out split
-        chat = result.runs["chat"] = RunInfo(label="chat", backend=PRETRAIN_BACKEND, finetune=True, steps=chat_settings["steps"], nproc_per_node=ft_ranks)
-        chat_cfg = run_config(**common, **chat_settings, assets_dir=pretrained, backend=PRETRAIN_BACKEND, finetune=True, checkpoint_dir=_fresh_dir(ckpts / "chat", workdir), nproc_per_node=ft_ranks)
-
-        def chat_finetune() -> str:
-            train_run("chat fine-tune", chat, chat_cfg, workdir, prog, status=status)
-            inspect_run(chat)
-            chat.verify = verify_checkpoint("chat fine-tune", Path(chat.checkpoint_dir), pretrained, round_trip=device == "cpu")
-            result.evaluation = held_out_check(Path(chat.run_dir), device=device)
-            return result.evaluation["line"]
-
-        stage("chat fine-tune", f"bundled chat set, {chat.steps} steps, held-out loss and one answer before/after", chat_finetune)
-        from trnqwen.quickstart import lora_stage
-
-        lo = result.runs["lora"] = RunInfo(label="lora", backend=PRETRAIN_BACKEND, finetune=True, steps=chat_settings["steps"], nproc_per_node=ft_ranks)
-        lo_cfg = run_config(**{**common, **lora_stage.lora_settings(chat_settings)}, assets_dir=pretrained, backend=PRETRAIN_BACKEND,
-                            finetune=True, checkpoint_dir=_fresh_dir(ckpts / "lora", workdir), nproc_per_node=ft_ranks)
-
-        def lora_finetune() -> str:
-            train_run(lora_stage.STAGE, lo, lo_cfg, workdir, prog, status=status)
-            inspect_run(lo)
-            line, result.lora = lora_stage.judge_lora_run(lo, pretrained, verify_checkpoint)
-            lo.verify = result.lora["merged_verify"]  # the adapter's merged folder, verified like any export
-            return line
-
-        stage(lora_stage.STAGE, f"the chat set again as a rank-{lora_stage.LORA_RANK} LoRA adapter, merged", lora_finetune)
-        from trnqwen.quickstart import dpo_stage
-
-        dpo_cfg = dpo_stage.dpo_settings(chat_settings, ft_ranks)
-        dp = result.runs["dpo"] = RunInfo(label="dpo", backend=PRETRAIN_BACKEND, finetune=True, steps=dpo_cfg["steps"], nproc_per_node=ft_ranks)
-
-        def dpo() -> str:  # from the chat stage's starting point (dpo_stage says why not from its export)
-            cfg = run_config(**{**common, **dpo_cfg}, assets_dir=pretrained, backend=PRETRAIN_BACKEND, finetune=True,
-                             checkpoint_dir=_fresh_dir(ckpts / "dpo", workdir), nproc_per_node=ft_ranks)
-            train_run(dpo_stage.STAGE, dp, cfg, workdir, prog, status=status)
-            inspect_run(dp)
-            line, result.dpo = dpo_stage.judge_dpo_run(dp, device=device)
-            return line
-
-        stage(dpo_stage.STAGE, f"preference tuning on the bundled pairs, {dp.steps} steps, held-out accuracy before/after", dpo)
         result.ok = True
-    except Exception as exc:  # the CLI still prints what was done, whatever stopped it
-        attach_result(exc, result)
+    except StageFailed as exc:
+        exc.result = result  # the CLI still prints what was done
         raise
     finally:
+        result.stages.sort(key=lambda st: canonical.index(st.name))  # lanes end in any order
         result.seconds = round(time.monotonic() - started, 1)
         for label, info in result.runs.items():
             if info.run_dir:

@@ -129,8 +129,10 @@ class Progress:
         self.total = total
         self.index = 0
 
-    def start(self, name: str, what: str) -> None:
-        self.index += 1
+    def start(self, name: str, what: str, index: Optional[int] = None) -> None:
+        """``index``: the stage's number in the documented order (stages that run side by side
+        start out of it); the next number when None."""
+        self.index = self.index + 1 if index is None else index
         if self.enabled:
             from rich.markup import escape
 
@@ -138,7 +140,8 @@ class Progress:
 
             output.console().print(f"[bold cyan][{self.index}/{self.total}] {escape(name)}[/bold cyan]  {escape(what)}")
 
-    def done(self, stage: Stage) -> None:
+    def done(self, stage: Stage, name: Optional[str] = None) -> None:
+        """``name``: say which stage ended (stages that run side by side end in any order)."""
         if not self.enabled:
             return
         from rich.markup import escape
@@ -147,7 +150,8 @@ class Progress:
 
         mark = "[yellow]skipped[/yellow]" if stage.skipped else "[green]ok[/green]" if stage.ok else "[red]FAILED[/red]"
         text = escape(stage.skipped or (stage.detail if stage.ok else (stage.error or stage.detail)))
-        output.console().print(f"      {mark} {text} [dim]({stage.seconds:.1f}s)[/dim]")
+        who = f"{escape(name)}: " if name else ""
+        output.console().print(f"      {mark} {who}{text} [dim]({stage.seconds:.1f}s)[/dim]")
 
     def note(self, text: str) -> None:
         if self.enabled:

@@ -96,6 +96,50 @@ def install_force_sum_reduction() -> None:
     tt_fsdp.disable_fsdp_gradient_division = disable_division_and_force_sum
 
 
+def install_eager_block_masks() -> None:
+    """Build each batch's BlockMask with eager ``create_block_mask``, not torchtitan's compiled one.
+
+    torchtitan wraps ``create_block_mask`` in ``torch.compile``: on CPU its first call traces for
+    about 2.6 s in every rank of every run, and the CPU attention (:func:`dense_mask_from_block_mask`,
+    ``runtime/cpu_attention.py``) reads only the mask's ``mask_mod`` anyway.  The eager call
+    returns the same mask.  Callers imported the name, so each importing module is patched (the
+    Transformers backend's in :func:`install_hf_backend_attention`).
+    """
+    import torchtitan.models.common.attention as attention
+    import torchtitan.models.common.decoder as decoder
+
+    attention.create_attention_mask = eager_attention_mask
+    decoder.create_attention_mask = eager_attention_mask
+
+
+def eager_attention_mask(*args: Any, **kwargs: Any):
+    """torchtitan's ``create_attention_mask`` without ``torch.compile``."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(*args, **kwargs)
+
+
+class _TimeWithoutSleep:
+    """``time`` for torchtitan's trainer module, whose rank 0 sleeps 2 s after the last step "for
+    other ranks to complete" (they are past the last collective by then; torchrun waits for all)."""
+
+    def __getattr__(self, name: str) -> Any:
+        import time
+
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        return None
+
+
+def skip_final_sleep() -> None:
+    """No 2 s pause at the end of every CPU run (:class:`_TimeWithoutSleep`)."""
+    import torchtitan.trainer as trainer
+
+    trainer.time = _TimeWithoutSleep()  # type: ignore[assignment]
+
+
 def dense_mask_from_block_mask(block_mask: Any, batch: int, q_len: int, kv_len: int, device: Any):
     """The boolean ``(B, 1, Q, KV)`` mask a flex BlockMask stands for, from its ``mask_mod``."""
     from torch.nn.attention.flex_attention import create_mask
@@ -160,4 +204,6 @@ def install_hf_backend_attention() -> None:
     from trnqwen.runtime.override_calls import counter
 
     hf_model.flex_attention_forward = sdpa_flex_attention_forward
+    if hasattr(hf_model, "create_attention_mask"):
+        hf_model.create_attention_mask = eager_attention_mask  # see install_eager_block_masks
     counter(HF_ATTENTION_CALLS).arm()  # after step 1: how many attention calls it served

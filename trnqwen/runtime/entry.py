@@ -89,10 +89,14 @@ def _adapt_for_cpu(config, imports: list) -> None:
 def main(argv: Optional[list[str]] = None) -> None:
     device, rest = split_own_flags(list(sys.argv[1:] if argv is None else argv))
     if device == "cpu":
-        from trnqwen.runtime.cpu import install_cpu_device, install_force_sum_reduction
+        from trnqwen.runtime.cpu import (
+            install_cpu_device, install_eager_block_masks, install_force_sum_reduction, skip_final_sleep,
+        )
 
         install_cpu_device()  # before any other torchtitan import
         install_force_sum_reduction()
+        install_eager_block_masks()
+        skip_final_sleep()
     _patch_config_parsing(device)
     from trnqwen.runtime import resume_state
 

@@ -5,7 +5,10 @@
 * **RNG in the checkpoint.**  torchtitan saves model, optimizer, LR schedule, dataloader
   position and step, not the random generators; each rank's torch / Python / NumPy (and device)
   RNG state is added as ``trnqwen_rng.rank_<r>``, so a resumed run draws what the uninterrupted
-  one would have.
+  one would have.  Starting to iterate the dataloader draws one number from the global torch
+  RNG (torch's DataLoader seeds its iterator with it) at the first step of every process: step 1
+  of a fresh run but the first step after the load in a resumed one, which shifted every later
+  dropout mask.  That draw leaves the global RNG as it was (:class:`_RngNeutralIterable`).
 * **Exports never land among resume points.**  torchtitan's ``checkpoint.folder`` is
   ``<root>/resume`` (trnqwen.train.checkpoints); the last step saves the full resumable state
   there *and* the HF export to ``<root>/hf/step-N`` (a finished run can be extended).
@@ -100,6 +103,19 @@ class RankRNG:
             device.set_rng_state(state["device"])
 
 
+class _RngNeutralIterable:
+    """``iter()`` of the wrapped iterable with the global CPU torch RNG restored afterwards."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def __iter__(self):
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            return iter(self.inner)
+
+
 def _device_rng():
     """The accelerator's RNG module (torch.cuda, torch.neuron, ...), None on CPU."""
     try:
@@ -189,6 +205,7 @@ def install() -> None:
     original_save = CheckpointManager.save
     original_load = CheckpointManager._load
     original_continue = Trainer.should_continue_training
+    original_batch_generator = Trainer.batch_generator
 
     def __init__(self, config, **kwargs):
         original_init(self, config, **kwargs)
@@ -251,11 +268,15 @@ def install() -> None:
     def should_continue_training(self) -> bool:
         return not _state["stop"] and original_continue(self)
 
+    def batch_generator(self, data_iterable):
+        return original_batch_generator(self, _RngNeutralIterable(data_iterable))
+
     CheckpointManager.__init__ = __init__
     CheckpointManager._save_last_step = _save_last_step
     CheckpointManager.save = save
     CheckpointManager._load = _load
     Trainer.should_continue_training = should_continue_training
+    Trainer.batch_generator = batch_generator
     del titan_dcp
     install_signal_handlers()
 

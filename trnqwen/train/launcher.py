@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, redact, redact_argv
+from trnqwen.train import stop_requests
 from trnqwen.train.multinode import rendezvous_argv
 from trnqwen.train.status import StatusLine
 # the root cause of a failure: its own module, its names kept here for the launcher's callers
@@ -324,6 +325,7 @@ def supervise(
     if handle_signals and threading.current_thread() is threading.main_thread():
         for sig in PREEMPT_SIGNALS:
             previous[sig] = signal.signal(sig, on_signal)
+    stop_requests.register(received)
     try:
         return _run_supervised(
             argv, full_env=full_env, cwd=cwd, log_path=log_path, rank_log_dir=rank_log_dir, status=status,
@@ -331,6 +333,7 @@ def supervise(
             received=received,
         )
     finally:
+        stop_requests.unregister(received)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
