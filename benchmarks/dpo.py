@@ -13,7 +13,9 @@ pays for DPO instead of step 1); seconds per step (median of the step-line stamp
 pass's own seconds (its meta.json); whole-command wall times; peak RSS per rank.
 Either run failing is reported as a failure, never hidden.
 
-  python benchmarks/dpo.py [--pairs 40] [--shape tiny|0.6b] [--backend native|hf-v5] [--json]
+  python benchmarks/dpo.py [--pairs 40] [--shape tiny|0.6b] [--backend native|hf-v5] [--lora] [--json]
+
+``--lora`` runs both with a rank-16 adapter (the 0.6B shape's full fine-tune needs ~10 GiB per rank).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def main() -> int:
     ap.add_argument("--shape", default="0.6b", choices=["tiny", "0.6b"])
     ap.add_argument("--backend", default="native", choices=["native", "hf-v5"])
     ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--lora", action="store_true", help="both runs train a rank-16 LoRA adapter")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
@@ -80,7 +83,8 @@ def main() -> int:
         steps = max(2, len(prepared.split("train")) // 2)  # one epoch of the pair rows on 2 ranks
         base = [sys.executable, "-m", "trnqwen", "train", "--model", "builtin:tiny-qwen3", "--assets", str(assets),
                 "--backend", args.backend, "--device", "cpu", "--nproc-per-node", "2", "--steps", str(steps),
-                "--seq-len", str(args.seq_len), "--finetune", "--lr", "1e-5", "--no-export-hf", "--show-log"]
+                "--seq-len", str(args.seq_len), "--finetune", "--lr", "1e-5", "--no-export-hf", "--show-log",
+                *(["--lora", "--lora-rank", "16"] if args.lora else [])]
         runs = {}
         for label, extra in (("sft", ["--dataset", str(chats)]), ("dpo", ["--dataset", str(prefs), "--method", "dpo"])):
             cwd = work / label
@@ -96,7 +100,7 @@ def main() -> int:
         reference_s = json.loads(metas[0].read_text())["seconds"] if metas else None
         if reference_s is None and "dpo" not in failed:
             failed.append("dpo (no reference pass recorded)")
-        summary = {"benchmark": "dpo", "backend": args.backend, "shape": args.shape, "pairs": args.pairs,
+        summary = {"benchmark": "dpo", "backend": args.backend, "shape": args.shape, "lora": args.lora, "pairs": args.pairs,
                    "rows": len(prepared.split("train")), "steps": steps, "seq_len": args.seq_len, "runs": runs,
                    "reference_pass_s": reference_s, "failed": failed}
         if not failed:

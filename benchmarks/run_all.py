@@ -46,7 +46,7 @@ BENCHES = [
     Bench("fetch_throughput", "fetch from a loopback Hub vs `hf download` (same server, same files)", [],
           ["--size-mb", "20", "--runs", "1"]),
     Bench("verify_ckpt", "verify-ckpt on a generated Qwen3-4B-shaped 8 GB checkpoint vs `cat` (time, peak RSS)",
-          ["--skip-naive"], ["--repeat", "1", "--skip-naive"]),
+          ["--skip-naive"], ["--repeat", "1", "--skip-naive", "--layers", "2"]),
     Bench("eval_throughput", "eval tokens/s vs a plain transformers model(**batch) loop (same rows, same model)", [],
           ["--rows", "4", "--seq-len", "256", "--repeats", "1"]),
     Bench("train_overhead", "`trnqwen train` vs the same torchrun command by hand (tiny model, 2 CPU ranks)", [],

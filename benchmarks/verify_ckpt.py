@@ -111,12 +111,12 @@ def generate(folder: Path, shards: int = 3) -> list[Path]:
     return files
 
 
-def ensure_checkpoint() -> list[Path]:
-    files = sorted(WORK.glob("model-*.safetensors"))
-    if len(files) == 3 and (WORK / "model.safetensors.index.json").is_file() and (WORK / "config.json").is_file():
+def ensure_checkpoint(work: Path = WORK) -> list[Path]:
+    files = sorted(work.glob("model-*.safetensors"))
+    if len(files) == 3 and (work / "model.safetensors.index.json").is_file() and (work / "config.json").is_file():
         return files
-    print(f"generating a Qwen3-4B-shaped checkpoint under {WORK} (once) ...", file=sys.stderr)
-    return generate(WORK)
+    print(f"generating a Qwen3-4B-shaped checkpoint under {work} (once) ...", file=sys.stderr)
+    return generate(work)
 
 
 NAIVE = r"""
@@ -165,10 +165,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-naive", action="store_true", help="skip from_pretrained + isfinite (needs ~10 GB RAM)")
+    ap.add_argument("--layers", type=int, default=QWEN3_4B["num_hidden_layers"],
+                    help="transformer layers (36 = Qwen3-4B, ~8 GB; the quick path's 2 make ~1.2 GB)")
     ap.add_argument("--json", action="store_true", help="print only the JSON summary line")
     args = ap.parse_args()
 
-    files = ensure_checkpoint()
+    global WORK
+    if args.layers != QWEN3_4B["num_hidden_layers"]:
+        QWEN3_4B["num_hidden_layers"] = args.layers
+        WORK = WORK.with_name(f"{WORK.name}-{args.layers}l")
+    files = ensure_checkpoint(WORK)
     size_gb = sum(f.stat().st_size for f in files) / 1e9
     trnqwen = [PY, "-m", "trnqwen", "verify-ckpt", str(WORK), "--json"]
     cmds = {
