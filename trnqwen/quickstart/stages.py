@@ -21,7 +21,7 @@ from trnqwen.quickstart.report import _finite, _fmt, compare_losses, write_loss_
 from trnqwen.quickstart.types import (
     DEFAULT_FINETUNE_STEPS, DEFAULT_LOCAL_BATCH, DEFAULT_PRETRAIN_STEPS, DEFAULT_SEQ_LEN, DEFAULT_WORKDIR,
     FINETUNE_BACKENDS, FINETUNE_LR, MARKER, OVERRIDE_EXAMPLE, OVERRIDE_LOSS_TOLERANCE, PLOT_FILE,
-    PRETRAIN_BACKEND, PRETRAIN_LR, SUMMARY_FILE, Progress, QuickstartResult, RunInfo, Stage, StageFailed,
+    PRETRAIN_BACKEND, PRETRAIN_LR, SUMMARY_FILE, Progress, QuickstartResult, RunInfo, Stage, StageFailed, attach_result,
 )
 
 
@@ -138,7 +138,7 @@ def make_snapshot(base_assets: Path, exported: Path, dest: Path) -> Path:
     reads exactly like a Hub repo.  Written to a temp folder and renamed into place.
     """
     import numpy as np
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import load_file, save
 
     config = json.loads((base_assets / "config.json").read_text())
     want = {"float32": np.float32, "float16": np.float16}.get(str(config.get("torch_dtype", "float32")), np.float32)
@@ -156,8 +156,10 @@ def make_snapshot(base_assets: Path, exported: Path, dest: Path) -> Path:
             raise StageFailed("snapshot", f"{exported} holds no *.safetensors")
         for shard in shards:
             tensors = load_file(str(shard))
-            save_file({k: np.ascontiguousarray(v.astype(want)) for k, v in tensors.items()}, str(tmp / shard.name),
-                      metadata={"format": "pt"})
+            # bytes written by Python, so a full disk is an OSError (ENOSPC: exit 3), not safetensors' own error type
+            (tmp / shard.name).write_bytes(
+                save({k: np.ascontiguousarray(v.astype(want)) for k, v in tensors.items()}, metadata={"format": "pt"})
+            )
         index = exported / INDEX_NAME
         if index.is_file():
             data = json.loads(index.read_text())
@@ -320,11 +322,11 @@ def run_quickstart(
             if not isinstance(exc, StageFailed):
                 exc = StageFailed(name, exc.message, hint=exc.hint, exit_code=exc.exit_code)
             raise exc from None
-        except Exception as exc:  # a bug or an unexpected library error: still name the stage
-            st.error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # a bug (exit 70) or the system's refusal (a full disk: 3): the stage is named
+            st.error = f"{type(exc).__name__}: {exc}"  # in the result; the CLI's one error table picks the exit code
             result.failed_stage = name
             result.error = st.error
-            raise StageFailed(name, st.error, hint="rerun with TRNQWEN_DEBUG=1 for the traceback") from exc
+            raise
         finally:
             st.seconds = round(time.monotonic() - t0, 2)
             result.stages.append(st)
@@ -486,8 +488,8 @@ def run_quickstart(
 
         stage("inspect-logs", "judge every run, compare random init with the fine-tunes, plot", judge)
         result.ok = True
-    except StageFailed as exc:
-        exc.result = result  # the CLI still prints what was done
+    except Exception as exc:  # the CLI still prints what was done, whatever stopped it
+        attach_result(exc, result)
         raise
     finally:
         result.stages.sort(key=lambda st: canonical.index(st.name))  # lanes end in any order
