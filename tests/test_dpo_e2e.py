@@ -44,8 +44,9 @@ def dpo_runs(tmp_path_factory):
     for backend in BACKENDS:
         cwd = root / backend
         cwd.mkdir()
+        tensorboard = ["--tensorboard"] if backend == "hf-trainer" else []  # the Trainer's own writer gets dpo/* too
         r = run_subprocess("train", "--model", "builtin:tiny-qwen3", "--assets", str(assets), "--backend", backend,
-                           *COMMON, cwd=cwd, env=env, timeout=900)
+                           *COMMON, *tensorboard, cwd=cwd, env=env, timeout=900)
         runs[backend] = (r, cwd)
     return {"runs": runs, "assets": assets, "root": root, "env": env}
 
@@ -108,6 +109,17 @@ def test_step_one_is_ln2_on_every_backend_and_they_agree(dpo_runs):
         rows = _dpo(cwd)
         assert sorted(rows) == list(range(1, STEPS + 1))
         assert any(v["margin"] > 0 for v in rows.values()), rows
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from trnqwen.rundir import last_run_dir
+
+    events = list((last_run_dir(dpo_runs["runs"]["hf-trainer"][1] / ".trnqwen" / "runs") / "tb").rglob("events*"))
+    tags = set()
+    for path in events:
+        acc = EventAccumulator(str(path))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    assert {"train/dpo/margin", "train/dpo/accuracy"} <= tags, sorted(tags)
     for backend in ("hf-v5", "hf-trainer"):
         for step in range(1, STEPS + 1):
             a, b = losses["native"][step], losses[backend][step]
