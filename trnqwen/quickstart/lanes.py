@@ -64,9 +64,9 @@ def run_jobs(jobs: list[Job], workers: int = WORKERS) -> None:
 
     threads = [threading.Thread(target=worker, name=f"quickstart-lane-{i}", daemon=True)
                for i in range(max(1, min(workers, len(jobs))))]
-    for t in threads:
-        t.start()
-    try:
+    try:  # a Ctrl-C while the lanes are still starting stops the runs already started too
+        for t in threads:
+            t.start()
         for t in threads:
             t.join()
     except KeyboardInterrupt:  # only the main thread gets Ctrl-C: stop the lanes' runs, let them record it
@@ -76,7 +76,8 @@ def run_jobs(jobs: list[Job], workers: int = WORKERS) -> None:
             failed.setdefault("", KeyboardInterrupt())  # start nothing new
         request_stop()
         for t in threads:
-            t.join()
+            if t.is_alive() or t.ident is not None:
+                t.join()
         raise
     if failed:
         raise failed[next(j.name for j in jobs if j.name in failed)]
