@@ -40,7 +40,17 @@ def run_jobs(jobs: list[Job], workers: int = WORKERS) -> None:
                 return job
         return None
 
+    exited = [0]  # workers that have returned: counted by the workers themselves (see the Ctrl-C path)
+
     def worker() -> None:
+        try:
+            _work()
+        finally:
+            with cond:
+                exited[0] += 1
+                cond.notify_all()
+
+    def _work() -> None:
         while True:
             with cond:
                 while True:
@@ -75,9 +85,12 @@ def run_jobs(jobs: list[Job], workers: int = WORKERS) -> None:
         with cond:
             failed.setdefault("", KeyboardInterrupt())  # start nothing new
         request_stop()
-        for t in threads:
-            if t.is_alive() or t.ident is not None:
-                t.join()
+        # Not Thread.join(): on Python 3.11 a join interrupted by Ctrl-C marks that thread stopped, so
+        # joining it again returns at once while it still runs (a run's record would be cut short).
+        started = sum(1 for t in threads if t.ident is not None)
+        with cond:
+            while exited[0] < started:
+                cond.wait()
         raise
     if failed:
         raise failed[next(j.name for j in jobs if j.name in failed)]
