@@ -3,7 +3,7 @@
 An interrupted run, resumed, logs the same losses as the uninterrupted run (within 1e-5
 absolute: the 5 printed decimals) because model, optimizer, LR schedule, data position and RNG
 are in the checkpoint; with dropout on, the RNG state is what keeps it exact.
-Cheap on purpose: seq-len 128, 8 steps, the smallest rank counts that show the point.
+Cheap on purpose: seq-len 128, 8 steps (24 where a real signal must land mid-run), the smallest rank counts that show the point.
 """
 
 from __future__ import annotations
@@ -60,18 +60,21 @@ def _same(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-5 + 1e-9
 
 
-def _baseline(work: Path, backend: str, ranks: int, folder: str) -> dict[int, float]:
-    r = _train(work, *TINY, "--backend", backend, "--nproc-per-node", str(ranks), "--steps", "8", "--checkpoint-dir", folder)
+def _baseline(work: Path, backend: str, ranks: int, folder: str, steps: int = 8) -> dict[int, float]:
+    r = _train(work, *TINY, "--backend", backend, "--nproc-per-node", str(ranks), "--steps", str(steps), "--checkpoint-dir", folder)
     assert r.code == 0, r.text[-3000:]
     return _losses(_last(work))
 
 
 def test_native_sigterm_then_resume_is_exact_and_a_second_run_is_refused(work):
-    """SIGTERM to the launcher -> ranks save at the next step boundary -> exit 138 -> --resume."""
-    expected = _baseline(work, "native", 2, "native-base")
+    """SIGTERM to the launcher -> ranks save at the next step boundary -> exit 138 -> --resume.
+    24 steps: the signal is sent once step 4 is logged, and a CPU step now takes ~0.2 s, so 8 steps
+    could all finish between the poll and the signal (the run then ended 0, not 138)."""
+    steps = 24
+    expected = _baseline(work, "native", 2, "native-base", steps=steps)
     baseline_run = _last(work).name
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **ENV)
-    args = [*TINY, "--backend", "native", "--nproc-per-node", "2", "--steps", "8", "--checkpoint-dir", "native"]
+    args = [*TINY, "--backend", "native", "--nproc-per-node", "2", "--steps", str(steps), "--checkpoint-dir", "native"]
     proc = subprocess.Popen([*TRNQWEN, "train", *args], cwd=work, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
@@ -87,7 +90,7 @@ def test_native_sigterm_then_resume_is_exact_and_a_second_run_is_refused(work):
     assert "trnqwen train --resume" in out and "Traceback" not in out
     record = json.loads((run_dir / "run.json").read_text())
     stopped = record["extra"]["interrupted_at_step"]
-    assert record["status"] == "interrupted" and record["ended_by"] == "SIGTERM" and 4 <= stopped < 8
+    assert record["status"] == "interrupted" and record["ended_by"] == "SIGTERM" and 4 <= stopped < steps
     assert record["extra"]["resume_command"] == f"trnqwen train --resume {run_dir.name}"
     assert (work / "native" / "resume" / f"step-{stopped}" / ".metadata").is_file()
     assert not (work / "native" / "hf").exists()  # no export of an unfinished run
@@ -101,20 +104,20 @@ def test_native_sigterm_then_resume_is_exact_and_a_second_run_is_refused(work):
     resumed = _train(work, "--resume", run_dir.name)
     assert resumed.code == 0, resumed.text[-3000:]
     losses = _losses(run_dir)  # one log: steps continue, none repeated
-    assert sorted(losses) == list(range(1, 9))
-    assert all(_same(losses[s], expected[s]) for s in range(1, 9)), (losses, expected)
+    assert sorted(losses) == list(range(1, steps + 1))
+    assert all(_same(losses[s], expected[s]) for s in range(1, steps + 1)), (losses, expected)
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "succeeded" and record["extra"]["resumes"][0]["from_step"] == stopped
-    assert Path(record["extra"]["exported"]) == work / "native" / "hf" / "step-8"
+    assert Path(record["extra"]["exported"]) == work / "native" / "hf" / f"step-{steps}"
     finished = _train(work, "--resume", run_dir.name)
-    assert finished.code == 2 and "already completed all 8 steps" in finished.text
+    assert finished.code == 2 and f"already completed all {steps} steps" in finished.text
 
     # inspect-logs reads it as one run, resumed from step N at the line run.json names.
     report = run_subprocess("inspect-logs", str(run_dir), "--json", cwd=work, env=ENV)
     assert report.code == 0, report.text[-3000:]
     doc = json.loads(report.out)
     assert doc["resumes"] == [{"from_step": stopped, "line": record["extra"]["resumes"][0]["line"]}]
-    assert [s["step"] for s in doc["steps"]] == list(range(1, 9))
+    assert [s["step"] for s in doc["steps"]] == list(range(1, steps + 1))
     assert not [f for f in doc["findings"] if f["severity"] == "error"], doc["findings"]
 
 
