@@ -21,7 +21,6 @@ position per pair (:func:`pair_markers`), so "valid tokens" = pairs and torchtit
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -29,15 +28,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from trnqwen.train.dpo import LOSS_TYPES, initial_loss  # noqa: F401  (one home: the planner's)
+
 IGNORE_INDEX = -100
-LOSS_TYPES = ("sigmoid", "ipo")
 KEYS = ("dpo_targets", "dpo_segments", "dpo_ref")  # what a DPO batch carries beside input/positions
 METRICS = ("rewards_chosen", "rewards_rejected", "margin", "accuracy")
-
-
-def initial_loss(loss_type: str, beta: float) -> float:
-    """The loss of every pair before any update (policy = reference)."""
-    return math.log(2.0) if loss_type == "sigmoid" else (1.0 / (2.0 * beta)) ** 2
 
 
 def pair_markers(segments: np.ndarray) -> np.ndarray:

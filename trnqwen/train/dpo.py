@@ -8,7 +8,7 @@
 * :func:`render_lines` is the config module's part: the loss and the dataloaders' reference folder.
 
 The step-1 check belongs to the judge (``logs/judge.py``): before any update the policy is the
-reference, so the first loss is :func:`trnqwen.runtime.dpo_loss.initial_loss` (ln 2 for sigmoid),
+reference, so the first loss is :func:`initial_loss` (ln 2 for sigmoid),
 and a run that starts elsewhere compared itself with another model's log-probs.
 """
 
@@ -23,9 +23,14 @@ from typing import Any, Optional
 
 from trnqwen.errors import UsageError
 
-METHODS = ("sft", "dpo")
 LOSS_TYPES = ("sigmoid", "ipo")
 REFERENCE_IMPORT = "from trnqwen.runtime.dpo import dpo_loss_config"
+
+
+def initial_loss(loss_type: str, beta: float) -> float:
+    """Every pair's loss before the first update (policy = reference): the one home of the formula
+    (the ranks, the judge and the quickstart all ask here)."""
+    return math.log(2.0) if loss_type == "sigmoid" else (1.0 / (2.0 * beta)) ** 2
 
 
 @dataclass(frozen=True)
@@ -35,8 +40,7 @@ class DpoSpec:
 
     @property
     def initial_loss(self) -> float:
-        """Every pair's loss before the first update (policy = reference): ln 2 for sigmoid."""
-        return math.log(2.0) if self.loss_type == "sigmoid" else (1.0 / (2.0 * self.beta)) ** 2
+        return initial_loss(self.loss_type, self.beta)
 
 
 def spec_from_config(cfg: Any) -> Optional[DpoSpec]:
