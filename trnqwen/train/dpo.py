@@ -117,7 +117,7 @@ def plan_note(spec: DpoSpec, reference_dir: Path, *, reused: bool) -> str:
             f"reference log-probs {how} ({reference_dir})")
 
 
-def plan(cfg: Any, assets_dir: Path, rank_data: Any, *, device_type: str, rows_per_step: int, steps: int,
+def plan(cfg: Any, assets_dir: Path, rank_data: Any, *, device_type: str, dp_degree: int, steps: int,
          validates: bool) -> Optional[tuple[DpoSpec, Path, str]]:
     """(spec, reference folder, plan note) of a DPO run, None for SFT; refuses a cache of the other kind."""
     check(cfg)
@@ -138,6 +138,7 @@ def plan(cfg: Any, assets_dir: Path, rank_data: Any, *, device_type: str, rows_p
     key = reference_key(cfg, assets_dir, device_type=device_type,
                         versions=package_versions(("torch", "torchtitan", "transformers")))
     directory = reference.reference_dir(rank_data.cache_dir, key)
+    rows_per_step = cfg.global_batch_size or cfg.local_batch_size * dp_degree  # the rows one step reads
     needed = {"train": reference.prefix_rows(rank_data.train_rows, steps, rows_per_step)}
     if validates:
         needed["val"] = rank_data.val_rows

@@ -227,7 +227,7 @@ def build_hf_trainer_job(
     from trnqwen.train import dpo
 
     dpo_plan = dpo.plan(cfg, assets_dir, rank_data, device_type=device.type,
-                        rows_per_step=cfg.global_batch_size or cfg.local_batch_size * topology.dp,
+                        dp_degree=topology.dp,
                         steps=schedule.steps, validates=bool(schedule.val_every))
     spec = build_hf_trainer_spec(cfg, device, run_dir, dataset=dataset, rank_data=rank_data, lora_spec=lora_spec,
                                  schedule=schedule, dpo_plan=dpo_plan)

@@ -203,7 +203,7 @@ def make_plan(
 def _plan_dpo(plan: Plan) -> None:
     cfg = plan.cfg
     planned = dpo.plan(cfg, plan.assets_dir, plan.rank_data, device_type=plan.device.type,
-                       rows_per_step=cfg.global_batch_size or cfg.local_batch_size * plan.topology.dp,
+                       dp_degree=plan.topology.dp,
                        steps=plan.schedule.steps if plan.schedule else 1,
                        validates=bool(plan.schedule and plan.schedule.val_every))
     if planned is not None:
