@@ -282,6 +282,43 @@ def test_classified_in_small_pieces_equals_reference(monkeypatch, shape):
     assert snapshot(parse_bytes(data, "x", chunk_size=1 << 16)) == snapshot(reference(data))
 
 
+@pytest.mark.parametrize("sample", [2, 16])
+def test_line_classes_equal_a_search_of_every_line(monkeypatch, sample):
+    """bulk.line_table learns where ``step:``/``loss:`` sit from a sample of lines and tests the
+    others there with one load each: lines with the words elsewhere (another rank width, a step
+    number that grew, a word twice, at a line's very end, in a line shorter than 8 bytes at the
+    region's end) are still found, and nothing is marked that does not hold the words."""
+    from trnqwen.logs import bulk
+
+    monkeypatch.setattr(bulk, "SAMPLE", sample)
+    rnd = random.Random(sample)
+    shapes = [
+        lambda r, s: f"[rank{r}]:[titan] 2026-11-29 09:00:00,000 - root - INFO - step: {s:2}  loss:  2.50000  grad",
+        lambda r, s: f"[rank{r}]:\x1b[31mstep: {s}  \x1b[32mloss: 1.0",
+        lambda r, s: f"[rank{r}]:warning at step: {s}",
+        lambda r, s: f"[rank{r}]:loss: 3 then step: {s}",
+        lambda r, s: f"step: {s} loss: step: loss:",
+        lambda r, s: "x" * (s % 9) + "loss:step:",
+        lambda r, s: "step:",
+        lambda r, s: "",
+        lambda r, s: f"[rank{r}]:steploss: {s}",
+    ]
+    for trial in range(40):
+        weights = [rnd.random() ** 3 for _ in shapes]
+        lines = [rnd.choices(shapes, weights)[0](rnd.choice([0, 1, 7, 12, 100]), rnd.randrange(1, 3000)) for _ in range(rnd.randrange(1, 400))]
+        if rnd.random() < 0.3:
+            lines.append(rnd.choice(["loss:", "step:", "ab", "step:loss:"]))
+        pad = b"#" * rnd.randrange(0, 5)
+        body = "\n".join(lines).encode()
+        buf = pad + body + b"\n" * rnd.randrange(0, 2) + pad
+        end = len(pad) + len(body)
+        starts, ends, primary, steplike = bulk.line_table(buf, len(pad), end, b"[rank0]:")
+        got = [buf[len(pad) + a: len(pad) + b] for a, b in zip(starts.tolist(), ends.tolist())]
+        assert got == body.split(b"\n")
+        assert steplike.tolist() == [b"step:" in x and b"loss:" in x for x in got]
+        assert primary.tolist() == [b"step:" in x and b"loss:" in x and x.startswith(b"[rank0]:") for x in got]
+
+
 def _float_ref(col, commas):
     try:
         return [float(t.replace(b",", b"") if commas else t) for t in col]

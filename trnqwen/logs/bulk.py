@@ -56,7 +56,7 @@ WIDTH = 14  # tokens of a step line from its "step:" on
 LR_WIDTH = WIDTH + 2  # trnqwen's ranks append "lr: <value>" (trnqwen.runtime.lr_log)
 
 
-PIECE = 1 << 20  # bytes classified at a time: the passes over a piece stay in the core's cache
+PIECE = 2 << 20  # bytes classified at a time: the passes over a piece stay in the core's cache
 
 
 def line_table(buf: bytes, start: int, end: int, prefix: bytes):
@@ -98,42 +98,64 @@ def _line_table(buf: bytes, start: int, end: int, prefix: bytes):
     ends = np.empty(n, np.int64)
     ends[:-1] = nl
     ends[-1] = size
-    steplike = np.zeros(n, dtype=bool)
-    steplike[_word_lines(arr, nl, b"step:", 3)] = True
-    has_loss = np.zeros(n, dtype=bool)
-    has_loss[_word_lines(arr, nl, b"loss:", 2)] = True
-    steplike &= has_loss
-    # the prefix, checked from its end (a rank's digit comes first: few lines are left after it)
+    steplike = _lines_with(buf, start, size, starts, ends, b"step:", np.arange(n))
+    steplike[np.flatnonzero(steplike)] = _lines_with(buf, start, size, starts, ends, b"loss:", np.flatnonzero(steplike))[steplike]
     cand = np.flatnonzero(steplike & ((ends - starts) >= len(prefix)))
-    for k in range(len(prefix) - 1, -1, -1):
-        cand = cand[arr[starts[cand] + k] == prefix[k]]
+    if 0 < len(prefix) <= 8:  # the prefix as one 8-byte load per line (lines this long end before the region)
+        cand = cand[starts[cand] + 8 <= size]
+        word = _words(buf, start, size)[starts[cand]] & ((1 << (8 * len(prefix))) - 1)
+        cand = cand[word == int.from_bytes(prefix, "little")]
+    else:  # checked from its end (a rank's digit comes first: few lines are left after it)
+        for k in range(len(prefix) - 1, -1, -1):
+            cand = cand[arr[starts[cand] + k] == prefix[k]]
     primary = np.zeros(n, dtype=bool)
     primary[cand] = True
     return starts, ends, primary, steplike
 
 
-def _word_lines(arr, nl, word: bytes, j: int):
-    """Indices of the lines (``nl``: newline offsets) of ``arr`` that contain ``word``: its two
-    bytes at ``j`` found as 16-bit values at both byte parities (one compare per two bytes,
-    few candidates), then the other bytes checked."""
+SAMPLE = 16  # lines searched one by one to learn where a word sits in the lines around them
+ROUNDS = 3  # times offsets are learned from the lines still unresolved
+
+
+def _lines_with(buf: bytes, start: int, size: int, starts, ends, word: bytes, lines):
+    """Boolean mask over all lines (``starts``/``ends`` relative to ``start``): which of
+    ``lines`` contain ``word`` (at most 8 bytes).  A word sits at the same offset on most lines
+    of a log (the same rank prefix and timestamp width before it), so the offsets are learned
+    from a sample of lines (``bytes.find``, one by one), then every line is tested at each
+    offset with one 8-byte load (numpy: a few numbers per line instead of a pass over every
+    byte); the lines left are searched one by one.  Exact: a line is marked only where the word
+    was seen, and every line not seen at a learned offset is searched whole."""
     import numpy as np
 
-    size = len(arr)
-    key = np.array([word[j] | word[j + 1] << 8], "<u2")[0]
-    found = []
-    for parity in (0, 1):
-        m = (size - parity) // 2
-        if m > 0:
-            pairs = arr[parity: parity + 2 * m].view("<u2")
-            found.append(np.flatnonzero(pairs == key) * 2 + (parity - j))
-    if not found:
-        return np.zeros(0, np.int64)
-    at = np.concatenate(found)
-    at = at[(at >= 0) & (at <= size - len(word))]
-    for k, c in enumerate(word):
-        if k not in (j, j + 1):
-            at = at[arr[at + k] == c]
-    return np.searchsorted(nl, at)
+    found = np.zeros(len(starts), bool)
+    left = lines
+    width = len(word)
+    key = int.from_bytes(word, "little")
+    mask = (1 << (8 * width)) - 1
+    word8 = _words(buf, start, size)
+    find = buf.find
+    for _ in range(ROUNDS):
+        if len(left) <= SAMPLE:
+            break
+        picks = np.unique(np.concatenate([left[:SAMPLE // 2], left[np.linspace(0, len(left) - 1, SAMPLE // 2).astype(np.int64)]]))
+        s, e = starts[picks] + start, ends[picks] + start
+        at = np.array(list(map(find, repeat(word), s.tolist(), e.tolist())), np.int64)
+        found[picks[at >= 0]] = True
+        offsets, counts = np.unique((at - s)[at >= 0], return_counts=True)
+        left = left[~found[left]]
+        if not len(offsets):
+            continue
+        for c in offsets[np.argsort(-counts, kind="stable")].tolist():
+            # an 8-byte load at starts + c must stay inside the region (word8 has size - 7 entries)
+            fits = left[(ends[left] - starts[left] >= c + width) & (starts[left] + c + 8 <= size)]
+            hit = fits[(word8[starts[fits] + c] & mask) == key]
+            if len(hit):
+                found[hit] = True
+                left = left[~found[left]]
+    if len(left):
+        at = map(find, repeat(word), (starts[left] + start).tolist(), (ends[left] + start).tolist())
+        found[left[np.array(list(at), np.int64) >= 0]] = True
+    return found
 
 
 class RegionPlan(NamedTuple):
