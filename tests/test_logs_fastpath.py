@@ -261,6 +261,9 @@ def test_one_worker_sharing_the_blocks_equals_reference(tmp_path, monkeypatch, s
     path = tmp_path / "train.log"
     path.write_bytes(data)
     assert snapshot(parse_file(path, chunk_size=4099, workers=1)) == snapshot(reference(data))
+    # both fast paths ran: blocks planned by the worker, and this process's share planned on a
+    # mapping of the file (not read: a copy of each block cost a tenth of the parse here)
+    assert parallel.BLOCKS["by_workers"] > 0 and parallel.BLOCKS["mapped_here"] > 0
 
 
 def test_workers_env_sets_the_count(monkeypatch):

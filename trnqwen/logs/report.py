@@ -126,8 +126,7 @@ def write_json(obj: Any, out=None) -> None:
         mark = json.dumps(f"\x00steps-{k}\x00")
         at = text.index(mark, pos)
         out.write(redact(text[pos:at]))
-        for chunk in rows.chunks():
-            out.write(chunk)
+        rows.write(out)
         pos = at + len(mark)
     out.write(redact(text[pos:]) + "\n")
     out.flush()
