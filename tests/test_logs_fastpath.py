@@ -304,7 +304,7 @@ def test_line_classes_equal_a_search_of_every_line(monkeypatch, sample):
         lambda r, s: "x" * (s % 9) + "loss:step:",
         lambda r, s: "step:",
         lambda r, s: "",
-        lambda r, s: f"[rank{r}]:steploss: {s}",
+        lambda r, s: f"[rank{r}]:steploss: {s} (memory: 1.0GiB(95.00%))",
     ]
     for trial in range(40):
         weights = [rnd.random() ** 3 for _ in shapes]
@@ -315,7 +315,8 @@ def test_line_classes_equal_a_search_of_every_line(monkeypatch, sample):
         body = "\n".join(lines).encode()
         buf = pad + body + b"\n" * rnd.randrange(0, 2) + pad
         end = len(pad) + len(body)
-        starts, ends, primary, steplike = bulk.line_table(buf, len(pad), end, b"[rank0]:")
+        starts, ends, primary, steplike, parens = bulk.line_table(buf, len(pad), end, b"[rank0]:")
+        assert parens.tolist() == [k for k, c in enumerate(body) if c == 40]
         got = [buf[len(pad) + a: len(pad) + b] for a, b in zip(starts.tolist(), ends.tolist())]
         assert got == body.split(b"\n")
         assert steplike.tolist() == [b"step:" in x and b"loss:" in x for x in got]

@@ -61,9 +61,10 @@ PIECE = 2 << 20  # bytes classified at a time: the passes over a piece stay in t
 
 def line_table(buf: bytes, start: int, end: int, prefix: bytes):
     """The lines of ``buf[start:end]`` (newline-separated, none after the last), classified in
-    a few numpy passes: ``(starts, ends, primary, steplike)``: region-relative start and end
-    offsets of each line, whether it contains both ``"loss:"`` and ``"step:"`` (only such lines
-    can be step lines) and, among those (False elsewhere), whether it starts with ``prefix``.
+    a few numpy passes: ``(starts, ends, primary, steplike, parens)``: region-relative start and
+    end offsets of each line, whether it contains both ``"loss:"`` and ``"step:"`` (only such
+    lines can be step lines) and, among those (False elsewhere), whether it starts with
+    ``prefix``; and the region-relative offset of every ``"("``.
     A big region is classified piece by piece (cut at newlines), each while it is in cache."""
     import numpy as np
 
@@ -72,11 +73,12 @@ def line_table(buf: bytes, start: int, end: int, prefix: bytes):
     while True:
         stop = end if end - pos <= PIECE else buf.find(b"\n", pos + PIECE, end)
         stop = end if stop < 0 else stop
-        starts, ends, primary, steplike = _line_table(buf, pos, stop, prefix)
+        starts, ends, primary, steplike, parens = _line_table(buf, pos, stop, prefix)
         if pos != start:
             starts += pos - start
             ends += pos - start
-        parts.append((starts, ends, primary, steplike))
+            parens += pos - start
+        parts.append((starts, ends, primary, steplike, parens))
         if stop >= end:
             break
         pos = stop + 1
@@ -110,7 +112,8 @@ def _line_table(buf: bytes, start: int, end: int, prefix: bytes):
             cand = cand[arr[starts[cand] + k] == prefix[k]]
     primary = np.zeros(n, dtype=bool)
     primary[cand] = True
-    return starts, ends, primary, steplike
+    # every "(" too, for _high_memory_lines: found now, while the piece is in the core's cache
+    return starts, ends, primary, steplike, np.flatnonzero(arr == 40)
 
 
 SAMPLE = 16  # lines searched one by one to learn where a word sits in the lines around them
@@ -175,12 +178,12 @@ class RegionPlan(NamedTuple):
 def plan_region(buf: bytes, start: int, end: int, prefix: bytes, max_line: int) -> RegionPlan:
     """Classify the lines of ``buf[start:end]`` and read the primary rank's step lines; pure
     (no parser state), so it can run in another process (:mod:`trnqwen.logs.parallel`)."""
-    starts, ends, primary, steplike = line_table(buf, start, end, prefix)
+    starts, ends, primary, steplike, parens = line_table(buf, start, end, prefix)
     n = len(starts)
     if int((ends - starts).max()) > max_line:  # overlong lines: truncated one by one
         return RegionPlan(n, [], [], None, True)
     piece = buf.__getitem__
-    memory = _high_memory_lines(buf, start, end, starts, ends, steplike, primary, prefix)
+    memory = _high_memory_lines(buf, start, end, starts, ends, steplike, primary, prefix, parens)
     single = (~steplike).nonzero()[0].tolist()
     raws = list(map(piece, map(slice, (starts[single] + start).tolist(), (ends[single] + start).tolist())))
     if any(map(bytes.__contains__, raws, repeat(_TB_START))):  # a crash: every line in order
@@ -205,7 +208,8 @@ def plan_region(buf: bytes, start: int, end: int, prefix: bytes, max_line: int) 
     return RegionPlan(n, single, raws, cols[:4], memory=memory)
 
 
-def _high_memory_lines(buf, start: int, end: int, starts, ends, steplike=None, primary=None, prefix: bytes = b"") -> list:
+def _high_memory_lines(buf, start: int, end: int, starts, ends, steplike=None, primary=None, prefix: bytes = b"",
+                       parens=None) -> list:
     """(region line index, line) of the lines that matter among those where B_MEM_HIGH matches in
     ``buf[start:end]``, in order.  With ``steplike``/``primary`` (:func:`line_table`'s), only
     other ranks' step lines are kept (the primary rank's memory comes from its columns; other
@@ -220,7 +224,9 @@ def _high_memory_lines(buf, start: int, end: int, starts, ends, steplike=None, p
     # substring search here: "GiB(" is on every line)
     arr = np.frombuffer(buf, np.uint8, count=end - start, offset=start)
     size = len(arr)
-    at = np.flatnonzero(arr[3:-1] == 40) + 3
+    if parens is None:  # (line_table's: every "(" of the region)
+        parens = np.flatnonzero(arr == 40)
+    at = parens[(parens >= 3) & (parens < size - 1)]
     after = arr[at + 1]
     at = at[(after == 57) | (after == 49)] - 3
     if not len(at):
