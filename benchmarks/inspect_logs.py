@@ -89,9 +89,9 @@ def _gib(step: int, rank: int, steps: int) -> float:
     return DEVICE_GIB * (0.78 + 0.16 * step / steps) + rank / 100 + (step % 97) / 400
 
 
-def generate(path: Path, target_mb: float = 0.0, *, ranks: int = RANKS, steps: int = 0) -> dict:
-    """Write the log (``ranks`` ranks, until ``target_mb`` MB or ``steps`` steps); returns its
-    facts (steps, lines)."""
+def generate(path: Path, target_mb: float = 0.0, *, ranks: int = RANKS, steps: int = 0, chatter: int = 0) -> dict:
+    """Write the log (``ranks`` ranks, until ``target_mb`` MB or ``steps`` steps; ``chatter``
+    other lines per rank and step); returns its facts (steps, lines)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     target = int(target_mb * 1e6)
@@ -131,6 +131,9 @@ def generate(path: Path, target_mb: float = 0.0, *, ranks: int = RANKS, steps: i
                 gib = _gib(step, r, steps or 100_000)
                 block.append(pre + _step(step, loss, 1.0 + (step % 17) / 10, gib, 100 * gib / DEVICE_GIB, tps,
                                          tflops, 100 * tflops / PEAK_TFLOPS, lr) + "\n")
+                for k in range(chatter):  # what a chatty run prints between steps, of varied length
+                    block.append(pre.replace(" INFO ", " DEBUG ") + _CHATTER[(step + r + k) % len(_CHATTER)].format(
+                        step=step, k=k, ms=(step * 7 + r * 3 + k) % 997) + "\n")
                 if step % 500 == 0 and r % 16 == 3:
                     block.append(f"[rank{r}]:[titan] 2026-11-29 10:00:00,000 - root - WARNING - "
                                  f"Dataloader slow: waited 1.{r:02d}s for batch at step {step}\n")
@@ -143,6 +146,15 @@ def generate(path: Path, target_mb: float = 0.0, *, ranks: int = RANKS, steps: i
         lines += 1
     os.replace(tmp, path)
     return {"steps": step, "lines": lines}
+
+
+_CHATTER = (
+    "dataloader worker {k}: prefetched batch for step {step} in {ms} ms",
+    "NCCL INFO comm 0x{ms:x} rank {k} nranks 8 cudaDev {k} - Init COMPLETE",
+    "profiler: step {step} forward {ms}.{k} ms, backward {ms}.{k} ms, optimizer 1.{k} ms",
+    "checkpoint: staging shard {k} of step {step} ({ms} MB) to the background writer",
+    "tokenizer: {ms} sequences packed, {k} cut at the context",
+)
 
 
 def _child(path: str) -> None:
@@ -176,17 +188,20 @@ def _measure(argv: list[str], env: dict | None = None, ok: tuple[int, ...] = (0,
     return res
 
 
-SHAPES = {"real": {"ranks": 8, "steps": 200_000}, "uniform": {"ranks": RANKS}}
+SHAPES = {"real": {"ranks": 8, "steps": 200_000}, "uniform": {"ranks": RANKS},
+          "chatty": {"ranks": 8, "steps": 20_000, "chatter": 3}}
 
 
 def _log_for(shape: str, mb: float) -> tuple[Path, dict]:
     spec = SHAPES[shape]
-    name = f"inspect_logs_{spec['ranks']}ranks_{spec['steps']}steps_varied.log" if "steps" in spec else f"inspect_logs_{spec['ranks']}ranks_{int(mb)}MB.log"
+    name = (f"inspect_logs_{spec['ranks']}ranks_{spec['steps']}steps_varied{'_chatty' if spec.get('chatter') else ''}.log"
+            if "steps" in spec else f"inspect_logs_{spec['ranks']}ranks_{int(mb)}MB.log")
     path = WORK / name
     meta = path.with_suffix(".json")
     if not path.exists() or not meta.exists():
         t0 = time.perf_counter()
-        facts = generate(path, 0.0 if "steps" in spec else mb, ranks=spec["ranks"], steps=spec.get("steps", 0))
+        facts = generate(path, 0.0 if "steps" in spec else mb, ranks=spec["ranks"], steps=spec.get("steps", 0),
+                         chatter=spec.get("chatter", 0))
         facts["generate_s"] = time.perf_counter() - t0
         meta.write_text(json.dumps(facts))
     return path, json.loads(meta.read_text())
@@ -241,7 +256,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=3, help="repetitions (median reported)")
     ap.add_argument("--mb", type=float, default=320.0, help="size of the uniform log in MB")
-    ap.add_argument("--shape", choices=["real", "uniform", "both"], default="both")
+    ap.add_argument("--shape", choices=["real", "uniform", "chatty", "both", "all"], default="both",
+                    help="both: real and uniform; all: and chatty")
     ap.add_argument("--json", action="store_true", help="print only the JSON summary line")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -251,7 +267,7 @@ def main() -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO), NO_COLOR="1")
     bytecode = _compile_ahead()
     load_before = os.getloadavg()[0]
-    shapes = ["real", "uniform"] if args.shape == "both" else [args.shape]
+    shapes = {"both": ["real", "uniform"], "all": ["real", "uniform", "chatty"]}.get(args.shape, [args.shape])
     results = {shape: bench_shape(shape, args.mb, args.n, env) for shape in shapes}
     load_after = os.getloadavg()[0]
     summary: dict = {"benchmark": "inspect_logs", "runs": args.n, "bytecode_compiled_ahead": bytecode, "target_mb_s": TARGET_MBPS,
@@ -263,13 +279,15 @@ def main() -> None:
         summary["meets_target_cpu"] = (r["table"]["mb_s_cpu"] >= TARGET_MBPS and r["json"]["mb_s_cpu"] >= TARGET_MBPS
                                        and r["json"]["peak_rss_mb"] <= TARGET_RSS_MB)
 
-    first = results.get("real") or results["uniform"]  # flat keys for run_all's summary table
-    summary.update(shape=("real" if "real" in results else "uniform"), parse_mb_s=first["parser"]["mb_s_wall"],
+    first_shape = next(iter(results))
+    first = results[first_shape]  # flat keys for run_all's summary table
+    summary.update(shape=first_shape, parse_mb_s=first["parser"]["mb_s_wall"],
                    table_mb_s=first["table"]["mb_s_wall"], json_mb_s=first["json"]["mb_s_wall"],
                    json_mb_s_cpu=first["json"]["mb_s_cpu"], peak_rss_mb=first["json"]["peak_rss_mb"])
     if not args.json:
         for shape, r in results.items():
-            label = "best case: other ranks skipped" if r["best_case"] else "the issue-17 shape"
+            label = {"real": "the issue-17 shape", "uniform": "best case: other ranks skipped",
+                     "chatty": "3 other lines per rank and step: the worst case for learned word offsets"}[shape]
             print(f"\n{shape} ({label}): {r['file_mb']:.0f} MB, {r['ranks']} ranks, {r['steps']:,} steps, "
                   f"{r['lines']:,} lines, {r['step_lines_grep']:,} step lines")
             print(f"  {'command':<24}{'wall':>9}{'MB/s':>9}{'cpu':>9}{'MB/s':>9}{'x grep':>9}{'RSS MB':>9}")

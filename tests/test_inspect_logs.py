@@ -731,3 +731,25 @@ def test_a_fine_tune_of_the_builtin_model_is_judged_clean_and_a_resume_keeps_the
         assert res.code == 1 and found["weights-not-loaded"]["severity"] == "error", res.text
         assert json.loads(res.out)["summary"]["weights_loaded"] is False
         (run / "train.log").write_text(text)
+
+
+@pytest.mark.parametrize("pattern", __import__("trnqwen.logs.patterns", fromlist=["INFO_LINES"]).INFO_LINES,
+                         ids=lambda p: p.name)
+def test_every_info_pattern_needs_one_of_its_needles(pattern):
+    """read_info_line skips a message that holds none of the needles (patterns.SCREEN): sound only
+    if no pattern can match without one of its own needles.  Hypothesis writes messages each
+    regex matches; every one must hold a needle."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from trnqwen.logs.patterns import SCREEN
+
+    assert pattern.needle and all(n.lower() in SCREEN for n in pattern.needle)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.from_regex(pattern.regex))
+    def holds_a_needle(msg):
+        hay = msg.lower() if pattern.lower else msg
+        assert any(n in hay for n in pattern.needle), msg
+
+    holds_a_needle()

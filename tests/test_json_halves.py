@@ -16,7 +16,7 @@ from trnqwen.logs.stepline import format_step_line, lr_text
 
 
 def _log_bytes(steps: int) -> bytes:
-    lines = [f"[rank0]:[titan] 2026-11-29 09:00:00,000 - root - INFO - "
+    lines = ["[rank0]:[titan] 2026-11-29 09:00:00,000 - root - INFO - "
              + format_step_line(s, 2.0 + (s % 97) / 1e3, 0.5 + (s % 7) / 8, 20.0 + s % 3, 83.3, 1200 + s % 11, 30.5, 4.5)
              + lr_text(1e-5 * (1 + s % 13) / 13) for s in range(1, steps + 1)]
     lines.insert(steps // 3, f"[rank0]:[titan] 2026-11-29 09:00:00,000 - root - INFO - step: {steps // 3}  loss: nan  grad_norm: 1.0")

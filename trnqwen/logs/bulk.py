@@ -116,6 +116,7 @@ def _line_table(buf: bytes, start: int, end: int, prefix: bytes):
     return starts, ends, primary, steplike, np.flatnonzero(arr == 40)
 
 
+RARE_PAIR = {b"step:": 3, b"loss:": 2}  # where the word's rarest two bytes sit ("p:", "ss")
 SAMPLE = 16  # lines searched one by one to learn where a word sits in the lines around them
 ROUNDS = 3  # times offsets are learned from the lines still unresolved
 
@@ -127,7 +128,8 @@ def _lines_with(buf: bytes, start: int, size: int, starts, ends, word: bytes, li
     from a sample of lines (``bytes.find``, one by one), then every line is tested at each
     offset with one 8-byte load (numpy: a few numbers per line instead of a pass over every
     byte); the lines left are searched one by one.  Exact: a line is marked only where the word
-    was seen, and every line not seen at a learned offset is searched whole."""
+    was seen, and every line not seen at a learned offset is searched whole (when many are left,
+    a log mostly of other lines, by the byte-pair pass over the whole region instead)."""
     import numpy as np
 
     found = np.zeros(len(starts), bool)
@@ -140,6 +142,7 @@ def _lines_with(buf: bytes, start: int, size: int, starts, ends, word: bytes, li
     for _ in range(ROUNDS):
         if len(left) <= SAMPLE:
             break
+        before = len(left)
         picks = np.unique(np.concatenate([left[:SAMPLE // 2], left[np.linspace(0, len(left) - 1, SAMPLE // 2).astype(np.int64)]]))
         s, e = starts[picks] + start, ends[picks] + start
         at = np.array(list(map(find, repeat(word), s.tolist(), e.tolist())), np.int64)
@@ -148,17 +151,58 @@ def _lines_with(buf: bytes, start: int, size: int, starts, ends, word: bytes, li
         left = left[~found[left]]
         if not len(offsets):
             continue
-        for c in offsets[np.argsort(-counts, kind="stable")].tolist():
+        offsets = offsets[np.argsort(-counts, kind="stable")].tolist()
+        probe = left[:: max(1, len(left) // 64)]  # are most lines of that kind? (else: the pass below)
+        seen = np.zeros(len(probe), bool)
+        for c in offsets:
+            fits = (ends[probe] - starts[probe] >= c + width) & (starts[probe] + c + 8 <= size)
+            seen[fits] |= (word8[starts[probe[fits]] + c] & mask) == key
+        if 2 * int(seen.sum()) < len(probe):
+            break
+        for c in offsets:
             # an 8-byte load at starts + c must stay inside the region (word8 has size - 7 entries)
             fits = left[(ends[left] - starts[left] >= c + width) & (starts[left] + c + 8 <= size)]
             hit = fits[(word8[starts[fits] + c] & mask) == key]
             if len(hit):
                 found[hit] = True
                 left = left[~found[left]]
-    if len(left):
+        if len(left) > before // 2:  # most lines are of another kind: learning more will not pay
+            break
+    # the lines left searched one by one cost about their bytes plus a call each; a pass over
+    # every byte costs about a quarter of a byte each (two 16-bit compares per two bytes)
+    if len(left) > SAMPLE and int((ends[left] - starts[left]).sum()) + 256 * len(left) > size // 4:
+        arr = np.frombuffer(buf, np.uint8, count=size, offset=start)
+        hit = np.zeros(len(starts), bool)
+        hit[_word_lines(arr, ends[:-1], word, RARE_PAIR.get(word, 0))] = True
+        found[left[hit[left]]] = True
+    elif len(left):  # the few left: searched one by one
         at = map(find, repeat(word), (starts[left] + start).tolist(), (ends[left] + start).tolist())
         found[left[np.array(list(at), np.int64) >= 0]] = True
     return found
+
+
+def _word_lines(arr, nl, word: bytes, j: int):
+    """Indices of the lines (``nl``: newline offsets) of ``arr`` that contain ``word``: its two
+    bytes at ``j`` found as 16-bit values at both byte parities (one compare per two bytes,
+    few candidates), then the other bytes checked."""
+    import numpy as np
+
+    size = len(arr)
+    key = np.array([word[j] | word[j + 1] << 8], "<u2")[0]
+    found = []
+    for parity in (0, 1):
+        m = (size - parity) // 2
+        if m > 0:
+            pairs = arr[parity: parity + 2 * m].view("<u2")
+            found.append(np.flatnonzero(pairs == key) * 2 + (parity - j))
+    if not found:
+        return np.zeros(0, np.int64)
+    at = np.concatenate(found)
+    at = at[(at >= 0) & (at <= size - len(word))]
+    for k, c in enumerate(word):
+        if k not in (j, j + 1):
+            at = at[arr[at + k] == c]
+    return np.searchsorted(nl, at)
 
 
 class RegionPlan(NamedTuple):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import compress
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from trnqwen.logs import dpo
@@ -262,44 +263,67 @@ INFO_LINES: tuple[LinePattern, ...] = (
     LinePattern("checkpoint-active", re.compile(r"Checkpointing active\. Checkpoints will be loaded from and saved to (?P<path>\S+)"), _checkpoint("active"), _CKPT, True),
     LinePattern("checkpoint-save", re.compile(r"^(?:Saving|Staging) the checkpoint\."), _checkpoint("save"), _CKPT, True),
     LinePattern("checkpoint-seed", re.compile(r"Created seed checkpoint"), _checkpoint("seed"), _CKPT, True),
-    LinePattern("mesh", re.compile(r"Building device mesh with parallelism: (?P<dims>.*)$"), _mesh),
+    LinePattern("mesh", re.compile(r"Building device mesh with parallelism: (?P<dims>.*)$"), _mesh, ("device mesh",)),
     LinePattern("trainer", re.compile(
         r"Trainer is initialized with local batch size (?P<local_batch>\d+), global batch size (?P<global_batch>-?\d+), "
         r"gradient accumulation steps (?P<grad_accum>\d+), sequence length (?P<seq_len>\d+), total steps (?P<steps>\d+)"
-        r"(?: \(warmup (?P<warmup>\d+)\))?"), _trainer),
-    LinePattern("model", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+)\s*$"), _building),
+        r"(?: \(warmup (?P<warmup>\d+)\))?"), _trainer, ("Trainer is initialized",)),
+    LinePattern("model", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+)\s*$"), _building, ("Building ",)),
     # "Building qwen3 4B with Qwen3ModelArgs(...)"; torchtitan 0.2.x: "Building qwen3 4Bwith {" (model
     # args as JSON on the following lines, read by the "vocab" pattern)
-    LinePattern("model-args", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+?) ?with (?P<args>.*)$"), _building_with),
-    LinePattern("job", re.compile(r"Starting job: (.+)$"), _job),
-    LinePattern("vocab", _VOCAB_ARG_RE, _model_args_line),
-    LinePattern("layers", _LAYERS_ARG_RE, _model_args_line),
-    LinePattern("model-size", re.compile(r"Model (?P<name>\S+) (?P<flavor>\S+) size: (?P<params>[\d,]+) total parameters"), _model_size),
-    LinePattern("torchtitan-version", re.compile(r"torchtitan version: (?P<version>\S+)"), _version),
-    LinePattern("start-step", re.compile(r"Training starts at step (\d+)"), _starts),
-    LinePattern("completed", re.compile(r"Training completed"), _completed),
+    LinePattern("model-args", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+?) ?with (?P<args>.*)$"), _building_with,
+                ("Building ",)),
+    LinePattern("job", re.compile(r"Starting job: (.+)$"), _job, ("Starting job: ",)),
+    LinePattern("vocab", _VOCAB_ARG_RE, _model_args_line, ("vocab",), True),
+    LinePattern("layers", _LAYERS_ARG_RE, _model_args_line, ("n_layers", "num_layers")),
+    LinePattern("model-size", re.compile(r"Model (?P<name>\S+) (?P<flavor>\S+) size: (?P<params>[\d,]+) total parameters"), _model_size, (" total parameters",)),
+    LinePattern("torchtitan-version", re.compile(r"torchtitan version: (?P<version>\S+)"), _version, ("torchtitan version: ",)),
+    LinePattern("start-step", re.compile(r"Training starts at step (\d+)"), _starts, ("Training starts at step ",)),
+    LinePattern("completed", re.compile(r"Training completed"), _completed, ("Training completed",)),
     # torchtitan's torch.compile lines (distributed/compile.py, components/loss.py), the Neuron compiler's
     LinePattern("compiled", re.compile(r"with torch\.compile|Compiler status PASS|neuronx-cc compil"), _compiled,
                 ("torch.compile", "Compiler status", "neuronx-cc")),
-    LinePattern("peak-flops", re.compile(r"Peak FLOPS used for computing MFU: (\S+)"), _peak_flops),
+    LinePattern("peak-flops", re.compile(r"Peak FLOPS used for computing MFU: (\S+)"), _peak_flops, ("Peak FLOPS used",)),
     LinePattern("override-calls", CALLS_RE, _override_calls, (CALLS_TAG,)),
     LinePattern("lora", LORA_RE, _lora, (LORA_TAG,)),
     LinePattern("dpo", dpo.LINE_RE, dpo.store, (dpo.MARK,)),
     LinePattern("dpo-reference", dpo.REFERENCE_RE, dpo.store_reference, (dpo.MARK,)),
-    LinePattern("world-size", re.compile(r"(?:world[ _]size|WORLD_SIZE|nproc_per_node)\s*[:=]\s*(\d+)", re.IGNORECASE), _launcher_world),
-    LinePattern("world-size", re.compile(r"(?:launching|starting|with) (\d+) ranks?\b", re.IGNORECASE), _launcher_world),
+    LinePattern("world-size", re.compile(r"(?:world[ _]size|WORLD_SIZE|nproc_per_node)\s*[:=]\s*(\d+)", re.IGNORECASE), _launcher_world,
+                ("world size", "world_size", "nproc_per_node"), True),
+    LinePattern("world-size", re.compile(r"(?:launching|starting|with) (\d+) ranks?\b", re.IGNORECASE), _launcher_world, (" rank",), True),
 )
+
+
+# every needle, lower-cased, and the patterns (indices into INFO_LINES) that need it: a message is
+# tried only against the patterns whose needles it holds, in order (each pattern's regex needs one
+# of its needles: tests/test_inspect_logs.py pins that), not against all 29 (a chatty log's other
+# lines cost 16 us each that way)
+_BY_NEEDLE: dict[str, list[int]] = {}
+for _i, _pat in enumerate(INFO_LINES):
+    for _n in _pat.needle:
+        _BY_NEEDLE.setdefault(_n.lower(), []).append(_i)
+SCREEN = tuple(sorted(_BY_NEEDLE))
 
 
 def read_info_line(log: "ParsedLog", msg: str, at: LineAt) -> bool:
     """Try :data:`INFO_LINES` on one message; True when one of them took it."""
-    lowered = None
+    lowered = msg.lower()
+    held = list(compress(SCREEN, map(lowered.__contains__, SCREEN)))
+    if not held:
+        return False
+    for i in sorted({i for n in held for i in _BY_NEEDLE[n]}):
+        pat = INFO_LINES[i]
+        hay = lowered if pat.lower else msg
+        if not any(n in hay for n in pat.needle):
+            continue
+        m = pat.regex.search(msg)
+        if m is not None and pat.store(log, m, at) is not False:
+            return True
+    return False
     for pat in INFO_LINES:
         if pat.needle:
             hay = msg
             if pat.lower:
-                if lowered is None:
-                    lowered = msg.lower()
                 hay = lowered
             if not any(n in hay for n in pat.needle):
                 continue
