@@ -1,6 +1,6 @@
-"""inspect-logs speed on two log shapes, against ``grep -c "step:"`` on the same file in the same run.
+"""inspect-logs speed on three log shapes, against ``grep -c "step:"`` on the same file in the same run.
 
-Two generated torchtitan-style logs (ANSI colours, torchrun prefixes, start-up lines, one
+Three generated torchtitan-style logs (ANSI colours, torchrun prefixes, start-up lines, one
 [Override] line per layer per rank, every rank's step lines interleaved, a warning now and then),
 written once under benchmarks/_work/ (gitignored) and reused:
 
@@ -15,10 +15,14 @@ written once under benchmarks/_work/ (gitignored) and reused:
 * ``uniform``: 64 ranks, ``--mb`` MB.  Only one line in 64 is rank 0's; this is the *best case*
   for the parser (the other ranks' step lines are never decoded), and what the figures before
   issue 17 were measured on.
+* ``chatty``: 8 ranks, 20,000 steps, and 3 other lines per rank and step (dataloader, NCCL,
+  profiler, checkpoint and tokenizer chatter at DEBUG level), about 100 MB: three lines in four
+  are not step lines, read one by one by the engine.  The worst case for the parser (and for
+  line_table's learned word offsets); the target is not set for it, the figure is reported.
 
 For each shape, N times, interleaved: ``grep -c "step:"`` (the baseline: a C tool that only
 counts), the parser alone in a fresh process, and the whole command ``trnqwen inspect-logs FILE``
-for the table and for ``--json`` (parse + judge + report + output to /dev/null); the last three
+for the table and for ``--json`` (parse + judge + report, the output read through a pipe); the last three
 again with ``TRNQWEN_LOG_WORKERS=0`` (one process: files >= 64 MB are otherwise planned on every
 core, trnqwen.logs.parallel, and CPU time is then the sum over the processes).  Each command's
 wall time, CPU time (user + sys) and peak RSS are measured in a fresh wrapper process.  On a
@@ -28,7 +32,8 @@ an install has it (see _compile_ahead).  Target (issues 17 and 28): >= 300 MB/s 
 and for --json on the real shape (wall, 2 cores), peak RSS <= 200 MB for --json.
 
 Usage:
-  .venv/bin/python benchmarks/inspect_logs.py                 # both shapes, table
+  .venv/bin/python benchmarks/inspect_logs.py                 # real and uniform, table
+  .venv/bin/python benchmarks/inspect_logs.py --shape all     # and chatty
   .venv/bin/python benchmarks/inspect_logs.py --shape real -n 1 --json
 """
 

@@ -41,8 +41,9 @@ BENCHES = [
     Bench("startup", "CLI start-up of every command (root/subcommand --help, check-env --json, config show) vs `hf --help`", [], ["-n", "3"]),
     Bench("data_prep", "tokenize+mask+pack a chat set vs a Python loop over apply_chat_template (tiny model)",
           [], ["--records", "2000", "--repeats", "1"]),
-    Bench("inspect_logs", "inspect-logs MB/s (table, --json) on the 8-rank 374 MB issue-17 log and the best-case 64-rank log vs `grep -c step:`",
-          ["-n", "1"], ["-n", "1", "--shape", "uniform", "--mb", "20"]),
+    Bench("inspect_logs", "inspect-logs MB/s (table, --json) on the 8-rank 407 MB real-shaped log, the best-case 64-rank log and a "
+          "chatty log (most lines not step lines) vs `grep -c step:`",
+          ["-n", "1", "--shape", "all"], ["-n", "1", "--shape", "uniform", "--mb", "20"]),
     Bench("fetch_throughput", "fetch from a loopback Hub vs `hf download` (same server, same files)", [],
           ["--size-mb", "20", "--runs", "1"]),
     Bench("verify_ckpt", "verify-ckpt on a generated Qwen3-4B-shaped 8 GB checkpoint vs `cat` (time, peak RSS)",
