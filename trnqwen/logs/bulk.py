@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import re
 from array import array
-from itertools import repeat
+from itertools import compress, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol
 
 from trnqwen.logs import numbers
-from trnqwen.logs.patterns import B_PREFIX_RE, TRACEBACK_START
+from trnqwen.logs.patterns import B_PREFIX_RE, SCREEN, TRACEBACK_START
 from trnqwen.logs.stepline import B_MEM, B_MEM_HIGH, B_STEP, step_key_glued_ok, to_number
 
 if TYPE_CHECKING:
@@ -217,6 +217,8 @@ class RegionPlan(NamedTuple):
     steps: Optional[tuple]
     fallback: bool = False
     memory: list = []  # (line index, line) of the lines with memory above the threshold, in order
+    quiet: tuple = ()  # positions in ``single`` of lines that only count (:func:`quiet_lines`)
+    quiet_ranks: tuple = ()  # the rank of each (the engine skips only those of ranks it knows)
 
 
 def plan_region(buf: bytes, start: int, end: int, prefix: bytes, max_line: int) -> RegionPlan:
@@ -235,21 +237,62 @@ def plan_region(buf: bytes, start: int, end: int, prefix: bytes, max_line: int) 
     at = (primary & steplike).nonzero()[0]
     bodies = list(map(piece, map(slice, (starts[at] + (start + len(prefix))).tolist(), (ends[at] + start).tolist())))
     if not bodies:
-        return RegionPlan(n, single, raws, None, memory=memory)
+        return _planned(n, single, raws, None, memory)
     at = at.tolist()
     cols = primary_columns(bodies, at, prefix)
     if cols is None:  # not the exact layout somewhere: every line that matters, in order
         todo = dict(zip(single, raws))
         todo.update(zip(at, map(prefix.__add__, bodies)))
         order = sorted(todo)
-        return RegionPlan(n, order, [todo[i] for i in order], None, memory=memory)
+        return _planned(n, order, [todo[i] for i in order], None, memory)
     skip = cols[4]
     if skip:  # primary validation lines
         todo = dict(zip(single, raws))
         todo.update((at[k], prefix + bodies[k]) for k in skip)
         single = sorted(todo)
         raws = [todo[i] for i in single]
-    return RegionPlan(n, single, raws, cols[:4], memory=memory)
+    return _planned(n, single, raws, cols[:4], memory)
+
+
+def _planned(n: int, single: list, raws: list, steps: Optional[tuple], memory: list) -> RegionPlan:
+    quiet, ranks = quiet_lines(raws)
+    return RegionPlan(n, single, raws, steps, memory=memory, quiet=quiet, quiet_ranks=ranks)
+
+
+# A line that only counts: torchtitan's header at DEBUG or INFO after a plain torchrun prefix
+# (stricter than patterns.HEADER_RE: whatever this matches, HEADER_RE reads the same way), and
+# none of what the engine looks for in a message (_LOUD: step lines, overrides, trnqwen's marks,
+# colour codes, carriage returns, and every info pattern's needle, patterns.SCREEN; non-ASCII
+# fails the pattern).  The engine's _line would only count it as recognized
+# (tests/test_logs_fastpath.py checks chatty logs against the reference).
+_QUIET_RE = re.compile(rb"\[rank\d{1,6}\]:\[titan\] \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)? - \S+ - (?:DEBUG|INFO) - [\x20-\x7e]*")
+_LOUD = (b"step:", b"[override]", b"override(s)", b"[trnqwen] ", b"\x1b", b"\r", *(n.encode() for n in SCREEN))
+_ZEROED = bytes.maketrans(b"123456789", b"000000000")
+
+
+def _quiet_template(template: bytes) -> bool:
+    if _QUIET_RE.fullmatch(template) is None:
+        return False
+    lowered = template.lower()
+    return not any(map(lowered.__contains__, _LOUD))
+
+
+def quiet_lines(raws: list) -> tuple[tuple, tuple]:
+    """(positions in ``raws`` of the lines that only count, the rank of each).  Decided once per
+    template, the line with its digits zeroed (the rank, the time, the numbers of a message):
+    neither the pattern nor any _LOUD needle holds a digit, so the verdict is the same for every
+    line of a template, and a chatty log has few.  A line costs a few C-level operations here,
+    not the engine's per-line reading (7 us)."""
+    if len(raws) < 8:
+        return (), ()
+    templates = b"\n".join(raws).translate(_ZEROED).split(b"\n")
+    verdict = {t: _quiet_template(t) for t in set(templates)}
+    quiet = list(compress(range(len(raws)), map(verdict.__getitem__, templates)))
+    if not quiet:
+        return (), ()
+    heads = list(map(bytes.__getitem__, map(raws.__getitem__, quiet), repeat(slice(0, 14))))
+    rank_of = {h: int(h[5:h.index(b"]")]) for h in set(heads)}
+    return tuple(quiet), tuple(map(rank_of.__getitem__, heads))
 
 
 def _high_memory_lines(buf, start: int, end: int, starts, ends, steplike=None, primary=None, prefix: bytes = b"",

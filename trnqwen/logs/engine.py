@@ -186,8 +186,18 @@ class LogParser:
             self.log.recognized_lines += len(steps)
             self.store_primary_steps(steps, shifted(at, base), values, missing)
         feed = self._line
-        for i, raw in zip(plan.single, plan.raws):
-            feed(base + i, raw)
+        known = self.log.ranks
+        # lines that only count (bulk.quiet_lines), of ranks already known (a new rank's line is
+        # read, which notes the rank)
+        quiet = {k for k, rank in zip(plan.quiet, plan.quiet_ranks) if rank in known}
+        if quiet:
+            self.log.recognized_lines += len(quiet)
+            for k, (i, raw) in enumerate(zip(plan.single, plan.raws)):
+                if k not in quiet:
+                    feed(base + i, raw)
+        else:
+            for i, raw in zip(plan.single, plan.raws):
+                feed(base + i, raw)
         bulk.read_other_ranks(self, buf, start, end, base, prefix, plan.memory)
 
     def _slow(self, buf: bytes, start: int, end: int, base: int) -> None:
