@@ -109,8 +109,10 @@ class LineAt(NamedTuple):
 class LinePattern:
     """``regex`` is searched in the message (ANSI codes and torchrun prefix removed); on a match
     ``store(log, match, at)`` records it.  ``store`` returning False means "not this line after
-    all" and the next pattern is tried.  ``needle``: a cheap substring test run first (matched
-    against the lower-cased message when ``lower``)."""
+    all" and the next pattern is tried.  ``needle``: substrings one of which the regex cannot
+    match without (matched against the lower-cased message when ``lower``); every pattern has
+    them, since :func:`read_info_line` tries a message only against the patterns whose needles
+    it holds."""
 
     name: str
     regex: "re.Pattern[str]"
@@ -316,17 +318,6 @@ def read_info_line(log: "ParsedLog", msg: str, at: LineAt) -> bool:
         hay = lowered if pat.lower else msg
         if not any(n in hay for n in pat.needle):
             continue
-        m = pat.regex.search(msg)
-        if m is not None and pat.store(log, m, at) is not False:
-            return True
-    return False
-    for pat in INFO_LINES:
-        if pat.needle:
-            hay = msg
-            if pat.lower:
-                hay = lowered
-            if not any(n in hay for n in pat.needle):
-                continue
         m = pat.regex.search(msg)
         if m is not None and pat.store(log, m, at) is not False:
             return True
