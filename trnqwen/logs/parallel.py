@@ -161,7 +161,9 @@ def read_file(fh: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_lin
                 if submitted <= index:
                     submitted = index + 1  # this block: planned here; the next ones ahead
                 while not broken and submitted < blocks and len(pending) < max(n, AHEAD):
-                    if planned_here(submitted, n):
+                    # this process's share, but the last block: the workers are ahead by then,
+                    # and this process would plan it alone at the end
+                    if planned_here(submitted, n) and submitted < blocks - 1:
                         submitted += 1
                         continue
                     try:
