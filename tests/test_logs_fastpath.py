@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 
 import pytest
@@ -285,6 +286,30 @@ def test_one_worker_sharing_the_blocks_equals_reference(tmp_path, monkeypatch, s
     # both fast paths ran: blocks planned by the worker, and this process's share planned on a
     # mapping of the file (not read: a copy of each block cost a tenth of the parse here)
     assert parallel.BLOCKS["by_workers"] > 0 and parallel.BLOCKS["mapped_here"] > 0
+
+
+def test_a_log_cut_short_while_read_is_read_as_far_as_it_goes(tmp_path, monkeypatch):
+    """A copy-truncate rotation during the read: the blocks past the new end are neither mapped
+    nor planned (parallel's size check, _plan_block's own), what is left is read, nothing crashes."""
+    from trnqwen.logs import engine, parallel
+    from trnqwen.logs.parse import parse_file
+
+    data = generate(33, **SHAPES[0])
+    path = tmp_path / "train.log"
+    path.write_bytes(data)
+    fed = []
+    feed = engine.LogParser.feed
+
+    def feed_then_cut(self, block):
+        fed.append(len(block))
+        if len(fed) == 40:
+            os.truncate(path, len(data) // 2)
+        return feed(self, block)
+
+    monkeypatch.setattr(engine.LogParser, "feed", feed_then_cut)
+    log = parse_file(path, chunk_size=4099, workers=1)
+    assert len(fed) > 40 and log.lines < data.count(b"\n")
+    assert parallel.BLOCKS["mapped_here"] < 20 and parallel.BLOCKS["read"] > 0
 
 
 def test_workers_env_sets_the_count(monkeypatch):

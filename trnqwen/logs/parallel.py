@@ -183,10 +183,12 @@ def read_file(fh: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_lin
                         got = None
             offset = index * chunk_size
             whole = bool(index) and want == chunk_size and offset + want <= size
-            if got is None and prefix and whole:
+            if got is None and prefix and whole and os.fstat(fh.fileno()).st_size >= size:
                 # this process's share: planned the same way, on a mapping of the file (a read
                 # would copy the block, the largest cost here besides planning), then used as
-                # a worker's plan is
+                # a worker's plan is.  Only while the file is as long as it was: a mapped page
+                # past the end of a file cut short meanwhile (a copy-truncate rotation) is a
+                # SIGBUS, which a worker survives (its pool breaks) and this process would not
                 try:
                     got, used = _plan_block(path, offset, want, prefix, max_line), prefix
                 except Exception:  # as for a worker that failed: the engine plans this region itself
