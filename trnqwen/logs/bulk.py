@@ -29,7 +29,9 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol
 
 from trnqwen.logs import numbers
-from trnqwen.logs.patterns import B_PREFIX_RE, SCREEN, TRACEBACK_START
+from trnqwen.logs.patterns import (
+    B_PREFIX_RE, HEADER_RE, INFO_LINES, PATTERNS_BY_NEEDLE, SCREEN, TRACEBACK_START, split_prefix,
+)
 from trnqwen.logs.stepline import B_MEM, B_MEM_HIGH, B_STEP, step_key_glued_ok, to_number
 
 if TYPE_CHECKING:
@@ -260,36 +262,59 @@ def _planned(n: int, single: list, raws: list, steps: Optional[tuple], memory: l
 
 
 # A line that only counts: torchtitan's header at DEBUG or INFO after a plain torchrun prefix
-# (stricter than patterns.HEADER_RE: whatever this matches, HEADER_RE reads the same way), and
-# none of what the engine looks for in a message (_LOUD: step lines, overrides, trnqwen's marks,
-# colour codes, carriage returns, and every info pattern's needle, patterns.SCREEN; non-ASCII
-# fails the pattern).  The engine's _line would only count it as recognized
-# (tests/test_logs_fastpath.py checks chatty logs against the reference).
+# (stricter than patterns.HEADER_RE: whatever this matches, HEADER_RE reads the same way), none
+# of what the engine acts on in any message (_HARD: step lines, overrides, trnqwen's marks, colour
+# codes, carriage returns; non-ASCII fails the pattern), and no info pattern that matches it: a
+# message holding none of patterns.SCREEN's needles cannot match one, and one that holds some is
+# tried against those needles' patterns, as the engine's read_info_line would.  The engine's _line
+# would only count such a line as recognized (tests/test_logs_fastpath.py checks chatty logs with
+# near misses against the reference).
 _QUIET_RE = re.compile(rb"\[rank\d{1,6}\]:\[titan\] \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)? - \S+ - (?:DEBUG|INFO) - [\x20-\x7e]*")
-_LOUD = (b"step:", b"[override]", b"override(s)", b"[trnqwen] ", b"\x1b", b"\r", *(n.encode() for n in SCREEN))
+_HARD = (b"step:", b"[override]", b"override(s)", b"[trnqwen] ", b"\x1b", b"\r")
+_NEEDLES = tuple(n.encode() for n in SCREEN)
 _ZEROED = bytes.maketrans(b"123456789", b"000000000")
 
 
-def _quiet_template(template: bytes) -> bool:
+def _template_verdict(template: bytes) -> Optional[tuple]:
+    """None: the engine must read the lines of this template; (): they only count; (i, ...):
+    they only count unless one of these INFO_LINES patterns matches the line's message."""
     if _QUIET_RE.fullmatch(template) is None:
-        return False
+        return None
     lowered = template.lower()
-    return not any(map(lowered.__contains__, _LOUD))
+    if any(map(lowered.__contains__, _HARD)):
+        return None
+    held = compress(SCREEN, map(lowered.__contains__, _NEEDLES))
+    return tuple(sorted({i for n in held for i in PATTERNS_BY_NEEDLE[n]}))
+
+
+def _matches_an_info_pattern(raw: bytes, patterns: tuple) -> bool:
+    """Whether read_info_line could take this line: its message as the engine reads it (prefix
+    split, header matched) against the patterns its needles name."""
+    _, body = split_prefix(raw.decode("ascii"))
+    header = HEADER_RE.search(body)
+    if header is None:  # (the template matched the stricter form: not expected)
+        return True
+    msg = header.group("msg")
+    return any(INFO_LINES[i].regex.search(msg) is not None for i in patterns)
 
 
 def quiet_lines(raws: list) -> tuple[tuple, tuple]:
     """(positions in ``raws`` of the lines that only count, the rank of each).  Decided once per
     template, the line with its digits zeroed (the rank, the time, the numbers of a message):
-    neither the pattern nor any _LOUD needle holds a digit, so the verdict is the same for every
-    line of a template, and a chatty log has few.  A line costs a few C-level operations here,
-    not the engine's per-line reading (7 us)."""
+    neither the pattern nor any needle holds a digit, so the verdict is the same for every line
+    of a template, and a chatty log has few; a template whose needles name info patterns has
+    each line's message tried against those (here, in a worker, not in the engine).  A line
+    without a needle costs a few C-level operations, not the engine's per-line reading (7 us)."""
     if len(raws) < 8:
         return (), ()
     templates = b"\n".join(raws).translate(_ZEROED).split(b"\n")
-    verdict = {t: _quiet_template(t) for t in set(templates)}
-    quiet = list(compress(range(len(raws)), map(verdict.__getitem__, templates)))
+    verdict = {t: _template_verdict(t) for t in set(templates)}
+    verdicts = list(map(verdict.__getitem__, templates))
+    quiet = [k for k, v in enumerate(verdicts) if v == ()]
+    quiet += [k for k, v in enumerate(verdicts) if v and not _matches_an_info_pattern(raws[k], v)]
     if not quiet:
         return (), ()
+    quiet.sort()
     heads = list(map(bytes.__getitem__, map(raws.__getitem__, quiet), repeat(slice(0, 14))))
     rank_of = {h: int(h[5:h.index(b"]")]) for h in set(heads)}
     return tuple(quiet), tuple(map(rank_of.__getitem__, heads))

@@ -300,11 +300,11 @@ INFO_LINES: tuple[LinePattern, ...] = (
 # tried only against the patterns whose needles it holds, in order (each pattern's regex needs one
 # of its needles: tests/test_inspect_logs.py pins that), not against all 29 (a chatty log's other
 # lines cost 16 us each that way)
-_BY_NEEDLE: dict[str, list[int]] = {}
+PATTERNS_BY_NEEDLE: dict[str, list[int]] = {}
 for _i, _pat in enumerate(INFO_LINES):
     for _n in _pat.needle:
-        _BY_NEEDLE.setdefault(_n.lower(), []).append(_i)
-SCREEN = tuple(sorted(_BY_NEEDLE))
+        PATTERNS_BY_NEEDLE.setdefault(_n.lower(), []).append(_i)
+SCREEN = tuple(sorted(PATTERNS_BY_NEEDLE))
 
 
 def read_info_line(log: "ParsedLog", msg: str, at: LineAt) -> bool:
@@ -313,7 +313,7 @@ def read_info_line(log: "ParsedLog", msg: str, at: LineAt) -> bool:
     held = list(compress(SCREEN, map(lowered.__contains__, SCREEN)))
     if not held:
         return False
-    for i in sorted({i for n in held for i in _BY_NEEDLE[n]}):
+    for i in sorted({i for n in held for i in PATTERNS_BY_NEEDLE[n]}):
         pat = INFO_LINES[i]
         hay = lowered if pat.lower else msg
         if not any(n in hay for n in pat.needle):
