@@ -145,7 +145,9 @@ def _lines_with(buf: bytes, start: int, size: int, starts, ends, word: bytes, li
         if len(left) <= SAMPLE:
             break
         before = len(left)
-        picks = np.unique(np.concatenate([left[:SAMPLE // 2], left[np.linspace(0, len(left) - 1, SAMPLE // 2).astype(np.int64)]]))
+        spread = range(0, len(left), max(1, len(left) // (SAMPLE // 2)))  # the first lines, and some spread out
+        # (sorted(set()), not np.unique: a plain np.unique imports numpy.ma, 10 ms)
+        picks = np.array(sorted({*left[:SAMPLE // 2].tolist(), *left[spread].tolist()}), np.int64)
         s, e = starts[picks] + start, ends[picks] + start
         at = np.array(list(map(find, repeat(word), s.tolist(), e.tolist())), np.int64)
         found[picks[at >= 0]] = True
