@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import re
 from array import array
-from itertools import compress, repeat
+from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol
 
 from trnqwen.logs import numbers
-from trnqwen.logs.patterns import (
-    B_PREFIX_RE, HEADER_RE, INFO_LINES, PATTERNS_BY_NEEDLE, SCREEN, TRACEBACK_START, split_prefix,
-)
+from trnqwen.logs.patterns import B_PREFIX_RE, HEADER_RE, INFO_LINES, TRACEBACK_START, info_candidates, split_prefix
 from trnqwen.logs.stepline import B_MEM, B_MEM_HIGH, B_STEP, step_key_glued_ok, to_number
 
 if TYPE_CHECKING:
@@ -273,31 +271,32 @@ def _planned(n: int, single: list, raws: list, steps: Optional[tuple], memory: l
 # near misses against the reference).
 _QUIET_RE = re.compile(rb"\[rank\d{1,6}\]:\[titan\] \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)? - \S+ - (?:DEBUG|INFO) - [\x20-\x7e]*")
 _HARD = (b"step:", b"[override]", b"override(s)", b"[trnqwen] ", b"\x1b", b"\r")
-_NEEDLES = tuple(n.encode() for n in SCREEN)
 _ZEROED = bytes.maketrans(b"123456789", b"000000000")
 
 
-def _template_verdict(template: bytes) -> Optional[tuple]:
-    """None: the engine must read the lines of this template; (): they only count; (i, ...):
-    they only count unless one of these INFO_LINES patterns matches the line's message."""
+def _template_verdict(template: bytes) -> Optional[list]:
+    """None: the engine must read the lines of this template; []: they only count; [i, ...]:
+    they only count unless one of these info patterns (those its needles name) matches the
+    line's message (needles hold no digit, so a template names the same ones as its lines)."""
     if _QUIET_RE.fullmatch(template) is None:
         return None
     lowered = template.lower()
     if any(map(lowered.__contains__, _HARD)):
         return None
-    held = compress(SCREEN, map(lowered.__contains__, _NEEDLES))
-    return tuple(sorted({i for n in held for i in PATTERNS_BY_NEEDLE[n]}))
+    return info_candidates(lowered.decode("ascii"))
 
 
-def _matches_an_info_pattern(raw: bytes, patterns: tuple) -> bool:
+def _matches_an_info_pattern(raw: bytes, candidates: list) -> bool:
     """Whether read_info_line could take this line: its message as the engine reads it (prefix
-    split, header matched) against the patterns its needles name."""
+    split, header matched) against the patterns its needles name.  Their regexes alone decide
+    (read_info_line's exact-case needle test cannot turn a match away: a regex never matches
+    without its needle), and one per line is the cost of a chatty log's needle-holding lines."""
     _, body = split_prefix(raw.decode("ascii"))
     header = HEADER_RE.search(body)
     if header is None:  # (the template matched the stricter form: not expected)
         return True
     msg = header.group("msg")
-    return any(INFO_LINES[i].regex.search(msg) is not None for i in patterns)
+    return any(INFO_LINES[i].regex.search(msg) is not None for i in candidates)
 
 
 def quiet_lines(raws: list) -> tuple[tuple, tuple]:
@@ -312,7 +311,7 @@ def quiet_lines(raws: list) -> tuple[tuple, tuple]:
     templates = b"\n".join(raws).translate(_ZEROED).split(b"\n")
     verdict = {t: _template_verdict(t) for t in set(templates)}
     verdicts = list(map(verdict.__getitem__, templates))
-    quiet = [k for k, v in enumerate(verdicts) if v == ()]
+    quiet = [k for k, v in enumerate(verdicts) if v == []]
     quiet += [k for k, v in enumerate(verdicts) if v and not _matches_an_info_pattern(raws[k], v)]
     if not quiet:
         return (), ()

@@ -190,13 +190,9 @@ class LogParser:
         # lines that only count (bulk.quiet_lines), of ranks already known (a new rank's line is
         # read, which notes the rank)
         quiet = {k for k, rank in zip(plan.quiet, plan.quiet_ranks) if rank in known}
-        if quiet:
-            self.log.recognized_lines += len(quiet)
-            for k, (i, raw) in enumerate(zip(plan.single, plan.raws)):
-                if k not in quiet:
-                    feed(base + i, raw)
-        else:
-            for i, raw in zip(plan.single, plan.raws):
+        self.log.recognized_lines += len(quiet)
+        for k, (i, raw) in enumerate(zip(plan.single, plan.raws)):
+            if k not in quiet:
                 feed(base + i, raw)
         bulk.read_other_ranks(self, buf, start, end, base, prefix, plan.memory)
 

@@ -300,20 +300,24 @@ INFO_LINES: tuple[LinePattern, ...] = (
 # tried only against the patterns whose needles it holds, in order (each pattern's regex needs one
 # of its needles: tests/test_inspect_logs.py pins that), not against all 29 (a chatty log's other
 # lines cost 16 us each that way)
-PATTERNS_BY_NEEDLE: dict[str, list[int]] = {}
+_BY_NEEDLE: dict[str, list[int]] = {}
 for _i, _pat in enumerate(INFO_LINES):
     for _n in _pat.needle:
-        PATTERNS_BY_NEEDLE.setdefault(_n.lower(), []).append(_i)
-SCREEN = tuple(sorted(PATTERNS_BY_NEEDLE))
+        _BY_NEEDLE.setdefault(_n.lower(), []).append(_i)
+SCREEN = tuple(sorted(_BY_NEEDLE))
+
+
+def info_candidates(lowered: str) -> list[int]:
+    """Indices into :data:`INFO_LINES`, in order, of the patterns whose needles the lower-cased
+    message holds: the only ones that can match it (none for most messages)."""
+    held = list(compress(SCREEN, map(lowered.__contains__, SCREEN)))
+    return sorted({i for n in held for i in _BY_NEEDLE[n]}) if held else []
 
 
 def read_info_line(log: "ParsedLog", msg: str, at: LineAt) -> bool:
     """Try :data:`INFO_LINES` on one message; True when one of them took it."""
     lowered = msg.lower()
-    held = list(compress(SCREEN, map(lowered.__contains__, SCREEN)))
-    if not held:
-        return False
-    for i in sorted({i for n in held for i in PATTERNS_BY_NEEDLE[n]}):
+    for i in info_candidates(lowered):
         pat = INFO_LINES[i]
         hay = lowered if pat.lower else msg
         if not any(n in hay for n in pat.needle):
