@@ -1,4 +1,4 @@
-"""One-off check: trnqwen.train.compat against the torchtitan releases on the package index.
+"""One-off check: trnqwen.titan_compat against the torchtitan releases on the package index.
 
 Downloads each release's wheel with ``pip download --no-deps`` into a temporary directory (or
 reads wheels from ``--wheels``), unpacks it, and reports, from the real source files:
@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from trnqwen.train import compat  # noqa: E402
+from trnqwen import titan_compat as compat  # noqa: E402
 
 VERSIONS = ("0.2.0", "0.2.1", "0.2.2")
 
@@ -84,7 +84,7 @@ def _sha(path: Path) -> str:
 def render(rows: list[dict], vendored: dict[str, str]) -> str:
     yes = lambda b: "yes" if b else "no"  # noqa: E731
     out = [
-        "# torchtitan releases against trnqwen.train.compat",
+        "# torchtitan releases against trnqwen.titan_compat",
         "",
         "Written by `python benchmarks/torchtitan_releases.py` (wheels from the package index, `pip download --no-deps`;",
         "the installed 0.3.0 read from the venv).  Every fact is read from the release's own source files.",

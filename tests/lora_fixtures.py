@@ -1,4 +1,4 @@
-"""PEFT LoRA adapter folders for a tiny Qwen3 base, written by trnqwen.ckpt.lora.write_adapter."""
+"""PEFT LoRA adapter folders for a tiny Qwen3 base, written by trnqwen.contract.peft_adapter.write_adapter."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def make_adapter(folder: Path, base: Path, *, rank: int = 8, trained: bool = Tru
     (trained) or zero (untrained)."""
     import torch
 
-    from trnqwen.ckpt.lora import write_adapter
-    from trnqwen.train.lora import LoraSpec
+    from trnqwen.contract.peft_adapter import write_adapter
+    from trnqwen.contract.lora import LoraSpec
 
     gen = torch.Generator().manual_seed(seed)
     modules = {}

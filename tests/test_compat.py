@@ -1,4 +1,4 @@
-"""trnqwen.train.compat: the torchtitan API shapes.
+"""trnqwen.titan_compat: the torchtitan API shapes.
 
 Real sources wherever a real release has the shape: the installed 0.3.0 for the 0.3 shape, and
 for the 0.2.x releases (TOML era) the two files of the 0.2.2 wheel the probe reads, copied byte
@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from trnqwen.train import compat
+from trnqwen import titan_compat as compat
 
 
 def _fake_package(root, *, override_sig: str, sdpa_refused: bool, chat: bool):
@@ -216,7 +216,7 @@ def test_native_flavors_are_read_without_importing_torch_in_this_process(tmp_pat
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     code = (
         "import sys\n"
-        "from trnqwen.train import compat\n"
+        "from trnqwen import titan_compat as compat\n"
         "flavors = compat.native_flavors()\n"
         "assert '4B' in flavors and flavors['4B'].n_layers == 36, flavors.get('4B')\n"
         "assert 'torch' not in sys.modules\n"

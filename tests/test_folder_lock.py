@@ -19,7 +19,8 @@ import pytest
 
 from tests.helpers import REPO_ROOT
 from trnqwen.errors import UsageError
-from trnqwen.train import checkpoints, folder_lock, launcher, stops
+from trnqwen.contract import checkpoint_layout as checkpoints
+from trnqwen.train import folder_lock, launcher, stops
 
 HOLDER = textwrap.dedent(
     """
@@ -69,7 +70,7 @@ def test_a_killed_holders_lock_is_taken_over_with_a_note(tmp_path):
         note = lock.takeover_note()
         assert f"run run-killed (pid {proc.pid}" in note and "no longer running" in note
         assert folder_lock.holder_of(folder)["run_id"] == "run-next"
-    assert not (folder / folder_lock.LOCK_NAME).exists()  # a clean end leaves nothing
+    assert not (folder / checkpoints.LOCK_NAME).exists()  # a clean end leaves nothing
     with folder_lock.acquire(folder, run_id="run-after") as lock:
         assert lock.took_over is None
 

@@ -347,7 +347,7 @@ def test_trainjob_pod_command_trains_two_nodes_on_loopback(tmp_path):
 def test_a_killed_node_restarted_with_the_same_environment_resumes(tmp_path):
     """Node 1 is killed mid-run; node 0 stops (its peer is gone); both start again with the same
     environment, as OnFailure does, and continue from the last checkpoint instead of step 1."""
-    from trnqwen.train import checkpoints
+    from trnqwen.contract import checkpoint_layout as checkpoints
 
     work = _work(tmp_path)
     steps, every = 12, 2

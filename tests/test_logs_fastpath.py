@@ -126,7 +126,7 @@ def generate(seed: int, *, ranks: int, steps: int, colour: bool, every_rank: boo
 
 
 def _lora_line(r, salt: int) -> str:
-    from trnqwen.train.lora import LoraSpec, log_line
+    from trnqwen.contract.lora import LoraSpec, log_line
 
     spec = LoraSpec(rank=16, alpha=32.0, dropout=0.0, targets=("q_proj", "v_proj"), seed=0, base_model="m")
     return log_line(trainable=1000 + salt, total=100_000, spec=spec, adapters=8, initialised=8, rank=r or 0)

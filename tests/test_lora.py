@@ -13,16 +13,17 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import assert_clean_error, run_subprocess
-from trnqwen.ckpt import lora as ckpt_lora
+from trnqwen.contract import peft_adapter
 from trnqwen.config import RunConfig
 from trnqwen.errors import CheckFailed, UsageError
+from trnqwen.contract import lora as contract_lora
 from trnqwen.train import lora
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _spec(targets=ALL, rank=4, alpha=8.0, dropout=0.0, seed=7) -> lora.LoraSpec:
-    return lora.LoraSpec(rank=rank, alpha=alpha, dropout=dropout, targets=tuple(targets), seed=seed, base_model="builtin:tiny-qwen3")
+def _spec(targets=ALL, rank=4, alpha=8.0, dropout=0.0, seed=7) -> contract_lora.LoraSpec:
+    return contract_lora.LoraSpec(rank=rank, alpha=alpha, dropout=dropout, targets=tuple(targets), seed=seed, base_model="builtin:tiny-qwen3")
 
 
 # --- config ---------------------------------------------------------------------------------------
@@ -31,7 +32,7 @@ def _spec(targets=ALL, rank=4, alpha=8.0, dropout=0.0, seed=7) -> lora.LoraSpec:
 def test_targets_are_validated_and_kept_in_one_canonical_form():
     assert RunConfig(lora_targets="v_proj, q_proj").lora_targets == "q_proj,v_proj"
     assert RunConfig(lora_targets=",".join(reversed(ALL))).lora_targets == "all-linear"
-    assert lora.targets_of("all-linear") == ALL
+    assert contract_lora.targets_of("all-linear") == ALL
     with pytest.raises(Exception, match="did you mean q_proj"):
         RunConfig(lora_targets="qproj")
     with pytest.raises(Exception, match="give it alone"):
@@ -84,21 +85,21 @@ def test_moe_reaches_attention_only_and_says_so():
 
 
 def test_torchtitan_names():
-    assert lora.titan_target_names(ALL, fused_qkv=False) == ["wq", "wkv", "wo", "w1", "w3", "w2"]
-    assert lora.titan_target_names(("q_proj", "k_proj", "v_proj", "o_proj"), fused_qkv=True) == ["wqkv", "wo"]
-    assert lora.titan_target_names(("down_proj",), fused_qkv=False) == ["w2"]
+    assert contract_lora.titan_target_names(ALL, fused_qkv=False) == ["wq", "wkv", "wo", "w1", "w3", "w2"]
+    assert contract_lora.titan_target_names(("q_proj", "k_proj", "v_proj", "o_proj"), fused_qkv=True) == ["wqkv", "wo"]
+    assert contract_lora.titan_target_names(("down_proj",), fused_qkv=False) == ["w2"]
 
 
 def test_vllm_rank_warning():
-    assert lora.vllm_rank_warning(16) is None
-    assert "vLLM" in lora.vllm_rank_warning(12)
+    assert contract_lora.vllm_rank_warning(16) is None
+    assert "vLLM" in contract_lora.vllm_rank_warning(12)
 
 
 def test_spec_and_log_line_round_trip():
     spec = _spec(("q_proj", "v_proj"), rank=16, alpha=32.0, dropout=0.05)
-    assert lora.LoraSpec.from_json(spec.to_json()) == spec
-    line = lora.log_line(trainable=155_648, total=1_205_632, spec=spec, adapters=8, initialised=8, rank=1)
-    m = lora.LOG_LINE_RE.search("[rank1]:[titan] 2026-12-01 10:00:00,000 - root - INFO - " + line)
+    assert contract_lora.LoraSpec.from_json(spec.to_json()) == spec
+    line = contract_lora.log_line(trainable=155_648, total=1_205_632, spec=spec, adapters=8, initialised=8, rank=1)
+    m = contract_lora.LOG_LINE_RE.search("[rank1]:[titan] 2026-12-01 10:00:00,000 - root - INFO - " + line)
     assert m and m["trainable"] == "155,648" and m["targets"] == "q_proj,v_proj" and m["dropout"] == "0.05"
 
 
@@ -106,7 +107,7 @@ def test_adapter_parameter_count_matches_a_real_peft_model(tiny_hf_model):
     """The plan's formula against peft's own count on the same architecture."""
     from peft import LoraConfig, get_peft_model
 
-    from trnqwen.train import compat
+    from trnqwen import titan_compat as compat
 
     config = json.loads((tiny_hf_model / "config.json").read_text())
     dims = compat.dims_from_hf_config(config)
@@ -115,31 +116,31 @@ def test_adapter_parameter_count_matches_a_real_peft_model(tiny_hf_model):
         model = _load_hf(tiny_hf_model)
         peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=list(targets)))
         trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
-        assert lora.adapter_params(dims, spec, targets) == trainable
+        assert contract_lora.adapter_params(dims, spec, targets) == trainable
 
 
 # --- the adapter's init and PEFT form -------------------------------------------------------------
 
 
 def test_adapter_init_is_deterministic_per_seed_and_name_and_bounded():
-    a = ckpt_lora.adapter_init(7, "model.layers.0.self_attn.q_proj", (4, 128))
+    a = peft_adapter.adapter_init(7, "model.layers.0.self_attn.q_proj", (4, 128))
     assert a.dtype.is_floating_point and tuple(a.shape) == (4, 128)
-    assert (a == ckpt_lora.adapter_init(7, "model.layers.0.self_attn.q_proj", (4, 128))).all()
-    assert not (a == ckpt_lora.adapter_init(8, "model.layers.0.self_attn.q_proj", (4, 128))).all()
-    assert not (a == ckpt_lora.adapter_init(7, "model.layers.0.self_attn.k_proj", (4, 128))).all()
+    assert (a == peft_adapter.adapter_init(7, "model.layers.0.self_attn.q_proj", (4, 128))).all()
+    assert not (a == peft_adapter.adapter_init(8, "model.layers.0.self_attn.q_proj", (4, 128))).all()
+    assert not (a == peft_adapter.adapter_init(7, "model.layers.0.self_attn.k_proj", (4, 128))).all()
     bound = 1 / math.sqrt(128)
     assert float(a.abs().max()) <= bound and float(a.abs().max()) > 0.8 * bound  # kaiming-uniform(a=sqrt 5)
     # wrappers inserted by activation checkpointing / compile do not change the name
-    b = ckpt_lora.adapter_init(7, "model.layers.0._checkpoint_wrapped_module.self_attn.q_proj", (4, 128))
+    b = peft_adapter.adapter_init(7, "model.layers.0._checkpoint_wrapped_module.self_attn.q_proj", (4, 128))
     assert (a == b).all()
 
 
 def test_titan_module_names_map_to_hf():
-    assert ckpt_lora.hf_module_of_titan("layers.3.attention.qkv_linear.wk") == "model.layers.3.self_attn.k_proj"
-    assert ckpt_lora.hf_module_of_titan("layers.0._checkpoint_wrapped_module.feed_forward.w3") == "model.layers.0.mlp.up_proj"
-    assert ckpt_lora.hf_module_of_titan("layers.1.attention.wo") == "model.layers.1.self_attn.o_proj"
+    assert peft_adapter.hf_module_of_titan("layers.3.attention.qkv_linear.wk") == "model.layers.3.self_attn.k_proj"
+    assert peft_adapter.hf_module_of_titan("layers.0._checkpoint_wrapped_module.feed_forward.w3") == "model.layers.0.mlp.up_proj"
+    assert peft_adapter.hf_module_of_titan("layers.1.attention.wo") == "model.layers.1.self_attn.o_proj"
     with pytest.raises(ValueError, match="lm_head"):
-        ckpt_lora.hf_module_of_titan("lm_head")
+        peft_adapter.hf_module_of_titan("lm_head")
 
 
 def test_fused_qkv_split_is_torchtitans_own_split():
@@ -158,7 +159,7 @@ def test_fused_qkv_split_is_torchtitans_own_split():
         module.wqkv.weight.copy_(b)
     stock = module.state_dict()  # torchtitan's hook writes wq / wk / wv
     a = torch.randn(rank, dim)
-    split = ckpt_lora.split_fused_qkv(a, b, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim)
+    split = peft_adapter.split_fused_qkv(a, b, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim)
     for proj, key in (("q_proj", "wq.weight"), ("k_proj", "wk.weight"), ("v_proj", "wv.weight")):
         assert torch.equal(split[proj][1], stock[key]), proj
         assert torch.equal(split[proj][0], a)
@@ -172,9 +173,9 @@ def test_write_and_read_adapter_round_trip(tmp_path):
         "model.layers.0.self_attn.q_proj": (torch.randn(2, 8), torch.randn(8, 2)),
         "model.layers.0.mlp.down_proj": (torch.randn(2, 16), torch.randn(8, 2)),
     }
-    keys = ckpt_lora.write_adapter(tmp_path / "a", modules, spec)
+    keys = peft_adapter.write_adapter(tmp_path / "a", modules, spec)
     assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in keys
-    config, back = ckpt_lora.read_adapter(tmp_path / "a")
+    config, back = peft_adapter.read_adapter(tmp_path / "a")
     assert config["peft_type"] == "LORA" and config["r"] == 2 and config["target_modules"] == ["down_proj", "q_proj"]
     assert config["base_model_name_or_path"] == "tiny-qwen3"
     for path, (a, b) in modules.items():
@@ -221,7 +222,7 @@ def test_hf_injection_and_init_give_peft_names_and_the_shared_init(tiny_hf_model
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     a = model.model.layers[1].self_attn.v_proj.lora_A.weight
-    assert torch.equal(a, ckpt_lora.adapter_init(7, "model.layers.1.self_attn.v_proj", tuple(a.shape)))
+    assert torch.equal(a, peft_adapter.adapter_init(7, "model.layers.1.self_attn.v_proj", tuple(a.shape)))
     assert float(model.model.layers[1].mlp.down_proj.lora_B.weight.detach().abs().max()) == 0.0
     assert torch.allclose(model(torch.arange(16)[None]).logits, before)  # B = 0: the base's function
     assert "model.layers.0.self_attn.q_proj.weight" in model.state_dict()  # base keys unchanged: the HF load works
@@ -239,14 +240,14 @@ def test_torchtitan_lora_with_dropout_and_the_shared_init():
                           vocab_size=64, tied=True, rope_theta=1e4, max_seq_len=64, fuse_qkv=False)
     from torchtitan.components.lora import LoRAConverter
 
-    ms.model = LoRAConverter.Config(rank=4, alpha=8.0, target_modules=lora.titan_target_names(ALL, fused_qkv=False)).build().convert(ms.model)
+    ms.model = LoRAConverter.Config(rank=4, alpha=8.0, target_modules=contract_lora.titan_target_names(ALL, fused_qkv=False)).build().convert(ms.model)
     model = ms.model.build()
     with torch.no_grad():
         model.init_weights(buffer_device=None)
     assert runtime_lora._add_titan_dropout(model, 0.5) == 2 * 7
     assert runtime_lora.initialise_adapters(model, spec, "native") == 2 * 7
     wk = model.layers["0"].attention.qkv_linear.wk
-    assert torch.equal(wk.lora_a.weight, ckpt_lora.adapter_init(7, "model.layers.0.self_attn.k_proj", (4, 32)))
+    assert torch.equal(wk.lora_a.weight, peft_adapter.adapter_init(7, "model.layers.0.self_attn.k_proj", (4, 32)))
     with torch.no_grad():
         wk.lora_b.weight.fill_(0.1)
     x = torch.randn(3, 32)
@@ -301,7 +302,7 @@ def test_merge_is_w_plus_scaled_ba_and_equals_peft(tiny_hf_model, tmp_path):
         modules[f"model.layers.{i}.self_attn.q_proj"] = (torch.randn(4, h, generator=g), torch.randn(q_out, 4, generator=g) * 0.1)
         modules[f"model.layers.{i}.mlp.gate_proj"] = (torch.randn(4, h, generator=g), torch.randn(ffn, 4, generator=g) * 0.1)
     adapter = tmp_path / "hf" / "step-2"
-    ckpt_lora.write_adapter(adapter, modules, spec)
+    peft_adapter.write_adapter(adapter, modules, spec)
     result = merge_adapter(adapter, tiny_hf_model)
     assert result.out == tmp_path / "hf" / "step-2.merged" and result.merged_modules == len(modules)
     from safetensors.torch import load_file
@@ -326,7 +327,7 @@ def test_merge_refuses_a_base_it_was_not_trained_on_and_leaves_nothing(tiny_hf_m
     from trnqwen.ckpt.merge import merge_adapter
 
     adapter = tmp_path / "ad"
-    ckpt_lora.write_adapter(adapter, {"model.layers.0.self_attn.q_proj": (torch.zeros(2, 7), torch.zeros(5, 2))}, _spec(rank=2))
+    peft_adapter.write_adapter(adapter, {"model.layers.0.self_attn.q_proj": (torch.zeros(2, 7), torch.zeros(5, 2))}, _spec(rank=2))
     with pytest.raises(CheckFailed, match="not trained on this base"):
         merge_adapter(adapter, tiny_hf_model, tmp_path / "out")
     assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir()] == ["ad"]
@@ -363,14 +364,14 @@ def test_dry_run_renders_lora_into_the_config_module(tmp_path):
 
 
 def test_a_frozen_base_has_no_gradients_or_optimizer_state_in_the_estimate():
-    from trnqwen.train.compat import FlavorDims
+    from trnqwen.titan_compat import FlavorDims
     from trnqwen.train.memory import estimate_memory
 
     qwen3_4b = FlavorDims(dim=2560, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, vocab_size=151936,
                           ffn_dim=9728, tied=True, rope_theta=5e6)
     cfg = RunConfig(lora=True, seq_len=4096)
     spec = lora.spec_from_config(cfg)
-    adapters = lora.adapter_params(qwen3_4b, spec, spec.targets)
+    adapters = contract_lora.adapter_params(qwen3_4b, spec, spec.targets)
     assert adapters == 33_030_144  # rank 16, all-linear, 36 layers
     full, frozen = estimate_memory(qwen3_4b, cfg, 64), estimate_memory(qwen3_4b, cfg, 64, trainable=adapters)
     assert frozen.grads == 4 * adapters // 64 and frozen.optimizer == 8 * adapters // 64
@@ -396,7 +397,7 @@ def test_a_lora_setting_cannot_change_on_resume_but_merge_can():
 
 
 def test_overwrite_clears_a_lora_runs_adapter_and_merged_folder_and_nothing_else(tmp_path):
-    from trnqwen.train import checkpoints
+    from trnqwen.contract import checkpoint_layout as checkpoints
 
     root = tmp_path / "ckpt"
     files = ["hf/step-3/adapter_config.json", "hf/step-3/adapter_model.safetensors", "hf/step-3/tokenizer.json",
@@ -424,8 +425,8 @@ def test_the_adapter_keeps_the_base_checkpoints_dtype(tmp_path):
     from safetensors.torch import load_file
 
     modules = {"model.layers.0.self_attn.q_proj": (torch.randn(2, 8), torch.randn(8, 2))}
-    ckpt_lora.write_adapter(tmp_path / "bf16", modules, _spec(rank=2), dtype="bfloat16")
-    ckpt_lora.write_adapter(tmp_path / "kept", modules, _spec(rank=2))
+    peft_adapter.write_adapter(tmp_path / "bf16", modules, _spec(rank=2), dtype="bfloat16")
+    peft_adapter.write_adapter(tmp_path / "kept", modules, _spec(rank=2))
     bf16 = load_file(str(tmp_path / "bf16" / "adapter_model.safetensors"))
     assert {t.dtype for t in bf16.values()} == {torch.bfloat16}
     assert {t.dtype for t in load_file(str(tmp_path / "kept" / "adapter_model.safetensors")).values()} == {torch.float32}

@@ -67,7 +67,7 @@ def _losses(cwd: Path) -> dict[int, float]:
 
 def _lora_lines(cwd: Path) -> list[dict]:
     """The ``[LoRA]`` line of every rank, from the per-rank logs torchrun keeps (train.log is rank 0's)."""
-    from trnqwen.train.lora import LOG_LINE_RE
+    from trnqwen.contract.lora import LOG_LINE_RE
 
     found = []
     for log in sorted((_run_dir(cwd) / "ranks").rglob("*.log")):
@@ -139,7 +139,8 @@ def test_the_adapter_loads_in_plain_peft_beats_the_base_and_its_merge_is_the_sam
 
 
 def test_backends_agree_step_by_step_and_count_exactly_the_adapters(lora_runs):
-    from trnqwen.train import compat, lora
+    from trnqwen import titan_compat as compat
+    from trnqwen.contract import lora as contract_lora
 
     losses = {}
     for backend in BACKENDS:
@@ -157,8 +158,8 @@ def test_backends_agree_step_by_step_and_count_exactly_the_adapters(lora_runs):
     assert losses["native"][1] == pytest.approx(losses["hf-v5"][1], rel=1e-4)
     assert losses["native"][1] == pytest.approx(losses["hf-trainer"][1], rel=1e-3)
     dims = compat.dims_from_hf_config(json.loads((lora_runs["assets"] / "config.json").read_text()))
-    spec = lora.LoraSpec(rank=8, alpha=16.0, dropout=0.0, targets=lora.targets_of("all-linear"), seed=42, base_model="x")
-    expected = lora.adapter_params(dims, spec, spec.targets)
+    spec = contract_lora.LoraSpec(rank=8, alpha=16.0, dropout=0.0, targets=contract_lora.targets_of("all-linear"), seed=42, base_model="x")
+    expected = contract_lora.adapter_params(dims, spec, spec.targets)
     for backend in BACKENDS:
         lines = _lora_lines(lora_runs["runs"][backend][1])
         assert len(lines) == 2, lines  # one per rank

@@ -3,7 +3,7 @@ shape as a full fine-tune, the tuned row naming the adapter; and train's before/
 
 The run is laid out as ``trnqwen train --finetune --lora`` leaves it (run.json whose export is a PEFT
 adapter folder completed with tokenizer and card, the dataset cache with a validation split); the
-adapter is written by trnqwen.ckpt.lora.write_adapter, so no torchrun is needed here
+adapter is written by trnqwen.contract.peft_adapter.write_adapter, so no torchrun is needed here
 (tests/test_lora_e2e.py trains for real).
 """
 
@@ -64,7 +64,7 @@ def merged_loss(tiny: Path, adapter: Path, cache: Path) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trnqwen.ckpt.lora import read_adapter
+    from trnqwen.contract.peft_adapter import read_adapter
     from trnqwen.evaluate.data import from_cache
     from trnqwen.evaluate.model import score
 

@@ -23,7 +23,7 @@ import pytest
 
 from tests.helpers import run_subprocess
 from trnqwen.train.hf_trainer_spec import HFTrainerSpec, SpecError, spec_from_argv, spec_to_argv
-from trnqwen.train.lora import LOG_LINE_RE, LoraSpec
+from trnqwen.contract.lora import LOG_LINE_RE, LoraSpec
 
 SPEC = LoraSpec(rank=4, alpha=8.0, dropout=0.0, targets=("q_proj", "v_proj", "down_proj"), seed=7,
                 base_model="builtin:tiny-qwen3")
@@ -133,7 +133,7 @@ def _base(tiny: Path):
 def test_attach_initialises_every_adapter_from_the_seed_and_module_name(tiny):
     import torch
 
-    from trnqwen.ckpt.lora import adapter_init
+    from trnqwen.contract.peft_adapter import adapter_init
     from trnqwen.runtime import hf_trainer_lora as hl
 
     model, initialised = hl.attach(_base(tiny), SPEC)
@@ -264,7 +264,7 @@ def test_each_rank_logs_the_lora_line_and_the_export_is_the_initialised_adapter(
     """One step at lr 1e-12: the exported A is still trnqwen's init, B still ~0."""
     import torch
 
-    from trnqwen.ckpt.lora import adapter_init, read_adapter
+    from trnqwen.contract.peft_adapter import adapter_init, read_adapter
 
     r = _train(work, *TINY, "--backend", "hf-trainer", "--steps", "1", "--lr", "1e-12", "--checkpoint-dir", "init")
     assert r.code == 0, r.text[-3000:]

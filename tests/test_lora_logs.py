@@ -1,4 +1,4 @@
-"""inspect-logs reads the [LoRA] line (trnqwen.train.lora.log_line) and judges it: a run that trains
+"""inspect-logs reads the [LoRA] line (trnqwen.contract.lora.log_line) and judges it: a run that trains
 only its adapters is reported, one whose trainable count is not the adapters' is an error, and a
 LoRA run without the line is a warning."""
 
@@ -12,7 +12,7 @@ from trnqwen.logs.lora import lora_json
 from trnqwen.logs.parse import parse_text
 from trnqwen.logs.sources import RunContext
 from trnqwen.logs.stepline import format_step_line
-from trnqwen.train.lora import LoraSpec, log_line
+from trnqwen.contract.lora import LoraSpec, log_line
 
 SPEC = LoraSpec(rank=8, alpha=16.0, dropout=0.0, targets=ALL, seed=0, base_model="m")
 # tests.lora_fixtures' base: 2 layers, hidden 32, 4 heads x 8, 2 kv heads, ffn 64 -> r x (in + out) summed

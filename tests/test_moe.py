@@ -15,7 +15,7 @@ from tests.moe_fixtures import hf_config, write_tiny_moe
 from tests.test_recipes import CPU, job_and_config
 from trnqwen.config import RunConfig
 from trnqwen.errors import UsageError
-from trnqwen.train.compat import dims_from_hf_config
+from trnqwen.titan_compat import dims_from_hf_config
 from trnqwen.train.memory import count_params
 
 

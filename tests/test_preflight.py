@@ -12,7 +12,7 @@ from safetensors.numpy import save_file
 from trnqwen.config import RunConfig
 from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import UsageError
-from trnqwen.train.compat import dims_from_hf_config
+from trnqwen.titan_compat import dims_from_hf_config
 from trnqwen.train.job import TrainJob
 from trnqwen.train.preflight import (
     ERROR,

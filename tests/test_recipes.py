@@ -18,7 +18,7 @@ import pytest
 from trnqwen.config import RunConfig
 from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import EnvironmentProblem, TrnqwenError, UsageError
-from trnqwen.train import compat
+from trnqwen import titan_compat as compat
 from trnqwen.train.datasets import resolve_dataset
 from trnqwen.train.recipes import build_job, count_params, render_config_module
 

@@ -16,7 +16,8 @@ from tests.helpers import assert_clean_error
 from trnqwen.config import RunConfig
 from trnqwen.errors import UsageError
 from trnqwen.rundir import RunRecord, point_last
-from trnqwen.train import checkpoints, resume
+from trnqwen.contract import checkpoint_layout as checkpoints
+from trnqwen.train import resume
 
 TINY = "builtin:tiny-qwen3"
 

@@ -24,7 +24,7 @@ import pytest
 
 from trnqwen.config import RunConfig
 from trnqwen.env.device import DeviceInfo
-from trnqwen.train.checkpoints import export_dir
+from trnqwen.contract.checkpoint_layout import export_dir
 from trnqwen.train.recipes import build_job
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from tests.helpers import assert_verified_export, run_subprocess
 from tests.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 from trnqwen.config import RunConfig
 from trnqwen.errors import CheckFailed, UsageError
-from trnqwen.train.checkpoints import export_dir
+from trnqwen.contract.checkpoint_layout import export_dir
 from trnqwen.train import slurm
 
 

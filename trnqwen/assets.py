@@ -21,7 +21,7 @@ from trnqwen.safetensors_format import SafetensorsFormatError, read_header
 
 CONFIG_NAME = "config.json"
 INDEX_NAME = "model.safetensors.index.json"
-# A PEFT (LoRA) adapter folder: trnqwen.ckpt.lora writes and reads it.
+# A PEFT (LoRA) adapter folder: trnqwen.contract.peft_adapter writes and reads it.
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # Any one of these sets is a tokenizer torchtitan / transformers can load.

@@ -104,7 +104,7 @@ class RunConfig(BaseModel):
         description="Peak learning rate (default: 1e-5 for a full fine-tune, 8e-4 from random init).",
     )
     seed: Optional[int] = Field(42, ge=0, description="Random seed (none = torchtitan's default).")
-    # --- LoRA (trnqwen.train.lora: targets; runtime.lora: in the ranks; ckpt.lora: the PEFT adapter) ---
+    # --- LoRA (trnqwen.train.lora: targets; runtime.lora: in the ranks; contract.peft_adapter: the PEFT adapter) ---
     lora: bool = Field(False, description="Train a LoRA adapter on a frozen base; the export is a PEFT adapter folder.")
     lora_rank: int = Field(16, ge=1, le=4096, description="LoRA rank r.")
     lora_alpha: Optional[float] = Field(

@@ -147,7 +147,7 @@ def resolve_checkpoint(path: Path, step: Optional[int] = None) -> CheckpointFile
 
 
 def _is_layout_root(folder: Path) -> bool:
-    from trnqwen.train import checkpoints
+    from trnqwen.contract import checkpoint_layout as checkpoints
 
     return (folder / checkpoints.EXPORT).is_dir() or (folder / checkpoints.RESUME).is_dir() or (
         folder / checkpoints.OWNER_FILE
@@ -156,7 +156,7 @@ def _is_layout_root(folder: Path) -> bool:
 
 def _resolve_layout_root(given: Path, step: Optional[int]) -> CheckpointFiles:
     """trnqwen's checkpoint folder: verify an HF export under ``hf/``; list every step."""
-    from trnqwen.train import checkpoints
+    from trnqwen.contract import checkpoint_layout as checkpoints
 
     found = checkpoints.scan(given)
     exports = checkpoints.export_root(given)
@@ -177,7 +177,7 @@ def _resolve_layout_root(given: Path, step: Optional[int]) -> CheckpointFiles:
 
 
 def _explain_unusable(folder: Path, all_steps: Optional[list[int]] = None) -> None:
-    from trnqwen.train import checkpoints
+    from trnqwen.contract import checkpoint_layout as checkpoints
 
     if (folder / checkpoints.TRAINER_STATE).is_file():  # hf-trainer's resume/checkpoint-N
         root = folder.parent.parent if folder.parent.name == checkpoints.RESUME else folder.parent

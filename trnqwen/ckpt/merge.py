@@ -67,7 +67,7 @@ def merge_adapter(adapter: Path, base: Path, out: Optional[Path] = None, *, card
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from trnqwen.ckpt.lora import is_adapter_folder, read_adapter
+    from trnqwen.contract.peft_adapter import is_adapter_folder, read_adapter
     from trnqwen.ckpt.model_folder import CardInfo, complete_export
 
     started = time.perf_counter()
@@ -131,7 +131,7 @@ def merge_adapter(adapter: Path, base: Path, out: Optional[Path] = None, *, card
 def base_of_adapter(adapter: Path, *, runs_dir: Optional[Path] = None) -> Optional[Path]:
     """The base snapshot an adapter was trained on: the assets of the run that exported it, else
     adapter_config's ``base_model_name_or_path`` when that is a local folder or a fetched model."""
-    from trnqwen.ckpt.lora import read_adapter_config
+    from trnqwen.contract.peft_adapter import read_adapter_config
     from trnqwen.config import RunConfig
     from trnqwen.rundir import recent_records
 

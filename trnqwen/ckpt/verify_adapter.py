@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 from trnqwen.assets import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from trnqwen.ckpt.layout import CheckpointFiles, ModelConfig, _load_config
-from trnqwen.ckpt.lora import PEFT_KEY, PEFT_PREFIX
+from trnqwen.contract.peft_adapter import PEFT_KEY, PEFT_PREFIX
 from trnqwen.ckpt.spec import ModelSpec, expected_tensors
 from trnqwen.errors import UsageError
 from trnqwen.safetensors_format import DTYPES, SafetensorsFormatError, TensorInfo, read_header
@@ -165,7 +165,7 @@ class AdapterReport:
         out = [UNTRAINED] if self.untrained else []
         r = self.adapter_config.get("r")
         if isinstance(r, int) and r > 0:
-            from trnqwen.train.lora import vllm_rank_warning
+            from trnqwen.contract.lora import vllm_rank_warning
 
             note = vllm_rank_warning(r)
             if note:

@@ -251,7 +251,7 @@ def record(
     if run is not None:
         log_eval_wandb(Path(run_dir), run.record.config or {}, results, step if isinstance(step, int) else None)
     if folder is not None and run is not None and run.record.assets_dir:
-        from trnqwen.ckpt.lora import is_adapter_folder, read_adapter_config
+        from trnqwen.contract.peft_adapter import is_adapter_folder, read_adapter_config
         from trnqwen.ckpt.model_folder import card_info, write_model_card
 
         info = card_info(run.record, results, report.dataset)

@@ -1,6 +1,6 @@
 """The ``[LoRA]`` line in the log judge: did the run train only its adapters?
 
-Every rank of a LoRA run logs one line before step 1 (:func:`trnqwen.train.lora.log_line`,
+Every rank of a LoRA run logs one line before step 1 (:func:`trnqwen.contract.lora.log_line`,
 parsed by :mod:`trnqwen.logs.patterns` into ``ParsedLog.lora``).  The judge reads it back:
 
 * error ``lora-not-adapters``: the trainable count is not the adapters' (the whole model trains,
@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Optional
 
-from trnqwen.train.lora import LOG_LINE_RE, LOG_MARK
+from trnqwen.contract.lora import LOG_LINE_RE, LOG_MARK
 
 if TYPE_CHECKING:
     from trnqwen.logs.record import ParsedLog
@@ -31,7 +31,7 @@ _NEEDLE = f"{LOG_MARK} trainable".encode()
 
 
 def record_of(m: "re.Match[str]", line: Optional[int]) -> dict:
-    """A :data:`trnqwen.train.lora.LOG_LINE_RE` match as numbers."""
+    """A :data:`trnqwen.contract.lora.LOG_LINE_RE` match as numbers."""
     rec: dict = {k: int(m.group(k).replace(",", "")) for k in ("trainable", "total", "rank", "adapters", "initialised")}
     rec.update(percent=float(m.group("percent")), alpha=float(m.group("alpha")), dropout=float(m.group("dropout")),
                targets=m.group("targets").split(","), line=line)
@@ -94,8 +94,8 @@ def expected_trainable(rec: dict, ctx: Any) -> Optional[int]:
     backend = (ctx.lora or {}).get("backend")
     if not cfg or backend == "nki-moe" or cfg.get("model_type") not in ("qwen3", "qwen3_moe"):
         return None
-    from trnqwen.train.compat import dims_from_hf_config
-    from trnqwen.train.lora import adapter_params
+    from trnqwen.titan_compat import dims_from_hf_config
+    from trnqwen.contract.lora import adapter_params
 
     try:
         dims = dims_from_hf_config(cfg)

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 from trnqwen.logs import dpo
 from trnqwen.logs.stepline import strip_ansi, to_number
 from trnqwen.runtime.override_calls import CALLS_RE, CALLS_TAG
-from trnqwen.train.lora import LOG_LINE_RE as LORA_RE
-from trnqwen.train.lora import LOG_MARK as LORA_TAG
+from trnqwen.contract.lora import LOG_LINE_RE as LORA_RE
+from trnqwen.contract.lora import LOG_MARK as LORA_TAG
 
 if TYPE_CHECKING:
     from trnqwen.logs.record import ParsedLog
@@ -227,7 +227,7 @@ def _override_calls(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
 
 def _lora(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     """``[LoRA] trainable N of M parameters (P%), rank R, ... initialised K (rank X)``
-    (:func:`trnqwen.train.lora.log_line`), kept per process rank: the torchrun prefix's, else the
+    (:func:`trnqwen.contract.lora.log_line`), kept per process rank: the torchrun prefix's, else the
     line's own ``(rank X)``."""
     from trnqwen.logs.lora import line_rank, record_of
 

@@ -35,7 +35,7 @@ class ParsedLog:
     override_no_match: list[dict] = field(default_factory=list)
     # [OverrideCalls] lines: name -> rank -> {calls, fallbacks, modules, step, reason, line}
     override_calls: dict[str, dict[int, dict]] = field(default_factory=dict)
-    # [LoRA] lines (trnqwen.train.lora.log_line): rank -> {trainable, total, percent, rank, alpha, dropout,
+    # [LoRA] lines (trnqwen.contract.lora.log_line): rank -> {trainable, total, percent, rank, alpha, dropout,
     # adapters, targets, initialised, line}; None: a line without a torchrun prefix or "(rank R)"
     lora: dict[Optional[int], dict] = field(default_factory=dict)
     # [DPO] lines (trnqwen.logs.dpo): step -> {rewards_chosen, rewards_rejected, margin, accuracy, pairs, line};

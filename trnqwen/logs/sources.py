@@ -224,7 +224,7 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
 def _lora_settings(cfg: dict) -> dict:
     """What the run config says the adapter is (as trnqwen.train.lora.spec_from_config reads it)."""
     from trnqwen.constants import LORA_ALL_LINEAR
-    from trnqwen.train.lora import targets_of
+    from trnqwen.contract.lora import targets_of
 
     rank = cfg.get("lora_rank")
     alpha = cfg.get("lora_alpha")

@@ -31,7 +31,7 @@ def judge_lora_run(info: RunInfo, pretrained: Path, verify) -> tuple[str, dict[s
     """(the stage's line, its numbers); StageFailed when any check fails."""
     from trnqwen.ckpt.merge import merged_path
     from trnqwen.logs.stepline import parse_validation_line
-    from trnqwen.train.lora import LOG_LINE_RE
+    from trnqwen.contract.lora import LOG_LINE_RE
 
     text = Path(info.log or "").read_text(encoding="utf-8", errors="replace")
     line = next((m for m in map(LOG_LINE_RE.search, text.splitlines()) if m), None)

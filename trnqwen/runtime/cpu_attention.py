@@ -20,7 +20,7 @@ from torchtitan.models.common.attention import FlexAttention
 
 from trnqwen.runtime.cpu import dense_mask_from_block_mask
 from trnqwen.runtime.override_calls import counter
-from trnqwen.train import compat
+from trnqwen import titan_compat as compat
 
 OVERRIDE_TARGET = f"{__name__}.cpu_dense_attention"
 CALLS = counter(compat.override_name(__name__, "cpu_dense_attention"))

@@ -45,7 +45,7 @@ def _patch_config_parsing(device: Optional[str]) -> None:
     from torchtitan.config import manager
     from torchtitan.config.override import _REGISTRY
 
-    from trnqwen.train import compat
+    from trnqwen import titan_compat as compat
 
     original = manager.ConfigManager.parse_args
     if getattr(original, "_trnqwen", False):

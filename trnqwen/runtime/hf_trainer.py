@@ -50,8 +50,8 @@ from trnqwen.train.hf_trainer_spec import (
     flops_per_token,
     spec_from_argv,
 )
-from trnqwen.train import checkpoints
-from trnqwen.train.lora import LOG_MARK
+from trnqwen.contract import checkpoint_layout as checkpoints
+from trnqwen.contract.lora import LOG_MARK
 from trnqwen.train.topology import topology
 
 SAFETENSORS_NAME = "model-00001-of-00001.safetensors"

@@ -5,12 +5,12 @@ As the Neuron docs' TRL + PEFT tutorial does, the adapters come from peft itself
 loaded model (sharded at load by ``DistributedConfig`` or not).  Then trnqwen's own parts:
 
 * :func:`attach` initialises every adapter as the other backends do: A from
-  :func:`trnqwen.ckpt.lora.adapter_init` (seed, HF module path), B zero, so one seed gives the same
+  :func:`trnqwen.contract.peft_adapter.adapter_init` (seed, HF module path), B zero, so one seed gives the same
   adapters on native, hf-v5 and hf-trainer, whatever the rank count.
 * :func:`check_trainable` (from :func:`callback`, once the optimizer exists, before step 1) logs
   the ``[LoRA]`` line on every rank (full, unsharded parameter counts) and stops the run with one
   error when the optimizer would update anything but the adapters.
-* :func:`export` writes the last step as the PEFT adapter folder (:func:`trnqwen.ckpt.lora.write_adapter`,
+* :func:`export` writes the last step as the PEFT adapter folder (:func:`trnqwen.contract.peft_adapter.write_adapter`,
   the same key names and float32 tensors as the other backends), not the base model.
 
 On a model sharded at load the adapters peft adds after ``fully_shard`` are plain replicated
@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterator, Optional
 
-from trnqwen.ckpt.lora import PEFT_PREFIX, adapter_init, clean_fqn
+from trnqwen.contract.peft_adapter import PEFT_PREFIX, adapter_init, clean_fqn
 from trnqwen.runtime.lora import is_adapter_key
-from trnqwen.train.lora import LOG_MARK, LoraSpec, log_line
+from trnqwen.contract.lora import LOG_MARK, LoraSpec, log_line
 
 ADAPTER_NAME = "default"  # peft's name for the one adapter get_peft_model adds
 
@@ -143,7 +143,7 @@ def _full(tensor: Any) -> Any:
 def export(model: Any, spec: LoraSpec, folder: Any, *, rank: int, dtype: Optional[str] = None) -> Optional[list[str]]:
     """Write the PEFT adapter folder on rank 0 (every rank calls this), in ``dtype`` (the base
     checkpoint's); the written key names there."""
-    from trnqwen.ckpt.lora import write_adapter
+    from trnqwen.contract.peft_adapter import write_adapter
 
     tensors = {path: (_full(a), _full(b)) for path, a, b in adapter_modules(model)}
     if rank != 0:

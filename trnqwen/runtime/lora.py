@@ -15,7 +15,7 @@ The generated config module calls :func:`attach_lora` (trnqwen.train.lora render
   rank (``trainable N of M parameters (P%)``), and a stop before step 1 when anything but the
   adapters is trainable;
 * patches the checkpointer: the initial HF load skips adapter keys (the base checkpoint has none),
-  and the HF export at the last step is the PEFT adapter (:mod:`trnqwen.ckpt.lora`) instead of the
+  and the HF export at the last step is the PEFT adapter (:mod:`trnqwen.contract.peft_adapter`) instead of the
   base model, which torchtitan's Qwen3 ``to_hf`` would write silently without the adapter.
 
 Resumable checkpoints (DCP) keep base + adapters + optimizer state, so ``--resume`` is exact.
@@ -27,8 +27,8 @@ import os
 import re
 from typing import Any, Optional
 
-from trnqwen.ckpt.lora import adapter_init, clean_fqn, hf_module_of_titan
-from trnqwen.train.lora import LOG_MARK, LoraSpec, log_line, titan_target_names
+from trnqwen.contract.peft_adapter import adapter_init, clean_fqn, hf_module_of_titan
+from trnqwen.contract.lora import LOG_MARK, LoraSpec, log_line, titan_target_names
 
 _state: dict[str, Any] = {"spec": None, "backend": None, "patched": False, "exported": 0}
 ADAPTER_KEY = re.compile(r"(^|\.)(lora_a|lora_b|lora_A|lora_B)(\.|$)")
@@ -308,7 +308,7 @@ def export_adapter(manager: Any, folder: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from trnqwen.ckpt.lora import write_adapter
+    from trnqwen.contract.peft_adapter import write_adapter
 
     spec: LoraSpec = _state["spec"]
     model_parts = manager.states["model"].model

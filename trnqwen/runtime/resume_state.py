@@ -10,7 +10,7 @@
   of a fresh run but the first step after the load in a resumed one, which shifted every later
   dropout mask.  That draw leaves the global RNG as it was (:class:`_RngNeutralIterable`).
 * **Exports never land among resume points.**  torchtitan's ``checkpoint.folder`` is
-  ``<root>/resume`` (trnqwen.train.checkpoints); the last step saves the full resumable state
+  ``<root>/resume`` (trnqwen.contract.checkpoint_layout); the last step saves the full resumable state
   there *and* the HF export to ``<root>/hf/step-N`` (a finished run can be extended).
 * **Preemption.**  SIGTERM or SIGUSR1 sets a flag; at the next step boundary every rank agrees
   (one all-reduce of a single integer), saves a resumable checkpoint of that step, logs
@@ -198,7 +198,7 @@ def install() -> None:
     from torchtitan.components.checkpointer.dcp import AsyncMode, CheckpointManager
     from torchtitan.trainer import Trainer
 
-    from trnqwen.train.checkpoints import export_root, root_of_resume_folder
+    from trnqwen.contract.checkpoint_layout import export_root, root_of_resume_folder
 
     original_init = CheckpointManager.__init__
     original_save_last = CheckpointManager._save_last_step

@@ -55,7 +55,7 @@ def resolve_dataset(dataset: Optional[str], *, model_is_builtin: bool, api=None)
             "other datasets are read through trnqwen.train.cache_data.prepare_rank_data"
         )
     if dataset == "c4_test":
-        from trnqwen.train import compat
+        from trnqwen import titan_compat as compat
 
         if not (api or compat.detect()).c4_test_in_package:
             raise UsageError(

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from trnqwen.contract.checkpoint_layout import LOCK_NAME
 from trnqwen.errors import UsageError
 
-LOCK_NAME = ".trnqwen-lock"
 _RETRIES = 20  # the file swapped under us (a holder removing it at its clean end): try again
 
 
@@ -169,4 +169,4 @@ def acquire(folder: Path, *, run_id: str, what: str = "checkpoint folder") -> Fo
     raise UsageError(f"{what} {folder}: could not take its lock {path} (it kept changing)", hint="try again")
 
 
-__all__ = ["LOCK_NAME", "FolderLock", "acquire", "holder_of", "describe", "refusal"]
+__all__ = ["FolderLock", "acquire", "holder_of", "describe", "refusal"]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.assets import read_config_json
 from trnqwen.errors import EnvironmentProblem, UsageError
+from trnqwen.contract import lora as contract_lora
 from trnqwen.train import lora, tracking
 from trnqwen.train.hf_trainer_spec import LORA_TP_PROBLEM, HFTrainerSpec, SpecError, choose_strategy, spec_to_argv
 from trnqwen.train.job import TrainJob
@@ -47,7 +48,7 @@ def _dims(hf_config: Optional[dict[str, Any]]) -> Any:
     if not hf_config:
         return None
     try:
-        from trnqwen.train.compat import dims_from_hf_config
+        from trnqwen.titan_compat import dims_from_hf_config
 
         return dims_from_hf_config(hf_config)
     except (ImportError, KeyError, TypeError, ValueError):
@@ -76,7 +77,7 @@ def _count_params(dims: Any) -> Optional[int]:
         return None
 
 
-def _lora_plan(cfg: RunConfig, hf_config: Optional[dict[str, Any]]) -> tuple[Optional[lora.LoraSpec], Optional[str]]:
+def _lora_plan(cfg: RunConfig, hf_config: Optional[dict[str, Any]]) -> tuple[Optional[contract_lora.LoraSpec], Optional[str]]:
     """(the LoRA spec the ranks train, with this backend's targets; the plan note), or (None, None).
 
     peft adapts any subset of the targets on a dense model; a Qwen3-MoE's routed experts are not
@@ -87,7 +88,7 @@ def _lora_plan(cfg: RunConfig, hf_config: Optional[dict[str, Any]]) -> tuple[Opt
     dims = _dims(hf_config)
     targets = lora.backend_targets(spec, "hf-trainer", moe=bool(dims and dims.num_experts))
     total = _count_params(dims)
-    trainable = lora.adapter_params(dims, spec, targets) if total is not None else None
+    trainable = contract_lora.adapter_params(dims, spec, targets) if total is not None else None
     note = lora.plan_note(spec, targets, backend="hf-trainer", trainable=trainable, total=total)
     return dataclasses.replace(spec, targets=targets), note
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from trnqwen.train.datasets import TITAN_DATASETS, streams_itself
-from trnqwen.train.lora import LoraSpec
+from trnqwen.contract.lora import LoraSpec
 from trnqwen.train.topology import Topology
 
 SPEC_FILE_NAME = "hf_trainer_spec.json"
@@ -69,7 +69,7 @@ class HFTrainerSpec:
     max_grad_norm: float = 1.0
     strategy: str = "auto"  # auto | ddp | distributed-config
     report_to: str = ""  # comma-separated Trainer report_to ("tensorboard,wandb"): --tensorboard / --wandb
-    lora: Optional[str] = None  # a trnqwen.train.lora.LoraSpec as JSON (targets already this backend's): train a LoRA adapter
+    lora: Optional[str] = None  # a trnqwen.contract.lora.LoraSpec as JSON (targets already this backend's): train a LoRA adapter
     dpo_beta: Optional[float] = None  # --method dpo: beta (None = supervised)
     dpo_loss: str = "sigmoid"
     reference_dir: Optional[str] = None  # --method dpo: the reference log-probs folder (trnqwen.dataset.reference)
@@ -101,7 +101,7 @@ class HFTrainerSpec:
             try:
                 self.lora_spec()
             except (ValueError, TypeError, KeyError) as exc:
-                problems.append(f"lora must be a LoRA spec as JSON (trnqwen.train.lora.LoraSpec): {exc}")
+                problems.append(f"lora must be a LoRA spec as JSON (trnqwen.contract.lora.LoraSpec): {exc}")
             if self.tp > 1:
                 problems.append(LORA_TP_PROBLEM)
         if self.dpo_beta is not None and not (self.cache_dir and self.reference_dir):

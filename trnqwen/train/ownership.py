@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from trnqwen.train import checkpoints, folder_lock, resume
+from trnqwen.contract import checkpoint_layout as checkpoints
+from trnqwen.train import folder_lock, resume
 
 
 def _abs(path: Path, cwd: Path) -> Path:

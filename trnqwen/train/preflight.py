@@ -291,7 +291,7 @@ def check_outputs(report: PreflightReport, cfg: RunConfig, job: TrainJob) -> Non
 
 
 def _dims_for(cfg: RunConfig, hf_config: dict[str, Any]) -> Any:
-    from trnqwen.train.compat import FlavorDims, dims_from_hf_config
+    from trnqwen.titan_compat import FlavorDims, dims_from_hf_config
 
     dims = dims_from_hf_config(hf_config)
     if cfg.backend == "nki-moe":
@@ -349,6 +349,7 @@ def check_memory(
 
 def _lora_trainable(cfg: RunConfig, dims: Any) -> Optional[int]:
     """The adapters' parameter count for a LoRA run (the frozen base has no grads or AdamW state)."""
+    from trnqwen.contract import lora as contract_lora
     from trnqwen.train import lora
 
     spec = lora.spec_from_config(cfg)
@@ -358,15 +359,16 @@ def _lora_trainable(cfg: RunConfig, dims: Any) -> Optional[int]:
         targets = lora.backend_targets(spec, cfg.backend, moe=bool(dims.num_experts))
     except UsageError:
         return None  # the recipe refuses the targets with the reason
-    return lora.adapter_params(dims, spec, targets)
+    return contract_lora.adapter_params(dims, spec, targets)
 
 
 def check_lora(report: PreflightReport, cfg: RunConfig) -> None:
+    from trnqwen.contract import lora as contract_lora
     from trnqwen.train import lora
 
     if not cfg.lora:
         return
-    warning = lora.vllm_rank_warning(cfg.lora_rank)
+    warning = contract_lora.vllm_rank_warning(cfg.lora_rank)
     if warning:
         report.add(WARNING, "lora", warning, "use --lora-rank 8, 16, 32 or 64 to serve it with vLLM")
     if not cfg.finetune:

@@ -14,7 +14,7 @@ Each backend builds its config the way the published recipe does by hand
 
 ``--finetune`` loads the assets in HF format (model only) and saves the last step in HF format
 (model only) to ``<checkpoint_dir>/hf/step-N/``; resumable DCP checkpoints go to
-``<checkpoint_dir>/resume/step-N/`` (:mod:`trnqwen.train.checkpoints`).  Version differences come from :mod:`compat`.
+``<checkpoint_dir>/resume/step-N/`` (:mod:`trnqwen.contract.checkpoint_layout`).  Version differences come from :mod:`compat`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ from trnqwen.assets import checkpoint_dtype, moe_layout, read_config_json
 from trnqwen.config import RunConfig
 from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import EnvironmentProblem, UsageError
-from trnqwen.train import checkpoints, compat, dpo, lora, tracking
+from trnqwen import titan_compat as compat
+from trnqwen.contract import lora as contract_lora
+from trnqwen.contract import checkpoint_layout as checkpoints
+from trnqwen.train import dpo, lora, tracking
 from trnqwen.train.preflight import count_params  # one parameter formula for both
 from trnqwen.train.cache_data import RankData, prepare_rank_data, streamed_data, titan_dataloader_code
 from trnqwen.train.datasets import DataSpec, render_dataset_code
@@ -66,7 +69,7 @@ class Plan:
     rope_theta_override: Optional[float] = None
     dims: Optional[compat.FlavorDims] = None
     rank_data: Optional[RankData] = None  # the token cache the ranks read (datasets the user names)
-    lora: Optional[lora.LoraSpec] = None
+    lora: Optional[contract_lora.LoraSpec] = None
     lora_targets: tuple[str, ...] = ()  # the HF targets this backend adapts (trnqwen.train.lora)
     dpo: Optional[dpo.DpoSpec] = None  # --method dpo (trnqwen.train.dpo)
     reference_dir: Optional[Path] = None  # where the DPO reference log-probs of these weights live
@@ -180,7 +183,7 @@ def make_plan(
     data, rank_data = prepared if prepared is not None else (streamed_data(cfg, api=api), None)
     topology = topology or plan_topology(cfg, device)  # its problems are preflight's to report
     # Resumable checkpoints always; whether this folder may be used is the launcher's check
-    # (trnqwen.train.checkpoints.check_for_new_run), never a silent torchtitan resume.
+    # (trnqwen.contract.checkpoint_layout.check_for_new_run), never a silent torchtitan resume.
     ckpt = cfg.resolved_checkpoint_dir.expanduser().absolute()
     notes += tracking.check(cfg, check_runtime=check_runtime)
     plan = Plan(
@@ -222,7 +225,7 @@ def _plan_lora(plan: Plan) -> None:
         # one adapter per q/k/v projection needs the non-fused layout: built from the same dims
         plan.custom_dims, plan.flavor, plan.rope_theta_override = plan.dims, None, None
     total = count_params(plan.dims) if plan.dims else None
-    trainable = lora.adapter_params(plan.dims, spec, plan.lora_targets) if plan.dims else None
+    trainable = contract_lora.adapter_params(plan.dims, spec, plan.lora_targets) if plan.dims else None
     plan.notes.append(lora.plan_note(spec, plan.lora_targets, backend=plan.cfg.backend, trainable=trainable, total=total))
 
 

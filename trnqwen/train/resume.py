@@ -19,7 +19,8 @@ from trnqwen.config import FIELD_NAMES, ResolvedConfig, RunConfig
 from trnqwen.errors import UsageError
 from trnqwen.fsutil import first_match
 from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir
-from trnqwen.train import checkpoints, multinode
+from trnqwen.contract import checkpoint_layout as checkpoints
+from trnqwen.train import multinode
 
 # Fields a resumed run may take from the new command line: they do not change what is trained.
 MAY_CHANGE = frozenset({

@@ -38,7 +38,8 @@ from trnqwen.errors import (
 )
 from trnqwen.fsutil import disk_full_at, write_text_atomic
 from trnqwen.rundir import LOG_NAME, RunRecord, next_run_id, point_last
-from trnqwen.train import checkpoints, folder_lock, launcher, multinode, ownership, stops
+from trnqwen.contract import checkpoint_layout as checkpoints
+from trnqwen.train import folder_lock, launcher, multinode, ownership, stops
 from trnqwen.train.job import TrainJob
 from trnqwen.train.preflight import ERROR, INFO, WARNING, Finding, PreflightReport, preflight
 from trnqwen.train.recipes import build_job

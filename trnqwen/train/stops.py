@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_BEFORE_START
 from trnqwen.fsutil import first_match
-from trnqwen.train import checkpoints
+from trnqwen.contract import checkpoint_layout as checkpoints
 
 if TYPE_CHECKING:
     from trnqwen.rundir import RunRecord

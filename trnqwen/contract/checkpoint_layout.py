@@ -24,13 +24,13 @@ from typing import Any, Optional
 
 from trnqwen.assets import ADAPTER_CONFIG, INDEX_NAME, TOKENIZER_FILES
 from trnqwen.errors import UsageError
-from trnqwen.train.folder_lock import LOCK_NAME
 
 RESUME = "resume"
 EXPORT = "hf"
 OWNER_FILE = "trnqwen-checkpoints.json"
 DCP_METADATA = ".metadata"
 TRAINER_STATE = "trainer_state.json"
+LOCK_NAME = ".trnqwen-lock"  # the owner's flock (trnqwen.train.folder_lock)
 _STEP = re.compile(r"^(?:step|checkpoint)-(\d+)$")
 # Files torchtitan or the Trainer put beside their step folders; anything else is foreign.
 _KNOWN_EXTRA = {OWNER_FILE, LOCK_NAME, ".DS_Store", "README.md", "runs"}

@@ -106,7 +106,7 @@ def peft_tensors(modules: dict[str, tuple[Any, Any]], *, fused_dims: Optional[tu
 
 
 def adapter_config(spec: Any, target_modules: list[str]) -> dict[str, Any]:
-    """peft's LoraConfig fields for ``spec`` (a :class:`trnqwen.train.lora.LoraSpec`)."""
+    """peft's LoraConfig fields for ``spec`` (a :class:`trnqwen.contract.lora.LoraSpec`)."""
     base = str(spec.base_model)
     return {
         "peft_type": "LORA",

@@ -461,7 +461,7 @@ def native_flavors() -> dict[str, FlavorDims]:
     env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
     code = (
         "import dataclasses, json\n"
-        "from trnqwen.train.compat import _flavors_in_this_process\n"
+        "from trnqwen.titan_compat import _flavors_in_this_process\n"
         "print(json.dumps({k: dataclasses.asdict(v) for k, v in _flavors_in_this_process().items()}))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
