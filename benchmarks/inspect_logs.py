@@ -64,7 +64,7 @@ E = "\x1b"
 def _step(step: int, loss: float, gn: float, gib: float, pct: float, tps: float, tflops: float, mfu: float,
           lr: float) -> str:
     # torchtitan 0.3.0 components/metrics.py, verbatim layout, and the lr column trnqwen's ranks append
-    from trnqwen.logs.stepline import lr_text
+    from trnqwen.contract.stepline import lr_text
 
     return (
         f"{E}[31mstep: {step:2}  {E}[32mloss: {loss:8.5f}  {E}[38;2;180;60;0mgrad_norm: {gn:7.4f}  "

@@ -22,7 +22,7 @@ from trnqwen.logs.jsonsteps import StepRowsJSON, step_rows
 from trnqwen.logs.parse import parse_text
 from trnqwen.logs.report import payload, render, write_csv
 from trnqwen.logs.sources import RunContext
-from trnqwen.logs.stepline import STEP_FIELDS, format_step_line, parse_validation_line
+from trnqwen.contract.stepline import STEP_FIELDS, format_step_line, parse_validation_line
 
 LN2 = math.log(2.0)
 
@@ -378,7 +378,7 @@ def test_a_real_dpo_run_reads_back_and_an_edited_step1_loss_fails(tmp_path):
 
     log = run_dir / "train.log"
     text = log.read_text()
-    from trnqwen.logs.stepline import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     step1 = next(ln for ln in text.splitlines() if "[DPO]" not in ln and (parse_step_line(ln) or {}).get("step") == 1)
     edited = re.sub(r"loss:(\s*)[0-9.]+", r"loss:\g<1>0.70000", step1, count=1)

@@ -43,7 +43,7 @@ def test_finetune_ends_with_the_before_after_line(chat_run):
 
 
 def test_eval_with_no_arguments_scores_the_validation_split_like_the_validator(chat_run):
-    from trnqwen.logs.stepline import parse_validation_line
+    from trnqwen.contract.stepline import parse_validation_line
 
     work, env, _ = chat_run
     first = run_subprocess("eval", "--json", "--generate", "2", "--max-new-tokens", "12", cwd=work, env=env, timeout=600)

@@ -326,7 +326,7 @@ def baseline_run(tmp_path_factory, tiny_assets):
 
 def _calls_lines(log_path) -> list[dict]:
     from trnqwen.logs.parse import strip_ansi
-    from trnqwen.runtime.override_calls import parse_calls_line
+    from trnqwen.contract.override_calls import parse_calls_line
 
     lines = Path(log_path).read_text(errors="replace").splitlines()
     return [rec for rec in (parse_calls_line(strip_ansi(line)) for line in lines) if rec]

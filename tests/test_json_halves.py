@@ -12,7 +12,7 @@ import pytest
 
 from trnqwen.logs import halves, jsonsteps, parallel
 from trnqwen.logs.parse import parse_bytes
-from trnqwen.logs.stepline import format_step_line, lr_text
+from trnqwen.contract.stepline import format_step_line, lr_text
 
 
 def _log_bytes(steps: int) -> bytes:

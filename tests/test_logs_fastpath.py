@@ -19,7 +19,7 @@ import pytest
 
 from trnqwen.logs.engine import LogParser
 from trnqwen.logs.parse import parse_bytes
-from trnqwen.logs.stepline import format_step_line, lr_text
+from trnqwen.contract.stepline import format_step_line, lr_text
 
 E = "\x1b"
 

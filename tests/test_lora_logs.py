@@ -11,7 +11,7 @@ from trnqwen.logs.judge import judge
 from trnqwen.logs.lora import lora_json
 from trnqwen.logs.parse import parse_text
 from trnqwen.logs.sources import RunContext
-from trnqwen.logs.stepline import format_step_line
+from trnqwen.contract.stepline import format_step_line
 from trnqwen.contract.lora import LoraSpec, log_line
 
 SPEC = LoraSpec(rank=8, alpha=16.0, dropout=0.0, targets=ALL, seed=0, base_model="m")

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from tests.helpers import run_subprocess
-from trnqwen.runtime.override_calls import OverrideCalls, format_calls_line, parse_calls_line
+from trnqwen.contract.override_calls import format_calls_line, parse_calls_line
+from trnqwen.runtime.override_calls import OverrideCalls
 
 HEAD = "[titan] 2026-11-30 20:04:{sec:02d},774 - root - INFO - "
 

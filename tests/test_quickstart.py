@@ -191,7 +191,7 @@ def test_quickstart_checkpoints_and_files(quickstart_run):
 def test_quickstart_override_stage_shows_the_custom_path_ran(quickstart_run):
     """The custom-kernel workflow: the CPU twin of the NKI example ran its own rotation on every
     layer (its [OverrideCalls] line: calls > 0, no fallback) and trained to the native losses."""
-    from trnqwen.runtime.override_calls import parse_calls_line
+    from trnqwen.contract.override_calls import parse_calls_line
     from trnqwen.fetch.builtin import tiny_qwen3_config
 
     result, _ = quickstart_run

@@ -172,7 +172,7 @@ def test_cpu_attention_override_is_applied_through_torchtitans_registry(cpu_runs
 def test_every_trnqwen_override_reports_that_it_ran(cpu_runs):
     """[Override] lines (or an installed patch) do not prove a replacement ran; the
     [OverrideCalls] line each of trnqwen's own overrides logs after step 1 does."""
-    from trnqwen.runtime.override_calls import parse_calls_line
+    from trnqwen.contract.override_calls import parse_calls_line
 
     def calls(run):
         recs = [parse_calls_line(_ANSI.sub("", line)) for line in run.log.splitlines()]

@@ -226,7 +226,7 @@ def test_epoch_cadence_needs_a_dataset(tmp_path, tiny_assets):
 
 def test_lr_column_round_trips_through_the_parsers():
     from tests.test_inspect_logs import line, step_msg
-    from trnqwen.logs.stepline import format_step_line, lr_text, parse_step_line
+    from trnqwen.contract.stepline import format_step_line, lr_text, parse_step_line
     from trnqwen.runtime.lr_log import _AppendLR
     import logging
 
@@ -243,7 +243,7 @@ def test_lr_column_round_trips_through_the_parsers():
 
 def test_inspect_logs_json_and_plot_carry_the_lr(tmp_path):
     from tests.test_inspect_logs import line, step_msg
-    from trnqwen.logs.stepline import lr_text
+    from trnqwen.contract.stepline import lr_text
 
     lrs = [5e-06, 1e-05, 7.5e-06, 2.5e-06]
     log = tmp_path / "train.log"

@@ -131,7 +131,7 @@ def test_the_real_process_leaves_its_objects_to_the_os(tmp_path, entry, frozen):
     """The console entry (main() with no argv) freezes what a finished command left, so the
     interpreter's last collection skips it (40 ms after inspect-logs of a 400 MB log); main(argv)
     in a test's interpreter, which lives on, does not."""
-    from trnqwen.logs.stepline import format_step_line
+    from trnqwen.contract.stepline import format_step_line
 
     log = tmp_path / "train.log"
     log.write_text("".join(f"[rank0]:{format_step_line(s, 2.0, 1.0, 2.0, 10.0, 100, 1.0, 1.0)}\n" for s in range(1, 6)))

@@ -57,7 +57,8 @@ from torch_neuronx import nki_op, wrap_nki
 from torchtitan.config import derive, override
 from torchtitan.models.common.rope import CosSinRoPE
 
-from trnqwen.runtime.override_calls import CALLS_TAG, ModuleCallCounter, module_counter as counter_for
+from trnqwen.contract.override_calls import CALLS_TAG
+from trnqwen.runtime.override_calls import ModuleCallCounter, module_counter as counter_for
 
 from nkilib.core.embeddings.rope_hf import rope_hf
 

@@ -46,7 +46,8 @@ from torch.distributed.tensor import DTensor
 from torchtitan.config import derive, override
 from torchtitan.models.common.rope import CosSinRoPE
 
-from trnqwen.runtime.override_calls import CALLS_TAG, ModuleCallCounter, module_counter as counter_for
+from trnqwen.contract.override_calls import CALLS_TAG
+from trnqwen.runtime.override_calls import ModuleCallCounter, module_counter as counter_for
 
 __all__ = ["CALLS_TAG", "ModuleCallCounter", "TorchRoPE", "counter_for", "gather_rope_cache", "rope_bhsd", "torch_rope"]
 

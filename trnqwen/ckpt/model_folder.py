@@ -87,7 +87,7 @@ def complete_run_export(record: Any, exported: Path) -> list[str]:
 
 def last_validation(log_path: Path) -> Optional[dict[str, Any]]:
     """The last ``validate step:`` line of a run's log (torchtitan's validator): {"step", "loss", ...}."""
-    from trnqwen.logs.stepline import parse_validation_line
+    from trnqwen.contract.stepline import parse_validation_line
 
     found = None
     try:

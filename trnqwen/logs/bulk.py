@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol
 
 from trnqwen.logs import numbers
 from trnqwen.logs.patterns import B_PREFIX_RE, HEADER_RE, INFO_LINES, TRACEBACK_START, info_candidates, split_prefix
-from trnqwen.logs.stepline import B_MEM, B_MEM_HIGH, B_STEP, step_key_glued_ok, to_number
+from trnqwen.contract.stepline import B_MEM, B_MEM_HIGH, B_STEP, step_key_glued_ok, to_number
 
 if TYPE_CHECKING:
     from trnqwen.logs.record import ParsedLog
@@ -413,7 +413,7 @@ def primary_columns(bodies: list, lines: list, prefix: bytes) -> Optional[tuple]
     the positions (in ``bodies``) of lines that are not step lines after all and must be read
     one by one (validation lines); None when any line is not torchtitan's exact layout.
 
-    What :func:`~trnqwen.logs.stepline.fast_step` does per line, done per column on bytes:
+    What :func:`~trnqwen.contract.stepline.fast_step` does per line, done per column on bytes:
     ``step:`` must occur once per line, nothing but a colour code glued before it, each key at
     its place, and every value must convert.
     """

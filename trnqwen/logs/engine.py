@@ -6,7 +6,7 @@ Speed and memory: input comes in binary chunks and is split on newlines; lines a
 goes through the fast path: the primary rank's lines and every line that is not a step line are
 read one by one, and the other ranks' step lines in bulk (:mod:`trnqwen.logs.bulk`).
 
-What each line means lives elsewhere: the step line in :mod:`~trnqwen.logs.stepline`, every other
+What each line means lives elsewhere: the step line in :mod:`~trnqwen.contract.stepline`, every other
 kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
 :mod:`~trnqwen.logs.tracebacks`.  This module only routes lines to them.
 """
@@ -35,7 +35,7 @@ from trnqwen.logs.patterns import (
     split_prefix,
 )
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
-from trnqwen.logs.stepline import ANSI_RE, parse_step_line, parse_validation_line
+from trnqwen.contract.stepline import ANSI_RE, parse_step_line, parse_validation_line
 from trnqwen.logs.steps import any_at_least, increasing, shifted
 from trnqwen.logs.tracebacks import Tracebacks, TorchrunSummary
 

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 from trnqwen.logs import dpo
 from trnqwen.logs.record import ParsedLog
-from trnqwen.logs.stepline import STEP_FIELDS
+from trnqwen.contract.stepline import STEP_FIELDS
 
 _NAN = float("nan")
 SPLIT_ROWS = 50_000  # from here the text is made in two processes at once (about 9 MB of JSON)

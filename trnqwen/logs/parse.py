@@ -7,7 +7,7 @@ The public entry points, in one place:
 * :class:`LogParser` - the streaming parser fed raw bytes (``feed`` / ``close``) that builds a
   :class:`ParsedLog`; :func:`parse_file` / :func:`parse_stream` / :func:`parse_bytes` wrap it.
 
-Where things live: the step line's format in :mod:`trnqwen.logs.stepline`; every other line kind
+Where things live: the step line's format in :mod:`trnqwen.contract.stepline`; every other line kind
 in :mod:`trnqwen.logs.patterns` (a new informational line is one row of ``INFO_LINES`` there);
 the result in :mod:`trnqwen.logs.record`; the streaming engine in :mod:`trnqwen.logs.engine`,
 with its bulk pass over other ranks in :mod:`trnqwen.logs.bulk` and crash tracking in
@@ -21,7 +21,7 @@ from typing import BinaryIO
 from trnqwen.logs.engine import CHUNK_SIZE, MAX_KEPT, MAX_LINE, LogParser
 from trnqwen.logs.patterns import parse_override_line, split_prefix
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
-from trnqwen.logs.stepline import (
+from trnqwen.contract.stepline import (
     ANSI_RE,
     STEP_FIELDS,
     fast_step as _fast_step,

@@ -1,5 +1,5 @@
 """The line kinds torchtitan, torchrun and torch print, other than the step line
-(:mod:`trnqwen.logs.stepline`): one regex each, and for the informational lines a table.
+(:mod:`trnqwen.contract.stepline`): one regex each, and for the informational lines a table.
 
 To read a new informational line, add one :class:`LinePattern` to :data:`INFO_LINES` (a regex
 and a small function that stores what it matched in :class:`~trnqwen.logs.record.ParsedLog`),
@@ -16,8 +16,8 @@ from itertools import compress
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from trnqwen.logs import dpo
-from trnqwen.logs.stepline import strip_ansi, to_number
-from trnqwen.runtime.override_calls import CALLS_RE, CALLS_TAG
+from trnqwen.contract.stepline import strip_ansi, to_number
+from trnqwen.contract.override_calls import CALLS_RE, CALLS_TAG
 from trnqwen.contract.lora import LOG_LINE_RE as LORA_RE
 from trnqwen.contract.lora import LOG_MARK as LORA_TAG
 

@@ -17,7 +17,7 @@ from trnqwen.logs.judge import (
 )
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
-from trnqwen.logs.stepline import STEP_FIELDS
+from trnqwen.contract.stepline import STEP_FIELDS
 from trnqwen.logs.sources import RunContext
 from trnqwen.fsutil import write_text_atomic
 

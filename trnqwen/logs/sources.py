@@ -436,7 +436,7 @@ def read_tensorboard(roots: list[Path]) -> dict:
 def fill_from_tensorboard(log, tb: dict) -> list[int]:
     """Add the steps TensorBoard has and the text log lacks (``"line": None``,
     ``"source": "tensorboard"``); returns them (also kept in ``log.filled_steps``)."""
-    from trnqwen.logs.stepline import STEP_FIELDS
+    from trnqwen.contract.stepline import STEP_FIELDS
 
     filled = []
     recs: list[dict] = []

@@ -18,7 +18,7 @@ from bisect import bisect_left
 from collections.abc import Mapping
 from typing import Iterator, Optional
 
-from trnqwen.logs.stepline import STEP_FIELDS
+from trnqwen.contract.stepline import STEP_FIELDS
 
 VALUE_FIELDS = STEP_FIELDS[1:]  # float columns
 _NAN = float("nan")

@@ -30,7 +30,7 @@ def _folder_bytes(folder: Path, pattern: str) -> int:
 def judge_lora_run(info: RunInfo, pretrained: Path, verify) -> tuple[str, dict[str, Any]]:
     """(the stage's line, its numbers); StageFailed when any check fails."""
     from trnqwen.ckpt.merge import merged_path
-    from trnqwen.logs.stepline import parse_validation_line
+    from trnqwen.contract.stepline import parse_validation_line
     from trnqwen.contract.lora import LOG_LINE_RE
 
     text = Path(info.log or "").read_text(encoding="utf-8", errors="replace")

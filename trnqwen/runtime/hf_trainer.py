@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from trnqwen.assets import INDEX_NAME, checkpoint_dtype, read_config_json
-from trnqwen.logs.stepline import format_step_line  # torchtitan's step line has one home
+from trnqwen.contract.stepline import format_step_line  # torchtitan's step line has one home
 from trnqwen.train.hf_trainer_spec import (
     HFTrainerSpec,
     ParallelPlan,

@@ -3,7 +3,7 @@
 torchtitan 0.3.0 logs the LR of each step only to TensorBoard/W&B (``lr/<optimizer>`` in the
 metrics passed to ``MetricsProcessor.log``); its console line has no LR.  :func:`install` wraps
 ``MetricsProcessor.log`` so that, while it runs, a filter on torchtitan's logger appends
-``  lr: <value>`` (:func:`trnqwen.logs.stepline.lr_text`) to the step line it prints.  The value is
+``  lr: <value>`` (:func:`trnqwen.contract.stepline.lr_text`) to the step line it prints.  The value is
 the one the step trained with (torchtitan reads it before ``optimizer.step()``), as the Trainer
 backend prints it, so every backend's log carries the same column.  Only ranks import this.
 """
@@ -29,7 +29,7 @@ def install() -> None:
     from torchtitan.components import metrics
     from torchtitan.tools.logging import logger
 
-    from trnqwen.logs.stepline import lr_text
+    from trnqwen.contract.stepline import lr_text
 
     original = metrics.MetricsProcessor.log
     if getattr(original, "_trnqwen", False):

@@ -12,7 +12,7 @@ Transformers Trainer both trigger it)::
 replaces instead; ``modules``: how many distinct modules ran it (one per layer for a per-layer
 override); ``step``: this process's optimizer steps when it logged, always 1 (on a resumed run the first
 step after the resume, whatever its global number); ``reason``: why the first fallback happened.
-``trnqwen inspect-logs`` reads it.
+``trnqwen inspect-logs`` reads it; the line's format is :mod:`trnqwen.contract.override_calls`.
 
 :class:`OverrideCalls` counts with Python integers: trnqwen's own overrides run eagerly (CPU
 shims, and an init-time patch).  :class:`ModuleCallCounter` counts with a 0-d tensor per module
@@ -25,39 +25,12 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import weakref
 from typing import Any, Optional
 
-CALLS_TAG = "[OverrideCalls]"
-CALLS_RE = re.compile(
-    r"\[OverrideCalls\]\s+(?P<name>[^:\s]+):\s+calls=(?P<calls>\d+)\s+fallbacks=(?P<fallbacks>\d+)"
-    r"\s+modules=(?P<modules>\d+)\s+rank=(?P<rank>\d+)\s+step=(?P<step>\d+)(?:\s+reason:\s*(?P<reason>.*?))?\s*$"
-)
+from trnqwen.contract.override_calls import format_calls_line
 
 _log = logging.getLogger()  # the root logger: torchtitan's ``logger`` and its format
-
-
-def format_calls_line(
-    name: str, calls: int, fallbacks: int, modules: int, rank: Any, step: int = 1, reason: Optional[str] = None
-) -> str:
-    """The one documented line shape (see the module docstring)."""
-    text = f"{CALLS_TAG} {name}: calls={calls} fallbacks={fallbacks} modules={modules} rank={rank} step={step}"
-    return text + (f" reason: {reason}" if fallbacks and reason else "")
-
-
-def parse_calls_line(line: str) -> Optional[dict]:
-    """One ``[OverrideCalls]`` line (any prefix, no ANSI colours) -> {name, calls, fallbacks,
-    modules, rank, step, reason}, or None."""
-    if CALLS_TAG not in line:
-        return None
-    m = CALLS_RE.search(line)
-    if not m:
-        return None
-    rec: dict = {k: int(m.group(k)) for k in ("calls", "fallbacks", "modules", "rank", "step")}
-    rec["name"] = m.group("name")
-    rec["reason"] = m.group("reason") or None
-    return rec
 
 
 class OverrideCalls:

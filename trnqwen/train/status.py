@@ -1,7 +1,7 @@
 """The launcher's live status line: ``step 3/10  loss 7.12  tok/s 1,234  mfu 1.2%  elapsed 0:42``.
 
 Fed by :func:`trnqwen.train.launcher.supervise` from the tee'd rank-0 stream (step lines through
-:mod:`trnqwen.logs.stepline`, a DPO run's ``[DPO]`` lines through :mod:`trnqwen.logs.dpo`, which
+:mod:`trnqwen.contract.stepline`, a DPO run's ``[DPO]`` lines through :mod:`trnqwen.logs.dpo`, which
 add ``acc 0.75  margin 0.120`` after the loss).
 """
 

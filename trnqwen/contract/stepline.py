@@ -19,8 +19,6 @@ import math
 import re
 from typing import Iterable, Optional
 
-from trnqwen.logs.dpo import MARK as DPO_MARK
-
 # ESC [ ... m colour codes (torchtitan's Color class) and any other CSI sequence.
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 NUM = r"[-+]?(?:[0-9][0-9,]*(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|nan|NaN|inf|Inf|INF|NAN)"
@@ -49,6 +47,8 @@ VALIDATE_RE = re.compile(
 B_STEP = re.compile(rb"step:\s*(\d+)")
 B_MEM = re.compile(rb"memory:\s*([0-9.,]+)\s*GiB\(([0-9.,]+)%\)")
 B_MEM_HIGH = re.compile(rb"GiB\((?:9\d|100)\.\d*%\)")  # "GiB(93.25%)": above 90% (pct <= 100)
+# A method's own validation line (``[DPO] validate step: 3  ...``), read by that method's reader.
+METHOD_VALIDATE_RE = re.compile(r"\[[A-Za-z][\w-]*\] validate step:")
 
 
 def format_step_line(
@@ -194,8 +194,8 @@ def fast_step(line: str, i: int) -> Optional[dict]:
 
 def parse_validation_line(line: str) -> Optional[dict]:
     """``validate step: N  loss: X  memory: ...  tps: N`` -> dict, else None (also for the
-    ``[DPO] validate step:`` line that follows it: :mod:`trnqwen.logs.dpo` reads that one)."""
-    if "validate step:" not in line or DPO_MARK in line:
+    ``[DPO] validate step:`` line that follows it, a method's own: :data:`METHOD_VALIDATE_RE`)."""
+    if "validate step:" not in line or METHOD_VALIDATE_RE.search(line):
         return None
     text = strip_ansi(line)
     m = VALIDATE_RE.match(text, text.find("validate step:"))
