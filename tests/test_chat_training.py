@@ -111,7 +111,7 @@ def _validations(cwd: Path) -> dict[int, float]:
 def test_backends_train_with_one_lr_curve(chat_runs):
     """The LR of every step, as each backend logs it: equal on native, hf-v5 and hf-trainer (1e-9
     relative), and torchtitan's warm-up (from lr/3) and cosine decay (to 0.1 x lr)."""
-    from trnqwen.train.schedule import lr_factor
+    from trnqwen.contract.lr_schedule import lr_factor
 
     curves = {}
     for backend, (r, cwd, _) in chat_runs.items():

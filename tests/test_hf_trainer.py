@@ -20,7 +20,7 @@ import pytest
 from tests.helpers import REPO_ROOT
 from trnqwen.runtime import hf_trainer as hft
 from trnqwen.runtime.hf_trainer import format_step_line, step_metrics
-from trnqwen.train.hf_trainer_spec import (
+from trnqwen.contract.hf_trainer_spec import (
     SPEC_FILE_NAME,
     HFTrainerSpec,
     SpecError,
@@ -29,7 +29,7 @@ from trnqwen.train.hf_trainer_spec import (
     spec_from_argv,
     spec_to_argv,
 )
-from trnqwen.train.topology import topology
+from trnqwen.contract.topology import topology
 
 
 def _rank_plan(world_size, tp, dp_shard, *, device, local_batch_size=1, global_batch_size=None, **kwargs):

@@ -21,7 +21,8 @@ from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import UsageError
 from trnqwen.train import launcher
 from trnqwen.train.job import TrainJob
-from trnqwen.train.topology import ranks_per_node, topology
+from trnqwen.contract.topology import topology
+from trnqwen.train.topology import ranks_per_node
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import run_subprocess
-from trnqwen.train.hf_trainer_spec import HFTrainerSpec, SpecError, spec_from_argv, spec_to_argv
+from trnqwen.contract.hf_trainer_spec import HFTrainerSpec, SpecError, spec_from_argv, spec_to_argv
 from trnqwen.contract.lora import LOG_LINE_RE, LoraSpec
 
 SPEC = LoraSpec(rank=4, alpha=8.0, dropout=0.0, targets=("q_proj", "v_proj", "down_proj"), seed=7,

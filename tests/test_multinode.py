@@ -9,7 +9,8 @@ from trnqwen.config import RunConfig
 from trnqwen.errors import UsageError
 from trnqwen.env.device import DeviceInfo
 from trnqwen.train import multinode as mn
-from trnqwen.train.topology import plan_topology, topology
+from trnqwen.contract.topology import topology
+from trnqwen.train.topology import plan_topology
 
 
 # --- rendezvous argv (the launcher's only source of these flags) --------------------------------

@@ -19,7 +19,7 @@ from trnqwen.config import RunConfig
 from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import EnvironmentProblem, TrnqwenError, UsageError
 from trnqwen import titan_compat as compat
-from trnqwen.train.datasets import resolve_dataset
+from trnqwen.dataset.streamed import resolve_dataset
 from trnqwen.train.recipes import build_job, count_params, render_config_module
 
 DOUBLES = Path(__file__).parent / "doubles"

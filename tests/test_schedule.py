@@ -18,7 +18,8 @@ import pytest
 from tests.helpers import run_cli
 from trnqwen.config import resolve_config
 from trnqwen.errors import ConfigError
-from trnqwen.train.schedule import lr_factor, resolve_schedule
+from trnqwen.contract.lr_schedule import lr_factor
+from trnqwen.train.schedule import resolve_schedule
 
 
 @pytest.fixture(scope="module")

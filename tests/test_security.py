@@ -220,7 +220,7 @@ def test_run_dir_record_log_and_script_follow_the_umask(tmp_path, umask_077):
     from trnqwen.train.job import TrainJob
     from trnqwen.train.preflight import PreflightReport
     from trnqwen.train.run import TrainPlan, execute
-    from trnqwen.train.topology import topology
+    from trnqwen.contract.topology import topology
 
     runs = tmp_path / "runs"
     cfg = RunConfig(model="builtin:tiny-qwen3", device="cpu", steps=1, runs_dir=runs)

@@ -26,7 +26,7 @@ def test_titan_lines_and_trainer_report_to():
 
 
 def test_hf_trainer_spec_carries_report_to_through_its_argv():
-    from trnqwen.train.hf_trainer_spec import HFTrainerSpec, spec_from_argv, spec_to_argv
+    from trnqwen.contract.hf_trainer_spec import HFTrainerSpec, spec_from_argv, spec_to_argv
 
     spec = HFTrainerSpec(assets_dir="/a", report_to="tensorboard,wandb")
     assert spec_from_argv(spec_to_argv(spec)).report_to == "tensorboard,wandb"

@@ -26,7 +26,7 @@ SIGTERM/SIGUSR1; a run whose resume folder holds one continues through the Train
 ``resume_from_checkpoint`` (the launcher makes sure a new run never finds one there).
 
 The spec, its flags, the strategy and the FLOPs formula are the launcher's too and live in
-:mod:`trnqwen.train.hf_trainer_spec`; this module is what runs inside a rank.
+:mod:`trnqwen.contract.hf_trainer_spec`; this module is what runs inside a rank.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any, Optional, Sequence
 
 from trnqwen.assets import INDEX_NAME, checkpoint_dtype, read_config_json
 from trnqwen.contract.stepline import format_step_line  # torchtitan's step line has one home
-from trnqwen.train.hf_trainer_spec import (
+from trnqwen.contract.hf_trainer_spec import (
     HFTrainerSpec,
     ParallelPlan,
     SpecError,
@@ -52,7 +52,7 @@ from trnqwen.train.hf_trainer_spec import (
 )
 from trnqwen.contract import checkpoint_layout as checkpoints
 from trnqwen.contract.lora import LOG_MARK
-from trnqwen.train.topology import topology
+from trnqwen.contract.topology import topology
 
 SAFETENSORS_NAME = "model-00001-of-00001.safetensors"
 LOG_PREFIX = "[trnqwen-hf]"
@@ -79,11 +79,11 @@ def load_texts(spec: HFTrainerSpec, limit: int) -> list[str]:
 
     ``spec.dataset`` is None (the model's default corpus: the tiny corpus for ``builtin:tiny-qwen3``,
     else ``c4``) or a torchtitan-registered name (the spec refuses anything else), resolved by
-    :func:`trnqwen.train.datasets.resolve_dataset` and read with torchtitan's own loader and sample
+    :func:`trnqwen.dataset.streamed.resolve_dataset` and read with torchtitan's own loader and sample
     processor, or ``datasets``' paragraph reader for the corpus (nothing cached).
     """
     from trnqwen.errors import TrnqwenError
-    from trnqwen.train.datasets import resolve_dataset
+    from trnqwen.dataset.streamed import resolve_dataset
 
     try:
         data = resolve_dataset(spec.dataset, model_is_builtin=spec.model.startswith("builtin:"))
@@ -253,13 +253,13 @@ def save_hf_checkpoint(state_dict: dict, dest: Path, *, drop: set[str] = frozens
 
 def schedule_trainer_class(base, spec: HFTrainerSpec):
     """``base`` with torchtitan's optimizer and LR curve: one ``LambdaLR`` built from
-    :func:`trnqwen.train.schedule.lr_factor` (the formula torchtitan 0.3.0 uses), and weight decay on
+    :func:`trnqwen.contract.lr_schedule.lr_factor` (the formula torchtitan 0.3.0 uses), and weight decay on
     every parameter, as torchtitan's ``default_adamw`` (one ``.*`` param group) applies it."""
     import functools
 
     from torch.optim.lr_scheduler import LambdaLR
 
-    from trnqwen.train.schedule import lr_factor
+    from trnqwen.contract.lr_schedule import lr_factor
 
     factor = functools.partial(
         lr_factor, warmup_steps=spec.warmup_steps, total_steps=spec.steps,

@@ -115,7 +115,7 @@ def reads_cache(dataset: Optional[str]) -> bool:
     a local file or folder has that name (a path the user can see wins, as everywhere else).  No
     ``--dataset`` keeps each model's default corpus as it was.
     """
-    from trnqwen.train.datasets import streams_itself
+    from trnqwen.dataset.streamed import streams_itself
 
     return not streams_itself(dataset) or Path(str(dataset)).expanduser().exists()
 
@@ -127,7 +127,7 @@ def prepare_rank_data(cfg: Any, assets_dir: Path) -> Optional[tuple[Any, RankDat
     it is; any other dataset the user names is tokenized once (or found in the cache) by
     :func:`trnqwen.dataset.prepare.prepare_dataset`, the code ``trnqwen data`` runs.
     """
-    from trnqwen.train.datasets import DataSpec
+    from trnqwen.dataset.streamed import DataSpec
 
     dpo = getattr(cfg, "method", "sft") == "dpo"
     if not dpo and not reads_cache(cfg.dataset):
@@ -179,7 +179,7 @@ def _report_notes(report: dict[str, Any]) -> list[str]:
 def streamed_data(cfg: Any, *, api: Any = None) -> Any:
     """The DataSpec of a dataset torchtitan streams itself (its own names, a model's default corpus);
     ``cfg.dataset`` is one that :func:`reads_cache` turned down."""
-    from trnqwen.train.datasets import resolve_dataset
+    from trnqwen.dataset.streamed import resolve_dataset
 
     if cfg.val_every:
         raise UsageError(

@@ -2,7 +2,7 @@
 
 Unlike the torchtitan backends there is no generated config module: the job runs
 ``python -m trnqwen.runtime.hf_trainer <flags>`` under the same torchrun launcher, and the flags
-(see :class:`trnqwen.train.hf_trainer_spec.HFTrainerSpec`) say everything, so ``command.sh`` in the
+(see :class:`trnqwen.contract.hf_trainer_spec.HFTrainerSpec`) say everything, so ``command.sh`` in the
 run dir re-runs it as is.  Checks that need no torch run here, before any rank starts: the
 dataset resolves, the assets exist, ``accelerate`` (which ``Trainer`` needs) is installed,
 ``DistributedConfig`` exists when sharding needs it.
@@ -20,10 +20,11 @@ from trnqwen.assets import read_config_json
 from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen.contract import lora as contract_lora
 from trnqwen.train import lora, tracking
-from trnqwen.train.hf_trainer_spec import LORA_TP_PROBLEM, HFTrainerSpec, SpecError, choose_strategy, spec_to_argv
+from trnqwen.contract.hf_trainer_spec import LORA_TP_PROBLEM, HFTrainerSpec, SpecError, choose_strategy, spec_to_argv
 from trnqwen.train.job import TrainJob
 from trnqwen.train.schedule import plan_schedule
-from trnqwen.train.topology import Topology, plan_topology
+from trnqwen.contract.topology import Topology
+from trnqwen.train.topology import plan_topology
 
 if TYPE_CHECKING:
     from trnqwen.config import RunConfig
@@ -113,7 +114,7 @@ def build_hf_trainer_spec(
     schedule: Any = None,
     dpo_plan: Any = None,
 ) -> HFTrainerSpec:
-    """The :class:`~trnqwen.train.hf_trainer_spec.HFTrainerSpec` for this run (pure; checks only files).
+    """The :class:`~trnqwen.contract.hf_trainer_spec.HFTrainerSpec` for this run (pure; checks only files).
 
     ``rank_data``: the token cache the ranks read (:mod:`trnqwen.train.cache_data`), if any.
     ``lora_spec``: the LoRA adapter (:func:`_lora_plan`), planned from the config when not given."""

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from trnqwen.config import RunConfig
     from trnqwen.env.device import DeviceInfo
     from trnqwen.train.job import TrainJob
-    from trnqwen.train.topology import Topology
+    from trnqwen.contract.topology import Topology
 
 TORCHRUN_MODULE = "torch.distributed.run"
 DEFAULT_NEFF_CACHE = Path(".trnqwen") / "neff-cache"

@@ -30,7 +30,7 @@ from trnqwen.train.memory import (  # noqa: F401  (count_params, estimate_memory
     estimate_memory,
 )
 from trnqwen.train.memory import size as _size
-from trnqwen.train.topology import PARALLELISM, Topology
+from trnqwen.contract.topology import PARALLELISM, Topology
 
 if TYPE_CHECKING:
     from trnqwen.config import RunConfig
@@ -364,7 +364,6 @@ def _lora_trainable(cfg: RunConfig, dims: Any) -> Optional[int]:
 
 def check_lora(report: PreflightReport, cfg: RunConfig) -> None:
     from trnqwen.contract import lora as contract_lora
-    from trnqwen.train import lora
 
     if not cfg.lora:
         return

@@ -37,10 +37,11 @@ from trnqwen.contract import checkpoint_layout as checkpoints
 from trnqwen.train import dpo, lora, tracking
 from trnqwen.train.preflight import count_params  # one parameter formula for both
 from trnqwen.train.cache_data import RankData, prepare_rank_data, streamed_data, titan_dataloader_code
-from trnqwen.train.datasets import DataSpec, render_dataset_code
+from trnqwen.dataset.streamed import DataSpec, render_dataset_code
 from trnqwen.train.job import TrainJob
 from trnqwen.train.schedule import Schedule, plan_schedule
-from trnqwen.train.topology import Topology, plan_topology
+from trnqwen.contract.topology import Topology
+from trnqwen.train.topology import plan_topology
 
 CONFIG_MODULE = "trnqwen_run_config"
 CONFIG_FNS = {"hf-v5": "trnqwen_hf_v5", "native": "trnqwen_native", "nki-moe": "trnqwen_nki_moe"}

@@ -32,9 +32,7 @@ from trnqwen.errors import (
     EnvironmentProblem,
     TrnqwenError,
     UsageError,
-    redact,
-    redact_argv,
-    redact_env,
+    redact, redact_argv, redact_env,
 )
 from trnqwen.fsutil import disk_full_at, write_text_atomic
 from trnqwen.rundir import LOG_NAME, RunRecord, next_run_id, point_last
@@ -44,7 +42,8 @@ from trnqwen.train.job import TrainJob
 from trnqwen.train.preflight import ERROR, INFO, WARNING, Finding, PreflightReport, preflight
 from trnqwen.train.recipes import build_job
 from trnqwen.train.resume import refuse_changed_data, refuse_other_device, resume_command
-from trnqwen.train.topology import Topology, plan_topology
+from trnqwen.contract.topology import Topology
+from trnqwen.train.topology import plan_topology
 
 COMMAND_SCRIPT = "command.sh"
 VERSION_PACKAGES = (

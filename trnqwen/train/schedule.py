@@ -8,7 +8,7 @@
 * **warm-up** in steps (a fraction below 1 is of the steps), ``--val-every``/``--save-every epoch``
   in steps.
 
-The LR at each step is :func:`lr_factor` x the peak LR: torchtitan 0.3.0's
+The LR at each step is :func:`trnqwen.contract.lr_schedule.lr_factor` x the peak LR: torchtitan 0.3.0's
 ``linear_warmup_stable_decay`` (``torchtitan.components.optimizer.lr_scheduler``), written once
 here so the Trainer backend (:mod:`trnqwen.runtime.hf_trainer`) builds its ``LambdaLR`` from the
 very same function; torchtitan gets the matching ``lr_scheduler`` settings
@@ -23,38 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trnqwen.config import DEFAULT_SAVE_EVERY, DEFAULT_STEPS, DEFAULT_WARMUP_STEPS, EPOCH, RunConfig, default_lr
-
-
-def lr_factor(
-    step: int, *, warmup_steps: int, total_steps: int, decay_type: str, decay_ratio: Optional[float], min_lr_factor: float
-) -> float:
-    """The LR multiplier after ``step`` scheduler steps (0 = the first training step).
-
-    torchtitan 0.3.0's schedule exactly: linear warm-up from 1/warmup, a stable phase (one
-    "virtual" step, so the LR never reaches 0 at the last step), then ``decay_type`` down to
-    ``min_lr_factor`` over the last ``decay_ratio`` of the steps (all of them when None).
-    ``decay_ratio=0`` keeps the LR constant after warm-up.
-    """
-    warmup_steps = min(int(warmup_steps), total_steps)
-    if decay_ratio is not None:
-        decay_steps = min(round(total_steps * decay_ratio), total_steps - warmup_steps)
-    else:
-        decay_steps = total_steps - warmup_steps
-    stable_steps = total_steps + 1 - warmup_steps - decay_steps
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if step < warmup_steps + stable_steps:
-        return 1.0
-    progress = (step + 1 - warmup_steps - stable_steps) / decay_steps
-    if decay_type == "linear":
-        factor = 1 - progress
-    elif decay_type == "cosine":
-        factor = 0.5 * (1.0 + math.cos(math.pi * progress))
-    elif decay_type == "sqrt":
-        factor = 1 - math.sqrt(progress)
-    else:
-        raise ValueError(f"unknown decay type {decay_type!r}")
-    return min_lr_factor + (1 - min_lr_factor) * factor
+from trnqwen.contract.lr_schedule import lr_factor
 
 
 @dataclass(frozen=True)
@@ -171,7 +140,7 @@ def resolve_schedule(cfg: RunConfig, *, sequences: Optional[int], global_batch: 
 
 def plan_schedule(cfg: RunConfig, rank_data: Any, topology: Any) -> Schedule:
     """The run's schedule from its token cache (:class:`~trnqwen.train.cache_data.RankData`, or None
-    for streamed data) and :class:`~trnqwen.train.topology.Topology`: every backend calls this."""
+    for streamed data) and :class:`~trnqwen.contract.topology.Topology`: every backend calls this."""
     known = rank_data is not None and Path(rank_data.cache_dir).is_dir()  # not the tokenized-later placeholder
     gbs = topology.sequences_per_step if topology.ok else (cfg.global_batch_size or cfg.local_batch_size)
     return resolve_schedule(cfg, sequences=rank_data.train_rows if known else None, global_batch=gbs)

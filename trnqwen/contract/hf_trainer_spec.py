@@ -4,7 +4,7 @@ The recipe (:mod:`trnqwen.train.hf_trainer_recipe`) builds an :class:`HFTrainerS
 it to every rank as flags (:func:`spec_to_argv`); the rank entry point
 (:mod:`trnqwen.runtime.hf_trainer`) reads them back (:func:`spec_from_argv`) and asks
 :func:`choose_strategy` how Trainer runs its ranks.  The degrees and the batch rule come from
-:mod:`trnqwen.train.topology`.  Nothing here imports torch or transformers.
+:mod:`trnqwen.contract.topology`.  Nothing here imports torch or transformers.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from trnqwen.train.datasets import TITAN_DATASETS, streams_itself
+from trnqwen.dataset.streamed import TITAN_DATASETS, streams_itself
 from trnqwen.contract.lora import LoraSpec
-from trnqwen.train.topology import Topology
+from trnqwen.contract.topology import Topology
 
 SPEC_FILE_NAME = "hf_trainer_spec.json"
 STRATEGIES = ("auto", "ddp", "distributed-config")
@@ -48,7 +48,7 @@ class HFTrainerSpec:
     global_batch_size: Optional[int] = None  # None = local batch x data-parallel degree
     seq_len: int = 2048
     lr: float = 8e-4
-    warmup_steps: int = 2  # resolved (trnqwen.train.schedule): the LR follows schedule.lr_factor, as torchtitan's
+    warmup_steps: int = 2  # resolved (trnqwen.train.schedule): the LR follows contract.lr_schedule.lr_factor, as torchtitan's
     lr_schedule: str = "cosine"  # cosine | linear | constant
     min_lr_ratio: float = 0.0
     weight_decay: float = 0.1  # AdamW on every parameter, betas (0.9, 0.95): torchtitan's default_adamw
