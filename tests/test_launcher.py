@@ -267,7 +267,8 @@ DRIVER = textwrap.dedent(
     from trnqwen.env.device import DeviceInfo
     from trnqwen.train.job import TrainJob
     from trnqwen.train.preflight import PreflightReport
-    from trnqwen.train.run import TrainPlan, execute
+    from trnqwen.train.plan import TrainPlan
+    from trnqwen.train.run import execute
     from trnqwen.train import launcher
     from trnqwen.train.topology import plan_topology
 

@@ -219,7 +219,8 @@ def test_run_dir_record_log_and_script_follow_the_umask(tmp_path, umask_077):
     from trnqwen.env.device import DeviceInfo
     from trnqwen.train.job import TrainJob
     from trnqwen.train.preflight import PreflightReport
-    from trnqwen.train.run import TrainPlan, execute
+    from trnqwen.train.plan import TrainPlan
+    from trnqwen.train.run import execute
     from trnqwen.contract.topology import topology
 
     runs = tmp_path / "runs"

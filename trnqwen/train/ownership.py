@@ -9,10 +9,12 @@ owner at a time").  Pure Python; no torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from trnqwen.contract import checkpoint_layout as checkpoints
+from trnqwen.rundir import RunRecord
 from trnqwen.train import folder_lock, resume
+from trnqwen.train.plan import TrainPlan
 
 
 def _abs(path: Path, cwd: Path) -> Path:
@@ -20,7 +22,7 @@ def _abs(path: Path, cwd: Path) -> Path:
     return path if path.is_absolute() else cwd / path
 
 
-def claim(plan: Any) -> Optional[folder_lock.FolderLock]:
+def claim(plan: TrainPlan) -> Optional[folder_lock.FolderLock]:
     """A run's lock on its checkpoint folder (a resume without one: on its run dir), taken before
     anything is written; then what planning checked is checked again under it (another run's
     checkpoints arrived, or this run finished or was resumed meanwhile).  Node 0 only
@@ -44,7 +46,7 @@ def claim(plan: Any) -> Optional[folder_lock.FolderLock]:
     return lock
 
 
-def prepare_folder(plan: Any, record: Any) -> None:
+def prepare_folder(plan: TrainPlan, record: RunRecord) -> None:
     """Under the lock: --overwrite removes the old checkpoints, then the owner file names this run."""
     if plan.job.checkpoint_dir is None or not plan.owns_checkpoints:
         return

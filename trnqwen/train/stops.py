@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from trnqwen.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_BEFORE_START
 from trnqwen.fsutil import first_match
 from trnqwen.contract import checkpoint_layout as checkpoints
+from trnqwen.train.plan import TrainPlan
 
 if TYPE_CHECKING:
     from trnqwen.rundir import RunRecord
@@ -50,7 +51,7 @@ def _signal_name(text: str) -> str:
         return f"signal {text}"
 
 
-def classify(plan: Any, result: LaunchResult, record: RunRecord, offset: int, ckpt_root: Optional[Path]) -> None:
+def classify(plan: TrainPlan, result: LaunchResult, record: RunRecord, offset: int, ckpt_root: Optional[Path]) -> None:
     """Set the exit code, status and record fields of a run that met a stop signal (see above)."""
     from trnqwen.train.resume import preempted_step, resume_command
 
@@ -85,7 +86,7 @@ def _set(result: LaunchResult, record: RunRecord, code: int, ended_by: str, stat
     record.status = status
 
 
-def _finished(plan: Any, result: LaunchResult, root: Optional[Path]) -> bool:
+def _finished(plan: TrainPlan, result: LaunchResult, root: Optional[Path]) -> bool:
     """Every planned step logged by this run, and its last save complete (export or resume point)."""
     total = plan.config.steps
     last = (result.last_step or {}).get("step")
