@@ -140,7 +140,7 @@ def test_hub_names_accepted_stay_inside(name):
 ), max_size=30))
 @example(lines=["Traceback (most recent call last):", "0\n0"])  # an item holding two lines (was flaky)
 def test_root_cause_any_lines(lines):
-    from trnqwen.train.launcher import root_cause
+    from trnqwen.train.rootcause import root_cause
 
     cause = root_cause(lines)
     assert cause is None or (isinstance(cause, str) and "\n" not in cause and cause.strip())

@@ -128,7 +128,7 @@ def test_mfu_without_a_peak_is_a_dash(cli, tmp_path):
 def test_status_line_shows_no_mfu_on_cpu():
     import io
 
-    from trnqwen.train.launcher import StatusLine
+    from trnqwen.train.status import StatusLine
 
     metrics = {"step": 2, "loss": 7.1, "tps": 219, "mfu": 0.0}
     cpu = StatusLine(stream=io.StringIO(), total_steps=6, mfu=False)

@@ -19,7 +19,7 @@ import pytest
 from trnqwen.config import RunConfig
 from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import UsageError
-from trnqwen.train import launcher
+from trnqwen.train import launcher, rootcause
 from trnqwen.train.job import TrainJob
 from trnqwen.contract.topology import topology
 from trnqwen.train.topology import ranks_per_node
@@ -197,15 +197,15 @@ def test_root_cause_is_last_line_of_first_traceback_with_prefixes_and_chaining()
         "try:\n    f()\nexcept KeyError as e:\n    raise RuntimeError('outer failure: bad shard') from e\n"
     )
     prefixed = ["[rank0]:[titan] INFO - starting", *(f"[rank0]:{line}" for line in lines)]
-    assert launcher.root_cause(prefixed) == "KeyError: 'inner'"
+    assert rootcause.root_cause(prefixed) == "KeyError: 'inner'"
     only_outer = _real_traceback("x = [1]\nassert x[0] == 2, 'loss is nan at step 3'")
-    assert launcher.root_cause(only_outer) == "AssertionError: loss is nan at step 3"
+    assert rootcause.root_cause(only_outer) == "AssertionError: loss is nan at step 3"
 
 
 def test_root_cause_known_runtime_line_without_traceback():
     lines = ["[rank0]:some info", "[rank0]:2026-11-29 TDRV:dmem_alloc_internal Failed to alloc DEVICE memory: 1024", "bye"]
-    assert "Failed to alloc DEVICE memory" in launcher.root_cause(lines)
-    assert launcher.root_cause(["all good", "done"]) is None
+    assert "Failed to alloc DEVICE memory" in rootcause.root_cause(lines)
+    assert rootcause.root_cause(["all good", "done"]) is None
 
 
 def test_root_cause_of_a_command_line_typo_is_tyros_unrecognized_options_line():
@@ -217,8 +217,8 @@ def test_root_cause_of_a_command_line_typo_is_tyros_unrecognized_options_line():
         "tyro.cli(Job, args=['--metrics.log_freqq', '5'])\n"
     )
     prefixed = ["[rank0]:[titan] INFO - starting", *(f"[rank0]:{line}" for line in lines)]
-    assert launcher.root_cause(prefixed) == "Unrecognized options: --metrics.log_freqq, 5 (perhaps you meant --metrics.log-freq)"
-    assert launcher.root_cause(prefixed[:4]).startswith("Unrecognized options: --metrics.log_freqq")  # cut off in the box
+    assert rootcause.root_cause(prefixed) == "Unrecognized options: --metrics.log_freqq, 5 (perhaps you meant --metrics.log-freq)"
+    assert rootcause.root_cause(prefixed[:4]).startswith("Unrecognized options: --metrics.log_freqq")  # cut off in the box
 
 
 # --- supervision under real torchrun ---------------------------------------------------------

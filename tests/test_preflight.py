@@ -14,12 +14,11 @@ from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import UsageError
 from trnqwen.titan_compat import dims_from_hf_config
 from trnqwen.train.job import TrainJob
+from trnqwen.train.memory import count_params, estimate_memory
 from trnqwen.train.preflight import (
     ERROR,
     INFO,
     WARNING,
-    count_params,
-    estimate_memory,
 )
 from trnqwen.train.preflight import preflight as _preflight
 from trnqwen.train.topology import plan_topology

@@ -330,7 +330,7 @@ def test_validation_loss_reaches_inspect_logs_json_and_csv(cli, tmp_path):
 def test_status_line_shows_the_last_validation_loss():
     import io
 
-    from trnqwen.train.launcher import StatusLine
+    from trnqwen.train.status import StatusLine
 
     out = io.StringIO()
     line = StatusLine(stream=out, total_steps=4)

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from trnqwen.config import RunConfig
+from trnqwen.dataset.streamed import DataSpec
 from trnqwen.errors import UsageError
+from trnqwen.titan_compat import TitanAPI
 
 TITAN_LOADER_IMPORT = "from trnqwen.runtime.titan_data import TokenCacheDataLoader"
 
@@ -120,15 +123,13 @@ def reads_cache(dataset: Optional[str]) -> bool:
     return not streams_itself(dataset) or Path(str(dataset)).expanduser().exists()
 
 
-def prepare_rank_data(cfg: Any, assets_dir: Path) -> Optional[tuple[Any, RankData]]:
+def prepare_rank_data(cfg: RunConfig, assets_dir: Path) -> Optional[tuple[DataSpec, RankData]]:
     """(DataSpec, RankData) when the run reads a token cache, else None.
 
     Runs in the launcher before any rank starts: ``--dataset`` naming a prepared cache is used as
     it is; any other dataset the user names is tokenized once (or found in the cache) by
     :func:`trnqwen.dataset.prepare.prepare_dataset`, the code ``trnqwen data`` runs.
     """
-    from trnqwen.dataset.streamed import DataSpec
-
     dpo = getattr(cfg, "method", "sft") == "dpo"
     if not dpo and not reads_cache(cfg.dataset):
         return None
@@ -176,7 +177,7 @@ def _report_notes(report: dict[str, Any]) -> list[str]:
     return notes
 
 
-def streamed_data(cfg: Any, *, api: Any = None) -> Any:
+def streamed_data(cfg: RunConfig, *, api: Optional[TitanAPI] = None) -> DataSpec:
     """The DataSpec of a dataset torchtitan streams itself (its own names, a model's default corpus);
     ``cfg.dataset`` is one that :func:`reads_cache` turned down."""
     from trnqwen.dataset.streamed import resolve_dataset

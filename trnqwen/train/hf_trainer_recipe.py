@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.assets import read_config_json
 from trnqwen.errors import EnvironmentProblem, UsageError
+from trnqwen.titan_compat import FlavorDims
 from trnqwen.contract import lora as contract_lora
 from trnqwen.train import lora, tracking
 from trnqwen.contract.hf_trainer_spec import LORA_TP_PROBLEM, HFTrainerSpec, SpecError, choose_strategy, spec_to_argv
 from trnqwen.train.job import TrainJob
-from trnqwen.train.schedule import plan_schedule
+from trnqwen.train.cache_data import RankData
+from trnqwen.train.schedule import Schedule, plan_schedule
 from trnqwen.contract.topology import Topology
 from trnqwen.train.topology import plan_topology
 
@@ -67,11 +69,11 @@ def _model_facts(hf_config: Optional[dict[str, Any]]) -> tuple[Optional[int], Op
     return dims.n_layers, params, dims.vocab_size
 
 
-def _count_params(dims: Any) -> Optional[int]:
+def _count_params(dims: Optional[FlavorDims]) -> Optional[int]:
     if dims is None:
         return None
     try:
-        from trnqwen.train.preflight import count_params
+        from trnqwen.train.memory import count_params
 
         return count_params(dims)
     except (ImportError, KeyError, TypeError, ValueError):
@@ -94,7 +96,7 @@ def _lora_plan(cfg: RunConfig, hf_config: Optional[dict[str, Any]]) -> tuple[Opt
     return dataclasses.replace(spec, targets=targets), note
 
 
-def _dataset_arg(cfg: RunConfig, rank_data: Any = None) -> tuple[Optional[str], list[str], str]:
+def _dataset_arg(cfg: RunConfig, rank_data: Optional[RankData] = None) -> tuple[Optional[str], list[str], str]:
     """(the ranks' ``dataset`` argument, notes, what the data is).
 
     A run that reads the token cache gets no dataset argument: its spec names the cache.  Any
@@ -109,9 +111,9 @@ def _dataset_arg(cfg: RunConfig, rank_data: Any = None) -> tuple[Optional[str], 
 
 
 def build_hf_trainer_spec(
-    cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, dataset: Any = ..., rank_data: Any = None,
+    cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, dataset: Any = ..., rank_data: Optional[RankData] = None,
     lora_spec: Any = ...,
-    schedule: Any = None,
+    schedule: Optional[Schedule] = None,
     dpo_plan: Any = None,
 ) -> HFTrainerSpec:
     """The :class:`~trnqwen.contract.hf_trainer_spec.HFTrainerSpec` for this run (pure; checks only files).

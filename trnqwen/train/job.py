@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
+
+from trnqwen.train.schedule import Schedule
 
 
 @dataclass
@@ -52,4 +54,4 @@ class TrainJob:
     # The tokenized cache every rank reads (trnqwen.dataset), when the run reads one.
     dataset_cache: Optional[Path] = None
     # Steps, LR curve, optimizer (trnqwen.train.schedule.Schedule): resolved once, the same on every backend.
-    schedule: Optional[Any] = None
+    schedule: Optional[Schedule] = None

@@ -32,8 +32,7 @@ from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, redact, redac
 from trnqwen.train import stop_requests
 from trnqwen.train.multinode import rendezvous_argv
 from trnqwen.train.status import StatusLine
-# the root cause of a failure: its own module, its names kept here for the launcher's callers
-from trnqwen.train.rootcause import clean_line, failure_cause, first_failed_local_rank, rank_log_files, root_cause  # noqa: F401
+from trnqwen.train.rootcause import failure_cause
 
 if TYPE_CHECKING:
     from trnqwen.config import RunConfig

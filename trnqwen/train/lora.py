@@ -24,8 +24,10 @@ so a hand re-run of that module trains the same adapter.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Optional
+from pathlib import Path
+from typing import Optional
 
+from trnqwen.config import RunConfig
 from trnqwen.constants import LORA_TARGETS
 from trnqwen.contract.lora import LoraSpec, targets_of
 from trnqwen.errors import UsageError
@@ -34,7 +36,7 @@ ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 
 
-def spec_from_config(cfg: Any) -> Optional[LoraSpec]:
+def spec_from_config(cfg: RunConfig) -> Optional[LoraSpec]:
     if not cfg.lora:
         return None
     return LoraSpec(
@@ -90,7 +92,7 @@ def plan_note(spec: LoraSpec, targets: tuple[str, ...], *, backend: str, trainab
     )
 
 
-def finish_export(cfg: Any, exported: Any, assets_dir: Any, extra: dict) -> Optional[tuple[str, str]]:
+def finish_export(cfg: RunConfig, exported: Path, assets_dir: Path, extra: dict) -> Optional[tuple[str, str]]:
     """After a LoRA run: its export must be the adapter (a base-model export would be the base,
     unchanged); ``--merge`` writes the merged folder beside it in a child process (the launcher
     never imports torch), recorded in ``extra["merged"]``.  (ended_by, error) when either fails."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
+from trnqwen.titan_compat import FlavorDims
 from trnqwen.units import format_bytes
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ class HostMemoryEstimate:
         )
 
 
-def count_params(dims: Any) -> int:
+def count_params(dims: FlavorDims) -> int:
     """Parameters of a Qwen3 (dense or MoE) from its dims (embeddings, attention, FFN, norms)."""
     h, hd = dims.dim, dims.head_dim
     attn = h * dims.n_heads * hd + 2 * h * dims.n_kv_heads * hd + dims.n_heads * hd * h + 2 * hd
@@ -148,7 +149,7 @@ def count_params(dims: Any) -> int:
 
 
 def estimate_memory(
-    dims: Any,
+    dims: FlavorDims,
     cfg: RunConfig,
     dp: int,
     *,

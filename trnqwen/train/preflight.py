@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any, Optional
 from trnqwen import assets
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.fsutil import free_bytes
-from trnqwen.train.memory import (  # noqa: F401  (count_params, estimate_memory: re-exported)
-    GIB,
+from trnqwen.titan_compat import FlavorDims
+from trnqwen.train.memory import (
     HostMemoryEstimate,
     MemoryEstimate,
-    count_params,
     estimate_host_memory,
     estimate_memory,
 )
@@ -36,6 +35,7 @@ if TYPE_CHECKING:
     from trnqwen.config import RunConfig
     from trnqwen.env.device import DeviceInfo
     from trnqwen.train.job import TrainJob
+    from trnqwen.train.schedule import Schedule
 
 ERROR = "error"
 WARNING = "warning"
@@ -231,7 +231,7 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def check_schedule(report: PreflightReport, cfg: RunConfig, schedule: Any) -> None:
+def check_schedule(report: PreflightReport, cfg: RunConfig, schedule: Schedule) -> None:
     """Steps, warm-up and LR that would waste or wreck the run (trnqwen.train.schedule)."""
     if schedule is None:
         return
@@ -347,7 +347,7 @@ def check_memory(
     _against(report, "host-memory", host.per_node, host.capacity, f"estimated {host.describe()}", host_fix)
 
 
-def _lora_trainable(cfg: RunConfig, dims: Any) -> Optional[int]:
+def _lora_trainable(cfg: RunConfig, dims: FlavorDims) -> Optional[int]:
     """The adapters' parameter count for a LoRA run (the frozen base has no grads or AdamW state)."""
     from trnqwen.contract import lora as contract_lora
     from trnqwen.train import lora

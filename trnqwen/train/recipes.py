@@ -35,7 +35,7 @@ from trnqwen import titan_compat as compat
 from trnqwen.contract import lora as contract_lora
 from trnqwen.contract import checkpoint_layout as checkpoints
 from trnqwen.train import dpo, lora, tracking
-from trnqwen.train.preflight import count_params  # one parameter formula for both
+from trnqwen.train.memory import count_params  # one parameter formula for both
 from trnqwen.train.cache_data import RankData, prepare_rank_data, streamed_data, titan_dataloader_code
 from trnqwen.dataset.streamed import DataSpec, render_dataset_code
 from trnqwen.train.job import TrainJob

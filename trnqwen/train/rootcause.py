@@ -4,7 +4,7 @@ The answer is one line: the exception that ends the first traceback of the rank 
 as first to fail (torchrun's ``ChildFailedError`` and interrupts skipped), a command-line parse
 error a rank printed without a traceback (torchtitan's flags are parsed by tyro: ``Unrecognized
 options: ...``), or a known fatal runtime message (out of memory, NeuronCores busy, ...).
-Pure text; used by :mod:`trnqwen.train.launcher` (and re-exported there).
+Pure text; used by :mod:`trnqwen.train.launcher`.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from trnqwen.config import RunConfig
 from trnqwen.errors import EnvironmentProblem
 
 TB_FOLDER = "tb"
@@ -40,7 +41,7 @@ def wandb_problem(environ: Optional[dict[str, str]] = None) -> Optional[str]:
     return "--wandb: wandb is not logged in (run `wandb login`, set WANDB_API_KEY, or WANDB_MODE=offline)"
 
 
-def check(cfg: Any, *, check_runtime: bool = True) -> list[str]:
+def check(cfg: RunConfig, *, check_runtime: bool = True) -> list[str]:
     """Raise (a real run) or return notes (dry run) when the requested tracking cannot work."""
     if not getattr(cfg, "wandb", False):
         return []
@@ -52,7 +53,7 @@ def check(cfg: Any, *, check_runtime: bool = True) -> list[str]:
     return [problem]
 
 
-def titan_lines(cfg: Any) -> list[str]:
+def titan_lines(cfg: RunConfig) -> list[str]:
     """Lines of the torchtitan config module that turn its own metric writers on."""
     lines = []
     if getattr(cfg, "tensorboard", False):
@@ -62,12 +63,12 @@ def titan_lines(cfg: Any) -> list[str]:
     return lines
 
 
-def report_to(cfg: Any) -> list[str]:
+def report_to(cfg: RunConfig) -> list[str]:
     """The Trainer's ``report_to`` (empty: none)."""
     return [name for name, on in (("tensorboard", getattr(cfg, "tensorboard", False)), ("wandb", getattr(cfg, "wandb", False))) if on]
 
 
-def rank_env(cfg: Any, run_dir: Optional[Path]) -> dict[str, str]:
+def rank_env(cfg: RunConfig, run_dir: Optional[Path]) -> dict[str, str]:
     """Environment for the ranks' writers (only what the user did not set already)."""
     env: dict[str, str] = {}
     if run_dir is None:
