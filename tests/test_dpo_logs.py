@@ -299,6 +299,7 @@ def test_supervise_records_the_last_dpo_values_and_the_real_validation_loss(tmp_
     """A stand-in for torchrun that prints a DPO run's rank-0 lines: run.json's summary gets
     ``dpo`` (last step, last validation) and the validation's loss stays torchtitan's."""
     from trnqwen.train import launcher
+    from trnqwen.train.status import StatusLine
 
     script = tmp_path / "ranks.py"
     script.write_text(textwrap.dedent(f"""
@@ -306,7 +307,7 @@ def test_supervise_records_the_last_dpo_values_and_the_real_validation_loss(tmp_
         sys.stdout.write({make_log(ranks=1)!r})
     """))
     status_out = io.StringIO()
-    status = launcher.StatusLine(stream=status_out, total_steps=4, dpo=True)
+    status = StatusLine(stream=status_out, total_steps=4, dpo=True)
     result = launcher.supervise([sys.executable, str(script)], env={}, log_path=tmp_path / "train.log",
                                 status=status, handle_signals=False)
     assert result.exit_code == 0

@@ -316,6 +316,7 @@ def test_train_log_has_no_colour_codes_and_a_terminal_keeps_them(tmp_path):
 
     from tests.test_launcher import _FakeTTY
     from trnqwen.train import launcher
+    from trnqwen.train.status import StatusLine
 
     coloured = "[rank0]:[titan] 2026-12-01 10:00:00,000 - root - INFO - " + step_msg(1, 7.25) + "  lr: 1e-05"
     child = [sys.executable, "-c", f"print({coloured!r}); print('plain line')"]
@@ -323,7 +324,7 @@ def test_train_log_has_no_colour_codes_and_a_terminal_keeps_them(tmp_path):
         log = tmp_path / f"train-{tty}.log"
         term = _FakeTTY(tty)
         echoed: list[str] = []
-        status = launcher.StatusLine(stream=term, total_steps=1)
+        status = StatusLine(stream=term, total_steps=1)
         result = launcher.supervise(child, env={}, log_path=log, status=status, echo=echoed.append, handle_signals=False)
         assert result.exit_code == 0 and result.steps[0]["loss"] == 7.25 and result.steps[0]["lr"] == 1e-05
         text = log.read_text()

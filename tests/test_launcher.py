@@ -21,6 +21,7 @@ from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import UsageError
 from trnqwen.train import launcher, rootcause
 from trnqwen.train.job import TrainJob
+from trnqwen.train.status import StatusLine
 from trnqwen.contract.topology import topology
 from trnqwen.train.topology import ranks_per_node
 
@@ -413,14 +414,14 @@ class _FakeTTY:
 def test_status_line_redraws_on_a_terminal_and_prints_lines_elsewhere():
     metrics = {"step": 2, "loss": 7.25, "tps": 1234, "mfu": 1.5}
     pipe = _FakeTTY(False)
-    line = launcher.StatusLine(stream=pipe, total_steps=10)
+    line = StatusLine(stream=pipe, total_steps=10)
     line.update(metrics)
     line.tick()  # no redraw off a terminal
     assert len(pipe.parts) == 1 and pipe.parts[0].endswith("\n")
     assert "step 2/10" in pipe.parts[0] and "loss 7.2500" in pipe.parts[0] and "tok/s 1,234" in pipe.parts[0]
     assert "mfu 1.50%" in pipe.parts[0] and "elapsed 0:00" in pipe.parts[0]
     term = _FakeTTY(True)
-    line = launcher.StatusLine(stream=term, total_steps=None)
+    line = StatusLine(stream=term, total_steps=None)
     line.update(metrics)
     line.print_above("a log line")
     line.clear()

@@ -44,6 +44,7 @@ from trnqwen.train.job import TrainJob
 from trnqwen.train.plan import TrainPlan
 from trnqwen.train.preflight import ERROR, INFO, WARNING, Finding, preflight
 from trnqwen.train.recipes import build_job
+from trnqwen.train.status import StatusLine
 from trnqwen.train.resume import refuse_changed_data, refuse_other_device, resume_command
 from trnqwen.train.topology import plan_topology
 
@@ -481,7 +482,7 @@ def _execute(
         _mark_resume(plan, record)
     grace_s = plan.config.grace_seconds if grace_s is None else grace_s
     log_offset = plan.log_path.stat().st_size if plan.log_path.is_file() else 0
-    line = launcher.StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status,
+    line = StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status,
                                dpo=plan.config.method == "dpo", mfu=plan.device.type != "cpu")
     if echo is not None and status:
         # Log lines go above the live status line so it keeps its place at the bottom.
