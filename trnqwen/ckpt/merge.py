@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trnqwen.assets import INDEX_NAME
+from trnqwen.ckpt.model_folder import CardInfo
 from trnqwen.errors import CheckFailed, UsageError
 
 MERGED_SUFFIX = ".merged"
@@ -61,14 +62,14 @@ def _base_shards(base: Path) -> list[Path]:
     return shards
 
 
-def merge_adapter(adapter: Path, base: Path, out: Optional[Path] = None, *, card_info: Any = None) -> MergeResult:
+def merge_adapter(adapter: Path, base: Path, out: Optional[Path] = None, *, card_info: Optional[CardInfo] = None) -> MergeResult:
     """Write base + adapter as one model folder at ``out`` (default ``<adapter>.merged``)."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     from trnqwen.contract.peft_adapter import is_adapter_folder, read_adapter
-    from trnqwen.ckpt.model_folder import CardInfo, complete_export
+    from trnqwen.ckpt.model_folder import complete_export
 
     started = time.perf_counter()
     adapter, base = Path(adapter).absolute(), Path(base).absolute()

@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 from trnqwen.assets import ADAPTER_CONFIG, TOKENIZER_FILES
 from trnqwen.fsutil import current_umask, write_text_atomic
+from trnqwen.rundir import RunRecord
 
 CARD = "README.md"
 SHARDS = "sharded"
@@ -75,7 +76,7 @@ def card_info(record: Any, eval_results: Optional[list[dict[str, Any]]] = None, 
     )
 
 
-def complete_run_export(record: Any, exported: Path) -> list[str]:
+def complete_run_export(record: RunRecord, exported: Path) -> list[str]:
     """:func:`complete_export` for a finished run, from its record (assets, config, summary, log)."""
     config = record.config or {}
     overrides = None

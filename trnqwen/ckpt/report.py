@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from trnqwen.ckpt.layout import CheckpointFiles
 from trnqwen.ckpt.verify import VerifyReport
 from trnqwen.ckpt.verify_adapter import UNTRAINED, AdapterReport
 from trnqwen.errors import CheckFailed, redact
@@ -90,7 +91,7 @@ def _row_adder(rows: list) -> Any:
     return row
 
 
-def _show(report: Any, ckpt: Any, json_out: bool, render_table: Any) -> None:
+def _show(report: VerifyReport | AdapterReport, ckpt: CheckpointFiles, json_out: bool, render_table: Callable[..., None]) -> None:
     """The report as one JSON object (with the checkpoint folder's steps and any note) or as tables."""
     from trnqwen import output
 

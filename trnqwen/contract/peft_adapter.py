@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trnqwen.assets import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from trnqwen.contract.lora import LoraSpec
 from trnqwen.fsutil import current_umask
 
 PEFT_PREFIX = "base_model.model."
@@ -105,7 +106,7 @@ def peft_tensors(modules: dict[str, tuple[Any, Any]], *, fused_dims: Optional[tu
     return out
 
 
-def adapter_config(spec: Any, target_modules: list[str]) -> dict[str, Any]:
+def adapter_config(spec: LoraSpec, target_modules: list[str]) -> dict[str, Any]:
     """peft's LoraConfig fields for ``spec`` (a :class:`trnqwen.contract.lora.LoraSpec`)."""
     base = str(spec.base_model)
     return {
@@ -127,7 +128,7 @@ def adapter_config(spec: Any, target_modules: list[str]) -> dict[str, Any]:
     }
 
 
-def write_adapter(folder: str | Path, modules: dict[str, tuple[Any, Any]], spec: Any, *,
+def write_adapter(folder: str | Path, modules: dict[str, tuple[Any, Any]], spec: LoraSpec, *,
                   fused_dims: Optional[tuple[int, int, int]] = None, dtype: Optional[str] = None) -> list[str]:
     """Write the PEFT adapter folder; adapter_config.json last, so its presence means complete.
 

@@ -21,10 +21,11 @@ printed in torchtitan's ``validate step:`` line format.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
+from trnqwen.contract.hf_trainer_spec import HFTrainerSpec
 from trnqwen.dataset.cache import open_split
 from trnqwen.runtime.token_stream import IGNORE_INDEX, RankStream, read_row
 
@@ -55,7 +56,7 @@ def rank_loader(dataset: CacheRows, batch_size: int) -> torch.utils.data.DataLoa
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=0)
 
 
-def cache_datasets(spec: Any, *, rank: int, world: int) -> tuple[CacheRows, Optional[CacheRows]]:
+def cache_datasets(spec: HFTrainerSpec, *, rank: int, world: int) -> tuple[CacheRows, Optional[CacheRows]]:
     """(train, val or None) for this rank; the world is the data-parallel world."""
     seed = int(spec.seed or 0)
     train = CacheRows(spec.cache_dir, "train", seq_len=spec.seq_len, rank=rank, world=world,

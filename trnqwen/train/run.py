@@ -45,7 +45,8 @@ from trnqwen.train.plan import TrainPlan
 from trnqwen.train.preflight import ERROR, INFO, WARNING, Finding, preflight
 from trnqwen.train.recipes import build_job
 from trnqwen.train.status import StatusLine
-from trnqwen.train.resume import refuse_changed_data, refuse_other_device, resume_command
+from trnqwen.train.resume import ResumePoint, refuse_changed_data, refuse_other_device, resume_command
+from trnqwen.train.schedule import Schedule
 from trnqwen.train.topology import plan_topology
 
 COMMAND_SCRIPT = "command.sh"
@@ -164,7 +165,7 @@ def plan_train(
     cwd: Optional[Path] = None,
     run_id: Optional[str] = None,
     python: Optional[str] = None,
-    resume: Optional[Any] = None,
+    resume: Optional[ResumePoint] = None,
     overwrite: bool = False,
     pythonpath: Sequence[Path] = (),
 ) -> TrainPlan:
@@ -237,7 +238,7 @@ def plan_train(
     )
 
 
-def _with_schedule(cfg: RunConfig, sources: dict[str, str], schedule: Any) -> tuple[RunConfig, dict[str, str]]:
+def _with_schedule(cfg: RunConfig, sources: dict[str, str], schedule: Schedule) -> tuple[RunConfig, dict[str, str]]:
     """``cfg`` with the schedule's step count and LR filled in, their sources saying how."""
     if cfg.steps is None:
         sources["steps"] = schedule.explain
