@@ -52,7 +52,7 @@ class CardInfo:
     adapter: Optional[dict[str, Any]] = None  # a LoRA run's adapter_config.json: the card describes an adapter
 
 
-def card_info(record: Any, eval_results: Optional[list[dict[str, Any]]] = None, eval_dataset: Optional[str] = None) -> CardInfo:
+def card_info(record: RunRecord, eval_results: Optional[list[dict[str, Any]]] = None, eval_dataset: Optional[str] = None) -> CardInfo:
     """What the card says about a run, from its record (:class:`trnqwen.rundir.RunRecord`):
     base model, dataset, steps, backend, the last logged loss, the last validation loss."""
     from trnqwen import __version__

@@ -112,7 +112,7 @@ FINETUNE_LR_WARN = 1e-4  # a full fine-tune at or above this rate tends to erase
 # --- the checks ---------------------------------------------------------------------------
 
 
-def check_assets(report: PreflightReport, cfg: Any, assets_dir: Path) -> Optional[dict[str, Any]]:
+def check_assets(report: PreflightReport, cfg: RunConfig, assets_dir: Path) -> Optional[dict[str, Any]]:
     """config.json, tokenizer files, and (fine-tuning) every safetensors shard (:mod:`trnqwen.assets`)."""
     fetch_hint = f"run `{shlex.join(['trnqwen', 'fetch', str(cfg.model)])}` or pass --assets DIR with the model's HF files"
     for problem in assets.folder_problems(assets_dir, weights=bool(cfg.finetune)):
