@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from trnqwen.fsutil import write_json_atomic, write_text_atomic  # noqa: F401  (write_json_atomic: re-exported)
+from trnqwen.fsutil import write_json_atomic, write_text_atomic
 
 RUN_RECORD = "run.json"
 LOG_NAME = "train.log"

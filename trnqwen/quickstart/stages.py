@@ -501,7 +501,7 @@ def run_quickstart(
                 result.files[f"checkpoint {label}"] = info.exported
         summary_path = workdir / SUMMARY_FILE
         result.files["summary"] = str(summary_path)
-        from trnqwen.rundir import write_json_atomic
+        from trnqwen.fsutil import write_json_atomic
 
         write_json_atomic(summary_path, result.as_dict())
     return result

@@ -292,7 +292,8 @@ def launch(
     ``trnqwen inspect-logs`` and ``verify-ckpt`` find the job like a local run; node 0's
     trnqwen rewrites it when the job starts.
     """
-    from trnqwen.rundir import RunRecord, point_last, write_json_atomic
+    from trnqwen.fsutil import write_json_atomic
+    from trnqwen.rundir import RunRecord, point_last
 
     cwd = Path(cwd or Path.cwd()).absolute()
     runs_dir = Path(cfg.runs_dir).expanduser()
