@@ -18,14 +18,14 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Optional, Union, get_args, get_origin
+from typing import Annotated, Any, Iterable, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 from trnqwen.errors import ConfigError
 from trnqwen.fsutil import expand_user
+from trnqwen.naming import default_checkpoint_dir, model_name, model_slug  # noqa: F401 (also RunConfig's)
+from trnqwen.settings import ENV_PREFIX, Setting, flatten_settings, nest, setting, settings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,7 +36,6 @@ from trnqwen.constants import (  # noqa: E402,F401
     BACKENDS, BUILTIN_PREFIX, CONFIG_FILE_NAME, DEFAULT_MODEL, DEVICES, LORA_ALL_LINEAR, LORA_TARGETS,
 )
 
-ENV_PREFIX = "TRNQWEN_"
 # TRNQWEN_* variables that are not run fields.
 RESERVED_ENV = {"TRNQWEN_DEBUG", "TRNQWEN_CONFIG_FILE", "TRNQWEN_NO_COLOR", "TRNQWEN_HOME", "TRNQWEN_SYSFS_ROOT",
                 "TRNQWEN_FAULT_PREEMPT_AT_STEP",
@@ -60,42 +59,6 @@ ActivationCheckpointing = Literal["none", "selective", "full"]
 EPOCH = "epoch"  # --val-every / --save-every epoch: once per pass over the training data
 EveryN = Union[Annotated[int, Field(ge=1)], Literal["epoch"]]
 
-
-
-CLI_KEY = "trnqwen"  # the json_schema_extra key holding a field's CLI metadata
-
-
-def setting(
-    default: Any = PydanticUndefined,
-    *,
-    help: str,
-    panel: Optional[str] = None,
-    flags: Optional[tuple[str, ...]] = None,
-    short: Optional[str] = None,
-    flag: bool = True,
-    env: Optional[str] = None,
-    env_note: Optional[str] = None,
-    shown_default: Optional[str] = None,
-    metavar: Optional[str] = None,
-    min: Optional[int] = None,
-    former: tuple[str, ...] = (),
-    **field_kwargs: Any,
-) -> Any:
-    """A config field declared once: pydantic's ``Field`` with the metadata the CLI, the env
-    reader and the docs take from it (see :class:`Setting`).
-
-    ``help`` is the field's description and the flag's help text; ``flags`` the long flags
-    (default ``--<name-with-dashes>``, a bool also gets ``--no-<name>``); ``short`` a short flag;
-    ``flag=False``: no flag (file/env only); ``env`` the variable (default ``TRNQWEN_<PATH>``,
-    a sub-model's fields joined by ``__``); ``shown_default`` the ``[default: ...]`` text where the
-    value alone does not say it; ``min`` a typer range shown on the flag; ``former`` the names a
-    field had before it moved (old trnqwen.toml keys and run.json records still load).
-    """
-    meta: dict[str, Any] = {"panel": panel, "flags": list(flags) if flags else None, "short": short, "flag": flag,
-                            "env": env, "env_note": env_note, "shown_default": shown_default, "metavar": metavar,
-                            "min": min, "former": list(former) or None}
-    extra = {CLI_KEY: {k: v for k, v in meta.items() if v is not None}}
-    return Field(default, description=help, json_schema_extra=extra, **field_kwargs)
 
 
 class RunConfig(BaseModel):
@@ -439,12 +402,6 @@ def _expand(path: str) -> Path:
         return Path(path)
 
 
-def model_name(model: str) -> str:
-    if model.startswith(BUILTIN_PREFIX):
-        return model[len(BUILTIN_PREFIX):]
-    return model.rstrip("/").split("/")[-1]
-
-
 DEFAULT_SAVE_EVERY = 500
 DEFAULT_STEPS = 10  # without a dataset (the recipe's corpus): the recipe's 10 steps
 DEFAULT_WARMUP_STEPS = 2  # torchtitan's Qwen3 recipes; never more than the run's steps
@@ -466,169 +423,7 @@ def default_lr(cfg: "RunConfig") -> tuple[float, str]:
     return 8e-4, "default for pre-training from random init (torchtitan's)"
 
 
-def default_checkpoint_dir(model: str, finetune: bool) -> Path:
-    """``checkpoint_<slug>_<hash6>[_ft]``: readable, and different models never share a folder.
-
-    The hash is of the model's identity (the Hub id as given, ``builtin:<name>``, or a local
-    folder's resolved path), so ``Qwen3-4B-Instruct-2507`` and ``Qwen3-4B-Base`` (one slug) or two
-    local folders both called ``model`` get different folders.  The recipe's own model keeps the
-    recipe's folder name, ``checkpoint_qwen3_4b[_ft]`` (what its users type); being one fixed
-    identity, it cannot collide with any other model, which always carries a hash.
-    """
-    import hashlib
-
-    if model == DEFAULT_MODEL:
-        return Path(f"checkpoint_{model_slug(model)}{'_ft' if finetune else ''}")
-    identity = model
-    local = _expand(model)
-    if not model.startswith(BUILTIN_PREFIX) and local.exists():
-        identity = str(local.resolve())
-    digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:6]
-    return Path(f"checkpoint_{model_slug(model)}_{digest}{'_ft' if finetune else ''}")
-
-
-_SLUG_DROP = re.compile(r"-(instruct|base|chat|it|fp8|awq|gptq|\d{4})$", re.IGNORECASE)
-
-
-def model_slug(model: str) -> str:
-    """``Qwen/Qwen3-4B-Instruct-2507`` -> ``qwen3_4b``, as in the recipe's checkpoint_qwen3_4b_ft.
-
-    Unicode-aware (NFKC, casefolded, Unicode word characters kept) so non-ASCII names stay
-    readable: ``./模型-v1`` -> ``模型_v1``.
-    """
-    import unicodedata
-
-    name = unicodedata.normalize("NFKC", model_name(model))
-    previous = None
-    while previous != name:
-        previous, name = name, _SLUG_DROP.sub("", name)
-    slug = re.sub(r"[\W_]+", "_", name.casefold()).strip("_")
-    return slug[:40].rstrip("_") or "model"
-
-
-# --- the settings: every leaf field of RunConfig (and of its sub-models) with its metadata ------
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One leaf field of the config as the outside sees it.  ``path`` is the attribute path:
-    ``("steps",)``, or ``("dpo", "beta")`` for a field of a sub-model; ``name`` joins it with dots
-    (the key in ``config show``, in sources and in a TOML ``[dpo]`` table or dotted key)."""
-
-    path: tuple[str, ...]
-    info: FieldInfo
-
-    @property
-    def meta(self) -> dict[str, Any]:
-        extra = self.info.json_schema_extra
-        return dict(extra.get(CLI_KEY) or {}) if isinstance(extra, dict) else {}
-
-    @property
-    def name(self) -> str:
-        return ".".join(self.path)
-
-    @property
-    def param(self) -> str:
-        """The keyword of the CLI function (a Python identifier): ``steps``, ``dpo__beta``."""
-        return "__".join(self.path)
-
-    @property
-    def help(self) -> str:
-        return self.info.description or ""
-
-    @property
-    def panel(self) -> Optional[str]:
-        return self.meta.get("panel")
-
-    @property
-    def env(self) -> str:
-        return self.meta.get("env") or ENV_PREFIX + "__".join(self.path).upper()
-
-    @property
-    def has_flag(self) -> bool:
-        return bool(self.meta.get("flag", True))
-
-    @property
-    def is_bool(self) -> bool:
-        return _leaf_type(self.info.annotation) is bool
-
-    @property
-    def long_flags(self) -> tuple[str, ...]:
-        given = self.meta.get("flags")
-        if given:
-            return tuple(given)
-        return ("--" + "-".join(self.path).replace("_", "-"),)
-
-    @property
-    def flag(self) -> str:
-        """The flag a source line names (``flag --assets``)."""
-        return self.long_flags[0]
-
-    @property
-    def shown_default(self) -> Optional[str]:
-        """The ``[default: ...]`` text of the flag's help, or None where nothing is shown."""
-        if "shown_default" in self.meta:
-            return self.meta["shown_default"]
-        value = self.default
-        if value is None or value == []:
-            return None
-        if isinstance(value, bool):
-            return "on" if value else "off"
-        if isinstance(value, float):
-            mantissa, exponent = f"{value:e}".split("e")
-            return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-        return str(value)
-
-    @property
-    def default(self) -> Any:
-        if self.info.default_factory is not None:
-            return self.info.default_factory()
-        return None if self.info.default is PydanticUndefined else self.info.default
-
-    @property
-    def flag_help(self) -> str:
-        """The flag's help: the description, where the env variable sets it, its default."""
-        note = f" ({self.meta['env_note']})" if self.meta.get("env_note") else ""
-        text = f"{self.help} Env: {self.env}{note}."
-        shown = self.shown_default
-        return f"{text} [default: {shown}]" if shown is not None else text
-
-    @property
-    def former(self) -> tuple[str, ...]:
-        return tuple(self.meta.get("former") or ())
-
-    @property
-    def is_path(self) -> bool:
-        return "Path" in str(self.info.annotation)
-
-
-def _leaf_type(annotation: Any) -> Any:
-    """``Optional[X]`` -> X; anything else as it is."""
-    args = [a for a in get_args(annotation) if a is not type(None)]
-    if get_origin(annotation) is Union and len(args) == 1:
-        return args[0]
-    return annotation
-
-
-def _sub_model(annotation: Any) -> Optional[type[BaseModel]]:
-    leaf = _leaf_type(annotation)
-    return leaf if isinstance(leaf, type) and issubclass(leaf, BaseModel) else None
-
-
-def settings(model: type[BaseModel] = None, prefix: tuple[str, ...] = ()) -> tuple[Setting, ...]:  # type: ignore[assignment]
-    """Every leaf setting of ``model`` (default RunConfig), sub-models' fields included, in order."""
-    model = RunConfig if model is None else model
-    out: list[Setting] = []
-    for name, info in model.model_fields.items():
-        sub = _sub_model(info.annotation)
-        if sub is not None:
-            out.extend(settings(sub, (*prefix, name)))
-        else:
-            out.append(Setting((*prefix, name), info))
-    return tuple(out)
-
-
-SETTINGS: tuple[Setting, ...] = settings()
+SETTINGS: tuple[Setting, ...] = settings(RunConfig)
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 FIELD_NAMES: tuple[str, ...] = tuple(s.name for s in SETTINGS)  # every settable name (dotted in a sub-model)
 PATH_FIELDS = {s.name for s in SETTINGS if s.is_path}
@@ -642,38 +437,10 @@ def flag_of(name: str) -> str:
     return s.flag if s is not None else "--" + name.replace("_", "-")
 
 
-def value_of(config: BaseModel, name: str) -> Any:
-    """The value of setting ``name`` (``dpo.beta``: a sub-model's field) in ``config``."""
-    value: Any = config
-    for part in name.split("."):
-        value = getattr(value, part)
-    return value
-
-
-def nest(flat: dict[str, Any]) -> dict[str, Any]:
-    """``{"dpo.beta": 0.2, "steps": 3}`` -> ``{"dpo": {"beta": 0.2}, "steps": 3}`` (what pydantic takes)."""
-    out: dict[str, Any] = {}
-    for name, value in flat.items():
-        *parents, leaf = name.split(".")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out
-
-
-def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """The inverse of :func:`nest` for a dumped config: a sub-model's dict becomes dotted names.
-    A key that names a setting's former place (a run.json or trnqwen.toml from before a field
-    moved into a sub-model) is read as the setting's name now."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and any(s.startswith(name + ".") for s in BY_NAME):
-            out.update(flatten(value, name + "."))
-        else:
-            out[FORMER_NAMES.get(name, name)] = value
-    return out
+def flatten(values: dict[str, Any]) -> dict[str, Any]:
+    """A dumped (or recorded) RunConfig by setting name: a sub-model's dict as dotted names, a
+    field recorded before it moved under its name now."""
+    return flatten_settings(values, BY_NAME, FORMER_NAMES)
 
 
 # --- resolution with provenance -----------------------------------------------------------

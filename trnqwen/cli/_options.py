@@ -17,7 +17,8 @@ import typer
 
 # the options that need no RunConfig live in _base_options (a command that needs no config imports it alone)
 from trnqwen.cli._base_options import ConfigFileOpt, JsonOpt, user_paths  # noqa: F401 (re-exported)
-from trnqwen.config import BY_NAME, SETTINGS, Setting
+from trnqwen.config import BY_NAME, SETTINGS
+from trnqwen.settings import Setting
 
 SETTINGS_KWARG = "settings"  # the keyword a command decorated by takes_settings receives them in
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from trnqwen.config import FIELD_NAMES, ResolvedConfig, RunConfig, flatten, nest, value_of
+from trnqwen.config import FIELD_NAMES, ResolvedConfig, RunConfig, flatten
+from trnqwen.settings import nest, value_of
 from trnqwen.errors import UsageError
 from trnqwen.fsutil import first_match
 from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir
