@@ -61,7 +61,8 @@ def option_for(name: str) -> Any:
 
 
 def takes_settings(
-    command: Optional[Callable[..., Any]] = None, *, only: Optional[Iterable[str]] = None
+    command: Optional[Callable[..., Any]] = None, *, only: Optional[Iterable[str]] = None,
+    rows: Iterable[Setting] = SETTINGS,
 ) -> Any:
     """Give ``command`` one option per run setting (those with a flag; ``only``: these names), after
     its arguments and before its own options; it receives the ones given as ``settings={name: value}``.
@@ -70,8 +71,9 @@ def takes_settings(
     from the settings; the function itself is written with its own parameters only.
     """
     if command is None:
-        return functools.partial(takes_settings, only=only)
-    chosen = [s for s in SETTINGS if s.has_flag and (only is None or s.name in set(only))]
+        return functools.partial(takes_settings, only=only, rows=rows)
+    wanted = None if only is None else set(only)
+    chosen = [s for s in rows if s.has_flag and (wanted is None or s.name in wanted)]
     own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != SETTINGS_KWARG]
     clash = {p.name for p in own} & {s.param for s in chosen}
     if clash:
