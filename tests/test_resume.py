@@ -553,3 +553,47 @@ def test_starting_the_dataloader_leaves_the_global_rng_alone():
     batches = list(_RngNeutralIterable(loader))
     assert torch.equal(torch.get_rng_state(), before)
     assert [b.tolist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+# --- a run recorded by an earlier trnqwen (issue 33 #6): its run.json, as written, still resumes ----
+
+RECORDED_BEFORE = Path(__file__).parent / "data" / "run_records" / "0.1.0-native-preempted.run.json"
+
+
+@pytest.fixture
+def recorded_before(in_tmp):
+    """The committed run.json of a preempted tiny native run, written by trnqwen 0.1.0 before the
+    settings were declared once (paths put back under this test's folder), with its assets and
+    the resume/step-4 checkpoint it saved."""
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    text = RECORDED_BEFORE.read_text().replace("@WORK@", str(in_tmp)).replace("@REPO@", str(Path(__file__).parents[1]))
+    data = json.loads(text)
+    run_dir = Path(data["run_dir"])
+    run_dir.mkdir(parents=True)
+    (run_dir / "run.json").write_text(text)
+    point_last(run_dir.parent, data["run_id"])
+    write_tiny_qwen3(Path(data["assets_dir"]))
+    root = Path(data["checkpoint_dir"])
+    _dcp(root / "resume" / "step-4")
+    checkpoints.write_owner(root, run_id=data["run_id"], model=TINY, backend="native")
+    return in_tmp, data
+
+
+def test_a_run_recorded_before_the_change_resumes(recorded_before):
+    work, data = recorded_before
+    point = resume.prepare("last", _resolved(steps=12))
+    assert point.run_id == data["run_id"] and point.from_step == 4
+    cfg = point.resolved.config
+    assert cfg.model_dump(mode="json") == {**data["config"], "steps": 12}  # every recorded value kept
+    assert point.changes == {"steps": 12} and point.resolved.sources["seq_len"] == f"run.json of {data['run_id']}"
+
+
+def test_train_resume_of_a_run_recorded_before_the_change(recorded_before, cli):
+    work, data = recorded_before
+    r = cli("train", "--resume", "--steps", "12", "--dry-run", "--json")
+    assert r.code == 0, r.text
+    plan = json.loads(r.out)
+    assert plan["run_id"] == data["run_id"] and plan["config"]["steps"] == 12 and plan["config"]["seq_len"] == 128
+    assert "training.steps = 12" in plan["config_module_text"]
+    assert_clean_error(cli("train", "--resume", "--seq-len", "256"), code=2, contains="seq_len would change")

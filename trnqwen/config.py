@@ -24,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trnqwen.errors import ConfigError
 from trnqwen.fsutil import expand_user
+from trnqwen.naming import default_checkpoint_dir, model_name, model_slug  # noqa: F401 (also RunConfig's)
+from trnqwen.settings import ENV_PREFIX, Setting, flatten_settings, nest, setting, settings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,13 +36,12 @@ from trnqwen.constants import (  # noqa: E402,F401
     BACKENDS, BUILTIN_PREFIX, CONFIG_FILE_NAME, DEFAULT_MODEL, DEVICES, LORA_ALL_LINEAR, LORA_TARGETS,
 )
 
-ENV_PREFIX = "TRNQWEN_"
 # TRNQWEN_* variables that are not run fields.
 RESERVED_ENV = {"TRNQWEN_DEBUG", "TRNQWEN_CONFIG_FILE", "TRNQWEN_NO_COLOR", "TRNQWEN_HOME", "TRNQWEN_SYSFS_ROOT",
                 "TRNQWEN_FAULT_PREEMPT_AT_STEP",
                 "TRNQWEN_SCAN_THREADS",  # verify-ckpt's scan threads (ckpt/scan.py)
                 "TRNQWEN_LOG_WORKERS",  # inspect-logs' extra processes (logs/parallel.py, logs/halves.py)
-                "TRNQWEN_METRICS_PATH"}  # set by the launcher for the ranks: where the metrics stream goes
+                "TRNQWEN_METRICS_PATH"}  # where rank 0 writes the metrics stream (contract/metrics_stream.py)
 
 Backend = Literal["hf-v5", "native", "nki-moe", "hf-trainer"]
 Device = Literal["auto", "neuron", "cuda", "cpu"]
@@ -61,135 +62,197 @@ EveryN = Union[Annotated[int, Field(ge=1)], Literal["epoch"]]
 
 
 class RunConfig(BaseModel):
-    """Everything that describes one fine-tune run.  Field descriptions double as docs."""
+    """Everything that describes one fine-tune run.  Each field is declared once, here: its
+    description is its help text, and :func:`setting`'s metadata names its flag, env variable,
+    shown default and panel; the CLI options, ``config show``, docs/config.md and the TOML
+    reader all follow from it (:func:`settings`)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
     # --- what to train -------------------------------------------------------------
-    model: str = Field(DEFAULT_MODEL, description="Hub repo id, or builtin:tiny-qwen3 for the offline tiny model (random weights).")
-    assets_dir: Optional[Path] = Field(
-        None, description="Local HF snapshot of the model (default ./assets/hf/<model name>)."
+    model: str = setting(DEFAULT_MODEL, help="Hub repo id or builtin:tiny-qwen3.", short="-m", panel="Model")
+    assets_dir: Optional[Path] = setting(
+        None, help="Local HF snapshot.", flags=("--assets", "--assets-dir"), shown_default="./assets/hf/<model name>",
+        panel="Model",
     )
-    backend: Backend = Field("hf-v5", description="Modeling backend: hf-v5, native, nki-moe or hf-trainer.")
-    finetune: bool = Field(False, description="Load the published weights and export the result as HF safetensors.")
-    dataset: Optional[str] = Field(
-        None, description="Local JSONL/Parquet/text file or folder, or a Hub dataset name (default: per model)."
+    backend: Backend = setting(
+        "hf-v5", help=f"Modeling backend: {', '.join(BACKENDS)}.", short="-b", panel="Model",
+    )
+    finetune: bool = setting(False, help="Start from the published weights and export HF safetensors.", panel="Model")
+    dataset: Optional[str] = setting(
+        None, help="Local JSONL/Parquet/text file or folder, or a Hub dataset name.", panel="Data",
     )
     # --- your data (trnqwen.dataset: formats, chat template, labels, packing, cache) -------
-    dataset_format: Optional[DatasetFormat] = Field(
-        None, description="Record format: auto (detect), messages, sharegpt, alpaca, prompt-completion or text."
+    dataset_format: Optional[DatasetFormat] = setting(
+        None, help="Record format: auto, messages, sharegpt, alpaca, prompt-completion, text.",
+        shown_default="auto (detected from the records)", panel="Data",
     )
-    dataset_split: str = Field("train", description="Split of a Hub dataset to train on.")
-    train_on_inputs: bool = Field(False, description="Train on every token, not only the assistant answers.")
-    packing: bool = Field(True, description="Pack conversations into --seq-len rows (off: one per row, padded).")
-    long_conversations: LongConversations = Field(
-        "truncate", description="A conversation longer than --seq-len: truncate or drop (both counted)."
+    dataset_split: str = setting("train", help="Hub dataset split.", panel="Data")
+    train_on_inputs: bool = setting(False, help="Train on every token, not only the assistant answers.", panel="Data")
+    packing: bool = setting(
+        True, help="Pack conversations into --seq-len rows (--no-packing: one per row, padded).", panel="Data",
     )
-    val_split: float = Field(0.0, ge=0.0, lt=1.0, allow_inf_nan=False, description="Fraction of records held out for validation (seeded).")
-    val_dataset: Optional[str] = Field(None, description="Validation records from another file/folder/Hub dataset.")
-    val_every: Optional[EveryN] = Field(None, description="Validate every N steps, or 'epoch' (needs validation data).")
-    data_cache_dir: Optional[Path] = Field(
-        None, description="Tokenized dataset cache (default $XDG_CACHE_HOME/trnqwen/datasets)."
+    long_conversations: LongConversations = setting(
+        "truncate", help="Conversations longer than --seq-len: truncate or drop (counted either way).", panel="Data",
+    )
+    val_split: float = setting(
+        0.0, ge=0.0, lt=1.0, allow_inf_nan=False, help="Fraction of records held out for validation, e.g. 0.05 (seeded).",
+        shown_default="0", panel="Data",
+    )
+    val_dataset: Optional[str] = setting(
+        None, help="Validation records from another file, folder or Hub dataset.", panel="Data",
+    )
+    val_every: Optional[EveryN] = setting(
+        None, help="Validate every N steps, or 'epoch'.", metavar="N|epoch", panel="Data",
+    )
+    data_cache_dir: Optional[Path] = setting(
+        None, help="Tokenized dataset cache.", shown_default="~/.cache/trnqwen/datasets", panel="Data",
     )
     # --- schedule ---------------------------------------------------------------------
-    steps: Optional[int] = Field(
-        None, ge=1, description="Training steps (default: one epoch with --dataset, else 10). Excludes --epochs."
+    steps: Optional[int] = setting(
+        None, ge=1, help="Training steps (or --epochs).", shown_default="one epoch with --dataset, else 10", panel="Schedule",
     )
-    local_batch_size: int = Field(1, ge=1, description="Sequences per rank per step.")
-    global_batch_size: Optional[int] = Field(
-        None, ge=1, description="Sequences per step over all ranks (default local batch x data-parallel degree)."
+    local_batch_size: int = setting(1, ge=1, help="Sequences per rank per step.", panel="Schedule")
+    global_batch_size: Optional[int] = setting(
+        None, ge=1, help="Sequences per step over all ranks (gradient accumulation when above local x dp).",
+        shown_default="local x dp", panel="Schedule",
     )
-    seq_len: int = Field(2048, ge=8, le=1_048_576, description="Sequence length in tokens (fixed: no recompiles).")
-    lr: Optional[float] = Field(
-        None, gt=0, le=1.0, allow_inf_nan=False,
-        description="Peak learning rate (default: 1e-5 for a full fine-tune, 8e-4 from random init).",
+    seq_len: int = setting(2048, ge=8, le=1_048_576, help="Sequence length in tokens.", panel="Schedule")
+    lr: Optional[float] = setting(
+        None, gt=0, le=1.0, allow_inf_nan=False, help="Peak learning rate.",
+        shown_default="1e-5 for a full fine-tune, 8e-4 from random init", panel="Schedule",
     )
-    seed: Optional[int] = Field(42, ge=0, description="Random seed (none = torchtitan's default).")
+    seed: Optional[int] = setting(42, ge=0, help="Random seed (none = torchtitan's default).", flag=False, panel="Schedule")
     # --- LoRA (trnqwen.train.lora: targets; runtime.lora: in the ranks; contract.peft_adapter: the PEFT adapter) ---
-    lora: bool = Field(False, description="Train a LoRA adapter on a frozen base; the export is a PEFT adapter folder.")
-    lora_rank: int = Field(16, ge=1, le=4096, description="LoRA rank r.")
-    lora_alpha: Optional[float] = Field(
-        None, gt=0, allow_inf_nan=False, description="LoRA alpha; the update is scaled by alpha/r (default 2 x rank)."
+    lora: bool = setting(
+        False, help="Train a LoRA adapter on the frozen base; the export is a PEFT adapter folder.", panel="LoRA",
     )
-    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, allow_inf_nan=False, description="Dropout on the adapter's input.")
-    lora_targets: str = Field(
+    lora_rank: int = setting(16, ge=1, le=4096, help="LoRA rank r.", panel="LoRA")
+    lora_alpha: Optional[float] = setting(
+        None, gt=0, allow_inf_nan=False, help="LoRA alpha; the update is scaled by alpha/r.", shown_default="2 x rank",
+        panel="LoRA",
+    )
+    lora_dropout: float = setting(0.0, ge=0.0, lt=1.0, allow_inf_nan=False, help="Dropout on the adapter's input.", panel="LoRA")
+    lora_targets: str = setting(
         "all-linear",
-        description="Modules to adapt, Hugging Face names (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj); "
-        "all-linear = those seven.",
+        help="Modules to adapt, Hugging Face names, comma-separated (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
+        "down_proj) or all-linear.",
+        panel="LoRA",
     )
-    merge: bool = Field(False, description="With --lora: also write the merged whole model folder beside the adapter.")
+    merge: bool = setting(
+        False, help="With --lora: also write the merged whole model folder beside the adapter (hf/step-N-merged).",
+        panel="LoRA",
+    )
     # --- preference tuning (trnqwen.train.dpo: plan; runtime.dpo: in the ranks; dataset.preference: pairs) ---
-    method: Method = Field("sft", description="sft (supervised: answers are targets) or dpo (preference pairs).")
-    beta: float = Field(0.1, gt=0.0, le=100.0, allow_inf_nan=False, description="DPO: strength of the pull toward the reference.")
-    dpo_loss: DpoLoss = Field("sigmoid", description="DPO loss: sigmoid (DPO's) or ipo.")
+    method: Method = setting(
+        "sft", help="sft (supervised: the answers are the targets) or dpo (preference pairs: prompt, chosen, rejected).",
+        panel="Method",
+    )
+    beta: float = setting(
+        0.1, gt=0.0, le=100.0, allow_inf_nan=False,
+        help="DPO: how strongly the tuned model is held to the reference (rewards are beta x log-ratio).", panel="Method",
+    )
+    dpo_loss: DpoLoss = setting("sigmoid", help="DPO loss: sigmoid (DPO's; ln 2 at step 1) or ipo.", panel="Method")
     # --- fine-tune schedule: epochs, LR curve, optimizer, memory (the same on every backend) ----
-    epochs: Optional[float] = Field(
+    epochs: Optional[float] = setting(
         None, gt=0, le=1_000_000, allow_inf_nan=False,
-        description="Passes over the training data (0.5 is fine); steps come from the tokenized cache. Excludes --steps.",
+        help="Passes over the training data (0.5 is fine); the steps are counted from the tokenized --dataset. "
+        "Not with --steps.",
+        panel="Schedule",
     )
-    lr_schedule: LrSchedule = Field("cosine", description="LR after warm-up: cosine, linear (decay to --min-lr-ratio) or constant.")
-    warmup: Optional[Union[int, float]] = Field(
-        None, ge=0, allow_inf_nan=False,
-        description="Linear warm-up: steps (20), or a fraction of the steps (0.03). Default 2 steps (at most the run's).",
+    lr_schedule: LrSchedule = setting("cosine", help="LR after warm-up: cosine, linear or constant.", panel="Schedule")
+    warmup: Optional[Union[int, float]] = setting(
+        None, ge=0, allow_inf_nan=False, help="Linear warm-up: steps (20) or a fraction of the steps (0.03).",
+        shown_default="2 steps, at most the run's", panel="Schedule",
     )
-    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="Lowest LR of the decay, as a fraction of --lr.")
-    weight_decay: float = Field(0.1, ge=0.0, allow_inf_nan=False, description="AdamW weight decay (torchtitan's default 0.1).")
-    max_grad_norm: float = Field(1.0, gt=0.0, allow_inf_nan=False, description="Clip the gradient norm to this value.")
-    activation_checkpointing: Optional[ActivationCheckpointing] = Field(
-        None, description="none, selective or full (default: the backend's own: hf-v5 selective, native full, hf-trainer none)."
+    min_lr_ratio: float = setting(
+        0.0, ge=0.0, le=1.0, allow_inf_nan=False, help="Lowest LR of the decay, as a fraction of --lr.", panel="Schedule",
+    )
+    weight_decay: float = setting(0.1, ge=0.0, allow_inf_nan=False, help="AdamW weight decay.", panel="Schedule")
+    max_grad_norm: float = setting(1.0, gt=0.0, allow_inf_nan=False, help="Clip the gradient norm to this.", panel="Schedule")
+    activation_checkpointing: Optional[ActivationCheckpointing] = setting(
+        None, help="none, selective or full.",
+        shown_default="the backend's: hf-v5 selective, native full, hf-trainer none", panel="Schedule",
     )
     # --- parallelism & device ------------------------------------------------------------
-    dp_shard: int = Field(-1, description="FSDP degree; -1 shards over all ranks.")
-    tp: int = Field(1, ge=1, description="Tensor-parallel degree.")
-    device: Device = Field("auto", description="neuron, cuda, cpu, or auto (neuron, else cuda, else cpu).")
-    nproc_per_node: Optional[int] = Field(
-        None, ge=1, description="Ranks per node (default: logical NeuronCores, GPUs, or 1 on CPU)."
+    dp_shard: int = setting(-1, help="FSDP degree; -1 shards over all ranks.", panel="Parallelism and device")
+    tp: int = setting(1, ge=1, help="Tensor-parallel degree.", panel="Parallelism and device")
+    device: Device = setting("auto", help=f"Device: {', '.join(DEVICES)}.", panel="Parallelism and device")
+    nproc_per_node: Optional[int] = setting(
+        None, ge=1, help="Ranks per node.", shown_default="logical NeuronCores, GPUs, or 1 on CPU",
+        panel="Parallelism and device",
     )
-    lnc: Optional[Literal[1, 2]] = Field(None, description="Logical NeuronCore config (default: the instance's).")
-    compile: bool = Field(False, description="torch.compile the model (backend neuron on Trainium).")
-    override_imports: list[str] = Field(
-        default_factory=list, description="Override modules/factories to import (torchtitan --override.imports)."
+    lnc: Optional[Literal[1, 2]] = setting(
+        None, help="Logical NeuronCore config (default: the instance's).", flag=False, panel="Parallelism and device",
+    )
+    compile: bool = setting(False, help="torch.compile the model.", panel="Parallelism and device")
+    override_imports: list[str] = setting(
+        default_factory=list, help="torchtitan override to activate (module.function); repeatable.",
+        env_note="comma-separated", panel="Parallelism and device",
     )
     # --- nki-moe ---------------------------------------------------------------------------
-    moe_layers: int = Field(4, ge=1, description="nki-moe: transformer layers kept.")
-    num_experts: int = Field(64, ge=1, description="nki-moe: experts per MoE layer (not an EP degree).")
-    top_k: int = Field(4, ge=1, description="nki-moe: experts each token is routed to.")
+    moe_layers: int = setting(4, ge=1, help="nki-moe: transformer layers kept.", panel="nki-moe")
+    num_experts: int = setting(64, ge=1, help="nki-moe: experts per MoE layer.", panel="nki-moe")
+    top_k: int = setting(4, ge=1, help="nki-moe: experts per token.", panel="nki-moe")
     # --- outputs ---------------------------------------------------------------------------
-    checkpoint_dir: Optional[Path] = Field(
-        None, description="Where checkpoints go (default ./checkpoint_<slug>_<hash6>, _ft appended when fine-tuning)."
+    checkpoint_dir: Optional[Path] = setting(
+        None, help="Checkpoint folder.",
+        shown_default="./checkpoint_<slug>_<hash6>[_ft], the hash of the model's identity; the recipe's "
+        "Qwen3-4B-Instruct-2507: ./checkpoint_qwen3_4b[_ft]",
+        panel="Outputs",
     )
-    export_hf: Optional[bool] = Field(
-        None, description="Save the last step as HF safetensors (default: on with --finetune)."
+    export_hf: Optional[bool] = setting(
+        None, help="Save the last step as HF safetensors.", shown_default="on with --finetune", panel="Outputs",
     )
-    save_every: Optional[EveryN] = Field(
-        None, description="Save a resumable checkpoint every N steps or 'epoch' (torchtitan checkpoint.interval; "
-        "the Trainer's save_steps). Default 500; the last step and a preemption always save."
+    save_every: Optional[EveryN] = setting(
+        None, help="Save a resumable checkpoint every N steps or 'epoch' (torchtitan checkpoint.interval, the Trainer's "
+        "save_steps).", metavar="N|epoch", shown_default="500; the last step and a preemption always save",
+        panel="Checkpoints and preemption",
     )
-    keep_last: int = Field(
-        3, ge=0, description="Resumable checkpoints kept (torchtitan keep_latest_k; the Trainer's save_total_limit); 0 keeps all."
+    keep_last: int = setting(
+        3, ge=0, help="Resumable checkpoints kept; 0 keeps all (torchtitan keep_latest_k, the Trainer's "
+        "save_total_limit).", panel="Checkpoints and preemption",
     )
-    grace_seconds: float = Field(
-        90.0, gt=0, le=3600, description="On SIGTERM/SIGUSR1: seconds the ranks get to save at the next step boundary."
+    grace_seconds: float = setting(
+        90.0, gt=0, le=3600, help="On SIGTERM/SIGUSR1 the ranks save at the next step boundary within this many "
+        "seconds, then exit 138.", shown_default="90", panel="Checkpoints and preemption",
     )
-    runs_dir: Path = Field(Path(".trnqwen/runs"), description="Where run directories (logs, records) are kept.")
-    tensorboard: bool = Field(False, description="Write TensorBoard events into the run dir (the trainer's own writer).")
-    wandb: bool = Field(False, description="Log to Weights & Biases (needs wandb installed and logged in).")
-    compile_cache_dir: Optional[Path] = Field(
-        None, description="Neuron compile cache (default .trnqwen/neff-cache; TORCH_NEURONX_NEFF_CACHE_DIR wins)."
+    runs_dir: Path = setting(
+        Path(".trnqwen/runs"), help="Where run directories (logs, records) are kept.", flag=False, panel="Outputs",
     )
-    trust_remote_code: bool = Field(False, description="Allow model repos to run their own code (off by default).")
+    tensorboard: bool = setting(
+        False, help="TensorBoard events in the run dir (<run>/tb), validation included.", panel="Outputs",
+    )
+    wandb: bool = setting(
+        False, help="Log to Weights & Biases (wandb installed and logged in; project trnqwen).", panel="Outputs",
+    )
+    compile_cache_dir: Optional[Path] = setting(
+        None, help="Neuron compile cache (default .trnqwen/neff-cache; TORCH_NEURONX_NEFF_CACHE_DIR wins).", flag=False,
+        panel="Outputs",
+    )
+    trust_remote_code: bool = setting(
+        False, help="Allow model repos to run their own code (off by default).", flag=False, panel="Model",
+    )
     # --- multi-node ------------------------------------------------------------------------
-    launcher: Launcher = Field("local", description="local (torchrun here), slurm (sbatch) or k8s (Kubeflow manifest).")
-    nnodes: int = Field(1, ge=1, description="Nodes in the job.")
-    node_rank: int = Field(0, ge=0, description="This node's rank (local launcher, multi-node).")
-    rdzv_endpoint: Optional[str] = Field(None, description="HOST:PORT of the c10d rendezvous (multi-node).")
-    rdzv_id: Optional[str] = Field(None, description="Shared rendezvous/run id (multi-node).")
-    max_restarts: int = Field(0, ge=0, description="torchrun --max-restarts.")
-    partition: Optional[str] = Field(None, description="SLURM partition.")
-    time_limit: Optional[str] = Field(None, description="SLURM --time.")
-    image: Optional[str] = Field(None, description="Container image (k8s launcher).")
-    k8s_api: K8sApi = Field(
-        "trainjob", description="k8s launcher: trainjob (Kubeflow Trainer v2 TrainJob + TrainingRuntime) or pytorchjob (v1 operator)."
+    launcher: Launcher = setting(
+        "local", help="local (torchrun on this node), slurm (sbatch script, submitted) or k8s (Kubeflow manifest, "
+        "see --k8s-api).", panel="Multi-node",
+    )
+    nnodes: int = setting(
+        1, ge=1, help="Nodes in the job (--nodes for slurm/k8s).", flags=("--nnodes", "--nodes"), min=1, panel="Multi-node",
+    )
+    node_rank: int = setting(0, ge=0, help="This node's rank, 0..N-1 (local launcher).", min=0, panel="Multi-node")
+    rdzv_endpoint: Optional[str] = setting(
+        None, help="HOST:PORT of node 0, the same on every node.", metavar="HOST:PORT", panel="Multi-node",
+    )
+    rdzv_id: Optional[str] = setting(None, help="Run id shared by all nodes; names the run dir.", panel="Multi-node")
+    max_restarts: int = setting(0, ge=0, help="torchrun restarts of the worker group.", min=0, panel="Multi-node")
+    partition: Optional[str] = setting(None, help="SLURM partition.", panel="Multi-node")
+    time_limit: Optional[str] = setting(None, help="SLURM time limit, e.g. 4:00:00.", flags=("--time",), panel="Multi-node")
+    image: Optional[str] = setting(None, help="Container image with trnqwen (k8s launcher).", panel="Multi-node")
+    k8s_api: K8sApi = setting(
+        "trainjob", help="k8s launcher: trainjob (Kubeflow Trainer v2 TrainJob + TrainingRuntime) or pytorchjob "
+        "(the v1 training operator).", panel="Multi-node",
     )
 
     @field_validator("dp_shard")
@@ -339,12 +402,6 @@ def _expand(path: str) -> Path:
         return Path(path)
 
 
-def model_name(model: str) -> str:
-    if model.startswith(BUILTIN_PREFIX):
-        return model[len(BUILTIN_PREFIX):]
-    return model.rstrip("/").split("/")[-1]
-
-
 DEFAULT_SAVE_EVERY = 500
 DEFAULT_STEPS = 10  # without a dataset (the recipe's corpus): the recipe's 10 steps
 DEFAULT_WARMUP_STEPS = 2  # torchtitan's Qwen3 recipes; never more than the run's steps
@@ -366,55 +423,24 @@ def default_lr(cfg: "RunConfig") -> tuple[float, str]:
     return 8e-4, "default for pre-training from random init (torchtitan's)"
 
 
-def default_checkpoint_dir(model: str, finetune: bool) -> Path:
-    """``checkpoint_<slug>_<hash6>[_ft]``: readable, and different models never share a folder.
-
-    The hash is of the model's identity (the Hub id as given, ``builtin:<name>``, or a local
-    folder's resolved path), so ``Qwen3-4B-Instruct-2507`` and ``Qwen3-4B-Base`` (one slug) or two
-    local folders both called ``model`` get different folders.  The recipe's own model keeps the
-    recipe's folder name, ``checkpoint_qwen3_4b[_ft]`` (what its users type); being one fixed
-    identity, it cannot collide with any other model, which always carries a hash.
-    """
-    import hashlib
-
-    if model == DEFAULT_MODEL:
-        return Path(f"checkpoint_{model_slug(model)}{'_ft' if finetune else ''}")
-    identity = model
-    local = _expand(model)
-    if not model.startswith(BUILTIN_PREFIX) and local.exists():
-        identity = str(local.resolve())
-    digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:6]
-    return Path(f"checkpoint_{model_slug(model)}_{digest}{'_ft' if finetune else ''}")
-
-
-_SLUG_DROP = re.compile(r"-(instruct|base|chat|it|fp8|awq|gptq|\d{4})$", re.IGNORECASE)
-
-
-def model_slug(model: str) -> str:
-    """``Qwen/Qwen3-4B-Instruct-2507`` -> ``qwen3_4b``, as in the recipe's checkpoint_qwen3_4b_ft.
-
-    Unicode-aware (NFKC, casefolded, Unicode word characters kept) so non-ASCII names stay
-    readable: ``./模型-v1`` -> ``模型_v1``.
-    """
-    import unicodedata
-
-    name = unicodedata.normalize("NFKC", model_name(model))
-    previous = None
-    while previous != name:
-        previous, name = name, _SLUG_DROP.sub("", name)
-    slug = re.sub(r"[\W_]+", "_", name.casefold()).strip("_")
-    return slug[:40].rstrip("_") or "model"
-
-
-FIELD_NAMES: tuple[str, ...] = tuple(RunConfig.model_fields)
-PATH_FIELDS = {name for name, f in RunConfig.model_fields.items() if "Path" in str(f.annotation)}
-# The command-line flag of each field is --<field-name> except these.
-FLAGS = {"assets_dir": "--assets", "time_limit": "--time"}
+SETTINGS: tuple[Setting, ...] = settings(RunConfig)
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+FIELD_NAMES: tuple[str, ...] = tuple(s.name for s in SETTINGS)  # every settable name (dotted in a sub-model)
+PATH_FIELDS = {s.name for s in SETTINGS if s.is_path}
+FORMER_NAMES: dict[str, str] = {old: s.name for s in SETTINGS for old in s.former}
+ENV_NAMES: dict[str, str] = {s.env: s.name for s in SETTINGS}
 
 
 def flag_of(name: str) -> str:
     """The flag that sets field ``name`` (what a source line names)."""
-    return FLAGS.get(name, "--" + name.replace("_", "-"))
+    s = BY_NAME.get(name)
+    return s.flag if s is not None else "--" + name.replace("_", "-")
+
+
+def flatten(values: dict[str, Any]) -> dict[str, Any]:
+    """A dumped (or recorded) RunConfig by setting name: a sub-model's dict as dotted names, a
+    field recorded before it moved under its name now."""
+    return flatten_settings(values, BY_NAME, FORMER_NAMES)
 
 
 # --- resolution with provenance -----------------------------------------------------------
@@ -436,7 +462,7 @@ class ResolvedConfig:
         """Rows of (field, value, source) for ``config show``, derived values included."""
         rows = [
             {"field": name, "value": value, "source": self.sources.get(name, "default")}
-            for name, value in self.as_dict().items()
+            for name, value in flatten(self.as_dict()).items()
         ]
         cfg = self.config
         for row in rows:  # a default that depends on the run names its reason
@@ -498,12 +524,12 @@ def _unknown_key_message(key: str, where: str) -> str:
 
 
 def _takes_bool(name: str) -> bool:
-    return "bool" in str(RunConfig.model_fields[name].annotation)
+    return "bool" in str(BY_NAME[name].info.annotation)
 
 
 def _kind(name: str) -> str:
     """What a field takes, in words, for an error about a TOML boolean."""
-    text = str(RunConfig.model_fields[name].annotation)
+    text = str(BY_NAME[name].info.annotation)
     if "Literal" in text and "int" not in text:
         words = re.findall(r"Literal\[([^\]]*)\]", text)
         return "value: one of " + ", ".join(w.strip(" '") for w in ",".join(words).split(","))
@@ -514,8 +540,20 @@ def _kind(name: str) -> str:
     return "list" if "list" in text else ("path" if "Path" in text else "string")
 
 
+def _table_items(table: dict[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    """A TOML table's (key, value) pairs, a sub-model's own table (``[dpo]``, ``dpo.beta = ...``)
+    as dotted keys."""
+    for key, value in table.items():
+        name = prefix + key.replace("-", "_")
+        if isinstance(value, dict) and any(s.startswith(name + ".") for s in FIELD_NAMES):
+            yield from _table_items(value, name + ".")
+        else:
+            yield prefix + key, value
+
+
 def load_config_file(path: Path) -> dict[str, Any]:
-    """Read trnqwen.toml: flat keys, or the same keys under a [run] table."""
+    """Read trnqwen.toml: flat keys, or the same keys under a [run] table; a sub-model's fields
+    in its own table (``[dpo]``) or as dotted keys (``dpo.beta``)."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -533,8 +571,9 @@ def load_config_file(path: Path) -> dict[str, Any]:
     values: dict[str, Any] = {}
     written: dict[str, str] = {}  # field -> the key as written, where
     for where, table in tables:
-        for key, value in table.items():
+        for key, value in _table_items(table):
             name = key.replace("-", "_")
+            name = FORMER_NAMES.get(name, name)  # a key from before its field moved into a sub-model
             if name not in FIELD_NAMES:
                 problems.append(_unknown_key_message(key, str(path)))
                 continue
@@ -563,23 +602,32 @@ def env_values(environ: Optional[dict[str, str]] = None) -> tuple[dict[str, str]
     for name, value in env.items():
         if not name.startswith(ENV_PREFIX) or name in RESERVED_ENV:
             continue
-        key = name[len(ENV_PREFIX):].lower()
-        if key in FIELD_NAMES:
+        key = ENV_NAMES.get(name) or FORMER_NAMES.get(name[len(ENV_PREFIX):].lower())
+        if key is not None:
             values[key] = value
         else:
-            guess = closest_field(key)
+            guess = closest_field(name[len(ENV_PREFIX):].lower().replace("__", "."))
             warnings.append(
                 f"ignoring environment variable {name}: not a config field"
-                + (f" (did you mean {ENV_PREFIX}{guess.upper()}?)" if guess else "")
+                + (f" (did you mean {BY_NAME[guess].env}?)" if guess else "")
             )
     return values, warnings
+
+
+def _setting_of(loc: tuple) -> Optional[str]:
+    """The setting an error location names (``("dpo", "beta")`` -> ``dpo.beta``), if any."""
+    parts = [str(p) for p in loc]
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in BY_NAME:
+            return ".".join(parts[:end])
+    return parts[0] if parts else None
 
 
 def _format_validation_error(exc: ValidationError, sources: dict[str, str]) -> list[str]:
     problems = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err.get("loc", ())) or "config"
-        field_name = str(err["loc"][0]) if err.get("loc") else None
+        field_name = _setting_of(err.get("loc") or ())
         given = err.get("input")
         msg = err.get("msg", "invalid").removeprefix("Value error, ")
         if err.get("type") == "literal_error":
@@ -623,7 +671,7 @@ def resolve_config(
         env_vals = {k: v for k, v in env_vals.items() if k in wanted}
     for key, value in env_vals.items():
         merged[key] = value
-        sources[key] = f"env {ENV_PREFIX}{key.upper()}"
+        sources[key] = f"env {BY_NAME[key].env}"
     for key, value in (cli or {}).items():
         if value is None:
             continue
@@ -632,7 +680,7 @@ def resolve_config(
         merged[key] = value
         sources[key] = (labels or {}).get(key) or f"flag {flag_of(key)}"
     try:
-        config = RunConfig(**merged)
+        config = RunConfig(**nest(merged))
     except ValidationError as exc:
         raise ConfigError(
             _format_validation_error(exc, sources),

@@ -207,7 +207,8 @@ def _type_text(annotation: Any) -> str:
     text = re.sub(r"Optional\[(.*)\]", r"\1 (optional)", text)
     text = re.sub(r"Literal\[(.*?)\]", lambda m: "one of " + m.group(1).replace("'", ""), text)
     text = text.replace("NoneType", "none")
-    return text
+    return re.sub(r"Annotated\[(\w+), FieldInfo\(.*?metadata=\[(\w+)\((\w+)=(\w+)\)\]\)\]",
+                  lambda m: f"{m.group(1)} ({m.group(3)} {m.group(4)})", text)
 
 
 def _default_text(info: Any) -> str:
@@ -244,7 +245,7 @@ def _constraints(info: Any) -> str:
 
 def render_config_reference() -> str:
     """``docs/config.md``: how the config is resolved, then one row per RunConfig field."""
-    from trnqwen.config import ENV_PREFIX, RESERVED_ENV, RunConfig
+    from trnqwen.config import ENV_PREFIX, RESERVED_ENV, SETTINGS, Setting
     from trnqwen.constants import CONFIG_FILE_NAME
 
     flags = env_flags()
@@ -320,22 +321,34 @@ def render_config_reference() -> str:
         "",
         "## Fields",
         "",
-        "| field | type | default | environment | flags | description |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for name, info in RunConfig.model_fields.items():
-        env = f"{ENV_PREFIX}{name.upper()}"
-        type_text = _type_text(info.annotation)
-        limits = _constraints(info)
-        if limits:
-            type_text += f"; {limits}"
-        flag_text = "; ".join(flags.get(env, [])) or "-"
-        out.append(
-            f"| `{name}` | {_md_cell(type_text)} | `{_md_code(_default_text(info))}` | `{env}` | "
-            f"{_md_cell(flag_text)} | {_md_cell(info.description or '')} |"
-        )
-    out += [
+        "Each field is declared once, in `trnqwen/config.py` (`setting(...)`: its help, default, variable, "
+        "flags and group); this table, the flags of `trnqwen train`, `config show` and the TOML reader follow "
+        "from it. A field of a sub-model is named with a dot (`sub.field`): a `[sub]` table or a dotted key "
+        "in the file, `TRNQWEN_SUB__FIELD` in the environment. A field that moved keeps its former name in "
+        "files, variables and earlier runs' `run.json`.",
         "",
+    ]
+    panels: dict[str, list[Setting]] = {}
+    for s in SETTINGS:  # grouped by the panel each field names, in the order they first appear
+        panels.setdefault(s.panel or "Other", []).append(s)
+    for panel, members in panels.items():
+        out += [f"### {panel}", "", "| field | type | default | environment | flags | description |",
+                "| --- | --- | --- | --- | --- | --- |"]
+        for s in members:
+            type_text = _type_text(s.info.annotation)
+            limits = _constraints(s.info)
+            if limits:
+                type_text += f"; {limits}"
+            flag_text = "; ".join(flags.get(s.env, [])) or "-"
+            default = f"`{_md_code(_default_text(s.info))}`"
+            if s.meta.get("shown_default") and s.default is None:  # what unset means (default: per model, ...)
+                default += f" ({_md_cell(s.meta['shown_default'])})"
+            out.append(
+                f"| `{s.name}` | {_md_cell(type_text)} | {default} | `{s.env}` | "
+                f"{_md_cell(flag_text)} | {_md_cell(s.help)} |"
+            )
+        out.append("")
+    out += [
         "Derived values (shown by `trnqwen config show` with source `derived`): `resolved_assets_dir` "
         "(the assets folder actually used), `resolved_checkpoint_dir` (`checkpoint_<model slug>_<hash6>[_ft]`: "
         "the hash of the model id keeps different models apart; the recipe's model keeps `checkpoint_qwen3_4b[_ft]`; see docs/resume.md), "

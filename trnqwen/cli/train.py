@@ -1,4 +1,5 @@
-"""``trnqwen train``: fine-tune Qwen3 with torchtitan over torchrun (thin: the work is in trnqwen.train.run)."""
+"""``trnqwen train``: fine-tune Qwen3 with torchtitan over torchrun (thin: flags -> one RunConfig -> one
+library call, :func:`trnqwen.session.training.run_training`, which holds the run policy)."""
 
 from __future__ import annotations
 
@@ -9,77 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from trnqwen.cli._options import (
-    AssetsOpt,
-    BackendOpt,
-    CheckpointDirOpt,
-    CompileOpt,
-    ConfigFileOpt,
-    DatasetOpt,
-    DeviceOpt,
-    DpShardOpt,
-    DryRunOpt,
-    ExportConfigOpt,
-    ExportHfOpt,
-    FinetuneOpt,
-    LoraAlphaOpt,
-    LoraDropoutOpt,
-    MethodOpt,
-    BetaOpt,
-    DpoLossOpt,
-    LoraOpt,
-    LoraRankOpt,
-    LoraTargetsOpt,
-    MergeOpt,
-    GlobalBatchSizeOpt,
-    GraceSecondsOpt,
-    ImageOpt,
-    K8sApiOpt,
-    JsonOpt,
-    KeepLastOpt,
-    LauncherOpt,
-    LocalBatchSizeOpt,
-    ActivationCheckpointingOpt,
-    EpochsOpt,
-    LrOpt,
-    LrScheduleOpt,
-    MaxGradNormOpt,
-    MinLrRatioOpt,
-    WarmupOpt,
-    WeightDecayOpt,
-    MaxRestartsOpt,
-    ModelOpt,
-    MoeLayersOpt,
-    NnodesOpt,
-    NodeRankOpt,
-    NprocPerNodeOpt,
-    NumExpertsOpt,
-    OverrideImportsOpt,
-    OverwriteOpt,
-    PartitionOpt,
-    RdzvEndpointOpt,
-    RdzvIdOpt,
-    ResumeOpt,
-    SaveEveryOpt,
-    SeqLenOpt,
-    StepsOpt,
-    SubmitOpt,
-    TimeLimitOpt,
-    TopKOpt,
-    TpOpt,
-    TensorboardOpt,
-    WandbOpt,
-    ValEveryOpt,
-    DatasetFormatOpt,
-    DatasetSplitOpt,
-    TrainOnInputsOpt,
-    PackingOpt,
-    LongConversationsOpt,
-    ValSplitOpt,
-    ValDatasetOpt,
-    DataCacheDirOpt,
-    given,
-)
+from trnqwen.cli._options import ConfigFileOpt, DryRunOpt, JsonOpt, takes_settings
 
 HELP = "Train (fine-tune) Qwen3 over torchrun: hf-v5, native, nki-moe (torchtitan) or hf-trainer backend."
 EPILOG = """\
@@ -128,6 +59,41 @@ compilation.
 """
 
 
+ExportConfigOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--export-config",
+        help="Write the standalone torchtitan config module to FILE.py and print the torchrun line; train nothing.",
+        show_default=False,
+        metavar="FILE.py",
+    ),
+]
+SubmitOpt = Annotated[
+    bool,
+    typer.Option("--submit", help="k8s launcher: also `kubectl apply -f` the manifest (kubectl on PATH; --dry-run applies nothing)."),
+]
+ResumeOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--resume",
+        metavar="[RUN_ID|last|auto]",
+        help="Continue a run from its latest complete checkpoint, with the config in its run.json "
+        "(alone: the last run; auto: a scheduler job's own run, named by --rdzv-id, if it started before). "
+        "Only --steps, --time, node/rank counts, checkpoint cadence and scheduler settings may change.",
+        show_default=False,
+    ),
+]
+OverwriteOpt = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite",
+        help="Start fresh even though the checkpoint folder holds another run's checkpoints (they are deleted).",
+    ),
+]
+ShowLogOpt = Annotated[bool, typer.Option("--show-log", help="Stream rank 0's log to stderr above the status line.")]
+
+
+@takes_settings  # one option per RunConfig setting (trnqwen.config), between the argument and these
 def train(
     torchtitan_args: Annotated[
         Optional[list[str]],
@@ -137,83 +103,21 @@ def train(
             show_default=False,
         ),
     ] = None,
-    model: ModelOpt = None,
-    assets: AssetsOpt = None,
-    backend: BackendOpt = None,
-    finetune: FinetuneOpt = None,
-    lora: LoraOpt = None,
-    lora_rank: LoraRankOpt = None,
-    lora_alpha: LoraAlphaOpt = None,
-    lora_dropout: LoraDropoutOpt = None,
-    lora_targets: LoraTargetsOpt = None,
-    merge: MergeOpt = None,
-    method: MethodOpt = None,
-    beta: BetaOpt = None,
-    dpo_loss: DpoLossOpt = None,
-    dataset: DatasetOpt = None,
-    dataset_format: DatasetFormatOpt = None,
-    dataset_split: DatasetSplitOpt = None,
-    train_on_inputs: TrainOnInputsOpt = None,
-    packing: PackingOpt = None,
-    long_conversations: LongConversationsOpt = None,
-    val_split: ValSplitOpt = None,
-    val_dataset: ValDatasetOpt = None,
-    data_cache_dir: DataCacheDirOpt = None,
-    steps: StepsOpt = None,
-    local_batch_size: LocalBatchSizeOpt = None,
-    global_batch_size: GlobalBatchSizeOpt = None,
-    seq_len: SeqLenOpt = None,
-    val_every: ValEveryOpt = None,
-    lr: LrOpt = None,
-    epochs: EpochsOpt = None,
-    lr_schedule: LrScheduleOpt = None,
-    warmup: WarmupOpt = None,
-    min_lr_ratio: MinLrRatioOpt = None,
-    weight_decay: WeightDecayOpt = None,
-    max_grad_norm: MaxGradNormOpt = None,
-    activation_checkpointing: ActivationCheckpointingOpt = None,
-    dp_shard: DpShardOpt = None,
-    tp: TpOpt = None,
-    device: DeviceOpt = None,
-    nproc_per_node: NprocPerNodeOpt = None,
-    checkpoint_dir: CheckpointDirOpt = None,
-    override_imports: OverrideImportsOpt = None,
-    compile: CompileOpt = None,
-    moe_layers: MoeLayersOpt = None,
-    num_experts: NumExpertsOpt = None,
-    top_k: TopKOpt = None,
-    export_hf: ExportHfOpt = None,
-    tensorboard: TensorboardOpt = None,
-    wandb: WandbOpt = None,
-    launcher: LauncherOpt = None,
-    nnodes: NnodesOpt = None,
-    node_rank: NodeRankOpt = None,
-    rdzv_endpoint: RdzvEndpointOpt = None,
-    rdzv_id: RdzvIdOpt = None,
-    max_restarts: MaxRestartsOpt = None,
-    partition: PartitionOpt = None,
-    time_limit: TimeLimitOpt = None,
-    image: ImageOpt = None,
-    k8s_api: K8sApiOpt = None,
     submit: SubmitOpt = False,
-    save_every: SaveEveryOpt = None,
-    keep_last: KeepLastOpt = None,
-    grace_seconds: GraceSecondsOpt = None,
     resume: ResumeOpt = None,
     overwrite: OverwriteOpt = False,
     config_file: ConfigFileOpt = None,
     dry_run: DryRunOpt = False,
     export_config: ExportConfigOpt = None,
-    show_log: Annotated[
-        bool, typer.Option("--show-log", help="Stream rank 0's log to stderr above the status line.")
-    ] = False,
+    show_log: ShowLogOpt = False,
     json_out: JsonOpt = False,
+    settings: Optional[dict] = None,
 ) -> None:
     """Train Qwen3 with torchtitan over torchrun."""
     from trnqwen import output
     from trnqwen.config import resolve_config
     from trnqwen.errors import UsageError
-    from trnqwen.train.run import execute, export_config as write_config_module, plan_train
+    from trnqwen.session.training import TrainHooks, TrainRequest, run_training
 
     extra = list(torchtitan_args or [])
     if extra and not extra[0].startswith("-"):
@@ -221,162 +125,51 @@ def train(
             f"unexpected argument '{extra[0]}'",
             hint="raw torchtitan flags go after `--`, e.g. trnqwen train -- --metrics.log_freq 5",
         )
-    resolved = resolve_config(
-        given(
-            model=model,
-            assets_dir=assets,
-            backend=backend,
-            finetune=finetune,
-            lora=lora,
-            lora_rank=lora_rank,
-            lora_alpha=lora_alpha,
-            lora_dropout=lora_dropout,
-            lora_targets=lora_targets,
-            merge=merge,
-            method=method,
-            beta=beta,
-            dpo_loss=dpo_loss,
-            dataset=dataset,
-            dataset_format=dataset_format,
-            dataset_split=dataset_split,
-            train_on_inputs=train_on_inputs,
-            packing=packing,
-            long_conversations=long_conversations,
-            val_split=val_split,
-            val_dataset=val_dataset,
-            data_cache_dir=data_cache_dir,
-            steps=steps,
-            local_batch_size=local_batch_size,
-            global_batch_size=global_batch_size,
-            seq_len=seq_len,
-            val_every=val_every,
-            lr=lr,
-            epochs=epochs,
-            lr_schedule=lr_schedule,
-            warmup=warmup,
-            min_lr_ratio=min_lr_ratio,
-            weight_decay=weight_decay,
-            max_grad_norm=max_grad_norm,
-            activation_checkpointing=activation_checkpointing,
-            dp_shard=dp_shard,
-            tp=tp,
-            device=device,
-            nproc_per_node=nproc_per_node,
-            checkpoint_dir=checkpoint_dir,
-            override_imports=override_imports or None,
-            compile=compile,
-            moe_layers=moe_layers,
-            num_experts=num_experts,
-            top_k=top_k,
-            export_hf=export_hf,
-            tensorboard=tensorboard,
-            wandb=wandb,
-            launcher=launcher,
-            nnodes=nnodes,
-            node_rank=node_rank,
-            rdzv_endpoint=rdzv_endpoint,
-            rdzv_id=rdzv_id,
-            max_restarts=max_restarts,
-            partition=partition,
-            time_limit=time_limit,
-            image=image,
-            k8s_api=k8s_api,
-            save_every=save_every,
-            keep_last=keep_last,
-            grace_seconds=grace_seconds,
-        ),
-        config_file=config_file,
+    request = TrainRequest(
+        resolve_config(settings, config_file=config_file), extra_args=extra, resume=resume, overwrite=overwrite,
+        submit=submit, dry_run=dry_run, export_config=export_config,
     )
-    if resolved.config.launcher != "local":  # SLURM / Kubernetes: every node runs `trnqwen train` itself
-        if resume is not None:
-            raise UsageError(
-                f"--resume with --launcher {resolved.config.launcher}: a requeued or restarted job resumes by itself",
-                hint="requeue the job (scontrol requeue JOBID) or let the Kubernetes job restart; see docs/resume.md",
-            )
-        _launch_on_scheduler(resolved.config, extra=extra, dry_run=dry_run, submit=submit, json_out=json_out)
-        return
-    if submit:
-        raise UsageError(
-            "--submit is for --launcher k8s (a local run starts here; --launcher slurm always submits)",
-            hint="add --launcher k8s --image <registry>/<repo>:<tag>, or drop --submit",
-        )
-    point = None
-    if resume is not None:
-        from trnqwen.train.resume import prepare
-
-        if overwrite:
-            raise UsageError("--resume continues a run's checkpoints and --overwrite deletes them: pick one")
-        ref = resume
-        if resume == "auto":  # a requeued SLURM job / restarted pod continues its own run by itself
-            from trnqwen.train.resume import auto_run_id
-
-            ref = auto_run_id(resolved)
-        if ref is not None:
-            point = prepare(ref, resolved)
-            resolved = point.resolved
-    for w in resolved.warnings:
-        output.warn(w)
-
-    show_only = dry_run or export_config is not None
-    plan = plan_train(resolved, extra_args=extra, dry_run=show_only, resume=point, overwrite=overwrite)
-    if export_config is not None:  # --dry-run changes nothing: it only checks the file name
-        write_config_module(plan, export_config, dry_run=dry_run)
-    if show_only:
-        _print_plan(plan, json_out=json_out, exported=export_config, written=not dry_run)
-        if dry_run and not plan.preflight.ok:  # a CI gate built on --dry-run must see the refusal
-            _raise_would_not_start(plan.preflight)
-        return
-    _print_findings(plan.preflight, quiet_info=json_out, notes=plan.job.notes, brief=plan.preflight.ok)
-    plan.preflight.raise_for_errors()  # before announcing a run (and a log path) that will not exist
-    if not json_out:
-        resumed = f" resumed from step {point.from_step}" if point is not None else ""
-        output.info(
-            f"run {plan.run_id}{resumed}: {plan.config.backend} on {plan.device.type} x {plan.nproc_per_node} rank(s), "
-            f"{plan.config.steps} step(s); log {plan.log_path}"
-        )
-    echo = sys.stderr.write if show_log else None
-    outcome = execute(plan, echo=echo, status=True, note=output.warn)
-    validation = None
-    if outcome.exit_code == 0 and plan.config.finetune and outcome.exported is not None and plan.config.node_rank == 0:
-        from trnqwen.evaluate.lifecycle import validation_before_after  # base vs export, when a val split exists
-
-        validation = validation_before_after(plan.run_dir, device=plan.device.type)
-    if json_out:
-        output.print_json({**outcome.as_dict(), **({"validation": validation} if validation else {})})
+    hooks = TrainHooks(
+        warn=output.warn,
+        planned=lambda plan: _print_findings(plan.preflight, quiet_info=json_out, notes=plan.job.notes, brief=plan.preflight.ok),
+        starting=(lambda plan, point: None) if json_out else _announce,
+        echo=sys.stderr.write if show_log else None,
+    )
+    session = run_training(request, hooks)
+    if session.scheduled is not None:
+        _print_scheduled(session.request.config, session.scheduled, dry_run=dry_run, json_out=json_out)
+    elif session.shown_only:
+        _print_plan(session.plan, json_out=json_out, exported=export_config, written=not dry_run)
     else:
-        _print_outcome(outcome)
-        if validation:
-            output.info(validation["line"])
-    outcome.raise_for_status()
+        validation = session.validation
+        if json_out:
+            output.print_json({**session.outcome.as_dict(), **({"validation": validation} if validation else {})})
+        else:
+            _print_outcome(session.outcome)
+            if validation:
+                output.info(validation["line"])
+    session.raise_for_status()
 
 
-def _launch_on_scheduler(cfg, *, extra: list, dry_run: bool, submit: bool, json_out: bool) -> None:
-    """``--launcher slurm`` (write + sbatch) or ``--launcher k8s`` (write the manifest; ``--submit``: apply it)."""
+def _announce(plan, point) -> None:
     from trnqwen import output
-    from trnqwen.errors import UsageError
 
-    if extra:
-        raise UsageError(
-            f"raw torchtitan flags after `--` do not travel to {cfg.launcher} nodes",
-            hint="set the run through trnqwen's flags or trnqwen.toml",
-        )
-    if cfg.launcher == "slurm":
-        from trnqwen.train import slurm
+    resumed = f" resumed from step {point.from_step}" if point is not None else ""
+    output.info(
+        f"run {plan.run_id}{resumed}: {plan.config.backend} on {plan.device.type} x {plan.nproc_per_node} rank(s), "
+        f"{plan.config.steps} step(s); log {plan.log_path}"
+    )
 
-        if submit:
-            raise UsageError("--submit is for --launcher k8s: --launcher slurm always submits with sbatch")
-        info = slurm.launch(cfg, dry_run=dry_run)
-        text_key = "script_text"
-    else:
-        from trnqwen.train import k8s
 
-        info = k8s.launch(cfg, dry_run=dry_run, submit=submit)
-        text_key = "manifest_text"
+def _print_scheduled(cfg, info: dict, *, dry_run: bool, json_out: bool) -> None:
+    """What ``--launcher slurm`` / ``--launcher k8s`` wrote (and submitted)."""
+    from trnqwen import output
+
     if json_out:
         output.print_json(info)
         return
     if dry_run:
-        sys.stdout.write(info[text_key])
+        sys.stdout.write(info["script_text" if cfg.launcher == "slurm" else "manifest_text"])
         return
     if cfg.launcher == "slurm":
         output.info(f"submitted SLURM job {info['job_id']}: {info['nodes']} node(s), run {info['run_id']}")
@@ -451,18 +244,6 @@ def _print_plan(plan, *, json_out: bool, exported: Optional[Path], written: bool
     con.print(
         f"dry run: {verdict}: {plan.nproc_per_node} rank(s) on {plan.device.type}, run dir {plan.run_dir}",
         markup=False,
-    )
-
-
-def _raise_would_not_start(report) -> None:
-    """Exit 1 with every finding that stops the run (the table above lists them with their fixes)."""
-    from trnqwen.errors import CheckFailed
-
-    errors = report.errors
-    hints = [f.hint for f in errors if f.hint]
-    raise CheckFailed(
-        "dry run: would NOT start: " + "; ".join(f.message for f in errors),
-        hint="; ".join(dict.fromkeys(hints)) or None,
     )
 
 

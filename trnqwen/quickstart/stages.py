@@ -100,19 +100,25 @@ def train_run(stage: str, info: RunInfo, cfg: Any, workdir: Path, progress: Prog
               pythonpath: Optional[Path] = None, run_id: Optional[str] = None) -> RunInfo:
     """One ``trnqwen train`` through the real planner and launcher (run dir, torchrun, record);
     ``pythonpath`` goes first on the ranks' ``PYTHONPATH`` (where an override module lives)."""
-    from trnqwen.train.run import execute, plan_train
+    from trnqwen.session.training import TrainHooks, TrainRequest, run_training
 
-    plan = plan_train(cfg, cwd=workdir, pythonpath=[pythonpath] if pythonpath is not None else (), run_id=run_id)
-    info.run_dir = str(plan.run_dir)
-    info.log = str(plan.log_path)
-    info.nproc_per_node = plan.nproc_per_node
-    info.checkpoint_dir = str(plan.job.checkpoint_dir) if plan.job.checkpoint_dir else None
-    errors = [f for f in plan.preflight.findings if f.severity == "error"]
-    if errors:
-        raise StageFailed(stage, "preflight: " + "; ".join(f.message for f in errors), hint=errors[0].hint)
-    if status:
-        progress.note(f"{plan.nproc_per_node} rank(s), {cfg.steps} step(s), log {plan.log_path}")
-    outcome = execute(plan, status=status)
+    def planned(plan: Any) -> None:
+        info.run_dir = str(plan.run_dir)
+        info.log = str(plan.log_path)
+        info.nproc_per_node = plan.nproc_per_node
+        info.checkpoint_dir = str(plan.job.checkpoint_dir) if plan.job.checkpoint_dir else None
+        errors = [f for f in plan.preflight.findings if f.severity == "error"]
+        if errors:
+            raise StageFailed(stage, "preflight: " + "; ".join(f.message for f in errors), hint=errors[0].hint)
+        if status:
+            progress.note(f"{plan.nproc_per_node} rank(s), {cfg.steps} step(s), log {plan.log_path}")
+
+    # the same library call as `trnqwen train` (the run policy in one place); the stages judge the
+    # runs themselves, so no evaluation after training
+    request = TrainRequest(cfg, cwd=workdir, pythonpath=[pythonpath] if pythonpath is not None else (), run_id=run_id,
+                           evaluate=False)
+    session = run_training(request, TrainHooks(planned=planned, status=status))
+    outcome, plan = session.outcome, session.plan
     info.status = outcome.record.status if outcome.record else None
     info.wall_s = round(outcome.result.wall_s, 1) if outcome.result else None
     info.exported = str(outcome.exported) if outcome.exported else None

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from trnqwen.config import FIELD_NAMES, ResolvedConfig, RunConfig
+from trnqwen.config import FIELD_NAMES, ResolvedConfig, RunConfig, flatten
+from trnqwen.settings import nest, value_of
 from trnqwen.errors import UsageError
 from trnqwen.fsutil import first_match
 from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir
@@ -121,12 +122,13 @@ def prepare(ref: str, resolved: ResolvedConfig) -> ResumePoint:
     run_dir = find_run(ref, resolved.config.runs_dir)
     try:
         record = RunRecord.load(run_dir)
-        recorded = RunConfig(**recorded_config(record.config))
+        recorded_values = recorded_config(record.config)
+        recorded = RunConfig(**nest(recorded_values))
     except (OSError, ValueError, TypeError) as exc:
         raise UsageError(f"--resume: cannot read {run_dir / RUN_RECORD}: {exc}") from None
     changes = _allowed_changes(recorded, resolved, record.run_id)
     config = recorded.model_copy(update=changes)
-    sources = {k: f"run.json of {record.run_id}" for k in FIELD_NAMES if k in record.config}
+    sources = {k: f"run.json of {record.run_id}" for k in FIELD_NAMES if k in recorded_values}
     sources.update({k: resolved.sources.get(k, "flag") for k in changes})
     cwd = Path(record.extra.get("cwd") or Path.cwd())
     if multinode.writes_run_record(config.node_rank):  # node 0 owns run.json (and its pid)
@@ -170,8 +172,10 @@ def prepare(ref: str, resolved: ResolvedConfig) -> ResumePoint:
 
 
 def recorded_config(values: dict[str, Any]) -> dict[str, Any]:
-    """A run.json config as today's fields (runs recorded before ``warmup`` replaced ``warmup_steps``)."""
-    values = dict(values)
+    """A run.json config as today's settings, by name (``flatten``: a sub-model's table as dotted
+    names, a field recorded before it moved under its name now; runs recorded before ``warmup``
+    replaced ``warmup_steps``)."""
+    values = flatten(dict(values))
     if "warmup_steps" in values:
         values.setdefault("warmup", values.pop("warmup_steps"))
     return values
@@ -224,7 +228,7 @@ def _allowed_changes(recorded: RunConfig, resolved: ResolvedConfig, run_id: str)
     changes: dict[str, Any] = {}
     refused = []
     for name, source in resolved.sources.items():
-        before, after = getattr(recorded, name), getattr(new, name)
+        before, after = value_of(recorded, name), value_of(new, name)
         if _same(before, after):
             continue
         if name in MAY_CHANGE:

@@ -1,0 +1,183 @@
+"""``trnqwen train`` as one library call: a resolved config and the command's wishes in, a run
+(or its plan, or a scheduler job) out.  The run policy lives here, once, for the CLI and the
+quickstart alike:
+
+* a scheduler launcher (slurm, k8s) writes and submits the job instead of running here, and
+  refuses what cannot travel with it (``--resume``, raw torchtitan flags);
+* ``--resume [RUN_ID|last|auto]`` continues a recorded run with its recorded config (and never
+  together with ``--overwrite``, which deletes that run's checkpoints);
+* ``--dry-run`` / ``--export-config`` plan and show; a dry run that would not start fails;
+* a finished fine-tune is evaluated before/after on its validation split (in a child process).
+
+What is printed is the caller's: :class:`TrainHooks` are told as the run goes.  No typer here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Union
+
+from trnqwen.config import ResolvedConfig, RunConfig
+from trnqwen.errors import CheckFailed, UsageError
+from trnqwen.train.resume import RESUME_AUTO, ResumePoint
+from trnqwen.train.run import TrainOutcome, TrainPlan
+
+
+@dataclass
+class TrainRequest:
+    """A run's settings and what the command asks of them (none of it a run setting)."""
+
+    resolved: Union[ResolvedConfig, RunConfig]
+    extra_args: Sequence[str] = ()  # raw torchtitan flags (after `--`)
+    resume: Optional[str] = None  # RUN_ID, "last" or "auto"
+    overwrite: bool = False  # start fresh over another run's checkpoints
+    submit: bool = False  # --launcher k8s: also kubectl apply
+    dry_run: bool = False
+    export_config: Optional[Path] = None  # write the torchtitan config module there
+    evaluate: bool = True  # a fine-tune's before/after validation at the end
+    cwd: Optional[Path] = None
+    run_id: Optional[str] = None
+    pythonpath: Sequence[Path] = ()
+
+    @property
+    def config(self) -> RunConfig:
+        return self.resolved.config if isinstance(self.resolved, ResolvedConfig) else self.resolved
+
+
+def _nothing(*_args: Any) -> None:
+    return None
+
+
+@dataclass
+class TrainHooks:
+    """What the caller is told while the run goes (all optional)."""
+
+    warn: Optional[Callable[[str], None]] = None  # config warnings, the launcher's one-line notes
+    planned: Callable[[TrainPlan], None] = _nothing  # a run's plan, before preflight errors stop it
+    starting: Callable[[TrainPlan, Optional[ResumePoint]], None] = _nothing  # preflight passed, starting now
+    echo: Optional[Callable[[str], None]] = None  # rank 0's log lines (--show-log)
+    status: bool = True  # the live status line
+
+
+@dataclass
+class TrainSession:
+    """What came of a request: a scheduler job, a shown plan, or a run and its evaluation."""
+
+    request: TrainRequest
+    scheduled: Optional[dict[str, Any]] = None  # slurm/k8s: what was written (and submitted)
+    plan: Optional[TrainPlan] = None
+    point: Optional[ResumePoint] = None  # the run continued (--resume)
+    outcome: Optional[TrainOutcome] = None  # None: only shown (--dry-run, --export-config)
+    validation: Optional[dict[str, Any]] = None  # the before/after line of a fine-tune
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def shown_only(self) -> bool:
+        return self.plan is not None and self.outcome is None
+
+    def raise_for_status(self) -> None:
+        """A dry run that would not start exits 1 (a CI gate must see it); a failed or stopped run
+        raises the error that names its root cause."""
+        if self.shown_only and self.request.dry_run and not self.plan.preflight.ok:
+            errors = self.plan.preflight.errors
+            hints = [f.hint for f in errors if f.hint]
+            raise CheckFailed(
+                "dry run: would NOT start: " + "; ".join(f.message for f in errors),
+                hint="; ".join(dict.fromkeys(hints)) or None,
+            )
+        if self.outcome is not None:
+            self.outcome.raise_for_status()
+
+
+def run_training(request: TrainRequest, hooks: Optional[TrainHooks] = None) -> TrainSession:
+    """Carry out one ``trnqwen train``: schedule it, show it, or run it (see the module doc)."""
+    hooks = hooks or TrainHooks()
+    cfg = request.config
+    if cfg.launcher != "local":  # SLURM / Kubernetes: every node runs `trnqwen train` itself
+        return TrainSession(request, scheduled=schedule(request))
+    if request.submit:
+        raise UsageError(
+            "--submit is for --launcher k8s (a local run starts here; --launcher slurm always submits)",
+            hint="add --launcher k8s --image <registry>/<repo>:<tag>, or drop --submit",
+        )
+    resolved, point = resume_point(request)
+    for warning in (resolved.warnings if isinstance(resolved, ResolvedConfig) else ()):
+        if hooks.warn is not None:
+            hooks.warn(warning)
+    from trnqwen.train.run import execute, export_config, plan_train
+
+    show_only = request.dry_run or request.export_config is not None
+    plan = plan_train(
+        resolved, extra_args=request.extra_args, dry_run=show_only, resume=point, overwrite=request.overwrite,
+        cwd=request.cwd, run_id=request.run_id, pythonpath=request.pythonpath,
+    )
+    session = TrainSession(request, plan=plan, point=point)
+    if request.export_config is not None:  # --dry-run changes nothing: it only checks the file name
+        export_config(plan, request.export_config, dry_run=request.dry_run)
+    if show_only:
+        return session
+    hooks.planned(plan)
+    plan.preflight.raise_for_errors()  # before announcing a run (and a log path) that will not exist
+    hooks.starting(plan, point)
+    session.outcome = execute(plan, echo=hooks.echo, status=hooks.status, note=hooks.warn)
+    if request.evaluate:
+        session.validation = evaluate_after(session.outcome)
+    return session
+
+
+def resume_point(request: TrainRequest) -> tuple[Union[ResolvedConfig, RunConfig], Optional[ResumePoint]]:
+    """``--resume``: the run to continue and the config it continues with (its run.json's, with
+    the changes allowed); else the request's own config and None."""
+    if request.resume is None:
+        return request.resolved, None
+    if request.overwrite:
+        raise UsageError("--resume continues a run's checkpoints and --overwrite deletes them: pick one")
+    from trnqwen.train.resume import auto_run_id, prepare
+
+    resolved = request.resolved
+    if not isinstance(resolved, ResolvedConfig):
+        resolved = ResolvedConfig(config=resolved, sources={})
+    ref: Optional[str] = request.resume
+    if ref == RESUME_AUTO:  # a requeued SLURM job / restarted pod continues its own run by itself
+        ref = auto_run_id(resolved)
+    if ref is None:  # auto, and this job never ran before: a first start
+        return resolved, None
+    point = prepare(ref, resolved)
+    return point.resolved, point
+
+
+def schedule(request: TrainRequest) -> dict[str, Any]:
+    """``--launcher slurm`` (write + sbatch) or ``--launcher k8s`` (write the manifest; ``submit``:
+    apply it).  Returns what the launcher module reports (paths, job id, the text written)."""
+    cfg = request.config
+    if request.resume is not None:
+        raise UsageError(
+            f"--resume with --launcher {cfg.launcher}: a requeued or restarted job resumes by itself",
+            hint="requeue the job (scontrol requeue JOBID) or let the Kubernetes job restart; see docs/resume.md",
+        )
+    if request.extra_args:
+        raise UsageError(
+            f"raw torchtitan flags after `--` do not travel to {cfg.launcher} nodes",
+            hint="set the run through trnqwen's flags or trnqwen.toml",
+        )
+    if cfg.launcher == "slurm":
+        from trnqwen.train import slurm
+
+        if request.submit:
+            raise UsageError("--submit is for --launcher k8s: --launcher slurm always submits with sbatch")
+        return slurm.launch(cfg, dry_run=request.dry_run)
+    from trnqwen.train import k8s
+
+    return k8s.launch(cfg, dry_run=request.dry_run, submit=request.submit)
+
+
+def evaluate_after(outcome: TrainOutcome) -> Optional[dict[str, Any]]:
+    """A fine-tune that finished and exported, on node 0: validation loss of the base and the
+    export (a DPO run: preference accuracy too) when the run has a validation split; else None."""
+    plan = outcome.plan
+    if outcome.exit_code != 0 or not plan.config.finetune or outcome.exported is None or plan.config.node_rank != 0:
+        return None
+    from trnqwen.evaluate.lifecycle import validation_before_after
+
+    return validation_before_after(plan.run_dir, device=plan.device.type)
