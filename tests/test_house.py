@@ -75,6 +75,14 @@ def test_the_any_scan_sees_a_parameter_typed_any():
 
 # Every parameter typed Any today (outside cli/), by file.  Remove an entry when you type it.
 ALLOWED_ANY = frozenset({
+    # trnqwen/settings.py: a setting's default is of its field's type (any); the rest go to pydantic's Field
+    "trnqwen/settings.py:setting:default",
+    "trnqwen/settings.py:setting:field_kwargs",
+    # trnqwen/settings.py: a field's annotation (a typing form: Optional[...], Literal[...], a class)
+    "trnqwen/settings.py:_leaf_type:annotation",
+    "trnqwen/settings.py:_sub_model:annotation",
+    # trnqwen/session/training.py: the no-op hook takes whatever a hook is called with
+    "trnqwen/session/training.py:_nothing:_args",
     # trnqwen/ckpt/model_folder.py
     "trnqwen/ckpt/model_folder.py:_num:value",
     # trnqwen/ckpt/verify.py

@@ -17,13 +17,29 @@ from trnqwen.errors import TrnqwenError, UsageError
 from trnqwen.evaluate.lifecycle import held_out_check, quickstart_chat_settings
 from trnqwen.quickstart import lanes
 from trnqwen.quickstart.report import _finite, _fmt, compare_losses, write_loss_plot
-
 from trnqwen.quickstart.types import (
-    DEFAULT_FINETUNE_STEPS, DEFAULT_LOCAL_BATCH, DEFAULT_PRETRAIN_STEPS, DEFAULT_SEQ_LEN, DEFAULT_WORKDIR,
-    FINETUNE_BACKENDS, FINETUNE_LR, MARKER, OVERRIDE_EXAMPLE, OVERRIDE_LOSS_TOLERANCE, PLOT_FILE,
-    PRETRAIN_BACKEND, PRETRAIN_LR, SUMMARY_FILE, Progress, QuickstartResult, RunInfo, Stage, StageFailed, attach_result,
+    DEFAULT_FINETUNE_STEPS,
+    DEFAULT_LOCAL_BATCH,
+    DEFAULT_PRETRAIN_STEPS,
+    DEFAULT_SEQ_LEN,
+    DEFAULT_WORKDIR,
+    FINETUNE_BACKENDS,
+    FINETUNE_LR,
+    MARKER,
+    OVERRIDE_EXAMPLE,
+    OVERRIDE_LOSS_TOLERANCE,
+    PLOT_FILE,
+    PRETRAIN_BACKEND,
+    PRETRAIN_LR,
+    SUMMARY_FILE,
+    Progress,
+    QuickstartResult,
+    RunInfo,
+    Stage,
+    StageFailed,
+    attach_result,
 )
-
+from trnqwen.train.plan import TrainPlan
 
 # --- the working folder ----------------------------------------------------------------------------
 
@@ -102,7 +118,7 @@ def train_run(stage: str, info: RunInfo, cfg: Any, workdir: Path, progress: Prog
     ``pythonpath`` goes first on the ranks' ``PYTHONPATH`` (where an override module lives)."""
     from trnqwen.session.training import TrainHooks, TrainRequest, run_training
 
-    def planned(plan: Any) -> None:
+    def planned(plan: TrainPlan) -> None:
         info.run_dir = str(plan.run_dir)
         info.log = str(plan.log_path)
         info.nproc_per_node = plan.nproc_per_node
