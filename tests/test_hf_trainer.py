@@ -19,7 +19,8 @@ import pytest
 
 from tests.helpers import REPO_ROOT
 from trnqwen.runtime import hf_trainer as hft
-from trnqwen.runtime.hf_trainer import format_step_line, step_metrics
+from trnqwen.logs.stepline import format_step_line
+from trnqwen.runtime.hf_trainer_metrics import step_metrics
 from trnqwen.train.hf_trainer_spec import (
     SPEC_FILE_NAME,
     HFTrainerSpec,
