@@ -2,7 +2,7 @@
 
 The ranks' metrics stream (:mod:`trnqwen.contract.metrics_stream`, ``<run dir>/metrics.jsonl``,
 written by global rank 0 of every backend) is the source: one record per step and validation
-with every value by name, a method's included (``dpo/margin``...), so the status line and run.json
+with every value by name, a method's included (``<method>/<name>``), so the status line and run.json
 show what a record holds without knowing any method.  Only the records appended during this launch
 count (a resumed run's stream holds its earlier segments too).
 

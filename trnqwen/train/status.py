@@ -3,7 +3,7 @@
 Fed by :func:`trnqwen.train.launcher.supervise` with each step's and validation's values: the
 records of the run's metrics stream (:mod:`trnqwen.contract.metrics_stream`), or rank 0's step and
 validation lines where the ranks write no stream.  Every value of the last step that is not a core
-one (:data:`~trnqwen.contract.metrics_stream.STEP_CORE`: a method's, e.g. ``dpo/margin``) is shown
+one (:data:`~trnqwen.contract.metrics_stream.STEP_CORE`: a method's, ``<method>/<name>``) is shown
 after the loss, by the part of its name after the last ``/`` (the whole name where that part is
 taken: a core value's name, a label of the line, another value's), e.g. ``step 3/10  loss 0.6512  margin 0.352  accuracy 1.000
 ...``; a validation's own values go in its parentheses.  No method is named here.
