@@ -1,8 +1,7 @@
 """inspect-logs and the run record read a DPO run's ``[DPO]`` lines (trnqwen.logs.dpo): per-step
 rewards, margin and accuracy in the table, --json, --csv and --plot, validation records, the
 reference line; the judge checks the step-1 loss against the loss a policy equal to its reference
-has (ln 2 for sigmoid, (1/(2 beta))^2 for ipo); the launcher's status line and run.json's summary
-carry the last DPO values.  A run without DPO lines reads exactly as before."""
+has (ln 2 for sigmoid, (1/(2 beta))^2 for ipo).  A run without DPO lines reads exactly as before."""
 
 from __future__ import annotations
 
@@ -11,8 +10,6 @@ import io
 import json
 import math
 import re
-import sys
-import textwrap
 
 import pytest
 
@@ -273,59 +270,8 @@ def test_the_run_config_alone_marks_a_dpo_run():
     assert codes(found, "error") == {"dpo-reference-mismatch"}
 
 
-# --- the launcher: status line and run.json summary ---------------------------------------------
-
-
-def test_status_line_shows_accuracy_and_margin_of_a_dpo_run():
-    from trnqwen.train.status import StatusLine
-
-    out = io.StringIO()
-    line = StatusLine(stream=out, total_steps=3, dpo=True)
-    line.update({"step": 1, "loss": 0.69315, "tps": 100, "mfu": None})
-    assert out.getvalue() == ""  # waits for the step's [DPO] line
-    line.update_dpo({"step": 1, "accuracy": 0.75, "margin": 0.12})
-    line.update({"step": 2, "loss": 0.6, "tps": 100, "mfu": None})
-    line.update_dpo({"step": 2, "accuracy": 0.5, "margin": 0.2, "loss": 0.61}, validation=True)
-    line.update({"step": 3, "loss": 0.5, "tps": 100, "mfu": None})  # step 2 had no [DPO] line: printed now
-    line.clear()  # the end: step 3 printed
-    lines = out.getvalue().splitlines()
-    assert len(lines) == 3
-    assert lines[0].startswith("step 1/3  loss 0.6932  acc 0.75  margin 0.120  tok/s 100")
-    assert lines[1].startswith("step 2/3  loss 0.6000  acc 0.75  margin 0.120  val 0.6100 (step 2, acc 0.50)")
-    assert lines[2].startswith("step 3/3  loss 0.5000")
-
-
-def test_supervise_records_the_last_dpo_values_and_the_real_validation_loss(tmp_path):
-    """A stand-in for torchrun that prints a DPO run's rank-0 lines: run.json's summary gets
-    ``dpo`` (last step, last validation) and the validation's loss stays torchtitan's."""
-    from trnqwen.train import launcher
-    from trnqwen.train.status import StatusLine
-
-    script = tmp_path / "ranks.py"
-    script.write_text(textwrap.dedent(f"""
-        import sys
-        sys.stdout.write({make_log(ranks=1)!r})
-    """))
-    status_out = io.StringIO()
-    status = StatusLine(stream=status_out, total_steps=4, dpo=True)
-    result = launcher.supervise([sys.executable, str(script)], env={}, log_path=tmp_path / "train.log",
-                                status=status, handle_signals=False)
-    assert result.exit_code == 0
-    summary = result.summary()
-    assert summary["last_validation"]["loss"] == 0.56 and len(result.validations) == 2
-    assert summary["dpo"]["last_step"] == {"step": 4, **dpo_values(4)}
-    assert summary["dpo"]["last_validation"] == {"step": 4, **dpo_values(4, val=True), "loss": 0.56}
-    assert "step 4/4  loss 0.5000  acc 1.00  margin 0.120" in status_out.getvalue()
-
-
-def test_an_sft_runs_summary_has_no_dpo_key(tmp_path):
-    from trnqwen.train import launcher
-
-    script = tmp_path / "ranks.py"
-    script.write_text(f"import sys\nsys.stdout.write({make_log(ranks=1, dpo_lines=False)!r})\n")
-    result = launcher.supervise([sys.executable, str(script)], env={}, log_path=tmp_path / "train.log",
-                                handle_signals=False)
-    assert result.exit_code == 0 and "dpo" not in result.summary()
+# The launcher's status line and run.json's summary read the metrics stream, where a DPO run's
+# values are "dpo/<name>" like any method's: tests/test_stream_readers.py.
 
 
 # --- for real: torchrun, torchtitan native, 2 CPU ranks -----------------------------------------
@@ -347,13 +293,14 @@ def test_a_real_dpo_run_reads_back_and_an_edited_step1_loss_fails(tmp_path):
         "--lr", "1e-3", "--checkpoint-dir", str(tmp_path / "ck"), "--data-cache-dir", str(tmp_path / "cache"),
         "--val-split", "0.1", "--val-every", "3", "--no-export-hf", "--tensorboard", cwd=tmp_path, env=env, timeout=900)
     assert run.code == 0, run.text[-4000:]
-    # the live status line (not a terminal: one line per step, after its [DPO] line)
+    # the live status line (not a terminal: one line per step, from the step's stream record)
     status = [ln for ln in run.err.splitlines() if ln.startswith("step ")]
-    assert len(status) == 3 and all("  acc " in ln and "  margin " in ln for ln in status), run.err
+    assert len(status) == 3 and all("  accuracy " in ln and "  margin " in ln for ln in status), run.err
     run_dir = next((tmp_path / ".trnqwen" / "runs").glob("*-native"))
     summary = json.loads((run_dir / "run.json").read_text())["extra"]["summary"]
-    assert summary["dpo"]["last_step"]["step"] == 3 and set(dpo.FIELDS) <= set(summary["dpo"]["last_step"])
-    assert summary["dpo"]["last_validation"]["step"] == 3 and summary["last_validation"]["loss"] is not None
+    method_values = {f"dpo/{name}" for name in ("rewards_chosen", "rewards_rejected", "margin", "accuracy")}
+    assert summary["last_step"]["step"] == 3 and method_values <= set(summary["last_step"])
+    assert summary["last_validation"]["step"] == 3 and summary["last_validation"]["loss"] is not None
 
     logs = run_subprocess("inspect-logs", str(run_dir), "--json", cwd=tmp_path, env=env, timeout=300)
     assert logs.code == 0, logs.text

@@ -19,7 +19,8 @@ import pytest
 
 from tests.helpers import REPO_ROOT
 from trnqwen.runtime import hf_trainer as hft
-from trnqwen.runtime.hf_trainer import format_step_line, step_metrics
+from trnqwen.contract.stepline import format_step_line
+from trnqwen.runtime.hf_trainer_metrics import step_metrics
 from trnqwen.contract.hf_trainer_spec import (
     SPEC_FILE_NAME,
     HFTrainerSpec,
@@ -203,6 +204,74 @@ def test_step_metrics():
     assert step_metrics(4096, 2.0, 10**9, None)[2] is None
 
 
+class _State:
+    def __init__(self, step: int, zero: bool = True):
+        self.global_step, self.is_world_process_zero = step, zero
+
+
+def _recorder(tmp_path, lines: list):
+    from trnqwen.contract.metrics_stream import MetricsWriter
+    from trnqwen.runtime.hf_trainer_metrics import StepRecorder
+
+    return StepRecorder(tokens_per_step=256, flops_token=10**6, peak_flops=None, device="cpu", memory_bytes=None,
+                        writer=MetricsWriter(tmp_path / "metrics.jsonl"), meta={"backend": "hf-trainer"},
+                        log=lines.append, print_line=lines.append)
+
+
+def test_the_recorder_writes_a_record_per_step_with_the_methods_values_and_prints_the_line(tmp_path):
+    """One record per logged step: the core values, the measured ones the trainer put in the logs
+    and every logged ``<method>/<name>`` (an invented one too); the step line prints the same loss."""
+    from trnqwen.contract.metrics_stream import STEP_CORE, read_stream
+    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.runtime.hf_trainer_metrics import metrics_trainer_class
+
+    lines: list[str] = []
+    rec = _recorder(tmp_path, lines)
+    rec.on_train_begin(None, _State(0), None)
+    rec.on_step_begin(None, _State(0), None)  # no scheduler: lr unknown until one is given
+    rec.seconds, rec.lr = 0.5, 2e-4
+
+    class Base:
+        def log(self, logs):
+            self.seen = logs
+            rec.on_log(None, _State(1), None, logs=logs)
+
+    trainer = metrics_trainer_class(Base, rec)()
+    trainer.log({"loss": 0.6931471, "grad_norm": 0.25, "learning_rate": 1.9e-4, "epoch": 0.1,
+                 "dpo/margin": 0.0, "dpo/accuracy": 0.0, "x/novel": 3.5})
+    assert trainer.seen["tps"] == 512 and trainer.seen["lr"] == 2e-4 and "mfu" not in trainer.seen  # TensorBoard's
+    header, step = read_stream(tmp_path / "metrics.jsonl")
+    assert header.kind == "header" and header.meta == {"backend": "hf-trainer"}
+    assert step.kind == "step" and step.step == 1 and set(STEP_CORE) <= set(step.values)
+    assert step.values["loss"] == 0.6931471 and step.values["lr"] == 2e-4 and step.values["mfu"] is None
+    assert (step.values["dpo/margin"], step.values["x/novel"]) == (0.0, 3.5) and "epoch" not in step.values
+    line = parse_step_line(lines[-1])
+    assert line["step"] == 1 and line["loss"] == round(step.values["loss"], 5) and line["tps"] == 512
+
+    # a validation: its line now, its record with the evaluation's method values under the steps' names
+    rec.validation(1, 0.75, 100.0)
+    assert lines[-1].startswith("validate step:  1  loss:  0.7500")
+    rec.on_evaluate(None, _State(1), None, metrics={"eval_loss": 0.75, "eval_dpo_margin": 0.5, "eval_x/novel": 4.0})
+    rec.on_log(None, _State(1), None, logs={"eval_loss": 0.75})  # not a step
+    rec.on_train_end(None, _State(1), None)
+    validation = read_stream(tmp_path / "metrics.jsonl")[-1]
+    assert validation.kind == "validation" and validation.step == 1
+    assert validation.values["loss"] == 0.75 and validation.values["tps"] == 100.0
+    assert validation.values["dpo/margin"] == 0.5 and validation.values["x/novel"] == 4.0
+    assert len(read_stream(tmp_path / "metrics.jsonl")) == 3
+
+
+def test_the_recorder_writes_nothing_off_rank_0(tmp_path, monkeypatch):
+    from trnqwen.contract.metrics_stream import PATH_ENV, MetricsWriter
+
+    monkeypatch.setenv(PATH_ENV, str(tmp_path / "metrics.jsonl"))
+    assert MetricsWriter.from_env(rank=1).enabled is False and MetricsWriter.from_env(rank=0).enabled
+    lines: list[str] = []
+    rec = _recorder(tmp_path, lines)
+    rec.on_log(None, _State(1, zero=False), None, logs={"loss": 1.0})
+    assert lines == [] and not (tmp_path / "metrics.jsonl").exists()
+
+
 def test_flops_per_token_matches_torchtitans_dense_formula():
     torch = pytest.importorskip("torch")
     from torchtitan.models.utils import get_dense_model_nparams_and_flops
@@ -340,6 +409,7 @@ def test_torchrun_two_ranks_finetune_logs_and_checkpoint(torchrun_finetune, tiny
     for m in steps:
         assert 0 < m["loss"] < 2 * math.log(vocab) and math.isfinite(m["grad_norm"]) and m["grad_norm"] > 0
         assert m["tps"] > 0 and m["memory_gib"] > 0 and m["mfu"] is None  # CPU: no peak FLOP/s known
+    assert not list(work.rglob("metrics.jsonl"))  # a by-hand torchrun (no TRNQWEN_METRICS_PATH) writes no stream
     print(f"hf-trainer 2-rank CPU fine-tune, {STEPS} steps: {seconds:.1f} s wall")
 
 
@@ -426,3 +496,30 @@ def test_trnqwen_train_hf_trainer_end_to_end(cli_finetune, tiny_assets):
     assert summary["checkpoint_loaded"] and summary["checkpoint_saved"]
     assert summary["model_params"] == report["num_parameters"]
     print(f"trnqwen train --backend hf-trainer, 2 CPU ranks, {STEPS} steps: {seconds:.1f} s wall")
+
+
+@pytest.mark.slow
+def test_trnqwen_train_hf_trainer_writes_the_metrics_stream(cli_finetune):
+    """The launcher's run dir has rank 0's stream: one step record per step, each loss the step
+    line's; run.json's summary and the status line come from it."""
+    from trnqwen.contract.metrics_stream import STEP_CORE, read_stream
+    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.rundir import last_run_dir
+
+    proc, work, _ = cli_finetune
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    run_dir = last_run_dir(work / ".trnqwen" / "runs")
+    records = read_stream(run_dir / "metrics.jsonl")
+    assert records[0].kind == "header" and records[0].meta["backend"] == "hf-trainer"
+    steps = [r for r in records if r.kind == "step"]
+    assert [r.step for r in steps] == list(range(1, STEPS + 1)) and len(records) == STEPS + 1
+    lines = {m["step"]: m for m in map(parse_step_line, (run_dir / "train.log").read_text().splitlines()) if m}
+    assert sorted(lines) == list(range(1, STEPS + 1))
+    for r in steps:
+        assert set(r.values) == set(STEP_CORE), r.values
+        assert lines[r.step]["loss"] == round(r.values["loss"], 5) and lines[r.step]["lr"] == r.values["lr"]
+        assert r.values["mfu"] is None and r.values["tps"] > 0 and r.values["memory_gib"] > 0
+    summary = json.loads((run_dir / "run.json").read_text())["extra"]["summary"]
+    assert summary["last_step"] == {"step": STEPS, **steps[-1].values}
+    status = [ln for ln in proc.stderr.splitlines() if ln.startswith("step ")]
+    assert status[-1].startswith(f"step {STEPS}/{STEPS}  loss {steps[-1].values['loss']:.4f}  tok/s "), status

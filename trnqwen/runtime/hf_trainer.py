@@ -17,7 +17,9 @@ when the installed transformers has it and the device can run it.  On CPU severa
 plain DDP over gloo (see :func:`choose_strategy`).
 
 Its step lines use torchtitan's exact format (``step: N  loss: X  grad_norm: Y  memory: ZGiB(P%)
-tps: T  tflops: F  mfu: M%``) so ``inspect-logs`` reads both the same way, and the last step is
+tps: T  tflops: F  mfu: M%``) so ``inspect-logs`` reads both the same way; global rank 0 also writes
+each step and validation to the metrics stream (:mod:`trnqwen.runtime.hf_trainer_metrics`: one
+record per step with every value by name, the method's included), and the last step is
 saved as HF safetensors in torchtitan's layout (``<checkpoint_dir>/hf/step-N/model-00001-of-00001
 .safetensors`` + ``model.safetensors.index.json``) so ``verify-ckpt`` works unchanged.  Resumable
 state is the Trainer's own checkpoint (``<checkpoint_dir>/resume/checkpoint-N``: model, optimizer,
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from trnqwen.assets import INDEX_NAME, checkpoint_dtype, read_config_json
-from trnqwen.contract.stepline import format_step_line  # torchtitan's step line has one home
+from trnqwen.runtime.hf_trainer_metrics import metrics_trainer_class, step_recorder
 from trnqwen.contract.hf_trainer_spec import (
     HFTrainerSpec,
     ParallelPlan,
@@ -56,19 +58,6 @@ from trnqwen.contract.topology import topology
 
 SAFETENSORS_NAME = "model-00001-of-00001.safetensors"
 LOG_PREFIX = "[trnqwen-hf]"
-
-# --- metrics -----------------------------------------------------------------------------------
-
-
-def step_metrics(
-    tokens: int, seconds: float, flops_token: int, peak_flops: Optional[float]
-) -> tuple[float, float, Optional[float]]:
-    """(tokens/s per rank, achieved TFLOP/s per rank, MFU % or None)."""
-    tps = tokens / seconds if seconds > 0 else 0.0
-    tflops = flops_token * tps / 1e12
-    mfu = 100.0 * flops_token * tps / peak_flops if peak_flops else None
-    return tps, tflops, mfu
-
 
 # --- data --------------------------------------------------------------------------------------
 
@@ -123,35 +112,6 @@ def _log(message: str) -> None:
     now = time.time()
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f",{int(now % 1 * 1000):03d}"
     print(f"{LOG_PREFIX} {stamp} - hf_trainer - INFO - {message}", flush=True)
-
-
-def _device_memory(device: str, memory_bytes_per_rank: Optional[int]) -> tuple[float, float]:
-    """(peak GiB, % of the rank's memory).  CPU: peak RSS of this process vs. host RAM."""
-    import torch
-
-    gib = 1024**3
-    if device == "cuda":
-        used = torch.cuda.max_memory_reserved()
-        total = memory_bytes_per_rank or torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    elif device == "neuron":
-        stats = {}
-        try:
-            stats = torch.neuron.memory_stats()  # type: ignore[attr-defined]
-        except Exception:
-            pass
-        used = int(stats.get("reserved_bytes.all.peak", stats.get("allocated_bytes.all.peak", 0)) or 0)
-        total = memory_bytes_per_rank or 0
-    else:
-        import resource
-
-        used = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-        try:
-            import psutil
-
-            total = memory_bytes_per_rank or psutil.virtual_memory().total
-        except ImportError:
-            total = memory_bytes_per_rank or 0
-    return used / gib, (100.0 * used / total if total else 0.0)
 
 
 def _has_distributed_config() -> bool:
@@ -278,41 +238,6 @@ def schedule_trainer_class(base, spec: HFTrainerSpec):
             return [name for name, _ in model.named_parameters()]
 
     return TitanSchedule
-
-
-def _step_logger_callback(spec: HFTrainerSpec, plan: ParallelPlan, flops_token: int):
-    from transformers import TrainerCallback
-
-    tokens_per_step = spec.local_batch_size * spec.seq_len * plan.grad_accum  # per rank, padding included
-
-    class TorchtitanStepLines(TrainerCallback):
-        """Prints one torchtitan-format step line per optimizer step (rank 0)."""
-
-        def __init__(self):
-            self.started = None
-            self.seconds = 0.0
-            self.lr = None
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self.started = time.perf_counter()
-            scheduler = kwargs.get("lr_scheduler")  # the LR this step trains with (torchtitan logs the same)
-            self.lr = scheduler.get_last_lr()[0] if scheduler is not None else None
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if self.started is not None:
-                self.seconds = time.perf_counter() - self.started
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            logs = logs or {}
-            if "loss" not in logs or not state.is_world_process_zero:
-                return
-            tps, tflops, mfu = step_metrics(tokens_per_step, self.seconds, flops_token, spec.peak_flops_per_rank)
-            mem_gib, mem_pct = _device_memory(spec.device, spec.memory_bytes_per_rank)
-            grad_norm = float(logs.get("grad_norm", float("nan")))
-            _log(format_step_line(state.global_step, float(logs["loss"]), grad_norm, mem_gib, mem_pct, tps, tflops, mfu,
-                                  lr=self.lr))
-
-    return TorchtitanStepLines()
 
 
 def resumable(spec: HFTrainerSpec) -> bool:
@@ -510,15 +435,18 @@ def run(spec: HFTrainerSpec) -> int:
         for note in plan.notes:
             _log(note)
 
+    # the step line and the metrics stream (flops per token known once the model is loaded)
+    recorder = step_recorder(
+        tokens_per_step=spec.local_batch_size * spec.seq_len * plan.grad_accum,  # per rank, padding included
+        flops_token=0, peak_flops=spec.peak_flops_per_rank, device=spec.device, memory_bytes=spec.memory_bytes_per_rank,
+        meta={"backend": "hf-trainer", **({"method": spec.method} if getattr(spec, "method", None) else {})},
+        log=_log, rank=rank)
+    log_validation = recorder.validation  # torchtitan's validate line + the validation record (rank 0)
     trainer_cls, eval_dataset = Trainer, None
     if spec.cache_dir:  # the launcher's token cache: torchtitan's rows, order, labels and positions
         from trnqwen.runtime import hf_trainer_data
 
         # TP ranks of one group read the same rows: the data-parallel rank is rank // tp.
-        def log_validation(step, loss, tps):
-            memory = _device_memory(spec.device, spec.memory_bytes_per_rank)
-            print(hf_trainer_data.format_validation_line(step, loss, *memory, tps), flush=True)
-
         if spec.dpo_beta is not None:  # preference pairs: the DPO rows, loss and validation
             from trnqwen.runtime import hf_trainer_dpo
 
@@ -550,6 +478,7 @@ def run(spec: HFTrainerSpec) -> int:
     model = _load_model(spec, plan, local_rank)
     model.config.use_cache = False  # no KV cache in training: transformers then detects packed position_ids
     nparams, flops_token = _model_facts(model, spec.seq_len)
+    recorder.flops_token = flops_token
     if rank == 0:
         _log(
             f"Model {getattr(model.config, 'model_type', '?')} {spec.model or Path(spec.assets_dir).name} "
@@ -569,7 +498,7 @@ def run(spec: HFTrainerSpec) -> int:
         _log(f"Training starts at step {_step_of(resume_from) + 1}")
 
     lora = spec.lora_spec()
-    callbacks = [_step_logger_callback(spec, plan, flops_token)]
+    callbacks = [recorder]
     if lora is not None:  # peft on the loaded model; the [LoRA] line and check before step 1
         from trnqwen.runtime import hf_trainer_lora
 
@@ -585,7 +514,7 @@ def run(spec: HFTrainerSpec) -> int:
 
     resume_state.install_signal_handlers()
     preemption = _resume_callback(resumable(spec))
-    trainer_cls = schedule_trainer_class(trainer_cls, spec)
+    trainer_cls = metrics_trainer_class(schedule_trainer_class(trainer_cls, spec), recorder)
     if resumable(spec):  # one checkpoint form for every strategy: DCP, resharded on load
         from trnqwen.runtime.hf_trainer_checkpoint import dcp_checkpoint_class
 

@@ -7,7 +7,8 @@ Three layers, each usable on its own:
 * :func:`rank_env` -- the environment variables trnqwen sets for the ranks (job env, the
   config module's folder on ``PYTHONPATH``, the persistent Neuron compile cache).
 * :func:`supervise` -- starts torchrun in its own session, tees its output into ``train.log`` (colour codes removed),
-  keeps a live status line, forwards Ctrl-C/SIGTERM to every rank, escalates to SIGKILL after a
+  names the run's metrics stream for the ranks and follows it (:mod:`trnqwen.train.progress`) for a
+  live status line and run.json's summary, forwards Ctrl-C/SIGTERM to every rank, escalates to SIGKILL after a
   bounded grace period, sweeps any survivor, and reports how the run ended with the root-cause
   line of a failure instead of torchrun's wall of noise.
 
@@ -28,9 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
+from trnqwen.contract.metrics_stream import PATH_ENV as METRICS_PATH_ENV
 from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, redact, redact_argv
 from trnqwen.train import stop_requests
 from trnqwen.train.multinode import rendezvous_argv
+from trnqwen.train.progress import Progress
 from trnqwen.train.status import StatusLine
 from trnqwen.train.rootcause import failure_cause
 
@@ -165,12 +168,11 @@ class LaunchResult:
     torchrun_returncode: Optional[int] = None
     wall_s: float = 0.0
     time_to_first_step_s: Optional[float] = None
-    step_times: list[float] = field(default_factory=list)  # monotonic seconds since start, per step line
+    step_times: list[float] = field(default_factory=list)  # seconds since start, per step
+    # {"step", "loss", ..., "<method>/<name>": ...} per step / validation: every value of the stream's
+    # record (trnqwen.train.progress), or the core values of rank 0's line where there is no stream
     steps: list[dict] = field(default_factory=list)
-    validations: list[dict] = field(default_factory=list)  # {"step", "loss", ...} per validation line
-    # a DPO run's last [DPO] values (trnqwen.logs.dpo): {"step", rewards_chosen, rewards_rejected, margin, accuracy, pairs}
-    dpo_last_step: Optional[dict] = None
-    dpo_last_validation: Optional[dict] = None  # ... and "loss"
+    validations: list[dict] = field(default_factory=list)
     killed_pids: list[int] = field(default_factory=list)  # survivors the sweep had to SIGKILL
 
     @property
@@ -198,8 +200,6 @@ class LaunchResult:
             "steps_logged": len(self.steps),
             "last_step": self.last_step,
             "last_validation": self.validations[-1] if self.validations else None,
-            **({"dpo": {"last_step": self.dpo_last_step, "last_validation": self.dpo_last_validation}}
-               if self.dpo_last_step or self.dpo_last_validation else {}),
         }
 
 
@@ -290,6 +290,7 @@ def supervise(
     on_step: Optional[Callable[[dict], None]] = None,
     on_start: Optional[Callable[[int], None]] = None,
     handle_signals: bool = True,
+    metrics_path: Optional[Path] = None,
 ) -> LaunchResult:
     """Run ``argv`` (torchrun) to the end and report how it ended.
 
@@ -298,6 +299,11 @@ def supervise(
     torchrun and every rank; after ``grace_s`` survivors get SIGKILL; a second Ctrl-C kills at
     once.  Exit code: 0 done, 1 failed, 130 SIGINT, 143 SIGTERM/SIGUSR1 (the caller turns a
     preemption the ranks saved into 138, one before the first step into 140: trnqwen.train.stops).
+
+    ``metrics_path`` (``<run dir>/metrics.jsonl``) goes to the ranks as ``TRNQWEN_METRICS_PATH``:
+    global rank 0 appends the run's metrics stream there, and the status line, ``on_step`` and the
+    result's steps and validations come from its records (rank 0's console lines where the ranks
+    write none).
     """
     full_env = dict(os.environ)
     full_env.update(env)
@@ -309,9 +315,12 @@ def supervise(
     # forwards only the signals of its --signals-to-handle flag, read from PET_SIGNALS_TO_HANDLE
     # (it overwrites TORCHELASTIC_SIGNALS_TO_HANDLE itself, so that variable does nothing).
     full_env[TORCHRUN_SIGNALS_VAR] = torchrun_signals(full_env.get(TORCHRUN_SIGNALS_VAR))
+    if metrics_path is not None:
+        full_env[METRICS_PATH_ENV] = str(Path(metrics_path).absolute())
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     result = LaunchResult(exit_code=EXIT_FAILED, ended_by="launch error")
+    progress = Progress(result, status=status, on_step=on_step, metrics_path=metrics_path, start=start)
     received: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -328,7 +337,7 @@ def supervise(
     try:
         return _run_supervised(
             argv, full_env=full_env, cwd=cwd, log_path=log_path, rank_log_dir=rank_log_dir, status=status,
-            grace_s=grace_s, echo=echo, on_step=on_step, on_start=on_start, start=start, result=result,
+            grace_s=grace_s, echo=echo, progress=progress, on_start=on_start, start=start, result=result,
             received=received,
         )
     finally:
@@ -347,7 +356,7 @@ def _run_supervised(
     status: Optional[StatusLine],
     grace_s: float,
     echo: Optional[Callable[[str], None]],
-    on_step: Optional[Callable[[dict], None]],
+    progress: Progress,
     on_start: Optional[Callable[[int], None]],
     start: float,
     result: LaunchResult,
@@ -375,8 +384,7 @@ def _run_supervised(
     lines_seen: list[str] = []  # bounded: early lines (tracebacks come first) + a tail
     max_kept = 5000
 
-    from trnqwen.logs.dpo import MARK as DPO_MARK, parse_line as parse_dpo_line
-    from trnqwen.logs.parse import parse_step_line, parse_validation_line, strip_ansi
+    from trnqwen.logs.parse import strip_ansi
 
     # train.log holds plain text (grep-able); the colours reach the console only when it is a terminal
     color_echo = echo is not None and bool(getattr(status.stream if status is not None else sys.stderr, "isatty", lambda: False)())
@@ -397,35 +405,7 @@ def _run_supervised(
                         del tail[: len(tail) - max_kept]
                 if echo is not None:
                     echo(line if color_echo else plain)
-                if DPO_MARK in line:  # a DPO run's values of the step (validation) just logged
-                    dpo = parse_dpo_line(line)
-                    if dpo is not None:
-                        rec = {"step": dpo[1], **dpo[2]}
-                        if dpo[0]:
-                            result.dpo_last_validation = rec
-                        else:
-                            result.dpo_last_step = rec
-                        if status is not None:
-                            status.update_dpo(rec, validation=dpo[0])
-                    continue
-                if "validate step:" in line:
-                    validation = parse_validation_line(line)
-                    if validation is not None:
-                        result.validations.append(validation)
-                        if status is not None:
-                            status.update_validation(validation)
-                    continue
-                metrics = parse_step_line(line) if "step:" in line else None
-                if metrics is not None:
-                    now = time.monotonic() - start
-                    if result.time_to_first_step_s is None:
-                        result.time_to_first_step_s = now
-                    result.step_times.append(now)
-                    result.steps.append(metrics)
-                    if status is not None:
-                        status.update(metrics)
-                    if on_step is not None:
-                        on_step(metrics)
+                progress.line(line)
 
     thread = threading.Thread(target=reader, name="trnqwen-log-reader", daemon=True)
 
@@ -462,6 +442,7 @@ def _run_supervised(
             if kill_at is not None and (time.monotonic() >= kill_at or len(received) > 1):
                 forward(signal.SIGKILL, ranks_too=True)
                 kill_at = None
+            progress.poll()
             if status is not None:
                 status.tick()
             try:
@@ -493,6 +474,7 @@ def _run_supervised(
             proc.wait()
         if thread.ident is not None:  # started
             thread.join(timeout=10)
+        progress.poll()  # the records written after the last look
         if status is not None:
             status.clear()
 

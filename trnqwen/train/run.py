@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from trnqwen.config import ResolvedConfig, RunConfig
+from trnqwen.contract import metrics_stream
 from trnqwen.env.device import DeviceInfo
 from trnqwen.env.versions import package_versions
 from trnqwen.errors import (
@@ -483,8 +484,7 @@ def _execute(
         _mark_resume(plan, record)
     grace_s = plan.config.grace_seconds if grace_s is None else grace_s
     log_offset = plan.log_path.stat().st_size if plan.log_path.is_file() else 0
-    line = StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status,
-                               dpo=plan.config.method == "dpo", mfu=plan.device.type != "cpu")
+    line = StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status, mfu=plan.device.type != "cpu")
     if echo is not None and status:
         # Log lines go above the live status line so it keeps its place at the bottom.
         echo = line.print_above
@@ -499,15 +499,9 @@ def _execute(
     ckpt_root = _abs(plan.job.checkpoint_dir, plan.cwd) if plan.job.checkpoint_dir is not None else None
     steps_before = checkpoints.step_paths(ckpt_root)
     result = launcher.supervise(
-        plan.argv,
-        env=plan.env,
-        cwd=plan.cwd,
-        log_path=plan.log_path,
-        rank_log_dir=plan.rank_log_dir,
-        status=line,
-        grace_s=grace_s,
-        echo=echo,
-        on_start=started,
+        plan.argv, env=plan.env, cwd=plan.cwd, log_path=plan.log_path, rank_log_dir=plan.rank_log_dir, status=line,
+        grace_s=grace_s, echo=echo, on_start=started,
+        metrics_path=plan.run_dir / metrics_stream.FILE_NAME,  # global rank 0 writes it (node 0's run dir)
     )
     if result.exit_code != 0 and plan.config.nnodes > 1:  # say that a peer node went away
         why = multinode.explain_failure(

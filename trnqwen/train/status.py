@@ -1,32 +1,62 @@
 """The launcher's live status line: ``step 3/10  loss 7.12  tok/s 1,234  mfu 1.2%  elapsed 0:42``.
 
-Fed by :func:`trnqwen.train.launcher.supervise` from the tee'd rank-0 stream (step lines through
-:mod:`trnqwen.contract.stepline`, a DPO run's ``[DPO]`` lines through :mod:`trnqwen.logs.dpo`, which
-add ``acc 0.75  margin 0.120`` after the loss).
+Fed by :func:`trnqwen.train.launcher.supervise` with each step's and validation's values: the
+records of the run's metrics stream (:mod:`trnqwen.contract.metrics_stream`), or rank 0's step and
+validation lines where the ranks write no stream.  Every value of the last step that is not a core
+one (:data:`~trnqwen.contract.metrics_stream.STEP_CORE`: a method's, ``<method>/<name>``) is shown
+after the loss, by the part of its name after the last ``/`` (the whole name where that part is
+taken: a core value's name, a label of the line, another value's), e.g. ``step 3/10  loss 0.6512  margin 0.352  accuracy 1.000
+...``; a validation's own values go in its parentheses.  No method is named here.
 """
 
 from __future__ import annotations
 
+import math
+import shutil
 import sys
 import threading
 import time
 from typing import Optional, TextIO
+
+from trnqwen.contract.metrics_stream import STEP_CORE, VALIDATION_CORE
+
+# the line's own labels and the core values' names: a value whose short name is one of these is
+# shown by its full name
+_TAKEN = ("step", "val", "tok/s", "elapsed", *STEP_CORE)
 
 
 def _fmt_num(value: Optional[float], spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def format_value(value: Optional[float]) -> str:
+    """A method's value, readable at any scale: ``0.352``, ``1.000``, ``12,346``, ``2.50e-05``."""
+    if value is None:
+        return "-"
+    if not math.isfinite(value):
+        return str(value)
+    if value != 0 and abs(value) < 0.001:
+        return f"{value:.2e}"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3f}"
+
+
+def extra_values(values: dict, core: tuple[str, ...] = STEP_CORE) -> list[tuple[str, Optional[float]]]:
+    """(label, value) of every value of a record that is not a core one, in the record's order."""
+    names = [k for k in values if k != "step" and k not in core]
+    shorts = [name.rsplit("/", 1)[-1] for name in names]
+    return [(short if shorts.count(short) == 1 and short not in _TAKEN else name, values[name])
+            for name, short in zip(names, shorts)]
+
+
 class StatusLine:
     """``step 3/10  loss 7.12  tok/s 1,234  mfu 1.2%  elapsed 0:42`` on stderr.
 
-    On a terminal it redraws one line; elsewhere (CI, pipes) it prints a line per new step.  With
-    ``dpo`` (a DPO run: a ``[DPO]`` line follows each step line) that line waits for the step's
-    ``[DPO]`` values, or for the next step line or the end when none comes.
+    On a terminal it redraws one line (cut to the terminal's width); elsewhere (CI, pipes) it prints
+    a line per new step.
     """
 
     def __init__(self, stream: Optional[TextIO] = None, total_steps: Optional[int] = None, enabled: bool = True,
-                 dpo: bool = False, mfu: bool = True):
+                 mfu: bool = True):
         self.stream = stream if stream is not None else sys.stderr
         self.total = total_steps
         self.enabled = enabled
@@ -34,10 +64,7 @@ class StatusLine:
         self.start = time.monotonic()
         self.last: Optional[dict] = None
         self.last_validation: Optional[dict] = None
-        self.dpo = dpo
         self.mfu = mfu  # False on CPU: there is no peak to measure against (torchtitan's MFU is 0.00%)
-        self.last_dpo: Optional[dict] = None  # the last [DPO] step values
-        self._pending = False  # a step line not printed yet (not a terminal, waiting for its [DPO] line)
         self.phase = "starting ranks"
         self._drawn = False
         self._lock = threading.Lock()
@@ -50,13 +77,11 @@ class StatusLine:
         m = self.last
         step = f"{m['step']}/{self.total}" if self.total else str(m["step"])
         parts = [f"step {step}", f"loss {_fmt_num(m.get('loss'), '.4f')}"]
-        if self.last_dpo is not None:
-            parts.append(f"acc {_fmt_num(self.last_dpo.get('accuracy'), '.2f')}  margin {_fmt_num(self.last_dpo.get('margin'), '.3f')}")
+        parts += [f"{label} {format_value(value)}" for label, value in extra_values(m)]
         if self.last_validation is not None:
             at = self.last_validation.get("step")  # often an earlier step than this line's: say which
             notes = [f"step {at}"] if at is not None else []
-            if self.last_validation.get("accuracy") is not None:
-                notes.append(f"acc {_fmt_num(self.last_validation.get('accuracy'), '.2f')}")
+            notes += [f"{label} {format_value(value)}" for label, value in extra_values(self.last_validation, VALIDATION_CORE)]
             parts.append(f"val {_fmt_num(self.last_validation.get('loss'), '.4f')}" + (f" ({', '.join(notes)})" if notes else ""))
         parts.append(f"tok/s {_fmt_num(m.get('tps'), ',.0f')}")
         parts.append(f"mfu {_fmt_num(m.get('mfu'), '.2f')}%" if self.mfu and m.get("mfu") is not None else "mfu -")
@@ -64,39 +89,17 @@ class StatusLine:
         return "  ".join(parts)
 
     def update(self, metrics: dict) -> None:
+        """A step's values (``{"step", "loss", ..., "<method>/<name>": ...}``)."""
         with self._lock:
-            if self._pending:  # the step before never got its [DPO] line
-                self._write_line()
             self.last = metrics
             if not self.enabled:
                 return
             if self.tty:
                 self._draw()
-            elif self.dpo:
-                self._pending = True
             else:
-                self._write_line()
-
-    def update_dpo(self, values: dict, *, validation: bool = False) -> None:
-        """A ``[DPO]`` line's values (``{"step", "accuracy", "margin", ...}``): the step's shown as
-        ``acc A  margin M`` (a pending line printed), a validation's as ``val X (acc A)``."""
-        with self._lock:
-            if validation:
-                if self.last_validation is not None and self.last_validation.get("step") == values.get("step"):
-                    self.last_validation = {**self.last_validation, **{k: v for k, v in values.items() if k != "loss"}}
-                else:
-                    self.last_validation = dict(values)
-            else:
-                self.last_dpo = values
-            if not self.enabled or self.last is None:
-                return
-            if self.tty:
-                self._draw()
-            elif self._pending and not validation:
                 self._write_line()
 
     def _write_line(self) -> None:
-        self._pending = False
         if self.enabled and self.last is not None:
             self.stream.write(self.text() + "\n")
             self.stream.flush()
@@ -120,8 +123,6 @@ class StatusLine:
 
     def clear(self) -> None:
         with self._lock:
-            if self._pending:
-                self._write_line()
             if self.enabled and self.tty and self._drawn:
                 self.stream.write("\r\x1b[2K")
                 self.stream.flush()
@@ -138,6 +139,7 @@ class StatusLine:
             self.stream.flush()
 
     def _draw(self) -> None:
-        self.stream.write("\r\x1b[2K" + self.text())
+        width = shutil.get_terminal_size((120, 24)).columns  # a wrapped line could not be redrawn
+        self.stream.write("\r\x1b[2K" + self.text()[: max(20, width - 1)])
         self.stream.flush()
         self._drawn = True
