@@ -154,6 +154,18 @@ def _hooks_field() -> Any:
     return field(default_factory=list)
 
 
+def _to_dict_over(base_cls: type):
+    """``to_dict`` of a config class with ``hooks`` (torchtitan's prints the config and hands it
+    to W&B as JSON): the base's, with each hook as its own ``to_dict``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = base_cls.to_dict(self)
+        out["hooks"] = [hook.to_dict() if hasattr(hook, "to_dict") else repr(hook) for hook in self.hooks]
+        return out
+
+    return to_dict
+
+
 HooksType = Annotated[list, tyro.conf.Suppress]
 
 
@@ -164,6 +176,8 @@ class TrnqwenTrainer(TrnqwenTrainerMixin, Trainer):
     class Config(Trainer.Config):
         hooks: HooksType = _hooks_field()
         """Trainer hooks (:class:`TrainerHook`): what the run's method adds in the ranks."""
+
+        to_dict = _to_dict_over(Trainer.Config)
 
 
 @functools.lru_cache(maxsize=None)
@@ -178,6 +192,7 @@ def trainer_over(owner: type) -> type:
     namespace = {
         "__annotations__": {"hooks": HooksType},
         "hooks": _hooks_field(),
+        "to_dict": _to_dict_over(base_config),
         "__module__": __name__,
         "__qualname__": f"Trnqwen{owner.__name__}.Config",
     }
@@ -200,6 +215,7 @@ def _derived_config(base_cls: type, trainer: type) -> type:
     namespace = {
         "__annotations__": {"hooks": HooksType},
         "hooks": _hooks_field(),
+        "to_dict": _to_dict_over(base_cls),
         "__module__": __name__,
         "__qualname__": f"Trnqwen{base_cls.__name__}",
     }
