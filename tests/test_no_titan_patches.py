@@ -67,7 +67,6 @@ def _is_class(path: str) -> bool:
             return False  # a module: module attributes are not class attributes
     except (ImportError, ValueError, AttributeError):
         pass
-    module_path, _, rest = path.partition(".")
     obj = None
     parts = path.split(".")
     for cut in range(len(parts) - 1, 0, -1):

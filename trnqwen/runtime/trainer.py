@@ -23,7 +23,7 @@ The order of everything trnqwen adds, in one place (:data:`HOOK_ORDER`).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Iterable, Optional
 
 import tyro
