@@ -226,3 +226,23 @@ def test_native_flavors_are_read_without_importing_torch_in_this_process(tmp_pat
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
     assert list((tmp_path / "cache" / "trnqwen").glob("qwen3-flavors-*.json"))
+
+
+def test_every_torchtitan_method_trnqwen_overrides_is_still_there():
+    """A torchtitan that renamed one would silently skip trnqwen's override (resume, preemption,
+    LoRA export, the LR and metrics stream): each must exist, and trnqwen's classes override it."""
+    import importlib
+
+    from trnqwen.runtime import trainer, trainer_checkpoint, trainer_metrics
+    from trnqwen.titan_compat import EXTENDED_03
+
+    ours = {"Trainer": trainer.TrnqwenTrainer, "CheckpointManager": trainer_checkpoint.TrnqwenCheckpointManager,
+            "MetricsProcessor": trainer_metrics.TrnqwenMetricsProcessor, "Validator": trainer.TrnqwenValidator}
+    for target, methods in EXTENDED_03.items():
+        module, _, name = target.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        for method in methods:
+            assert callable(getattr(cls, method, None)), f"{target}.{method} is gone"
+        if name in ours:
+            overridden = [m for m in methods if any(m in vars(k) for k in ours[name].__mro__ if k not in cls.__mro__)]
+            assert overridden, name

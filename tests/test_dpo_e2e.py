@@ -45,8 +45,9 @@ def dpo_runs(tmp_path_factory):
         cwd = root / backend
         cwd.mkdir()
         tensorboard = ["--tensorboard"] if backend == "hf-trainer" else []  # the Trainer's own writer gets dpo/* too
+        stream = {"TRNQWEN_METRICS_PATH": str(cwd / "metrics.jsonl")}  # the launcher's job (set here too)
         r = run_subprocess("train", "--model", "builtin:tiny-qwen3", "--assets", str(assets), "--backend", backend,
-                           *COMMON, *tensorboard, cwd=cwd, env=env, timeout=900)
+                           *COMMON, *tensorboard, cwd=cwd, env={**env, **stream}, timeout=900)
         runs[backend] = (r, cwd)
     return {"runs": runs, "assets": assets, "root": root, "env": env}
 
@@ -124,6 +125,33 @@ def test_step_one_is_ln2_on_every_backend_and_they_agree(dpo_runs):
         for step in range(1, STEPS + 1):
             a, b = losses["native"][step], losses[backend][step]
             assert abs(a - b) < 5e-3, (backend, step, losses)
+
+
+@pytest.mark.parametrize("backend", ("native", "hf-v5"))
+def test_the_torchtitan_ranks_write_the_metrics_stream_with_the_dpo_values(dpo_runs, backend):
+    """One 'step' record per step (core values + dpo/<name>), one 'validation' record, on rank 0,
+    equal to what the text log says (its [DPO] lines and step lines, at their printed precision)."""
+    from trnqwen.contract.metrics_stream import STEP_CORE, VALIDATION_CORE, latest, read_stream
+
+    _r, cwd = dpo_runs["runs"][backend]
+    records = read_stream(cwd / "metrics.jsonl")
+    assert records and records[0].kind == "header" and records[0].meta["method"] == "dpo", records[:1]
+    assert "dpo/margin" in records[0].meta["metrics"]
+    steps, vals = latest(records, "step"), latest(records, "validation")
+    assert sorted(steps) == list(range(1, STEPS + 1)) and STEPS in vals
+    assert len([r for r in records if r.kind == "step"]) == STEPS  # global rank 0 only: once per step
+    losses, dpo, dpo_val = _losses(cwd), _dpo(cwd), _dpo(cwd, validate=True)
+    for step, record in steps.items():
+        assert set(STEP_CORE) <= set(record.values), record.values
+        assert abs(record.values["loss"] - losses[step]) < 1e-5
+        assert record.values["lr"] is not None and record.values["lr"] > 0
+        for name in ("rewards_chosen", "rewards_rejected", "margin", "accuracy"):
+            printed = 1e-4 if name == "accuracy" else 1e-6  # the [DPO] line's precision
+            assert abs(record.values[f"dpo/{name}"] - dpo[step][name]) <= printed, (step, name)
+    assert sorted(vals) == sorted(dpo_val)  # one record per validation the text log shows
+    for step, record in vals.items():
+        assert set(VALIDATION_CORE) <= set(record.values)
+        assert abs(record.values["dpo/margin"] - dpo_val[step]["margin"]) <= 1e-6
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

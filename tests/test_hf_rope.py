@@ -46,16 +46,27 @@ def test_torchtitans_own_reinit_misses_qwen3_with_this_transformers():
     assert getattr(model.model.rotary_emb, "rope_init_fn", None) is None
 
 
-def test_install_wraps_init_states_once():
-    from torchtitan.experiments.transformers_modeling_backend import model as hf_backend
+def test_after_model_init_fixes_each_model_part_and_counts_it():
+    """trnqwen's trainer calls this right after torchtitan's init (no class-level patch): every
+    part's rotary buffers are recomputed, a part with none counts as a fallback."""
+    from transformers import AutoModelForCausalLM
 
     from trnqwen.runtime import hf_rope
 
-    before = hf_backend.HFTransformerModel.init_states
-    try:
-        hf_rope.install()
-        wrapped = hf_backend.HFTransformerModel.init_states
-        hf_rope.install()
-        assert hf_backend.HFTransformerModel.init_states is wrapped and wrapped is not before
-    finally:
-        hf_backend.HFTransformerModel.init_states = before
+    config = _tiny_config()
+    reference = AutoModelForCausalLM.from_config(config).model.rotary_emb.inv_freq.clone()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    model.to_empty(device="cpu")
+    model.model.rotary_emb.inv_freq.fill_(float("nan"))
+
+    class Part(torch.nn.Module):  # the Transformers backend's wrapper keeps the HF model as .model
+        def __init__(self, inner):
+            super().__init__()
+            self.model = inner
+
+    before = hf_rope.CALLS.totals()
+    hf_rope.after_model_init([Part(model), Part(torch.nn.Linear(2, 2))])
+    calls, fallbacks, modules = (a - b for a, b in zip(hf_rope.CALLS.totals(), before))
+    assert torch.equal(model.model.rotary_emb.inv_freq, reference)
+    assert (calls, fallbacks, modules) == (1, 1, 1)

@@ -85,7 +85,14 @@ def test_hf_v5_matches_the_recipe(qwen3_4b_assets, text_jsonl, tmp_path, monkeyp
     cfg = RunConfig(model="Qwen/Qwen3-4B-Instruct-2507", assets_dir=qwen3_4b_assets, backend="hf-v5",
                     dataset=str(text_jsonl), local_batch_size=1, steps=10)
     job, config = job_and_config(cfg, TRN2, tmp_path, run_dir=tmp_path / "run")
-    assert type(config).__name__ == "TransformersBackendConfig"
+    from torchtitan.experiments.transformers_modeling_backend.configs import TransformersBackendConfig
+    from torchtitan.experiments.transformers_modeling_backend.trainer import HFTransformerTrainer
+
+    from trnqwen.runtime.trainer import TrnqwenTrainerMixin
+
+    # the recipe's config, under trnqwen's Trainer over the backend's own (torchtitan extended, not patched)
+    assert isinstance(config, TransformersBackendConfig)
+    assert issubclass(config._owner, HFTransformerTrainer) and issubclass(config._owner, TrnqwenTrainerMixin)
     assert config.hf_model == str(qwen3_4b_assets.absolute())
     assert config.hf_assets_path == str(qwen3_4b_assets.absolute())
     assert config.model_spec.flavor == "full"  # transformers_modeling_backend_full()
@@ -157,7 +164,11 @@ def test_native_matches_the_recipe_on_64_ranks(qwen3_4b_assets, text_jsonl, tmp_
     cfg = RunConfig(model="Qwen/Qwen3-4B-Instruct-2507", assets_dir=qwen3_4b_assets, backend="native",
                     dataset=str(text_jsonl), steps=10, local_batch_size=1)
     job, config = job_and_config(cfg, TRN2, tmp_path)
-    assert type(config).__qualname__ == "Trainer.Config"
+    from torchtitan.trainer import Trainer
+
+    from trnqwen.runtime.trainer import TrnqwenTrainer
+
+    assert isinstance(config, Trainer.Config) and type(config) is TrnqwenTrainer.Config
     assert config.model_spec.name == "qwen3" and config.model_spec.flavor == "4B"
     inner = config.model_spec.model.layers[0].attention.inner_attention
     assert type(inner).__qualname__ == "FlexAttention.Config"  # 0.3.0 refuses "sdpa"

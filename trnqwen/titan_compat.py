@@ -18,7 +18,8 @@ releases on the package index; docs/versions.md records what each release suppor
             factory's ``module.function`` path), ``--override.imports module.function`` (one or
             more), log lines ``[Override] module.function: <fqn> <Src> -> <Dst>`` then
             ``Applied N override(s)``; the Transformers backend runs only under
-            ``spmd_backend='spmd_types'``.
+            ``spmd_backend='spmd_types'``; trnqwen's ranks extend its Configurable classes through
+            the config (:data:`EXTENDED_03`).
 
 :func:`detect` reads the installed version with importlib.metadata and probes two source files
 as text (no torch import), once per process.
@@ -100,6 +101,23 @@ TOML_API = TitanAPI(
     has_override_registry=False,
     launcher="job_config_file",
 )
+
+# What trnqwen's ranks extend through torchtitan 0.3.0's config (trnqwen.runtime.trainer*): the
+# Configurable trainer config (``Trainer.Config`` with ``checkpoint``/``metrics``/``validator``
+# sub-configs, ``config.build()``) and these methods of its classes, overridden in subclasses.
+# A torchtitan that renames one would silently skip trnqwen's override: tests/test_compat.py checks
+# each is still there (and has the parameters the override passes on).
+EXTENDED_03: dict[str, tuple[str, ...]] = {
+    "torchtitan.trainer:Trainer": ("__init__", "post_dataloading_process", "batch_generator",
+                                   "should_continue_training"),
+    "torchtitan.components.checkpointer.dcp:CheckpointManager": (
+        "__init__", "load", "_load", "save", "_save_last_step", "dcp_load", "dcp_save", "_find_load_step",
+        "_create_checkpoint_id", "_flattened_model_states_sd", "_purge_stale_checkpoints",
+    ),
+    "torchtitan.components.metrics:MetricsProcessor": ("__init__", "log", "log_validation", "close"),
+    "torchtitan.components.validate:Validator": ("__init__", "post_dataloading_process"),
+    "torchtitan.models.common.moe:GroupedExperts": ("_grouped_mm",),
+}
 
 
 def installed_version() -> Optional[str]:

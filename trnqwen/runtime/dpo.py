@@ -1,17 +1,19 @@
 """DPO inside torchtitan ranks (native and hf-v5): the loss, its batch, its log lines.
 
 The generated config module sets ``config.loss = dpo_loss_config(beta=..., loss_type=...,
-reference_dir=...)`` and points its dataloaders at the same reference folder.  That call installs
-four small wraps around torchtitan 0.3.0 (each a no-op when the loss is not DPO's):
+reference_dir=...)``, points its dataloaders at the same reference folder and passes
+:class:`DPOHook` to trnqwen's trainer (``trnqwen_config(config, hooks=[DPOHook()])``, the hook
+protocol of :mod:`trnqwen.runtime.trainer`; each a no-op when the loss is not DPO's):
 
-* ``Trainer/Validator.post_dataloading_process``: a DPO batch carries ``dpo_targets``,
+* ``on_batch`` (train and validation): a DPO batch carries ``dpo_targets``,
   ``dpo_segments`` and ``dpo_ref`` beside ``input``/``positions``; they are taken out (the model
   must not see them) and handed to the loss, which runs right after that forward;
-* ``Trainer.train``: right after the checkpoint load, the reference pass
+* ``after_checkpoint_load``: right after the checkpoint load, the reference pass
   (:mod:`trnqwen.runtime.dpo_reference`) computes the reference log-probs from the starting
   weights, or finds them on disk;
-* ``MetricsProcessor.log`` / ``log_validation``: the step's rewards, margin and accuracy, summed
-  over every rank, go to TensorBoard/W&B (``dpo/...``) and to one ``[DPO]`` line after the step line.
+* ``step_values`` / ``log_lines``: the step's (or validation's) rewards, margin and accuracy, summed
+  over every rank, go to TensorBoard/W&B and the metrics stream (``dpo/...``) and to one ``[DPO]``
+  line after the step line.
 
 The batch's ``labels`` mark one position per pair (:func:`trnqwen.runtime.dpo_loss.pair_markers`),
 so torchtitan's "valid tokens" count pairs and its ``sum / global_valid_tokens`` normalisation
@@ -28,6 +30,7 @@ import torch
 from torchtitan.components.loss import BaseLoss
 
 from trnqwen.runtime.dpo_loss import KEYS, METRICS, Meter, pair_terms, segment_logps
+from trnqwen.runtime.trainer import TrainerHook
 
 _ACTIVE: Optional["DPOLoss"] = None  # the rank's DPO loss (one trainer per process)
 
@@ -74,8 +77,7 @@ def active() -> Optional[DPOLoss]:
 
 
 def dpo_loss_config(*, beta: float, loss_type: str, reference_dir: str) -> DPOLoss.Config:
-    """The loss config for the generated module; installs the wraps the loss needs."""
-    install()
+    """The loss config for the generated module (its :class:`DPOHook` goes in ``config.hooks``)."""
     return DPOLoss.Config(beta=beta, loss_type=loss_type, reference_dir=reference_dir)
 
 
@@ -86,75 +88,43 @@ def _sum_over_ranks(tensor: torch.Tensor) -> None:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
 
 
-def _take_extras(input_dict: dict[str, Any]) -> dict[str, Any]:
-    return {k: input_dict.pop(k) for k in KEYS if k in input_dict}
+class DPOHook(TrainerHook):
+    """DPO's trainer hook (:class:`trnqwen.runtime.trainer.TrainerHook`): each a no-op when the
+    run's loss is not :class:`DPOLoss`."""
 
+    name = "dpo"
+    method = True
 
-def install() -> None:
-    from torchtitan.components import metrics
-    from torchtitan.components.validate import Validator
-    from torchtitan.tools.logging import logger
-    from torchtitan.trainer import Trainer
+    def __init__(self) -> None:
+        self.last: dict[str, Optional[dict[str, float]]] = {}
 
-    from trnqwen.logs.dpo import format_line
+    def on_batch(self, trainer: Any, input_dict: dict, mode: str) -> None:
+        extras = {k: input_dict.pop(k) for k in KEYS if k in input_dict}
+        if extras and isinstance(trainer.loss_fn, DPOLoss):
+            trainer.loss_fn.stage(extras, mode)
 
-    if getattr(Trainer.train, "_trnqwen_dpo", False):
-        return
-    trainer_post = Trainer.post_dataloading_process
-    validator_post = Validator.post_dataloading_process
-    trainer_train = Trainer.train
-    metrics_log = metrics.MetricsProcessor.log
-    metrics_log_validation = metrics.MetricsProcessor.log_validation
+    def after_checkpoint_load(self, trainer: Any) -> None:
+        if isinstance(trainer.loss_fn, DPOLoss):
+            from trnqwen.runtime import dpo_reference
 
-    def post_train(self, input_dict, labels):
-        extras = _take_extras(input_dict)
-        if extras and isinstance(self.loss_fn, DPOLoss):
-            self.loss_fn.stage(extras, "train")
-        return trainer_post(self, input_dict, labels)
+            dpo_reference.ensure(trainer)
 
-    def post_validate(self, input_dict, labels, model_parts):
-        extras = _take_extras(input_dict)
-        if extras and isinstance(self.loss_fn, DPOLoss):
-            self.loss_fn.stage(extras, "val")
-        return validator_post(self, input_dict, labels, model_parts)
-
-    def train(self):
-        if isinstance(self.loss_fn, DPOLoss):
-            load = self.checkpointer.load
-
-            def load_then_reference(*args, **kwargs):
-                out = load(*args, **kwargs)
-                from trnqwen.runtime import dpo_reference
-
-                dpo_reference.ensure(self)
-                return out
-
-            self.checkpointer.load = load_then_reference
-        return trainer_train(self)
-
-    def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+    def step_values(self, trainer: Any, mode: str) -> dict[str, float]:
         loss = _ACTIVE
-        values = loss.meters["train"].reduce(_sum_over_ranks) if loss is not None else None
-        if values:
-            extra_metrics = {**(extra_metrics or {}), **{f"dpo/{k}": values[k] for k in METRICS}}
-        out = metrics_log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
-        if values:
-            logger.info(format_line(step, values))
-        return out
+        values = loss.meters[mode].reduce(_sum_over_ranks) if loss is not None else None
+        self.last[mode] = values
+        return {k: values[k] for k in METRICS} if values else {}
 
-    def log_validation(self, loss, step, extra_metrics=None):
-        dpo = _ACTIVE
-        values = dpo.meters["val"].reduce(_sum_over_ranks) if dpo is not None else None
-        if values:
-            extra_metrics = {**(extra_metrics or {}), **{f"validation_metrics/dpo/{k}": values[k] for k in METRICS}}
-        out = metrics_log_validation(self, loss, step, extra_metrics=extra_metrics)
-        if values:
-            logger.info(format_line(step, values, validate=True))
-        return out
+    def log_lines(self, step: int, mode: str) -> list[str]:
+        from trnqwen.logs.dpo import format_line
 
-    train._trnqwen_dpo = True  # type: ignore[attr-defined]
-    Trainer.post_dataloading_process = post_train
-    Validator.post_dataloading_process = post_validate
-    Trainer.train = train
-    metrics.MetricsProcessor.log = log
-    metrics.MetricsProcessor.log_validation = log_validation
+        values = self.last.get(mode)
+        return [format_line(step, values, validate=mode == "val")] if values else []
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "rewards_chosen": "beta * (policy - reference) log-prob of the chosen answers, mean over pairs",
+            "rewards_rejected": "beta * (policy - reference) log-prob of the rejected answers, mean over pairs",
+            "margin": "rewards_chosen - rewards_rejected, mean over pairs",
+            "accuracy": "fraction of pairs whose chosen reward beats the rejected one",
+        }

@@ -9,11 +9,12 @@ on garbage frequencies.  Measured here: step-1 loss differed run to run on ident
 and data (7.678-7.719), and about one run in eight hit NaN at step 1.
 
 This recomputes ``inv_freq`` (and ``original_inv_freq``) from the module's own config with the
-same functions its ``__init__`` uses, for every rotary module torchtitan skipped.  After the
-first step the rank logs ``[OverrideCalls] trnqwen.runtime.hf_rope: calls=C fallbacks=F
-modules=M ...``: ``calls`` counts ``init_states`` calls that re-initialised at least one rotary
-module, ``modules`` how many modules were re-initialised, ``fallbacks`` ``init_states`` calls
-that found none (the fix did nothing there).
+same functions its ``__init__`` uses, for every rotary module torchtitan skipped, once each model
+part is initialised (trnqwen's trainer calls :func:`after_model_init` at the end of torchtitan's
+``Trainer.__init__``; nothing runs a forward before).  After the first step the rank logs
+``[OverrideCalls] trnqwen.runtime.hf_rope: calls=C fallbacks=F modules=M ...``: ``calls`` counts
+model parts that had at least one rotary module re-initialised, ``modules`` how many modules were
+re-initialised, ``fallbacks`` model parts that had none (the fix did nothing there).
 """
 
 from __future__ import annotations
@@ -60,23 +61,18 @@ def reinit_rotary_buffers(model: Any) -> int:
     return fixed
 
 
-def install() -> None:
-    """Wrap the Transformers backend model's ``init_states`` so the buffers are always right."""
-    from torchtitan.experiments.transformers_modeling_backend import model as hf_backend
+def arm() -> None:
+    """The ``[OverrideCalls]`` line is due after the first step (the Transformers backend's runs)."""
+    CALLS.arm()
 
-    cls = hf_backend.HFTransformerModel
-    original = cls.init_states
-    if getattr(original, "_trnqwen_rope", False):
-        return
 
-    def init_states(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        rotary = [m for m in self.model.modules() if hasattr(m, "inv_freq") and hasattr(m, "config")]
-        if reinit_rotary_buffers(self.model):
+def after_model_init(model_parts: list) -> None:
+    """Re-initialise the rotary buffers of each model part torchtitan just initialised (trnqwen's
+    trainer, :mod:`trnqwen.runtime.trainer`, calls this right after torchtitan's ``__init__``)."""
+    for part in model_parts:
+        model = getattr(part, "model", part)
+        rotary = [m for m in model.modules() if hasattr(m, "inv_freq") and hasattr(m, "config")]
+        if reinit_rotary_buffers(model):
             CALLS.ran(*rotary)
         else:
             CALLS.fell_back("init_states found no rotary module with inv_freq and config to re-initialise")
-
-    init_states._trnqwen_rope = True  # type: ignore[attr-defined]
-    cls.init_states = init_states
-    CALLS.arm()

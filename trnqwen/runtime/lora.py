@@ -14,9 +14,11 @@ The generated config module calls :func:`attach_lora` (trnqwen.train.lora render
 * wraps ``post_optimizer_build_fn`` to prove what the optimizer updates: one ``[LoRA]`` line per
   rank (``trainable N of M parameters (P%)``), and a stop before step 1 when anything but the
   adapters is trainable;
-* patches the checkpointer: the initial HF load skips adapter keys (the base checkpoint has none),
-  and the HF export at the last step is the PEFT adapter (:mod:`trnqwen.contract.peft_adapter`) instead of the
-  base model, which torchtitan's Qwen3 ``to_hf`` would write silently without the adapter.
+* tells trnqwen's checkpointer (:mod:`trnqwen.runtime.trainer_checkpoint`, chosen by the config):
+  the initial HF load skips adapter keys (:func:`without_adapters`: the base checkpoint has none),
+  and the HF export at the last step is the PEFT adapter (:func:`export_adapter`,
+  :mod:`trnqwen.contract.peft_adapter`) instead of the base model, which torchtitan's Qwen3 ``to_hf`` would
+  write silently without the adapter.
 
 Resumable checkpoints (DCP) keep base + adapters + optimizer state, so ``--resume`` is exact.
 """
@@ -30,7 +32,7 @@ from typing import Any, Optional
 from trnqwen.contract.peft_adapter import adapter_init, clean_fqn, hf_module_of_titan
 from trnqwen.contract.lora import LOG_MARK, LoraSpec, log_line, titan_target_names
 
-_state: dict[str, Any] = {"spec": None, "backend": None, "patched": False, "exported": 0}
+_state: dict[str, Any] = {"spec": None, "backend": None, "exported": 0}
 ADAPTER_KEY = re.compile(r"(^|\.)(lora_a|lora_b|lora_A|lora_B)(\.|$)")
 
 
@@ -57,7 +59,6 @@ def attach_lora(config: Any, spec_json: str, *, backend: str) -> Any:
         model_spec.model = converter.convert(model_spec.model)
     model_spec.parallelize_fn = _wrap_parallelize(model_spec.parallelize_fn, spec, backend)
     model_spec.post_optimizer_build_fn = _wrap_post_optimizer(model_spec.post_optimizer_build_fn, spec)
-    _patch_checkpointer()
     return config
 
 
@@ -280,27 +281,15 @@ def report_trainable(optimizers: Any, model_parts: list, spec: LoraSpec) -> None
 # --- checkpoints ----------------------------------------------------------------------------------
 
 
-def _patch_checkpointer() -> None:
-    if _state["patched"]:
-        return
-    _state["patched"] = True
-    from torchtitan.components.checkpointer.dcp import CheckpointManager
+def without_adapters(state_dict: dict) -> dict:
+    """The state dict to ask of the published HF base: it has no adapter keys, so the adapters keep
+    their init (trnqwen's checkpointer, :mod:`trnqwen.runtime.trainer_checkpoint`, calls this)."""
+    return {k: v for k, v in state_dict.items() if not is_adapter_key(k)}
 
-    original_load = CheckpointManager.dcp_load
-    original_save = CheckpointManager.dcp_save
 
-    def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized):
-        if from_hf:  # the published base has no adapter keys: load the base, keep the adapters' init
-            state_dict = {k: v for k, v in state_dict.items() if not is_adapter_key(k)}
-        return original_load(self, state_dict, checkpoint_id, from_hf, from_quantized)
-
-    def dcp_save(self, state_dict, checkpoint_id, *args, to_hf: bool = False, **kwargs):
-        if not to_hf or _state["spec"] is None:
-            return original_save(self, state_dict, checkpoint_id, *args, to_hf=to_hf, **kwargs)
-        return export_adapter(self, checkpoint_id)
-
-    CheckpointManager.dcp_load = dcp_load
-    CheckpointManager.dcp_save = dcp_save
+def active() -> bool:
+    """Whether this rank trains LoRA adapters (its HF export is then the PEFT adapter folder)."""
+    return _state["spec"] is not None
 
 
 def export_adapter(manager: Any, folder: str) -> None:

@@ -1,8 +1,9 @@
 """Inside torchtitan ranks: the learning rate at the end of each step line.
 
 torchtitan 0.3.0 logs the LR of each step only to TensorBoard/W&B (``lr/<optimizer>`` in the
-metrics passed to ``MetricsProcessor.log``); its console line has no LR.  :func:`install` wraps
-``MetricsProcessor.log`` so that, while it runs, a filter on torchtitan's logger appends
+metrics passed to ``MetricsProcessor.log``); its console line has no LR.  trnqwen's metrics
+processor (:mod:`trnqwen.runtime.trainer_metrics`) runs torchtitan's ``log`` inside
+:func:`appended_to_step_line`: while it runs, a filter on torchtitan's logger appends
 ``  lr: <value>`` (:func:`trnqwen.contract.stepline.lr_text`) to the step line it prints.  The value is
 the one the step trained with (torchtitan reads it before ``optimizer.step()``), as the Trainer
 backend prints it, so every backend's log carries the same column.  Only ranks import this.
@@ -11,6 +12,8 @@ backend prints it, so every backend's log carries the same column.  Only ranks i
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 
 class _AppendLR(logging.Filter):
@@ -25,26 +28,25 @@ class _AppendLR(logging.Filter):
         return True
 
 
-def install() -> None:
-    from torchtitan.components import metrics
+def learning_rate(extra_metrics: Optional[dict]) -> Optional[float]:
+    """The step's learning rate among torchtitan's extra metrics (``lr/<optimizer>``), None if absent."""
+    lrs = [v for k, v in (extra_metrics or {}).items() if k.startswith("lr/")]
+    return float(lrs[0]) if lrs else None
+
+
+@contextmanager
+def appended_to_step_line(lr: Optional[float]) -> Iterator[None]:
+    """While torchtitan prints the step line, it ends with ``  lr: <value>`` (nothing without an LR)."""
+    if lr is None:
+        yield
+        return
     from torchtitan.tools.logging import logger
 
     from trnqwen.contract.stepline import lr_text
 
-    original = metrics.MetricsProcessor.log
-    if getattr(original, "_trnqwen", False):
-        return
-
-    def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
-        lrs = [v for k, v in (extra_metrics or {}).items() if k.startswith("lr/")]
-        if not lrs:
-            return original(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
-        appender = _AppendLR(lr_text(float(lrs[0])))
-        logger.addFilter(appender)
-        try:
-            return original(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra_metrics)
-        finally:
-            logger.removeFilter(appender)
-
-    log._trnqwen = True  # type: ignore[attr-defined]
-    metrics.MetricsProcessor.log = log
+    appender = _AppendLR(lr_text(lr))
+    logger.addFilter(appender)
+    try:
+        yield
+    finally:
+        logger.removeFilter(appender)

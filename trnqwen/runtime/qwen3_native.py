@@ -106,32 +106,42 @@ def set_rope_theta(model_spec: Any, theta: float) -> None:
 MOE_TAG = "[MoE]"
 
 
+_EXPERTS: dict = {"note": None, "done": False}
+
+
 def log_experts_path(num_experts: int, top_k: int, balance_note: str) -> None:
-    """Wrap torchtitan's ``GroupedExperts._grouped_mm`` (its documented seam) so the first call in
-    this rank logs which grouped GEMM ran, on which device and dtype, with the load balancing in
-    force.  Idempotent; the wrapper only observes (same op, same arguments)."""
+    """Ask for the ``[MoE]`` line in this rank: the first grouped GEMM logs which one ran, on which
+    device and dtype, with the load balancing in force.  The config module calls this; trnqwen's
+    trainer (:mod:`trnqwen.runtime.trainer`) then calls :func:`observe_experts` on the built model."""
+    _EXPERTS["note"] = (num_experts, top_k, balance_note)
+
+
+def observe_experts(model_parts: list) -> int:
+    """Give each of torchtitan's ``GroupedExperts`` modules an observing ``_grouped_mm`` (its
+    documented seam, set on the instance: same op, same arguments); the first call of the rank
+    logs the ``[MoE]`` line.  Nothing unless :func:`log_experts_path` asked; returns the count."""
+    if _EXPERTS["note"] is None:
+        return 0
     import logging
     import os
+    import types
 
     from torchtitan.models.common.moe import GroupedExperts
 
-    original = GroupedExperts._grouped_mm
-    if getattr(original, "_trnqwen_logged", False):
-        GroupedExperts._grouped_mm._trnqwen_note = (num_experts, top_k, balance_note)
-        return
-    state = {"done": False}
-
     def _grouped_mm(self, *, A, B_t, offs):
-        if not state["done"]:
-            state["done"] = True
-            experts, k, note = wrapper._trnqwen_note
+        if not _EXPERTS["done"]:
+            _EXPERTS["done"] = True
+            experts, k, note = _EXPERTS["note"]
             logging.getLogger().info(
                 f"{MOE_TAG} experts: torch._grouped_mm on {A.device.type} ({A.dtype}, torchtitan GroupedExperts; "
                 f"{experts} experts, top-{k}); load balancing: {note or 'none'} rank={os.environ.get('RANK', '0')}"
             )
-        return original(self, A=A, B_t=B_t, offs=offs)
+        return type(self)._grouped_mm(self, A=A, B_t=B_t, offs=offs)
 
-    wrapper = _grouped_mm
-    wrapper._trnqwen_logged = True
-    wrapper._trnqwen_note = (num_experts, top_k, balance_note)
-    GroupedExperts._grouped_mm = wrapper
+    count = 0
+    for part in model_parts:
+        for module in part.modules():
+            if isinstance(module, GroupedExperts):
+                module._grouped_mm = types.MethodType(_grouped_mm, module)
+                count += 1
+    return count

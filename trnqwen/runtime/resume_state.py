@@ -1,6 +1,8 @@
 """Inside each rank: exact resume and preemption for torchtitan runs (docs/resume.md).
 
-:func:`install` adapts torchtitan 0.3.0's checkpointer and trainer before the trainer is built:
+trnqwen's ``CheckpointManager`` and ``Trainer`` subclasses (:mod:`trnqwen.runtime.trainer_checkpoint`,
+:mod:`trnqwen.runtime.trainer`, chosen by the generated config) call the functions here; :func:`install`
+only installs the signal handlers:
 
 * **RNG in the checkpoint.**  torchtitan saves model, optimizer, LR schedule, dataloader
   position and step, not the random generators; each rank's torch / Python / NumPy (and device)
@@ -186,99 +188,59 @@ def _maybe_inject_fault(step: int) -> None:
         signal.raise_signal(signal.SIGUSR1)
 
 
-# --- torchtitan patches ---------------------------------------------------------------------------
+# --- what trnqwen's checkpointer and trainer ask (trnqwen.runtime.trainer_checkpoint, .trainer) ------
 
 
 def install() -> None:
-    """Patch torchtitan's CheckpointManager and Trainer (idempotent)."""
+    """Install the preemption signal handlers (idempotent); the checkpointer and trainer
+    subclasses chosen by trnqwen's config (:mod:`trnqwen.runtime.trainer`) do the rest."""
     if _state["installed"]:
         return
     _state["installed"] = True
-    from torchtitan.components.checkpointer import dcp as titan_dcp
-    from torchtitan.components.checkpointer.dcp import AsyncMode, CheckpointManager
-    from torchtitan.trainer import Trainer
-
-    from trnqwen.contract.checkpoint_layout import export_root, root_of_resume_folder
-
-    original_init = CheckpointManager.__init__
-    original_save_last = CheckpointManager._save_last_step
-    original_save = CheckpointManager.save
-    original_load = CheckpointManager._load
-    original_continue = Trainer.should_continue_training
-    original_batch_generator = Trainer.batch_generator
-
-    def __init__(self, config, **kwargs):
-        original_init(self, config, **kwargs)
-        if self.enable:
-            self.states[RNG_KEY] = RankRNG(_rank())
-
-    def _full_save(self, step: int) -> str:
-        checkpoint_id = self._create_checkpoint_id(step)
-        self.dcp_save(
-            self._flattened_model_states_sd(), checkpoint_id=checkpoint_id,
-            async_mode=AsyncMode.DISABLED, enable_garbage_collection=True,
-        )
-        self._purge_stale_checkpoints()
-        return checkpoint_id
-
-    def _save_last_step(self, curr_step: int) -> None:
-        root = root_of_resume_folder(self.folder)
-        if root is None:  # not trnqwen's layout (a hand-edited config): torchtitan's behaviour
-            return original_save_last(self, curr_step)
-        _full_save(self, curr_step)  # resumable: `--resume --steps M` can extend a finished run
-        if not self.last_save_model_only:
-            return None
-        resume_folder = self.folder
-        self.folder = str(export_root(root))  # the export goes beside, never among, resume points
-        try:
-            return original_save_last(self, curr_step)
-        finally:
-            self.folder = resume_folder
-
-    def save(self, curr_step: int, last_step: bool = False) -> bool:
-        _maybe_inject_fault(curr_step)
-        saved = original_save(self, curr_step, last_step)
-        if last_step or not _everyone_stops():
-            return saved
-        name = signal.Signals(_state["signal"]).name if _state["signal"] else "a peer rank's signal"
-        where = self._create_checkpoint_id(curr_step) if saved else (_full_save(self, curr_step) if self.enable else None)
-        _state["stop"] = True
-        if _rank() == 0:
-            text = f"saved a resumable checkpoint of step {curr_step} to {where}" if where else "checkpointing is off: nothing saved"
-            _log(f"{PREEMPTED_MARK} {name} at step {curr_step}; {text}")
-        return True
-
-    def _load(self, step: int = -1) -> bool:
-        import torch.distributed.checkpoint  # noqa: F401  (FileSystemReader)
-
-        load_step = self._find_load_step() if step == -1 else step
-        if load_step > 0:
-            saved = saved_world_size(self._create_checkpoint_id(load_step))
-            if saved is not None and saved != _world():
-                skip = [k for k in ("dataloader", RNG_KEY) if k in self.states and k not in self.exclude_from_loading]
-                self.exclude_from_loading = [*self.exclude_from_loading, *skip]
-                if _rank() == 0:
-                    _log(
-                        f"{RESHARD_MARK} step {load_step} was saved by {saved} rank(s), resuming on {_world()}: "
-                        "model, optimizer, LR schedule and step reshard exactly; the data position and RNG "
-                        "cannot, so each rank starts its new data shard from the beginning (docs/resume.md)"
-                    )
-        return original_load(self, step)
-
-    def should_continue_training(self) -> bool:
-        return not _state["stop"] and original_continue(self)
-
-    def batch_generator(self, data_iterable):
-        return original_batch_generator(self, _RngNeutralIterable(data_iterable))
-
-    CheckpointManager.__init__ = __init__
-    CheckpointManager._save_last_step = _save_last_step
-    CheckpointManager.save = save
-    CheckpointManager._load = _load
-    Trainer.should_continue_training = should_continue_training
-    Trainer.batch_generator = batch_generator
-    del titan_dcp
     install_signal_handlers()
+
+
+def rank() -> int:
+    return _rank()
+
+
+def log(message: str) -> None:
+    _log(message)
+
+
+def everyone_stops() -> bool:
+    return _everyone_stops()
+
+
+def maybe_inject_fault(step: int) -> None:
+    _maybe_inject_fault(step)
+
+
+def request_stop() -> None:
+    """The loop stops after this step (every rank agreed a preemption signal came)."""
+    _state["stop"] = True
+
+
+def rng_neutral(data_iterable: Any) -> Any:
+    """The dataloader, iterated without moving the global torch RNG (see the module doc)."""
+    return _RngNeutralIterable(data_iterable)
+
+
+def skip_on_world_change(checkpoint_id: str, load_step: int, states: dict, excluded: list) -> list[str]:
+    """The per-rank states a checkpoint saved by another world size cannot restore (logged once)."""
+    import torch.distributed.checkpoint  # noqa: F401  (FileSystemReader)
+
+    saved = saved_world_size(checkpoint_id)
+    if saved is None or saved == _world():
+        return []
+    skip = [k for k in ("dataloader", RNG_KEY) if k in states and k not in excluded]
+    if _rank() == 0:
+        _log(
+            f"{RESHARD_MARK} step {load_step} was saved by {saved} rank(s), resuming on {_world()}: "
+            "model, optimizer, LR schedule and step reshard exactly; the data position and RNG "
+            "cannot, so each rank starts its new data shard from the beginning (docs/resume.md)"
+        )
+    return skip
 
 
 def signal_name() -> str:

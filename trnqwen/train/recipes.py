@@ -15,6 +15,10 @@ Each backend builds its config the way the published recipe does by hand
 ``--finetune`` loads the assets in HF format (model only) and saves the last step in HF format
 (model only) to ``<checkpoint_dir>/hf/step-N/``; resumable DCP checkpoints go to
 ``<checkpoint_dir>/resume/step-N/`` (:mod:`trnqwen.contract.checkpoint_layout`).  Version differences come from :mod:`compat`.
+
+Every module ends with ``return trnqwen_config(config, hooks=[...])``: the same values under
+trnqwen's Trainer, checkpointer, metrics processor and validator (torchtitan's classes extended
+through its config: :mod:`trnqwen.runtime.trainer`), with the method's trainer hooks.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ CONFIG_MODULE = "trnqwen_run_config"
 CONFIG_FNS = {"hf-v5": "trnqwen_hf_v5", "native": "trnqwen_native", "nki-moe": "trnqwen_nki_moe"}
 ENTRY_MODULE = "trnqwen.runtime.entry"
 CPU_ATTENTION_OVERRIDE = "trnqwen.runtime.cpu_attention.cpu_dense_attention"
+TRAINER_IMPORT = "from trnqwen.runtime.trainer import trnqwen_config"
+DPO_HOOK_IMPORT = "from trnqwen.runtime.dpo import DPOHook"
 NKI_MOE_MODULE = "torchtitan_neuron.models.qwen3.config_registry"
 NKI_MOE_FN = "qwen3_nki_moe_config"
 NKI_MOE_FLAVOR = "30B-A3B"
@@ -349,6 +355,7 @@ def _render(plan: Plan) -> str:
     imports: list[str] = []
     body: list[str] = []  # lines of the config function, after the base call
     head_lines: list[str] = []
+    hooks: list[str] = []  # trainer hooks (trnqwen.runtime.trainer.TrainerHook) the config passes in
 
     def imp(line: str) -> None:
         if line not in imports:
@@ -451,6 +458,8 @@ def _render(plan: Plan) -> str:
         for line in dpo_imports:
             imp(line)
         body += dpo_lines
+        imp(DPO_HOOK_IMPORT)
+        hooks.append("DPOHook()")  # its batch fields, reference pass, [DPO] lines and values
     body += [
         f"config.training.steps = {sched.steps}",
         f"config.training.local_batch_size = {cfg.local_batch_size}",
@@ -515,13 +524,16 @@ def _render(plan: Plan) -> str:
         + (" --trnqwen-device cpu" if plan.device.type == "cpu" else "")
         + '\n"""'
     )
+    imp(TRAINER_IMPORT)
     lines = [doc, "", *sorted(imports, key=_import_key), "", ""]
     if head_lines:
         lines += head_lines + ["", ""]
     lines.append(f"def {fn}():")
     lines.append(f"    config = {base}")
     lines += [f"    {line}" if line else "" for line in body]
-    lines.append("    return config")
+    # trnqwen's Trainer, checkpointer, metrics processor and validator: torchtitan's own classes
+    # extended (resume, preemption, LR on the step line, LoRA export, metrics stream, the hooks)
+    lines.append(f"    return trnqwen_config(config, hooks=[{', '.join(hooks)}])")
     return "\n".join(lines) + "\n"
 
 

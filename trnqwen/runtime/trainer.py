@@ -1,0 +1,316 @@
+"""trnqwen's torchtitan Trainer: torchtitan extended through its own config, never patched.
+
+torchtitan 0.3.0 builds everything from ``Configurable`` configs: ``torchtitan.train.main`` parses
+``--module/--config`` plus CLI overrides into the config the module's function returns (tyro parses
+into *that* config's own class, so a subclass config keeps working with every ``--section.key``
+flag) and runs ``config.build()``.  The generated config module ends with
+``return trnqwen_config(config, hooks=[...])``: :func:`trnqwen_config` turns torchtitan's config
+into the same values under trnqwen's classes, so that ``build()`` makes
+
+* :class:`TrnqwenTrainer` (or, for the Transformers backend, the same mixin over torchtitan's
+  ``HFTransformerTrainer``; any other trainer a base config names gets the mixin the same way),
+* :class:`~trnqwen.runtime.trainer_checkpoint.TrnqwenCheckpointManager` (``config.checkpoint``),
+* :class:`~trnqwen.runtime.trainer_metrics.TrnqwenMetricsProcessor` (``config.metrics``),
+* :class:`TrnqwenValidator` (``config.validator``).
+
+Trainer hooks (:class:`TrainerHook`) are what a training method adds in the ranks (DPO:
+:class:`trnqwen.runtime.dpo.DPOHook`); the generated module imports them and passes them in
+``config.hooks``, so this package never imports a method.
+
+The order of everything trnqwen adds, in one place (:data:`HOOK_ORDER`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Iterable, Optional
+
+import tyro
+from torchtitan.components.validate import Validator
+from torchtitan.trainer import Trainer
+
+from trnqwen.runtime import resume_state
+
+HOOK_ORDER = (
+    # building (TrnqwenTrainer.__init__)
+    "config: override imports expanded for this torchtitan (titan_compat), CPU attention override added "
+    "(--trnqwen-device cpu), before torchtitan applies the overrides",
+    "torchtitan's Trainer.__init__ (model, optimizer, checkpointer, metrics, validator: trnqwen's subclasses)",
+    "hf-v5: rotary buffers re-initialised after the model's init (runtime.hf_rope)",
+    "MoE: the first grouped GEMM of each rank logs the [MoE] line (runtime.qwen3_native)",
+    "metrics processor, validator and checkpointer get the trainer's hooks; hook.on_init(trainer)",
+    # train(): torchtitan's loop
+    "checkpoint load: world-size change skips data position + RNG; HF base load skips LoRA adapter keys; "
+    "RNG restored; then hook.after_checkpoint_load(trainer) (DPO: the reference pass)",
+    "each step's batch: hook.on_batch(trainer, input_dict, 'train') before torchtitan's post-processing "
+    "(DPO: takes its pair fields out for the loss); the dataloader's iterator start leaves the RNG alone",
+    "each logged step: hook.step_values(trainer, 'train') on every rank -> TensorBoard/W&B, torchtitan's "
+    "step line + '  lr: <value>', hook.log_lines (the [DPO] line), rank 0's metrics-stream 'step' record",
+    "checkpoint save: fault drill, torchtitan's save (last step: resume point + HF export beside it; "
+    "LoRA: the PEFT adapter), then preemption agreed by all ranks -> resumable save, the preempted line, stop",
+    "validation: hook.on_batch(..., 'val') per batch, then step_values(trainer, 'val') -> validate line, "
+    "hook.log_lines, the 'validation' record",
+    "loop condition: stops after the step a preemption signal was agreed at",
+)
+
+
+class TrainerHook:
+    """What a training method adds inside torchtitan ranks; every method is optional.
+
+    ``name`` prefixes the hook's values (``<name>/<value>``: TensorBoard, the metrics stream);
+    ``method = True`` says the hook is the run's training method (the stream's header names it).
+    """
+
+    name: str = ""
+    method: bool = False
+
+    def on_init(self, trainer: Any) -> None:
+        """After torchtitan's Trainer is built (model, optimizer, checkpointer, validator)."""
+
+    def after_checkpoint_load(self, trainer: Any) -> None:
+        """Right after the checkpoint load at the start of ``train()`` (also with checkpoints off)."""
+
+    def on_batch(self, trainer: Any, input_dict: dict, mode: str) -> None:
+        """Each batch before the forward (``mode``: ``"train"`` or ``"val"``); may take keys out."""
+
+    def step_values(self, trainer: Any, mode: str) -> dict[str, float]:
+        """Called on EVERY rank at each logged step or validation: the values, summed over ranks
+        by the hook itself (it may all-reduce), named without the prefix."""
+        return {}
+
+    def log_lines(self, step: int, mode: str) -> list[str]:
+        """Text lines after torchtitan's step (or validate) line, from the last ``step_values``."""
+        return []
+
+    def describe(self) -> dict[str, str]:
+        """What each value means (the metrics stream's header)."""
+        return {}
+
+    def to_dict(self) -> dict:  # torchtitan's Config.to_dict (printed config, W&B) asks each value
+        return {"hook": f"{type(self).__module__}.{type(self).__qualname__}"}
+
+
+_RUN: dict[str, Optional[str]] = {"device": None}
+
+
+def configure(*, device: Optional[str]) -> None:
+    """The rank entry's own flags (``--trnqwen-device``), read when the trainer is built."""
+    _RUN["device"] = device
+
+
+# --- the trainer ---------------------------------------------------------------------------------
+
+
+class TrnqwenTrainerMixin:
+    """Everything trnqwen adds to a torchtitan Trainer (order: :data:`HOOK_ORDER`)."""
+
+    config: Any
+    hooks: list
+
+    def __init__(self, config: Any) -> None:
+        prepare_config(config, _RUN["device"])
+        self.hooks = list(getattr(config, "hooks", ()) or ())
+        super().__init__(config)  # type: ignore[call-arg]
+        if hasattr(config, "hf_model"):
+            from trnqwen.runtime import hf_rope
+
+            hf_rope.after_model_init(self.model_parts)  # type: ignore[attr-defined]
+        from trnqwen.runtime import qwen3_native
+
+        qwen3_native.observe_experts(self.model_parts)  # type: ignore[attr-defined]
+        self._attach_hooks()
+        for hook in self.hooks:
+            hook.on_init(self)
+
+    def _attach_hooks(self) -> None:
+        metrics = getattr(self, "metrics_processor", None)
+        if hasattr(metrics, "attach"):
+            metrics.attach(self, self.hooks)
+        validator = getattr(self, "validator", None)
+        if isinstance(validator, TrnqwenValidator):
+            validator.attach(self, self.hooks)
+        checkpointer = getattr(self, "checkpointer", None)
+        if hasattr(checkpointer, "after_load"):
+            checkpointer.after_load.append(self._after_checkpoint_load)
+
+    def _after_checkpoint_load(self) -> None:
+        for hook in self.hooks:
+            hook.after_checkpoint_load(self)
+
+    def post_dataloading_process(self, input_dict, labels):
+        for hook in self.hooks:
+            hook.on_batch(self, input_dict, "train")
+        return super().post_dataloading_process(input_dict, labels)  # type: ignore[misc]
+
+    def batch_generator(self, data_iterable):
+        return super().batch_generator(resume_state.rng_neutral(data_iterable))  # type: ignore[misc]
+
+    def should_continue_training(self) -> bool:
+        return not resume_state.preempted() and super().should_continue_training()  # type: ignore[misc]
+
+
+def _hooks_field() -> Any:
+    return field(default_factory=list)
+
+
+def _to_dict_over(base_cls: type):
+    """``to_dict`` of a config class with ``hooks`` (torchtitan's prints the config and hands it
+    to W&B as JSON): the base's, with each hook as its own ``to_dict``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = base_cls.to_dict(self)
+        out["hooks"] = [hook.to_dict() if hasattr(hook, "to_dict") else repr(hook) for hook in self.hooks]
+        return out
+
+    return to_dict
+
+
+HooksType = Annotated[list, tyro.conf.Suppress]
+
+
+class TrnqwenTrainer(TrnqwenTrainerMixin, Trainer):
+    """torchtitan's Trainer with trnqwen's additions (module doc)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config):
+        hooks: HooksType = _hooks_field()
+        """Trainer hooks (:class:`TrainerHook`): what the run's method adds in the ranks."""
+
+        to_dict = _to_dict_over(Trainer.Config)
+
+
+@functools.lru_cache(maxsize=None)
+def trainer_over(owner: type) -> type:
+    """trnqwen's trainer over ``owner`` (a torchtitan Trainer subclass, e.g. the Transformers
+    backend's ``HFTransformerTrainer``): the same mixin, its config class with ``hooks`` added."""
+    if owner is Trainer:
+        return TrnqwenTrainer
+    if issubclass(owner, TrnqwenTrainerMixin):
+        return owner
+    base_config = owner.Config
+    namespace = {
+        "__annotations__": {"hooks": HooksType},
+        "hooks": _hooks_field(),
+        "to_dict": _to_dict_over(base_config),
+        "__module__": __name__,
+        "__qualname__": f"Trnqwen{owner.__name__}.Config",
+    }
+    config_cls = dataclass(kw_only=True, slots=True)(type("Config", (base_config,), namespace))
+    return type(f"Trnqwen{owner.__name__}", (TrnqwenTrainerMixin, owner), {"Config": config_cls, "__module__": __name__})
+
+
+def _config_over(base_cls: type) -> type:
+    """The config class adding ``hooks`` to ``base_cls`` (which may be a trainer's config subclass
+    holding more fields, e.g. the Transformers backend's ``hf_model``), owned by trnqwen's trainer."""
+    owner = base_cls._owner
+    trainer = trainer_over(owner)
+    if base_cls is owner.Config:
+        return trainer.Config
+    return _derived_config(base_cls, trainer)
+
+
+@functools.lru_cache(maxsize=None)
+def _derived_config(base_cls: type, trainer: type) -> type:
+    namespace = {
+        "__annotations__": {"hooks": HooksType},
+        "hooks": _hooks_field(),
+        "to_dict": _to_dict_over(base_cls),
+        "__module__": __name__,
+        "__qualname__": f"Trnqwen{base_cls.__name__}",
+    }
+    config_cls = dataclass(kw_only=True, slots=True)(type(f"Trnqwen{base_cls.__name__}", (base_cls,), namespace))
+    config_cls._owner = trainer
+    return config_cls
+
+
+def trnqwen_config(config: Any, *, hooks: Iterable[TrainerHook] = ()) -> Any:
+    """torchtitan's trainer config as trnqwen's: the same values, trnqwen's trainer, checkpointer,
+    metrics processor and validator classes, and ``hooks``.  The generated config module returns it."""
+    from trnqwen.runtime.trainer_checkpoint import checkpoint_config, same_values
+    from trnqwen.runtime.trainer_metrics import metrics_config
+
+    cls = config if isinstance(config, type) else type(config)
+    if getattr(cls, "_owner", None) is not None and issubclass(cls._owner, TrnqwenTrainerMixin):
+        out = config
+    else:
+        out = same_values(_config_over(cls), config)
+    out.hooks = [*getattr(out, "hooks", []), *hooks]
+    out.checkpoint = checkpoint_config(out.checkpoint)
+    out.metrics = metrics_config(out.metrics)
+    out.validator = validator_config(out.validator)
+    return out
+
+
+# --- the validator ----------------------------------------------------------------------------
+
+
+class TrnqwenValidator(Validator):
+    """torchtitan's Validator; each batch goes past the trainer's hooks first (mode ``"val"``)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Validator.Config):
+        pass
+
+    def __init__(self, config: Config, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self.trainer: Any = None
+        self.hooks: list = []
+
+    def attach(self, trainer: Any, hooks: list) -> None:
+        self.trainer, self.hooks = trainer, list(hooks)
+
+    def post_dataloading_process(self, input_dict, labels, model_parts):
+        for hook in self.hooks:
+            hook.on_batch(self.trainer, input_dict, "val")
+        return super().post_dataloading_process(input_dict, labels, model_parts)
+
+
+def validator_config(base: Any) -> Any:
+    from trnqwen.runtime.trainer_checkpoint import same_values
+
+    if isinstance(base, TrnqwenValidator.Config) or type(base) is not Validator.Config:
+        return base  # already trnqwen's, or another validator a base config chose: kept as it is
+    return same_values(TrnqwenValidator.Config, base)
+
+
+# --- the config, adjusted before torchtitan builds from it -----------------------------------------
+
+
+def prepare_config(config: Any, device: Optional[str]) -> None:
+    """What the parsed config (CLI overrides applied) needs before torchtitan builds from it:
+    override imports in this torchtitan's form, the CPU attention override on a CPU."""
+    from torchtitan.config.override import _REGISTRY
+
+    from trnqwen import titan_compat as compat
+
+    if hasattr(config, "hf_model"):  # the Transformers backend, on every device
+        from trnqwen.runtime import hf_rope
+
+        hf_rope.arm()
+    imports = list(config.override.imports)
+    if compat.detect().override_import_style == "function":
+        imports = compat.expand_override_imports(imports, _REGISTRY)
+    if device == "cpu":
+        _adapt_for_cpu(config, imports)
+    config.override.imports = imports
+
+
+def _adapt_for_cpu(config: Any, imports: list) -> None:
+    from torchtitan.models.common.attention import FlexAttention
+
+    if hasattr(config, "hf_model"):
+        from trnqwen.runtime.cpu import install_hf_backend_attention
+
+        install_hf_backend_attention()
+        return
+    model_spec = getattr(config, "model_spec", None)
+    if model_spec is not None and any(True for _ in model_spec.model.traverse(FlexAttention.Config)):
+        import trnqwen.runtime.cpu_attention as cpu_attention  # registers the override
+
+        names = [entry if isinstance(entry, str) else entry[0] for entry in imports]
+        if cpu_attention.OVERRIDE_TARGET not in names:
+            imports.append(cpu_attention.OVERRIDE_TARGET)
+
+
+__all__ = ["TrnqwenTrainer", "TrainerHook", "TrnqwenValidator", "trnqwen_config", "trainer_over", "HOOK_ORDER", "configure"]
