@@ -733,7 +733,7 @@ def test_fetch_hint_is_shell_quoted(cli, in_tmp):
 def test_follow_up_commands_after_a_run_are_quoted_and_results_go_to_stdout(tiny, tmp_path, capsys):
     from trnqwen.cli.train import _print_outcome
     from trnqwen.config import resolve_config
-    from trnqwen.train.launcher import LaunchResult
+    from trnqwen.train.launch_result import LaunchResult
     from trnqwen.train.run import TrainOutcome, plan_train
 
     plan = plan_train(resolve_config({"model": "builtin:tiny-qwen3", "device": "cpu", "assets_dir": tiny}),

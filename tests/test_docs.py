@@ -173,7 +173,7 @@ def test_the_signal_tables_run_json_fields_are_where_stops_writes_them(tmp_path)
 
     from trnqwen.rundir import RunRecord
     from trnqwen.train import stops
-    from trnqwen.train.launcher import LaunchResult
+    from trnqwen.train.launch_result import LaunchResult
 
     table = (DOCS / "resume.md").read_text().split("| signal | when |", 1)[1].split("\n\n", 1)[0]
     rows = {row.split("|")[4].strip(" *"): row.split("|")[5] for row in table.splitlines()[2:]}

@@ -24,7 +24,10 @@ supported (the loss needs its batch next to the forward); trnqwen never enables 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from torchtitan.trainer import Trainer
 
 import torch
 from torchtitan.components.loss import BaseLoss
@@ -98,18 +101,18 @@ class DPOHook(TrainerHook):
     def __init__(self) -> None:
         self.last: dict[str, Optional[dict[str, float]]] = {}
 
-    def on_batch(self, trainer: Any, input_dict: dict, mode: str) -> None:
+    def on_batch(self, trainer: Trainer, input_dict: dict, mode: str) -> None:
         extras = {k: input_dict.pop(k) for k in KEYS if k in input_dict}
         if extras and isinstance(trainer.loss_fn, DPOLoss):
             trainer.loss_fn.stage(extras, mode)
 
-    def after_checkpoint_load(self, trainer: Any) -> None:
+    def after_checkpoint_load(self, trainer: Trainer) -> None:
         if isinstance(trainer.loss_fn, DPOLoss):
             from trnqwen.runtime import dpo_reference
 
             dpo_reference.ensure(trainer)
 
-    def step_values(self, trainer: Any, mode: str) -> dict[str, float]:
+    def step_values(self, trainer: Trainer, mode: str) -> dict[str, float]:
         loss = _ACTIVE
         values = loss.meters[mode].reduce(_sum_over_ranks) if loss is not None else None
         self.last[mode] = values

@@ -30,7 +30,7 @@ import random
 import re
 import signal
 import sys
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 RNG_KEY = "trnqwen_rng"
 PREEMPT_SIGNALS = ("SIGTERM", "SIGUSR1")
@@ -221,7 +221,7 @@ def request_stop() -> None:
     _state["stop"] = True
 
 
-def rng_neutral(data_iterable: Any) -> Any:
+def rng_neutral(data_iterable: Iterable) -> Iterable:
     """The dataloader, iterated without moving the global torch RNG (see the module doc)."""
     return _RngNeutralIterable(data_iterable)
 

@@ -65,16 +65,16 @@ class TrainerHook:
     name: str = ""
     method: bool = False
 
-    def on_init(self, trainer: Any) -> None:
+    def on_init(self, trainer: Trainer) -> None:
         """After torchtitan's Trainer is built (model, optimizer, checkpointer, validator)."""
 
-    def after_checkpoint_load(self, trainer: Any) -> None:
+    def after_checkpoint_load(self, trainer: Trainer) -> None:
         """Right after the checkpoint load at the start of ``train()`` (also with checkpoints off)."""
 
-    def on_batch(self, trainer: Any, input_dict: dict, mode: str) -> None:
+    def on_batch(self, trainer: Trainer, input_dict: dict, mode: str) -> None:
         """Each batch before the forward (``mode``: ``"train"`` or ``"val"``); may take keys out."""
 
-    def step_values(self, trainer: Any, mode: str) -> dict[str, float]:
+    def step_values(self, trainer: Trainer, mode: str) -> dict[str, float]:
         """Called on EVERY rank at each logged step or validation: the values, summed over ranks
         by the hook itself (it may all-reduce), named without the prefix."""
         return {}
@@ -108,7 +108,7 @@ class TrnqwenTrainerMixin:
     config: Any
     hooks: list
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Trainer.Config) -> None:
         prepare_config(config, _RUN["device"])
         self.hooks = list(getattr(config, "hooks", ()) or ())
         super().__init__(config)  # type: ignore[call-arg]
@@ -224,7 +224,7 @@ def _derived_config(base_cls: type, trainer: type) -> type:
     return config_cls
 
 
-def trnqwen_config(config: Any, *, hooks: Iterable[TrainerHook] = ()) -> Any:
+def trnqwen_config(config: Trainer.Config, *, hooks: Iterable[TrainerHook] = ()) -> Trainer.Config:
     """torchtitan's trainer config as trnqwen's: the same values, trnqwen's trainer, checkpointer,
     metrics processor and validator classes, and ``hooks``.  The generated config module returns it."""
     from trnqwen.runtime.trainer_checkpoint import checkpoint_config, same_values
@@ -257,7 +257,7 @@ class TrnqwenValidator(Validator):
         self.trainer: Any = None
         self.hooks: list = []
 
-    def attach(self, trainer: Any, hooks: list) -> None:
+    def attach(self, trainer: Trainer, hooks: list) -> None:
         self.trainer, self.hooks = trainer, list(hooks)
 
     def post_dataloading_process(self, input_dict, labels, model_parts):
@@ -266,7 +266,7 @@ class TrnqwenValidator(Validator):
         return super().post_dataloading_process(input_dict, labels, model_parts)
 
 
-def validator_config(base: Any) -> Any:
+def validator_config(base: Validator.Config) -> Validator.Config:
     from trnqwen.runtime.trainer_checkpoint import same_values
 
     if isinstance(base, TrnqwenValidator.Config) or type(base) is not Validator.Config:
@@ -277,7 +277,7 @@ def validator_config(base: Any) -> Any:
 # --- the config, adjusted before torchtitan builds from it -----------------------------------------
 
 
-def prepare_config(config: Any, device: Optional[str]) -> None:
+def prepare_config(config: Trainer.Config, device: Optional[str]) -> None:
     """What the parsed config (CLI overrides applied) needs before torchtitan builds from it:
     override imports in this torchtitan's form, the CPU attention override on a CPU."""
     from torchtitan.config.override import _REGISTRY
@@ -296,7 +296,7 @@ def prepare_config(config: Any, device: Optional[str]) -> None:
     config.override.imports = imports
 
 
-def _adapt_for_cpu(config: Any, imports: list) -> None:
+def _adapt_for_cpu(config: Trainer.Config, imports: list) -> None:
     from torchtitan.models.common.attention import FlexAttention
 
     if hasattr(config, "hf_model"):

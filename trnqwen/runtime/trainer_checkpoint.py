@@ -23,12 +23,14 @@ Only ranks import this (torch and torchtitan at module level).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from torchtitan.components.checkpointer.dcp import AsyncMode, CheckpointManager
 
 from trnqwen.runtime import resume_state
 from trnqwen.runtime.resume_state import RNG_KEY, RankRNG
+
+_C = TypeVar("_C")
 
 
 class TrnqwenCheckpointManager(CheckpointManager):
@@ -118,7 +120,7 @@ class TrnqwenCheckpointManager(CheckpointManager):
         return True
 
 
-def checkpoint_config(base: Any) -> TrnqwenCheckpointManager.Config:
+def checkpoint_config(base: CheckpointManager.Config) -> TrnqwenCheckpointManager.Config:
     """torchtitan's checkpoint config as trnqwen's (the same values); kept when already one."""
     if isinstance(base, TrnqwenCheckpointManager.Config):
         return base
@@ -128,7 +130,7 @@ def checkpoint_config(base: Any) -> TrnqwenCheckpointManager.Config:
     return same_values(TrnqwenCheckpointManager.Config, base)
 
 
-def same_values(cls: type, base: Any) -> Any:
+def same_values(cls: type[_C], base: object) -> _C:
     from dataclasses import fields
 
     return cls(**{f.name: getattr(base, f.name) for f in fields(base) if f.init})

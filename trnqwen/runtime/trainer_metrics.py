@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.components.metrics import LoggerContainer, MetricsProcessor
+from torchtitan.trainer import Trainer
 from torchtitan.tools.logging import logger
 
 from trnqwen.contract.metrics_stream import MetricsWriter
@@ -37,7 +38,7 @@ STREAM_BACKEND = "torchtitan"
 class _Capture:
     """torchtitan's metric writers (TensorBoard/W&B container), keeping the last dict they got."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: LoggerContainer) -> None:
         self.inner = inner
         self.last: dict[str, Any] = {}
 
@@ -76,7 +77,7 @@ class TrnqwenMetricsProcessor(MetricsProcessor):
         self.stream = MetricsWriter.from_env()
         self._header = False
 
-    def attach(self, trainer: Any, hooks: list[Any]) -> None:
+    def attach(self, trainer: Trainer, hooks: list) -> None:
         self.trainer, self.hooks = trainer, list(hooks)
 
     def _hook_values(self, mode: str) -> list[tuple[Any, dict[str, float]]]:
@@ -153,7 +154,7 @@ class TrnqwenMetricsProcessor(MetricsProcessor):
             self.stream.close()
 
 
-def metrics_config(base: Any) -> TrnqwenMetricsProcessor.Config:
+def metrics_config(base: MetricsProcessor.Config) -> TrnqwenMetricsProcessor.Config:
     """torchtitan's metrics config as trnqwen's (the same values); kept when already one."""
     from trnqwen.runtime.trainer_checkpoint import same_values
 

@@ -25,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
@@ -33,6 +32,7 @@ from trnqwen.contract.metrics_stream import PATH_ENV as METRICS_PATH_ENV
 from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, redact, redact_argv
 from trnqwen.train import stop_requests
 from trnqwen.train.multinode import rendezvous_argv
+from trnqwen.train.launch_result import LaunchResult
 from trnqwen.train.progress import Progress
 from trnqwen.train.status import StatusLine
 from trnqwen.train.rootcause import failure_cause
@@ -153,54 +153,7 @@ def _argv_chunks(argv: Sequence[str]) -> list[str]:
     return chunks
 
 
-
-
 # --- supervision --------------------------------------------------------------------------
-
-
-@dataclass
-class LaunchResult:
-    """How a supervised torchrun ended."""
-
-    exit_code: int
-    ended_by: str  # "completed" | "SIGINT" | "SIGTERM" | "rank failure" | "launch error"
-    error: Optional[str] = None
-    torchrun_returncode: Optional[int] = None
-    wall_s: float = 0.0
-    time_to_first_step_s: Optional[float] = None
-    step_times: list[float] = field(default_factory=list)  # seconds since start, per step
-    # {"step", "loss", ..., "<method>/<name>": ...} per step / validation: every value of the stream's
-    # record (trnqwen.train.progress), or the core values of rank 0's line where there is no stream
-    steps: list[dict] = field(default_factory=list)
-    validations: list[dict] = field(default_factory=list)
-    killed_pids: list[int] = field(default_factory=list)  # survivors the sweep had to SIGKILL
-
-    @property
-    def last_step(self) -> Optional[dict]:
-        return self.steps[-1] if self.steps else None
-
-    @property
-    def seconds_per_step(self) -> Optional[float]:
-        """Median time between step lines after the first (which includes compilation)."""
-        if len(self.step_times) < 2:
-            return None
-        deltas = sorted(b - a for a, b in zip(self.step_times, self.step_times[1:]))
-        mid = len(deltas) // 2
-        return deltas[mid] if len(deltas) % 2 else (deltas[mid - 1] + deltas[mid]) / 2
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "exit_code": self.exit_code,
-            "ended_by": self.ended_by,
-            "error": self.error,
-            "torchrun_returncode": self.torchrun_returncode,
-            "wall_s": round(self.wall_s, 3),
-            "time_to_first_step_s": None if self.time_to_first_step_s is None else round(self.time_to_first_step_s, 3),
-            "seconds_per_step": None if self.seconds_per_step is None else round(self.seconds_per_step, 3),
-            "steps_logged": len(self.steps),
-            "last_step": self.last_step,
-            "last_validation": self.validations[-1] if self.validations else None,
-        }
 
 
 def _set_parent_death_signal() -> None:  # pragma: no cover - runs in the child before exec

@@ -17,9 +17,11 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from trnqwen.contract.metrics_stream import Record, StreamReader
+from trnqwen.train.launch_result import LaunchResult
+from trnqwen.train.status import StatusLine
 
 
 class Progress:
@@ -30,7 +32,7 @@ class Progress:
     reads new stream records; :meth:`line` takes one console line (used while no record came).
     """
 
-    def __init__(self, result: Any, *, status: Any = None, on_step: Optional[Callable[[dict], None]] = None,
+    def __init__(self, result: LaunchResult, *, status: Optional[StatusLine] = None, on_step: Optional[Callable[[dict], None]] = None,
                  metrics_path: Optional[Path] = None, start: float, wall_start: Optional[float] = None) -> None:
         self.result, self.status, self.on_step = result, status, on_step
         self.start = start  # time.monotonic() at launch: step_times count from it

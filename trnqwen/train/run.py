@@ -42,6 +42,7 @@ from trnqwen.rundir import RunRecord, next_run_id, point_last
 from trnqwen.contract import checkpoint_layout as checkpoints
 from trnqwen.train import folder_lock, launcher, multinode, ownership, stops
 from trnqwen.train.job import TrainJob
+from trnqwen.train.launch_result import LaunchResult
 from trnqwen.train.plan import TrainPlan
 from trnqwen.train.preflight import ERROR, INFO, WARNING, Finding, preflight
 from trnqwen.train.recipes import build_job
@@ -70,7 +71,7 @@ NOMINAL_DEVICES = {
 @dataclass
 class TrainOutcome:
     plan: TrainPlan
-    result: Optional[launcher.LaunchResult] = None
+    result: Optional[LaunchResult] = None
     record: Optional[RunRecord] = None
     exported: Optional[Path] = None  # the HF export of the last step, when there is one
 
@@ -557,7 +558,7 @@ def _execute(
     return TrainOutcome(plan=plan, result=result, record=record, exported=exported)
 
 
-def _fail(result: launcher.LaunchResult, record: RunRecord, ended_by: str, error: str) -> None:
+def _fail(result: LaunchResult, record: RunRecord, ended_by: str, error: str) -> None:
     """A run that trained but whose result is not what it promised: failed, with why."""
     record.status, record.ended_by, record.error = "failed", ended_by, error
     result.exit_code = record.exit_code = EXIT_FAILED

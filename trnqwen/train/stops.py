@@ -28,7 +28,7 @@ from trnqwen.train.plan import TrainPlan
 
 if TYPE_CHECKING:
     from trnqwen.rundir import RunRecord
-    from trnqwen.train.launcher import LaunchResult
+    from trnqwen.train.launch_result import LaunchResult
 
 PREEMPTION_SIGNALS = ("SIGTERM", "SIGUSR1")
 _STOP_SIGNALS = ("SIGINT", *PREEMPTION_SIGNALS)
