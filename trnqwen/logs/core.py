@@ -14,7 +14,6 @@ from typing import BinaryIO, Callable, Optional
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.logs.identity import with_identity
 from trnqwen.logs.judge import Finding, judge
-from trnqwen.logs.parallel import read_file
 from trnqwen.logs.engine import CHUNK_SIZE, MAX_LINE, LogParser
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
@@ -107,7 +106,7 @@ def read_log(inp: LogInput, *, stdin: Optional[BinaryIO] = None, chunk_size: int
                 if kind:
                     log = _read_compressed(fh, kind, inp.label, chunk_size)
                 else:
-                    log = read_file(fh, inp.label, chunk_size=chunk_size)  # big files: on every core
+                    log = read_stream(fh, inp.label, chunk_size=chunk_size)
             except OSError as exc:
                 raise CheckFailed(f"could not read {inp.label}: {exc.strerror or exc}", hint="check the file and try again") from None
     check_readable(log, live=live)
