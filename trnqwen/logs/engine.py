@@ -61,6 +61,7 @@ class LogParser:
         self.max_line = max(64, int(max_line))
         self.lineno = 0  # the last line read
         self.rank_prefix: dict[int, bytes] = {}  # rank -> its torchrun prefix as bytes
+        self._rank_of: dict[bytes, int] = {}  # and back
         self._carry = b""
         self._skipping: Optional[bytes] = None  # head of an overlong line being skipped
         self._primary_decided = False
@@ -142,7 +143,7 @@ class LogParser:
             rest = piece
             if k:
                 nl = piece.find(b"\n")
-                self._line(lineno, pp + (piece if nl < 0 else piece[:nl]))
+                self._primary_line(lineno, piece if nl < 0 else piece[:nl])
                 lineno += 1
                 if nl < 0:
                     continue
@@ -159,7 +160,23 @@ class LogParser:
                 self._each(lines, lineno)
             lineno += n
         self.lineno = lineno - 1
-        self._last_steps(buf, base)
+        self._last_steps(buf)
+
+    def _primary_line(self, lineno: int, raw: bytes) -> None:
+        """A line of the primary rank, ``raw`` behind its prefix: a plain step line straight to
+        :meth:`_step` (what :meth:`_line` would do with it), anything else through :meth:`_line`."""
+        pp = self._primary_prefix
+        if (b"loss:" in raw and b"step:" in raw and b"validate step:" not in raw and len(raw) + len(pp) <= self.max_line
+                and not raw.startswith(pp) and not raw.endswith(b"\r")):
+            try:
+                rec = parse_step_line(raw.decode())
+            except UnicodeDecodeError:
+                rec = None
+            if rec is not None:
+                self.log.recognized_lines += 1
+                self._step(lineno, self.log.primary_rank, rec)
+                return
+        self._line(lineno, pp + raw)
 
     def _each(self, lines: list, base: int) -> None:
         for lineno, raw in enumerate(lines, base):
@@ -181,15 +198,17 @@ class LogParser:
                 pct = None
             if pct is not None and pct < HIGH_MEMORY_PCT:
                 continue
-            rank, body = split_prefix(raw.decode("ascii"))
+            rank = self._rank_of.get(raw[: raw.index(b"]:") + 2])
             prev = high.get(rank)
             if pct is None or prev is None or pct > prev["pct"]:
+                rank, body = split_prefix(raw.decode("ascii"))
                 rec = parse_step_line(body)
                 if rec is not None and (rec.get("memory_pct") or 0) >= HIGH_MEMORY_PCT:
                     self.note_memory(rank, rec["step"], rec.get("memory_gib"), rec["memory_pct"], lineno)
 
-    def _last_steps(self, buf: bytes, base: int) -> None:
-        """Each other rank's last step line in ``buf`` (summarized lines included)."""
+    def _last_steps(self, buf: bytes) -> None:
+        """Each other rank's last step line in ``buf`` (summarized lines included); ``buf``'s last
+        line is ``self.lineno``."""
         for rank, prefix in self.rank_prefix.items():
             if rank == self.log.primary_rank:
                 continue
@@ -199,11 +218,11 @@ class LogParser:
                 if at < 0 and not buf.startswith(prefix):
                     break
                 stop = buf.find(b"\n", at + 1)
-                rank_, body = split_prefix(buf[at + 1: len(buf) if stop < 0 else stop].decode("utf-8", "replace"))
+                _, body = split_prefix(buf[at + 1: len(buf) if stop < 0 else stop].decode("utf-8", "replace"))
                 if "loss:" in body and "step:" in body and "validate step:" not in body:
                     rec = parse_step_line(body)
                     if rec is not None:
-                        self.note_rank_step(rank, rec["step"], base + buf.count(b"\n", 0, at + 1))
+                        self.note_rank_step(rank, rec["step"], self.lineno - buf.count(b"\n", at + 1))
                         break
                 if at < 0:
                     break
@@ -418,6 +437,7 @@ class LogParser:
         self.log.ranks.add(rank)
         if prefix and rank not in self.rank_prefix:
             self.rank_prefix[rank] = bytes(prefix)
+            self._rank_of[bytes(prefix)] = rank
 
     def note_rank_step(self, rank: int, step: int, lineno: int) -> None:
         prev = self.log.rank_last_step.get(rank)

@@ -56,13 +56,28 @@ def step_rows(log: ParsedLog) -> list[dict]:
     cols.append([x or None for x in t.line.tolist()])
     keys = (*fields, "line")
     rows = [dict(zip(keys, r)) for r in zip(*cols)]
-    for i, row in enumerate(rows):
+    for i in _nonfinite_rows(t, names, values):
+        row = rows[i]
         bad = {k: _nonfinite(row[k]) for k in fields if isinstance(row[k], float) and not math.isfinite(row[k])}
         if bad:
             row.update({k: None for k in bad}, nonfinite=bad, line=row.pop("line"))
     for i, source in t.source.items():
         rows[i]["source"] = source
     return rows
+
+
+def _nonfinite_rows(t, names: tuple, values: dict) -> list[int]:
+    """The rows with a NaN/Inf value (numpy on the columns: few rows have one)."""
+    import numpy as np
+
+    bad = np.zeros(len(t.step), dtype=bool)
+    for name in STEP_FIELDS[1:]:
+        bad |= np.isinf(t.np(name)) | (np.isnan(t.np(name)) & t.present(name))
+    rows = set(np.flatnonzero(bad).tolist())
+    if names:
+        rows.update(i for i, s in enumerate(t.step) for v in values.get(s, {}).values()
+                    if isinstance(v, float) and not math.isfinite(v))
+    return sorted(rows)
 
 
 def _nonfinite(x: float) -> str:
