@@ -223,6 +223,7 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream:
         entry.update({k: (c[k] if c else None) for k in ("calls", "fallbacks", "modules", "ranks", "reason")})
     return {
         "source": log.source,
+        "metrics_stream": log.metrics_stream,  # where steps and validations came from (None: the text log)
         "world_size": log.world_size,
         "model": log.model_name,
         "steps": StepRows(log) if stream else step_rows(log),
@@ -339,6 +340,16 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
         t.add_row("LoRA", "[yellow]configured, but no [LoRA] line logged[/yellow]")
     for what, text in dpo.dpo_rows(log, ctx):
         t.add_row(what, _escape(redact(text)))
+    if log.metrics_stream:  # every other value of the stream, by name
+        t.add_row("steps from", _escape(log.metrics_stream))
+        names = log.value_names
+        last = next((log.values[s] for s in reversed(list(log.steps)) if s in log.values), None)
+        if last:
+            t.add_row("values (last step)", _escape(", ".join(f"{k} {_fmt(last.get(k), '.4g')}" for k in names)))
+        val = log.validations[-1] if log.validations else {}
+        extra = {k: v for k, v in val.items() if k not in ("step", "loss", "memory_gib", "memory_pct", "tps", "line")}
+        if extra:
+            t.add_row("values (last validation)", _escape(", ".join(f"{k} {_fmt(v, '.4g')}" for k, v in extra.items())))
     fc = s["findings"]
     t.add_row("findings: errors / warnings", f"{fc['error']} / {fc['warning']}")
     t.add_row("log lines: WARNING / ERROR", f"{s['warnings']} / {s['errors']}")
