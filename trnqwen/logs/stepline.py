@@ -45,12 +45,6 @@ VALIDATE_RE = re.compile(
     r"(?:\s+tps:\s*(?P<tps>" + NUM + r"))?"
 )
 
-# The same facts at byte level, for the bulk pass over other ranks' step lines.
-B_STEP = re.compile(rb"step:\s*(\d+)")
-B_MEM = re.compile(rb"memory:\s*([0-9.,]+)\s*GiB\(([0-9.,]+)%\)")
-B_MEM_HIGH = re.compile(rb"GiB\((?:9\d|100)\.\d*%\)")  # "GiB(93.25%)": above 90% (pct <= 100)
-
-
 def format_step_line(
     step: int,
     loss: float,
