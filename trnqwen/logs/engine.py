@@ -39,7 +39,7 @@ from trnqwen.logs.patterns import (
     split_prefix,
 )
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
-from trnqwen.logs.stepline import ANSI_RE, parse_step_line, parse_validation_line
+from trnqwen.logs.stepline import ANSI_RE, parse_step_line, parse_validation_line, step_key_glued_ok
 from trnqwen.logs.tracebacks import Tracebacks, TorchrunSummary
 
 MAX_LINE = 1 << 20  # bytes kept of any one line
@@ -48,6 +48,10 @@ PREEMPTED_RE = re.compile(r"\[trnqwen\] preempted: (.+?) at step (\d+)")
 CHUNK_SIZE = 1 << 20  # a block read at a time (bigger blocks fall out of the CPU cache)
 MAX_KEPT = 200  # distinct warnings / error lines kept
 NUL_SCAN_BYTES = 1 << 20  # NUL bytes are counted in the first MiB (binary-file detection)
+
+
+def _fail():
+    raise ValueError
 
 
 class LogParser:
@@ -139,11 +143,12 @@ class LogParser:
         high = b"GiB(9" in buf or b"GiB(100" in buf
         check = b"validate" in buf or not buf.isascii()
         lineno = base
+        primary: list = []  # (line, bytes behind the prefix) of the primary rank, read in runs (_primaries)
         for k, piece in enumerate(buf.split(b"\n" + pp)):  # each piece: a primary line, then other lines
             rest = piece
             if k:
                 nl = piece.find(b"\n")
-                self._primary_line(lineno, piece if nl < 0 else piece[:nl])
+                primary.append((lineno, piece if nl < 0 else piece[:nl]))
                 lineno += 1
                 if nl < 0:
                     continue
@@ -157,10 +162,80 @@ class LogParser:
                 if high:
                     self._high_memory(lines, lineno)
             else:
+                self._primaries(primary)
                 self._each(lines, lineno)
             lineno += n
+        self._primaries(primary)
         self.lineno = lineno - 1
         self._last_steps(buf)
+
+    def _primaries(self, batch: list) -> None:
+        """The primary rank's lines of a region, in order: runs of torchtitan's exact step line
+        (what :func:`~trnqwen.logs.stepline.fast_step` reads) as columns, the rest one by one."""
+        run: list = []
+        for lineno, raw in batch:
+            i = raw.find(b"step:")
+            if (i > 0 and b"loss:" in raw and raw.isascii() and b"validate" not in raw and not raw.endswith(b"\r")
+                    and len(raw) + len(self._primary_prefix) <= self.max_line and not raw.startswith(self._primary_prefix)
+                    and (raw[i - 1] == 32 or (raw[i - 1] == 109 and step_key_glued_ok(raw.decode(), i)))):
+                run.append((lineno, raw, i))
+                continue
+            self._step_columns(run)
+            self._primary_line(lineno, raw)
+        self._step_columns(run)
+        batch.clear()
+
+    def _step_columns(self, run: list) -> None:
+        """Step lines of the primary rank (from ``step:`` on) as columns, as fast_step reads each;
+        one line off its layout sends the run to :meth:`_primary_line`."""
+        if not run:
+            return
+        try:
+            rows = [raw[i:].split() for _, raw, i in run]
+            width = len(rows[0])
+            if width not in (14, 16) or any(len(r) != width for r in rows):
+                raise ValueError
+            cols = list(zip(*rows))
+            for k, key in ((2, b"loss:"), (4, b"grad_norm:"), (6, b"memory:"), (8, b"tps:"), (10, b"tflops:"),
+                           (12, b"mfu:"), *(((14, b"lr:"),) if width == 16 else ())):
+                if not all(map(bytes.endswith, cols[k], repeat(key))):
+                    raise ValueError
+            mem = [m.partition(b"GiB(") for m in cols[7]]
+            tps = [float(t.replace(b",", b"")) for t in cols[9]]
+            values = {
+                "loss": list(map(float, cols[3])), "grad_norm": list(map(float, cols[5])),
+                "memory_gib": [float(a) for a, g, _ in mem if g or _fail()],
+                "memory_pct": [float(b[: b.index(b"%")]) for _, _, b in mem],
+                "tps": [int(t) if t.is_integer() else t for t in tps],
+                "tflops": [float(t.replace(b",", b"")) for t in cols[11]],
+                "mfu": [None if m.startswith(b"N/A") else float(m[: m.find(b"%")]) for m in cols[13]],
+                "lr": list(map(float, cols[15])) if width == 16 else [None] * len(rows),
+            }
+            steps = list(map(int, cols[1]))
+        except ValueError:
+            for lineno, raw, _ in run:
+                self._primary_line(lineno, raw)
+            run.clear()
+            return
+        lines = [lineno for lineno, _, _ in run]
+        run.clear()
+        log = self.log
+        log.recognized_lines += len(steps)
+        last = self._last_primary_step
+        for step, line in zip(steps, lines):
+            if last is not None and step <= last:
+                log.restarts.append(line)
+            last = step
+        self._last_primary_step = last
+        rank = log.primary_rank
+        self.note_rank_step(rank, steps[-1], lines[-1])
+        pct = values["memory_pct"]
+        top = max((p for p in pct if p >= HIGH_MEMORY_PCT), default=None)  # the first maximum, as _step keeps it
+        if top is not None:
+            i = pct.index(top)
+            self.note_memory(rank, steps[i], values["memory_gib"][i], top, lines[i])
+        log.steps.extend(steps, lines, values)
+
 
     def _primary_line(self, lineno: int, raw: bytes) -> None:
         """A line of the primary rank, ``raw`` behind its prefix: a plain step line straight to

@@ -58,6 +58,20 @@ class StepTable(Mapping):
         if rec.get("source"):
             self.source[n] = rec["source"]
 
+    def extend(self, steps: list, lines: list, values: dict) -> None:
+        """Many rows at once: equally long lists of each column (None: absent)."""
+        n = len(self.step)
+        if n and steps[0] <= self.step[-1] or any(a >= b for a, b in zip(steps, steps[1:])):
+            self._ordered = False
+        self.step.extend(steps)
+        self.line.extend(lines)
+        for name in VALUE_FIELDS:
+            col = values[name]
+            if None in col:
+                self.missing[name].update(n + i for i, v in enumerate(col) if v is None)
+                col = [_NAN if v is None else v for v in col]
+            self.cols[name].extend(col)
+
     def compact(self) -> None:
         """Keep the last row of each step, in step order."""
         if self._ordered:
