@@ -1,40 +1,34 @@
-"""inspect-logs speed on three log shapes, against ``grep -c "step:"`` on the same file in the same run.
+"""inspect-logs speed on generated log shapes, against ``grep -c "step:"`` on the same file in the same run.
 
-Three generated torchtitan-style logs (ANSI colours, torchrun prefixes, start-up lines, one
-[Override] line per layer per rank, every rank's step lines interleaved, a warning now and then),
-written once under benchmarks/_work/ (gitignored) and reused:
+Generated torchtitan-style logs (ANSI colours, torchrun prefixes, start-up lines, one [Override]
+line per layer per rank, every rank's step lines interleaved, a warning now and then), written once
+under benchmarks/_work/ (gitignored) and reused:
 
-* ``real``: the issue-17 shape - 8 ranks, every rank prints its step lines, 200k steps, about
-  407 MB and 1.6 M step lines.  One step line in 8 is rank 0's, so rank 0's lines (parsed) are
-  dense, and a warning every ~1 MB breaks every all-step-lines stretch.  Every column varies as
-  in real runs (issue 28 item 19): tps per rank and step, with a dip below 1,000 (no thousands
-  comma) at every 1,000th step; tflops and mfu follow tps; memory differs per rank, wobbles per
-  step and drifts up over the run from about 78% to about 94% of the device (the last third near
-  capacity, so most lines there are "high memory"); the lr column (trnqwen's ranks append it)
-  warms up, then follows a curve, printed with 10 significant digits.
-* ``uniform``: 64 ranks, ``--mb`` MB.  Only one line in 64 is rank 0's; this is the *best case*
-  for the parser (the other ranks' step lines are never decoded), and what the figures before
-  issue 17 were measured on.
-* ``chatty``: 8 ranks, 20,000 steps, and 3 other lines per rank and step (dataloader, NCCL,
-  profiler, checkpoint and tokenizer chatter at DEBUG level), about 100 MB: three lines in four
-  are not step lines, read one by one by the engine.  The worst case for the parser (and for
-  line_table's learned word offsets); the target is not set for it, the figure is reported.
+* ``real`` (the default): 8 ranks, every rank prints its step lines, 100k steps, about 203 MB and
+  800k step lines (the shape of a by-hand torchrun; trnqwen's own launcher keeps rank 0's lines
+  and its runs are read from their metrics stream).  One step line in 8 is rank 0's; a warning
+  every ~1 MB breaks every all-step-lines stretch.  Every column varies as in real runs: tps per
+  rank and step, with a dip below 1,000 (no thousands comma) at every 1,000th step; tflops and mfu
+  follow tps; memory differs per rank, wobbles per step and drifts up over the run from about 78%
+  to about 94% of the device (the last quarter above 90%); the lr column warms up, then follows a
+  curve, printed with 10 significant digits.
+* ``uniform``: 64 ranks, ``--mb`` MB (one line in 64 is rank 0's).
+* ``chatty``: 8 ranks, 20,000 steps, and 3 other lines per rank and step (DEBUG chatter), about
+  100 MB: three lines in four are read one by one.  No target; the figure is reported.
 
 For each shape, N times, interleaved: ``grep -c "step:"`` (the baseline: a C tool that only
 counts), the parser alone in a fresh process, and the whole command ``trnqwen inspect-logs FILE``
-for the table and for ``--json`` (parse + judge + report, the output read through a pipe); the last three
-again with ``TRNQWEN_LOG_WORKERS=0`` (one process: files >= 64 MB are otherwise planned on every
-core, trnqwen.logs.parallel, and CPU time is then the sum over the processes).  Each command's
-wall time, CPU time (user + sys) and peak RSS are measured in a fresh wrapper process.  On a
-shared machine wall time includes waiting for a core: the load average is measured before and
-after, and MB/s is reported on both wall and CPU time.  trnqwen's bytecode is compiled first, as
-an install has it (see _compile_ahead).  Target (issues 17 and 28): >= 300 MB/s for the table
-and for --json on the real shape (wall, 2 cores), peak RSS <= 200 MB for --json.
+for the table and for ``--json`` (parse + judge + report, the output read through a pipe).  Each
+command's wall time, CPU time (user + sys) and peak RSS are measured in a fresh wrapper process.
+On a shared machine wall time includes waiting for a core: the load average is measured before
+and after, and every figure is also given as a fraction of ``grep -c``'s speed in the same run.
+trnqwen's bytecode is compiled first, as an install has it (see _compile_ahead).  Floor (issue
+33): >= 100 MB/s wall for the table and for --json on the real shape.
 
 Usage:
-  .venv/bin/python benchmarks/inspect_logs.py                 # real and uniform, table
-  .venv/bin/python benchmarks/inspect_logs.py --shape all     # and chatty
-  .venv/bin/python benchmarks/inspect_logs.py --shape real -n 1 --json
+  .venv/bin/python benchmarks/inspect_logs.py                 # the real shape
+  .venv/bin/python benchmarks/inspect_logs.py --shape all     # and uniform and chatty
+  .venv/bin/python benchmarks/inspect_logs.py -n 1 --json
 """
 
 from __future__ import annotations
@@ -54,8 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import load_note  # noqa: E402
 
 WORK = REPO / "benchmarks" / "_work"
-TARGET_MBPS = 300.0
-TARGET_RSS_MB = 200
+TARGET_MBPS = 100.0
 RANKS = 64
 LAYERS = 36
 E = "\x1b"
@@ -193,7 +186,7 @@ def _measure(argv: list[str], env: dict | None = None, ok: tuple[int, ...] = (0,
     return res
 
 
-SHAPES = {"real": {"ranks": 8, "steps": 200_000}, "uniform": {"ranks": RANKS},
+SHAPES = {"real": {"ranks": 8, "steps": 100_000}, "uniform": {"ranks": RANKS},
           "chatty": {"ranks": 8, "steps": 20_000, "chatter": 3}}
 
 
@@ -215,15 +208,11 @@ def _log_for(shape: str, mb: float) -> tuple[Path, dict]:
 def bench_shape(shape: str, mb: float, runs: int, env: dict) -> dict:
     path, facts = _log_for(shape, mb)
     size_mb = path.stat().st_size / 1e6
-    one_core = dict(env, TRNQWEN_LOG_WORKERS="0")  # the parser without worker processes
     cmds = {
         "grep -c": (["grep", "-c", "step:", str(path)], (0,), env),
         "parser": ([sys.executable, __file__, "--child", str(path)], (0,), env),
         "table": ([sys.executable, "-m", "trnqwen", "inspect-logs", str(path)], (0, 1), env),
         "json": ([sys.executable, "-m", "trnqwen", "inspect-logs", str(path), "--json"], (0, 1), env),
-        "parser, 1 process": ([sys.executable, __file__, "--child", str(path)], (0,), one_core),
-        "table, 1 process": ([sys.executable, "-m", "trnqwen", "inspect-logs", str(path)], (0, 1), one_core),
-        "json, 1 process": ([sys.executable, "-m", "trnqwen", "inspect-logs", str(path), "--json"], (0, 1), one_core),
     }
     samples: dict[str, list[dict]] = {k: [] for k in cmds}
     for _ in range(runs):
@@ -260,8 +249,8 @@ def _compile_ahead() -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=3, help="repetitions (median reported)")
-    ap.add_argument("--mb", type=float, default=320.0, help="size of the uniform log in MB")
-    ap.add_argument("--shape", choices=["real", "uniform", "chatty", "both", "all"], default="both",
+    ap.add_argument("--mb", type=float, default=200.0, help="size of the uniform log in MB")
+    ap.add_argument("--shape", choices=["real", "uniform", "chatty", "both", "all"], default="real",
                     help="both: real and uniform; all: and chatty")
     ap.add_argument("--json", action="store_true", help="print only the JSON summary line")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -276,13 +265,11 @@ def main() -> None:
     results = {shape: bench_shape(shape, args.mb, args.n, env) for shape in shapes}
     load_after = os.getloadavg()[0]
     summary: dict = {"benchmark": "inspect_logs", "runs": args.n, "bytecode_compiled_ahead": bytecode, "target_mb_s": TARGET_MBPS,
-                     "target_json_rss_mb": TARGET_RSS_MB, **results, **load_note(load_before, load_after)}
+                     **results, **load_note(load_before, load_after)}
     if "real" in results:
         r = results["real"]
-        summary["meets_target_wall"] = (r["table"]["mb_s_wall"] >= TARGET_MBPS and r["json"]["mb_s_wall"] >= TARGET_MBPS
-                                        and r["json"]["peak_rss_mb"] <= TARGET_RSS_MB)
-        summary["meets_target_cpu"] = (r["table"]["mb_s_cpu"] >= TARGET_MBPS and r["json"]["mb_s_cpu"] >= TARGET_MBPS
-                                       and r["json"]["peak_rss_mb"] <= TARGET_RSS_MB)
+        summary["meets_target_wall"] = r["table"]["mb_s_wall"] >= TARGET_MBPS and r["json"]["mb_s_wall"] >= TARGET_MBPS
+        summary["meets_target_cpu"] = r["table"]["mb_s_cpu"] >= TARGET_MBPS and r["json"]["mb_s_cpu"] >= TARGET_MBPS
 
     first_shape = next(iter(results))
     first = results[first_shape]  # flat keys for run_all's summary table
@@ -291,17 +278,17 @@ def main() -> None:
                    json_mb_s_cpu=first["json"]["mb_s_cpu"], peak_rss_mb=first["json"]["peak_rss_mb"])
     if not args.json:
         for shape, r in results.items():
-            label = {"real": "the issue-17 shape", "uniform": "best case: other ranks skipped",
-                     "chatty": "3 other lines per rank and step: the worst case for learned word offsets"}[shape]
+            label = {"real": "8 ranks, every rank's step lines", "uniform": "64 ranks",
+                     "chatty": "3 other lines per rank and step, read one by one"}[shape]
             print(f"\n{shape} ({label}): {r['file_mb']:.0f} MB, {r['ranks']} ranks, {r['steps']:,} steps, "
                   f"{r['lines']:,} lines, {r['step_lines_grep']:,} step lines")
-            print(f"  {'command':<24}{'wall':>9}{'MB/s':>9}{'cpu':>9}{'MB/s':>9}{'x grep':>9}{'RSS MB':>9}")
+            print(f"  {'command':<24}{'wall':>9}{'MB/s':>9}{'x grep':>9}{'cpu':>9}{'MB/s':>9}{'x grep':>9}{'RSS MB':>9}")
             for name in r["commands"]:
                 m = r[name]
-                print(f"  {name:<24}{m['wall_s']:>8.2f}s{m['mb_s_wall']:>9.0f}{m['cpu_s']:>8.2f}s{m['mb_s_cpu']:>9.0f}"
-                      f"{m['vs_grep_cpu']:>9.3f}{m['peak_rss_mb']:>9.0f}")
+                print(f"  {name:<24}{m['wall_s']:>8.2f}s{m['mb_s_wall']:>9.0f}{m['vs_grep_wall']:>9.3f}{m['cpu_s']:>8.2f}s"
+                      f"{m['mb_s_cpu']:>9.0f}{m['vs_grep_cpu']:>9.3f}{m['peak_rss_mb']:>9.0f}")
         if "real" in results:
-            print(f"\ntarget (real shape, table and --json >= {TARGET_MBPS:.0f} MB/s, --json <= {TARGET_RSS_MB} MB): "
+            print(f"\nfloor (real shape, table and --json >= {TARGET_MBPS:.0f} MB/s): "
                   f"wall {'met' if summary['meets_target_wall'] else 'NOT met'}, CPU time {'met' if summary['meets_target_cpu'] else 'NOT met'}")
         print(summary["note"])
         if bytecode:

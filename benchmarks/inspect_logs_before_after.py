@@ -22,7 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / "benchmarks" / "_work"
-LOGS = {"real": WORK / "inspect_logs_8ranks_200000steps_varied.log",
+LOGS = {"real": WORK / "inspect_logs_8ranks_100000steps_varied.log",
         "chatty": WORK / "inspect_logs_8ranks_20000steps_varied_chatty.log"}
 WRAPPER = (
     "import json, resource, subprocess, sys, time\n"

@@ -41,7 +41,7 @@ BENCHES = [
     Bench("startup", "CLI start-up of every command (root/subcommand --help, check-env --json, config show) vs `hf --help`", [], ["-n", "3"]),
     Bench("data_prep", "tokenize+mask+pack a chat set vs a Python loop over apply_chat_template (tiny model)",
           [], ["--records", "2000", "--repeats", "1"]),
-    Bench("inspect_logs", "inspect-logs MB/s (table, --json) on the 8-rank 407 MB real-shaped log, the best-case 64-rank log and a "
+    Bench("inspect_logs", "inspect-logs MB/s (table, --json) on the 8-rank 203 MB real-shaped log, a 64-rank log and a "
           "chatty log (most lines not step lines) vs `grep -c step:`",
           ["-n", "1", "--shape", "all"], ["-n", "1", "--shape", "uniform", "--mb", "20"]),
     Bench("fetch_throughput", "fetch from a loopback Hub vs `hf download` (same server, same files)", [],

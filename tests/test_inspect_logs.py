@@ -260,7 +260,7 @@ def test_override_no_match_warning():
     assert f.severity == "error" and f.lines == [1]
 
 
-# --- interleaved ranks: fast (bulk) path == line-by-line path ----------------------------------
+# --- interleaved ranks: the summary of other ranks == line by line ----------------------------------
 
 
 def interleaved(ranks=8, steps=40, high_rank=5, high_step=30, stop_rank=3, stop_step=25):
@@ -285,7 +285,8 @@ def interleaved(ranks=8, steps=40, high_rank=5, high_step=30, stop_rank=3, stop_
 @pytest.mark.parametrize("chunk", [1, 97, 4096, 1 << 20])
 def test_fast_path_matches_line_by_line(chunk):
     data = interleaved().encode()
-    slow = LogParser("x", fast=False)
+    slow = LogParser("x")
+    slow.summarize = False  # every line read one by one
     for i in range(0, len(data), 1 << 20):
         slow.feed(data[i:i + (1 << 20)])
     slow_log = slow.close()

@@ -253,12 +253,14 @@ def _run_follow(inp, json_out, csv_file, plot_file, strict, idle_timeout, judge_
             parts.append("mfu -")  # no peak FLOPS known for the device (CPU): torchtitan's 0.00% says nothing
         if s.get("lr") is not None:
             parts.append(f"lr {_f(s.get('lr'), '.4g')}")
+        parts += [f"{k} {_f(v, '.4g')}" for k, v in s.items() if k not in _SHOWN and v is not None]  # by name
         con.print("  ".join(parts), highlight=False)
 
     def on_validation(v: dict) -> None:
         parts = [f"validation after step {v['step']}", f"loss {_f(v.get('loss'), '.5f')}"]
         if v.get("tps") is not None:
             parts.append(f"tps {_f(v.get('tps'), ',')}")
+        parts += [f"{k} {_f(x, '.4g')}" for k, x in v.items() if k not in _SHOWN and x is not None]
         con.print("  ".join(parts), highlight=False)
 
     output.info(f"following {inp.label} (Ctrl-C to stop)")
@@ -271,6 +273,10 @@ def _run_follow(inp, json_out, csv_file, plot_file, strict, idle_timeout, judge_
     else:
         report.render(result.log, result.ctx, result.findings)
     _finish([result], strict)
+
+
+# what --follow's lines show by their own labels; any other value of a step is shown by its name
+_SHOWN = frozenset(("step", "loss", "grad_norm", "memory_gib", "memory_pct", "tps", "tflops", "mfu", "lr", "line", "source"))
 
 
 def _f(x, spec: str) -> str:

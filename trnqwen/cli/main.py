@@ -387,19 +387,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(code)
     if rv == EXIT_SIGINT:  # typer turns Ctrl-C inside a command into a return value of 130
         _interrupted(KeyboardInterrupt())
-    if argv is None:  # the real process, not main(argv) in a test's interpreter, which lives on
-        _skip_final_collection()
     sys.exit(rv if isinstance(rv, int) else 0)
-
-
-def _skip_final_collection() -> None:
-    """Let the OS free what a finished command left: the interpreter's last garbage collections
-    walk every object still alive only to free it (about 40 ms after ``inspect-logs`` of a
-    400 MB log, measured in benchmarks/inspect_logs.py).  Frozen objects are skipped; a
-    command's own files are closed (written atomically) before it returns."""
-    import gc
-
-    gc.freeze()
 
 
 if __name__ == "__main__":

@@ -43,10 +43,6 @@ VALIDATE_RE = re.compile(
     r"(?:\s+tps:\s*(?P<tps>" + NUM + r"))?"
 )
 
-# The same facts at byte level, for the bulk pass over other ranks' step lines.
-B_STEP = re.compile(rb"step:\s*(\d+)")
-B_MEM = re.compile(rb"memory:\s*([0-9.,]+)\s*GiB\(([0-9.,]+)%\)")
-B_MEM_HIGH = re.compile(rb"GiB\((?:9\d|100)\.\d*%\)")  # "GiB(93.25%)": above 90% (pct <= 100)
 # A method's own validation line (``[DPO] validate step: 3  ...``), read by that method's reader.
 METHOD_VALIDATE_RE = re.compile(r"\[[A-Za-z][\w-]*\] validate step:")
 

@@ -14,11 +14,11 @@ from typing import BinaryIO, Callable, Optional
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.logs.identity import with_identity
 from trnqwen.logs.judge import Finding, judge
-from trnqwen.logs.parallel import read_file
 from trnqwen.logs.engine import CHUNK_SIZE, MAX_LINE, LogParser
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.sources import LogInput, RunContext, fill_from_tensorboard, run_context
+from trnqwen.logs.stream import StreamSteps, read_into, run_method, stream_of
 
 
 @dataclass
@@ -87,9 +87,12 @@ def _read_compressed(raw: BinaryIO, kind: str, label: str, chunk_size: int) -> P
 
 def read_log(inp: LogInput, *, stdin: Optional[BinaryIO] = None, chunk_size: int = CHUNK_SIZE, live: bool = False) -> ParsedLog:
     """Parse the whole log (read-only, binary, bounded memory; gzip, bzip2 and xz decompressed)
-    and refuse what is not a log (``live``: the run is still starting, an empty log is fine)."""
+    and refuse what is not a log (``live``: the run is still starting, an empty log is fine); a
+    run directory's metrics stream gives the steps and validations (:mod:`trnqwen.logs.stream`)."""
     if live and inp.path is not None and not inp.path.exists():  # a starting run has no train.log yet
-        return ParsedLog(source=inp.label)
+        log = ParsedLog(source=inp.label)
+        read_into(log, inp.run_dir, inp.record)
+        return log
     if inp.is_stdin:
         stream = stdin if stdin is not None else sys.stdin.buffer
         kind = _compression(stream.peek(6)[:6]) if hasattr(stream, "peek") else None
@@ -107,10 +110,11 @@ def read_log(inp: LogInput, *, stdin: Optional[BinaryIO] = None, chunk_size: int
                 if kind:
                     log = _read_compressed(fh, kind, inp.label, chunk_size)
                 else:
-                    log = read_file(fh, inp.label, chunk_size=chunk_size)  # big files: on every core
+                    log = read_stream(fh, inp.label, chunk_size=chunk_size)
             except OSError as exc:
                 raise CheckFailed(f"could not read {inp.label}: {exc.strerror or exc}", hint="check the file and try again") from None
-    check_readable(log, live=live)
+    streamed = read_into(log, inp.run_dir, inp.record)
+    check_readable(log, live=live or streamed)
     return log
 
 
@@ -208,6 +212,8 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
     if kind:
         raise UsageError(f"{inp.label} is {kind}-compressed: a compressed log does not grow", hint="drop --follow to read it")
     parser = LogParser(inp.label)
+    stream = StreamSteps(run_method(inp.record))  # the run's metrics stream, once it has one
+    reader = None
     pos = 0
     idle_since = time.monotonic()
     stalled: Optional[float] = None
@@ -234,6 +240,16 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
                     pos += len(block)
                     parser.feed(block)
                     grew = True
+            if reader is None and stream_of(inp.run_dir) is not None:
+                from trnqwen.contract.metrics_stream import StreamReader
+
+                reader = StreamReader(stream_of(inp.run_dir))
+            new = reader.poll() if reader is not None else []
+            stream.add(new)
+            grew = grew or bool(new)
+            if any(rec.kind == "step" for rec in stream.records):
+                emitter.emit(parser.log, stream.steps(), stream.validations())
+            elif fh is not None:
                 emitter.emit(parser.log, parser.current_steps())
             now = time.monotonic()
             if grew:
@@ -257,10 +273,11 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
         if fh is not None:
             fh.close()
     log = parser.close()
+    streamed = read_into(log, inp.run_dir, inp.record)
     emitter.emit(log, log.steps)
-    if log.bytes_read == 0 and stalled is None:
+    if log.bytes_read == 0 and stalled is None and not streamed:
         raise CheckFailed(f"{inp.label} stayed empty", hint="is the run writing to this file?")
-    result = judge_log(log, inp, **judge_kw) if log.bytes_read else Inspection(log, run_context(inp), [])
+    result = judge_log(log, inp, **judge_kw) if log.bytes_read or streamed else Inspection(log, run_context(inp), [])
     if stalled is not None:
         last = max(log.steps) if log.steps else None
         where = f"after step {last}" if last is not None else "before any step"
@@ -281,8 +298,8 @@ class _Emitter:
         self.printed = 0
         self.validations = 0
 
-    def emit(self, log: ParsedLog, steps) -> None:
-        vals = log.validations
+    def emit(self, log: ParsedLog, steps, validations: Optional[list] = None) -> None:
+        vals = log.validations if validations is None else validations
         pending = vals[self.validations:] if self.on_validation is not None else []
         self.validations = len(vals)
         no_mfu = no_peak_flops(log) is not None
@@ -295,6 +312,8 @@ class _Emitter:
                 self.on_validation(pending[k])
                 k += 1
             rec = steps[step]
+            if log.values.get(step):  # the metrics stream's other values, by name
+                rec = {**rec, **log.values[step]}
             self.on_step(dict(rec, mfu=None) if no_mfu else rec)
         for v in pending[k:]:
             self.on_validation(v)

@@ -1,10 +1,14 @@
 """The streaming engine: raw bytes in (any chunking), a :class:`~trnqwen.logs.record.ParsedLog` out.
 
-Speed and memory: input comes in binary chunks and is split on newlines; lines are capped at
-``max_line`` bytes, so a 2 GB line costs no more memory than a short one.  Until the primary rank
-(rank 0, or the unprefixed stream) is known every line is read one by one.  After that a region
-goes through the fast path: the primary rank's lines and every line that is not a step line are
-read one by one, and the other ranks' step lines in bulk (:mod:`trnqwen.logs.bulk`).
+Input comes in binary chunks and is cut at newlines; lines are capped at ``max_line`` bytes, so a
+2 GB line costs no more memory than a short one.  Every line is read one by one (:meth:`LogParser._line`)
+with one exception, for logs where every rank prints its step lines (a by-hand torchrun of 8 or 64
+ranks; trnqwen's own launcher keeps rank 0's): once the primary rank (rank 0, or the unprefixed
+stream) is known, the lines between two of its lines that are all other ranks' step lines (as many
+``step:`` and ``loss:`` as lines, every line behind the prefix of a rank already seen, no
+validation) are only summarized, as the per-line reader would record them: counted, each rank's
+last step, and its highest memory above 90%.  A region with a traceback or a resume in it is read
+line by line.
 
 What each line means lives elsewhere: the step line in :mod:`~trnqwen.contract.stepline`, every other
 kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
@@ -14,9 +18,9 @@ kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
 from __future__ import annotations
 
 import re
-from typing import Callable, Optional
+from itertools import repeat
+from typing import Optional
 
-from trnqwen.logs import bulk
 from trnqwen.logs.patterns import (
     APPLIED_RE,
     B_PREFIX_RE,
@@ -35,40 +39,42 @@ from trnqwen.logs.patterns import (
     split_prefix,
 )
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
-from trnqwen.contract.stepline import ANSI_RE, parse_step_line, parse_validation_line
-from trnqwen.logs.steps import any_at_least, increasing, shifted
+from trnqwen.contract.stepline import ANSI_RE, parse_step_line, parse_validation_line, step_key_glued_ok
 from trnqwen.logs.tracebacks import Tracebacks, TorchrunSummary
 
 MAX_LINE = 1 << 20  # bytes kept of any one line
 RESUMED_RE = re.compile(r"\[trnqwen\] resumed run \S+ from step (\d+)")
 PREEMPTED_RE = re.compile(r"\[trnqwen\] preempted: (.+?) at step (\d+)")
-CHUNK_SIZE = 16 << 20
+CHUNK_SIZE = 1 << 20  # a block read at a time (bigger blocks fall out of the CPU cache)
 MAX_KEPT = 200  # distinct warnings / error lines kept
 NUL_SCAN_BYTES = 1 << 20  # NUL bytes are counted in the first MiB (binary-file detection)
-_TB_START = TRACEBACK_START.encode()
+
+
+def _fail():
+    raise ValueError
 
 
 class LogParser:
-    """Feed raw bytes in any chunking; ``close()`` returns the :class:`ParsedLog`."""
+    """Feed raw bytes in any chunking; ``close()`` returns the :class:`ParsedLog`.  ``summarize``
+    False reads every line one by one (the reference the tests hold the summary to)."""
 
-    def __init__(self, source: str = "", *, max_line: int = MAX_LINE, fast: bool = True):
+    summarize = True
+
+    def __init__(self, source: str = "", *, max_line: int = MAX_LINE):
         self.log = ParsedLog(source=source)
-        self.fast = fast
         self.max_line = max(64, int(max_line))
         self.lineno = 0  # the last line read
         self.rank_prefix: dict[int, bytes] = {}  # rank -> its torchrun prefix as bytes
+        self._rank_of: dict[bytes, int] = {}  # and back
         self._carry = b""
         self._skipping: Optional[bytes] = None  # head of an overlong line being skipped
         self._primary_decided = False
         self._primary_prefix: Optional[bytes] = None
-        self.primary_prefix_text = ""
         self._pending: dict[Optional[int], list[dict]] = {}
         self._last_primary_step: Optional[int] = None
         self._tracebacks = Tracebacks(self.log)
         self._torchrun = TorchrunSummary(self.log)
         self.closed = False
-        # (buf, start, end, prefix) -> a bulk.RegionPlan computed elsewhere, or None
-        self.planned: Optional[Callable] = None
 
     # -- byte level ---------------------------------------------------------------------------
 
@@ -83,28 +89,16 @@ class LogParser:
             nl = block.find(b"\n")
             if nl < 0:
                 return
-            head = self._skipping
-            self._skipping = None
+            head, self._skipping = self._skipping, None
             self.lineno += 1
             log.overlong_lines.append(self.lineno)
             self._line(self.lineno, head)
             block = block[nl + 1:]
-            if not block:
-                return
-        first_nl = block.find(b"\n")
-        if first_nl < 0:
+        last_nl = block.rfind(b"\n")
+        if last_nl < 0:
             self._carry += block
         else:
-            last_nl = block.rfind(b"\n")
-            if self._carry:
-                # the line that straddles two blocks, on its own (no copy of the whole block)
-                head = self._carry + block[:first_nl]
-                self._carry = b""
-                self._region(head, 0, len(head))
-                if last_nl > first_nl:
-                    self._region(block, first_nl + 1, last_nl)
-            else:
-                self._region(block, 0, last_nl)
+            self._region(self._carry + block[:last_nl] if self._carry else block[:last_nl])
             self._carry = block[last_nl + 1:]
         if len(self._carry) > self.max_line:
             self._skipping = self._carry[: self.max_line]
@@ -137,70 +131,177 @@ class LogParser:
         self._tracebacks.close_all()
         return self.log
 
-    def _region(self, buf: bytes, start: int, end: int) -> None:
-        """The whole lines in ``buf[start:end]`` (newline-separated, none after the last)."""
+    def _region(self, buf: bytes) -> None:
+        """The whole lines of ``buf`` (newline-separated, none after the last)."""
         base = self.lineno + 1
-        if not self._primary_decided:
-            # Line by line until the primary rank is known: step lines of a second step number
-            # have appeared (every rank has logged the first), or enough lines have passed.
-            pos = start
-            lineno = base
-            while True:
-                stop = buf.find(b"\n", pos, end)
-                last = stop < 0
-                if last:
-                    stop = end
-                self.lineno = lineno
-                self._line(lineno, buf[pos:stop])
+        pp = self._primary_prefix
+        if (pp is None or not self.summarize or self._tracebacks.any_open() or b"Traceback" in buf
+                or b"[trnqwen] resumed" in buf):
+            self._each(buf.split(b"\n"), base)
+            return
+        others = tuple(p for r, p in self.rank_prefix.items() if r != self.log.primary_rank)
+        high = b"GiB(9" in buf or b"GiB(100" in buf
+        check = b"validate" in buf or not buf.isascii()
+        lineno = base
+        primary: list = []  # (line, bytes behind the prefix) of the primary rank, read in runs (_primaries)
+        for k, piece in enumerate(buf.split(b"\n" + pp)):  # each piece: a primary line, then other lines
+            rest = piece
+            if k:
+                nl = piece.find(b"\n")
+                primary.append((lineno, piece if nl < 0 else piece[:nl]))
                 lineno += 1
-                pos = stop + 1
-                if self._pending and self._ready_to_decide(lineno - 1):
-                    self._decide_primary()
-                    if not last:
-                        self._region_decided(buf, pos, end, lineno)
-                    return
-                if last:
-                    return
-        self._region_decided(buf, start, end, base)
+                if nl < 0:
+                    continue
+                rest = piece[nl + 1:]
+            lines = rest.split(b"\n")
+            n = len(lines)
+            if (others and rest.count(b"step:") == n and rest.count(b"loss:") == n and len(rest) <= self.max_line
+                    and all(map(bytes.startswith, lines, repeat(others)))
+                    and not (check and (b"validate" in rest or not rest.isascii()))):
+                self.log.recognized_lines += n
+                if high:
+                    self._high_memory(lines, lineno)
+            else:
+                self._primaries(primary)
+                self._each(lines, lineno)
+            lineno += n
+        self._primaries(primary)
+        self.lineno = lineno - 1
+        self._last_steps(buf)
 
-    def _region_decided(self, buf: bytes, start: int, end: int, base: int) -> None:
-        """Lines ``base``.. of ``buf[start:end]``; sets ``self.lineno`` to the last one."""
-        prefix = self._primary_prefix
-        if prefix is None or not self.fast or self._tracebacks.any_open():
-            self._slow(buf, start, end, base)
-            return
-        # Fast path (bulk.plan_region): lines without "loss:" and "step:" are read one by one,
-        # the primary rank's step lines in bulk, the other ranks' step lines only in bulk summary.
-        plan = self.planned(buf, start, end, prefix) if self.planned is not None else None
-        if plan is None:
-            whole = getattr(buf, "whole", None)  # a block not read yet (lazyblock.LazyBlock)
-            if whole is not None:
-                buf = whole()
-            plan = bulk.plan_region(buf, start, end, prefix, self.max_line)
-        if plan.fallback:
-            self._slow(buf, start, end, base)
-            return
-        self.lineno = base + plan.lines - 1
-        if plan.steps is not None:
-            steps, at, values, missing = plan.steps
-            self.log.recognized_lines += len(steps)
-            self.store_primary_steps(steps, shifted(at, base), values, missing)
-        feed = self._line
-        known = self.log.ranks
-        # lines that only count (bulk.quiet_lines), of ranks already known (a new rank's line is
-        # read, which notes the rank)
-        quiet = {k for k, rank in zip(plan.quiet, plan.quiet_ranks) if rank in known}
-        self.log.recognized_lines += len(quiet)
-        for k, (i, raw) in enumerate(zip(plan.single, plan.raws)):
-            if k not in quiet:
-                feed(base + i, raw)
-        bulk.read_other_ranks(self, buf, start, end, base, prefix, plan.memory)
+    def _primaries(self, batch: list) -> None:
+        """The primary rank's lines of a region, in order: runs of torchtitan's exact step line
+        (what :func:`~trnqwen.logs.stepline.fast_step` reads) as columns, the rest one by one."""
+        run: list = []
+        for lineno, raw in batch:
+            i = raw.find(b"step:")
+            if (i > 0 and b"loss:" in raw and raw.isascii() and b"validate" not in raw and not raw.endswith(b"\r")
+                    and len(raw) + len(self._primary_prefix) <= self.max_line and not raw.startswith(self._primary_prefix)
+                    and (raw[i - 1] == 32 or (raw[i - 1] == 109 and step_key_glued_ok(raw.decode(), i)))):
+                run.append((lineno, raw, i))
+                continue
+            self._step_columns(run)
+            self._primary_line(lineno, raw)
+        self._step_columns(run)
+        batch.clear()
 
-    def _slow(self, buf: bytes, start: int, end: int, base: int) -> None:
-        lines = buf[start:end].split(b"\n")
+    def _step_columns(self, run: list) -> None:
+        """Step lines of the primary rank (from ``step:`` on) as columns, as fast_step reads each;
+        one line off its layout sends the run to :meth:`_primary_line`."""
+        if not run:
+            return
+        try:
+            rows = [raw[i:].split() for _, raw, i in run]
+            width = len(rows[0])
+            if width not in (14, 16) or any(len(r) != width for r in rows):
+                raise ValueError
+            cols = list(zip(*rows))
+            for k, key in ((2, b"loss:"), (4, b"grad_norm:"), (6, b"memory:"), (8, b"tps:"), (10, b"tflops:"),
+                           (12, b"mfu:"), *(((14, b"lr:"),) if width == 16 else ())):
+                if not all(map(bytes.endswith, cols[k], repeat(key))):
+                    raise ValueError
+            mem = [m.partition(b"GiB(") for m in cols[7]]
+            tps = [float(t.replace(b",", b"")) for t in cols[9]]
+            values = {
+                "loss": list(map(float, cols[3])), "grad_norm": list(map(float, cols[5])),
+                "memory_gib": [float(a) for a, g, _ in mem if g or _fail()],
+                "memory_pct": [float(b[: b.index(b"%")]) for _, _, b in mem],
+                "tps": [int(t) if t.is_integer() else t for t in tps],
+                "tflops": [float(t.replace(b",", b"")) for t in cols[11]],
+                "mfu": [None if m.startswith(b"N/A") else float(m[: m.find(b"%")]) for m in cols[13]],
+                "lr": list(map(float, cols[15])) if width == 16 else [None] * len(rows),
+            }
+            steps = list(map(int, cols[1]))
+        except ValueError:
+            for lineno, raw, _ in run:
+                self._primary_line(lineno, raw)
+            run.clear()
+            return
+        lines = [lineno for lineno, _, _ in run]
+        run.clear()
+        log = self.log
+        log.recognized_lines += len(steps)
+        last = self._last_primary_step
+        for step, line in zip(steps, lines):
+            if last is not None and step <= last:
+                log.restarts.append(line)
+            last = step
+        self._last_primary_step = last
+        rank = log.primary_rank
+        self.note_rank_step(rank, steps[-1], lines[-1])
+        pct = values["memory_pct"]
+        top = max((p for p in pct if p >= HIGH_MEMORY_PCT), default=None)  # the first maximum, as _step keeps it
+        if top is not None:
+            i = pct.index(top)
+            self.note_memory(rank, steps[i], values["memory_gib"][i], top, lines[i])
+        log.steps.extend(steps, lines, values)
+
+
+    def _primary_line(self, lineno: int, raw: bytes) -> None:
+        """A line of the primary rank, ``raw`` behind its prefix: a plain step line straight to
+        :meth:`_step` (what :meth:`_line` would do with it), anything else through :meth:`_line`."""
+        pp = self._primary_prefix
+        if (b"loss:" in raw and b"step:" in raw and b"validate step:" not in raw and len(raw) + len(pp) <= self.max_line
+                and not raw.startswith(pp) and not raw.endswith(b"\r")):
+            try:
+                rec = parse_step_line(raw.decode())
+            except UnicodeDecodeError:
+                rec = None
+            if rec is not None:
+                self.log.recognized_lines += 1
+                self._step(lineno, self.log.primary_rank, rec)
+                return
+        self._line(lineno, pp + raw)
+
+    def _each(self, lines: list, base: int) -> None:
+        for lineno, raw in enumerate(lines, base):
+            self._line(lineno, raw)
+            if not self._primary_decided and self._pending and self._ready_to_decide(lineno):
+                self._decide_primary()
         self.lineno = base + len(lines) - 1
-        for i, raw in enumerate(lines):
-            self._line(base + i, raw)
+
+    def _high_memory(self, lines: list, base: int) -> None:
+        """Summarized step lines above 90% memory: each rank's first highest (as :meth:`_step`)."""
+        high = self.log.rank_high_memory
+        for lineno, raw in enumerate(lines, base):
+            g = raw.find(b"GiB(")
+            if g < 0:
+                continue
+            try:
+                pct = float(raw[g + 4: raw.index(b"%", g)])
+            except ValueError:
+                pct = None
+            if pct is not None and pct < HIGH_MEMORY_PCT:
+                continue
+            rank = self._rank_of.get(raw[: raw.index(b"]:") + 2])
+            prev = high.get(rank)
+            if pct is None or prev is None or pct > prev["pct"]:
+                rank, body = split_prefix(raw.decode("ascii"))
+                rec = parse_step_line(body)
+                if rec is not None and (rec.get("memory_pct") or 0) >= HIGH_MEMORY_PCT:
+                    self.note_memory(rank, rec["step"], rec.get("memory_gib"), rec["memory_pct"], lineno)
+
+    def _last_steps(self, buf: bytes) -> None:
+        """Each other rank's last step line in ``buf`` (summarized lines included); ``buf``'s last
+        line is ``self.lineno``."""
+        for rank, prefix in self.rank_prefix.items():
+            if rank == self.log.primary_rank:
+                continue
+            end = len(buf)
+            while True:
+                at = buf.rfind(b"\n" + prefix, 0, end)
+                if at < 0 and not buf.startswith(prefix):
+                    break
+                stop = buf.find(b"\n", at + 1)
+                _, body = split_prefix(buf[at + 1: len(buf) if stop < 0 else stop].decode("utf-8", "replace"))
+                if "loss:" in body and "step:" in body and "validate step:" not in body:
+                    rec = parse_step_line(body)
+                    if rec is not None:
+                        self.note_rank_step(rank, rec["step"], self.lineno - buf.count(b"\n", at + 1))
+                        break
+                if at < 0:
+                    break
+                end = at
 
     def _ready_to_decide(self, lineno: int) -> bool:
         steps = {rec["step"] for recs in self._pending.values() for rec in recs[:2]}
@@ -394,31 +495,6 @@ class LogParser:
         self._last_primary_step = rec["step"]
         self.log.steps.append(rec)
 
-    def store_primary_steps(self, steps, lines, values: dict, missing: dict) -> None:
-        """Many primary-rank steps at once (columns from bulk.primary_columns); the same
-        bookkeeping as :meth:`_step` for each."""
-        log = self.log
-        last = self._last_primary_step
-        if (last is not None and steps[0] <= last) or not increasing(steps):
-            for step, line in zip(steps, lines):
-                if last is not None and step <= last:
-                    log.restarts.append(line)
-                last = step
-        self._last_primary_step = steps[-1]
-        rank = log.primary_rank
-        self.note_rank_step(rank, steps[-1], lines[-1])
-        pct = values["memory_pct"]
-        if any_at_least(pct, HIGH_MEMORY_PCT):
-            import numpy as np
-
-            # note_memory keeps the first maximum: only this batch's first maximum can count
-            col = np.frombuffer(pct, np.float64)
-            high = np.flatnonzero(col >= HIGH_MEMORY_PCT)
-            i = int(high[int(np.argmax(col[high]))])
-            gib = values["memory_gib"]
-            self.note_memory(rank, steps[i], None if i in set(missing.get("memory_gib", ())) else gib[i], pct[i], lines[i])
-        log.steps.extend(steps, lines, values, missing)
-
     def _decide_primary(self) -> None:
         if self._primary_decided or not self._pending:
             return
@@ -431,13 +507,12 @@ class LogParser:
         self._pending.clear()
         self._primary_decided = True
         self._primary_prefix = None if primary is None else self.rank_prefix.get(primary)
-        self.primary_prefix_text = self._primary_prefix.decode("utf-8", "replace") if self._primary_prefix else ""
 
     def note_rank(self, rank: int, prefix: Optional[bytes]) -> None:
-        if rank not in self.log.ranks:
-            self.log.ranks.add(rank)
+        self.log.ranks.add(rank)
         if prefix and rank not in self.rank_prefix:
             self.rank_prefix[rank] = bytes(prefix)
+            self._rank_of[bytes(prefix)] = rank
 
     def note_rank_step(self, rank: int, step: int, lineno: int) -> None:
         prev = self.log.rank_last_step.get(rank)

@@ -10,8 +10,7 @@ The public entry points, in one place:
 Where things live: the step line's format in :mod:`trnqwen.contract.stepline`; every other line kind
 in :mod:`trnqwen.logs.patterns` (a new informational line is one row of ``INFO_LINES`` there);
 the result in :mod:`trnqwen.logs.record`; the streaming engine in :mod:`trnqwen.logs.engine`,
-with its bulk pass over other ranks in :mod:`trnqwen.logs.bulk` and crash tracking in
-:mod:`trnqwen.logs.tracebacks`.
+with crash tracking in :mod:`trnqwen.logs.tracebacks`.
 """
 
 from __future__ import annotations
@@ -63,9 +62,6 @@ def parse_text(text: str, source: str = "<text>") -> ParsedLog:
     return parse_bytes(text.encode("utf-8", "surrogateescape"), source)
 
 
-def parse_file(path, *, chunk_size: int = CHUNK_SIZE, max_line: int = MAX_LINE, workers=None) -> ParsedLog:
-    """Parse a file; a big one with its regions planned on every core (:mod:`trnqwen.logs.parallel`)."""
-    from trnqwen.logs.parallel import read_file
-
+def parse_file(path, *, chunk_size: int = CHUNK_SIZE, max_line: int = MAX_LINE) -> ParsedLog:
     with open(path, "rb") as fh:
-        return read_file(fh, str(path), chunk_size=chunk_size, max_line=max_line, workers=workers)
+        return parse_stream(fh, str(path), chunk_size=chunk_size, max_line=max_line)

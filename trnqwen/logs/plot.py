@@ -1,6 +1,6 @@
 """``--plot FILE.png``: loss, grad norm, throughput/MFU and (when logged) the learning rate against
-step (matplotlib, Agg); a DPO run adds a panel of its ``[DPO]`` values: rewards chosen/rejected and
-margin, accuracy on a second axis."""
+step (matplotlib, Agg); a run with other values (every value of its metrics stream, a DPO log's
+``[DPO]`` values) adds a panel of them, by name."""
 
 from __future__ import annotations
 
@@ -15,29 +15,28 @@ from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 
 
-def _dpo_series(log: ParsedLog, key: str, *, validation: bool = False) -> tuple[list[int], list[float]]:
-    """A ``[DPO]`` value by step (``validation``: of the validations)."""
-    recs = ([(v["step"], v) for v in log.validations] if validation
-            else sorted(log.dpo_steps.items()))
-    pts = [(step, float(rec[key])) for step, rec in recs
-           if isinstance(rec.get(key), (int, float)) and math.isfinite(rec[key])]
+def _value_series(log: ParsedLog, name: str, *, validation: bool = False) -> tuple[list[int], list[float]]:
+    """One of the run's other values (:func:`trnqwen.logs.report.method_values`) by step
+    (``validation``: of the validations)."""
+    from trnqwen.logs.report import method_values
+
+    recs = [(v["step"], v) for v in log.validations] if validation else sorted(method_values(log)[1].items())
+    pts = [(step, float(rec[name])) for step, rec in recs
+           if isinstance(rec.get(name), (int, float)) and math.isfinite(rec[name])]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _plot_dpo(ax, run: ParsedLog, style: str, suffix: str) -> None:
-    """Rewards chosen/rejected and margin on ``ax``, accuracy on its twin (``ax.acc``)."""
-    for key, color, label in (("rewards_chosen", "tab:green", "rewards chosen"),
-                              ("rewards_rejected", "tab:red", "rewards rejected"), ("margin", "tab:blue", "margin")):
-        x, y = _dpo_series(run, key)
-        ax.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color=color, label=f"{label}{suffix}")
-    x, y = _dpo_series(run, "margin", validation=True)
-    if x:
-        ax.plot(x, y, style, marker="s", ms=4, color="tab:cyan", label=f"validation margin{suffix}")
-    x, y = _dpo_series(run, "accuracy")
-    ax.acc.plot(x, y, style, color="tab:grey", alpha=0.7, label=f"accuracy{suffix}")
-    x, y = _dpo_series(run, "accuracy", validation=True)
-    if x:
-        ax.acc.plot(x, y, style, marker="s", ms=4, color="black", alpha=0.7, label=f"validation accuracy{suffix}")
+def _plot_values(ax, run: ParsedLog, style: str, suffix: str) -> None:
+    """Every other value of the run on ``ax`` (a DPO run's rewards, margin, accuracy; any value
+    its metrics stream has), validations as squares."""
+    from trnqwen.logs.report import method_values
+
+    for name in method_values(run)[0]:
+        x, y = _value_series(run, name)
+        line, = ax.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, label=f"{name}{suffix}")
+        x, y = _value_series(run, name, validation=True)
+        if x:
+            ax.plot(x, y, style, marker="s", ms=4, color=line.get_color(), alpha=0.6, label=f"validation {name}{suffix}")
 
 
 def _series(log: ParsedLog, key: str) -> tuple[list[int], list[float]]:
@@ -60,8 +59,8 @@ def plot_title(source: str, run_dir: Optional[Path] = None) -> str:
 
 def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None, title: Optional[str] = None,
                evaluations: Optional[list[dict]] = None) -> None:
-    """Three stacked panels sharing the step axis (four with the learning rate, one more for a DPO
-    run's rewards/margin/accuracy), written atomically."""
+    """Three stacked panels sharing the step axis (four with the learning rate, one more for the
+    run's other values), written atomically."""
     save_figure_atomic(build_figure(log, other=other, title=title, evaluations=evaluations), Path(path))
 
 
@@ -82,14 +81,14 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
     if other is not None:
         runs.append(("B", other, "--"))
     with_lr = any(_series(run, "lr")[0] for _, run, _ in runs)
-    with_dpo = any(run.dpo_steps for _, run, _ in runs)
-    n_panels = 3 + with_lr + with_dpo
+    from trnqwen.logs.report import method_values
+
+    with_values = any(method_values(run)[0] for _, run, _ in runs)
+    n_panels = 3 + with_lr + with_values
     fig, axes = plt.subplots(n_panels, 1, figsize=(11, 3 + 2 * n_panels), sharex=True, constrained_layout=True)
     ax_loss, ax_grad, ax_tps = axes[:3]
     ax_lr = axes[3] if with_lr else None
-    ax_dpo = axes[-1] if with_dpo else None
-    if ax_dpo is not None:
-        ax_dpo.acc = ax_dpo.twinx()
+    ax_values = axes[-1] if with_values else None
     with_mfu = any(no_peak_flops(run) is None and _series(run, "mfu")[0] for _, run, _ in runs)
     ax_mfu = ax_tps.twinx() if with_mfu else None
     for label, run, style in runs:
@@ -110,8 +109,8 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
         x, y = _series(run, "lr")
         if ax_lr is not None and x:
             ax_lr.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color="tab:brown", label=f"learning rate{suffix}")
-        if ax_dpo is not None and run.dpo_steps:
-            _plot_dpo(ax_dpo, run, style, suffix)
+        if ax_values is not None:
+            _plot_values(ax_values, run, style, suffix)
     # trnqwen eval's held-out losses (eval.json): the base before step 1, the export at its step
     for n, ev in enumerate(evaluations or []):
         for r in (ev or {}).get("results", []):
@@ -126,7 +125,7 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
         ax_loss.axvline(st, color="red", alpha=0.3, lw=1)
     if bad:
         ax_loss.plot([], [], color="red", alpha=0.5, label="NaN/Inf loss")
-    panels = [ax_loss, ax_grad, ax_tps, *(a for a in (ax_lr, ax_dpo) if a is not None)]
+    panels = [ax_loss, ax_grad, ax_tps, *(a for a in (ax_lr, ax_values) if a is not None)]
     _mark_interruptions(log, panels)
     if log.compiled_line is not None and 1 in log.steps:
         ax_tps.axvspan(0.5, 1.5, color="grey", alpha=0.15, label="step 1 (compilation)")
@@ -141,16 +140,14 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     if ax_lr is not None:
         ax_lr.set_ylabel("learning rate")
-    if ax_dpo is not None:
-        ax_dpo.set_ylabel("DPO rewards / margin")
-        ax_dpo.acc.set_ylabel("DPO accuracy")
-        ax_dpo.acc.set_ylim(-0.05, 1.05)
-        ax_dpo.axhline(0.0, color="grey", lw=0.8, alpha=0.5)
+    if ax_values is not None:
+        ax_values.set_ylabel("other values")
+        ax_values.axhline(0.0, color="grey", lw=0.8, alpha=0.5)
     for ax in panels:
         ax.grid(True, alpha=0.3)
     for ax in panels:
         handles, labels = ax.get_legend_handles_labels()
-        twin = ax_mfu if ax is ax_tps else ax_dpo.acc if ax is ax_dpo else None
+        twin = ax_mfu if ax is ax_tps else None
         if twin is not None:
             h2, l2 = twin.get_legend_handles_labels()
             handles, labels = handles + h2, labels + l2

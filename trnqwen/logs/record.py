@@ -42,6 +42,11 @@ class ParsedLog:
     # a validation's line joins its record in ``validations``; the reference line: {how, detail, beta, loss_type, line}
     dpo_steps: dict[int, dict] = field(default_factory=dict)
     dpo_reference: Optional[dict] = None
+    # from the run's metrics stream (trnqwen.logs.stream): the values beyond the step line's, by name
+    # (the run's method prefix dropped: "dpo/margin" of a DPO run is "margin"), step -> {name: value}
+    value_names: list[str] = field(default_factory=list)
+    values: dict[int, dict] = field(default_factory=dict)
+    metrics_stream: Optional[str] = None  # the stream the steps and validations were read from
     ranks: set = field(default_factory=set)  # ranks seen in prefixes
     world_size_hints: dict[str, int] = field(default_factory=dict)
     model_name: Optional[str] = None

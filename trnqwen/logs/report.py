@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from trnqwen.logs.jsonsteps import StepRowsJSON, _num, step_rows  # noqa: F401 (step_rows: part of this API)
 from trnqwen.logs import dpo
 from trnqwen.logs.lora import lora_json, lora_row
 from trnqwen.logs.judge import (
@@ -20,6 +19,81 @@ from trnqwen.logs.record import ParsedLog
 from trnqwen.contract.stepline import STEP_FIELDS
 from trnqwen.logs.sources import RunContext
 from trnqwen.fsutil import write_text_atomic
+
+
+def _num(x: Any) -> Any:
+    """JSON-safe number: NaN/Inf become null (JSON has no such numbers; see ``nonfinite``)."""
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def method_values(log: ParsedLog) -> tuple[tuple[str, ...], dict[int, dict]]:
+    """(names, step -> {name: value}) of the values beyond the step line's: every value of the
+    metrics stream by name (:mod:`trnqwen.logs.stream`), else a DPO log's ``[DPO]`` values."""
+    if log.value_names:
+        return tuple(log.value_names), log.values
+    values = dpo.step_values(log)
+    return (dpo.FIELDS if values else ()), values
+
+
+def step_rows(log: ParsedLog) -> list[dict]:
+    """``--json`` steps: numbers or null (a NaN/Inf value is null plus ``nonfinite``
+    ``{"loss": "nan"}``), then the run's other values by name; ``line`` is the log line (null
+    when filled in from TensorBoard or read from the metrics stream)."""
+    t = log.steps
+    t.compact()
+    names, values = method_values(log)
+    fields = (*STEP_FIELDS, *names)
+    cols = [t.step.tolist()]
+    for name in STEP_FIELDS[1:]:
+        col = t.cols[name].tolist()
+        for i in t.missing[name]:
+            col[i] = None
+        if name == "tps":
+            col = [int(v) if isinstance(v, float) and v.is_integer() else v for v in col]
+        cols.append(col)
+    for name in names:
+        cols.append([values.get(s, {}).get(name) for s in t.step])
+    cols.append([x or None for x in t.line.tolist()])
+    keys = (*fields, "line")
+    rows = [dict(zip(keys, r)) for r in zip(*cols)]
+    for i in _nonfinite_rows(t, names, values):
+        row = rows[i]
+        bad = {k: _nonfinite(row[k]) for k in fields if isinstance(row[k], float) and not math.isfinite(row[k])}
+        if bad:
+            row.update({k: None for k in bad}, nonfinite=bad, line=row.pop("line"))
+    for i, source in t.source.items():
+        rows[i]["source"] = source
+    return rows
+
+
+def _nonfinite_rows(t, names: tuple, values: dict) -> list[int]:
+    """The rows with a NaN/Inf value (numpy on the columns: few rows have one)."""
+    import numpy as np
+
+    bad = np.zeros(len(t.step), dtype=bool)
+    for name in STEP_FIELDS[1:]:
+        bad |= np.isinf(t.np(name)) | (np.isnan(t.np(name)) & t.present(name))
+    rows = set(np.flatnonzero(bad).tolist())
+    if names:
+        rows.update(i for i, s in enumerate(t.step) for v in values.get(s, {}).values()
+                    if isinstance(v, float) and not math.isfinite(v))
+    return sorted(rows)
+
+
+def _nonfinite(x: float) -> str:
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+class StepRows:
+    """``--json``'s ``steps`` as :func:`write_json` writes it: numbers only, so not redacted."""
+
+    def __init__(self, log: ParsedLog):
+        self.log = log
+
+    def write(self, out) -> None:
+        import json
+
+        out.write(json.dumps(step_rows(self.log)))
 
 
 def _identity(ctx: RunContext) -> Optional[dict]:
@@ -104,8 +178,8 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
 
 
 def write_json(obj: Any, out=None) -> None:
-    """Write ``obj`` as one compact JSON document to ``out`` (stdout), streaming any
-    :class:`StepRowsJSON` inside it; everything but the step numbers is redacted."""
+    """Write ``obj`` as one JSON document to ``out`` (stdout), any :class:`StepRows` inside it
+    written as they are; everything but the step numbers is redacted."""
     import json
     import sys
 
@@ -115,7 +189,7 @@ def write_json(obj: Any, out=None) -> None:
     streams: list = []
 
     def placeholder(o):
-        if isinstance(o, StepRowsJSON):
+        if isinstance(o, StepRows):
             streams.append(o)
             return f"\x00steps-{len(streams) - 1}\x00"
         return str(o)
@@ -133,7 +207,7 @@ def write_json(obj: Any, out=None) -> None:
 
 
 def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream: bool = False) -> dict:
-    """The ``--json`` object (``stream``: its ``steps`` a :class:`StepRowsJSON` for
+    """The ``--json`` object (``stream``: its ``steps`` a :class:`StepRows` for
     :func:`write_json`, not a list)."""
     table = override_table(log, ctx.num_layers)
     overrides = {
@@ -149,9 +223,10 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream:
         entry.update({k: (c[k] if c else None) for k in ("calls", "fallbacks", "modules", "ranks", "reason")})
     return {
         "source": log.source,
+        "metrics_stream": log.metrics_stream,  # where steps and validations came from (None: the text log)
         "world_size": log.world_size,
         "model": log.model_name,
-        "steps": StepRowsJSON(log) if stream else step_rows(log),
+        "steps": StepRows(log) if stream else step_rows(log),
         "resumes": [{"from_step": r["from_step"], "line": r["line"]} for r in log.resumes],
         "preempted": [{"step": p["step"], "signal": p["signal"], "line": p["line"]} for p in log.preempted],
         "validation": [{k: _num(v) for k, v in rec.items() if k != "line"} for rec in log.validations],
@@ -265,6 +340,16 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
         t.add_row("LoRA", "[yellow]configured, but no [LoRA] line logged[/yellow]")
     for what, text in dpo.dpo_rows(log, ctx):
         t.add_row(what, _escape(redact(text)))
+    if log.metrics_stream:  # every other value of the stream, by name
+        t.add_row("steps from", _escape(log.metrics_stream))
+        names = log.value_names
+        last = next((log.values[s] for s in reversed(list(log.steps)) if s in log.values), None)
+        if last:
+            t.add_row("values (last step)", _escape(", ".join(f"{k} {_fmt(last.get(k), '.4g')}" for k in names)))
+        val = log.validations[-1] if log.validations else {}
+        extra = {k: v for k, v in val.items() if k not in ("step", "loss", "memory_gib", "memory_pct", "tps", "line")}
+        if extra:
+            t.add_row("values (last validation)", _escape(", ".join(f"{k} {_fmt(v, '.4g')}" for k, v in extra.items())))
     fc = s["findings"]
     t.add_row("findings: errors / warnings", f"{fc['error']} / {fc['warning']}")
     t.add_row("log lines: WARNING / ERROR", f"{s['warnings']} / {s['errors']}")
@@ -320,20 +405,19 @@ def _layers(layers: list[int]) -> str:
 
 
 def write_csv(log: ParsedLog, path: Path) -> None:
-    """One row per step (``val_loss`` where a validation ran after it; a DPO run's log adds its
-    ``[DPO]`` values, and ``val_`` of each where a validation ran); written to a temp file and
-    renamed (never half a file)."""
+    """One row per step (``val_loss`` where a validation ran after it; the run's other values by
+    name (:func:`method_values`), and ``val_`` of each where a validation ran); written to a temp
+    file and renamed (never half a file)."""
     vals = {v["step"]: v for v in log.validations}
-    dpo_steps = dpo.step_values(log)
-    dpo_cols = dpo.FIELDS if dpo_steps else ()
-    fields = (*STEP_FIELDS, *dpo_cols, "val_loss", *(f"val_{k}" for k in dpo_cols), "line")
+    names, values = method_values(log)
+    fields = (*STEP_FIELDS, *names, "val_loss", *(f"val_{k}" for k in names), "line")
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(fields), lineterminator="\n")
     writer.writeheader()
     for s in log.steps.rows():
         val = vals.get(s.get("step")) or {}
-        row = {**s, **dpo_steps.get(s["step"], {}), "val_loss": val.get("loss"),
-               **{f"val_{k}": val.get(k) for k in dpo_cols}, "line": s.get("line")}
+        row = {**s, **values.get(s["step"], {}), "val_loss": val.get("loss"),
+               **{f"val_{k}": val.get(k) for k in names}, "line": s.get("line")}
         writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in fields})
     write_text_atomic(path, buf.getvalue())
 

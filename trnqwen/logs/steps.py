@@ -12,7 +12,6 @@ index is in ``missing[field]``, so it reads back as None, never as NaN.
 
 from __future__ import annotations
 
-import math
 from array import array
 from bisect import bisect_left
 from collections.abc import Mapping
@@ -59,18 +58,19 @@ class StepTable(Mapping):
         if rec.get("source"):
             self.source[n] = rec["source"]
 
-    def extend(self, steps: array, lines: array, cols: dict[str, array], missing: dict[str, list]) -> None:
-        """Many rows at once (the bulk path): ``cols`` are equally long columns, ``missing`` the
-        indices (within this batch) of absent values."""
+    def extend(self, steps: list, lines: list, values: dict) -> None:
+        """Many rows at once: equally long lists of each column (None: absent)."""
         n = len(self.step)
-        if len(steps) and ((n and steps[0] <= self.step[-1]) or not increasing(steps)):
+        if n and steps[0] <= self.step[-1] or any(a >= b for a, b in zip(steps, steps[1:])):
             self._ordered = False
         self.step.extend(steps)
         self.line.extend(lines)
         for name in VALUE_FIELDS:
-            self.cols[name].extend(cols[name])
-            if missing.get(name):
-                self.missing[name].update(n + i for i in missing[name])
+            col = values[name]
+            if None in col:
+                self.missing[name].update(n + i for i, v in enumerate(col) if v is None)
+                col = [_NAN if v is None else v for v in col]
+            self.cols[name].extend(col)
 
     def compact(self) -> None:
         """Keep the last row of each step, in step order."""
@@ -176,31 +176,3 @@ class StepTable(Mapping):
 
     def __repr__(self) -> str:
         return f"StepTable({len(self)} steps)"
-
-
-def increasing(col: array) -> bool:
-    """Each value of an ``array("q")`` above the one before (numpy: no object per value)."""
-    import numpy as np
-
-    if len(col) < 2:
-        return True
-    v = np.frombuffer(col, np.int64)
-    return bool((v[1:] > v[:-1]).all())
-
-
-def any_at_least(col: array, bound: float) -> bool:
-    """Any value of an ``array("d")`` >= ``bound`` (NaN is not)."""
-    import numpy as np
-
-    return bool(len(col)) and bool((np.frombuffer(col, np.float64) >= bound).any())
-
-
-def shifted(col, by: int) -> array:
-    """``array("q")`` of each value of ``col`` (a list or ``array("q")`` of ints) plus ``by``."""
-    import numpy as np
-
-    return array("q", (np.asarray(col, np.int64) + by).tobytes())
-
-
-def is_finite(x) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)
