@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trnqwen.errors import ConfigError
 from trnqwen.fsutil import expand_user
+from trnqwen.methods import registry as methods
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,12 +49,14 @@ Launcher = Literal["local", "slurm", "k8s"]
 K8sApi = Literal["trainjob", "pytorchjob"]
 DatasetFormat = Literal[
     "auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text",
-    "prompt-chosen-rejected", "conversation-chosen-rejected",  # --method dpo
+    "prompt-chosen-rejected", "conversation-chosen-rejected",  # a method that reads preference pairs
 ]
 LongConversations = Literal["truncate", "drop"]
 LrSchedule = Literal["cosine", "linear", "constant"]
-Method = Literal["sft", "dpo"]
-DpoLoss = Literal["sigmoid", "ipo"]
+Method = Literal[methods.NAMES]  # the registry's methods (trnqwen/methods/registry.py)
+# each method's settings, declared in its folder (methods/<name>/settings.py): name -> (type, field)
+METHOD_SETTINGS = {name: (info.annotation, info) for model in methods.settings_models()
+                   for name, info in model.model_fields.items()}
 ActivationCheckpointing = Literal["none", "selective", "full"]
 EPOCH = "epoch"  # --val-every / --save-every epoch: once per pass over the training data
 EveryN = Union[Annotated[int, Field(ge=1)], Literal["epoch"]]
@@ -118,10 +121,10 @@ class RunConfig(BaseModel):
         "all-linear = those seven.",
     )
     merge: bool = Field(False, description="With --lora: also write the merged whole model folder beside the adapter.")
-    # --- preference tuning (trnqwen.train.dpo: plan; runtime.dpo: in the ranks; dataset.preference: pairs) ---
-    method: Method = Field("sft", description="sft (supervised: answers are targets) or dpo (preference pairs).")
-    beta: float = Field(0.1, gt=0.0, le=100.0, allow_inf_nan=False, description="DPO: strength of the pull toward the reference.")
-    dpo_loss: DpoLoss = Field("sigmoid", description="DPO loss: sigmoid (DPO's) or ipo.")
+    # --- the training method (trnqwen/methods/<name>/: one folder each; their settings declared there) ---
+    method: Method = Field(methods.DEFAULT, description=methods.help_text())
+    beta: METHOD_SETTINGS["beta"][0] = METHOD_SETTINGS["beta"][1]
+    dpo_loss: METHOD_SETTINGS["dpo_loss"][0] = METHOD_SETTINGS["dpo_loss"][1]
     # --- fine-tune schedule: epochs, LR curve, optimizer, memory (the same on every backend) ----
     epochs: Optional[float] = Field(
         None, gt=0, le=1_000_000, allow_inf_nan=False,
@@ -355,10 +358,10 @@ def default_lr(cfg: "RunConfig") -> tuple[float, str]:
     plan print the reason).  Published weights are fine-tuned gently (LLaMA-Factory's full SFT of
     Qwen3 uses 1e-5); a LoRA adapter, which starts at zero, at 1e-4; a model from random init gets
     torchtitan's pre-training rate."""
-    if getattr(cfg, "method", "sft") == "dpo":  # preference tuning moves a tuned model a little
-        if cfg.lora:
-            return 5e-6, "default for LoRA DPO (LLaMA-Factory's Qwen3 example)"
-        return 1e-6, "default for DPO (TRL's)"
+    method = methods.find(getattr(cfg, "method", None))  # a method may declare its own (preference tuning: small)
+    own = method and (method.lora_lr if cfg.lora else method.lr)
+    if own:
+        return own
     if cfg.lora:  # adapters start at zero: the peers' Qwen3 LoRA examples use 1e-4 to 2e-4
         return 1e-4, "default for LoRA"
     if cfg.finetune:

@@ -21,7 +21,7 @@ from array import array
 from itertools import repeat
 from typing import Any, Iterator
 
-from trnqwen.logs import dpo
+from trnqwen.methods.dpo import log_lines as dpo
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.stepline import STEP_FIELDS
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trnqwen.logs.jsonsteps import StepRowsJSON, _num, step_rows  # noqa: F401 (step_rows: part of this API)
-from trnqwen.logs import dpo
+from trnqwen.methods.dpo import log_lines as dpo
 from trnqwen.logs.lora import lora_json, lora_row
 from trnqwen.logs.judge import (
     BASE_RANDOM_INIT, Finding, configured_steps, override_calls, override_table, root_cause, weights_verdict,

@@ -19,7 +19,7 @@ import math
 import re
 from typing import Iterable, Optional
 
-from trnqwen.logs.dpo import MARK as DPO_MARK
+from trnqwen.methods.dpo.log_lines import MARK as DPO_MARK
 
 # ESC [ ... m colour codes (torchtitan's Color class) and any other CSI sequence.
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -27,7 +27,7 @@ from typing import Any, Optional
 import torch
 from torchtitan.components.loss import BaseLoss
 
-from trnqwen.runtime.dpo_loss import KEYS, METRICS, Meter, pair_terms, segment_logps
+from trnqwen.methods.dpo.loss import KEYS, METRICS, Meter, pair_terms, segment_logps
 
 _ACTIVE: Optional["DPOLoss"] = None  # the rank's DPO loss (one trainer per process)
 
@@ -96,7 +96,7 @@ def install() -> None:
     from torchtitan.tools.logging import logger
     from torchtitan.trainer import Trainer
 
-    from trnqwen.logs.dpo import format_line
+    from trnqwen.methods.dpo.log_lines import format_line
 
     if getattr(Trainer.train, "_trnqwen_dpo", False):
         return
@@ -124,9 +124,9 @@ def install() -> None:
 
             def load_then_reference(*args, **kwargs):
                 out = load(*args, **kwargs)
-                from trnqwen.runtime import dpo_reference
+                from trnqwen.methods.dpo import reference_pass
 
-                dpo_reference.ensure(self)
+                reference_pass.ensure(self)
                 return out
 
             self.checkpointer.load = load_then_reference

@@ -78,7 +78,7 @@ class TokenCacheDataset(IterableDataset, Stateful):
     def _pairs(self):
         """DPO rows: the pair fields beside input/positions, one label per pair (runtime.dpo)."""
         from trnqwen.dataset.reference import open_reference
-        from trnqwen.runtime.dpo_loss import batch_from_rows
+        from trnqwen.methods.dpo.loss import batch_from_rows
 
         reference = open_reference(self.reference_dir, self.split.name)  # written by the reference pass
         per_row = int(self.split.meta["pairs_per_row"][self.split.name])

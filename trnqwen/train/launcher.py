@@ -376,7 +376,7 @@ def _run_supervised(
     lines_seen: list[str] = []  # bounded: early lines (tracebacks come first) + a tail
     max_kept = 5000
 
-    from trnqwen.logs.dpo import MARK as DPO_MARK, parse_line as parse_dpo_line
+    from trnqwen.methods.dpo.log_lines import MARK as DPO_MARK, parse_line as parse_dpo_line
     from trnqwen.logs.parse import parse_step_line, parse_validation_line, strip_ansi
 
     # train.log holds plain text (grep-able); the colours reach the console only when it is a terminal

@@ -31,7 +31,9 @@ from trnqwen.assets import checkpoint_dtype, moe_layout, read_config_json
 from trnqwen.config import RunConfig
 from trnqwen.env.device import DeviceInfo
 from trnqwen.errors import EnvironmentProblem, UsageError
-from trnqwen.train import checkpoints, compat, dpo, lora, tracking
+from trnqwen.methods.base import MethodPlan
+from trnqwen.methods.planning import plan_method
+from trnqwen.train import checkpoints, compat, lora, tracking
 from trnqwen.train.preflight import count_params  # one parameter formula for both
 from trnqwen.train.cache_data import RankData, prepare_rank_data, streamed_data, titan_dataloader_code
 from trnqwen.train.datasets import DataSpec, render_dataset_code
@@ -68,8 +70,7 @@ class Plan:
     rank_data: Optional[RankData] = None  # the token cache the ranks read (datasets the user names)
     lora: Optional[lora.LoraSpec] = None
     lora_targets: tuple[str, ...] = ()  # the HF targets this backend adapts (trnqwen.train.lora)
-    dpo: Optional[dpo.DpoSpec] = None  # --method dpo (trnqwen.train.dpo)
-    reference_dir: Optional[Path] = None  # where the DPO reference log-probs of these weights live
+    method: Optional[MethodPlan] = None  # the training method's plan (trnqwen.methods: None for SFT)
     schedule: Optional[Schedule] = None  # steps, LR curve, optimizer: resolved once (train/schedule.py)
     notes: list[str] = field(default_factory=list)
 
@@ -196,19 +197,17 @@ def make_plan(
     else:
         _plan_nki_moe(plan)
     _plan_lora(plan)
-    _plan_dpo(plan)
+    _plan_method(plan)
     return plan
 
 
-def _plan_dpo(plan: Plan) -> None:
-    cfg = plan.cfg
-    planned = dpo.plan(cfg, plan.assets_dir, plan.rank_data, device_type=plan.device.type,
-                       dp_degree=plan.topology.dp,
-                       steps=plan.schedule.steps if plan.schedule else 1,
-                       validates=bool(plan.schedule and plan.schedule.val_every))
-    if planned is not None:
-        plan.dpo, plan.reference_dir, note = planned
-        plan.notes.append(note)
+def _plan_method(plan: Plan) -> None:
+    plan.method = plan_method(plan.cfg, plan.assets_dir, plan.rank_data, device_type=plan.device.type,
+                              dp_degree=plan.topology.dp,
+                              steps=plan.schedule.steps if plan.schedule else 1,
+                              validates=bool(plan.schedule and plan.schedule.val_every))
+    if plan.method is not None and plan.method.note:
+        plan.notes.append(plan.method.note)
 
 
 def _plan_lora(plan: Plan) -> None:
@@ -442,11 +441,10 @@ def _render(plan: Plan) -> str:
         body.append(f"config.dataloader = {data_expr}")
     for line in data_imports:
         imp(line)
-    if plan.dpo is not None and plan.reference_dir is not None:
-        dpo_imports, dpo_lines = dpo.render_lines(plan.dpo, plan.reference_dir, validates=bool(sched.val_every))
-        for line in dpo_imports:
+    if plan.method is not None:  # the training method's lines (its loss, its dataloaders' extras)
+        for line in plan.method.imports:
             imp(line)
-        body += dpo_lines
+        body += plan.method.config_lines
     body += [
         f"config.training.steps = {sched.steps}",
         f"config.training.local_batch_size = {cfg.local_batch_size}",

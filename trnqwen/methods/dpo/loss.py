@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trnqwen.train.dpo import LOSS_TYPES, initial_loss  # noqa: F401  (one home: the planner's)
+from trnqwen.methods.dpo.settings import LOSS_TYPES
 
 IGNORE_INDEX = -100
 KEYS = ("dpo_targets", "dpo_segments", "dpo_ref")  # what a DPO batch carries beside input/positions
