@@ -107,7 +107,7 @@ def _prepare(tiny: Path, tmp_path: Path, records: list[dict], **settings):
     data = tmp_path / "prefs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     values = {"seq_len": 128, **settings}
-    return prepare(DataSettings(dataset=str(data), method="dpo", **values), tiny, tmp_path / "cache")
+    return prepare(DataSettings(dataset=str(data), method="dpo", data_kind="preference", **values), tiny, tmp_path / "cache")
 
 
 def test_pairs_stay_whole_and_only_the_answers_are_targets(tiny, tmp_path):

@@ -32,7 +32,7 @@ def tiny(tmp_path_factory) -> Path:
 def dpo_cache(tiny, tmp_path_factory) -> Path:
     from trnqwen.dataset.prepare import DataSettings, prepare
 
-    settings = DataSettings(dataset=None, method="dpo", seq_len=256, val_split=0.1)  # the bundled pairs
+    settings = DataSettings(dataset=None, method="dpo", data_kind="preference", seq_len=256, val_split=0.1)  # the bundled pairs
     return prepare(settings, tiny, tmp_path_factory.mktemp("dpo-eval-cache")).cache_dir
 
 

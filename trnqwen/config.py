@@ -313,6 +313,11 @@ class RunConfig(BaseModel):
         return default_checkpoint_dir(self.model, self.finetune)
 
     @property
+    def data_kind(self) -> str:
+        """The records this run's method reads: ``chat`` or ``preference`` (trnqwen.methods.registry)."""
+        return methods.get(self.method).data
+
+    @property
     def resolved_lora_alpha(self) -> float:
         return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
 

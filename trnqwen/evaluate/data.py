@@ -236,5 +236,6 @@ def _prepare(settings: dict[str, Any], assets: Path, cache_root: Optional[Any]) 
     from trnqwen.dataset.prepare import DataSettings, prepare
 
     return prepare(
-        DataSettings.from_config(SimpleNamespace(**settings)), Path(assets), Path(cache_root or default_cache_root())
+        DataSettings.from_config(SimpleNamespace(**settings, data_kind=methods.of(settings).data)), Path(assets),
+        Path(cache_root or default_cache_root())
     ).cache_dir

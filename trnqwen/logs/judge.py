@@ -107,7 +107,7 @@ def run_method(log: ParsedLog, ctx: RunContext) -> Optional[methods.Method]:
 
 
 def _check_methods(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    """Each training method's own rules (``Method.judge``, e.g. DPO's step-1 loss = ln 2)."""
+    """Each training method's own rules (``Method.judge``, e.g. a preference loss's step-1 value)."""
     return [Finding(*fields) for method in methods.methods() if method.judge
             for fields in methods.hook(method, "judge")(method_facts(log, ctx, method))]
 

@@ -27,6 +27,7 @@ from trnqwen.methods.base import MethodPlan
 from trnqwen.methods.dpo.settings import LOSS_TYPES  # noqa: F401  (the loss types' one home)
 
 REFERENCE_IMPORT = "from trnqwen.runtime.dpo import dpo_loss_config"
+ROWS = "trnqwen.methods.dpo.loss:titan_rows"  # the torchtitan dataloaders' row reader (methods/dpo/loss.py)
 
 
 def initial_loss(loss_type: str, beta: float) -> float:
@@ -107,9 +108,11 @@ def render_lines(spec: DpoSpec, reference_dir: Path, *, validates: bool) -> tupl
         "# weights, before step 1 (trnqwen.methods.dpo.reference_pass), kept with the token cache.",
         f"config.loss = dpo_loss_config(beta={spec.beta!r}, loss_type={spec.loss_type!r}, reference_dir={ref!r})",
         f"config.dataloader.reference_dir = {ref!r}",
+        f"config.dataloader.rows = {ROWS!r}",
     ]
     if validates:
         lines.append(f"config.validator.dataloader.reference_dir = {ref!r}")
+        lines.append(f"config.validator.dataloader.rows = {ROWS!r}")
     return [REFERENCE_IMPORT], lines
 
 
