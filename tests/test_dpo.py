@@ -107,7 +107,7 @@ def _prepare(tiny: Path, tmp_path: Path, records: list[dict], **settings):
     data = tmp_path / "prefs.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     values = {"seq_len": 128, **settings}
-    return prepare(DataSettings(dataset=str(data), method="dpo", **values), tiny, tmp_path / "cache")
+    return prepare(DataSettings(dataset=str(data), method="dpo", data_kind="preference", **values), tiny, tmp_path / "cache")
 
 
 def test_pairs_stay_whole_and_only_the_answers_are_targets(tiny, tmp_path):
@@ -156,7 +156,8 @@ def test_long_pairs_cut_the_prompt_first_or_are_dropped_and_counted(tiny, tmp_pa
 def test_policy_equal_to_reference_is_ln2_and_the_metrics_follow():
     import torch
 
-    from trnqwen.runtime.dpo_loss import Meter, initial_loss, pair_terms
+    from trnqwen.methods.dpo.loss import Meter, pair_terms
+    from trnqwen.methods.dpo.plan import initial_loss
 
     policy = torch.tensor([[[-5.0, -7.0], [-3.0, -3.5]]])
     counts = torch.ones_like(policy) * 2
@@ -183,7 +184,7 @@ def test_policy_equal_to_reference_is_ln2_and_the_metrics_follow():
 def test_segment_sums_are_the_tokens_log_probs_and_one_label_marks_each_pair():
     import torch
 
-    from trnqwen.runtime.dpo_loss import pair_markers, segment_logps
+    from trnqwen.methods.dpo.loss import pair_markers, segment_logps
 
     torch.manual_seed(0)
     logits = torch.randn(1, 8, 11)
@@ -200,7 +201,7 @@ def test_segment_sums_are_the_tokens_log_probs_and_one_label_marks_each_pair():
 
 def test_planning_refuses_what_cannot_be_a_dpo_run():
     from trnqwen.config import RunConfig
-    from trnqwen.train import dpo
+    from trnqwen.methods.dpo import plan as dpo
 
     with pytest.raises(UsageError, match="nki-moe"):
         dpo.check(RunConfig(method="dpo", backend="nki-moe"))
@@ -214,7 +215,7 @@ def test_the_reference_key_names_the_weights(tiny, tmp_path):
     import shutil
 
     from trnqwen.config import RunConfig
-    from trnqwen.train.dpo import reference_key
+    from trnqwen.methods.dpo.plan import reference_key
 
     cfg = RunConfig(method="dpo", finetune=True)
     key = reference_key(cfg, tiny, device_type="cpu", versions={"torch": "x"})
@@ -249,7 +250,7 @@ def test_the_reference_pass_computes_a_prefix_and_a_longer_run_extends_it(tiny, 
     import torch
 
     from trnqwen.dataset import reference as store
-    from trnqwen.runtime.dpo_reference import run_pass
+    from trnqwen.methods.dpo.reference_pass import run_pass
 
     records = [{"prompt": f"What is {i} plus 1?", "chosen": f"{i + 1}.", "rejected": f"{i + 3}."} for i in range(12)]
     prepared = _prepare(tiny, tmp_path, records, seq_len=64, packing=False, val_split=0.25, seed=1)

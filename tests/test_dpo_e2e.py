@@ -65,7 +65,7 @@ def _losses(cwd: Path) -> dict[int, float]:
 
 
 def _dpo(cwd: Path, *, validate: bool = False) -> dict[int, dict[str, float]]:
-    from trnqwen.logs.dpo import parse_line
+    from trnqwen.methods.dpo.log_lines import parse_line
 
     out = {}
     for parsed in map(parse_line, _log(cwd).splitlines()):
@@ -81,7 +81,7 @@ def _preference(model_dir: Path, cache_dir: Path) -> tuple[float, float]:
     from transformers import AutoModelForCausalLM
 
     from trnqwen.dataset.cache import open_split
-    from trnqwen.runtime.dpo_loss import batch_from_rows, segment_logps
+    from trnqwen.methods.dpo.loss import batch_from_rows, segment_logps
 
     split = open_split(cache_dir, "val")
     per_row = int(split.meta["pairs_per_row"]["val"])

@@ -32,7 +32,7 @@ def tiny(tmp_path_factory) -> Path:
 def dpo_cache(tiny, tmp_path_factory) -> Path:
     from trnqwen.dataset.prepare import DataSettings, prepare
 
-    settings = DataSettings(dataset=None, method="dpo", seq_len=256, val_split=0.1)  # the bundled pairs
+    settings = DataSettings(dataset=None, method="dpo", data_kind="preference", seq_len=256, val_split=0.1)  # the bundled pairs
     return prepare(settings, tiny, tmp_path_factory.mktemp("dpo-eval-cache")).cache_dir
 
 
@@ -79,7 +79,7 @@ def test_pair_log_probs_equal_each_answer_scored_alone(tiny, dpo_cache):
     from trnqwen.dataset.cache import read_meta
     from trnqwen.evaluate import model as m
     from trnqwen.evaluate.data import documents, from_cache
-    from trnqwen.evaluate.preference import score_pairs
+    from trnqwen.methods.dpo.eval_report import score_pairs
     from trnqwen.evaluate.targets import EvalTarget
 
     data = from_cache(dpo_cache, "val", name="val")
@@ -198,7 +198,7 @@ def test_dpo_run_raises_held_out_preference_accuracy(tmp_path):
     `trnqwen eval --json` say the tuned model prefers the chosen answer on more held-out pairs than
     the base, and eval's DPO loss and rewards against the base match the ranks' own validation."""
     from tests.helpers import run_subprocess
-    from trnqwen.logs.dpo import parse_line
+    from trnqwen.methods.dpo.log_lines import parse_line
 
     env = {"HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(tmp_path / "cache")}
     fetched = run_subprocess("fetch", "builtin:tiny-qwen3", cwd=tmp_path, env=env, timeout=300)

@@ -1,4 +1,4 @@
-"""inspect-logs and the run record read a DPO run's ``[DPO]`` lines (trnqwen.logs.dpo): per-step
+"""inspect-logs and the run record read a DPO run's ``[DPO]`` lines (trnqwen.methods.dpo.log_lines): per-step
 rewards, margin and accuracy in the table, --json, --csv and --plot, validation records, the
 reference line; the judge checks the step-1 loss against the loss a policy equal to its reference
 has (ln 2 for sigmoid, (1/(2 beta))^2 for ipo).  A run without DPO lines reads exactly as before."""
@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from trnqwen.logs import dpo
+from trnqwen.methods.dpo import log_lines as dpo
 from trnqwen.logs.judge import judge
 from trnqwen.logs.report import step_rows
 from trnqwen.logs.parse import parse_text
@@ -224,7 +224,7 @@ def test_step1_at_ln2_passes_and_the_sft_random_init_check_stays_quiet():
 
 
 def test_step1_away_from_ln2_is_an_error():
-    found = judge(parse_text(make_log(losses=(0.70, 0.6)), ), RunContext(dpo={"beta": 0.1, "loss_type": "sigmoid"}))
+    found = judge(parse_text(make_log(losses=(0.70, 0.6)), ), RunContext(run_config={"method": "dpo", "beta": 0.1, "dpo_loss": "sigmoid"}))
     bad = finding(found, "dpo-reference-mismatch")
     assert bad.severity == "error"
     assert bad.message.startswith("step-1 DPO loss 0.700000, expected ln 2 = 0.693147: the reference log-probs do not "
@@ -241,7 +241,7 @@ def test_the_reference_lines_settings_decide_the_expected_loss():
 
 
 def test_the_run_config_gives_the_settings_when_the_line_does_not():
-    found = judge(parse_text(make_log(losses=(1.0, 0.9))), RunContext(dpo={"beta": 0.5, "loss_type": "ipo"}))
+    found = judge(parse_text(make_log(losses=(1.0, 0.9))), RunContext(run_config={"method": "dpo", "beta": 0.5, "dpo_loss": "ipo"}))
     assert "dpo-reference" in codes(found, "info") and not codes(found, "error")
 
 
@@ -252,7 +252,7 @@ def test_unknown_settings_off_ln2_is_only_a_warning():
 
 def test_only_step_1_is_judged_and_not_on_a_resumed_run():
     # a resumed run's first logged step is not step 1
-    found = judge(parse_text(make_log(losses=(3.0, 2.0), start=5)), RunContext(dpo={"beta": 0.1, "loss_type": "sigmoid"}))
+    found = judge(parse_text(make_log(losses=(3.0, 2.0), start=5)), RunContext(run_config={"method": "dpo", "beta": 0.1, "dpo_loss": "sigmoid"}))
     assert not codes(found) & {"dpo-reference", "dpo-reference-mismatch"}
     # later steps may be anywhere
     found = judge(parse_text(make_log(losses=(0.69315, 0.9, 1.1))))
@@ -263,7 +263,7 @@ def test_the_run_config_alone_marks_a_dpo_run():
     """No [DPO] line at all (a backend that prints none): method dpo in run.json still keeps the
     SFT judgement off and checks the step-1 loss."""
     found = judge(parse_text(make_log(dpo_lines=False, losses=(0.8, 0.7))), RunContext(
-        vocab_size=2, vocab_source="test", finetune=True, dpo={"beta": 0.1, "loss_type": "sigmoid"}))
+        vocab_size=2, vocab_source="test", finetune=True, run_config={"method": "dpo", "beta": 0.1, "dpo_loss": "sigmoid"}))
     assert codes(found, "error") == {"dpo-reference-mismatch"}
 
 

@@ -174,8 +174,8 @@ ALLOWED_ANY = frozenset({
     "trnqwen/runtime/cpu.py:sdpa_flex_attention_forward:s_aux",
     "trnqwen/runtime/cpu.py:sdpa_flex_attention_forward:position_bias",
     "trnqwen/runtime/cpu.py:sdpa_flex_attention_forward:kwargs",
-    # trnqwen/runtime/dpo.py
-    "trnqwen/runtime/dpo.py:DPOLoss.__init__:compile_config",
+    # trnqwen/methods/dpo/titan.py
+    "trnqwen/methods/dpo/titan.py:DPOLoss.__init__:compile_config",
     # trnqwen/runtime/hf_moe_adapter.py
     "trnqwen/runtime/hf_moe_adapter.py:HFMoeStateDictAdapter.__init__:model_config",
     # trnqwen/runtime/hf_rope.py

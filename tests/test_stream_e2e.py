@@ -25,7 +25,7 @@ def test_a_dpo_hf_trainer_runs_stream_has_the_dpo_values(tmp_path):
     from trnqwen.fetch.builtin import write_tiny_qwen3
     from trnqwen.logs.parse import parse_step_line
     from trnqwen.rundir import last_run_dir
-    from trnqwen.runtime.dpo_loss import METRICS
+    from trnqwen.methods.dpo.loss import METRICS
 
     assets = write_tiny_qwen3(tmp_path / "tiny")
     env = {"HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": str(tmp_path / "xdg")}

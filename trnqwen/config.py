@@ -26,6 +26,7 @@ from trnqwen.errors import ConfigError
 from trnqwen.fsutil import expand_user
 from trnqwen.naming import default_checkpoint_dir, model_name, model_slug  # noqa: F401 (also RunConfig's)
 from trnqwen.settings import ENV_PREFIX, Setting, flatten_settings, nest, setting, settings
+from trnqwen.methods import registry as methods
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -49,12 +50,14 @@ Launcher = Literal["local", "slurm", "k8s"]
 K8sApi = Literal["trainjob", "pytorchjob"]
 DatasetFormat = Literal[
     "auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text",
-    "prompt-chosen-rejected", "conversation-chosen-rejected",  # --method dpo
+    "prompt-chosen-rejected", "conversation-chosen-rejected",  # a method that reads preference pairs
 ]
 LongConversations = Literal["truncate", "drop"]
 LrSchedule = Literal["cosine", "linear", "constant"]
-Method = Literal["sft", "dpo"]
-DpoLoss = Literal["sigmoid", "ipo"]
+Method = Literal[methods.NAMES]  # the registry's methods (trnqwen/methods/registry.py)
+# each method's settings, declared in its folder (methods/<name>/settings.py): name -> (type, field)
+METHOD_SETTINGS = {name: (info.annotation, info) for model in methods.settings_models()
+                   for name, info in model.model_fields.items()}
 ActivationCheckpointing = Literal["none", "selective", "full"]
 EPOCH = "epoch"  # --val-every / --save-every epoch: once per pass over the training data
 EveryN = Union[Annotated[int, Field(ge=1)], Literal["epoch"]]
@@ -143,16 +146,10 @@ class RunConfig(BaseModel):
         False, help="With --lora: also write the merged whole model folder beside the adapter (hf/step-N-merged).",
         panel="LoRA",
     )
-    # --- preference tuning (trnqwen.train.dpo: plan; runtime.dpo: in the ranks; dataset.preference: pairs) ---
-    method: Method = setting(
-        "sft", help="sft (supervised: the answers are the targets) or dpo (preference pairs: prompt, chosen, rejected).",
-        panel="Method",
-    )
-    beta: float = setting(
-        0.1, gt=0.0, le=100.0, allow_inf_nan=False,
-        help="DPO: how strongly the tuned model is held to the reference (rewards are beta x log-ratio).", panel="Method",
-    )
-    dpo_loss: DpoLoss = setting("sigmoid", help="DPO loss: sigmoid (DPO's; ln 2 at step 1) or ipo.", panel="Method")
+    # --- the training method (trnqwen/methods/<name>/: one folder each; their settings declared there) ---
+    method: Method = setting(methods.DEFAULT, help=methods.help_text(), panel="Method")
+    beta: METHOD_SETTINGS["beta"][0] = METHOD_SETTINGS["beta"][1]
+    dpo_loss: METHOD_SETTINGS["dpo_loss"][0] = METHOD_SETTINGS["dpo_loss"][1]
     # --- fine-tune schedule: epochs, LR curve, optimizer, memory (the same on every backend) ----
     epochs: Optional[float] = setting(
         None, gt=0, le=1_000_000, allow_inf_nan=False,
@@ -373,6 +370,11 @@ class RunConfig(BaseModel):
         return default_checkpoint_dir(self.model, self.finetune)
 
     @property
+    def data_kind(self) -> str:
+        """The records this run's method reads: ``chat`` or ``preference`` (trnqwen.methods.registry)."""
+        return methods.get(self.method).data
+
+    @property
     def resolved_lora_alpha(self) -> float:
         return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
 
@@ -412,10 +414,10 @@ def default_lr(cfg: "RunConfig") -> tuple[float, str]:
     plan print the reason).  Published weights are fine-tuned gently (LLaMA-Factory's full SFT of
     Qwen3 uses 1e-5); a LoRA adapter, which starts at zero, at 1e-4; a model from random init gets
     torchtitan's pre-training rate."""
-    if getattr(cfg, "method", "sft") == "dpo":  # preference tuning moves a tuned model a little
-        if cfg.lora:
-            return 5e-6, "default for LoRA DPO (LLaMA-Factory's Qwen3 example)"
-        return 1e-6, "default for DPO (TRL's)"
+    method = methods.find(getattr(cfg, "method", None))  # a method may declare its own (preference tuning: small)
+    own = method and (method.lora_lr if cfg.lora else method.lr)
+    if own:
+        return own
     if cfg.lora:  # adapters start at zero: the peers' Qwen3 LoRA examples use 1e-4 to 2e-4
         return 1e-4, "default for LoRA"
     if cfg.finetune:

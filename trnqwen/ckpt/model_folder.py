@@ -28,6 +28,7 @@ from typing import Any, Optional
 from trnqwen.assets import ADAPTER_CONFIG, TOKENIZER_FILES
 from trnqwen.fsutil import current_umask, write_text_atomic
 from trnqwen.rundir import RunRecord
+from trnqwen.methods import registry
 
 CARD = "README.md"
 SHARDS = "sharded"
@@ -50,6 +51,7 @@ class CardInfo:
     run_id: Optional[str] = None
     trnqwen_version: Optional[str] = None
     adapter: Optional[dict[str, Any]] = None  # a LoRA run's adapter_config.json: the card describes an adapter
+    method: Optional[str] = None  # the training method (trnqwen.methods.registry); None: the default
 
 
 def card_info(record: RunRecord, eval_results: Optional[list[dict[str, Any]]] = None, eval_dataset: Optional[str] = None) -> CardInfo:
@@ -73,6 +75,7 @@ def card_info(record: RunRecord, eval_results: Optional[list[dict[str, Any]]] = 
         eval_dataset=eval_dataset,
         run_id=record.run_id,
         trnqwen_version=__version__,
+        method=config.get("method"),
     )
 
 
@@ -221,8 +224,9 @@ def render_card(info: CardInfo) -> str:
         "|---|---|",
         table,
     ]
-    if info.eval_results and any("preference_accuracy" in r for r in info.eval_results):
-        body += _preference_table(info)
+    section = registry.hook(registry.find(info.method) or registry.get(None), "card") if info.eval_results else None
+    if section is not None:  # the training method's own section (trnqwen/methods/<name>/card.py)
+        body += section(info.eval_results, info.eval_dataset, _num)
     elif info.eval_results:
         on = f" on {info.eval_dataset}" if info.eval_dataset else ""
         body += ["", f"## Held-out evaluation (`trnqwen eval`{on})", "", "| checkpoint | tokens | loss | perplexity | vs base |",
@@ -240,25 +244,6 @@ def render_card(info: CardInfo) -> str:
     else:
         body += ["", "Load it with `AutoModelForCausalLM.from_pretrained(path)`; the tokenizer carries the chat template.", ""]
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)))
-
-
-def _preference_table(info: CardInfo) -> list[str]:
-    """A DPO run's held-out pairs (trnqwen eval's preference fields): accuracy and margin of base
-    and tuned, the rewards against the base, the loss on the chosen answers."""
-    on = f" on {info.eval_dataset}" if info.eval_dataset else ""
-    lines = ["", f"## Held-out preference pairs (`trnqwen eval`{on})", "",
-             "Preference accuracy: the share of pairs whose chosen answer the model gives the higher log-probability; "
-             "margin: mean log p(chosen) - log p(rejected); rewards: DPO's implicit rewards against the base model; "
-             "chosen-answer loss: mean NLL per token of the chosen answers.", "",
-             "| checkpoint | pairs | preference accuracy | margin | reward accuracy | reward margin | chosen-answer loss | vs base |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in info.eval_results:
-        delta = r.get("delta_vs_base")
-        cells = [r.get("checkpoint"), r.get("pairs"), _num(r.get("preference_accuracy")), _num(r.get("margin")),
-                 _num(r.get("reward_accuracy")), _num(r.get("reward_margin")), _num(r.get("loss")),
-                 None if delta is None else f"{delta:+.4f}"]
-        lines.append("| " + " | ".join("" if c is None else str(c) for c in cells) + " |")
-    return lines
 
 
 def _num(value: Any) -> Optional[str]:

@@ -92,7 +92,7 @@ def data(
         prepared = prepare_dataset(resolved.config)
     if json_out:
         output.print_json({**prepared.report, "cache_dir": str(prepared.cache_dir), "reused": prepared.reused})
-    elif prepared.report.get("method") == "dpo":
+    elif resolved.config.data_kind == "preference":  # the method's records (trnqwen.methods.registry)
         from trnqwen.dataset.preference_report import print_pair_report
 
         print_pair_report(prepared, dataset=resolved.config.dataset)

@@ -70,9 +70,9 @@ class HFTrainerSpec:
     strategy: str = "auto"  # auto | ddp | distributed-config
     report_to: str = ""  # comma-separated Trainer report_to ("tensorboard,wandb"): --tensorboard / --wandb
     lora: Optional[str] = None  # a trnqwen.contract.lora.LoraSpec as JSON (targets already this backend's): train a LoRA adapter
-    dpo_beta: Optional[float] = None  # --method dpo: beta (None = supervised)
-    dpo_loss: str = "sigmoid"
-    reference_dir: Optional[str] = None  # --method dpo: the reference log-probs folder (trnqwen.dataset.reference)
+    method: str = "sft"  # the training method (trnqwen.methods.registry)
+    method_hooks: Optional[str] = None  # its hf-trainer hooks, "module:Class" (loaded by the ranks; None = supervised)
+    method_settings: Optional[str] = None  # JSON: what the hooks are built with (the method's plan settings)
 
     def lora_spec(self) -> Optional[LoraSpec]:
         """The LoRA adapter this run trains, or None for a full fine-tune."""
@@ -104,8 +104,8 @@ class HFTrainerSpec:
                 problems.append(f"lora must be a LoRA spec as JSON (trnqwen.contract.lora.LoraSpec): {exc}")
             if self.tp > 1:
                 problems.append(LORA_TP_PROBLEM)
-        if self.dpo_beta is not None and not (self.cache_dir and self.reference_dir):
-            problems.append("dpo_beta needs cache_dir (preference pairs) and reference_dir")
+        if self.method_hooks is not None and not self.cache_dir:
+            problems.append(f"method {self.method} needs cache_dir (its token cache)")
         if not streams_itself(self.dataset):
             problems.append(
                 f"dataset {self.dataset!r}: the ranks stream only {', '.join(TITAN_DATASETS)} (or the default "

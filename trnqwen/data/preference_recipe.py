@@ -1,4 +1,4 @@
-"""The recipe that writes ``tiny_prefs/calculator_pairs.jsonl``: preference pairs for DPO.
+"""The recipe that writes ``tiny_prefs/calculator_pairs.jsonl``: preference pairs for preference tuning.
 
 Built from the bundled calculator chats (:mod:`trnqwen.data.chat_recipe`): the prompt is a chat up
 to one of its user questions (system prompt and earlier turns included), the chosen answer is the

@@ -111,7 +111,7 @@ class SplitArrays:
     positions: np.ndarray
     documents: int
     padding_tokens: int
-    extra: dict[str, np.ndarray] = field(default_factory=dict)  # more int32 [N, S] arrays (DPO: segments)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # more int32 [N, S] arrays (preference pairs: segments)
 
     def stats(self) -> dict[str, int]:
         sequences, seq_len = self.input_ids.shape

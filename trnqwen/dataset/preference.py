@@ -1,4 +1,4 @@
-"""Preference pairs (``--method dpo``) -> a token cache the DPO ranks read.
+"""Preference pairs (a ``--method`` whose data is ``preference``) -> a token cache the ranks read.
 
 Each pair is two documents rendered with the model's chat template: prompt + chosen and
 prompt + rejected.  Only the answers' tokens (and the end-of-turn token closing them) are
@@ -9,8 +9,8 @@ packed with whole pairs (next-fit, in order), or one pair per row with ``--no-pa
 
 The cache is the SFT cache (``cache.py``) plus one array, ``segments`` (int32 [N, S]): for every
 target position, ``2 * slot + side`` (slot = the pair's place in its row, side 0 chosen /
-1 rejected), -1 elsewhere.  The DPO loss sums each segment's token log-probabilities with it.
-``meta.json`` says ``"method": "dpo"`` and the most pairs any row holds (``pairs_per_row``).
+1 rejected), -1 elsewhere.  A preference loss sums each segment's token log-probabilities with it.
+``meta.json`` names the method (``"method"``) and the most pairs any row holds (``pairs_per_row``).
 
 Over-long pairs (chosen + rejected beyond ``--seq-len``): ``--long-conversations truncate`` cuts
 the same number of tokens from the start of both prompts (the end of the prompt, the question
@@ -40,7 +40,6 @@ from trnqwen.dataset.sources import Source
 from trnqwen.errors import UsageError
 
 SEGMENTS = "segments"
-METHOD = "dpo"
 
 
 @dataclass
@@ -55,7 +54,7 @@ class FittedPairs:
 
 def bundled_pairs_path() -> Path:
     """The bundled preference set (calculator chats: the right result chosen, a wrong one rejected);
-    what ``--method dpo`` trains on without ``--dataset``."""
+    what a preference method trains on without ``--dataset``."""
     from trnqwen.data import preference_recipe
 
     return preference_recipe.prefs_path()
@@ -203,7 +202,7 @@ def write_pairs(settings, assets_dir: Path, cache_root: Path, key: str, source: 
     directory = cache.write_cache(
         cache_root, key, splits, seq_len=settings.seq_len, packing=settings.packing, pad_id=int(pad_id),
         eos_id=tokenizer.convert_tokens_to_ids(chat.end_of_turn(tokenizer)),
-        extra_meta={"format": fmt, "source": source.name, "report": report, "method": METHOD,
+        extra_meta={"format": fmt, "source": source.name, "report": report, "method": settings.method,
                     "pairs": {name: int(len(idx)) for name, idx in (("train", train_pairs), ("val", val_kept)) if len(idx)},
                     "pairs_per_row": per_row, "settings": {**settings.__dict__}},
     )
@@ -218,7 +217,7 @@ def pair_report(settings, fmt, n_records, docs, pairs, fitted, splits, train_pai
     lengths = docs.lengths.reshape(-1, 2)[train_pairs]
     trained = np.add.reduceat(docs.trained.astype(np.int64), docs.bounds[:-1]).reshape(-1, 2)[train_pairs]
     return {
-        "method": METHOD,
+        "method": settings.method,
         "format": fmt,
         "records": int(n_records),
         "kept": int(len(fitted.keep)),

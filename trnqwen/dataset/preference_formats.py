@@ -1,4 +1,4 @@
-"""Preference records (DPO) in the shapes people have, normalised to one form.
+"""Preference records in the shapes people have, normalised to one form.
 
 Accepted, detected from the first record:
 
@@ -7,7 +7,7 @@ Accepted, detected from the first record:
 * **Implicit prompt** (TRL's other shape, and UltraFeedback-binarized's ``chosen``/``rejected``):
   each side is the whole conversation; the prompt is what both share up to the last non-assistant
   turn (a ``prompt`` string beside them is then only a label).
-* **Conversation + replies** (UltraFeedback-style and LLaMA-Factory's sharegpt DPO sets):
+* **Conversation + replies** (UltraFeedback-style and LLaMA-Factory's sharegpt preference sets):
   ``messages`` or ``conversations`` (``from``/``value`` turns) with ``chosen`` / ``rejected`` as a
   string, one message, or a list of assistant messages.
 

@@ -1,4 +1,4 @@
-"""``trnqwen data --method dpo``'s human output: pairs kept and dropped, tokens by part, one pair."""
+"""``trnqwen data``'s human output on preference pairs: pairs kept and dropped, tokens by part, one pair."""
 
 from __future__ import annotations
 

@@ -46,7 +46,10 @@ class DataSettings:
     val_split: float = 0.0
     val_dataset: Optional[str] = None
     seed: int = 42
-    method: str = "sft"  # "dpo": preference pairs (trnqwen.dataset.preference)
+    method: str = "sft"  # the training method the cache is for (its name goes into the key and meta.json)
+    # the records that method reads: "chat" (SFT formats) or "preference" (pairs: trnqwen.dataset.preference);
+    # the caller asks the method (trnqwen.methods.registry; RunConfig.data_kind): dataset/ never does
+    data_kind: str = "chat"
 
     @classmethod
     def from_config(cls, cfg: Any) -> DataSettings:
@@ -62,6 +65,7 @@ class DataSettings:
         out["dataset_format"] = self.dataset_format or "auto"
         if not self.val_split:
             out.pop("seed")
+        out.pop("data_kind")  # the method names it (caches keep their keys)
         if self.method == "sft":
             out.pop("method")  # SFT caches keep the keys they had before preference data existed
         return out
@@ -109,7 +113,7 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
         check_cache_settings(settings, cache.read_meta(prepared.cache_dir), prepared.cache_dir)
         return prepared
     dataset = settings.dataset
-    if dataset is None and settings.method == "dpo":
+    if dataset is None and settings.data_kind == "preference":
         from trnqwen.dataset.preference import bundled_pairs_path
 
         dataset = str(bundled_pairs_path())
@@ -124,7 +128,7 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
     if found is not None:
         return PreparedData(found, key, True, {**cache.read_meta(found).get("report", {}), "warnings": warnings})
 
-    if settings.method == "dpo":
+    if settings.data_kind == "preference":
         from trnqwen.dataset import preference
 
         directory, report = preference.write_pairs(settings, assets_dir, cache_root, key, source, val_source, _split)
@@ -178,10 +182,11 @@ def _existing_cache(dataset: Optional[str]) -> Optional[PreparedData]:
 
 
 def _check_cache_method(prepared: PreparedData, method: str) -> None:
-    made_for = cache.read_meta(prepared.cache_dir).get("method", "sft")
+    meta = cache.read_meta(prepared.cache_dir)
+    made_for = meta.get("method", "sft")
     if made_for != method:
         raise UsageError(
-            f"the token cache {prepared.cache_dir} holds {'preference pairs' if made_for == 'dpo' else 'SFT rows'}, "
+            f"the token cache {prepared.cache_dir} holds {'preference pairs' if 'pairs_per_row' in meta else 'SFT rows'}, "
             f"not data for --method {method}",
             hint=f"use --method {made_for}, or give the records themselves as --dataset",
         )
@@ -237,8 +242,8 @@ def _check_settings(settings: DataSettings) -> None:
         raise UsageError(f"--val-split must be in [0, 1), got {settings.val_split}")
     if settings.val_split and settings.val_dataset:
         raise UsageError("--val-split and --val-dataset both given", hint="pick one way to get validation data")
-    if settings.method == "dpo" and settings.train_on_inputs:
-        raise UsageError("--train-on-inputs has no meaning with --method dpo: only the answers are compared",
+    if settings.data_kind == "preference" and settings.train_on_inputs:
+        raise UsageError(f"--train-on-inputs has no meaning with --method {settings.method}: only the answers are compared",
                          hint="drop --train-on-inputs")
 
 

@@ -1,4 +1,4 @@
-"""DPO reference log-probs, stored with the token cache they were computed on (numpy only).
+"""Reference log-probs (a preference method's starting weights), stored with the token cache they were computed on (numpy only).
 
 ``<cache_dir>/reference/<key>/``::
 
@@ -10,7 +10,7 @@ Rows are computed as a prefix: a run of S steps reads rows ``0 .. S x global bat
 first epoch, in cache order, so a short run on a big set pays only for what it trains on, and a
 later run from the same weights that reads further extends the prefix before its step 1.
 
-The key (:func:`trnqwen.train.dpo.reference_key`) names the starting weights and everything that
+The key (the method's plan: its ``reference_key``) names the starting weights and everything that
 changes their numbers (backend, layout, precision), so a second run from the same weights on the
 same cache reuses the pass, a resumed run finds its own, and other weights never match.  Written
 under a temporary name and renamed: a reader never sees half a reference.

@@ -8,8 +8,8 @@ pipeline the launcher uses, so its masks and packing are the training ones too.
 
 Generation prompts come from the same rows: a document's last trained span is its last answer;
 the tokens before it are the conversation up to its last user turn, already rendered with the
-chat template and ending in the assistant header.  A DPO run's cache (``"method": "dpo"``) also
-carries each row's ``segments``: :mod:`trnqwen.evaluate.preference` scores its pairs.  numpy only.
+chat template and ending in the assistant header.  The cache of a method that trains on
+preference pairs also carries each row's ``segments``: that method's ``eval_report`` scores its pairs.  numpy only.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.errors import UsageError
+from trnqwen.methods import registry as methods
 
 if TYPE_CHECKING:
     from trnqwen.evaluate.targets import EvalTarget, RunInfo
@@ -36,8 +37,10 @@ class EvalData:
     positions: Any
     pad_id: int
     source: Optional[Path] = None  # the cache folder
-    # preference pairs (a DPO cache): the split itself (rows for dpo_loss.batch_from_rows), its
-    # ``segments`` (2 * slot + side per target, -1 elsewhere) and the most pairs a row holds
+    # preference pairs (a cache of a method with ``data="preference"``): the split itself (its
+    # rows, for the method's scorer), its ``segments`` (2 * slot + side per target, -1 elsewhere)
+    # and the most pairs a row holds
+    method: Optional[str] = None  # the training method the cache was made for (meta.json), when not SFT's
     split: Any = None
     segments: Any = None
     pairs_per_row: int = 0
@@ -92,9 +95,11 @@ def from_cache(cache_dir: Path, split: str, name: str) -> EvalData:
         pad_id=int(tokens.meta.get("pad_id", 0)),
         source=Path(cache_dir),
     )
-    if tokens.meta.get("method") == "dpo":  # preference pairs: scored pair by pair (evaluate.preference)
+    method = methods.find(tokens.meta.get("method"))
+    if method is not None and method.data == "preference":  # scored pair by pair (the method's eval_report)
         from trnqwen.dataset.preference import SEGMENTS
 
+        data.method = method.name
         data.split, data.segments = tokens, tokens.extra[SEGMENTS]
         data.pairs_per_row = int((tokens.meta.get("pairs_per_row") or {}).get(split, 1))
     return require_trained_tokens(data)
@@ -231,5 +236,6 @@ def _prepare(settings: dict[str, Any], assets: Path, cache_root: Optional[Any]) 
     from trnqwen.dataset.prepare import DataSettings, prepare
 
     return prepare(
-        DataSettings.from_config(SimpleNamespace(**settings)), Path(assets), Path(cache_root or default_cache_root())
+        DataSettings.from_config(SimpleNamespace(**settings, data_kind=methods.of(settings).data)), Path(assets),
+        Path(cache_root or default_cache_root())
     ).cache_dir

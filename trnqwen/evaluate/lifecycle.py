@@ -1,6 +1,6 @@
 """The fine-tune's last line: validation loss before (the base model) and after (the export);
-for a DPO run, held-out preference accuracy and margin before and after, and the loss on the
-chosen answers (:func:`trnqwen.evaluate.report.preference_line`).
+for a run of a method that trains on preference pairs, held-out preference accuracy and margin
+before and after, and the loss on the chosen answers (:func:`trnqwen.evaluate.report.preference_line`).
 
 ``trnqwen train --finetune`` calls :func:`validation_before_after` when the run has a validation
 split.  It runs ``trnqwen eval <run dir> --json`` in a child process, because the launcher never
@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Optional
+
+from trnqwen.methods import registry as methods
 
 EVAL_TIMEOUT_S = 3600
 
@@ -44,8 +46,8 @@ def validation_before_after(
     without a validation split.  ``generate``: held-out answers to ask both models for;
     ``threads``: the eval's CPU threads (OMP_NUM_THREADS), torch's default when None.  On
     preference pairs ``before``/``after`` are the chosen-answer losses, and ``preference`` holds
-    ``{"pairs", "accuracy_before", "accuracy_after", "margin_before", "margin_after",
-    "reward_accuracy", "reward_margin", "dpo_loss"}``."""
+    ``{"pairs", "accuracy_before", "accuracy_after", "margin_before", "margin_after"}`` plus the
+    method's own summary fields (its ``eval_report.SUMMARY_FIELDS``: reward accuracy, margin, loss)."""
     if not has_validation(run_dir):
         return None
     argv = [sys.executable, "-m", "trnqwen", "eval", str(run_dir), "--json", "--device", device]
@@ -78,15 +80,17 @@ def validation_before_after(
             f"({after['loss'] - base['loss']:+.4f}) on {after['tokens']:,} held-out tokens"
         ),
     }
-    if doc.get("method") == "dpo":
+    method = methods.find(doc["method"]) if doc.get("method") else None
+    if method is not None and method.data == "preference" and method.eval_report:
         from trnqwen.evaluate.report import preference_line
 
+        summary = methods.load(method.eval_report).SUMMARY_FIELDS
         got["line"] = preference_line(base, after)
         got["preference"] = {
             "pairs": after.get("pairs"),
             "accuracy_before": base.get("preference_accuracy"), "accuracy_after": after.get("preference_accuracy"),
             "margin_before": base.get("margin"), "margin_after": after.get("margin"),
-            **{k: after.get(k) for k in ("reward_accuracy", "reward_margin", "dpo_loss")},
+            **{k: after.get(k) for k in summary},
         }
     return got
 

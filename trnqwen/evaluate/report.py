@@ -5,11 +5,11 @@ JSON: ``{"dataset", "results": [{"checkpoint", "tokens", "loss", "perplexity", "
 "generations": [{"prompt", "conversation", "reference", "answers": {checkpoint: text}}]}``.  A perplexity too
 large for a float is ``null`` (JSON has no infinity).
 
-On preference pairs (a DPO run) the object also says ``"method": "dpo"``, ``"beta"`` and
-``"dpo_loss"``; ``tokens``/``loss``/``perplexity`` are those of the chosen answers, and each result
-adds ``pairs``, ``preference_accuracy``, ``margin`` and, against the base as reference,
-``reward_accuracy``, ``reward_margin``, ``rewards_chosen``, ``rewards_rejected``, ``dpo_loss``
-(``null`` for the base itself) (:mod:`trnqwen.evaluate.preference`).
+On preference pairs (the cache of a method that trains on them) the object also says
+``"method"`` and the settings the method scored with; ``tokens``/``loss``/``perplexity`` are
+those of the chosen answers, and each result adds ``pairs``, ``preference_accuracy``, ``margin``
+and the method's own fields against the base as reference (``null`` for the base itself): the
+method's ``eval_report`` module says which (``trnqwen/methods/<name>/eval_report.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class EvalResult:
     loss: float
     perplexity: float
     delta_vs_base: Optional[float] = None
-    preference: Optional[dict[str, Any]] = None  # preference pairs: evaluate.preference.FIELDS
+    preference: Optional[dict[str, Any]] = None  # preference pairs: the method's eval_report FIELDS
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -75,12 +75,13 @@ class EvalReport:
     dataset: str
     results: list[EvalResult] = field(default_factory=list)
     generations: list[Generation] = field(default_factory=list)
-    dpo: Optional[dict[str, Any]] = None  # preference pairs: {"beta", "dpo_loss"} the rewards were computed with
+    method: Optional[str] = None  # a method's own data (preference pairs): the method that scored it
+    method_settings: Optional[dict[str, Any]] = None  # ... and the settings it scored with (beta, loss)
 
     def to_json(self) -> dict[str, Any]:
         head: dict[str, Any] = {"dataset": self.dataset}
-        if self.dpo is not None:
-            head.update(method="dpo", **self.dpo)
+        if self.method is not None:
+            head.update(method=self.method, **(self.method_settings or {}))
         return {
             **head,
             "results": [r.to_json() for r in self.results],
@@ -99,7 +100,7 @@ class EvalReport:
         if base is None or not tuned:
             return None
         last = tuned[-1]
-        if self.dpo is not None:
+        if self.method is not None:
             return preference_line(base.to_json(), last.to_json())
         return (
             f"validation loss {base.loss:.4f} -> {last.loss:.4f} ({last.loss - base.loss:+.4f}, "
@@ -108,7 +109,7 @@ class EvalReport:
 
 
 def preference_line(base: dict[str, Any], tuned: dict[str, Any]) -> str:
-    """The DPO summary, from two JSON result rows: ``preference accuracy before 0.5000 -> after
+    """The preference summary, from two JSON result rows: ``preference accuracy before 0.5000 -> after
     0.8000, margin ...; chosen-answer loss before ... -> after ...``."""
     line = (
         f"preference accuracy before {_num(base.get('preference_accuracy'))} -> after "
@@ -135,7 +136,7 @@ def render(report: EvalReport) -> None:
     """The human output: the table on stdout, then each conversation with every model's answer."""
     from trnqwen import output
 
-    if report.dpo is not None:
+    if report.method is not None:
         _render_preference(report)
     else:
         _render_loss(report)
@@ -181,7 +182,7 @@ def preference_row(r: dict[str, Any]) -> list[str]:
 def _render_preference(report: EvalReport) -> None:
     from trnqwen import output
 
-    beta = (report.dpo or {}).get("beta")
+    beta = (report.method_settings or {}).get("beta")
     output.table(f"Held-out preference pairs on {report.dataset} (rewards against the base, beta {beta})",
                  PREFERENCE_COLUMNS, [tuple(preference_row(r.to_json())) for r in report.results])
 

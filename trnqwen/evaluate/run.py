@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from trnqwen.errors import UsageError
+from trnqwen.methods import registry as methods
 from trnqwen.evaluate.data import Conversation, EvalData, eval_data, held_out_conversations
 from trnqwen.evaluate.report import EVAL_RECORD, EvalReport, EvalResult, Generation, other_data_record
 from trnqwen.evaluate.targets import (
@@ -47,11 +48,10 @@ class EvalPlan:
     trust_remote_code: bool = False
     record_dir: Optional[Path] = None  # the run dir eval.json goes to
     own_split: bool = True  # the run's own validation split (not --dataset): the only data that writes eval.json and the card
-    dpo: Optional[dict[str, Any]] = None  # preference pairs: {"beta", "dpo_loss"} (the run's, else the defaults)
-
-    @property
-    def dpo_args(self) -> dict[str, Any]:
-        return {"beta": self.dpo["beta"], "loss_type": self.dpo["dpo_loss"]} if self.dpo else {}
+    # a method's own data (preference pairs): the method that scores it (trnqwen.methods.registry)
+    # and the settings its numbers are computed with (the run's, else the defaults)
+    method: Optional[str] = None
+    method_settings: Optional[dict[str, Any]] = None
 
 
 def plan_eval(
@@ -112,18 +112,21 @@ def plan_eval(
         targets=targets, data=data, conversations=conversations, device_type=detect_device_type(device),
         batch_size=batch_size, max_new_tokens=max_new_tokens, trust_remote_code=trust_remote_code,
         record_dir=record_run.run_dir if record_run else None, own_split=dataset is None,
-        dpo=dpo_settings(record_run or next((t.run for t in targets if t.run is not None), None)) if data.is_preference else None,
+        **scoring_method(data, record_run or next((t.run for t in targets if t.run is not None), None)),
     )
 
 
-def dpo_settings(run: Optional[RunInfo]) -> dict[str, Any]:
-    """The beta and loss the rewards are computed with: the run's (run.json), else the defaults."""
+def scoring_method(data: EvalData, run: Optional[RunInfo]) -> dict[str, Any]:
+    """``{method, method_settings}`` of data a method scores itself (its ``eval_report``), else {}:
+    the settings are the run's (run.json), else the defaults (RunConfig's)."""
+    method = methods.find(data.method) if data.method else None
+    if method is None or not method.eval_report:
+        return {}
     from trnqwen.config import RunConfig
 
     config = (run.record.config or {}) if run is not None else {}
-    fields = RunConfig.model_fields
-    return {"beta": float(config.get("beta") or fields["beta"].default),
-            "dpo_loss": str(config.get("dpo_loss") or fields["dpo_loss"].default)}
+    defaults = {name: info.default for name, info in RunConfig.model_fields.items()}
+    return {"method": method.name, "method_settings": methods.load(method.eval_report).settings(config, defaults)}
 
 
 def require_chat_template(target: EvalTarget) -> None:
@@ -152,7 +155,8 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
 
     from trnqwen.evaluate import model as m
 
-    report = EvalReport(dataset=plan.data.name, dpo=plan.dpo)
+    report = EvalReport(dataset=plan.data.name, method=plan.method, method_settings=plan.method_settings)
+    scorer = methods.load(methods.get(plan.method).eval_report) if plan.method else None
     tokenizer = AutoTokenizer.from_pretrained(str(plan.targets[0].tokenizer_dir), trust_remote_code=plan.trust_remote_code) if plan.conversations else None
     prompt_len = m.prompt_length(plan.conversations) if plan.conversations else 0
     answers: list[dict[str, str]] = [{} for _ in plan.conversations]
@@ -161,12 +165,12 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
         started = time.perf_counter()
         model = m.load_model(target, plan.device_type, trust_remote_code=plan.trust_remote_code)
         numbers = None
-        if plan.dpo is not None:
-            from trnqwen.evaluate import preference
-
-            pairs = preference.score_pairs(model, plan.data, batch_size=plan.batch_size, static_shapes=plan.device_type == "neuron")
-            numbers = preference.preference_numbers(pairs, None if target.is_base else base_pairs, **plan.dpo_args)
-            result = pairs.chosen_loss()
+        if scorer is not None:  # the method's own scores (held-out pairs: preference accuracy, rewards)
+            pairs = scorer.score(model, plan.data, batch_size=plan.batch_size, static_shapes=plan.device_type == "neuron",
+                                 head_chunk=m.HEAD_CHUNK)
+            numbers = scorer.numbers(pairs, None if target.is_base else base_pairs, plan.method_settings)
+            chosen = pairs.chosen_loss()
+            result = m.LossResult(tokens=chosen.tokens, loss_sum=chosen.loss_sum)
             base_pairs = pairs if target.is_base else base_pairs
         else:
             result = m.score(model, plan.data, batch_size=plan.batch_size, static_shapes=plan.device_type == "neuron")

@@ -171,7 +171,7 @@ class LogParser:
 
     def _primaries(self, batch: list) -> None:
         """The primary rank's lines of a region, in order: runs of torchtitan's exact step line
-        (what :func:`~trnqwen.logs.stepline.fast_step` reads) as columns, the rest one by one."""
+        (what :func:`~trnqwen.contract.stepline.fast_step` reads) as columns, the rest one by one."""
         run: list = []
         for lineno, raw in batch:
             i = raw.find(b"step:")

@@ -14,10 +14,10 @@ from typing import Optional
 
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
 from trnqwen.logs.identity import with_identity
-from trnqwen.logs.dpo import check_dpo, is_dpo
 from trnqwen.logs.lora import check_lora
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.sources import RunContext
+from trnqwen.methods import registry as methods
 
 SEVERITIES = ("error", "warning", "info")
 # A step-1 loss at or above this fraction of ln(vocab) is what an untrained model gives
@@ -66,7 +66,7 @@ def judge(log: ParsedLog, ctx: Optional[RunContext] = None) -> list[Finding]:
         _check_overrides,
         _check_override_calls,
         _check_lora,
-        _check_dpo,
+        _check_methods,
         _check_nonfinite,
         _check_exploding,
         _check_grad_spikes,
@@ -91,8 +91,25 @@ def _check_lora(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     return [Finding(*fields) for fields in check_lora(log, ctx)]
 
 
-def _check_dpo(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    return [Finding(*fields) for fields in check_dpo(log, ctx)]
+def method_facts(log: ParsedLog, ctx: RunContext, method: methods.Method) -> dict:
+    """A method's judge rules get plain data (:mod:`trnqwen.methods.base`): first step, start, its lines, run config."""
+    first = log.steps.row(0) if log.steps else None
+    return {"first_step": {k: first[k] for k in ("step", "loss", "line")} if first else None,
+            "start_step": log.start_step, "lines": {name: getattr(log, name, None) for name in method.log_fields},
+            "run_config": dict(ctx.run_config) if ctx.run_config else None}
+
+
+def run_method(log: ParsedLog, ctx: RunContext) -> Optional[methods.Method]:
+    """The method this run trained with: the one whose lines the log has, else the run config's (None: unknown)."""
+    logged = next((m for m in methods.methods() if any(getattr(log, f, None) for f in m.log_fields)), None)
+    named = (ctx.run_config or {}).get("method")
+    return logged or (methods.find(named) if named else None)
+
+
+def _check_methods(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+    """Each training method's own rules (``Method.judge``, e.g. a preference loss's step-1 value)."""
+    return [Finding(*fields) for method in methods.methods() if method.judge
+            for fields in methods.hook(method, "judge")(method_facts(log, ctx, method))]
 
 
 def _check_input(log: ParsedLog, ctx: RunContext) -> list[Finding]:
@@ -164,8 +181,10 @@ def _check_steps_present(log: ParsedLog, ctx: RunContext) -> list[Finding]:
 def _check_weights_loaded(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     """Step-1 loss against the random-init level ln(vocab): the model's identity comes from the
     run directory or the flags, else from the log itself (:mod:`trnqwen.logs.identity`).  Not for
-    a DPO run: its loss is a preference loss (ln 2 at step 1), judged by :mod:`trnqwen.logs.dpo`."""
-    if not log.steps or is_dpo(log, ctx):
+    a run of a method whose loss is not the next-token loss (a preference loss: ln 2 at step 1),
+    judged by that method's own rules."""
+    method = run_method(log, ctx)
+    if not log.steps or (method is not None and not method.token_loss):
         return []
     first = log.steps.row(0)
     if first["step"] != 1 or (log.start_step not in (None, 1)):

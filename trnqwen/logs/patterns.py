@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from itertools import compress
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
-from trnqwen.logs import dpo
+from trnqwen.methods.dpo import log_lines as dpo
 from trnqwen.contract.stepline import strip_ansi, to_number
 from trnqwen.contract.override_calls import CALLS_RE, CALLS_TAG
 from trnqwen.contract.lora import LOG_LINE_RE as LORA_RE

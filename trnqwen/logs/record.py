@@ -38,7 +38,7 @@ class ParsedLog:
     # [LoRA] lines (trnqwen.contract.lora.log_line): rank -> {trainable, total, percent, rank, alpha, dropout,
     # adapters, targets, initialised, line}; None: a line without a torchrun prefix or "(rank R)"
     lora: dict[Optional[int], dict] = field(default_factory=dict)
-    # [DPO] lines (trnqwen.logs.dpo): step -> {rewards_chosen, rewards_rejected, margin, accuracy, pairs, line};
+    # [DPO] lines (trnqwen.methods.dpo.log_lines): step -> {rewards_chosen, rewards_rejected, margin, accuracy, pairs, line};
     # a validation's line joins its record in ``validations``; the reference line: {how, detail, beta, loss_type, line}
     dpo_steps: dict[int, dict] = field(default_factory=dict)
     dpo_reference: Optional[dict] = None

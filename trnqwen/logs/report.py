@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from trnqwen.logs import dpo
+from trnqwen.methods.dpo import log_lines as dpo
 from trnqwen.logs.lora import lora_json, lora_row
 from trnqwen.logs.judge import (
     BASE_RANDOM_INIT, Finding, configured_steps, override_calls, override_table, root_cause, weights_verdict,

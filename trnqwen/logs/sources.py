@@ -73,7 +73,7 @@ class RunContext:
     # of it starts at random-init loss, and that is no sign of unloaded weights
     base_random_init: bool = False
     rank_lora: dict = field(default_factory=dict)  # rank -> its [LoRA] line from the run's per-rank logs
-    dpo: Optional[dict] = None  # the run config's DPO settings when it is one: {beta, loss_type}; None: not DPO / unknown
+    run_config: Optional[dict] = None  # the run's config (run.json) when known: a method's rules read its settings there
 
 
 def resolve_input(arg: Optional[str], runs_dir: Optional[Path] = None) -> LogInput:
@@ -187,8 +187,7 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
         ctx.base_random_init = declares_random_init(model_cfg_path.parent)
     if cfg.get("lora"):
         ctx.lora = _lora_settings(cfg)
-    if cfg.get("method") == "dpo":
-        ctx.dpo = {"beta": cfg.get("beta", 0.1), "loss_type": cfg.get("dpo_loss") or "sigmoid"}
+    ctx.run_config = cfg or None
     # vocab
     if _pos_int(vocab_size):
         ctx.vocab_size, ctx.vocab_source = int(vocab_size), "--vocab-size"

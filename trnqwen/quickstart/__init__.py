@@ -16,7 +16,8 @@ No network, no accelerator, in a working folder of its own (default ``./trnqwen-
                     random-init run's (the recipe's 6.54 vs 12.43), and a loss plot is written
   8. chat fine-tune on the bundled chat set, then ``trnqwen eval``: held-out loss must fall
   9. LoRA fine-tune the chat set again as a LoRA adapter, merged and verified
- 10. DPO            the snapshot preference-tuned on the bundled pairs: step-1 loss ln 2, then
+ 10. each training method's own stage (``trnqwen/methods/<name>/quickstart.py``), e.g. the
+                    snapshot preference-tuned on the bundled pairs: step-1 loss ln 2, then
                     ``trnqwen eval``: held-out preference accuracy must rise
 
 Everything written stays under the working folder; a rerun starts the runs afresh (the fetched

@@ -305,7 +305,10 @@ def run_quickstart(
     result = QuickstartResult(workdir=str(workdir), device=device)
     status = progress if status is None else status
     example = override_example_dir()
-    n_stages = 4 + 2 * len(backends) + 5  # ... override, inspect-logs, chat fine-tune, LoRA fine-tune, DPO
+    from trnqwen.methods import registry as methods
+
+    method_stages = [(m, methods.load(m.quickstart)) for m in methods.methods() if m.quickstart]
+    n_stages = 4 + 2 * len(backends) + 4 + len(method_stages)  # ... override, inspect-logs, chat, LoRA, each method's
     prog = Progress(progress, n_stages)
     assets = workdir / "assets" / "tiny-qwen3"
     pretrained = workdir / "assets" / "tiny-qwen3-pretrained"
@@ -316,12 +319,12 @@ def run_quickstart(
         runs_dir=runs_dir, warmup=1, seed=42,
     )
 
-    from trnqwen.quickstart import dpo_stage, lora_stage
+    from trnqwen.quickstart import lora_stage
 
     # the stages in their documented order: their numbers, and the order of result.stages
     canonical = ["check-env", "fetch", "pre-train", "snapshot", *[f"train --finetune ({b})" for b in backends],
                  "override", *[f"verify-ckpt ({b})" for b in backends], "inspect-logs", "chat fine-tune", lora_stage.STAGE,
-                 dpo_stage.STAGE]
+                 *[mod.STAGE for _, mod in method_stages]]
 
     def stage(name: str, what: str, fn: Callable[[], Any], skipped: Optional[str] = None, lane: bool = False) -> Any:
         prog.start(name, what, index=canonical.index(name) + 1)
@@ -463,20 +466,26 @@ def run_quickstart(
 
         lane_stage("chat fine-tune", f"bundled chat set, {chat.steps} steps, held-out loss and one answer before/after", chat_finetune)
         lane_stage(lora_stage.STAGE, f"the chat set again as a rank-{lora_stage.LORA_RANK} LoRA adapter, merged", lora_finetune)
-        dpo_cfg = dpo_stage.dpo_settings(chat_settings, ft_ranks)
-        dp = result.runs["dpo"] = RunInfo(label="dpo", backend=PRETRAIN_BACKEND, finetune=True, steps=dpo_cfg["steps"], nproc_per_node=ft_ranks)
-        dp_cfg = run_config(**{**common, **dpo_cfg}, assets_dir=pretrained, backend=PRETRAIN_BACKEND, finetune=True,
-                            checkpoint_dir=_fresh_dir(ckpts / "dpo", workdir), nproc_per_node=ft_ranks)
+        from trnqwen.evaluate.lifecycle import validation_before_after
 
-        def dpo() -> str:  # from the chat stage's starting point (dpo_stage says why not from its export)
-            train_run(dpo_stage.STAGE, dp, dp_cfg, workdir, prog, status=False, run_id=run_id(PRETRAIN_BACKEND))
-            inspect_run(dp)
-            line, result.dpo = dpo_stage.judge_dpo_run(dp, device=device)
-            return line
+        for method, mod in method_stages:  # each method's stage (trnqwen/methods/<name>/quickstart.py)
+            m_settings = mod.stage_settings(chat_settings, ft_ranks)
+            m_info = result.runs[method.name] = RunInfo(label=method.name, backend=PRETRAIN_BACKEND, finetune=True,
+                                                        steps=m_settings["steps"], nproc_per_node=ft_ranks)
+            m_cfg = run_config(**{**common, **m_settings}, assets_dir=pretrained, backend=PRETRAIN_BACKEND, finetune=True,
+                               checkpoint_dir=_fresh_dir(ckpts / method.name, workdir), nproc_per_node=ft_ranks)
 
-        lane_stage(dpo_stage.STAGE, f"preference tuning on the bundled pairs, {dp.steps} steps, held-out accuracy before/after", dpo)
+            def method_stage(method=method, mod=mod, info=m_info, cfg=m_cfg) -> str:  # from the chat stage's start
+                train_run(mod.STAGE, info, cfg, workdir, prog, status=False, run_id=run_id(PRETRAIN_BACKEND))
+                inspect_run(info)
+                line, result.methods[method.name] = mod.judge_run(info, device=device, fail=StageFailed,
+                                                                  before_after=validation_before_after)
+                return line
+
+            lane_stage(mod.STAGE, mod.WHAT.format(steps=m_info.steps), method_stage)
         # the longest first, so the two lanes end close together
-        longest_first = [dpo_stage.STAGE, "chat fine-tune", "train --finetune (native)", lora_stage.STAGE]
+        longest_first = [*(mod.STAGE for _, mod in method_stages), "chat fine-tune", "train --finetune (native)",
+                         lora_stage.STAGE]
         jobs.sort(key=lambda j: longest_first.index(j.name) if j.name in longest_first else len(longest_first))
         lanes.run_jobs(jobs)
 
@@ -495,8 +504,9 @@ def run_quickstart(
             stage(f"verify-ckpt ({backend})", str(info.checkpoint_dir), check)
 
         def judge() -> str:
-            # the pre-training and the short fine-tunes from it (the chat, LoRA and DPO stages judge their own)
-            judged = {label: info for label, info in result.runs.items() if label not in ("chat", "lora", "dpo")}
+            # the pre-training and the short fine-tunes from it (the chat, LoRA and method stages judge their own)
+            own = ("chat", "lora", *(m.name for m, _ in method_stages))
+            judged = {label: info for label, info in result.runs.items() if label not in own}
             errors = [(label, f) for label, info in judged.items() for f in info.findings if f.get("severity") == "error"]
             if errors:
                 label, f = errors[0]

@@ -110,12 +110,14 @@ class QuickstartResult:
     comparison: dict[str, Any] = field(default_factory=dict)
     evaluation: dict[str, Any] = field(default_factory=dict)  # the chat stage's held-out loss and answers
     lora: dict[str, Any] = field(default_factory=dict)  # the LoRA stage's numbers (trnqwen.quickstart.lora_stage)
-    dpo: dict[str, Any] = field(default_factory=dict)  # the DPO stage's numbers (trnqwen.quickstart.dpo_stage)
+    methods: dict[str, dict[str, Any]] = field(default_factory=dict)  # a method's stage numbers, by method name
     files: dict[str, str] = field(default_factory=dict)
     next_commands: list[str] = field(default_factory=lambda: list(NEXT_COMMANDS))
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out.update(out.pop("methods"))  # each method's stage numbers under its name (trnqwen.methods.<name>.quickstart)
+        return out
 
 
 # --- progress --------------------------------------------------------------------------------------

@@ -406,6 +406,19 @@ def _sharding_summary(model) -> str:
     )
 
 
+def load_method_hooks(spec: HFTrainerSpec):
+    """The training method's hooks named by the spec (``"module:Class"``, built with its settings
+    JSON), or None for a supervised run.  By dotted path: the ranks never import ``trnqwen.methods``
+    by name (the launcher's plan chose the method)."""
+    if not spec.method_hooks:
+        return None
+    import importlib
+
+    module, _, attr = spec.method_hooks.partition(":")
+    hooks_cls = getattr(importlib.import_module(module), attr)
+    return hooks_cls(json.loads(spec.method_settings or "{}"))
+
+
 def run(spec: HFTrainerSpec) -> int:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -443,21 +456,19 @@ def run(spec: HFTrainerSpec) -> int:
         log=_log, rank=rank)
     log_validation = recorder.validation  # torchtitan's validate line + the validation record (rank 0)
     trainer_cls, eval_dataset = Trainer, None
+    method_hooks = load_method_hooks(spec)
     if spec.cache_dir:  # the launcher's token cache: torchtitan's rows, order, labels and positions
         from trnqwen.runtime import hf_trainer_data
 
         # TP ranks of one group read the same rows: the data-parallel rank is rank // tp.
-        if spec.dpo_beta is not None:  # preference pairs: the DPO rows, loss and validation
-            from trnqwen.runtime import hf_trainer_dpo
-
-            train_dataset, eval_dataset = hf_trainer_dpo.pair_datasets(spec, rank=rank // plan.tp, world=plan.dp)
+        if method_hooks is not None:  # the training method's rows, loss and validation (its hooks)
+            train_dataset, eval_dataset = method_hooks.datasets(spec, rank=rank // plan.tp, world=plan.dp)
         else:
             train_dataset, eval_dataset = hf_trainer_data.cache_datasets(spec, rank=rank // plan.tp, world=plan.dp)
         trainer_cls = hf_trainer_data.cache_trainer_class(
             Trainer, batch_size=spec.local_batch_size, log_validation=log_validation)
-        if spec.dpo_beta is not None:
-            trainer_cls = hf_trainer_dpo.dpo_trainer_class(trainer_cls, beta=spec.dpo_beta, loss_type=spec.dpo_loss,
-                                                           log_validation=log_validation)
+        if method_hooks is not None:
+            trainer_cls = method_hooks.trainer_class(trainer_cls, log_validation=log_validation)
     else:
         tokenizer = AutoTokenizer.from_pretrained(spec.assets_dir, trust_remote_code=spec.trust_remote_code)
         rows_needed = spec.steps * spec.local_batch_size * plan.grad_accum * plan.dp
@@ -505,10 +516,10 @@ def run(spec: HFTrainerSpec) -> int:
         model, initialised = hf_trainer_lora.attach(model, lora)
         callbacks.append(hf_trainer_lora.callback(lora, initialised=initialised, rank=rank, log=_log))
 
-    if spec.dpo_beta is not None:  # the reference log-probs of these starting weights, before step 1
-        hf_trainer_dpo.reference_pass(spec, model, rank=rank // plan.tp, world=plan.dp, replicas=plan.tp,
-                                      grad_accum=plan.grad_accum, resumed_at=_step_of(resume_from),
-                                      log=_log if rank == 0 else (lambda _m: None))
+    if method_hooks is not None:  # what the method does before step 1 (e.g. reference log-probs)
+        method_hooks.before_train(spec, model, rank=rank // plan.tp, world=plan.dp, replicas=plan.tp,
+                                  grad_accum=plan.grad_accum, resumed_at=_step_of(resume_from),
+                                  log=_log if rank == 0 else (lambda _m: None))
 
     from trnqwen.runtime import resume_state
 

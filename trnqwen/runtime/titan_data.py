@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
@@ -47,9 +46,11 @@ class TokenCacheDataset(IterableDataset, Stateful):
         infinite: bool = True,
         seed: int = 0,
         reference_dir: str = "",
+        rows: str = "",
     ) -> None:
         self.split = open_split(cache_dir, split)
-        self.reference_dir = reference_dir  # DPO: rows carry their pairs' reference log-probs
+        self.reference_dir = reference_dir  # a method's per-row extras computed before step 1 (reference log-probs)
+        self.rows = rows  # a training method's row reader, "module:function" (empty: the SFT rows below)
         if self.split.seq_len != seq_len:
             raise ValueError(
                 f"the dataset cache {cache_dir} was built for seq_len {self.split.seq_len}, "
@@ -65,36 +66,17 @@ class TokenCacheDataset(IterableDataset, Stateful):
         worker = torch.utils.data.get_worker_info()
         if worker is not None and worker.num_workers > 1:
             raise ValueError("TokenCacheDataLoader reads its rows in one process: set num_workers to 0 or 1")
-        if self.reference_dir:
-            yield from self._pairs()
+        if self.rows:  # the method's own rows (its extra fields beside input/positions): by dotted path,
+            import importlib  # the ranks never import trnqwen.methods by name
+
+            module, _, name = self.rows.partition(":")
+            yield from getattr(importlib.import_module(module), name)(self)
             return
         while not self.stream.exhausted():
             input_ids, labels, positions = read_row(self.split, self.stream.advance())
             yield (
                 {"input": torch.from_numpy(input_ids), "positions": torch.from_numpy(positions)},
                 torch.from_numpy(labels),
-            )
-
-    def _pairs(self):
-        """DPO rows: the pair fields beside input/positions, one label per pair (runtime.dpo)."""
-        from trnqwen.dataset.reference import open_reference
-        from trnqwen.runtime.dpo_loss import batch_from_rows
-
-        reference = open_reference(self.reference_dir, self.split.name)  # written by the reference pass
-        per_row = int(self.split.meta["pairs_per_row"][self.split.name])
-        while not self.stream.exhausted():
-            row = self.stream.advance()
-            ids, positions, targets, segments, ref, markers = batch_from_rows(self.split, [row], reference, per_row)
-            if np.isnan(ref).any():
-                raise RuntimeError(
-                    f"row {row} of the {self.split.name} split has no reference log-probs in {self.reference_dir}: "
-                    "the reference pass covered the rows of the steps this run was started with"
-                )
-            yield (
-                {"input": torch.from_numpy(ids[0]), "positions": torch.from_numpy(positions[0]),
-                 "dpo_targets": torch.from_numpy(targets[0]), "dpo_segments": torch.from_numpy(segments[0]),
-                 "dpo_ref": torch.from_numpy(ref[0])},
-                torch.from_numpy(markers[0]),
             )
 
     def state_dict(self) -> dict[str, Any]:
@@ -127,7 +109,11 @@ class TokenCacheDataLoader(ParallelAwareDataloader):
         """Seeds the row order of epochs after the first."""
 
         reference_dir: str = ""
-        """DPO: the reference log-probs folder of this run (empty = a supervised cache)."""
+        """A method's per-row extras computed before step 1 (the reference log-probs folder; empty = none)."""
+
+        rows: str = ""
+        """A training method's row reader, ``"module:function"`` taking the dataset and yielding
+        ``(input_dict, labels)`` (empty = the supervised rows); set by the method's config-module lines."""
 
         one_pass: bool = False
         """Validation: one pass over the split, the last batch filled with ignored rows, whatever
@@ -152,7 +138,7 @@ class TokenCacheDataLoader(ParallelAwareDataloader):
         dataset = TokenCacheDataset(
             config.cache_dir, config.split, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size,
             batch_size=local_batch_size, infinite=config.infinite and not config.one_pass, seed=config.seed,
-            reference_dir=config.reference_dir,
+            reference_dir=config.reference_dir, rows=config.rows,
         )
         super().__init__(
             dataset,

@@ -14,7 +14,7 @@ into the same values under trnqwen's classes, so that ``build()`` makes
 * :class:`TrnqwenValidator` (``config.validator``).
 
 Trainer hooks (:class:`TrainerHook`) are what a training method adds in the ranks (DPO:
-:class:`trnqwen.runtime.dpo.DPOHook`); the generated module imports them and passes them in
+:class:`trnqwen.methods.dpo.titan.DPOHook`); the generated module imports them and passes them in
 ``config.hooks``, so this package never imports a method.
 
 The order of everything trnqwen adds, in one place (:data:`HOOK_ORDER`).

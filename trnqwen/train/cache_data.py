@@ -130,10 +130,10 @@ def prepare_rank_data(cfg: RunConfig, assets_dir: Path) -> Optional[tuple[DataSp
     it is; any other dataset the user names is tokenized once (or found in the cache) by
     :func:`trnqwen.dataset.prepare.prepare_dataset`, the code ``trnqwen data`` runs.
     """
-    dpo = getattr(cfg, "method", "sft") == "dpo"
-    if not dpo and not reads_cache(cfg.dataset):
+    pairs = getattr(cfg, "data_kind", "chat") == "preference"  # its method reads pairs (trnqwen.methods.registry)
+    if not pairs and not reads_cache(cfg.dataset):
         return None
-    if dpo and not cfg.dataset:  # the bundled preference set, as SFT data defaults to the bundled chats
+    if pairs and not cfg.dataset:  # the bundled preference set, as SFT data defaults to the bundled chats
         from trnqwen.dataset.preference import bundled_pairs_path
 
         cfg = cfg.model_copy(update={"dataset": str(bundled_pairs_path())})

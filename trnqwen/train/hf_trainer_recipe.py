@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -20,6 +21,9 @@ from trnqwen.assets import read_config_json
 from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen.titan_compat import FlavorDims
 from trnqwen.contract import lora as contract_lora
+from trnqwen.methods import registry as methods
+from trnqwen.methods.base import MethodPlan
+from trnqwen.methods.planning import plan_method
 from trnqwen.train import lora, tracking
 from trnqwen.contract.hf_trainer_spec import LORA_TP_PROBLEM, HFTrainerSpec, SpecError, choose_strategy, spec_to_argv
 from trnqwen.train.job import TrainJob
@@ -114,7 +118,7 @@ def build_hf_trainer_spec(
     cfg: RunConfig, device: DeviceInfo, run_dir: Optional[Path], *, dataset: Any = ..., rank_data: Optional[RankData] = None,
     lora_spec: Any = ...,
     schedule: Optional[Schedule] = None,
-    dpo_plan: Any = None,
+    method_plan: Optional[MethodPlan] = None,
 ) -> HFTrainerSpec:
     """The :class:`~trnqwen.contract.hf_trainer_spec.HFTrainerSpec` for this run (pure; checks only files).
 
@@ -162,9 +166,9 @@ def build_hf_trainer_spec(
         trust_remote_code=cfg.trust_remote_code,
         report_to=",".join(tracking.report_to(cfg)),
         lora=lora_spec.to_json() if lora_spec is not None else None,
-        dpo_beta=dpo_plan[0].beta if dpo_plan else None,
-        dpo_loss=dpo_plan[0].loss_type if dpo_plan else "sigmoid",
-        reference_dir=str(dpo_plan[1]) if dpo_plan else None,
+        method=cfg.method,
+        method_hooks=methods.get(cfg.method).hf_trainer if method_plan is not None else None,
+        method_settings=json.dumps(method_plan.settings) if method_plan is not None else None,
     )
 
 
@@ -228,17 +232,14 @@ def build_hf_trainer_job(
     lora_spec, lora_note = _lora_plan(cfg, hf_config)
     topology = topology or plan_topology(cfg, device)
     schedule = plan_schedule(cfg, rank_data, topology)
-    from trnqwen.train import dpo
-
-    dpo_plan = dpo.plan(cfg, assets_dir, rank_data, device_type=device.type,
-                        dp_degree=topology.dp,
-                        steps=schedule.steps, validates=bool(schedule.val_every))
+    method_plan = plan_method(cfg, assets_dir, rank_data, device_type=device.type, dp_degree=topology.dp,
+                              steps=schedule.steps, validates=bool(schedule.val_every))
     spec = build_hf_trainer_spec(cfg, device, run_dir, dataset=dataset, rank_data=rank_data, lora_spec=lora_spec,
-                                 schedule=schedule, dpo_plan=dpo_plan)
+                                 schedule=schedule, method_plan=method_plan)
     device_type = spec.device
     notes = [] if rank_data is not None else ["hf-trainer pads/truncates each document to seq_len (no packing as in torchtitan)"]
     notes += [lora_note] if lora_note else []
-    notes += [dpo_plan[2]] if dpo_plan else []
+    notes += [method_plan.note] if method_plan is not None and method_plan.note else []
     notes += data_notes
     notes += [f"not runnable here: {p.message}" for p in problems]
     if schedule.activation_checkpointing == "selective":

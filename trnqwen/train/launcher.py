@@ -337,7 +337,7 @@ def _run_supervised(
     lines_seen: list[str] = []  # bounded: early lines (tracebacks come first) + a tail
     max_kept = 5000
 
-    from trnqwen.logs.parse import strip_ansi
+    from trnqwen.contract.stepline import strip_ansi
 
     # train.log holds plain text (grep-able); the colours reach the console only when it is a terminal
     color_echo = echo is not None and bool(getattr(status.stream if status is not None else sys.stderr, "isatty", lambda: False)())

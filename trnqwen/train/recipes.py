@@ -38,8 +38,10 @@ from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen import titan_compat as compat
 from trnqwen.contract import lora as contract_lora
 from trnqwen.contract import checkpoint_layout as checkpoints
-from trnqwen.train import dpo, lora, tracking
+from trnqwen.train import lora, tracking
 from trnqwen.train.memory import count_params  # one parameter formula for both
+from trnqwen.methods.base import MethodPlan
+from trnqwen.methods.planning import plan_method
 from trnqwen.train.cache_data import RankData, prepare_rank_data, streamed_data, titan_dataloader_code
 from trnqwen.dataset.streamed import DataSpec, render_dataset_code
 from trnqwen.train.job import TrainJob
@@ -52,7 +54,6 @@ CONFIG_FNS = {"hf-v5": "trnqwen_hf_v5", "native": "trnqwen_native", "nki-moe": "
 ENTRY_MODULE = "trnqwen.runtime.entry"
 CPU_ATTENTION_OVERRIDE = "trnqwen.runtime.cpu_attention.cpu_dense_attention"
 TRAINER_IMPORT = "from trnqwen.runtime.trainer import trnqwen_config"
-DPO_HOOK_IMPORT = "from trnqwen.runtime.dpo import DPOHook"
 NKI_MOE_MODULE = "torchtitan_neuron.models.qwen3.config_registry"
 NKI_MOE_FN = "qwen3_nki_moe_config"
 NKI_MOE_FLAVOR = "30B-A3B"
@@ -78,8 +79,7 @@ class Plan:
     rank_data: Optional[RankData] = None  # the token cache the ranks read (datasets the user names)
     lora: Optional[contract_lora.LoraSpec] = None
     lora_targets: tuple[str, ...] = ()  # the HF targets this backend adapts (trnqwen.train.lora)
-    dpo: Optional[dpo.DpoSpec] = None  # --method dpo (trnqwen.train.dpo)
-    reference_dir: Optional[Path] = None  # where the DPO reference log-probs of these weights live
+    method: Optional[MethodPlan] = None  # the training method's plan (trnqwen.methods: None for SFT)
     schedule: Optional[Schedule] = None  # steps, LR curve, optimizer: resolved once (train/schedule.py)
     notes: list[str] = field(default_factory=list)
 
@@ -206,19 +206,17 @@ def make_plan(
     else:
         _plan_nki_moe(plan)
     _plan_lora(plan)
-    _plan_dpo(plan)
+    _plan_method(plan)
     return plan
 
 
-def _plan_dpo(plan: Plan) -> None:
-    cfg = plan.cfg
-    planned = dpo.plan(cfg, plan.assets_dir, plan.rank_data, device_type=plan.device.type,
-                       dp_degree=plan.topology.dp,
-                       steps=plan.schedule.steps if plan.schedule else 1,
-                       validates=bool(plan.schedule and plan.schedule.val_every))
-    if planned is not None:
-        plan.dpo, plan.reference_dir, note = planned
-        plan.notes.append(note)
+def _plan_method(plan: Plan) -> None:
+    plan.method = plan_method(plan.cfg, plan.assets_dir, plan.rank_data, device_type=plan.device.type,
+                              dp_degree=plan.topology.dp,
+                              steps=plan.schedule.steps if plan.schedule else 1,
+                              validates=bool(plan.schedule and plan.schedule.val_every))
+    if plan.method is not None and plan.method.note:
+        plan.notes.append(plan.method.note)
 
 
 def _plan_lora(plan: Plan) -> None:
@@ -453,13 +451,11 @@ def _render(plan: Plan) -> str:
         body.append(f"config.dataloader = {data_expr}")
     for line in data_imports:
         imp(line)
-    if plan.dpo is not None and plan.reference_dir is not None:
-        dpo_imports, dpo_lines = dpo.render_lines(plan.dpo, plan.reference_dir, validates=bool(sched.val_every))
-        for line in dpo_imports:
+    if plan.method is not None:  # the training method's lines (its loss, its dataloaders' extras)
+        for line in plan.method.imports:
             imp(line)
-        body += dpo_lines
-        imp(DPO_HOOK_IMPORT)
-        hooks.append("DPOHook()")  # its batch fields, reference pass, [DPO] lines and values
+        body += plan.method.config_lines
+        hooks += plan.method.hooks  # its trainer hooks: batch fields, passes before step 1, its values
     body += [
         f"config.training.steps = {sched.steps}",
         f"config.training.local_batch_size = {cfg.local_batch_size}",

@@ -101,7 +101,7 @@ def log_eval(run_dir: Path, results: list[dict[str, Any]], step: Optional[int]) 
             writer.add_scalar(f"eval/{name}/loss", r["loss"], global_step=step or 0)
             if r.get("perplexity") is not None:
                 writer.add_scalar(f"eval/{name}/perplexity", r["perplexity"], global_step=step or 0)
-            for field in PREFERENCE_SCALARS:  # a DPO run's held-out pairs
+            for field in PREFERENCE_SCALARS:  # a preference method's held-out pairs
                 if r.get(field) is not None:
                     writer.add_scalar(f"eval/{name}/{field}", r[field], global_step=step or 0)
     finally:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trnqwen.train.dpo import LOSS_TYPES, initial_loss  # noqa: F401  (one home: the planner's)
+from trnqwen.methods.dpo.settings import LOSS_TYPES
 
 IGNORE_INDEX = -100
 KEYS = ("dpo_targets", "dpo_segments", "dpo_ref")  # what a DPO batch carries beside input/positions
@@ -152,3 +152,27 @@ def batch_from_rows(split, rows: list, reference: Optional[np.ndarray], pairs_pe
                        else np.asarray(reference[row], dtype=np.float32))
     segments = np.stack(seg)
     return (np.stack(ids), np.stack(pos), np.stack(tgt), segments, np.stack(ref), pair_markers(segments))
+
+
+def titan_rows(dataset):
+    """The torchtitan dataloader's rows of a DPO cache (``TokenCacheDataLoader.Config.rows``): the
+    pair fields beside input/positions, one label per pair (``runtime/dpo.py`` takes them out)."""
+    from trnqwen.dataset.reference import open_reference
+
+    split, stream = dataset.split, dataset.stream
+    reference = open_reference(dataset.reference_dir, split.name)  # written by the reference pass
+    per_row = int(split.meta["pairs_per_row"][split.name])
+    while not stream.exhausted():
+        row = stream.advance()
+        ids, positions, targets, segments, ref, markers = batch_from_rows(split, [row], reference, per_row)
+        if np.isnan(ref).any():
+            raise RuntimeError(
+                f"row {row} of the {split.name} split has no reference log-probs in {dataset.reference_dir}: "
+                "the reference pass covered the rows of the steps this run was started with"
+            )
+        yield (
+            {"input": torch.from_numpy(ids[0]), "positions": torch.from_numpy(positions[0]),
+             "dpo_targets": torch.from_numpy(targets[0]), "dpo_segments": torch.from_numpy(segments[0]),
+             "dpo_ref": torch.from_numpy(ref[0])},
+            torch.from_numpy(markers[0]),
+        )

@@ -2,8 +2,8 @@
 
 For every held-out pair the model's summed log-probability of the chosen answer and of the
 rejected one, computed with the training's own arithmetic: the rows come through
-:func:`trnqwen.runtime.dpo_loss.batch_from_rows` and the sums through
-:func:`~trnqwen.runtime.dpo_loss.segment_logps` (chosen and rejected sit side by side in one row,
+:func:`trnqwen.methods.dpo.loss.batch_from_rows` and the sums through
+:func:`~trnqwen.methods.dpo.loss.segment_logps` (chosen and rejected sit side by side in one row,
 each attending only to itself).  From them, per model:
 
 * **preference accuracy**: the share of pairs where the chosen answer gets the higher log-prob;
@@ -12,9 +12,13 @@ each attending only to itself).  From them, per model:
 
 and for a tuned model, against the base as the reference (what DPO optimised, ``beta`` from the
 run): the implicit rewards ``beta * (log pi - log pi_ref)``, their accuracy and margin, and the
-DPO loss, through :func:`~trnqwen.runtime.dpo_loss.pair_terms`.  Identical weights give reward
+DPO loss, through :func:`~trnqwen.methods.dpo.loss.pair_terms`.  Identical weights give reward
 margin 0 and loss ln 2, as DPO's step 1 does.  The base's sums are kept as numbers, so base and
 tuned never sit in memory together.  torch is imported inside the functions.
+
+``trnqwen eval`` (:mod:`trnqwen.evaluate.run`) reaches this module through ``Method.eval_report``
+and hands it its pieces (the held-out data, the LM-head chunk); a method never imports evaluate/.
+:func:`settings` names what the rewards are computed with (the run's beta and loss).
 """
 
 from __future__ import annotations
@@ -22,10 +26,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from trnqwen.evaluate.data import EvalData
-from trnqwen.evaluate.model import HEAD_CHUNK, LossResult
+
+@dataclass
+class ChosenLoss:
+    tokens: int
+    loss_sum: float
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / self.tokens if self.tokens else float("nan")
+
+EvalData = Any  # trnqwen.evaluate.data.EvalData: split, pairs_per_row, len() (handed in by eval)
+HEAD_CHUNK = 4096  # trained positions per LM-head + cross-entropy chunk: eval passes its own (evaluate.model)
 
 REWARD_FIELDS = ("reward_accuracy", "reward_margin", "rewards_chosen", "rewards_rejected", "dpo_loss")
+SUMMARY_FIELDS = ("reward_accuracy", "reward_margin", "dpo_loss")  # what the fine-tune's last line keeps
 FIELDS = ("pairs", "preference_accuracy", "margin", *REWARD_FIELDS)  # what each result row adds
 
 
@@ -39,12 +54,30 @@ class PairScores:
     def __len__(self) -> int:
         return int(self.logps.shape[0])
 
-    def chosen_loss(self) -> LossResult:
-        """NLL per token over the chosen answers."""
-        return LossResult(tokens=int(self.counts[:, 0].sum()), loss_sum=float(-self.logps[:, 0].sum()))
+    def chosen_loss(self) -> ChosenLoss:
+        """NLL per token over the chosen answers: eval's loss of this data."""
+        return ChosenLoss(tokens=int(self.counts[:, 0].sum()), loss_sum=float(-self.logps[:, 0].sum()))
 
 
-def score_pairs(model, data: EvalData, *, batch_size: int, static_shapes: bool = False) -> PairScores:
+def settings(run_config: Optional[dict], defaults: dict[str, Any]) -> dict[str, Any]:
+    """What the rewards are computed with, as eval.json names it: the run's (run.json), else the defaults."""
+    config = run_config or {}
+    return {"beta": float(config.get("beta") or defaults["beta"]),
+            "dpo_loss": str(config.get("dpo_loss") or defaults["dpo_loss"])}
+
+
+def score(model, data: EvalData, *, batch_size: int, static_shapes: bool = False, head_chunk: int = HEAD_CHUNK) -> PairScores:
+    """Eval's entry point: :func:`score_pairs`."""
+    return score_pairs(model, data, batch_size=batch_size, static_shapes=static_shapes, head_chunk=head_chunk)
+
+
+def numbers(scores: PairScores, reference: Optional[PairScores], method_settings: dict[str, Any]) -> dict[str, Any]:
+    """Eval's entry point: the result row's fields (:func:`preference_numbers` with the run's settings)."""
+    return preference_numbers(scores, reference, beta=method_settings["beta"], loss_type=method_settings["dpo_loss"])
+
+
+def score_pairs(model, data: EvalData, *, batch_size: int, static_shapes: bool = False,
+                head_chunk: int = HEAD_CHUNK) -> PairScores:
     """Summed log-probs of each pair's chosen and rejected answer (pairs whose both sides have targets).
 
     Shapes as :func:`trnqwen.evaluate.model.score`: ``[batch_size, seq_len]`` batches; off Neuron
@@ -52,7 +85,7 @@ def score_pairs(model, data: EvalData, *, batch_size: int, static_shapes: bool =
     import numpy as np
     import torch
 
-    from trnqwen.runtime.dpo_loss import batch_from_rows, segment_logps
+    from trnqwen.methods.dpo.loss import batch_from_rows, segment_logps
 
     pairs_per_row, n = data.pairs_per_row, len(data)
     device = model.device
@@ -72,9 +105,9 @@ def score_pairs(model, data: EvalData, *, batch_size: int, static_shapes: bool =
                 for b in range(len(rows)):
                     keep = segments[b] >= 0
                     h, t, s = hidden[b][keep], targets[b][keep], segments[b][keep]
-                    for lo in range(0, t.numel(), HEAD_CHUNK):
+                    for lo in range(0, t.numel(), head_chunk):
                         part_sums, part_counts = segment_logps(
-                            head(h[lo:lo + HEAD_CHUNK])[None], t[lo:lo + HEAD_CHUNK][None], s[lo:lo + HEAD_CHUNK][None],
+                            head(h[lo:lo + head_chunk])[None], t[lo:lo + head_chunk][None], s[lo:lo + head_chunk][None],
                             pairs_per_row)
                         sums[b] += part_sums[0]
                         counts[b] += part_counts[0]
@@ -105,7 +138,7 @@ def preference_numbers(scores: PairScores, reference: Optional[PairScores], *, b
         return out  # not the same pairs (cannot happen for one data set): no rewards rather than wrong ones
     import torch
 
-    from trnqwen.runtime.dpo_loss import pair_terms
+    from trnqwen.methods.dpo.loss import pair_terms
 
     def as_pairs(array):
         return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64))[:, None, :]  # [pairs, P=1, 2]

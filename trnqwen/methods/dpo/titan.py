@@ -9,13 +9,13 @@ protocol of :mod:`trnqwen.runtime.trainer`; each a no-op when the loss is not DP
   ``dpo_segments`` and ``dpo_ref`` beside ``input``/``positions``; they are taken out (the model
   must not see them) and handed to the loss, which runs right after that forward;
 * ``after_checkpoint_load``: right after the checkpoint load, the reference pass
-  (:mod:`trnqwen.runtime.dpo_reference`) computes the reference log-probs from the starting
+  (:mod:`trnqwen.methods.dpo.reference_pass`) computes the reference log-probs from the starting
   weights, or finds them on disk;
 * ``step_values`` / ``log_lines``: the step's (or validation's) rewards, margin and accuracy, summed
   over every rank, go to TensorBoard/W&B and the metrics stream (``dpo/...``) and to one ``[DPO]``
   line after the step line.
 
-The batch's ``labels`` mark one position per pair (:func:`trnqwen.runtime.dpo_loss.pair_markers`),
+The batch's ``labels`` mark one position per pair (:func:`trnqwen.methods.dpo.loss.pair_markers`),
 so torchtitan's "valid tokens" count pairs and its ``sum / global_valid_tokens`` normalisation
 makes the logged loss the mean DPO loss over every pair of the step.  Pipeline parallelism is not
 supported (the loss needs its batch next to the forward); trnqwen never enables it.
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 import torch
 from torchtitan.components.loss import BaseLoss
 
-from trnqwen.runtime.dpo_loss import KEYS, METRICS, Meter, pair_terms, segment_logps
+from trnqwen.methods.dpo.loss import KEYS, METRICS, Meter, pair_terms, segment_logps
 from trnqwen.runtime.trainer import TrainerHook
 
 _ACTIVE: Optional["DPOLoss"] = None  # the rank's DPO loss (one trainer per process)
@@ -108,9 +108,9 @@ class DPOHook(TrainerHook):
 
     def after_checkpoint_load(self, trainer: Trainer) -> None:
         if isinstance(trainer.loss_fn, DPOLoss):
-            from trnqwen.runtime import dpo_reference
+            from trnqwen.methods.dpo import reference_pass
 
-            dpo_reference.ensure(trainer)
+            reference_pass.ensure(trainer)
 
     def step_values(self, trainer: Trainer, mode: str) -> dict[str, float]:
         loss = _ACTIVE
@@ -119,7 +119,7 @@ class DPOHook(TrainerHook):
         return {k: values[k] for k in METRICS} if values else {}
 
     def log_lines(self, step: int, mode: str) -> list[str]:
-        from trnqwen.logs.dpo import format_line
+        from trnqwen.methods.dpo.log_lines import format_line
 
         values = self.last.get(mode)
         return [format_line(step, values, validate=mode == "val")] if values else []

@@ -1,13 +1,14 @@
 """DPO planned (launcher side): what a ``--method dpo`` run is, refused where it cannot run.
 
+* :func:`plan` (the method's ``plan`` entry point) -> a :class:`~trnqwen.methods.base.MethodPlan`;
 * :func:`spec_from_config` -> :class:`DpoSpec` (beta, loss type), or None for SFT;
 * :func:`check` refuses what has no DPO here (nki-moe; a stream torchtitan reads itself);
 * :func:`reference_key` names the starting weights and everything that changes their numbers,
-  so the reference pass (``runtime/dpo_reference.py``) runs once per (weights, cache, layout) and a
+  so the reference pass (``methods/dpo/reference_pass.py``) runs once per (weights, cache, layout) and a
   resumed run finds its own (``dataset/reference.py`` stores it with the token cache);
 * :func:`render_lines` is the config module's part: the loss and the dataloaders' reference folder.
 
-The step-1 check belongs to the judge (``logs/judge.py``): before any update the policy is the
+The step-1 check belongs to the judge (``methods/dpo/judge.py``): before any update the policy is the
 reference, so the first loss is :func:`initial_loss` (ln 2 for sigmoid),
 and a run that starts elsewhere compared itself with another model's log-probs.
 """
@@ -22,9 +23,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trnqwen.errors import UsageError
+from trnqwen.methods.base import MethodPlan
+from trnqwen.methods.dpo.settings import LOSS_TYPES  # noqa: F401  (the loss types' one home)
 
-LOSS_TYPES = ("sigmoid", "ipo")
-REFERENCE_IMPORT = "from trnqwen.runtime.dpo import dpo_loss_config"
+REFERENCE_IMPORT = "from trnqwen.methods.dpo.titan import dpo_loss_config"
+ROWS = "trnqwen.methods.dpo.loss:titan_rows"  # the torchtitan dataloaders' row reader (methods/dpo/loss.py)
 
 
 def initial_loss(loss_type: str, beta: float) -> float:
@@ -102,12 +105,14 @@ def render_lines(spec: DpoSpec, reference_dir: Path, *, validates: bool) -> tupl
     ref = str(reference_dir)
     lines = [
         "# DPO: the loss of the pairs against reference log-probs computed once from these starting",
-        "# weights, before step 1 (trnqwen.runtime.dpo_reference), kept with the token cache.",
+        "# weights, before step 1 (trnqwen.methods.dpo.reference_pass), kept with the token cache.",
         f"config.loss = dpo_loss_config(beta={spec.beta!r}, loss_type={spec.loss_type!r}, reference_dir={ref!r})",
         f"config.dataloader.reference_dir = {ref!r}",
+        f"config.dataloader.rows = {ROWS!r}",
     ]
     if validates:
         lines.append(f"config.validator.dataloader.reference_dir = {ref!r}")
+        lines.append(f"config.validator.dataloader.rows = {ROWS!r}")
     return [REFERENCE_IMPORT], lines
 
 
@@ -118,17 +123,9 @@ def plan_note(spec: DpoSpec, reference_dir: Path, *, reused: bool) -> str:
 
 
 def plan(cfg: Any, assets_dir: Path, rank_data: Any, *, device_type: str, dp_degree: int, steps: int,
-         validates: bool) -> Optional[tuple[DpoSpec, Path, str]]:
-    """(spec, reference folder, plan note) of a DPO run, None for SFT; refuses a cache of the other kind."""
+         validates: bool) -> Optional[MethodPlan]:
+    """The plan of a DPO run (refusals raise); None without a token cache (nothing to plan yet)."""
     check(cfg)
-    method = getattr(cfg, "method", "sft")
-    made_for = rank_data.meta.get("method", "sft") if rank_data is not None and rank_data.meta else method
-    if made_for != method:
-        raise UsageError(
-            f"the token cache {rank_data.cache_dir} holds {'preference pairs' if made_for == 'dpo' else 'SFT rows'}, "
-            f"not data for --method {method}",
-            hint=f"use --method {made_for}, or give the records themselves as --dataset",
-        )
     spec = spec_from_config(cfg)
     if spec is None or rank_data is None:
         return None
@@ -142,4 +139,10 @@ def plan(cfg: Any, assets_dir: Path, rank_data: Any, *, device_type: str, dp_deg
     needed = {"train": reference.prefix_rows(rank_data.train_rows, steps, rows_per_step)}
     if validates:
         needed["val"] = rank_data.val_rows
-    return spec, directory, plan_note(spec, directory, reused=reference.is_complete(directory, needed))
+    imports, lines = render_lines(spec, directory, validates=validates)
+    return MethodPlan(
+        method="dpo", spec=spec, imports=[*imports, "from trnqwen.methods.dpo.titan import DPOHook"],
+        config_lines=lines, hooks=["DPOHook()"],  # its batch fields, reference pass, [DPO] lines and values
+        settings={"beta": spec.beta, "loss_type": spec.loss_type, "reference_dir": str(directory)},
+        note=plan_note(spec, directory, reused=reference.is_complete(directory, needed)),
+    )

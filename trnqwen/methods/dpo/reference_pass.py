@@ -26,7 +26,7 @@ import torch
 
 from trnqwen.dataset import reference as store
 from trnqwen.dataset.cache import open_split
-from trnqwen.runtime.dpo_loss import batch_from_rows, segment_logps
+from trnqwen.methods.dpo.loss import batch_from_rows, segment_logps
 from trnqwen.runtime.token_stream import RankStream
 
 
@@ -71,7 +71,7 @@ def run_pass(directory: Path, cache_dir: str, needed: dict[str, int], *, model, 
     ``settings`` (beta, loss_type) go on the log line, so the judge knows the expected step-1 loss."""
     import torch.distributed as dist
 
-    from trnqwen.logs.dpo import reference_line
+    from trnqwen.methods.dpo.log_lines import reference_line
 
     distributed = dist.is_available() and dist.is_initialized()
     if store.is_complete(directory, needed):

@@ -5,15 +5,19 @@
   log-probs, and ``labels``/``shift_labels`` mark one position per pair, so the Trainer's
   ``num_items_in_batch`` counts pairs (on every rank and accumulation step) and the mean is over
   every pair of the step, as in torchtitan.
-* :func:`reference_pass` runs :func:`trnqwen.runtime.dpo_reference.run_pass` with the loaded
+* :func:`reference_pass` runs :func:`trnqwen.methods.dpo.reference_pass.run_pass` with the loaded
   model (LoRA attached, B = 0) before ``trainer.train``.
-* :func:`dpo_trainer_class` replaces the loss with :mod:`trnqwen.runtime.dpo_loss`'s and the
+* :func:`dpo_trainer_class` replaces the loss with :mod:`trnqwen.methods.dpo.loss`'s and the
   validation with the pairs' (torchtitan's ``validate step:`` line, loss = mean pair loss), and
   prints the ``[DPO]`` lines after the step lines.
 
 TRL's ``DPOTrainer`` was not used: it would bring a second data path (its own tokenisation and
 padding, not the cache every backend shares) and a second loss implementation, so the backends
 could no longer be compared number for number.
+
+:class:`DPOHooks` is what ``runtime/hf_trainer.py`` loads from the spec's ``method_hooks``
+(``trnqwen.methods.dpo.hf_trainer:DPOHooks``), built with the plan's settings: ``datasets``,
+``trainer_class`` and ``before_train``, the three points where a method enters the Trainer run.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import numpy as np
 import torch
 
 from trnqwen.dataset import reference as store
-from trnqwen.runtime.dpo_loss import KEYS, METRICS, Meter, batch_from_rows, pair_terms, segment_logps
+from trnqwen.methods.dpo.log_lines import format_line
+from trnqwen.methods.dpo.loss import KEYS, METRICS, Meter, batch_from_rows, pair_terms, segment_logps
 from trnqwen.runtime.hf_trainer_data import CacheRows
 
 
@@ -53,19 +58,19 @@ class PairRows(CacheRows):
                    "dpo_ref": torch.from_numpy(ref[0])}
 
 
-def pair_datasets(spec: Any, *, rank: int, world: int):
+def pair_datasets(spec: Any, *, rank: int, world: int, reference_dir: str):
     seed = int(spec.seed or 0)
     common = dict(seq_len=spec.seq_len, rank=rank, world=world, batch_size=spec.local_batch_size,
-                  reference_dir=spec.reference_dir)
+                  reference_dir=reference_dir)
     train = PairRows(spec.cache_dir, "train", infinite=True, seed=seed, **common)
     val = PairRows(spec.cache_dir, "val", infinite=False, **common) if spec.val_every else None
     return train, val
 
 
 def reference_pass(spec: Any, model, *, rank: int, world: int, replicas: int, grad_accum: int, resumed_at: int,
-                   log: Callable[[str], None]) -> None:
+                   log: Callable[[str], None], reference_dir: str, beta: float, loss_type: str) -> None:
     from trnqwen.dataset.cache import open_split
-    from trnqwen.runtime.dpo_reference import run_pass
+    from trnqwen.methods.dpo.reference_pass import run_pass
 
     train_rows = len(open_split(spec.cache_dir, "train"))
     needed = {"train": store.prefix_rows(train_rows, spec.steps, spec.local_batch_size * world * grad_accum)}
@@ -77,9 +82,9 @@ def reference_pass(spec: Any, model, *, rank: int, world: int, replicas: int, gr
         return model(input_ids=torch.from_numpy(ids).to(device), position_ids=torch.from_numpy(positions).to(device),
                      use_cache=False).logits
 
-    run_pass(Path(spec.reference_dir), spec.cache_dir, needed, model=model, forward=forward, rank=rank, world=world,
+    run_pass(Path(reference_dir), spec.cache_dir, needed, model=model, forward=forward, rank=rank, world=world,
              batch_size=spec.local_batch_size, resumed_at=resumed_at, replicas=replicas, log=log,
-             settings={"beta": spec.dpo_beta, "loss_type": spec.dpo_loss})
+             settings={"beta": beta, "loss_type": loss_type})
 
 
 def _sum(tensor: torch.Tensor) -> None:
@@ -90,8 +95,6 @@ def _sum(tensor: torch.Tensor) -> None:
 def dpo_trainer_class(trainer_cls: type, *, beta: float, loss_type: str, log_validation: Callable[[int, float, float], None]):
     """``trainer_cls`` (the cache trainer) with the DPO loss, DPO validation and the [DPO] lines."""
     from transformers import TrainerCallback
-
-    from trnqwen.logs.dpo import format_line
 
     def forward_terms(model, inputs):
         extras = [inputs.pop(k) for k in KEYS]
@@ -169,3 +172,27 @@ def dpo_trainer_class(trainer_cls: type, *, beta: float, loss_type: str, log_val
             return metrics
 
     return DPOTrainer
+
+
+class DPOHooks:
+    """The hf-trainer ranks' entry points for DPO (built with the plan's settings: beta,
+    loss_type, reference_dir)."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.beta = float(settings["beta"])
+        self.loss_type = str(settings["loss_type"])
+        self.reference_dir = str(settings["reference_dir"])
+
+    def datasets(self, spec: Any, *, rank: int, world: int):
+        """(train, validation or None): the rank's pair rows of the token cache."""
+        return pair_datasets(spec, rank=rank, world=world, reference_dir=self.reference_dir)
+
+    def trainer_class(self, trainer_cls: type, *, log_validation: Callable[[int, float, float], None]) -> type:
+        return dpo_trainer_class(trainer_cls, beta=self.beta, loss_type=self.loss_type, log_validation=log_validation)
+
+    def before_train(self, spec: Any, model, *, rank: int, world: int, replicas: int, grad_accum: int,
+                     resumed_at: int, log: Callable[[str], None]) -> None:
+        """The reference log-probs of these starting weights, before step 1."""
+        reference_pass(spec, model, rank=rank, world=world, replicas=replicas, grad_accum=grad_accum,
+                       resumed_at=resumed_at, log=log, reference_dir=self.reference_dir, beta=self.beta,
+                       loss_type=self.loss_type)

@@ -12,9 +12,7 @@ parsers and every other tool that reads it are unchanged), and a run without DPO
 
 The reading side, for ``inspect-logs`` (like :mod:`trnqwen.logs.lora` for the ``[LoRA]`` line):
 :func:`store` keeps the lines in ``ParsedLog`` (``dpo_steps``, the validation records,
-``dpo_reference``); :func:`check_dpo` is the judge's step-1 check (error ``dpo-reference-mismatch``:
-before its first update the policy is its reference, so the loss is ln 2 for sigmoid, (1/(2 beta))^2
-for ipo; a run that starts elsewhere compared itself with another model's log-probs);
+``dpo_reference``); the judge's step-1 check is :mod:`trnqwen.methods.dpo.judge`;
 :func:`dpo_json`, :func:`dpo_rows` and :func:`step_values` feed ``--json``, the table, CSV and plot.
 """
 
@@ -25,8 +23,7 @@ import re
 from typing import Any, Optional
 
 # ``log`` below is a trnqwen.logs.record.ParsedLog and ``at`` a trnqwen.logs.patterns.LineAt: not
-# imported, not even for type checking (both import this module: the step line's reader skips
-# ``[DPO] validate`` lines, the line table stores them here)
+# imported (a method never imports logs/; logs/ imports this module for the [DPO] lines)
 ParsedLog = LineAt = Any
 
 MARK = "[DPO]"
@@ -120,17 +117,19 @@ def store_reference(log: ParsedLog, m: "re.Match[str]", at: LineAt) -> None:
     }
 
 
-def is_dpo(log: ParsedLog, ctx: Any = None) -> bool:
-    """A DPO run: its log has ``[DPO]`` lines, or its run config says ``method: dpo``."""
-    return bool(log.dpo_steps or log.dpo_reference or getattr(ctx, "dpo", None))
+def run_settings(run_config: Optional[dict]) -> Optional[dict]:
+    """{beta, loss_type} from a run config (run.json's ``config``) of a DPO run, else None."""
+    if not run_config or run_config.get("method") != "dpo":
+        return None
+    return {"beta": run_config.get("beta", 0.1), "loss_type": run_config.get("dpo_loss") or "sigmoid"}
 
 
-def settings(log: ParsedLog, ctx: Any = None) -> tuple[Optional[float], Optional[str], Optional[str]]:
-    """(beta, loss type, where from): the reference line's, else the run config's, else unknown."""
-    ref = log.dpo_reference or {}
+def settings_of(reference: Optional[dict], run_config: Optional[dict]) -> tuple[Optional[float], Optional[str], Optional[str]]:
+    """(beta, loss type, where from): the ``[DPO]`` reference line's, else the run config's, else unknown."""
+    ref = reference or {}
     if ref.get("loss_type"):
         return ref.get("beta"), ref["loss_type"], "the [DPO] reference line"
-    cfg = getattr(ctx, "dpo", None) or {}
+    cfg = run_settings(run_config) or {}
     if cfg.get("loss_type"):
         return cfg.get("beta"), cfg["loss_type"], "the run config"
     return None, None, None
@@ -138,47 +137,25 @@ def settings(log: ParsedLog, ctx: Any = None) -> tuple[Optional[float], Optional
 
 def expected_step1(beta: Optional[float], loss_type: Optional[str]) -> tuple[Optional[float], str]:
     """(the loss every pair has before the first update, how it is written)."""
-    from trnqwen.train.dpo import DpoSpec
+    from trnqwen.methods.dpo.plan import initial_loss
 
     if loss_type == "ipo":
         if beta is None or not beta > 0:
             return None, "(1/(2 beta))^2"
-        value = DpoSpec(beta=beta, loss_type="ipo").initial_loss
+        value = initial_loss("ipo", beta)
         return value, f"(1/(2 beta))^2 = {value:.6f} (ipo loss, beta {beta:g})"
-    value = DpoSpec(loss_type="sigmoid").initial_loss
+    value = initial_loss("sigmoid", 0.1)
     return value, f"ln 2 = {value:.6f}"
 
 
-def _finding(severity: str, code: str, message: str, lines: Optional[list] = None) -> tuple:
-    return severity, code, message, list(lines or [])
+def is_dpo(log: ParsedLog, ctx: Any = None) -> bool:
+    """A DPO run: its log has ``[DPO]`` lines, or its run config says ``method: dpo``."""
+    return bool(log.dpo_steps or log.dpo_reference or run_settings(getattr(ctx, "run_config", None)))
 
 
-def check_dpo(log: ParsedLog, ctx: Any) -> list[tuple]:
-    """(severity, code, message, lines): the step-1 loss of a DPO run against its expected value
-    (only step 1, and only when this log starts there: a resumed run's first step is not judged)."""
-    if not is_dpo(log, ctx) or not log.steps:
-        return []
-    first = log.steps.row(0)
-    loss = first["loss"]
-    if first["step"] != 1 or log.start_step not in (None, 1) or not isinstance(loss, float) or not math.isfinite(loss):
-        return []
-    beta, loss_type, whence = settings(log, ctx)
-    expected, written = expected_step1(beta, loss_type)
-    ref = log.dpo_reference
-    lines = [first["line"], *([ref["line"]] if ref else [])]
-    if expected is None:
-        return [_finding("warning", "dpo-step1-unknown", f"step-1 DPO loss {loss:.6f}: ipo loss without a beta, "
-                         "so the expected start (1/(2 beta))^2 is not known", lines)]
-    known = whence is not None
-    assumed = "" if known else " (sigmoid assumed: neither the log nor a run config gives the loss type)"
-    if abs(loss - expected) > STEP1_TOLERANCE * max(1.0, abs(expected)):
-        return [_finding("error" if known else "warning", "dpo-reference-mismatch",
-                         f"step-1 DPO loss {loss:.6f}, expected {written}{assumed}: the reference log-probs do not "
-                         "belong to these weights (a reference from another model or checkpoint, or weights that "
-                         "changed before step 1)", lines)]
-    how = f"; reference log-probs {ref['how']}" if ref else ""
-    return [_finding("info", "dpo-reference", f"step-1 DPO loss {loss:.6f} = {written}{assumed}: the policy started "
-                     f"at its reference{how}", lines)]
+def settings(log: ParsedLog, ctx: Any = None) -> tuple[Optional[float], Optional[str], Optional[str]]:
+    """(beta, loss type, where from): the reference line's, else the run config's, else unknown."""
+    return settings_of(log.dpo_reference, getattr(ctx, "run_config", None))
 
 
 # ---------------------------------------------------------------------------------------------

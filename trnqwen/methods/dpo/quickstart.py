@@ -17,11 +17,14 @@ snapshot it goes 16 -> 21 of 30 with the settings below, on 2 ranks x 2 rows as 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from trnqwen.quickstart.types import RunInfo, StageFailed
+# the quickstart's own pieces (its RunInfo, its StageFailed, eval's before/after) are handed in by
+# trnqwen/quickstart/stages.py: a method never imports quickstart/ or evaluate/
+RunInfo = Any
 
 STAGE = "DPO"
+WHAT = "preference tuning on the bundled pairs, {steps} steps, held-out accuracy before/after"
 DPO_STEPS = 16
 DPO_LR = 5e-3
 DPO_BETA = 0.1
@@ -31,7 +34,7 @@ STEP1_TOLERANCE = 1e-4  # issue 25: the step-1 loss is ln 2 within 1e-4 on every
 DPO_ROWS_PER_STEP = 4  # about 8 pairs a step (two pairs fit a 256-token row), whatever the rank count
 
 
-def dpo_settings(chat_settings: dict[str, Any], ranks: int) -> dict[str, Any]:
+def stage_settings(chat_settings: dict[str, Any], ranks: int) -> dict[str, Any]:
     """RunConfig values of the stage: the chat stage's data folder and held-out share, the bundled
     pairs (no ``dataset``), :data:`DPO_ROWS_PER_STEP` rows a step over ``ranks``, validated at the
     last step."""
@@ -39,11 +42,14 @@ def dpo_settings(chat_settings: dict[str, Any], ranks: int) -> dict[str, Any]:
             "val_every": DPO_STEPS, "local_batch_size": max(1, DPO_ROWS_PER_STEP // ranks)}
 
 
-def judge_dpo_run(info: RunInfo, *, device: str) -> tuple[str, dict[str, Any]]:
-    """(the stage's line, its numbers); StageFailed when the step-1 loss is not ln 2 or the
-    held-out preference accuracy did not rise."""
-    from trnqwen.evaluate.lifecycle import validation_before_after
-    from trnqwen.runtime.dpo_loss import initial_loss
+def judge_run(info: RunInfo, *, device: str, fail: Callable[..., Exception],
+              before_after: Callable[..., Any]) -> tuple[str, dict[str, Any]]:
+    """(the stage's line, its numbers); raises ``fail(stage, message, hint=...)`` (the quickstart's
+    StageFailed) when the step-1 loss is not ln 2 or the held-out preference accuracy did not rise;
+    ``before_after(run_dir, device=...)`` is eval's before/after of the run."""
+    from trnqwen.methods.dpo.plan import initial_loss
+
+    StageFailed, validation_before_after = fail, before_after
 
     expected = initial_loss("sigmoid", DPO_BETA)
     first = info.step1_loss

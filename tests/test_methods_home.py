@@ -1,0 +1,75 @@
+"""A training method is a folder: outside ``trnqwen/methods/`` (and the generated help text) no
+trnqwen module names a method (``dpo``/``DPO``, ``orpo``/``ORPO``).
+
+The files below could not be cleaned on the branch that made the rule (they belong to other work
+in flight, or name the method in a user-facing string whose generic form needs that work): each is
+listed with its reason.  The list is exact both ways: a NEW offender fails, and so does a listed
+file that no longer names a method (take it off the list).
+"""
+
+from __future__ import annotations
+
+import re
+
+from tests.helpers import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "trnqwen"
+WORDS = re.compile(r"(?i)(?<![a-z])(dpo|orpo)")  # not "endpoint", "ThreadPoolExecutor", "corpora"
+EXEMPT = ("trnqwen/methods/", "trnqwen/cli/_help_text.py")  # the methods' folders + registry; generated help
+
+EXPECTED_OFFENDERS = {
+    # moved by the lead after the titan work (its torchtitan patches become Trainer-subclass hooks)
+    "trnqwen/runtime/dpo.py": "DPO's torchtitan hooks: moves to methods/dpo/ after H2's Trainer-subclass rewrite",
+    # the settings are declared in methods/dpo/settings.py; the flat field names users have stay
+    "trnqwen/config.py": "RunConfig's flat field dpo_loss (TOML key / --dpo-loss / TRNQWEN_DPO_LOSS), taken from "
+                         "methods/dpo/settings.py; goes when H4's declared-once config takes method sub-models",
+    "trnqwen/cli/_options.py": "the hand-written --method/--beta/--dpo-loss options: H4 generates them from the settings",
+    "trnqwen/cli/train.py": "the --beta/--dpo-loss keywords and an example line: H4's thin train command",
+    "trnqwen/cli/data.py": "the `data prefs.jsonl --method dpo` example in the help (user docs)",
+    "trnqwen/contract/metrics_stream.py": "the docstring's example of a method metric name (dpo/margin)",
+    # the [DPO] text line's readers: logs/ parsing internals (H3) and the status line / run.json (H5)
+    "trnqwen/logs/jsonsteps.py": "[DPO] columns of --json/--csv: H3 makes them generic over the metrics stream",
+    "trnqwen/logs/report.py": "--json's dpo key and the table's DPO rows: H3 (generic over the stream)",
+    "trnqwen/logs/plot.py": "the DPO plot panel: H3 (panels from Method.metrics)",
+    "trnqwen/logs/patterns.py": "registers the [DPO] line patterns (methods/dpo/log_lines): H3's line table",
+    "trnqwen/logs/stepline.py": "skips [DPO] validate lines: H3",
+    "trnqwen/logs/record.py": "ParsedLog.dpo_steps / dpo_reference (Method.log_fields): H3",
+    "trnqwen/train/launcher.py": "run.json summary's last [DPO] values: H5 (generic over the metrics stream)",
+    "trnqwen/train/status.py": "the status line's acc/margin after the loss: H5 (Metric.status)",
+    "trnqwen/train/run.py": "StatusLine(dpo=...): H5's status line",
+    # user-facing hints that name the method reading pairs, where dataset/ cannot ask the registry
+    "trnqwen/dataset/prepare.py": "hints 'add --method dpo' to a --method sft user giving pairs (dataset/ is below "
+                                  "methods/: the caller must hand it the preference methods' names)",
+    "trnqwen/dataset/preference.py": "hint '--method dpo reads: <formats>' (as above)",
+    "trnqwen/dataset/preference_formats.py": "hint '--method dpo reads prompt/chosen/rejected records' (as above)",
+}
+
+
+def offenders() -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(REPO_ROOT).as_posix()
+        if rel.startswith(EXEMPT):
+            continue
+        lines = [n for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if WORDS.search(line)]
+        if lines:
+            found[rel] = lines
+    return found
+
+
+def test_no_module_outside_the_methods_names_a_method():
+    found = offenders()
+    new = {path: lines[:5] for path, lines in found.items() if path not in EXPECTED_OFFENDERS}
+    assert not new, ("these modules name a training method outside trnqwen/methods/ (ask the registry, "
+                     f"trnqwen.methods.registry, instead): {new}")
+
+
+def test_the_expected_offenders_list_is_exact():
+    clean = sorted(set(EXPECTED_OFFENDERS) - set(offenders()))
+    assert not clean, f"no longer name a method: take them off EXPECTED_OFFENDERS: {clean}"
+
+
+def test_the_pattern_finds_the_words_and_not_their_lookalikes():
+    hits = [w for w in ("dpo_loss", "--method dpo", "DPOTrainer", "[DPO]", "orpo", "ORPO's") if WORDS.search(w)]
+    assert len(hits) == 6
+    assert not any(WORDS.search(w) for w in ("rdzv_endpoint", "ThreadPoolExecutor", "cleanPodPolicy", "corpora"))

@@ -1,0 +1,149 @@
+"""The registry is the one list of training methods: a method registered here (an invented one,
+with an invented metric) is seen by every generic reader (the model card, the data cache's kind,
+eval's scorer selection, the judge, the plan, the hf-trainer hooks, the default learning rate)
+with no change to those readers."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from trnqwen.methods import registry
+from trnqwen.methods.base import Method, MethodPlan, Metric, load
+
+MODULE = "tests_dummy_method"  # the invented method's modules, one in-memory module
+
+
+def _module() -> types.ModuleType:
+    mod = types.ModuleType(MODULE)
+
+    def plan(cfg, assets_dir, rank_data, *, device_type, dp_degree, steps, validates):
+        return MethodPlan(method="dummy", settings={"temperature": 0.5}, imports=["import math"],
+                          config_lines=["config.loss = 'dummy'"], note="dummy: planned")
+
+    def rules(facts):
+        first = facts["first_step"] or {}
+        return [("info", "dummy-rule", f"dummy saw step {first.get('step')}", [first.get("line")])]
+
+    def card(eval_results, eval_dataset, num):
+        return ["", "## Dummy section", *[f"- {r['checkpoint']}: wiggle {num(r.get('wiggle'))}" for r in eval_results]]
+
+    def settings(run_config, defaults):
+        return {"temperature": float((run_config or {}).get("temperature", 0.5))}
+
+    class Hooks:
+        def __init__(self, settings):
+            self.settings = settings
+
+    mod.plan, mod.rules, mod.card, mod.settings, mod.Hooks = plan, rules, card, settings, Hooks
+    return mod
+
+
+DUMMY = Method(
+    name="dummy", help="an invented method", data="preference",
+    metrics=(Metric("dummy/wiggle", "wiggle", ".3f", status=True, panel="wiggle"),),
+    lr=(3e-7, "default for dummy"), lora_lr=(4e-7, "default for LoRA dummy"), token_loss=False,
+    plan=f"{MODULE}:plan", hf_trainer=f"{MODULE}:Hooks", judge=f"{MODULE}:rules", eval_report=MODULE,
+    card=f"{MODULE}:card",
+)
+
+
+@pytest.fixture
+def dummy(monkeypatch):
+    monkeypatch.setitem(sys.modules, MODULE, _module())
+    registry.register(DUMMY)
+    yield DUMMY
+    registry.unregister(DUMMY.name)
+
+
+def test_the_built_in_methods_and_their_declarations():
+    assert registry.NAMES == ("sft", "dpo")
+    dpo = registry.get("dpo")
+    assert dpo.data == "preference" and registry.get(None).name == "sft"
+    assert {m.name for m in dpo.metrics} == {"dpo/rewards_chosen", "dpo/rewards_rejected", "dpo/margin", "dpo/accuracy"}
+    for method in registry.methods():  # every dotted entry point resolves
+        for what in ("settings", "plan", "hf_trainer", "judge", "eval_report", "quickstart", "card"):
+            if getattr(method, what):
+                assert load(getattr(method, what)) is not None, (method.name, what)
+    with pytest.raises(KeyError, match="sft, dpo"):
+        registry.get("nope")
+
+
+def test_the_config_takes_its_method_names_and_settings_from_the_registry():
+    from trnqwen.config import RunConfig, default_lr
+
+    cfg = RunConfig(method="dpo", beta=0.3, dpo_loss="ipo")
+    assert (cfg.data_kind, cfg.beta, cfg.dpo_loss) == ("preference", 0.3, "ipo")
+    assert RunConfig().data_kind == "chat"
+    assert default_lr(cfg) == (1e-6, "default for DPO (TRL's)")
+    assert RunConfig.model_fields["method"].description == registry.help_text()
+
+
+def test_a_registered_method_reaches_the_readers_unchanged(dummy, tmp_path):
+    from trnqwen.config import default_lr
+    from trnqwen.methods.planning import plan_method
+
+    # its learning rates
+    assert default_lr(SimpleNamespace(method="dummy", lora=False, finetune=True)) == (3e-7, "default for dummy")
+    assert default_lr(SimpleNamespace(method="dummy", lora=True, finetune=True))[0] == 4e-7
+    # its plan (the config module's lines, the hooks' settings)
+    planned = plan_method(SimpleNamespace(method="dummy"), tmp_path, None, device_type="cpu", dp_degree=1, steps=1,
+                          validates=False)
+    assert planned.config_lines == ["config.loss = 'dummy'"] and planned.settings == {"temperature": 0.5}
+    # a cache made for another method is refused by name
+    rank_data = SimpleNamespace(meta={"method": "sft"}, cache_dir=tmp_path)
+    with pytest.raises(Exception, match="holds SFT rows, not data for --method dummy"):
+        plan_method(SimpleNamespace(method="dummy"), tmp_path, rank_data, device_type="cpu", dp_degree=1, steps=1,
+                    validates=False)
+
+
+def test_the_model_card_shows_the_methods_section(dummy):
+    from trnqwen.ckpt.model_folder import CardInfo, render_card
+
+    card = render_card(CardInfo(base_model="tiny-qwen3", backend="native", method="dummy",
+                                eval_results=[{"checkpoint": "base", "wiggle": 0.25}]))
+    assert "## Dummy section" in card and "- base: wiggle 0.2500" in card
+
+
+def test_eval_picks_the_methods_scorer_for_its_data(dummy):
+    from trnqwen.evaluate.data import EvalData
+    from trnqwen.evaluate.run import scoring_method
+
+    rows = np.zeros((1, 4), dtype=np.int32)
+    data = EvalData(name="d", input_ids=rows, labels=rows, positions=rows, pad_id=0, method="dummy")
+    run = SimpleNamespace(record=SimpleNamespace(config={"method": "dummy", "temperature": 2}))
+    assert scoring_method(data, run) == {"method": "dummy", "method_settings": {"temperature": 2.0}}
+    plain = EvalData(name="d", input_ids=rows, labels=rows, positions=rows, pad_id=0)
+    assert scoring_method(plain, run) == {}
+
+
+def test_the_judge_runs_the_methods_rules_and_trusts_its_loss(dummy):
+    from trnqwen.logs.judge import judge
+    from trnqwen.logs.parse import parse_text
+    from trnqwen.logs.sources import RunContext
+    from trnqwen.contract.stepline import format_step_line
+
+    text = "\n".join(f"[rank0]:[titan] 2026-12-01 18:37:43,702 - root - INFO - {m}" for m in (
+        "Training starts at step 1", format_step_line(1, 11.9, 1.5, 0.94, 3.98, 400, 0.0, 0.0, lr=1e-3),
+        "Training completed")) + "\n"
+    ctx = RunContext(vocab_size=151936, vocab_source="test", finetune=True, run_config={"method": "dummy"})
+    found = {f.code: f for f in judge(parse_text(text), ctx)}
+    assert found["dummy-rule"].message == "dummy saw step 1"
+    assert "weights-not-loaded" not in found  # its loss is not the next-token loss (token_loss=False)
+    sft = {f.code for f in judge(parse_text(text), RunContext(vocab_size=151936, vocab_source="test", finetune=True))}
+    assert "weights-not-loaded" in sft and "dummy-rule" in sft  # the rules run for every log; this one always speaks
+
+
+def test_the_hf_trainer_ranks_load_the_hooks_the_spec_names(dummy):
+    from trnqwen.runtime.hf_trainer import load_method_hooks
+
+    spec = SimpleNamespace(method_hooks=f"{MODULE}:Hooks", method_settings=json.dumps({"temperature": 0.5}))
+    assert load_method_hooks(spec).settings == {"temperature": 0.5}
+    assert load_method_hooks(SimpleNamespace(method_hooks=None, method_settings=None)) is None
+    dpo = load(registry.get("dpo").hf_trainer)({"beta": 0.1, "loss_type": "sigmoid", "reference_dir": "/r"})
+    assert (dpo.beta, dpo.loss_type, dpo.reference_dir) == (0.1, "sigmoid", "/r")

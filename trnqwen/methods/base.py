@@ -1,0 +1,86 @@
+"""What a training method declares: one frozen :class:`Method`, read by every generic reader.
+
+A method is one folder under ``trnqwen/methods/`` whose ``__init__.py`` holds its ``METHOD``
+(this declaration: stdlib only, so the registry and ``trnqwen --help`` stay instant).  Everything
+heavier is named by a dotted path (``"package.module:attribute"``) and imported only by the
+reader that needs it, with :func:`load`:
+
+* ``settings``: a pydantic sub-model whose fields are the method's run settings (help, default,
+  bounds; their names are the config keys, ``--flags`` and ``TRNQWEN_*`` variables);
+* ``plan``: ``plan(cfg, assets_dir, rank_data, *, device_type, dp_degree, steps, validates)`` ->
+  a :class:`MethodPlan` (or None): refusals raise ``UsageError``; the plan carries the
+  config-module lines of the torchtitan backends and the hf-trainer hook settings;
+* ``hf_trainer``: the class the hf-trainer ranks instantiate with the plan's settings
+  (``runtime/hf_trainer.py`` loads it from the spec; runtime never imports ``methods/``);
+* ``judge``: ``rules(facts: dict) -> [(severity, code, message, lines)]`` on plain data;
+* ``eval_report``: the module ``trnqwen eval`` scores this method's data with;
+* ``quickstart``: the module of the quickstart's stage for this method;
+* ``card``: the model card's section (``card(run_config: dict, eval: dict|None) -> str``).
+
+Metrics are named as in the metrics stream (``"dpo/margin"``, :mod:`trnqwen.contract.metrics_stream`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+DataKind = Literal["chat", "preference"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One value a method logs each step (and validation), by its metrics-stream name."""
+
+    name: str  # "dpo/margin": the metrics stream's key
+    label: str  # "margin": what a table column / status line calls it
+    fmt: str = ".4f"  # format spec of its value
+    status: bool = False  # shown on the live status line after the loss
+    panel: Optional[str] = None  # the plot panel it is drawn on (None: not plotted); one twin axis per "panel:right"
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str  # what --method takes
+    help: str  # one line: what it trains on and what it optimises
+    data: DataKind  # the records it reads: chat (SFT formats) or preference (pairs)
+    settings: Optional[str] = None  # "module:Model", a pydantic sub-model of RunConfig's fields
+    metrics: tuple[Metric, ...] = ()
+    # default peak learning rate and why, for a full fine-tune and for LoRA (None: the generic rule)
+    lr: Optional[tuple[float, str]] = None
+    lora_lr: Optional[tuple[float, str]] = None
+    token_loss: bool = True  # its loss is the next-token loss (the judge's ln(vocab) check applies)
+    plan: Optional[str] = None  # "module:function" -> MethodPlan | None
+    hf_trainer: Optional[str] = None  # "module:Class": the hf-trainer ranks' hooks
+    judge: Optional[str] = None  # "module:function": rules(facts) -> findings
+    log_fields: tuple[str, ...] = ()  # the parsed log's fields its text lines fill (the judge's facts)
+    eval_report: Optional[str] = None  # module: score_pairs / preference_numbers / FIELDS
+    quickstart: Optional[str] = None  # module: STAGE, settings(chat_settings, ranks), judge_run(info, device)
+    card: Optional[str] = None  # "module:function": the model card's section
+    docs: str = ""  # the page that explains it
+
+
+@dataclass
+class MethodPlan:
+    """A planned run of a method (what ``Method.plan`` returns): handed to the backends' renderers."""
+
+    method: str
+    settings: dict[str, Any] = field(default_factory=dict)  # plain values (JSON) the ranks' hooks get
+    imports: list[str] = field(default_factory=list)  # torchtitan config module: import lines
+    config_lines: list[str] = field(default_factory=list)  # torchtitan config module: config-function lines
+    # torchtitan config module: expressions of its trainer hooks (trnqwen.runtime.trainer.TrainerHook),
+    # passed to trnqwen_config(config, hooks=[...]); their classes are imported by ``imports``
+    hooks: list[str] = field(default_factory=list)
+    note: str = ""  # the plan's line for the user
+    spec: Any = None  # the method's own planned form (e.g. its loss settings), for its own modules
+
+
+def load(dotted: str) -> Any:
+    """``"package.module:attribute"`` -> the attribute; ``"package.module"`` -> the module."""
+    module, _, attr = dotted.partition(":")
+    obj = importlib.import_module(module)
+    for part in filter(None, attr.split(".")):
+        obj = getattr(obj, part)
+    return obj
