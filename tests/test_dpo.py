@@ -184,7 +184,7 @@ def test_policy_equal_to_reference_is_ln2_and_the_metrics_follow():
 def test_segment_sums_are_the_tokens_log_probs_and_one_label_marks_each_pair():
     import torch
 
-    from trnqwen.methods.dpo.loss import pair_markers, segment_logps
+    from trnqwen.methods.pairs import pair_markers, segment_logps
 
     torch.manual_seed(0)
     logits = torch.randn(1, 8, 11)

@@ -81,7 +81,7 @@ def _preference(model_dir: Path, cache_dir: Path) -> tuple[float, float]:
     from transformers import AutoModelForCausalLM
 
     from trnqwen.dataset.cache import open_split
-    from trnqwen.methods.dpo.loss import batch_from_rows, segment_logps
+    from trnqwen.methods.pairs import batch_from_rows, segment_logps
 
     split = open_split(cache_dir, "val")
     per_row = int(split.meta["pairs_per_row"]["val"])

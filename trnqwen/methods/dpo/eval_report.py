@@ -2,8 +2,8 @@
 
 For every held-out pair the model's summed log-probability of the chosen answer and of the
 rejected one, computed with the training's own arithmetic: the rows come through
-:func:`trnqwen.methods.dpo.loss.batch_from_rows` and the sums through
-:func:`~trnqwen.methods.dpo.loss.segment_logps` (chosen and rejected sit side by side in one row,
+:func:`trnqwen.methods.pairs.batch_from_rows` and the sums through
+:func:`~trnqwen.methods.pairs.segment_logps` (chosen and rejected sit side by side in one row,
 each attending only to itself).  From them, per model:
 
 * **preference accuracy**: the share of pairs where the chosen answer gets the higher log-prob;
@@ -85,7 +85,7 @@ def score_pairs(model, data: EvalData, *, batch_size: int, static_shapes: bool =
     import numpy as np
     import torch
 
-    from trnqwen.methods.dpo.loss import batch_from_rows, segment_logps
+    from trnqwen.methods.pairs import batch_from_rows, segment_logps
 
     pairs_per_row, n = data.pairs_per_row, len(data)
     device = model.device

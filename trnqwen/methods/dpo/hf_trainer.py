@@ -31,7 +31,8 @@ import torch
 
 from trnqwen.dataset import reference as store
 from trnqwen.methods.dpo.log_lines import format_line
-from trnqwen.methods.dpo.loss import KEYS, METRICS, Meter, batch_from_rows, pair_terms, segment_logps
+from trnqwen.methods.dpo.loss import KEYS, METRICS, Meter, pair_terms
+from trnqwen.methods.pairs import read_pairs, segment_logps, sum_over_ranks, trainer_sample
 from trnqwen.runtime.hf_trainer_data import CacheRows
 
 
@@ -41,21 +42,15 @@ class PairRows(CacheRows):
     def __init__(self, *args: Any, reference_dir: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.reference_dir = reference_dir
-        self.pairs_per_row = int(self.split.meta["pairs_per_row"][self.split.name])
 
     def __iter__(self):
         if not self.stream.infinite:
             self.stream.rows_read = 0
         reference = store.open_reference(self.reference_dir, self.split.name)
-        while not self.stream.exhausted():
-            row = self.stream.advance()
-            ids, positions, targets, segments, ref, markers = batch_from_rows(self.split, [row], reference, self.pairs_per_row)
+        for row, (ids, positions, targets, segments, ref, markers) in read_pairs(self.split, self.stream, reference):
             if np.isnan(ref).any():
                 raise RuntimeError(f"row {row} of the {self.split.name} split has no reference log-probs in {self.reference_dir}")
-            yield {"input_ids": torch.from_numpy(ids[0]), "position_ids": torch.from_numpy(positions[0]),
-                   "labels": torch.from_numpy(markers[0]), "shift_labels": torch.from_numpy(markers[0]),
-                   "dpo_targets": torch.from_numpy(targets[0]), "dpo_segments": torch.from_numpy(segments[0]),
-                   "dpo_ref": torch.from_numpy(ref[0])}
+            yield trainer_sample(ids, positions, markers, dict(zip(KEYS, (targets, segments, ref))))
 
 
 def pair_datasets(spec: Any, *, rank: int, world: int, reference_dir: str):
@@ -87,11 +82,6 @@ def reference_pass(spec: Any, model, *, rank: int, world: int, replicas: int, gr
              settings={"beta": beta, "loss_type": loss_type})
 
 
-def _sum(tensor: torch.Tensor) -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.all_reduce(tensor)
-
-
 def dpo_trainer_class(trainer_cls: type, *, beta: float, loss_type: str, log_validation: Callable[[int, float, float], None]):
     """``trainer_cls`` (the cache trainer) with the DPO loss, DPO validation and the [DPO] lines."""
     from transformers import TrainerCallback
@@ -112,7 +102,7 @@ def dpo_trainer_class(trainer_cls: type, *, beta: float, loss_type: str, log_val
             self.meter, self.values = meter, None
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.values = (state.global_step, self.meter.reduce(_sum))
+            self.values = (state.global_step, self.meter.reduce(sum_over_ranks))
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if self.values and self.values[1] and state.is_world_process_zero and "loss" in (logs or {}):
@@ -155,7 +145,7 @@ def dpo_trainer_class(trainer_cls: type, *, beta: float, loss_type: str, log_val
                     batch = self._prepare_inputs(batch)
                     tokens += batch["input_ids"].numel()
                     meter.add(forward_terms(model, batch)[0])
-            values = meter.reduce(_sum)
+            values = meter.reduce(sum_over_ranks)
             if was_training:
                 model.train()
             loss = values["loss"] if values else float("nan")

@@ -26,7 +26,7 @@ import torch
 
 from trnqwen.dataset import reference as store
 from trnqwen.dataset.cache import open_split
-from trnqwen.methods.dpo.loss import batch_from_rows, segment_logps
+from trnqwen.methods.pairs import batch_from_rows, segment_logps
 from trnqwen.runtime.token_stream import RankStream
 
 

@@ -15,7 +15,7 @@ protocol of :mod:`trnqwen.runtime.trainer`; each a no-op when the loss is not DP
   over every rank, go to TensorBoard/W&B and the metrics stream (``dpo/...``) and to one ``[DPO]``
   line after the step line.
 
-The batch's ``labels`` mark one position per pair (:func:`trnqwen.methods.dpo.loss.pair_markers`),
+The batch's ``labels`` mark one position per pair (:func:`trnqwen.methods.pairs.pair_markers`),
 so torchtitan's "valid tokens" count pairs and its ``sum / global_valid_tokens`` normalisation
 makes the logged loss the mean DPO loss over every pair of the step.  Pipeline parallelism is not
 supported (the loss needs its batch next to the forward); trnqwen never enables it.
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 import torch
 from torchtitan.components.loss import BaseLoss
 
-from trnqwen.methods.dpo.loss import KEYS, METRICS, Meter, pair_terms, segment_logps
+from trnqwen.methods.dpo.loss import KEYS, METRICS, Meter, pair_terms
+from trnqwen.methods.pairs import segment_logps, sum_over_ranks
 from trnqwen.runtime.trainer import TrainerHook
 
 _ACTIVE: Optional["DPOLoss"] = None  # the rank's DPO loss (one trainer per process)
@@ -84,13 +85,6 @@ def dpo_loss_config(*, beta: float, loss_type: str, reference_dir: str) -> DPOLo
     return DPOLoss.Config(beta=beta, loss_type=loss_type, reference_dir=reference_dir)
 
 
-def _sum_over_ranks(tensor: torch.Tensor) -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-
-
 class DPOHook(TrainerHook):
     """DPO's trainer hook (:class:`trnqwen.runtime.trainer.TrainerHook`): each a no-op when the
     run's loss is not :class:`DPOLoss`."""
@@ -114,7 +108,7 @@ class DPOHook(TrainerHook):
 
     def step_values(self, trainer: Trainer, mode: str) -> dict[str, float]:
         loss = _ACTIVE
-        values = loss.meters[mode].reduce(_sum_over_ranks) if loss is not None else None
+        values = loss.meters[mode].reduce(sum_over_ranks) if loss is not None else None
         self.last[mode] = values
         return {k: values[k] for k in METRICS} if values else {}
 
