@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from trnqwen.errors import ConfigError
 from trnqwen.fsutil import expand_user
@@ -64,11 +64,8 @@ EveryN = Union[Annotated[int, Field(ge=1)], Literal["epoch"]]
 
 
 
-class RunConfig(BaseModel):
-    """Everything that describes one fine-tune run.  Each field is declared once, here: its
-    description is its help text, and :func:`setting`'s metadata names its flag, env variable,
-    shown default and panel; the CLI options, ``config show``, docs/config.md and the TOML
-    reader all follow from it (:func:`settings`)."""
+class _RunFields(BaseModel):
+    """RunConfig's fields up to ``method`` (the methods' settings follow it, then the rest)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
@@ -148,8 +145,21 @@ class RunConfig(BaseModel):
     )
     # --- the training method (trnqwen/methods/<name>/: one folder each; their settings declared there) ---
     method: Method = setting(methods.DEFAULT, help=methods.help_text(), panel="Method")
-    beta: METHOD_SETTINGS["beta"][0] = METHOD_SETTINGS["beta"][1]
-    dpo_loss: METHOD_SETTINGS["dpo_loss"][0] = METHOD_SETTINGS["dpo_loss"][1]
+
+
+# every method's settings as flat fields right after ``method`` (their names are the config keys,
+# --flags and TRNQWEN_* variables users have), taken from the registry: a new method's settings
+# need no line here
+_WithMethodSettings = create_model("_WithMethodSettings", __base__=_RunFields, __module__=__name__, **METHOD_SETTINGS)
+
+
+class RunConfig(_WithMethodSettings):
+    """Everything that describes one fine-tune run.  Each field is declared once, here (a
+    training method's settings in its folder, ``methods/<name>/settings.py``): its description is
+    its help text, and :func:`setting`'s metadata names its flag, env variable, shown default and
+    panel; the CLI options, ``config show``, docs/config.md and the TOML reader all follow from it
+    (:func:`settings`)."""
+
     # --- fine-tune schedule: epochs, LR curve, optimizer, memory (the same on every backend) ----
     epochs: Optional[float] = setting(
         None, gt=0, le=1_000_000, allow_inf_nan=False,
@@ -543,7 +553,7 @@ def _kind(name: str) -> str:
 
 
 def _table_items(table: dict[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
-    """A TOML table's (key, value) pairs, a sub-model's own table (``[dpo]``, ``dpo.beta = ...``)
+    """A TOML table's (key, value) pairs, a sub-model's own table (``[name]``, ``name.key = ...``)
     as dotted keys."""
     for key, value in table.items():
         name = prefix + key.replace("-", "_")
@@ -555,7 +565,7 @@ def _table_items(table: dict[str, Any], prefix: str = "") -> Iterable[tuple[str,
 
 def load_config_file(path: Path) -> dict[str, Any]:
     """Read trnqwen.toml: flat keys, or the same keys under a [run] table; a sub-model's fields
-    in its own table (``[dpo]``) or as dotted keys (``dpo.beta``)."""
+    in its own table (``[name]``) or as dotted keys (``name.key``)."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -617,7 +627,7 @@ def env_values(environ: Optional[dict[str, str]] = None) -> tuple[dict[str, str]
 
 
 def _setting_of(loc: tuple) -> Optional[str]:
-    """The setting an error location names (``("dpo", "beta")`` -> ``dpo.beta``), if any."""
+    """The setting an error location names (``("name", "key")`` -> ``name.key``), if any."""
     parts = [str(p) for p in loc]
     for end in range(len(parts), 0, -1):
         if ".".join(parts[:end]) in BY_NAME:

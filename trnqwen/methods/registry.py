@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from trnqwen.methods import dpo, sft
+from trnqwen.methods import dpo, orpo, sft
 from trnqwen.methods.base import Method, load
 
 _METHODS: dict[str, Method] = {m.name: m for m in (
     sft.METHOD,
     dpo.METHOD,
+    orpo.METHOD,
 )}
 DEFAULT = "sft"
 NAMES: tuple[str, ...] = tuple(_METHODS)  # the built-in methods (what RunConfig.method accepts)

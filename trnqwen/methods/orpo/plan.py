@@ -1,0 +1,73 @@
+"""ORPO planned (launcher side): what a ``--method orpo`` run is, refused where it cannot run.
+
+ORPO is reference-free: no reference pass and no reference folder, so the plan is the loss, the
+dataloaders' pair rows and the trainer hook (torchtitan backends), and the hf-trainer hooks'
+settings (lambda).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from trnqwen.errors import UsageError
+from trnqwen.methods.base import MethodPlan
+
+NAME = "orpo"
+IMPORTS = ["from trnqwen.methods.orpo.titan import ORPOHook, orpo_loss_config"]
+ROWS = "trnqwen.methods.orpo.loss:titan_rows"  # the torchtitan dataloaders' row reader
+
+
+@dataclass(frozen=True)
+class OrpoSpec:
+    lam: float = 0.1
+
+
+def spec_from_config(cfg: Any) -> Optional[OrpoSpec]:
+    if getattr(cfg, "method", None) != NAME:
+        return None
+    return OrpoSpec(lam=float(cfg.orpo_lambda))
+
+
+def check(cfg: Any) -> None:
+    """Refuse an ORPO run that cannot be one, with what to do instead."""
+    if getattr(cfg, "method", None) != NAME:
+        return
+    if cfg.backend == "nki-moe":
+        raise UsageError(
+            "--method orpo runs on hf-v5, native and hf-trainer; nki-moe's kernels are not wired to the ORPO loss yet",
+            hint="use --backend native for a Qwen3-MoE (docs/moe.md) or a dense model on hf-v5",
+        )
+    if cfg.train_on_inputs:
+        raise UsageError("--train-on-inputs has no meaning with --method orpo: only the answers are compared",
+                         hint="drop --train-on-inputs")
+
+
+def render_lines(spec: OrpoSpec, *, validates: bool) -> list[str]:
+    """The config function's lines: ORPO's loss and the dataloaders' pair rows."""
+    lines = [
+        "# ORPO: the chosen answers' NLL plus lambda x the odds-ratio term, mean over the step's pairs",
+        "# (reference-free: no reference pass).",
+        f"config.loss = orpo_loss_config(lam={spec.lam!r})",
+        f"config.dataloader.rows = {ROWS!r}",
+    ]
+    if validates:
+        lines.append(f"config.validator.dataloader.rows = {ROWS!r}")
+    return lines
+
+
+def plan(cfg: Any, assets_dir: Path, rank_data: Any, *, device_type: str, dp_degree: int, steps: int,
+         validates: bool) -> Optional[MethodPlan]:
+    """The plan of an ORPO run (refusals raise); None without a token cache (nothing to plan yet)."""
+    del assets_dir, device_type, dp_degree, steps
+    check(cfg)
+    spec = spec_from_config(cfg)
+    if spec is None or rank_data is None:
+        return None
+    return MethodPlan(
+        method=NAME, spec=spec, imports=list(IMPORTS), config_lines=render_lines(spec, validates=validates),
+        hooks=["ORPOHook()"],  # its batch fields and its values
+        settings={"lam": spec.lam},
+        note=f"ORPO: lambda {spec.lam:g}, reference-free (the chosen answers' NLL + lambda x the odds-ratio term)",
+    )
