@@ -56,12 +56,10 @@ LongConversations = Literal["truncate", "drop"]
 LrSchedule = Literal["cosine", "linear", "constant"]
 Method = Literal[methods.NAMES]  # the registry's methods (trnqwen/methods/registry.py)
 # each method's settings, declared in its folder (methods/<name>/settings.py): name -> (type, field)
-METHOD_SETTINGS = {name: (info.annotation, info) for model in methods.settings_models()
-                   for name, info in model.model_fields.items()}
+METHOD_SETTINGS = {n: (i.annotation, i) for model in methods.settings_models() for n, i in model.model_fields.items()}
 ActivationCheckpointing = Literal["none", "selective", "full"]
 EPOCH = "epoch"  # --val-every / --save-every epoch: once per pass over the training data
 EveryN = Union[Annotated[int, Field(ge=1)], Literal["epoch"]]
-
 
 
 class _RunFields(BaseModel):
@@ -147,19 +145,15 @@ class _RunFields(BaseModel):
     method: Method = setting(methods.DEFAULT, help=methods.help_text(), panel="Method")
 
 
-# every method's settings as flat fields right after ``method`` (their names are the config keys,
-# --flags and TRNQWEN_* variables users have), taken from the registry: a new method's settings
-# need no line here
+# every method's settings (from the registry) as flat fields right after ``method``: no line here per setting
 _WithMethodSettings = create_model("_WithMethodSettings", __base__=_RunFields, __module__=__name__, **METHOD_SETTINGS)
 
 
 class RunConfig(_WithMethodSettings):
-    """Everything that describes one fine-tune run.  Each field is declared once, here (a
-    training method's settings in its folder, ``methods/<name>/settings.py``): its description is
-    its help text, and :func:`setting`'s metadata names its flag, env variable, shown default and
-    panel; the CLI options, ``config show``, docs/config.md and the TOML reader all follow from it
-    (:func:`settings`)."""
-
+    """Everything that describes one fine-tune run.  Each field is declared once, here (a method's
+    settings in ``methods/<name>/settings.py``): its description is its help text, and
+    :func:`setting`'s metadata names its flag, env variable, shown default and panel; the CLI
+    options, ``config show``, docs/config.md and the TOML reader all follow from it (:func:`settings`)."""
     # --- fine-tune schedule: epochs, LR curve, optimizer, memory (the same on every backend) ----
     epochs: Optional[float] = setting(
         None, gt=0, le=1_000_000, allow_inf_nan=False,
