@@ -7,9 +7,9 @@ step line, the trainer hooks' values and the metrics stream.
 calls ``log``; torchtitan reduces the loss across ranks first):
 
 1. every hook's ``step_values(trainer, "train")`` (on every rank: a hook may all-reduce), named
-   ``<hook name>/<value>`` (``dpo/margin``), join torchtitan's extra metrics (TensorBoard/W&B);
+   ``<hook name>/<value>`` (``<method>/margin``), join torchtitan's extra metrics (TensorBoard/W&B);
 2. torchtitan prints its step line, with ``  lr: <value>`` appended (:mod:`trnqwen.runtime.lr_log`);
-3. every hook's ``log_lines(step, "train")`` follow it (``[DPO] step: ...``);
+3. every hook's ``log_lines(step, "train")`` follow it (``[<METHOD>] step: ...``);
 4. global rank 0 appends one ``step`` record to the metrics stream
    (:mod:`trnqwen.contract.metrics_stream`, the file named by ``TRNQWEN_METRICS_PATH``):
    loss, grad_norm, memory_gib, memory_pct, tps, tflops, mfu (None where torchtitan has none), lr
