@@ -131,15 +131,15 @@ ALLOWED_ANY = frozenset({
     # trnqwen/fsutil.py
     "trnqwen/fsutil.py:write_json_atomic:payload",
     "trnqwen/fsutil.py:first_match:pattern",
-    # trnqwen/logs/dpo.py
-    "trnqwen/logs/dpo.py:is_dpo:ctx",
-    "trnqwen/logs/dpo.py:settings:ctx",
-    "trnqwen/logs/dpo.py:check_dpo:ctx",
-    "trnqwen/logs/dpo.py:dpo_json:ctx",
-    "trnqwen/logs/dpo.py:_fmt:x",
-    "trnqwen/logs/dpo.py:dpo_rows:ctx",
+    # trnqwen/methods/dpo/log_lines.py (was logs/dpo.py): ctx is logs' RunContext, which a method may not
+    # import (logs/ imports the method); open: the [DPO] text line read through a method-generic log field
+    "trnqwen/methods/dpo/log_lines.py:is_dpo:ctx",
+    "trnqwen/methods/dpo/log_lines.py:settings:ctx",
+    "trnqwen/methods/dpo/log_lines.py:dpo_json:ctx",
+    "trnqwen/methods/dpo/log_lines.py:dpo_rows:ctx",
+    "trnqwen/methods/dpo/log_lines.py:_fmt:x",  # a number or None
     # trnqwen/logs/jsonsteps.py
-    "trnqwen/logs/jsonsteps.py:_num:x",
+    "trnqwen/logs/report.py:_num:x",  # any JSON value (was logs/jsonsteps.py)
     # trnqwen/logs/lora.py
     "trnqwen/logs/lora.py:per_rank:ctx",
     "trnqwen/logs/lora.py:expected_trainable:ctx",
@@ -176,6 +176,7 @@ ALLOWED_ANY = frozenset({
     "trnqwen/runtime/cpu.py:sdpa_flex_attention_forward:kwargs",
     # trnqwen/methods/dpo/titan.py
     "trnqwen/methods/dpo/titan.py:DPOLoss.__init__:compile_config",
+    "trnqwen/methods/orpo/titan.py:ORPOLoss.__init__:compile_config",  # torchtitan's keyword, unused (as DPO's)
     # trnqwen/runtime/hf_moe_adapter.py
     "trnqwen/runtime/hf_moe_adapter.py:HFMoeStateDictAdapter.__init__:model_config",
     # trnqwen/runtime/hf_rope.py
@@ -190,10 +191,9 @@ ALLOWED_ANY = frozenset({
     "trnqwen/runtime/hf_trainer_checkpoint.py:_inner_optimizer:optimizer",
     "trnqwen/runtime/hf_trainer_checkpoint.py:_state_dicts:trainer",
     # trnqwen/runtime/hf_trainer_dpo.py
-    "trnqwen/runtime/hf_trainer_dpo.py:PairRows.__init__:args",
-    "trnqwen/runtime/hf_trainer_dpo.py:PairRows.__init__:kwargs",
-    "trnqwen/runtime/hf_trainer_dpo.py:pair_datasets:spec",
-    "trnqwen/runtime/hf_trainer_dpo.py:reference_pass:spec",
+    # passed through to CacheRows as they come
+    "trnqwen/methods/dpo/hf_trainer.py:PairRows.__init__:args",
+    "trnqwen/methods/dpo/hf_trainer.py:PairRows.__init__:kwargs",
     # trnqwen/runtime/hf_trainer_lora.py
     "trnqwen/runtime/hf_trainer_lora.py:adapter_modules:model",
     "trnqwen/runtime/hf_trainer_lora.py:initialise:model",

@@ -62,7 +62,7 @@ def dummy(monkeypatch):
 
 
 def test_the_built_in_methods_and_their_declarations():
-    assert registry.NAMES == ("sft", "dpo")
+    assert registry.NAMES == ("sft", "dpo", "orpo")
     dpo = registry.get("dpo")
     assert dpo.data == "preference" and registry.get(None).name == "sft"
     assert {m.name for m in dpo.metrics} == {"dpo/rewards_chosen", "dpo/rewards_rejected", "dpo/margin", "dpo/accuracy"}
@@ -70,7 +70,7 @@ def test_the_built_in_methods_and_their_declarations():
         for what in ("settings", "plan", "hf_trainer", "judge", "eval_report", "quickstart", "card"):
             if getattr(method, what):
                 assert load(getattr(method, what)) is not None, (method.name, what)
-    with pytest.raises(KeyError, match="sft, dpo"):
+    with pytest.raises(KeyError, match="sft, dpo, orpo"):
         registry.get("nope")
 
 

@@ -294,7 +294,7 @@ def tiny_assets(tmp_path_factory) -> Path:
 
 
 def test_json_meta_is_what_the_launcher_reads(cache_dir):
-    from trnqwen.train.cache_data import RankData
+    from trnqwen.dataset.cache import RankData
 
     data = RankData.from_cache(cache_dir)
     assert (data.seq_len, data.train_rows, data.val_rows) == (SEQ, 7, 5)

@@ -124,24 +124,3 @@ def test_a_broken_help_module_falls_back_to_typer(cli, monkeypatch):
     result = cli("check-env", "--help")
     assert result.code == 0 and result.out == expected
     assert "AttributeError" in result.err
-
-
-@pytest.mark.parametrize("entry,frozen", [("main()", True), ("main(sys.argv[1:])", False)])
-def test_the_real_process_leaves_its_objects_to_the_os(tmp_path, entry, frozen):
-    """The console entry (main() with no argv) freezes what a finished command left, so the
-    interpreter's last collection skips it (40 ms after inspect-logs of a 400 MB log); main(argv)
-    in a test's interpreter, which lives on, does not."""
-    from trnqwen.contract.stepline import format_step_line
-
-    log = tmp_path / "train.log"
-    log.write_text("".join(f"[rank0]:{format_step_line(s, 2.0, 1.0, 2.0, 10.0, 100, 1.0, 1.0)}\n" for s in range(1, 6)))
-    code = ("import atexit, gc, sys\n"
-            "atexit.register(lambda: sys.stderr.write(f'FROZEN {gc.get_freeze_count()}\\n'))\n"
-            f"sys.argv = ['trnqwen', 'inspect-logs', {str(log)!r}, '--no-strict']\n"
-            f"from trnqwen.cli.main import main\n{entry}\n")
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert "step" in proc.stdout.lower()
-    count = int(proc.stderr.split("FROZEN ")[1].split()[0])
-    assert (count > 0) is frozen

@@ -2,7 +2,7 @@
 
 :func:`setting` is pydantic's ``Field`` plus the CLI's side of the field (flags, env variable,
 shown default, panel); :func:`settings` lists a model's leaf fields, sub-models' fields included
-(``sub.key``), as :class:`Setting` rows.  :mod:`trnqwen.config` declares RunConfig with it; the
+(``sub.field``), as :class:`Setting` rows.  :mod:`trnqwen.config` declares RunConfig with it; the
 CLI (``cli/_options.py``), ``config show``, docs/config.md (``cli/docgen.py``) and the TOML and
 environment readers all read the rows, so a new field needs no other line.  No typer here.
 """
@@ -56,7 +56,7 @@ def setting(
 @dataclass(frozen=True)
 class Setting:
     """One leaf field of the config as the outside sees it.  ``path`` is the attribute path:
-    ``("steps",)``, or ``("sub", "key")`` for a field of a sub-model; ``name`` joins it with dots
+    ``("steps",)``, or ``("sub", "field")`` for a field of a sub-model; ``name`` joins it with dots
     (the key in ``config show``, in sources and in a TOML ``[sub]`` table or dotted key)."""
 
     path: tuple[str, ...]
@@ -73,7 +73,7 @@ class Setting:
 
     @property
     def param(self) -> str:
-        """The keyword of the CLI function (a Python identifier): ``steps``, ``sub__key``."""
+        """The keyword of the CLI function (a Python identifier): ``steps``, ``sub__field``."""
         return "__".join(self.path)
 
     @property
@@ -172,7 +172,7 @@ def settings(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> tuple[Sett
 
 
 def value_of(config: BaseModel, name: str) -> Any:
-    """The value of setting ``name`` (``sub.key``: a sub-model's field) in ``config``."""
+    """The value of setting ``name`` (``sub.field``: a sub-model's field) in ``config``."""
     value: Any = config
     for part in name.split("."):
         value = getattr(value, part)
@@ -180,7 +180,7 @@ def value_of(config: BaseModel, name: str) -> Any:
 
 
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
-    """``{"sub.key": 0.2, "steps": 3}`` -> ``{"sub": {"key": 0.2}, "steps": 3}`` (what pydantic takes)."""
+    """``{"sub.field": 0.2, "steps": 3}`` -> ``{"sub": {"field": 0.2}, "steps": 3}`` (what pydantic takes)."""
     out: dict[str, Any] = {}
     for name, value in flat.items():
         *parents, leaf = name.split(".")

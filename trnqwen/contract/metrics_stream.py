@@ -9,7 +9,7 @@ only takes complete lines (:class:`StreamReader`) can follow the file while it g
 
 ``kind`` is ``step`` or ``validation`` (and ``header``, first: the backend, the method and what
 its values mean).  ``values`` holds every number of that step by name: the core ones
-(:data:`STEP_CORE`) and whatever the method declares (``dpo/margin``...), so a new metric reaches
+(:data:`STEP_CORE`) and whatever the method declares (``<method>/margin``...), so a new metric reaches
 every reader without a change to any of them.  A resumed run appends to its own stream; a step
 written twice (redone after a resume) is read as its last record.  NaN and inf are written as
 JSON's ``NaN``/``Infinity`` (Python's json reads them back).

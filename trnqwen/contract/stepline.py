@@ -43,7 +43,7 @@ VALIDATE_RE = re.compile(
     r"(?:\s+tps:\s*(?P<tps>" + NUM + r"))?"
 )
 
-# A method's own validation line (``[<METHOD>] validate step: 3  ...``), read by that method's reader.
+# A method's own validation line (``[NAME] validate step: 3  ...``), read by that method's reader.
 METHOD_VALIDATE_RE = re.compile(r"\[[A-Za-z][\w-]*\] validate step:")
 
 
@@ -190,7 +190,7 @@ def fast_step(line: str, i: int) -> Optional[dict]:
 
 def parse_validation_line(line: str) -> Optional[dict]:
     """``validate step: N  loss: X  memory: ...  tps: N`` -> dict, else None (also for the
-    ``[<METHOD>] validate step:`` line that follows it, a method's own: :data:`METHOD_VALIDATE_RE`)."""
+    ``[NAME] validate step:`` line that follows it, a method's own: :data:`METHOD_VALIDATE_RE`)."""
     if "validate step:" not in line or METHOD_VALIDATE_RE.search(line):
         return None
     text = strip_ansi(line)

@@ -271,3 +271,31 @@ def has_split(cache_dir: Path, split: str) -> bool:
         return split in read_meta(cache_dir).get("splits", {})
     except (OSError, ValueError):
         return False
+
+
+@dataclass(frozen=True)
+class RankData:
+    """A prepared cache as the ranks see it."""
+
+    cache_dir: Path
+    seq_len: int
+    train_rows: int
+    val_rows: int = 0
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def has_val(self) -> bool:
+        return self.val_rows > 0
+
+    @classmethod
+    def from_cache(cls, cache_dir: Path) -> "RankData":
+        cache_dir = Path(cache_dir).absolute()
+        meta = read_meta(cache_dir)
+        splits = meta.get("splits", {})
+        return cls(
+            cache_dir=cache_dir,
+            seq_len=int(meta["seq_len"]),
+            train_rows=int(splits.get("train", {}).get("sequences", 0)),
+            val_rows=int(splits.get("val", {}).get("sequences", 0)),
+            meta=meta,
+        )

@@ -8,8 +8,8 @@ keeps its text log line where the log has that step, so findings still point at 
 
 Every value beyond the step line's reaches ``--json``, ``--csv``, the table, the plot and
 ``--follow`` by name, with no list of names here: a value named ``<method>/<name>`` of a run whose
-method is ``<method>`` (the stream's header, else run.json) is shown as ``<name>`` (a run's
-``<method>/margin`` is ``margin``, as its method's own line calls it), any other name as it is.
+method is ``<method>`` (the stream's header, else run.json) is shown as ``<name>`` (``<method>/margin``
+is ``margin``, as the method's own text line calls it), any other name as it is.
 """
 
 from __future__ import annotations

@@ -22,11 +22,14 @@ lives here.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from trnqwen.dataset.cache import TokenSplit
 
 IGNORE_INDEX = -100
 
@@ -68,7 +71,7 @@ def present(counts: torch.Tensor) -> torch.Tensor:
     return (counts[..., 0] > 0) & (counts[..., 1] > 0)
 
 
-def pairs_per_row(split: Any) -> int:
+def pairs_per_row(split: TokenSplit) -> int:
     return int(split.meta["pairs_per_row"][split.name])
 
 

@@ -5,8 +5,10 @@ hf-trainer hooks' settings)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
+from trnqwen.config import RunConfig
+from trnqwen.dataset.cache import RankData
 from trnqwen.errors import UsageError
 from trnqwen.methods import registry
 from trnqwen.methods.base import MethodPlan
@@ -14,7 +16,7 @@ from trnqwen.methods.base import MethodPlan
 DATA_WORDS = {"chat": "SFT rows", "preference": "preference pairs"}
 
 
-def check_cache(method_name: str, made_for: str, cache_dir: Any) -> None:
+def check_cache(method_name: str, made_for: str, cache_dir: Path) -> None:
     """Refuse a token cache made for another method (``meta.json``'s ``method``)."""
     if made_for == method_name:
         return
@@ -26,7 +28,7 @@ def check_cache(method_name: str, made_for: str, cache_dir: Any) -> None:
     )
 
 
-def plan_method(cfg: Any, assets_dir: Path, rank_data: Any, *, device_type: str, dp_degree: int, steps: int,
+def plan_method(cfg: RunConfig, assets_dir: Path, rank_data: Optional[RankData], *, device_type: str, dp_degree: int, steps: int,
                 validates: bool) -> Optional[MethodPlan]:
     """The method's plan, or None (a method without one: SFT)."""
     method = registry.of(cfg)

@@ -13,8 +13,8 @@ into the same values under trnqwen's classes, so that ``build()`` makes
 * :class:`~trnqwen.runtime.trainer_metrics.TrnqwenMetricsProcessor` (``config.metrics``),
 * :class:`TrnqwenValidator` (``config.validator``).
 
-Trainer hooks (:class:`TrainerHook`) are what a training method adds in the ranks (each
-method's ``titan`` module under ``trnqwen/methods/``); the generated module imports them and passes them in
+Trainer hooks (:class:`TrainerHook`) are what a training method adds in the ranks (a
+preference method's: its batch fields, a pass before step 1, its values); the generated module imports them and passes them in
 ``config.hooks``, so this package never imports a method.
 
 The order of everything trnqwen adds, in one place (:data:`HOOK_ORDER`).
@@ -42,9 +42,9 @@ HOOK_ORDER = (
     "metrics processor, validator and checkpointer get the trainer's hooks; hook.on_init(trainer)",
     # train(): torchtitan's loop
     "checkpoint load: world-size change skips data position + RNG; HF base load skips LoRA adapter keys; "
-    "RNG restored; then hook.after_checkpoint_load(trainer) (a method's pass before step 1, e.g. reference log-probs)",
+    "RNG restored; then hook.after_checkpoint_load(trainer) (e.g. a reference pass)",
     "each step's batch: hook.on_batch(trainer, input_dict, 'train') before torchtitan's post-processing "
-    "(a preference method takes its pair fields out for the loss); the dataloader's iterator start leaves the RNG alone",
+    "(e.g. a method's batch fields taken out for its loss); the dataloader's iterator start leaves the RNG alone",
     "each logged step: hook.step_values(trainer, 'train') on every rank -> TensorBoard/W&B, torchtitan's "
     "step line + '  lr: <value>', hook.log_lines (a method's own line), rank 0's metrics-stream 'step' record",
     "checkpoint save: fault drill, torchtitan's save (last step: resume point + HF export beside it; "

@@ -9,7 +9,7 @@ order is :data:`trnqwen.runtime.trainer.HOOK_ORDER`):
 * ``dcp_load``: loading the published HF base, the LoRA adapters keep their init (their keys are not
   asked of a checkpoint that has none);
 * ``_load``: a checkpoint written by another world size skips the data position and RNG (one line);
-* ``load``: then every trainer hook's ``after_checkpoint_load`` (a method's pass before step 1, e.g. reference log-probs);
+* ``load``: then every trainer hook's ``after_checkpoint_load`` (e.g. a reference pass);
 * ``save``: the fault drill (:data:`~trnqwen.runtime.resume_state.FAULT_ENV`), torchtitan's save,
   then the ranks agree whether a preemption signal came: if so, a resumable checkpoint of this
   step (if not already saved) and the ``[trnqwen] preempted:`` line; the loop then stops;

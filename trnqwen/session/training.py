@@ -174,7 +174,7 @@ def schedule(request: TrainRequest) -> dict[str, Any]:
 
 def evaluate_after(outcome: TrainOutcome) -> Optional[dict[str, Any]]:
     """A fine-tune that finished and exported, on node 0: validation loss of the base and the
-    export (a preference method's run: preference accuracy too) when the run has a validation split; else None."""
+    export (a preference method's run: its held-out accuracy too) when the run has a validation split; else None."""
     plan = outcome.plan
     if outcome.exit_code != 0 or not plan.config.finetune or outcome.exported is None or plan.config.node_rank != 0:
         return None

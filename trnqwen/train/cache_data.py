@@ -14,46 +14,16 @@ All three read the same rows in the same order (:mod:`trnqwen.runtime.token_stre
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from trnqwen.config import RunConfig
+from trnqwen.dataset.cache import RankData
 from trnqwen.dataset.streamed import DataSpec
 from trnqwen.errors import UsageError
 from trnqwen.titan_compat import TitanAPI
 
 TITAN_LOADER_IMPORT = "from trnqwen.runtime.titan_data import TokenCacheDataLoader"
-
-
-@dataclass(frozen=True)
-class RankData:
-    """A prepared cache as the ranks see it."""
-
-    cache_dir: Path
-    seq_len: int
-    train_rows: int
-    val_rows: int = 0
-    meta: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def has_val(self) -> bool:
-        return self.val_rows > 0
-
-    @classmethod
-    def from_cache(cls, cache_dir: Path) -> "RankData":
-        from trnqwen.dataset.cache import read_meta
-
-        cache_dir = Path(cache_dir).absolute()
-        meta = read_meta(cache_dir)
-        splits = meta.get("splits", {})
-        return cls(
-            cache_dir=cache_dir,
-            seq_len=int(meta["seq_len"]),
-            train_rows=int(splits.get("train", {}).get("sequences", 0)),
-            val_rows=int(splits.get("val", {}).get("sequences", 0)),
-            meta=meta,
-        )
 
 
 def check_run(data: RankData, *, seq_len: int, val_every: Optional[int], from_cache: bool = False) -> None:

@@ -27,7 +27,7 @@ from trnqwen.methods.planning import plan_method
 from trnqwen.train import lora, tracking
 from trnqwen.contract.hf_trainer_spec import LORA_TP_PROBLEM, HFTrainerSpec, SpecError, choose_strategy, spec_to_argv
 from trnqwen.train.job import TrainJob
-from trnqwen.train.cache_data import RankData
+from trnqwen.dataset.cache import RankData
 from trnqwen.train.schedule import Schedule, plan_schedule
 from trnqwen.contract.topology import Topology
 from trnqwen.train.topology import plan_topology

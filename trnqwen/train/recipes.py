@@ -42,7 +42,8 @@ from trnqwen.train import lora, tracking
 from trnqwen.train.memory import count_params  # one parameter formula for both
 from trnqwen.methods.base import MethodPlan
 from trnqwen.methods.planning import plan_method
-from trnqwen.train.cache_data import RankData, prepare_rank_data, streamed_data, titan_dataloader_code
+from trnqwen.dataset.cache import RankData
+from trnqwen.train.cache_data import prepare_rank_data, streamed_data, titan_dataloader_code
 from trnqwen.dataset.streamed import DataSpec, render_dataset_code
 from trnqwen.train.job import TrainJob
 from trnqwen.train.schedule import Schedule, plan_schedule

@@ -25,7 +25,7 @@ from typing import Any, Optional
 from trnqwen.config import DEFAULT_SAVE_EVERY, DEFAULT_STEPS, DEFAULT_WARMUP_STEPS, EPOCH, RunConfig, default_lr
 from trnqwen.contract.lr_schedule import lr_factor
 from trnqwen.contract.topology import Topology
-from trnqwen.train.cache_data import RankData
+from trnqwen.dataset.cache import RankData
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def resolve_schedule(cfg: RunConfig, *, sequences: Optional[int], global_batch: 
 
 
 def plan_schedule(cfg: RunConfig, rank_data: Optional[RankData], topology: Topology) -> Schedule:
-    """The run's schedule from its token cache (:class:`~trnqwen.train.cache_data.RankData`, or None
+    """The run's schedule from its token cache (:class:`~trnqwen.dataset.cache.RankData`, or None
     for streamed data) and :class:`~trnqwen.contract.topology.Topology`: every backend calls this."""
     known = rank_data is not None and Path(rank_data.cache_dir).is_dir()  # not the tokenized-later placeholder
     gbs = topology.sequences_per_step if topology.ok else (cfg.global_batch_size or cfg.local_batch_size)

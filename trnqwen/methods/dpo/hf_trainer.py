@@ -29,6 +29,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from trnqwen.contract.hf_trainer_spec import HFTrainerSpec
 from trnqwen.dataset import reference as store
 from trnqwen.methods.dpo.log_lines import format_line
 from trnqwen.methods.dpo.loss import KEYS, METRICS, Meter, pair_terms
@@ -53,7 +54,7 @@ class PairRows(CacheRows):
             yield trainer_sample(ids, positions, markers, dict(zip(KEYS, (targets, segments, ref))))
 
 
-def pair_datasets(spec: Any, *, rank: int, world: int, reference_dir: str):
+def pair_datasets(spec: HFTrainerSpec, *, rank: int, world: int, reference_dir: str):
     seed = int(spec.seed or 0)
     common = dict(seq_len=spec.seq_len, rank=rank, world=world, batch_size=spec.local_batch_size,
                   reference_dir=reference_dir)
@@ -62,7 +63,7 @@ def pair_datasets(spec: Any, *, rank: int, world: int, reference_dir: str):
     return train, val
 
 
-def reference_pass(spec: Any, model, *, rank: int, world: int, replicas: int, grad_accum: int, resumed_at: int,
+def reference_pass(spec: HFTrainerSpec, model, *, rank: int, world: int, replicas: int, grad_accum: int, resumed_at: int,
                    log: Callable[[str], None], reference_dir: str, beta: float, loss_type: str) -> None:
     from trnqwen.dataset.cache import open_split
     from trnqwen.methods.dpo.reference_pass import run_pass
@@ -173,14 +174,14 @@ class DPOHooks:
         self.loss_type = str(settings["loss_type"])
         self.reference_dir = str(settings["reference_dir"])
 
-    def datasets(self, spec: Any, *, rank: int, world: int):
+    def datasets(self, spec: HFTrainerSpec, *, rank: int, world: int):
         """(train, validation or None): the rank's pair rows of the token cache."""
         return pair_datasets(spec, rank=rank, world=world, reference_dir=self.reference_dir)
 
     def trainer_class(self, trainer_cls: type, *, log_validation: Callable[[int, float, float], None]) -> type:
         return dpo_trainer_class(trainer_cls, beta=self.beta, loss_type=self.loss_type, log_validation=log_validation)
 
-    def before_train(self, spec: Any, model, *, rank: int, world: int, replicas: int, grad_accum: int,
+    def before_train(self, spec: HFTrainerSpec, model, *, rank: int, world: int, replicas: int, grad_accum: int,
                      resumed_at: int, log: Callable[[str], None]) -> None:
         """The reference log-probs of these starting weights, before step 1."""
         reference_pass(spec, model, rank=rank, world=world, replicas=replicas, grad_accum=grad_accum,

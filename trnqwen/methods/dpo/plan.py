@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from trnqwen.config import RunConfig
+from trnqwen.dataset.cache import RankData
 from trnqwen.errors import UsageError
 from trnqwen.methods.base import MethodPlan
 from trnqwen.methods.dpo.settings import LOSS_TYPES  # noqa: F401  (the loss types' one home)
@@ -46,13 +48,13 @@ class DpoSpec:
         return initial_loss(self.loss_type, self.beta)
 
 
-def spec_from_config(cfg: Any) -> Optional[DpoSpec]:
+def spec_from_config(cfg: RunConfig) -> Optional[DpoSpec]:
     if getattr(cfg, "method", "sft") != "dpo":
         return None
     return DpoSpec(beta=float(cfg.beta), loss_type=str(cfg.dpo_loss))
 
 
-def check(cfg: Any) -> None:
+def check(cfg: RunConfig) -> None:
     """Refuse a DPO run that cannot be one, with what to do instead."""
     if getattr(cfg, "method", "sft") != "dpo":
         return
@@ -66,7 +68,7 @@ def check(cfg: Any) -> None:
                          hint="drop --train-on-inputs")
 
 
-def weights_identity(cfg: Any, assets_dir: Path) -> dict[str, Any]:
+def weights_identity(cfg: RunConfig, assets_dir: Path) -> dict[str, Any]:
     """What the starting weights are: the checkpoint files (name, size, mtime, header) for a
     fine-tune, the seed and model config for a random init.  Cheap: each file's first MiB (its
     header and first tensors), never all of it."""
@@ -83,7 +85,7 @@ def weights_identity(cfg: Any, assets_dir: Path) -> dict[str, Any]:
     return {"init": "checkpoint", "files": files, "config": config_text}
 
 
-def reference_key(cfg: Any, assets_dir: Path, *, device_type: str, versions: dict[str, str]) -> str:
+def reference_key(cfg: RunConfig, assets_dir: Path, *, device_type: str, versions: dict[str, str]) -> str:
     """sha256 of the starting weights and of what changes the numbers computed from them.
 
     Not the data-parallel layout or batch size: they change the last bits only (the batch a row
@@ -122,7 +124,7 @@ def plan_note(spec: DpoSpec, reference_dir: Path, *, reused: bool) -> str:
             f"reference log-probs {how} ({reference_dir})")
 
 
-def plan(cfg: Any, assets_dir: Path, rank_data: Any, *, device_type: str, dp_degree: int, steps: int,
+def plan(cfg: RunConfig, assets_dir: Path, rank_data: Optional[RankData], *, device_type: str, dp_degree: int, steps: int,
          validates: bool) -> Optional[MethodPlan]:
     """The plan of a DPO run (refusals raise); None without a token cache (nothing to plan yet)."""
     check(cfg)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from trnqwen.contract.hf_trainer_spec import HFTrainerSpec
 from trnqwen.methods.orpo.loss import KEYS, METRICS, Meter, orpo_terms
 from trnqwen.methods.orpo.titan import format_line
 from trnqwen.methods.pairs import read_pairs, segment_logps, sum_over_ranks, trainer_sample
@@ -36,7 +37,7 @@ class PairRows(CacheRows):
             yield trainer_sample(ids, positions, markers, dict(zip(KEYS, (targets, segments, slots))))
 
 
-def pair_datasets(spec: Any, *, rank: int, world: int):
+def pair_datasets(spec: HFTrainerSpec, *, rank: int, world: int):
     common = dict(seq_len=spec.seq_len, rank=rank, world=world, batch_size=spec.local_batch_size)
     train = PairRows(spec.cache_dir, "train", infinite=True, seed=int(spec.seed or 0), **common)
     val = PairRows(spec.cache_dir, "val", infinite=False, **common) if spec.val_every else None
@@ -136,12 +137,13 @@ class ORPOHooks:
     def __init__(self, settings: dict[str, Any]) -> None:
         self.lam = float(settings["lam"])
 
-    def datasets(self, spec: Any, *, rank: int, world: int):
+    def datasets(self, spec: HFTrainerSpec, *, rank: int, world: int):
         """(train, validation or None): the rank's pair rows of the token cache."""
         return pair_datasets(spec, rank=rank, world=world)
 
     def trainer_class(self, trainer_cls: type, *, log_validation: Callable[[int, float, float], None]) -> type:
         return orpo_trainer_class(trainer_cls, lam=self.lam, log_validation=log_validation)
 
-    def before_train(self, spec: Any, model, **kwargs: Any) -> None:
+    def before_train(self, spec: HFTrainerSpec, model, *, rank: int, world: int, replicas: int, grad_accum: int,
+                     resumed_at: int, log: Callable[[str], None]) -> None:
         """Nothing: ORPO is reference-free (no pass over the data before step 1)."""

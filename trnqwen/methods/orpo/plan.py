@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
+from trnqwen.config import RunConfig
+from trnqwen.dataset.cache import RankData
 from trnqwen.errors import UsageError
 from trnqwen.methods.base import MethodPlan
 
@@ -24,13 +26,13 @@ class OrpoSpec:
     lam: float = 0.1
 
 
-def spec_from_config(cfg: Any) -> Optional[OrpoSpec]:
+def spec_from_config(cfg: RunConfig) -> Optional[OrpoSpec]:
     if getattr(cfg, "method", None) != NAME:
         return None
     return OrpoSpec(lam=float(cfg.orpo_lambda))
 
 
-def check(cfg: Any) -> None:
+def check(cfg: RunConfig) -> None:
     """Refuse an ORPO run that cannot be one, with what to do instead."""
     if getattr(cfg, "method", None) != NAME:
         return
@@ -57,7 +59,7 @@ def render_lines(spec: OrpoSpec, *, validates: bool) -> list[str]:
     return lines
 
 
-def plan(cfg: Any, assets_dir: Path, rank_data: Any, *, device_type: str, dp_degree: int, steps: int,
+def plan(cfg: RunConfig, assets_dir: Path, rank_data: Optional[RankData], *, device_type: str, dp_degree: int, steps: int,
          validates: bool) -> Optional[MethodPlan]:
     """The plan of an ORPO run (refusals raise); None without a token cache (nothing to plan yet)."""
     del assets_dir, device_type, dp_degree, steps
