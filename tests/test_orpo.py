@@ -271,3 +271,16 @@ def test_bad_records_exit_2_naming_the_file_and_line(tiny, tmp_path, cli, bad, w
             "--device", "cpu", "--seq-len", "128", "--data-cache-dir", str(tmp_path / "cache"), "--dry-run")
     assert r.code == 2, r.text
     assert "Traceback" not in r.text and "prefs.jsonl line 2" in r.text and words in r.text, r.text
+
+
+def test_the_model_card_section_shows_the_held_out_numbers():
+    from trnqwen.methods import registry
+
+    card = registry.hook(registry.get("orpo"), "card")
+    rows = [{"checkpoint": "base", "pairs": 30, "preference_accuracy": 0.6, "margin": 0.01, "log_odds_ratio": -0.68,
+             "orpo_loss": 8.2, "loss": 7.5},
+            {"checkpoint": "step-16", "pairs": 30, "preference_accuracy": 0.7, "margin": 0.06, "log_odds_ratio": -0.66,
+             "orpo_loss": 6.9, "loss": 6.2, "delta_vs_base": -1.3}]
+    lines = card(rows, "prefs.jsonl", lambda x: None if x is None else f"{x:.4f}")
+    text = "\n".join(lines)
+    assert "ORPO" in text and "| step-16 | 30 | 0.7000 | 0.0600 | -0.6600 | 6.9000 | 6.2000 | -1.3000 |" in text, text
