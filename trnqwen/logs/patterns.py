@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from itertools import compress
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
-from trnqwen.methods.dpo import log_lines as dpo
-from trnqwen.contract.stepline import strip_ansi, to_number
-from trnqwen.contract.override_calls import CALLS_RE, CALLS_TAG
 from trnqwen.contract.lora import LOG_LINE_RE as LORA_RE
 from trnqwen.contract.lora import LOG_MARK as LORA_TAG
+from trnqwen.contract.method_lines import MethodLine
+from trnqwen.contract.override_calls import CALLS_RE, CALLS_TAG
+from trnqwen.contract.stepline import strip_ansi, to_number
+from trnqwen.logs.record import MethodLines
+from trnqwen.methods import registry as methods
 
 if TYPE_CHECKING:
     from trnqwen.logs.record import ParsedLog
@@ -234,6 +236,43 @@ def _lora(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.lora[at.rank if at.rank is not None else line_rank(m.string)] = record_of(m, at.lineno)
 
 
+def keep_method_line(log: "ParsedLog", method: str, line: MethodLine, lineno: int) -> None:
+    """One of a method's lines (the primary rank's): a step's values and a note go to
+    ``log.method_lines[method]``; a validation's join the validation record of that step (the
+    last one), else make one."""
+    if line.kind == "validation":
+        rec = log.validations[-1] if log.validations and log.validations[-1]["step"] == line.step else None
+        if rec is None:
+            rec = {"step": line.step, "loss": line.loss, "memory_gib": None, "memory_pct": None, "tps": None, "line": lineno}
+            log.validations.append(rec)
+        rec.update(line.values)
+        return
+    kept = log.method_lines.setdefault(method, MethodLines())
+    if line.kind == "step":
+        kept.steps[line.step] = {**line.values, "line": lineno}
+    else:
+        kept.notes[line.name] = {**line.values, "line": lineno}
+
+
+def _method_line(method: str, read: Callable[["re.Match[str]"], Optional[MethodLine]]):
+    def store(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> Optional[bool]:
+        line = read(m)
+        if line is None:
+            return False
+        if at.primary:
+            keep_method_line(log, method, line, at.lineno)
+        return None
+
+    return store
+
+
+def _method_patterns() -> tuple[LinePattern, ...]:
+    """Every training method's line readers (``Method.log_lines``: its module's ``READERS``), as
+    the registry lists them when this module is imported."""
+    return tuple(LinePattern(r.name, r.regex, _method_line(m.name, r.read), r.needle)
+                 for m in methods.methods() if m.log_lines for r in methods.hook(m, "log_lines").READERS)
+
+
 # torchtitan's get_peak_flops on a device it has no table entry for (a WARNING line, kept in
 # ParsedLog.warnings): its MFU is then against an A100's peak (no_peak_flops below)
 NO_PEAK_FLOPS_RE = re.compile(r"Peak flops undefined for: (.+?), fallback to")
@@ -288,8 +327,7 @@ INFO_LINES: tuple[LinePattern, ...] = (
     LinePattern("peak-flops", re.compile(r"Peak FLOPS used for computing MFU: (\S+)"), _peak_flops, ("Peak FLOPS used",)),
     LinePattern("override-calls", CALLS_RE, _override_calls, (CALLS_TAG,)),
     LinePattern("lora", LORA_RE, _lora, (LORA_TAG,)),
-    LinePattern("dpo", dpo.LINE_RE, dpo.store, (dpo.MARK,)),
-    LinePattern("dpo-reference", dpo.REFERENCE_RE, dpo.store_reference, (dpo.MARK,)),
+    *_method_patterns(),
     LinePattern("world-size", re.compile(r"(?:world[ _]size|WORLD_SIZE|nproc_per_node)\s*[:=]\s*(\d+)", re.IGNORECASE), _launcher_world,
                 ("world size", "world_size", "nproc_per_node"), True),
     LinePattern("world-size", re.compile(r"(?:launching|starting|with) (\d+) ranks?\b", re.IGNORECASE), _launcher_world, (" rank",), True),
