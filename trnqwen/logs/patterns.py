@@ -1,9 +1,11 @@
 """The line kinds torchtitan, torchrun and torch print, other than the step line
 (:mod:`trnqwen.contract.stepline`): one regex each, and for the informational lines a table.
 
-To read a new informational line, add one :class:`LinePattern` to :data:`INFO_LINES` (a regex
+To read a new informational line, add one :class:`LinePattern` to ``_OWN_LINES`` (a regex
 and a small function that stores what it matched in :class:`~trnqwen.logs.record.ParsedLog`),
-and the field it fills to ``ParsedLog``.  The streaming engine (:mod:`trnqwen.logs.engine`)
+and the field it fills to ``ParsedLog``.  A training method's own lines are its folder's
+(``Method.log_lines``): the table (:func:`info_table`) takes them from the registry and keeps
+what they say in ``ParsedLog.method_lines``.  The streaming engine (:mod:`trnqwen.logs.engine`)
 tries the table, in order, on every INFO-level or bare line that is not a step, validation,
 ``[Override]`` or warning/error line; the first pattern whose handler does not return False wins.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import compress
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
@@ -266,11 +269,10 @@ def _method_line(method: str, read: Callable[["re.Match[str]"], Optional[MethodL
     return store
 
 
-def _method_patterns() -> tuple[LinePattern, ...]:
-    """Every training method's line readers (``Method.log_lines``: its module's ``READERS``), as
-    the registry lists them when this module is imported."""
+def _method_patterns(declared: tuple[methods.Method, ...]) -> tuple[LinePattern, ...]:
+    """The training methods' line readers (``Method.log_lines``: its module's ``READERS``)."""
     return tuple(LinePattern(r.name, r.regex, _method_line(m.name, r.read), r.needle)
-                 for m in methods.methods() if m.log_lines for r in methods.hook(m, "log_lines").READERS)
+                 for m in declared if m.log_lines for r in methods.hook(m, "log_lines").READERS)
 
 
 # torchtitan's get_peak_flops on a device it has no table entry for (a WARNING line, kept in
@@ -293,7 +295,7 @@ _CKPT = ("checkpoint", "safetensors")
 _VOCAB_ARG_RE = re.compile(r"""\bvocab(?:_size|ulary size)['"]?\s*[:=]\s*(\d{3,8})\b""", re.IGNORECASE)
 _LAYERS_ARG_RE = re.compile(r"""\b(?:n_layers|num_hidden_layers|num_layers)['"]?\s*[:=]\s*(\d{1,4})\b""")
 
-INFO_LINES: tuple[LinePattern, ...] = (
+_OWN_LINES: tuple[LinePattern, ...] = (
     LinePattern("checkpoint-load", re.compile(r"Loading (?:from )?HF safetensors from (?:--[\w.]+: )?(?P<path>\S+)"), _checkpoint("load"), _CKPT, True),
     LinePattern("checkpoint-load", re.compile(r"Loading the checkpoint from (?P<path>\S+?)\.?$"), _checkpoint("load"), _CKPT, True),
     LinePattern("checkpoint-loaded", re.compile(r"Finished loading the checkpoint in (?P<seconds>[\d.]+) seconds"), _checkpoint("loaded"), _CKPT, True),
@@ -327,36 +329,55 @@ INFO_LINES: tuple[LinePattern, ...] = (
     LinePattern("peak-flops", re.compile(r"Peak FLOPS used for computing MFU: (\S+)"), _peak_flops, ("Peak FLOPS used",)),
     LinePattern("override-calls", CALLS_RE, _override_calls, (CALLS_TAG,)),
     LinePattern("lora", LORA_RE, _lora, (LORA_TAG,)),
-    *_method_patterns(),
+)
+_LAST_LINES = (  # after the methods' lines: their needles are common words
     LinePattern("world-size", re.compile(r"(?:world[ _]size|WORLD_SIZE|nproc_per_node)\s*[:=]\s*(\d+)", re.IGNORECASE), _launcher_world,
                 ("world size", "world_size", "nproc_per_node"), True),
     LinePattern("world-size", re.compile(r"(?:launching|starting|with) (\d+) ranks?\b", re.IGNORECASE), _launcher_world, (" rank",), True),
 )
 
 
-# every needle, lower-cased, and the patterns (indices into INFO_LINES) that need it: a message is
-# tried only against the patterns whose needles it holds, in order (each pattern's regex needs one
-# of its needles: tests/test_inspect_logs.py pins that), not against all 29 (a chatty log's other
-# lines cost 16 us each that way)
-_BY_NEEDLE: dict[str, list[int]] = {}
-for _i, _pat in enumerate(INFO_LINES):
-    for _n in _pat.needle:
-        _BY_NEEDLE.setdefault(_n.lower(), []).append(_i)
-SCREEN = tuple(sorted(_BY_NEEDLE))
+class InfoTable(NamedTuple):
+    """The informational lines, in order, with every needle (lower-cased) and the patterns (indices)
+    that need it: a message is tried only against the patterns whose needles it holds, in order
+    (each pattern's regex needs one of its needles: tests/test_inspect_logs.py pins that), not
+    against all 30 (a chatty log's other lines cost 16 us each that way)."""
+
+    patterns: tuple[LinePattern, ...]
+    by_needle: dict[str, list[int]]
+    screen: tuple[str, ...]  # the needles, sorted
 
 
-def info_candidates(lowered: str) -> list[int]:
-    """Indices into :data:`INFO_LINES`, in order, of the patterns whose needles the lower-cased
+@lru_cache(maxsize=8)
+def _info_table(declared: tuple[methods.Method, ...]) -> InfoTable:
+    patterns = (*_OWN_LINES, *_method_patterns(declared), *_LAST_LINES)
+    by_needle: dict[str, list[int]] = {}
+    for i, pat in enumerate(patterns):
+        for n in pat.needle:
+            by_needle.setdefault(n.lower(), []).append(i)
+    return InfoTable(patterns, by_needle, tuple(sorted(by_needle)))
+
+
+def info_table() -> InfoTable:
+    """The table for the methods the registry lists now (a parser takes it once, when it starts)."""
+    return _info_table(tuple(methods.methods()))
+
+
+INFO_LINES, _, SCREEN = info_table()  # the built-in methods' table
+
+
+def info_candidates(lowered: str, table: InfoTable) -> list[int]:
+    """Indices into ``table.patterns``, in order, of the patterns whose needles the lower-cased
     message holds: the only ones that can match it (none for most messages)."""
-    held = list(compress(SCREEN, map(lowered.__contains__, SCREEN)))
-    return sorted({i for n in held for i in _BY_NEEDLE[n]}) if held else []
+    held = list(compress(table.screen, map(lowered.__contains__, table.screen)))
+    return sorted({i for n in held for i in table.by_needle[n]}) if held else []
 
 
-def read_info_line(log: "ParsedLog", msg: str, at: LineAt) -> bool:
-    """Try :data:`INFO_LINES` on one message; True when one of them took it."""
+def read_info_line(log: "ParsedLog", msg: str, at: LineAt, table: InfoTable) -> bool:
+    """Try ``table``'s patterns on one message; True when one of them took it."""
     lowered = msg.lower()
-    for i in info_candidates(lowered):
-        pat = INFO_LINES[i]
+    for i in info_candidates(lowered, table):
+        pat = table.patterns[i]
         hay = lowered if pat.lower else msg
         if not any(n in hay for n in pat.needle):
             continue
