@@ -25,6 +25,7 @@ from trnqwen.contract.override_calls import CALLS_RE, CALLS_TAG
 from trnqwen.contract.stepline import strip_ansi, to_number
 from trnqwen.logs.record import MethodLines
 from trnqwen.methods import registry as methods
+from trnqwen.methods.base import load
 
 if TYPE_CHECKING:
     from trnqwen.logs.record import ParsedLog
@@ -269,10 +270,10 @@ def _method_line(method: str, read: Callable[["re.Match[str]"], Optional[MethodL
     return store
 
 
-def _method_patterns(declared: tuple[methods.Method, ...]) -> tuple[LinePattern, ...]:
-    """The training methods' line readers (``Method.log_lines``: its module's ``READERS``)."""
-    return tuple(LinePattern(r.name, r.regex, _method_line(m.name, r.read), r.needle)
-                 for m in declared if m.log_lines for r in methods.hook(m, "log_lines").READERS)
+def _method_patterns(declared: tuple[tuple[str, str], ...]) -> tuple[LinePattern, ...]:
+    """The training methods' line readers ((name, ``Method.log_lines``): that module's ``READERS``)."""
+    return tuple(LinePattern(r.name, r.regex, _method_line(name, r.read), r.needle)
+                 for name, module in declared for r in load(module).READERS)
 
 
 # torchtitan's get_peak_flops on a device it has no table entry for (a WARNING line, kept in
@@ -349,7 +350,7 @@ class InfoTable(NamedTuple):
 
 
 @lru_cache(maxsize=8)
-def _info_table(declared: tuple[methods.Method, ...]) -> InfoTable:
+def _info_table(declared: tuple[tuple[str, str], ...]) -> InfoTable:
     patterns = (*_OWN_LINES, *_method_patterns(declared), *_LAST_LINES)
     by_needle: dict[str, list[int]] = {}
     for i, pat in enumerate(patterns):
@@ -360,7 +361,7 @@ def _info_table(declared: tuple[methods.Method, ...]) -> InfoTable:
 
 def info_table() -> InfoTable:
     """The table for the methods the registry lists now (a parser takes it once, when it starts)."""
-    return _info_table(tuple(methods.methods()))
+    return _info_table(tuple((m.name, m.log_lines) for m in methods.methods() if m.log_lines))
 
 
 INFO_LINES, _, SCREEN = info_table()  # the built-in methods' table
