@@ -33,6 +33,7 @@ from trnqwen.logs.patterns import (
     PYWARN_RE,
     TRACEBACK_START,
     LineAt,
+    info_table,
     normalize,
     parse_override_line,
     read_info_line,
@@ -74,6 +75,7 @@ class LogParser:
         self._last_primary_step: Optional[int] = None
         self._tracebacks = Tracebacks(self.log)
         self._torchrun = TorchrunSummary(self.log)
+        self._info = info_table()  # the informational lines, the registered methods' with them
         self.closed = False
 
     # -- byte level ---------------------------------------------------------------------------
@@ -444,7 +446,7 @@ class LogParser:
                         {"local_rank": int(fm.group("rank")), "exitcode": int(fm.group("code")), "line": lineno}
                     )
             return True
-        known = read_info_line(log, msg, LineAt(lineno, rank, self._is_primary(rank)))
+        known = read_info_line(log, msg, LineAt(lineno, rank, self._is_primary(rank)), self._info)
         # Bare lines: only structured content counts as recognized.
         return known if level is None and not glog else True
 

@@ -7,13 +7,15 @@ import csv
 import io
 import math
 from pathlib import Path
-from typing import Any, Optional
+from types import ModuleType
+from typing import Any, Iterator, Optional
 
-from trnqwen.methods.dpo import log_lines as dpo
 from trnqwen.logs.lora import lora_json, lora_row
 from trnqwen.logs.judge import (
-    BASE_RANDOM_INIT, Finding, configured_steps, override_calls, override_table, root_cause, weights_verdict,
+    BASE_RANDOM_INIT, Finding, configured_steps, method_facts, override_calls, override_table, root_cause,
+    weights_verdict,
 )
+from trnqwen.methods import registry as methods
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 from trnqwen.contract.stepline import STEP_FIELDS
@@ -28,11 +30,26 @@ def _num(x: Any) -> Any:
 
 def method_values(log: ParsedLog) -> tuple[tuple[str, ...], dict[int, dict]]:
     """(names, step -> {name: value}) of the values beyond the step line's: every value of the
-    metrics stream by name (:mod:`trnqwen.logs.stream`), else a DPO log's ``[DPO]`` values."""
+    metrics stream by name (:mod:`trnqwen.logs.stream`), else the values a method's own text
+    lines gave each step, named as its metrics are (``Method.metrics``, the method's prefix
+    dropped: ``<method>/margin`` is ``margin``)."""
     if log.value_names:
         return tuple(log.value_names), log.values
-    values = dpo.step_values(log)
-    return (dpo.FIELDS if values else ()), values
+    for method in methods.methods():
+        kept = log.method_lines.get(method.name)
+        if kept is not None and kept.steps:
+            prefix = method.name + "/"
+            return tuple(m.name[len(prefix):] for m in method.metrics if m.name.startswith(prefix)), kept.steps
+    return (), {}
+
+
+def method_reports(log: ParsedLog, ctx: RunContext) -> Iterator[tuple[methods.Method, ModuleType, dict]]:
+    """(method, its ``log_lines`` module, the facts its hooks get) for each method that declares
+    text lines (:mod:`trnqwen.methods.base`): its ``summary`` is ``--json``'s key of its name,
+    its ``rows`` the table's."""
+    for method in methods.methods():
+        if method.log_lines:
+            yield method, methods.hook(method, "log_lines"), method_facts(log, ctx, method)
 
 
 def step_rows(log: ParsedLog) -> list[dict]:
@@ -233,7 +250,8 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream:
         "overrides": overrides,
         "applied_overrides": [n for n, _ in log.applied.get(log.primary_rank, [])] or None,
         "lora": lora_json(log, ctx),  # the [LoRA] line (None: not a LoRA run)
-        "dpo": dpo.dpo_json(log, ctx),  # the [DPO] lines' settings, reference and last values (None: not DPO)
+        # each method's own key (its text lines' summary: settings, last values...; None: not its run)
+        **{method.name: hooks.summary(facts) for method, hooks, facts in method_reports(log, ctx)},
         "checkpoint": [{k: v for k, v in e.items()} for e in log.checkpoint_events],
         "findings": [f.as_dict() for f in findings],
         "summary": summarize(log, ctx, findings),
@@ -338,8 +356,9 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
         t.add_row("LoRA", _escape(lora))
     elif ctx.lora:
         t.add_row("LoRA", "[yellow]configured, but no [LoRA] line logged[/yellow]")
-    for what, text in dpo.dpo_rows(log, ctx):
-        t.add_row(what, _escape(redact(text)))
+    for _, hooks, facts in method_reports(log, ctx):
+        for what, text in hooks.rows(facts):
+            t.add_row(what, _escape(redact(text)))
     if log.metrics_stream:  # every other value of the stream, by name
         t.add_row("steps from", _escape(log.metrics_stream))
         names = log.value_names
