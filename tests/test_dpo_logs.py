@@ -330,6 +330,13 @@ def test_a_real_dpo_run_reads_back_and_an_edited_step1_loss_fails(tmp_path):
     edited = re.sub(r"loss:(\s*)[0-9.]+", r"loss:\g<1>0.70000", step1, count=1)
     assert edited != step1
     log.write_text(text.replace(step1, edited))
+    # the run's steps are read from its metrics stream: the same edit there (the text alone no longer decides)
+    stream = run_dir / "metrics.jsonl"
+    records = [json.loads(line) for line in stream.read_text().splitlines()]
+    for record in records:
+        if record["kind"] == "step" and record["step"] == 1:
+            record["values"]["loss"] = 0.70
+    stream.write_text("".join(json.dumps(record) + "\n" for record in records))
     bad = run_subprocess("inspect-logs", str(run_dir), "--json", cwd=tmp_path, env=env, timeout=300)
     assert bad.code == 1, bad.text
     (err,) = [f for f in json.loads(bad.out)["findings"] if f["severity"] == "error"]
