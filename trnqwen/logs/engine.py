@@ -7,8 +7,11 @@ ranks; trnqwen's own launcher keeps rank 0's): once the primary rank (rank 0, or
 stream) is known, the lines between two of its lines that are all other ranks' step lines (as many
 ``step:`` and ``loss:`` as lines, every line behind the prefix of a rank already seen, no
 validation) are only summarized, as the per-line reader would record them: counted, each rank's
-last step, and its highest memory above 90%.  A region with a traceback or a resume in it is read
-line by line.
+last step, and its highest memory above 90%.  The check runs on a span of about 64 KB at once
+(:meth:`LogParser._quiet`: as many ``step:`` and ``loss:`` as lines, every line behind a known
+prefix); a span with anything else is checked piece by piece (a primary line and the lines after
+it), and from a traceback or a resume on the rest of the region is read line by line.  The primary
+rank's exact step lines are checked per batch and converted per column (:meth:`_step_columns`).
 
 What each line means lives elsewhere: the step line in :mod:`~trnqwen.contract.stepline`, every other
 kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
@@ -178,7 +181,8 @@ class LogParser:
         while start <= len(buf):
             end = buf.find(b"\n", start + SPAN)  # a span: about SPAN bytes, cut after a line
             span = buf[start:] if end < 0 else buf[start:end]
-            if not self._quiet(span, known, primary, lineno, high, check):
+            quiet = self._quiet(span, known, primary, lineno, high, check)
+            if not quiet:
                 if b"Traceback" in span or b"[trnqwen] resumed" in span:  # the rest line by line: a crash or
                     self._primaries(primary)  # a resume changes how the lines after it read
                     if start:
@@ -188,21 +192,21 @@ class LogParser:
                     return
                 lineno = self._pieces(span, others, primary, lineno, high, check)
             else:
-                lineno += span.count(b"\n") + 1
+                lineno += quiet
             start = len(buf) + 1 if end < 0 else end + 1
         self._primaries(primary)
         self.lineno = lineno - 1
         self._last_steps(buf)
 
-    def _quiet(self, span: bytes, known: tuple, primary: list, lineno: int, high: bool, check: bool) -> bool:
+    def _quiet(self, span: bytes, known: tuple, primary: list, lineno: int, high: bool, check: bool) -> int:
         """A span of only step lines, each behind the prefix of a rank already seen: the other ranks'
-        lines summarized, the primary rank's queued; False (anything else in it): read it piece by
-        piece (:meth:`_pieces`)."""
+        lines summarized, the primary rank's queued, and its line count returned; 0 (anything else
+        in it): read it piece by piece (:meth:`_pieces`)."""
         lines = span.split(b"\n")
         if not (len(span) <= self.max_line and span.count(b"step:") == len(lines) == span.count(b"loss:")
                 and all(map(bytes.startswith, lines, repeat(known)))
                 and not (check and (b"validate" in span or not span.isascii()))):
-            return False
+            return 0
         pp = self._primary_prefix
         mine = list(map(bytes.startswith, lines, repeat(pp)))
         heads = [raw[len(pp):] for raw in compress(lines, mine)]
@@ -210,7 +214,7 @@ class LogParser:
         if high:
             self._high_memory(lines, lineno)
         primary.extend(zip(compress(count(lineno), mine), heads))
-        return True
+        return len(lines)
 
     def _pieces(self, buf: bytes, others: tuple, primary: list, lineno: int, high: bool, check: bool) -> int:
         """The lines of ``buf`` piece by piece (a primary line, then other lines): a piece of other
