@@ -108,9 +108,56 @@ class StepRows:
         self.log = log
 
     def write(self, out) -> None:
-        import json
+        for piece in steps_json(self.log, pieces=True):
+            out.write(piece)
 
-        out.write(json.dumps(step_rows(self.log)))
+
+def steps_json(log: ParsedLog, *, pieces: bool = False):
+    """``json.dumps(step_rows(log))``, written from the columns (a row is one format string; a
+    float's JSON is its repr); the rows with a NaN/Inf value or a source as :func:`step_rows`.
+    ``pieces``: the text in pieces of 16k rows (less memory at once)."""
+    import json
+
+    names, _ = method_values(log)
+    if names:  # the run's other values by name
+        text = json.dumps(step_rows(log))
+        return [text] if pieces else text
+    t = log.steps
+    t.compact()
+    row = "{" + ", ".join(f"{json.dumps(k)}: %s" for k in (*STEP_FIELDS, "line")) + "}"
+    special = {*_nonfinite_rows(t, (), {}), *t.source}
+    out = []
+    for a in range(0, len(t.step), 1 << 14):
+        b = a + (1 << 14)
+        cols = [list(map(str, t.step[a:b]))]
+        for name in STEP_FIELDS[1:]:
+            col = ([str(int(v)) if v.is_integer() else repr(v) for v in t.cols[name][a:b]] if name == "tps"
+                   else list(map(float.__repr__, t.cols[name][a:b])))
+            for i in t.missing[name]:
+                if a <= i < b:
+                    col[i - a] = "null"
+            cols.append(col)
+        cols.append([str(x) if x else "null" for x in t.line[a:b]])
+        text = [row % r for r in zip(*cols)]
+        for i in special:
+            if a <= i < b:
+                text[i - a] = json.dumps(_step_row(t, i))
+        out.append((", " if a else "[") + ", ".join(text))
+    out = out or ["["]
+    out.append("]")
+    return out if pieces else "".join(out)
+
+
+def _step_row(t, i: int) -> dict:
+    """Row ``i`` as :func:`step_rows` writes it (no values by name)."""
+    row = {name: t.value(name, i) for name in STEP_FIELDS}
+    row["line"] = t.line[i] or None
+    bad = {k: _nonfinite(v) for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
+    if bad:
+        row.update({k: None for k in bad}, nonfinite=bad, line=row.pop("line"))
+    if i in t.source:
+        row["source"] = t.source[i]
+    return row
 
 
 def _identity(ctx: RunContext) -> Optional[dict]:
