@@ -45,9 +45,8 @@ def dpo_runs(tmp_path_factory):
         cwd = root / backend
         cwd.mkdir()
         tensorboard = ["--tensorboard"] if backend == "hf-trainer" else []  # the Trainer's own writer gets dpo/* too
-        stream = {"TRNQWEN_METRICS_PATH": str(cwd / "metrics.jsonl")}  # the launcher's job (set here too)
         r = run_subprocess("train", "--model", "builtin:tiny-qwen3", "--assets", str(assets), "--backend", backend,
-                           *COMMON, *tensorboard, cwd=cwd, env={**env, **stream}, timeout=900)
+                           *COMMON, *tensorboard, cwd=cwd, env=env, timeout=900)
         runs[backend] = (r, cwd)
     return {"runs": runs, "assets": assets, "root": root, "env": env}
 
@@ -134,7 +133,9 @@ def test_the_torchtitan_ranks_write_the_metrics_stream_with_the_dpo_values(dpo_r
     from trnqwen.contract.metrics_stream import STEP_CORE, VALIDATION_CORE, latest, read_stream
 
     _r, cwd = dpo_runs["runs"][backend]
-    records = read_stream(cwd / "metrics.jsonl")
+    from trnqwen.rundir import last_run_dir
+
+    records = read_stream(last_run_dir(cwd / ".trnqwen" / "runs") / "metrics.jsonl")  # the launcher names it
     assert records and records[0].kind == "header" and records[0].meta["method"] == "dpo", records[:1]
     assert "dpo/margin" in records[0].meta["metrics"]
     steps, vals = latest(records, "step"), latest(records, "validation")

@@ -73,8 +73,9 @@ def finding(findings, code):
 
 def test_dpo_step_and_validation_lines_are_read():
     log = parse_text(make_log())
-    assert sorted(log.dpo_steps) == [1, 2, 3, 4]
-    rec = log.dpo_steps[3]
+    kept = log.method_lines["dpo"]
+    assert sorted(kept.steps) == [1, 2, 3, 4]
+    rec = kept.steps[3]
     assert (rec["rewards_chosen"], rec["rewards_rejected"], rec["margin"], rec["accuracy"], rec["pairs"]) == \
         (0.03, -0.06, 0.09, 0.75, 8)
     # one validation per run, torchtitan's loss kept, the [DPO] values (and DPO's own loss) joined to it
@@ -82,7 +83,7 @@ def test_dpo_step_and_validation_lines_are_read():
     v = log.validations[1]
     assert v["loss"] == 0.56 and v["tps"] == 1103 and v["dpo_loss"] == pytest.approx(0.56)
     assert (v["margin"], v["accuracy"], v["pairs"]) == (0.12, 1.0, 30)
-    assert log.dpo_reference["how"] == "computed" and log.dpo_reference["beta"] is None
+    assert kept.notes["reference"]["how"] == "computed" and kept.notes["reference"]["beta"] is None
 
 
 def test_dpo_validate_line_is_not_a_validation_line_of_its_own():
@@ -102,7 +103,7 @@ def test_a_validation_without_torchtitans_line_is_made_from_the_dpo_line():
 
 def test_reference_line_settings_round_trip():
     log = parse_text(make_log(reference="reused", beta=0.25, loss_type="ipo"))
-    ref = log.dpo_reference
+    ref = log.method_lines["dpo"].notes["reference"]
     assert (ref["how"], ref["beta"], ref["loss_type"]) == ("reused", 0.25, "ipo")
     assert ref["detail"].startswith("for 6 train") and ref["detail"].endswith("/c/ref)")
     assert dpo.reference_line("reused", "(key k)") == "[DPO] reference log-probs: reused (key k)"
@@ -110,7 +111,7 @@ def test_reference_line_settings_round_trip():
 
 def test_other_ranks_dpo_lines_are_ignored():
     text = make_log() + titan(dpo.format_line(2, {**dpo_values(2), "margin": 9.0}), rank=1) + "\n"
-    assert parse_text(text).dpo_steps[2]["margin"] == pytest.approx(0.06)
+    assert parse_text(text).method_lines["dpo"].steps[2]["margin"] == pytest.approx(0.06)
 
 
 def test_a_long_dpo_log_reads_the_same_in_any_chunking():
@@ -125,8 +126,8 @@ def test_a_long_dpo_log_reads_the_same_in_any_chunking():
     slow.feed(data)
     want = slow.close()
     got = parse_bytes(data, "x", chunk_size=4096)
-    assert len(want.dpo_steps) == 2001 and len(want.validations) == 200
-    assert got.dpo_steps == want.dpo_steps and got.validations == want.validations
+    assert len(want.method_lines["dpo"].steps) == 2001 and len(want.validations) == 200
+    assert got.method_lines == want.method_lines and got.validations == want.validations
     assert got.step_list() == want.step_list()
 
 
@@ -151,7 +152,7 @@ def test_json_steps_and_validations_carry_the_dpo_values():
 
 def test_streamed_json_with_missing_and_nonfinite_dpo_values():
     log = parse_text(make_log().replace("margin: 0.060000", "margin: nan"))
-    del log.dpo_steps[3]
+    del log.method_lines["dpo"].steps[3]
     rows = step_rows(log)
     assert rows[1]["margin"] is None and rows[1]["nonfinite"] == {"margin": "nan"}
     assert rows[2]["margin"] is None and "nonfinite" not in rows[2]
@@ -199,7 +200,7 @@ def test_a_run_without_dpo_lines_reads_as_before(tmp_path):
     from rich.console import Console
 
     log = parse_text(make_log(dpo_lines=False))
-    assert not log.dpo_steps and log.dpo_reference is None
+    assert not log.method_lines
     data = payload(log, RunContext(), judge(log, RunContext()))
     assert list(data["steps"][0]) == [*STEP_FIELDS, "line"] and data["dpo"] is None
     write_csv(log, tmp_path / "s.csv")
@@ -329,6 +330,13 @@ def test_a_real_dpo_run_reads_back_and_an_edited_step1_loss_fails(tmp_path):
     edited = re.sub(r"loss:(\s*)[0-9.]+", r"loss:\g<1>0.70000", step1, count=1)
     assert edited != step1
     log.write_text(text.replace(step1, edited))
+    # the run's steps are read from its metrics stream: the same edit there (the text alone no longer decides)
+    stream = run_dir / "metrics.jsonl"
+    records = [json.loads(line) for line in stream.read_text().splitlines()]
+    for record in records:
+        if record["kind"] == "step" and record["step"] == 1:
+            record["values"]["loss"] = 0.70
+    stream.write_text("".join(json.dumps(record) + "\n" for record in records))
     bad = run_subprocess("inspect-logs", str(run_dir), "--json", cwd=tmp_path, env=env, timeout=300)
     assert bad.code == 1, bad.text
     (err,) = [f for f in json.loads(bad.out)["findings"] if f["severity"] == "error"]

@@ -131,13 +131,6 @@ ALLOWED_ANY = frozenset({
     # trnqwen/fsutil.py
     "trnqwen/fsutil.py:write_json_atomic:payload",
     "trnqwen/fsutil.py:first_match:pattern",
-    # trnqwen/methods/dpo/log_lines.py (was logs/dpo.py): ctx is logs' RunContext, which a method may not
-    # import (logs/ imports the method); open: the [DPO] text line read through a method-generic log field
-    "trnqwen/methods/dpo/log_lines.py:is_dpo:ctx",
-    "trnqwen/methods/dpo/log_lines.py:settings:ctx",
-    "trnqwen/methods/dpo/log_lines.py:dpo_json:ctx",
-    "trnqwen/methods/dpo/log_lines.py:dpo_rows:ctx",
-    "trnqwen/methods/dpo/log_lines.py:_fmt:x",  # a number or None
     # trnqwen/logs/jsonsteps.py
     "trnqwen/logs/report.py:_num:x",  # any JSON value (was logs/jsonsteps.py)
     # trnqwen/logs/lora.py

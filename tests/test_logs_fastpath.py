@@ -12,6 +12,7 @@ same, except ``recognized_lines``.
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import random
 
@@ -263,3 +264,80 @@ def test_benchmark_log_varies_every_column_as_real_runs_do():
     assert max(s["memory_pct"] for s in steps) > 90 > min(s["memory_pct"] for s in steps)
     assert any(s["tps"] < 1000 for s in steps) and any(s["tps"] >= 1000 for s in steps)  # with and without a comma
     assert log.rank_high_memory.get(1, {}).get("pct", 0) > 90  # the other rank too
+
+
+def test_whole_column_numbers_equal_reading_each_token():
+    """engine._numbers / _percents (a step-line column converted at once) against fast_step's
+    reading of each token, on columns of odd tokens too."""
+    from trnqwen.logs.engine import _numbers, _percents
+
+    def each(f, tokens):
+        try:
+            return repr([f(t) for t in tokens])  # repr: NaN equals NaN
+        except ValueError:
+            return ValueError
+
+    def whole(f, tokens):
+        try:
+            return repr(f(tokens))
+        except ValueError:
+            return ValueError
+
+    rnd = random.Random(5)
+    pool = [b"1,234", b"999", b"12.5", b"1,2,3", b",", b"nan", b"7", b"1e3", b"x", b"3%"]
+    tails = [b"%", b"%\x1b[39m", b"%\x1b[0m"]
+    mfu_pool = [b"4.83%\x1b[39m", b"5%\x1b[39m", b"N/A", b"N/A\x1b[39m", b"%\x1b[39m", b"4.8", b"3%%\x1b[39m",
+                b"1%\x1b[39m2%\x1b[39m", b"2.5%", b"7%\x1b[0m"]
+    for _ in range(3000):
+        n = rnd.randrange(1, 6)
+        tokens = tuple(rnd.choice(pool) for _ in range(n))
+        assert whole(_numbers, tokens) == each(lambda t: float(t.replace(b",", b"")), tokens), tokens
+        if rnd.random() < 0.5:
+            tail = rnd.choice(tails)
+            tokens = tuple(rnd.choice([b"4.83", b"5", b"0.00", b"x"]) + tail for _ in range(n))
+        else:
+            tokens = tuple(rnd.choice(mfu_pool) for _ in range(n))
+        want = each(lambda m: None if m.startswith(b"N/A") else float(m[: m.find(b"%")]), tokens)
+        assert whole(_percents, tokens) == want, tokens
+
+
+@pytest.mark.parametrize("shape", [0, 3, 8])
+def test_steps_json_equals_dumping_the_rows(shape):
+    """report.steps_json (--json's steps written from the columns) against json.dumps of
+    step_rows: NaN losses, mfu N/A, restarts, and rows filled in from TensorBoard."""
+    import json
+
+    from trnqwen.logs.report import step_rows, steps_json
+
+    log = parse_bytes(generate(shape + 40, **SHAPES[shape]), "x")
+    assert steps_json(log) == json.dumps(step_rows(log))
+    top = max(log.steps)
+    log.steps.add_filled([{"step": top + 2, "loss": 1.5, "tps": 3.0, "source": "tensorboard"},
+                          {"step": top + 3, "loss": float("inf"), "source": "tensorboard"}])
+    text = steps_json(log)
+    assert text == json.dumps(step_rows(log)) and '"source": "tensorboard"' in text
+    assert any(r.get("nonfinite") for r in json.loads(text))
+
+
+def test_steps_json_in_pieces_equals_dumping_the_rows():
+    """Past one piece of 16k rows: a NaN, an absent mfu and a filled-in row in each piece."""
+    import json
+
+    from trnqwen.logs.record import ParsedLog
+    from trnqwen.logs.report import StepRows, step_rows, steps_json
+
+    log = ParsedLog()
+    n = 40_000
+    steps = list(range(1, n + 1))
+    values = {name: [float(i % 97) + 0.25 for i in steps] for name in ("loss", "grad_norm", "memory_gib", "memory_pct",
+                                                                     "tflops", "lr")}
+    values["tps"] = [float(i) if i % 3 else i + 0.5 for i in steps]
+    values["mfu"] = [None if i % 5000 == 7 else 1.5 for i in steps]
+    values["loss"][20_000] = float("nan")
+    log.steps.extend(steps, [i * 8 for i in steps], values)
+    log.steps.add_filled([{"step": n + 1, "loss": 2.0, "source": "tensorboard"}])
+    want = json.dumps(step_rows(log))
+    assert steps_json(log) == want
+    out = io.StringIO()
+    StepRows(log).write(out)
+    assert out.getvalue() == want

@@ -20,11 +20,6 @@ EXEMPT = ("trnqwen/methods/", "trnqwen/cli/_help_text.py")  # the methods' folde
 EXPECTED_OFFENDERS = {
     "trnqwen/cli/train.py": "an example line of train --help (user docs: a preference run)",
     "trnqwen/cli/data.py": "the `data prefs.jsonl --method dpo` example in the help (user docs)",
-    # the [DPO] text line's readers: logs/ parsing internals (H3) and the status line / run.json (H5)
-    "trnqwen/logs/report.py": "--json's dpo key and the table's DPO rows: H3 (generic over the stream)",
-    "trnqwen/logs/plot.py": "the DPO plot panel: H3 (panels from Method.metrics)",
-    "trnqwen/logs/patterns.py": "registers the [DPO] line patterns (methods/dpo/log_lines): H3's line table",
-    "trnqwen/logs/record.py": "ParsedLog.dpo_steps / dpo_reference (Method.log_fields): H3",
     # user-facing hints that name the method reading pairs, where dataset/ cannot ask the registry
     "trnqwen/dataset/prepare.py": "hints 'add --method dpo' to a --method sft user giving pairs (dataset/ is below "
                                   "methods/: the caller must hand it the preference methods' names)",

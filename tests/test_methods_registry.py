@@ -147,3 +147,44 @@ def test_the_hf_trainer_ranks_load_the_hooks_the_spec_names(dummy):
     assert load_method_hooks(SimpleNamespace(method_hooks=None, method_settings=None)) is None
     dpo = load(registry.get("dpo").hf_trainer)({"beta": 0.1, "loss_type": "sigmoid", "reference_dir": "/r"})
     assert (dpo.beta, dpo.loss_type, dpo.reference_dir) == (0.1, "sigmoid", "/r")
+
+
+def test_inspect_logs_reads_a_registered_methods_own_lines(dummy):
+    """A method that declares text lines (``Method.log_lines``): inspect-logs reads them into its
+    own store, its step values become the steps' columns (named as its metrics), and --json's key
+    of its name and its table rows come from its hooks; no logs/ module changes."""
+    import dataclasses
+    import io
+    import re
+
+    from rich.console import Console
+
+    from trnqwen.contract.method_lines import LineReader, MethodLine
+    from trnqwen.contract.stepline import format_step_line
+    from trnqwen.logs.judge import judge
+    from trnqwen.logs.parse import parse_text
+    from trnqwen.logs.report import payload, render
+    from trnqwen.logs.sources import RunContext
+
+    mod = sys.modules[MODULE]
+    mod.READERS = (
+        LineReader("dummy", re.compile(r"\[DUMMY\] step: (\d+)  wiggle: (\S+)"),
+                   lambda m: MethodLine("step", {"wiggle": float(m.group(2))}, step=int(m.group(1))), ("[DUMMY]",)),
+        LineReader("dummy-note", re.compile(r"\[DUMMY\] temperature (\S+)"),
+                   lambda m: MethodLine("note", {"temperature": float(m.group(1))}, name="settings"), ("[DUMMY]",)),
+    )
+    mod.summary = lambda facts: ({"steps": len(facts["lines"]["steps"]), "notes": facts["lines"]["notes"]}
+                                 if facts["lines"]["steps"] else None)
+    mod.rows = lambda facts: [("dummy", f"{len(facts['lines']['steps'])} wiggles")] if facts["lines"]["steps"] else []
+    registry.register(dataclasses.replace(DUMMY, log_lines=MODULE))
+    msgs = ["[DUMMY] temperature 0.5"]
+    for step in (1, 2):
+        msgs += [format_step_line(step, 1.0, 1.5, 0.94, 3.98, 400, 0.0, 0.0, lr=1e-3), f"[DUMMY] step: {step}  wiggle: {0.25 * step}"]
+    log = parse_text("\n".join(f"[rank0]:[titan] 2026-12-01 18:37:43,702 - root - INFO - {m}" for m in msgs) + "\n")
+    assert log.method_lines["dummy"].steps[2] == {"wiggle": 0.5, "line": 5}
+    data = payload(log, RunContext(), judge(log, RunContext()))
+    assert [r["wiggle"] for r in data["steps"]] == [0.25, 0.5]
+    assert data["dummy"] == {"steps": 2, "notes": {"settings": {"temperature": 0.5, "line": 1}}} and data["dpo"] is None
+    con = Console(file=io.StringIO(), width=200)
+    render(log, RunContext(), [], console=con)
+    assert "2 wiggles" in con.file.getvalue()

@@ -7,8 +7,11 @@ ranks; trnqwen's own launcher keeps rank 0's): once the primary rank (rank 0, or
 stream) is known, the lines between two of its lines that are all other ranks' step lines (as many
 ``step:`` and ``loss:`` as lines, every line behind the prefix of a rank already seen, no
 validation) are only summarized, as the per-line reader would record them: counted, each rank's
-last step, and its highest memory above 90%.  A region with a traceback or a resume in it is read
-line by line.
+last step, and its highest memory above 90%.  The check runs on a span of about 64 KB at once
+(:meth:`LogParser._quiet`: as many ``step:`` and ``loss:`` as lines, every line behind a known
+prefix); a span with anything else is checked piece by piece (a primary line and the lines after
+it), and from a traceback or a resume on the rest of the region is read line by line.  The primary
+rank's exact step lines are checked per batch and converted per column (:meth:`_step_columns`).
 
 What each line means lives elsewhere: the step line in :mod:`~trnqwen.contract.stepline`, every other
 kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
@@ -18,7 +21,8 @@ kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
 from __future__ import annotations
 
 import re
-from itertools import repeat
+from itertools import compress, count, repeat
+from operator import lt
 from typing import Optional
 
 from trnqwen.logs.patterns import (
@@ -33,6 +37,7 @@ from trnqwen.logs.patterns import (
     PYWARN_RE,
     TRACEBACK_START,
     LineAt,
+    info_table,
     normalize,
     parse_override_line,
     read_info_line,
@@ -43,15 +48,44 @@ from trnqwen.contract.stepline import ANSI_RE, parse_step_line, parse_validation
 from trnqwen.logs.tracebacks import Tracebacks, TorchrunSummary
 
 MAX_LINE = 1 << 20  # bytes kept of any one line
+COLOURED_STEP_RE = re.compile(rb"\x1b\[[0-9;]{0,20}mstep:")  # a colour code glued to step: (step_key_glued_ok)
 RESUMED_RE = re.compile(r"\[trnqwen\] resumed run \S+ from step (\d+)")
 PREEMPTED_RE = re.compile(r"\[trnqwen\] preempted: (.+?) at step (\d+)")
 CHUNK_SIZE = 1 << 20  # a block read at a time (bigger blocks fall out of the CPU cache)
+SPAN = 1 << 16  # bytes of a region checked at once for other ranks' step lines only (_quiet)
 MAX_KEPT = 200  # distinct warnings / error lines kept
 NUL_SCAN_BYTES = 1 << 20  # NUL bytes are counted in the first MiB (binary-file detection)
 
 
 def _fail():
     raise ValueError
+
+
+def _numbers(tokens: tuple) -> list:
+    """Step-line numbers with thousands commas (``1,234.5``), as ``float(t.replace(",", ""))``
+    reads each: the column's commas dropped at once."""
+    text = b" ".join(tokens)
+    if b"," not in text:
+        return list(map(float, tokens))
+    out = text.replace(b",", b"").split()
+    if len(out) != len(tokens):  # a token of commas only
+        raise ValueError
+    return list(map(float, out))
+
+
+def _percents(tokens: tuple) -> list:
+    """The mfu column (``4.83%`` and a colour code, or ``N/A``) as fast_step reads each: None for
+    N/A, else the number before ``%``; a column whose tokens all end ``%`` + the same tail at once."""
+    text = b" ".join(tokens)
+    at = tokens[0].find(b"%")
+    tail = tokens[0][at:]
+    n = len(tokens)
+    if at >= 0 and b"N/A" not in text and text.count(b"%") == n == text.count(tail + b" ") + 1 and text.endswith(tail):
+        out = text.replace(tail, b"").split()  # each token is a number, then tail
+        if len(out) != n:
+            raise ValueError
+        return list(map(float, out))
+    return [None if m.startswith(b"N/A") else float(m[: m.find(b"%")]) for m in tokens]
 
 
 class LogParser:
@@ -74,6 +108,7 @@ class LogParser:
         self._last_primary_step: Optional[int] = None
         self._tracebacks = Tracebacks(self.log)
         self._torchrun = TorchrunSummary(self.log)
+        self._info = info_table()  # the informational lines, the registered methods' with them
         self.closed = False
 
     # -- byte level ---------------------------------------------------------------------------
@@ -135,15 +170,58 @@ class LogParser:
         """The whole lines of ``buf`` (newline-separated, none after the last)."""
         base = self.lineno + 1
         pp = self._primary_prefix
-        if (pp is None or not self.summarize or self._tracebacks.any_open() or b"Traceback" in buf
-                or b"[trnqwen] resumed" in buf):
+        if pp is None or not self.summarize or self._tracebacks.any_open():
             self._each(buf.split(b"\n"), base)
             return
         others = tuple(p for r, p in self.rank_prefix.items() if r != self.log.primary_rank)
+        known = (*others, pp)
         high = b"GiB(9" in buf or b"GiB(100" in buf
         check = b"validate" in buf or not buf.isascii()
         lineno = base
         primary: list = []  # (line, bytes behind the prefix) of the primary rank, read in runs (_primaries)
+        start = 0
+        while start <= len(buf):
+            end = buf.find(b"\n", start + SPAN)  # a span: about SPAN bytes, cut after a line
+            span = buf[start:] if end < 0 else buf[start:end]
+            quiet = self._quiet(span, known, primary, lineno, high, check)
+            if not quiet:
+                if b"Traceback" in span or b"[trnqwen] resumed" in span:  # the rest line by line: a crash or
+                    self._primaries(primary)  # a resume changes how the lines after it read
+                    if start:
+                        self.lineno = lineno - 1
+                        self._last_steps(buf[:start - 1])
+                    self._each(buf[start:].split(b"\n"), lineno)
+                    return
+                lineno = self._pieces(span, others, primary, lineno, high, check)
+            else:
+                lineno += quiet
+            start = len(buf) + 1 if end < 0 else end + 1
+        self._primaries(primary)
+        self.lineno = lineno - 1
+        self._last_steps(buf)
+
+    def _quiet(self, span: bytes, known: tuple, primary: list, lineno: int, high: bool, check: bool) -> int:
+        """A span of only step lines, each behind the prefix of a rank already seen: the other ranks'
+        lines summarized, the primary rank's queued, and its line count returned; 0 (anything else
+        in it): read it piece by piece (:meth:`_pieces`)."""
+        lines = span.split(b"\n")
+        if not (len(span) <= self.max_line and span.count(b"step:") == len(lines) == span.count(b"loss:")
+                and all(map(bytes.startswith, lines, repeat(known)))
+                and not (check and (b"validate" in span or not span.isascii()))):
+            return 0
+        pp = self._primary_prefix
+        mine = list(map(bytes.startswith, lines, repeat(pp)))
+        heads = [raw[len(pp):] for raw in compress(lines, mine)]
+        self.log.recognized_lines += len(lines) - len(heads)
+        if high:
+            self._high_memory(lines, lineno)
+        primary.extend(zip(compress(count(lineno), mine), heads))
+        return len(lines)
+
+    def _pieces(self, buf: bytes, others: tuple, primary: list, lineno: int, high: bool, check: bool) -> int:
+        """The lines of ``buf`` piece by piece (a primary line, then other lines): a piece of other
+        ranks' step lines summarized, any other piece read line by line; the next line number."""
+        pp = self._primary_prefix
         for k, piece in enumerate(buf.split(b"\n" + pp)):  # each piece: a primary line, then other lines
             rest = piece
             if k:
@@ -165,20 +243,29 @@ class LogParser:
                 self._primaries(primary)
                 self._each(lines, lineno)
             lineno += n
-        self._primaries(primary)
-        self.lineno = lineno - 1
-        self._last_steps(buf)
+        return lineno
 
     def _primaries(self, batch: list) -> None:
         """The primary rank's lines of a region, in order: runs of torchtitan's exact step line
         (what :func:`~trnqwen.contract.stepline.fast_step` reads) as columns, the rest one by one."""
+        if not batch:
+            return
+        pp = self._primary_prefix
+        raws = [raw for _, raw in batch]
+        text = b"\n".join(raws)
+        n = len(raws)
+        if (text.count(b"step:") == n == text.count(b"loss:") and text.isascii() and b"validate" not in text
+                and b"\r" not in text and pp not in text and max(map(len, raws)) + len(pp) <= self.max_line
+                and text.count(b" step:") + len(COLOURED_STEP_RE.findall(text)) == n):  # the checks below, at once
+            self._step_columns(batch)
+            return
         run: list = []
         for lineno, raw in batch:
             i = raw.find(b"step:")
             if (i > 0 and b"loss:" in raw and raw.isascii() and b"validate" not in raw and not raw.endswith(b"\r")
                     and len(raw) + len(self._primary_prefix) <= self.max_line and not raw.startswith(self._primary_prefix)
                     and (raw[i - 1] == 32 or (raw[i - 1] == 109 and step_key_glued_ok(raw.decode(), i)))):
-                run.append((lineno, raw, i))
+                run.append((lineno, raw))
                 continue
             self._step_columns(run)
             self._primary_line(lineno, raw)
@@ -191,46 +278,47 @@ class LogParser:
         if not run:
             return
         try:
-            rows = [raw[i:].split() for _, raw, i in run]
+            rows = [raw[raw.find(b"step:"):].split() for _, raw in run]
             width = len(rows[0])
-            if width not in (14, 16) or any(len(r) != width for r in rows):
+            if width not in (14, 16) or set(map(len, rows)) != {width}:
                 raise ValueError
             cols = list(zip(*rows))
             for k, key in ((2, b"loss:"), (4, b"grad_norm:"), (6, b"memory:"), (8, b"tps:"), (10, b"tflops:"),
                            (12, b"mfu:"), *(((14, b"lr:"),) if width == 16 else ())):
-                if not all(map(bytes.endswith, cols[k], repeat(key))):
+                if not all(map(bytes.endswith, set(cols[k]), repeat(key))):  # the distinct keys (one colour each)
                     raise ValueError
             mem = [m.partition(b"GiB(") for m in cols[7]]
-            tps = [float(t.replace(b",", b"")) for t in cols[9]]
+            tps = _numbers(cols[9])
             values = {
                 "loss": list(map(float, cols[3])), "grad_norm": list(map(float, cols[5])),
                 "memory_gib": [float(a) for a, g, _ in mem if g or _fail()],
                 "memory_pct": [float(b[: b.index(b"%")]) for _, _, b in mem],
                 "tps": [int(t) if t.is_integer() else t for t in tps],
-                "tflops": [float(t.replace(b",", b"")) for t in cols[11]],
-                "mfu": [None if m.startswith(b"N/A") else float(m[: m.find(b"%")]) for m in cols[13]],
+                "tflops": _numbers(cols[11]),
+                "mfu": _percents(cols[13]),
                 "lr": list(map(float, cols[15])) if width == 16 else [None] * len(rows),
             }
             steps = list(map(int, cols[1]))
         except ValueError:
-            for lineno, raw, _ in run:
+            for lineno, raw in run:
                 self._primary_line(lineno, raw)
             run.clear()
             return
-        lines = [lineno for lineno, _, _ in run]
+        lines = [lineno for lineno, _ in run]
         run.clear()
         log = self.log
         log.recognized_lines += len(steps)
         last = self._last_primary_step
-        for step, line in zip(steps, lines):
-            if last is not None and step <= last:
-                log.restarts.append(line)
-            last = step
-        self._last_primary_step = last
+        if last is not None and steps[0] <= last or not all(map(lt, steps, steps[1:])):
+            for step, line in zip(steps, lines):
+                if last is not None and step <= last:
+                    log.restarts.append(line)
+                last = step
+        self._last_primary_step = steps[-1]
         rank = log.primary_rank
         self.note_rank_step(rank, steps[-1], lines[-1])
         pct = values["memory_pct"]
-        top = max((p for p in pct if p >= HIGH_MEMORY_PCT), default=None)  # the first maximum, as _step keeps it
+        top = max(filter(HIGH_MEMORY_PCT.__le__, pct), default=None)  # the first maximum, as _step keeps it
         if top is not None:
             i = pct.index(top)
             self.note_memory(rank, steps[i], values["memory_gib"][i], top, lines[i])
@@ -274,6 +362,8 @@ class LogParser:
             if pct is not None and pct < HIGH_MEMORY_PCT:
                 continue
             rank = self._rank_of.get(raw[: raw.index(b"]:") + 2])
+            if rank == self.log.primary_rank:  # its lines are read as steps (_primaries)
+                continue
             prev = high.get(rank)
             if pct is None or prev is None or pct > prev["pct"]:
                 rank, body = split_prefix(raw.decode("ascii"))
@@ -444,7 +534,7 @@ class LogParser:
                         {"local_rank": int(fm.group("rank")), "exitcode": int(fm.group("code")), "line": lineno}
                     )
             return True
-        known = read_info_line(log, msg, LineAt(lineno, rank, self._is_primary(rank)))
+        known = read_info_line(log, msg, LineAt(lineno, rank, self._is_primary(rank)), self._info)
         # Bare lines: only structured content counts as recognized.
         return known if level is None and not glog else True
 

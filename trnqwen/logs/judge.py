@@ -92,16 +92,18 @@ def _check_lora(log: ParsedLog, ctx: RunContext) -> list[Finding]:
 
 
 def method_facts(log: ParsedLog, ctx: RunContext, method: methods.Method) -> dict:
-    """A method's judge rules get plain data (:mod:`trnqwen.methods.base`): first step, start, its lines, run config."""
+    """What a method's hooks (judge rules, ``--json`` key, table rows) get, as plain data
+    (:mod:`trnqwen.methods.base`): first step, start, its own lines, validations, run config."""
     first = log.steps.row(0) if log.steps else None
+    kept = log.method_lines.get(method.name)
     return {"first_step": {k: first[k] for k in ("step", "loss", "line")} if first else None,
-            "start_step": log.start_step, "lines": {name: getattr(log, name, None) for name in method.log_fields},
-            "run_config": dict(ctx.run_config) if ctx.run_config else None}
+            "start_step": log.start_step, "lines": kept.facts() if kept else {"steps": {}, "notes": {}},
+            "validations": log.validations, "run_config": dict(ctx.run_config) if ctx.run_config else None}
 
 
 def run_method(log: ParsedLog, ctx: RunContext) -> Optional[methods.Method]:
     """The method this run trained with: the one whose lines the log has, else the run config's (None: unknown)."""
-    logged = next((m for m in methods.methods() if any(getattr(log, f, None) for f in m.log_fields)), None)
+    logged = next((m for m in methods.methods() if m.name in log.method_lines), None)
     named = (ctx.run_config or {}).get("method")
     return logged or (methods.find(named) if named else None)
 

@@ -8,7 +8,7 @@ The public entry points, in one place:
   :class:`ParsedLog`; :func:`parse_file` / :func:`parse_stream` / :func:`parse_bytes` wrap it.
 
 Where things live: the step line's format in :mod:`trnqwen.contract.stepline`; every other line kind
-in :mod:`trnqwen.logs.patterns` (a new informational line is one row of ``INFO_LINES`` there);
+in :mod:`trnqwen.logs.patterns` (a new informational line is one row of ``_OWN_LINES`` there);
 the result in :mod:`trnqwen.logs.record`; the streaming engine in :mod:`trnqwen.logs.engine`,
 with crash tracking in :mod:`trnqwen.logs.tracebacks`.
 """

@@ -1,9 +1,11 @@
 """The line kinds torchtitan, torchrun and torch print, other than the step line
 (:mod:`trnqwen.contract.stepline`): one regex each, and for the informational lines a table.
 
-To read a new informational line, add one :class:`LinePattern` to :data:`INFO_LINES` (a regex
+To read a new informational line, add one :class:`LinePattern` to ``_OWN_LINES`` (a regex
 and a small function that stores what it matched in :class:`~trnqwen.logs.record.ParsedLog`),
-and the field it fills to ``ParsedLog``.  The streaming engine (:mod:`trnqwen.logs.engine`)
+and the field it fills to ``ParsedLog``.  A training method's own lines are its folder's
+(``Method.log_lines``): the table (:func:`info_table`) takes them from the registry and keeps
+what they say in ``ParsedLog.method_lines``.  The streaming engine (:mod:`trnqwen.logs.engine`)
 tries the table, in order, on every INFO-level or bare line that is not a step, validation,
 ``[Override]`` or warning/error line; the first pattern whose handler does not return False wins.
 """
@@ -12,14 +14,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import compress
 from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
-from trnqwen.methods.dpo import log_lines as dpo
-from trnqwen.contract.stepline import strip_ansi, to_number
-from trnqwen.contract.override_calls import CALLS_RE, CALLS_TAG
 from trnqwen.contract.lora import LOG_LINE_RE as LORA_RE
 from trnqwen.contract.lora import LOG_MARK as LORA_TAG
+from trnqwen.contract.method_lines import MethodLine
+from trnqwen.contract.override_calls import CALLS_RE, CALLS_TAG
+from trnqwen.contract.stepline import strip_ansi, to_number
+from trnqwen.logs.record import MethodLines
+from trnqwen.methods import registry as methods
+from trnqwen.methods.base import load
 
 if TYPE_CHECKING:
     from trnqwen.logs.record import ParsedLog
@@ -234,6 +240,42 @@ def _lora(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.lora[at.rank if at.rank is not None else line_rank(m.string)] = record_of(m, at.lineno)
 
 
+def keep_method_line(log: "ParsedLog", method: str, line: MethodLine, lineno: int) -> None:
+    """One of a method's lines (the primary rank's): a step's values and a note go to
+    ``log.method_lines[method]``; a validation's join the validation record of that step (the
+    last one), else make one."""
+    if line.kind == "validation":
+        rec = log.validations[-1] if log.validations and log.validations[-1]["step"] == line.step else None
+        if rec is None:
+            rec = {"step": line.step, "loss": line.loss, "memory_gib": None, "memory_pct": None, "tps": None, "line": lineno}
+            log.validations.append(rec)
+        rec.update(line.values)
+        return
+    kept = log.method_lines.setdefault(method, MethodLines())
+    if line.kind == "step":
+        kept.steps[line.step] = {**line.values, "line": lineno}
+    else:
+        kept.notes[line.name] = {**line.values, "line": lineno}
+
+
+def _method_line(method: str, read: Callable[["re.Match[str]"], Optional[MethodLine]]):
+    def store(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> Optional[bool]:
+        line = read(m)
+        if line is None:
+            return False
+        if at.primary:
+            keep_method_line(log, method, line, at.lineno)
+        return None
+
+    return store
+
+
+def _method_patterns(declared: tuple[tuple[str, str], ...]) -> tuple[LinePattern, ...]:
+    """The training methods' line readers ((name, ``Method.log_lines``): that module's ``READERS``)."""
+    return tuple(LinePattern(r.name, r.regex, _method_line(name, r.read), r.needle)
+                 for name, module in declared for r in load(module).READERS)
+
+
 # torchtitan's get_peak_flops on a device it has no table entry for (a WARNING line, kept in
 # ParsedLog.warnings): its MFU is then against an A100's peak (no_peak_flops below)
 NO_PEAK_FLOPS_RE = re.compile(r"Peak flops undefined for: (.+?), fallback to")
@@ -254,7 +296,7 @@ _CKPT = ("checkpoint", "safetensors")
 _VOCAB_ARG_RE = re.compile(r"""\bvocab(?:_size|ulary size)['"]?\s*[:=]\s*(\d{3,8})\b""", re.IGNORECASE)
 _LAYERS_ARG_RE = re.compile(r"""\b(?:n_layers|num_hidden_layers|num_layers)['"]?\s*[:=]\s*(\d{1,4})\b""")
 
-INFO_LINES: tuple[LinePattern, ...] = (
+_OWN_LINES: tuple[LinePattern, ...] = (
     LinePattern("checkpoint-load", re.compile(r"Loading (?:from )?HF safetensors from (?:--[\w.]+: )?(?P<path>\S+)"), _checkpoint("load"), _CKPT, True),
     LinePattern("checkpoint-load", re.compile(r"Loading the checkpoint from (?P<path>\S+?)\.?$"), _checkpoint("load"), _CKPT, True),
     LinePattern("checkpoint-loaded", re.compile(r"Finished loading the checkpoint in (?P<seconds>[\d.]+) seconds"), _checkpoint("loaded"), _CKPT, True),
@@ -288,37 +330,55 @@ INFO_LINES: tuple[LinePattern, ...] = (
     LinePattern("peak-flops", re.compile(r"Peak FLOPS used for computing MFU: (\S+)"), _peak_flops, ("Peak FLOPS used",)),
     LinePattern("override-calls", CALLS_RE, _override_calls, (CALLS_TAG,)),
     LinePattern("lora", LORA_RE, _lora, (LORA_TAG,)),
-    LinePattern("dpo", dpo.LINE_RE, dpo.store, (dpo.MARK,)),
-    LinePattern("dpo-reference", dpo.REFERENCE_RE, dpo.store_reference, (dpo.MARK,)),
+)
+_LAST_LINES = (  # after the methods' lines: their needles are common words
     LinePattern("world-size", re.compile(r"(?:world[ _]size|WORLD_SIZE|nproc_per_node)\s*[:=]\s*(\d+)", re.IGNORECASE), _launcher_world,
                 ("world size", "world_size", "nproc_per_node"), True),
     LinePattern("world-size", re.compile(r"(?:launching|starting|with) (\d+) ranks?\b", re.IGNORECASE), _launcher_world, (" rank",), True),
 )
 
 
-# every needle, lower-cased, and the patterns (indices into INFO_LINES) that need it: a message is
-# tried only against the patterns whose needles it holds, in order (each pattern's regex needs one
-# of its needles: tests/test_inspect_logs.py pins that), not against all 29 (a chatty log's other
-# lines cost 16 us each that way)
-_BY_NEEDLE: dict[str, list[int]] = {}
-for _i, _pat in enumerate(INFO_LINES):
-    for _n in _pat.needle:
-        _BY_NEEDLE.setdefault(_n.lower(), []).append(_i)
-SCREEN = tuple(sorted(_BY_NEEDLE))
+class InfoTable(NamedTuple):
+    """The informational lines, in order, with every needle (lower-cased) and the patterns (indices)
+    that need it: a message is tried only against the patterns whose needles it holds, in order
+    (each pattern's regex needs one of its needles: tests/test_inspect_logs.py pins that), not
+    against all 30 (a chatty log's other lines cost 16 us each that way)."""
+
+    patterns: tuple[LinePattern, ...]
+    by_needle: dict[str, list[int]]
+    screen: tuple[str, ...]  # the needles, sorted
 
 
-def info_candidates(lowered: str) -> list[int]:
-    """Indices into :data:`INFO_LINES`, in order, of the patterns whose needles the lower-cased
+@lru_cache(maxsize=8)
+def _info_table(declared: tuple[tuple[str, str], ...]) -> InfoTable:
+    patterns = (*_OWN_LINES, *_method_patterns(declared), *_LAST_LINES)
+    by_needle: dict[str, list[int]] = {}
+    for i, pat in enumerate(patterns):
+        for n in pat.needle:
+            by_needle.setdefault(n.lower(), []).append(i)
+    return InfoTable(patterns, by_needle, tuple(sorted(by_needle)))
+
+
+def info_table() -> InfoTable:
+    """The table for the methods the registry lists now (a parser takes it once, when it starts)."""
+    return _info_table(tuple((m.name, m.log_lines) for m in methods.methods() if m.log_lines))
+
+
+INFO_LINES, _, SCREEN = info_table()  # the built-in methods' table
+
+
+def info_candidates(lowered: str, table: InfoTable) -> list[int]:
+    """Indices into ``table.patterns``, in order, of the patterns whose needles the lower-cased
     message holds: the only ones that can match it (none for most messages)."""
-    held = list(compress(SCREEN, map(lowered.__contains__, SCREEN)))
-    return sorted({i for n in held for i in _BY_NEEDLE[n]}) if held else []
+    held = list(compress(table.screen, map(lowered.__contains__, table.screen)))
+    return sorted({i for n in held for i in table.by_needle[n]}) if held else []
 
 
-def read_info_line(log: "ParsedLog", msg: str, at: LineAt) -> bool:
-    """Try :data:`INFO_LINES` on one message; True when one of them took it."""
+def read_info_line(log: "ParsedLog", msg: str, at: LineAt, table: InfoTable) -> bool:
+    """Try ``table``'s patterns on one message; True when one of them took it."""
     lowered = msg.lower()
-    for i in info_candidates(lowered):
-        pat = INFO_LINES[i]
+    for i in info_candidates(lowered, table):
+        pat = table.patterns[i]
         hay = lowered if pat.lower else msg
         if not any(n in hay for n in pat.needle):
             continue

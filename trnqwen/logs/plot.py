@@ -1,6 +1,6 @@
 """``--plot FILE.png``: loss, grad norm, throughput/MFU and (when logged) the learning rate against
-step (matplotlib, Agg); a run with other values (every value of its metrics stream, a DPO log's
-``[DPO]`` values) adds a panel of them, by name."""
+step (matplotlib, Agg); a run with other values (every value of its metrics stream, the values
+of a method's own text lines) adds a panel of them, by name."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def _value_series(log: ParsedLog, name: str, *, validation: bool = False) -> tup
 
 
 def _plot_values(ax, run: ParsedLog, style: str, suffix: str) -> None:
-    """Every other value of the run on ``ax`` (a DPO run's rewards, margin, accuracy; any value
-    its metrics stream has), validations as squares."""
+    """Every other value of the run on ``ax`` (a preference method's rewards, margin, accuracy;
+    any value its metrics stream has), validations as squares."""
     from trnqwen.logs.report import method_values
 
     for name in method_values(run)[0]:

@@ -12,6 +12,19 @@ HIGH_MEMORY_PCT = 90.0
 
 
 @dataclass
+class MethodLines:
+    """What one training method's own text lines said (the primary rank's): step -> its values
+    (and ``line``), the last line of a step winning; note name -> its values (and ``line``)."""
+
+    steps: dict[int, dict] = field(default_factory=dict)
+    notes: dict[str, dict] = field(default_factory=dict)
+
+    def facts(self) -> dict:
+        """As a method's hooks get it (plain data): ``{"steps": ..., "notes": ...}``."""
+        return {"steps": self.steps, "notes": self.notes}
+
+
+@dataclass
 class ParsedLog:
     """Everything read from one log.  Line numbers are 1-based."""
 
@@ -38,12 +51,11 @@ class ParsedLog:
     # [LoRA] lines (trnqwen.contract.lora.log_line): rank -> {trainable, total, percent, rank, alpha, dropout,
     # adapters, targets, initialised, line}; None: a line without a torchrun prefix or "(rank R)"
     lora: dict[Optional[int], dict] = field(default_factory=dict)
-    # [DPO] lines (trnqwen.methods.dpo.log_lines): step -> {rewards_chosen, rewards_rejected, margin, accuracy, pairs, line};
-    # a validation's line joins its record in ``validations``; the reference line: {how, detail, beta, loss_type, line}
-    dpo_steps: dict[int, dict] = field(default_factory=dict)
-    dpo_reference: Optional[dict] = None
+    # a training method's own lines (trnqwen.contract.method_lines, Method.log_lines): method -> what they said;
+    # a validation's line joins its record in ``validations``
+    method_lines: dict[str, MethodLines] = field(default_factory=dict)
     # from the run's metrics stream (trnqwen.logs.stream): the values beyond the step line's, by name
-    # (the run's method prefix dropped: "dpo/margin" of a DPO run is "margin"), step -> {name: value}
+    # (the run's method prefix dropped: "<method>/margin" is "margin"), step -> {name: value}
     value_names: list[str] = field(default_factory=list)
     values: dict[int, dict] = field(default_factory=dict)
     metrics_stream: Optional[str] = None  # the stream the steps and validations were read from

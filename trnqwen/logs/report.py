@@ -7,13 +7,15 @@ import csv
 import io
 import math
 from pathlib import Path
-from typing import Any, Optional
+from types import ModuleType
+from typing import Any, Iterator, Optional
 
-from trnqwen.methods.dpo import log_lines as dpo
 from trnqwen.logs.lora import lora_json, lora_row
 from trnqwen.logs.judge import (
-    BASE_RANDOM_INIT, Finding, configured_steps, override_calls, override_table, root_cause, weights_verdict,
+    BASE_RANDOM_INIT, Finding, configured_steps, method_facts, override_calls, override_table, root_cause,
+    weights_verdict,
 )
+from trnqwen.methods import registry as methods
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 from trnqwen.contract.stepline import STEP_FIELDS
@@ -28,11 +30,26 @@ def _num(x: Any) -> Any:
 
 def method_values(log: ParsedLog) -> tuple[tuple[str, ...], dict[int, dict]]:
     """(names, step -> {name: value}) of the values beyond the step line's: every value of the
-    metrics stream by name (:mod:`trnqwen.logs.stream`), else a DPO log's ``[DPO]`` values."""
+    metrics stream by name (:mod:`trnqwen.logs.stream`), else the values a method's own text
+    lines gave each step, named as its metrics are (``Method.metrics``, the method's prefix
+    dropped: ``<method>/margin`` is ``margin``)."""
     if log.value_names:
         return tuple(log.value_names), log.values
-    values = dpo.step_values(log)
-    return (dpo.FIELDS if values else ()), values
+    for method in methods.methods():
+        kept = log.method_lines.get(method.name)
+        if kept is not None and kept.steps:
+            prefix = method.name + "/"
+            return tuple(m.name[len(prefix):] for m in method.metrics if m.name.startswith(prefix)), kept.steps
+    return (), {}
+
+
+def method_reports(log: ParsedLog, ctx: RunContext) -> Iterator[tuple[methods.Method, ModuleType, dict]]:
+    """(method, its ``log_lines`` module, the facts its hooks get) for each method that declares
+    text lines (:mod:`trnqwen.methods.base`): its ``summary`` is ``--json``'s key of its name,
+    its ``rows`` the table's."""
+    for method in methods.methods():
+        if method.log_lines:
+            yield method, methods.hook(method, "log_lines"), method_facts(log, ctx, method)
 
 
 def step_rows(log: ParsedLog) -> list[dict]:
@@ -91,9 +108,56 @@ class StepRows:
         self.log = log
 
     def write(self, out) -> None:
-        import json
+        for piece in steps_json(self.log, pieces=True):
+            out.write(piece)
 
-        out.write(json.dumps(step_rows(self.log)))
+
+def steps_json(log: ParsedLog, *, pieces: bool = False):
+    """``json.dumps(step_rows(log))``, written from the columns (a row is one format string; a
+    float's JSON is its repr); the rows with a NaN/Inf value or a source as :func:`step_rows`.
+    ``pieces``: the text in pieces of 16k rows (less memory at once)."""
+    import json
+
+    names, _ = method_values(log)
+    if names:  # the run's other values by name
+        text = json.dumps(step_rows(log))
+        return [text] if pieces else text
+    t = log.steps
+    t.compact()
+    row = "{" + ", ".join(f"{json.dumps(k)}: %s" for k in (*STEP_FIELDS, "line")) + "}"
+    special = {*_nonfinite_rows(t, (), {}), *t.source}
+    out = []
+    for a in range(0, len(t.step), 1 << 14):
+        b = a + (1 << 14)
+        cols = [list(map(str, t.step[a:b]))]
+        for name in STEP_FIELDS[1:]:
+            col = ([str(int(v)) if v.is_integer() else repr(v) for v in t.cols[name][a:b]] if name == "tps"
+                   else list(map(float.__repr__, t.cols[name][a:b])))
+            for i in t.missing[name]:
+                if a <= i < b:
+                    col[i - a] = "null"
+            cols.append(col)
+        cols.append([str(x) if x else "null" for x in t.line[a:b]])
+        text = [row % r for r in zip(*cols)]
+        for i in special:
+            if a <= i < b:
+                text[i - a] = json.dumps(_step_row(t, i))
+        out.append((", " if a else "[") + ", ".join(text))
+    out = out or ["["]
+    out.append("]")
+    return out if pieces else "".join(out)
+
+
+def _step_row(t, i: int) -> dict:
+    """Row ``i`` as :func:`step_rows` writes it (no values by name)."""
+    row = {name: t.value(name, i) for name in STEP_FIELDS}
+    row["line"] = t.line[i] or None
+    bad = {k: _nonfinite(v) for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
+    if bad:
+        row.update({k: None for k in bad}, nonfinite=bad, line=row.pop("line"))
+    if i in t.source:
+        row["source"] = t.source[i]
+    return row
 
 
 def _identity(ctx: RunContext) -> Optional[dict]:
@@ -233,7 +297,8 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream:
         "overrides": overrides,
         "applied_overrides": [n for n, _ in log.applied.get(log.primary_rank, [])] or None,
         "lora": lora_json(log, ctx),  # the [LoRA] line (None: not a LoRA run)
-        "dpo": dpo.dpo_json(log, ctx),  # the [DPO] lines' settings, reference and last values (None: not DPO)
+        # each method's own key (its text lines' summary: settings, last values...; None: not its run)
+        **{method.name: hooks.summary(facts) for method, hooks, facts in method_reports(log, ctx)},
         "checkpoint": [{k: v for k, v in e.items()} for e in log.checkpoint_events],
         "findings": [f.as_dict() for f in findings],
         "summary": summarize(log, ctx, findings),
@@ -338,8 +403,9 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
         t.add_row("LoRA", _escape(lora))
     elif ctx.lora:
         t.add_row("LoRA", "[yellow]configured, but no [LoRA] line logged[/yellow]")
-    for what, text in dpo.dpo_rows(log, ctx):
-        t.add_row(what, _escape(redact(text)))
+    for _, hooks, facts in method_reports(log, ctx):
+        for what, text in hooks.rows(facts):
+            t.add_row(what, _escape(redact(text)))
     if log.metrics_stream:  # every other value of the stream, by name
         t.add_row("steps from", _escape(log.metrics_stream))
         names = log.value_names

@@ -13,6 +13,11 @@ reader that needs it, with :func:`load`:
 * ``hf_trainer``: the class the hf-trainer ranks instantiate with the plan's settings
   (``runtime/hf_trainer.py`` loads it from the spec; runtime never imports ``methods/``);
 * ``judge``: ``rules(facts: dict) -> [(severity, code, message, lines)]`` on plain data;
+* ``log_lines``: the module of the method's own text lines (``[DPO] step: ...``) for
+  ``inspect-logs``: ``READERS`` (a tuple of :class:`~trnqwen.contract.method_lines.LineReader`:
+  what each line says), and on what was kept (``facts``, plain data, as for ``judge``)
+  ``summary(facts) -> dict | None`` (``--json``'s key named after the method; None: not this
+  method's run) and ``rows(facts) -> [(what, text)]`` (the table's rows);
 * ``eval_report``: the module ``trnqwen eval`` scores this method's data with;
 * ``quickstart``: the module of the quickstart's stage for this method;
 * ``card``: the model card's section (``card(run_config: dict, eval: dict|None) -> str``).
@@ -55,7 +60,7 @@ class Method:
     plan: Optional[str] = None  # "module:function" -> MethodPlan | None
     hf_trainer: Optional[str] = None  # "module:Class": the hf-trainer ranks' hooks
     judge: Optional[str] = None  # "module:function": rules(facts) -> findings
-    log_fields: tuple[str, ...] = ()  # the parsed log's fields its text lines fill (the judge's facts)
+    log_lines: Optional[str] = None  # module: READERS, summary(facts), rows(facts): its text lines in inspect-logs
     eval_report: Optional[str] = None  # module: score_pairs / preference_numbers / FIELDS
     quickstart: Optional[str] = None  # module: STAGE, settings(chat_settings, ranks), judge_run(info, device)
     card: Optional[str] = None  # "module:function": the model card's section

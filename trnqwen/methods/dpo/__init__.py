@@ -7,7 +7,7 @@ Everything DPO is in this folder (docs/preference.md, docs/architecture.md "DPO"
 * ``loss``: the arithmetic every backend shares (segment log-prob sums, sigmoid/IPO, rewards, meter);
 * ``reference_pass``: the reference log-probs, computed once in the ranks before step 1;
 * ``hf_trainer``: the hf-trainer backend's rows, loss, validation and ``[DPO]`` lines;
-* ``log_lines``: the ``[DPO]`` line format (written by the ranks, read by inspect-logs);
+* ``log_lines``: the ``[DPO]`` lines (written by the ranks; read, summarised and tabled for inspect-logs);
 * ``judge``: the judge's rules (step-1 loss = ln 2 for sigmoid);
 * ``eval_report``: what ``trnqwen eval`` reports on pairs (preference accuracy, rewards);
 * ``quickstart``: the quickstart's DPO stage;
@@ -39,7 +39,7 @@ METHOD = Method(
     plan="trnqwen.methods.dpo.plan:plan",
     hf_trainer="trnqwen.methods.dpo.hf_trainer:DPOHooks",
     judge="trnqwen.methods.dpo.judge:rules",
-    log_fields=("dpo_steps", "dpo_reference"),
+    log_lines="trnqwen.methods.dpo.log_lines",
     eval_report="trnqwen.methods.dpo.eval_report",
     quickstart="trnqwen.methods.dpo.quickstart",
     card="trnqwen.methods.dpo.card:card",

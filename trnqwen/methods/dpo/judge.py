@@ -4,8 +4,10 @@
 
 * ``first_step``: ``{"step", "loss", "line"}`` of the first logged step, or None;
 * ``start_step``: the step the log starts at when it says so (a resumed run), else None;
-* ``lines``: the parsed log's fields this method's text lines fill (``Method.log_fields``:
-  ``dpo_steps``, ``dpo_reference`` from :mod:`trnqwen.methods.dpo.log_lines`);
+* ``lines``: what the method's own text lines said (``Method.log_lines``, here
+  :mod:`trnqwen.methods.dpo.log_lines`): ``{"steps": {step: {values, "line"}}, "notes": {name:
+  {values, "line"}}}`` (DPO's note: ``reference``), empty when the log has none;
+* ``validations``: the run's validation records (``{"step", "loss", ..., its own values, "line"}``);
 * ``run_config``: the run's config (run.json), or None.
 
 Each finding is ``(severity, code, message, lines)``.  The step-1 check: before its first update
@@ -20,13 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from trnqwen.methods.dpo.log_lines import STEP1_TOLERANCE, expected_step1, run_settings, settings_of
-
-
-def is_run(facts: dict[str, Any]) -> bool:
-    """A DPO run: its log has ``[DPO]`` lines, or its run config says ``method: dpo``."""
-    lines = facts.get("lines") or {}
-    return bool(lines.get("dpo_steps") or lines.get("dpo_reference") or run_settings(facts.get("run_config")))
+from trnqwen.methods.dpo.log_lines import STEP1_TOLERANCE, expected_step1, is_run, reference_note, settings
 
 
 def _finding(severity: str, code: str, message: str, lines: Optional[list] = None) -> tuple:
@@ -41,8 +37,8 @@ def rules(facts: dict[str, Any]) -> list[tuple]:
     loss = first["loss"]
     if first["step"] != 1 or facts.get("start_step") not in (None, 1) or not isinstance(loss, float) or not math.isfinite(loss):
         return []
-    ref = (facts.get("lines") or {}).get("dpo_reference")
-    beta, loss_type, whence = settings_of(ref, facts.get("run_config"))
+    ref = reference_note(facts)
+    beta, loss_type, whence = settings(facts)
     expected, written = expected_step1(beta, loss_type)
     lines = [first["line"], *([ref["line"]] if ref else [])]
     if expected is None:

@@ -10,10 +10,12 @@ ending ``; beta 0.1, sigmoid loss`` when the ranks pass the settings (the judge'
 A separate line, not more columns on the step line: the step line stays torchtitan's (its fast
 parsers and every other tool that reads it are unchanged), and a run without DPO has none.
 
-The reading side, for ``inspect-logs`` (like :mod:`trnqwen.logs.lora` for the ``[LoRA]`` line):
-:func:`store` keeps the lines in ``ParsedLog`` (``dpo_steps``, the validation records,
-``dpo_reference``); the judge's step-1 check is :mod:`trnqwen.methods.dpo.judge`;
-:func:`dpo_json`, :func:`dpo_rows` and :func:`step_values` feed ``--json``, the table, CSV and plot.
+The reading side, for ``inspect-logs`` (``Method.log_lines`` names this module): :data:`READERS`
+say what each line is (:class:`~trnqwen.contract.method_lines.MethodLine`: a step's values, a
+validation's, the ``reference`` note), and inspect-logs keeps them for the run; its per-step
+columns are the method's metrics (``Method.metrics``).  On what it kept (``facts``, plain data:
+see :mod:`trnqwen.methods.dpo.judge`) :func:`summary` gives ``--json``'s ``dpo`` key and
+:func:`rows` the table's DPO rows; the judge's step-1 check is :mod:`trnqwen.methods.dpo.judge`.
 """
 
 from __future__ import annotations
@@ -22,9 +24,7 @@ import math
 import re
 from typing import Any, Optional
 
-# ``log`` below is a trnqwen.logs.record.ParsedLog and ``at`` a trnqwen.logs.patterns.LineAt: not
-# imported (a method never imports logs/; logs/ imports this module for the [DPO] lines)
-ParsedLog = LineAt = Any
+from trnqwen.contract.method_lines import LineReader, MethodLine
 
 MARK = "[DPO]"
 FIELDS = ("rewards_chosen", "rewards_rejected", "margin", "accuracy")
@@ -72,7 +72,7 @@ def reference_line(how: str, detail: str, *, beta: Optional[float] = None, loss_
 
 
 # ---------------------------------------------------------------------------------------------
-# reading: ParsedLog fields
+# reading: what each line says (inspect-logs keeps it: the primary rank's lines only)
 
 
 def _values(m: "re.Match[str]") -> dict:
@@ -84,37 +84,34 @@ def _values(m: "re.Match[str]") -> dict:
     return values
 
 
-def store(log: ParsedLog, m: "re.Match[str]", at: LineAt) -> None:
-    """A ``[DPO] [validate ]step:`` line of the primary rank: a step's values go to
-    ``log.dpo_steps`` (the last line of a step wins, as for the step table); a validation's join
-    the validation record of that step (``dpo_loss`` the line's loss), else make one."""
-    if not at.primary:
-        return
+def read_step(m: "re.Match[str]") -> MethodLine:
+    """A ``[DPO] [validate ]step:`` line: a step's values (the last line of a step wins, as for the
+    step table), or a validation's, joined to that step's validation record (``dpo_loss`` the
+    line's loss; the record's loss too when the log has no validation line of its own)."""
     values = _values(m)
     step = int(m.group("step"))
     if not m.group("validate"):
-        log.dpo_steps[step] = {**values, "line": at.lineno}
-        return
+        return MethodLine("step", values, step=step)
     loss = values.pop("loss", None)
-    rec = log.validations[-1] if log.validations and log.validations[-1]["step"] == step else None
-    if rec is None:
-        rec = {"step": step, "loss": loss, "memory_gib": None, "memory_pct": None, "tps": None, "line": at.lineno}
-        log.validations.append(rec)
-    rec.update(values, dpo_loss=loss)
+    return MethodLine("validation", {**values, "dpo_loss": loss}, step=step, loss=loss)
 
 
-def store_reference(log: ParsedLog, m: "re.Match[str]", at: LineAt) -> None:
-    if not at.primary:
-        return
+def read_reference(m: "re.Match[str]") -> MethodLine:
+    """``[DPO] reference log-probs: ...``: the ``reference`` note {how, detail, beta, loss_type}."""
     rest = m.group("rest").strip()
     settings = SETTINGS_RE.search(rest)
-    log.dpo_reference = {
+    return MethodLine("note", {
         "how": m.group("how"),
         "detail": (rest[: settings.start()] if settings else rest).strip(),
         "beta": float(settings.group("beta")) if settings else None,
         "loss_type": settings.group("loss_type") if settings else None,
-        "line": at.lineno,
-    }
+    }, name="reference")
+
+
+READERS = (
+    LineReader("dpo", LINE_RE, read_step, (MARK,)),
+    LineReader("dpo-reference", REFERENCE_RE, read_reference, (MARK,)),
+)
 
 
 def run_settings(run_config: Optional[dict]) -> Optional[dict]:
@@ -148,27 +145,31 @@ def expected_step1(beta: Optional[float], loss_type: Optional[str]) -> tuple[Opt
     return value, f"ln 2 = {value:.6f}"
 
 
-def is_dpo(log: ParsedLog, ctx: Any = None) -> bool:
-    """A DPO run: its log has ``[DPO]`` lines, or its run config says ``method: dpo``."""
-    return bool(log.dpo_steps or log.dpo_reference or run_settings(getattr(ctx, "run_config", None)))
-
-
-def settings(log: ParsedLog, ctx: Any = None) -> tuple[Optional[float], Optional[str], Optional[str]]:
-    """(beta, loss type, where from): the reference line's, else the run config's, else unknown."""
-    return settings_of(log.dpo_reference, getattr(ctx, "run_config", None))
-
-
 # ---------------------------------------------------------------------------------------------
-# reporting
+# on what inspect-logs kept (facts: plain data)
 
 
-def step_values(log: ParsedLog) -> dict[int, dict]:
-    """step -> the DPO values of that step (empty for a run without DPO lines)."""
-    return log.dpo_steps
+def _steps(facts: dict[str, Any]) -> dict[int, dict]:
+    return (facts.get("lines") or {}).get("steps") or {}
 
 
-def _last_validation(log: ParsedLog) -> Optional[dict]:
-    return next((v for v in reversed(log.validations) if "margin" in v), None)
+def reference_note(facts: dict[str, Any]) -> Optional[dict]:
+    """The ``[DPO] reference log-probs`` line's note ({how, detail, beta, loss_type, line}), if logged."""
+    return ((facts.get("lines") or {}).get("notes") or {}).get("reference")
+
+
+def is_run(facts: dict[str, Any]) -> bool:
+    """A DPO run: its log has ``[DPO]`` lines, or its run config says ``method: dpo``."""
+    return bool(_steps(facts) or reference_note(facts) or run_settings(facts.get("run_config")))
+
+
+def settings(facts: dict[str, Any]) -> tuple[Optional[float], Optional[str], Optional[str]]:
+    """(beta, loss type, where from): the reference line's, else the run config's, else unknown."""
+    return settings_of(reference_note(facts), facts.get("run_config"))
+
+
+def _last_validation(facts: dict[str, Any]) -> Optional[dict]:
+    return next((v for v in reversed(facts.get("validations") or []) if "margin" in v), None)
 
 
 def _rounded(rec: Optional[dict], keys: tuple) -> Optional[dict]:
@@ -177,27 +178,28 @@ def _rounded(rec: Optional[dict], keys: tuple) -> Optional[dict]:
     return {k: (None if isinstance(rec.get(k), float) and not math.isfinite(rec[k]) else rec.get(k)) for k in keys}
 
 
-def dpo_json(log: ParsedLog, ctx: Any) -> Optional[dict]:
+def summary(facts: dict[str, Any]) -> Optional[dict]:
     """``--json``'s ``dpo`` key (None for a run that is not DPO): the settings, the reference
     line, the expected step-1 loss, and the last step's and last validation's values."""
-    if not is_dpo(log, ctx):
+    if not is_run(facts):
         return None
-    beta, loss_type, whence = settings(log, ctx)
+    beta, loss_type, whence = settings(facts)
     expected, _ = expected_step1(beta, loss_type)
-    last = max(log.dpo_steps) if log.dpo_steps else None
+    steps, ref = _steps(facts), reference_note(facts)
+    last = max(steps) if steps else None
     return {
         "beta": beta,
         "loss_type": loss_type,
         "settings_from": whence,
         "expected_step1_loss": expected,
-        "reference": dict(log.dpo_reference) if log.dpo_reference else None,
-        "steps_logged": len(log.dpo_steps),
-        "last_step": _rounded({"step": last, **log.dpo_steps[last]}, ("step", *FIELDS, "pairs", "line")) if last else None,
-        "last_validation": _rounded(_last_validation(log), ("step", *FIELDS, "dpo_loss", "pairs", "line")),
+        "reference": dict(ref) if ref else None,
+        "steps_logged": len(steps),
+        "last_step": _rounded({"step": last, **steps[last]}, ("step", *FIELDS, "pairs", "line")) if last else None,
+        "last_validation": _rounded(_last_validation(facts), ("step", *FIELDS, "dpo_loss", "pairs", "line")),
     }
 
 
-def _fmt(x: Any, spec: str) -> str:
+def _fmt(x: Optional[float], spec: str) -> str:
     return "-" if not isinstance(x, (int, float)) else format(x, spec)
 
 
@@ -206,19 +208,19 @@ def _values_text(rec: dict) -> str:
             f"margin {_fmt(rec.get('margin'), '.4f')}, accuracy {_fmt(rec.get('accuracy'), '.2f')}")
 
 
-def dpo_rows(log: ParsedLog, ctx: Any) -> list[tuple[str, str]]:
+def rows(facts: dict[str, Any]) -> list[tuple[str, str]]:
     """The human table's DPO rows (none for a run that is not DPO)."""
-    if not is_dpo(log, ctx):
+    if not is_run(facts):
         return []
-    beta, loss_type, _ = settings(log, ctx)
-    ref = log.dpo_reference
-    rows = []
+    beta, loss_type, _ = settings(facts)
+    steps, ref = _steps(facts), reference_note(facts)
+    out = []
     head = f"beta {beta:g}, {loss_type} loss" if beta is not None and loss_type else (loss_type or "settings not logged")
-    rows.append(("DPO", head + (f"; reference log-probs {ref['how']} {ref['detail']}" if ref else "; no reference line")))
-    if log.dpo_steps:
-        last = max(log.dpo_steps)
-        rows.append(("DPO last step", f"step {last}: {_values_text(log.dpo_steps[last])}"))
-    val = _last_validation(log)
+    out.append(("DPO", head + (f"; reference log-probs {ref['how']} {ref['detail']}" if ref else "; no reference line")))
+    if steps:
+        last = max(steps)
+        out.append(("DPO last step", f"step {last}: {_values_text(steps[last])}"))
+    val = _last_validation(facts)
     if val is not None:
-        rows.append(("DPO last validation", f"step {val['step']}: {_values_text(val)}"))
-    return rows
+        out.append(("DPO last validation", f"step {val['step']}: {_values_text(val)}"))
+    return out
