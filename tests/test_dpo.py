@@ -97,7 +97,7 @@ def test_preference_data_under_sft_is_refused_with_the_way_out(tiny, tmp_path, c
     data = tmp_path / "prefs.jsonl"
     data.write_text(json.dumps({"prompt": "Q?", "chosen": "A.", "rejected": "B."}) + "\n")
     r = cli("data", str(data), "--assets", str(tiny), "--seq-len", "128", "--data-cache-dir", str(tmp_path / "c"))
-    assert r.code == 2 and "--method dpo" in r.text, r.text
+    assert r.code == 2 and "--method dpo" in r.text and "--method orpo" in r.text, r.text  # every pair method
 
 
 def _prepare(tiny: Path, tmp_path: Path, records: list[dict], **settings):

@@ -273,6 +273,19 @@ def test_bad_records_exit_2_naming_the_file_and_line(tiny, tmp_path, cli, bad, w
     assert "Traceback" not in r.text and "prefs.jsonl line 2" in r.text and words in r.text, r.text
 
 
+def test_records_that_are_not_pairs_get_a_hint_naming_the_runs_method(tiny, tmp_path, cli):
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "Q?"},
+                                             {"role": "assistant", "content": "A."}]}) + "\n")
+    r = cli("data", str(data), "--method", "orpo", "--assets", str(tiny), "--seq-len", "128",
+            "--data-cache-dir", str(tmp_path / "cache"))
+    assert r.code == 2 and "not a preference record" in r.err, r.text
+    assert "--method orpo reads prompt/chosen/rejected" in r.err and "dpo" not in r.err, r.err
+    r = cli("data", str(data), "--method", "orpo", "--dataset-format", "messages", "--assets", str(tiny),
+            "--seq-len", "128", "--data-cache-dir", str(tmp_path / "cache"))
+    assert r.code == 2 and "--method orpo reads: prompt-chosen-rejected" in r.err, r.text
+
+
 def test_the_model_card_section_shows_the_held_out_numbers():
     from trnqwen.methods import registry
 
