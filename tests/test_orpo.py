@@ -131,9 +131,10 @@ def test_log1mexp_is_finite_and_exact_at_both_ends(dtype):
 def test_the_meter_gives_means_margin_and_accuracy_over_the_pairs():
     import torch
 
-    from trnqwen.methods.orpo.loss import METRICS, Meter, orpo_terms
+    from trnqwen.methods.orpo.loss import METRICS, TERMS, orpo_terms
+    from trnqwen.methods.pairs import PairMeter
 
-    meter = Meter()
+    meter = PairMeter(TERMS)
     a = orpo_terms(torch.tensor([[[-1.0, -3.0], [-2.0, -1.0]]]), torch.ones(1, 2, 2), lam=0.5)
     b = orpo_terms(torch.tensor([[[-4.0, -6.0]]]), torch.tensor([[[2.0, 2.0]]]), lam=0.5)
     meter.add(a)
