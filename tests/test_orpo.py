@@ -287,6 +287,19 @@ def test_records_that_are_not_pairs_get_a_hint_naming_the_runs_method(tiny, tmp_
     assert r.code == 2 and "--method orpo reads: prompt-chosen-rejected" in r.err, r.text
 
 
+def test_evals_table_for_an_orpo_run_says_lambda_and_shows_orpos_numbers(capsys):
+    from trnqwen.evaluate.report import EvalReport, EvalResult, render
+
+    numbers = {"pairs": 30, "preference_accuracy": 0.7, "margin": 0.06, "log_odds_ratio": -0.66, "orpo_loss": 6.9,
+               "reward_accuracy": None, "reward_margin": None}
+    report = EvalReport(dataset="prefs.jsonl", method="orpo", method_settings={"orpo_lambda": 0.5},
+                        results=[EvalResult("step-16", 100, 6.2, 492.7, preference=numbers)])
+    render(report)
+    out = capsys.readouterr().out
+    assert "lambda 0.5" in out and "beta" not in out and "rewards against the base" not in out, out
+    assert "log odds ratio" in out and "-0.6600" in out and "6.9000" in out and "reward" not in out, out
+
+
 def test_the_model_card_section_shows_the_held_out_numbers():
     from trnqwen.methods import registry
 

@@ -157,6 +157,7 @@ def test_the_orpo_values_reach_the_stream_status_line_inspect_logs_and_tensorboa
         assert vals and {f"orpo/{k}" for k in METRICS} <= set(vals[-1].values), backend
         status = [ln for ln in r.err.splitlines() if ln.startswith("step ")]
         assert status and all("  nll " in ln and "  margin " in ln for ln in status), r.err[-2000:]
+        assert not any("log_odds" in ln or "rewards" in ln for ln in status), status[-1]  # only what ORPO marks
 
         shown = run_subprocess("inspect-logs", str(run_dir), "--json", "--csv", str(tmp_path / f"{backend}.csv"),
                                cwd=cwd, env=orpo_runs["env"], timeout=300)

@@ -210,9 +210,11 @@ def _derived_config(base_cls: type, trainer: type) -> type:
     return config_cls
 
 
-def trnqwen_config(config: Trainer.Config, *, hooks: Iterable[TrainerHook] = ()) -> Trainer.Config:
+def trnqwen_config(config: Trainer.Config, *, hooks: Iterable[TrainerHook] = (),
+                   backend: Optional[str] = None) -> Trainer.Config:
     """torchtitan's trainer config as trnqwen's: the same values, trnqwen's trainer, checkpointer,
-    metrics processor and validator classes, and ``hooks``.  The generated config module returns it."""
+    metrics processor and validator classes, and ``hooks``.  The generated config module returns it,
+    naming its ``backend`` (native, hf-v5, nki-moe: the metrics stream's header says it)."""
     from trnqwen.runtime.trainer_checkpoint import checkpoint_config
     from trnqwen.runtime.trainer_metrics import metrics_config
 
@@ -223,7 +225,7 @@ def trnqwen_config(config: Trainer.Config, *, hooks: Iterable[TrainerHook] = ())
         out = same_values(_config_over(cls), config)
     out.hooks = [*getattr(out, "hooks", []), *hooks]
     out.checkpoint = checkpoint_config(out.checkpoint)
-    out.metrics = metrics_config(out.metrics)
+    out.metrics = metrics_config(out.metrics, backend=backend)
     out.validator = validator_config(out.validator)
     return out
 

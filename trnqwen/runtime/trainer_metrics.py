@@ -23,7 +23,9 @@ The text log stays as it was: for people, and for the parser of logs trnqwen did
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
+
+import tyro
 
 from torchtitan.components.metrics import LoggerContainer, MetricsProcessor
 from torchtitan.tools.logging import logger
@@ -32,7 +34,7 @@ from trnqwen.contract.metrics_stream import MetricsWriter, as_number
 from trnqwen.runtime import lr_log
 from trnqwen.runtime.trainer_parts import TrainerAttached, as_trnqwen_config
 
-STREAM_BACKEND = "torchtitan"
+UNNAMED_BACKEND = "torchtitan"  # the stream header's backend when the config module names none (a hand-written one)
 
 
 class _Capture:
@@ -58,7 +60,8 @@ class TrnqwenMetricsProcessor(TrainerAttached, MetricsProcessor):
 
     @dataclass(kw_only=True, slots=True)
     class Config(MetricsProcessor.Config):
-        pass
+        backend: Annotated[str, tyro.conf.Suppress] = ""
+        """trnqwen's backend of the run (native, hf-v5, nki-moe): the metrics stream's header names it."""
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
@@ -86,7 +89,7 @@ class TrnqwenMetricsProcessor(TrainerAttached, MetricsProcessor):
             self._header = True
             methods = [h.name for h in self.hooks if getattr(h, "method", False)]
             meta = {
-                "backend": STREAM_BACKEND,
+                "backend": self.config.backend or UNNAMED_BACKEND,
                 "method": methods[0] if methods else "sft",
                 "metrics": {f"{h.name}/{k}": text for h in self.hooks for k, text in h.describe().items()},
             }
@@ -140,6 +143,10 @@ class TrnqwenMetricsProcessor(TrainerAttached, MetricsProcessor):
             self.stream.close()
 
 
-def metrics_config(base: MetricsProcessor.Config) -> TrnqwenMetricsProcessor.Config:
-    """torchtitan's metrics config as trnqwen's (the same values); kept when already one."""
-    return as_trnqwen_config(base, TrnqwenMetricsProcessor.Config, titan_cls=MetricsProcessor.Config, where="metrics")
+def metrics_config(base: MetricsProcessor.Config, *, backend: Optional[str] = None) -> TrnqwenMetricsProcessor.Config:
+    """torchtitan's metrics config as trnqwen's (the same values); kept when already one.
+    ``backend``: the run's (the stream's header names it)."""
+    config = as_trnqwen_config(base, TrnqwenMetricsProcessor.Config, titan_cls=MetricsProcessor.Config, where="metrics")
+    if backend:
+        config.backend = backend
+    return config
