@@ -228,6 +228,41 @@ def test_hf_injection_and_init_give_peft_names_and_the_shared_init(tiny_hf_model
     assert "model.layers.0.self_attn.q_proj.weight" in model.state_dict()  # base keys unchanged: the HF load works
 
 
+def test_torchtitans_sharding_pass_gives_the_injected_adapters_torchtitans_lora_sharding(tiny_hf_model):
+    """hf-v5: torchtitan's own sharding pass over the Transformers model (its completeness check
+    included) finds every adapter configured, as torchtitan's LoRA shards them, with no torchtitan
+    function replaced: the adapters take theirs when their base linear gets its own."""
+    import spmd_types as spmd
+    import torch
+    from torchtitan.components.lora import _lora_adapter_sharding
+    from torchtitan.experiments.transformers_modeling_backend.hf_sharding import set_hf_sharding_configs
+    from torchtitan.experiments.transformers_modeling_backend.module_conversion import convert_hf_to_module
+    from torchtitan.models.common.decoder_sharding import dense_param_placement
+
+    from trnqwen.runtime import lora as runtime_lora
+
+    hf = _load_hf(tiny_hf_model)
+    runtime_lora.inject_hf_adapters(hf, _spec(ALL))
+
+    class Titanish(torch.nn.Module):  # the parts of torchtitan's HFTransformerModel the pass reads
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok_embeddings, self.norm, self.lm_head = hf.model.embed_tokens, hf.model.norm, hf.lm_head
+            self.layers, self.rotary_emb = hf.model.layers, hf.model.rotary_emb
+
+    model = Titanish()
+    convert_hf_to_module(model)
+    set_hf_sharding_configs(model, enable_sp=True)  # raises on any parameter left without a config
+    replicated = dense_param_placement(tp=spmd.R)
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    for linear, placement in ((attn.q_proj, spmd.S(0)), (attn.o_proj, spmd.S(1)), (mlp.down_proj, spmd.S(1))):
+        a, b = _lora_adapter_sharding(linear._sharding_config)
+        assert linear._sharding_config.state_shardings["weight"] == dense_param_placement(tp=placement)
+        assert linear.lora_A._sharding_config == a and linear.lora_B._sharding_config == b
+    assert attn.q_proj.lora_A._sharding_config.state_shardings["weight"] == replicated  # colwise: A replicated
+    assert attn.o_proj.lora_B._sharding_config.state_shardings["weight"] == replicated  # rowwise: B replicated
+
+
 def test_torchtitan_lora_with_dropout_and_the_shared_init():
     """torchtitan's converter on a non-fused Qwen3, trnqwen's dropout, A from (seed, HF name)."""
     import torch

@@ -151,6 +151,7 @@ def test_the_orpo_values_reach_the_stream_status_line_inspect_logs_and_tensorboa
         run_dir = _run_dir(cwd)
         records = read_stream(run_dir / "metrics.jsonl")
         assert records[0].kind == "header" and records[0].meta.get("method") == "orpo", records[0]
+        assert records[0].meta.get("backend") == backend, records[0].meta
         steps = [rec for rec in records if rec.kind == "step"]
         assert len(steps) == STEPS and all({f"orpo/{k}" for k in METRICS} <= set(rec.values) for rec in steps), backend
         vals = [rec for rec in records if rec.kind == "validation" and rec.step == STEPS]
