@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from functools import partial
 
 from trnqwen.methods.pair_scores import card_section
 
@@ -13,7 +13,5 @@ COLUMNS = (("preference accuracy", "preference_accuracy"), ("margin", "margin"),
            ("ORPO loss", "orpo_loss"), ("chosen-answer loss", "loss"))
 
 
-def card(eval_results: list[dict[str, Any]], eval_dataset: Optional[str], num: Callable[[Any], Optional[str]]) -> list[str]:
-    """Markdown lines: preference accuracy, margin, log odds ratio and ORPO loss of base and tuned, the
-    loss on the chosen answers (``num`` formats a number as the rest of the card does)."""
-    return card_section(eval_results, eval_dataset, num, intro=INTRO, columns=COLUMNS)
+# Method.card: card(eval_results, eval_dataset, num) -> the section's markdown lines
+card = partial(card_section, intro=INTRO, columns=COLUMNS)
