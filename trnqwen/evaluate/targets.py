@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from trnqwen.assets import has_tokenizer
 from trnqwen.errors import UsageError
-from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir, recent_records
+from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir
 
 # config.json fields that must agree for two checkpoints to be the same architecture.
 ARCHITECTURE_FIELDS = (
@@ -114,23 +114,12 @@ def last_run(runs_dir: Path) -> RunInfo:
 
 
 def run_that_wrote(path: Path, runs_dir: Path) -> Optional[RunInfo]:
-    """The newest recorded run whose checkpoint folder or export is ``path`` or holds it."""
-    try:
-        target = path.expanduser().resolve()
-    except (OSError, RuntimeError):
-        return None
-    for run_dir, record in recent_records(runs_dir):
-        run = RunInfo(run_dir, record)
-        for written in (run.record.checkpoint_dir, run.record.extra.get("exported")):
-            if not written:
-                continue
-            try:
-                written_path = Path(written).expanduser().resolve()
-            except (OSError, RuntimeError):
-                continue
-            if target == written_path or written_path in target.parents or target in written_path.parents:
-                return run
-    return None
+    """The run whose checkpoint folder or export is ``path``, holds it or is held by it
+    (:func:`trnqwen.ckpt.layout.run_that_wrote`: the runs under ``runs_dir``, else the folder's owner file)."""
+    from trnqwen.ckpt.layout import run_that_wrote as find
+
+    found = find(path, runs_dir, holding=True)
+    return RunInfo(*found) if found is not None else None
 
 
 def resolve_target(arg: Optional[str], runs_dir: Path, *, cwd: Optional[Path] = None) -> EvalTarget:

@@ -40,11 +40,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from trnqwen.assets import INDEX_NAME, RANDOM_INIT_TAG
+from trnqwen.assets import INDEX_NAME, RANDOM_INIT_TAG, read_manifest
 from trnqwen.constants import TINY_MODEL
 from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen.fetch.plan import DEFAULT_KEEP_FREE, FetchResult, RemoteFile, check_disk
-from trnqwen.fetch.verify import file_digest, read_manifest, verify_snapshot, write_manifest
+from trnqwen.fetch.verify import file_digest, verify_snapshot, write_manifest
 from trnqwen.fsutil import current_umask, write_text_atomic
 
 NAME = "tiny-qwen3"

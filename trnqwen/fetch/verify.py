@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Optional
 
+from trnqwen.assets import MANIFEST, read_manifest
 from trnqwen.errors import EnvironmentProblem
 from trnqwen.fetch.errors import offline_error
 from trnqwen.fetch.plan import FetchResult, RemoteFile
 from trnqwen.fsutil import write_json_atomic
 from trnqwen.safetensors_format import SafetensorsFormatError, read_header
 
-MANIFEST = Path(".cache") / "trnqwen" / "fetch.json"
 QWEN3_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "qwen3_omni_moe")
 HASH_CHUNK = 8 * 1024 * 1024
 
@@ -175,14 +175,6 @@ def _check_config(path: Path, report: VerifyReport) -> None:
         )
 
 
-
-
-def read_manifest(local_dir: Path) -> Optional[dict[str, Any]]:
-    try:
-        data = json.loads((Path(local_dir) / MANIFEST).read_text())
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
-        return None
 
 
 def write_manifest(local_dir: Path, payload: dict[str, Any]) -> None:
