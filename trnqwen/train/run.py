@@ -191,7 +191,7 @@ def plan_train(
         refuse_other_device(resume, device.type)
     topo = plan_topology(cfg, device)
     runs_dir = _abs(cfg.runs_dir, cwd)
-    if cfg.nnodes > 1:  # every node names the shared run dir after the rendezvous id
+    if cfg.nnodes > 1 or cfg.rdzv_id:  # every node names the shared run dir after the rendezvous id
         multinode.check_topology(
             nnodes=cfg.nnodes, node_rank=cfg.node_rank, endpoint=cfg.rdzv_endpoint, rdzv_id=cfg.rdzv_id
         )
