@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 # Fields that decide which modules are adapted and by how much: applied as peft applies them.
 APPLIED = ("r", "lora_alpha", "use_rslora", "rank_pattern", "alpha_pattern", "target_modules", "exclude_modules",
@@ -74,7 +74,7 @@ def refusals(config: dict[str, Any]) -> list[str]:
     return out
 
 
-def _layer_index(module: str, patterns: Any) -> Optional[int]:
+def _layer_index(module: str, patterns: Union[None, str, list[str]]) -> Optional[int]:
     if not patterns:
         m = re.match(r".*?\.[^.]*\.(?P<idx>\d+)\.", module)
     else:
@@ -119,7 +119,7 @@ def is_targeted(module: str, config: dict[str, Any]) -> bool:
     return index == layers if isinstance(layers, int) else index in layers
 
 
-def _pattern_value(pattern: Any, module: str) -> Any:
+def _pattern_value(pattern: Optional[dict[str, object]], module: str) -> object:
     for key, value in (pattern or {}).items():
         if re.match(rf"(.*\.)?({key})$", module):
             return value
