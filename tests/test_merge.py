@@ -214,7 +214,7 @@ def test_a_broken_adapter_gets_verify_ckpts_diagnosis_and_exit_code(cli, tiny, t
         assert_clean_error(res, code=1, contains="adapter_model.safetensors: missing")
 
 
-def _trained_here(tiny: Path, root: Path, cwd: Path) -> tuple[Path, Path]:
+def _trained_here(tiny: Path, root: Path, cwd: Path, *, owner_names_run_dir: bool = True) -> tuple[Path, Path]:
     """A LoRA run's checkpoint folder and record as `trnqwen train` leaves them (run dir under
     ``cwd``, the owner file naming it), the adapter written by peft."""
     from trnqwen.contract.checkpoint_layout import write_owner
@@ -227,12 +227,16 @@ def _trained_here(tiny: Path, root: Path, cwd: Path) -> tuple[Path, Path]:
               checkpoint_dir=str(root), backend="hf-v5",
               config={"model": "builtin:tiny-qwen3", "backend": "hf-v5", "dataset": "my_chats.jsonl", "method": "dpo"},
               extra={"exported": str(adapter), "summary": {"last_step": {"step": 3, "loss": 1.25}}}).save()
-    write_owner(root, run_id=run_dir.name, model="builtin:tiny-qwen3", backend="hf-v5", run_dir=run_dir)
+    write_owner(root, run_id=run_dir.name, model="builtin:tiny-qwen3", backend="hf-v5",
+                run_dir=run_dir if owner_names_run_dir else None)  # an older owner file: the run id alone
     return adapter, run_dir
 
 
-def test_merge_from_another_folder_finds_the_base_and_carries_the_runs_facts(cli, tiny, tmp_path, monkeypatch):
-    adapter, _run_dir = _trained_here(tiny, tmp_path / "project" / "checkpoint_tiny_qwen3_ft", tmp_path / "project")
+@pytest.mark.parametrize("owner_names_run_dir", [True, False])
+def test_merge_from_another_folder_finds_the_base_and_carries_the_runs_facts(cli, tiny, tmp_path, monkeypatch,
+                                                                             owner_names_run_dir):
+    adapter, _run_dir = _trained_here(tiny, tmp_path / "project" / "checkpoint_tiny_qwen3_ft", tmp_path / "project",
+                                      owner_names_run_dir=owner_names_run_dir)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # no runs dir here; the adapter_config names the tiny folder by path
