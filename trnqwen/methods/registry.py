@@ -44,11 +44,6 @@ def of(cfg: object) -> Method:
     return get(name)
 
 
-def for_data(kind: str) -> list[Method]:
-    """The methods that train on ``kind`` records (``chat`` or ``preference``)."""
-    return [m for m in _METHODS.values() if m.data == kind]
-
-
 def register(method: Method) -> None:
     """Add a method (tests; a plug-in).  The built-in list above is where a shipped method goes."""
     _METHODS[method.name] = method
