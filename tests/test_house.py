@@ -92,7 +92,6 @@ ALLOWED_ANY = frozenset({
     # trnqwen/ckpt/verify.py
     "trnqwen/ckpt/verify.py:record_scan:report",
     # trnqwen/ckpt/verify_adapter.py
-    "trnqwen/ckpt/verify_adapter.py:_targeted:targets",
     "trnqwen/ckpt/verify_adapter.py:adapter_key_diff:peft_model",
     # trnqwen/config.py
     "trnqwen/config.py:RunConfig._home_exists:value",

@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator, Mapping, Optional
+from typing import IO, Mapping, Optional
 
 PATH_ENV = "TRNQWEN_METRICS_PATH"
 FILE_NAME = "metrics.jsonl"
@@ -161,9 +161,3 @@ def latest(records: list[Record], kind: str) -> dict[int, Record]:
 
 def finite(value: Optional[float]) -> bool:
     return value is not None and math.isfinite(value)
-
-
-def iter_values(records: list[Record], name: str) -> Iterator[tuple[int, Optional[float]]]:
-    for record in records:
-        if name in record.values:
-            yield record.step, record.values[name]

@@ -133,8 +133,9 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
     if val_source is not None:
         warnings += [*val_source.skipped, *_same_data(source, val_source, settings.val_dataset)]
     found = cache.lookup(cache_root, key)
-    if found is not None:
-        return PreparedData(found, key, True, {**cache.read_meta(found).get("report", {}), "warnings": warnings})
+    if found is not None:  # built from the same bytes, maybe read from another path: this call's names win
+        report = {**cache.read_meta(found).get("report", {}), "source": source.name, "warnings": warnings}
+        return PreparedData(found, key, True, report)
 
     if settings.data_kind == "preference":
         from trnqwen.dataset import preference

@@ -44,14 +44,10 @@ def of(cfg: object) -> Method:
     return get(name)
 
 
-def for_data(kind: str) -> list[Method]:
-    """The methods that train on ``kind`` records (``chat`` or ``preference``)."""
-    return [m for m in _METHODS.values() if m.data == kind]
-
-
 def names_for_data(kind: str) -> tuple[str, ...]:
-    """The names of the methods that train on ``kind`` records (what a data hint offers: ``--method X``)."""
-    return tuple(m.name for m in for_data(kind))
+    """The names of the methods that train on ``kind`` records (``chat`` or ``preference``): what a
+    data hint offers (``--method X``)."""
+    return tuple(m.name for m in _METHODS.values() if m.data == kind)
 
 
 def examples(command: str) -> list[Example]:

@@ -480,6 +480,11 @@ def _render(plan: Plan) -> str:
     ]
     if cfg.seed is not None:
         body.append(f"config.debug.seed = {cfg.seed}")
+    if plan.device.type == "cpu":
+        # torchtitan's FSDP casts parameters to bfloat16 for the forward by default
+        # (training.mixed_precision_param); a CPU run trains in float32, as hf-trainer does, so
+        # the backends compute the same loss (and CPU bfloat16 matmuls are no faster).
+        body.append('config.training.mixed_precision_param = "float32"')
     if sched.activation_checkpointing is not None:  # else the recipe's own (hf-v5 selective, native full)
         body += _activation_checkpoint_lines(sched.activation_checkpointing, imp)
     if cfg.backend != "nki-moe":
