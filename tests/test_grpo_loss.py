@@ -136,12 +136,21 @@ def _logps(model, prompt, prompt_mask, comp, comp_mask, *, grad: bool):
 
 
 def _rewards():
-    """The weighted sum TRL makes: NaN-sum over functions, NaN where no function scored."""
-    rows = []
+    """The rewards through trnqwen's RewardSet (the same TRL-style functions, by dotted path), checked
+    against the weighted sum TRL makes: NaN-sum over functions, NaN where no function scored."""
+    from trnqwen.methods.grpo.rewards import BuiltinOptions, RewardSet, parse_rewards
+
+    specs = parse_rewards([f"{__name__}:reward_a:{WEIGHTS[0]}", f"{__name__}:reward_b:{WEIGHTS[1]}"])
+    n = len(REWARD_A)
+    scores = RewardSet.build(specs, BuiltinOptions()).score(
+        [PROMPTS[i // G] for i in range(n)], [[{"role": "assistant", "content": "x"}]] * n, [[1]] * n,
+        {"answer": [str(i // G) for i in range(n)]}, [f"record {i // G}" for i in range(n)])
+    plain = []
     for a, b in zip(REWARD_A, REWARD_B):
         parts = [w * v for w, v in zip(WEIGHTS, (a, b)) if v is not None]
-        rows.append(sum(parts) if parts else math.nan)
-    return torch.tensor(rows)
+        plain.append(sum(parts) if parts else math.nan)
+    assert torch.allclose(scores.total, torch.tensor(plain), equal_nan=True)
+    return scores.total
 
 
 CASES = [
