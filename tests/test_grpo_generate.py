@@ -193,6 +193,23 @@ def test_the_loop_stops_early_only_when_every_row_has_ended(hf, tok, prompts):
     assert torch.equal(early.completion_ids, fixed.completion_ids) and not early.is_truncated.any()
 
 
+def test_prompts_already_padded_to_a_fixed_room(hf, tok, prompts):
+    from trnqwen.methods.grpo.generate import pad_prompts
+
+    g = _gen(hf, tok, temperature=1.0)
+    bucketed = g.generate(prompts, num_generations=2, step=1, micro=3)
+    ids, mask = pad_prompts(prompts, tok.pad_token_id, bucketed.prompt_ids.shape[1])
+    ids[mask == 0] = 5  # whatever sits under the mask is not read
+    padded = g.generate_padded(ids, mask, num_generations=2, step=1, micro=3)
+    assert torch.equal(bucketed.completion_ids, padded.completion_ids)
+    assert not torch.equal(g.generate(prompts, num_generations=2, step=1, micro=4).completion_ids, padded.completion_ids)
+    wide_ids, wide_mask = pad_prompts(prompts, tok.pad_token_id, 64)  # more room: the same greedy completions
+    greedy = _gen(hf, tok, do_sample=False)
+    assert torch.equal(greedy.generate(prompts).completion_ids, greedy.generate_padded(wide_ids, wide_mask).completion_ids)
+    with pytest.raises(ValueError, match="left-padded"):
+        g.generate_padded(wide_ids, wide_mask.flip(1))
+
+
 def test_refusals(hf, tok):
     from trnqwen.methods.grpo.generate import InProcessGenerator, SamplingSettings
 

@@ -2,8 +2,8 @@
 
 Public API (names are stable; the rank integration builds on them):
 
-* :class:`Generator` (protocol): ``generate(prompts, *, num_generations, step) -> Rollout``.  A
-  served engine (vLLM Neuron) can take over later by implementing it;
+* :class:`Generator` (protocol): ``generate(prompts, *, num_generations, step, micro) -> Rollout``.
+  A served engine (vLLM Neuron) can take over later by implementing it;
 * :class:`SamplingSettings`: ``max_completion_length``, ``temperature``, ``top_p``, ``top_k``,
   ``do_sample`` (False: greedy, for eval), ``prompt_bucket``, ``stop_early``;
 * :class:`Rollout`: fixed shapes: ``prompt_ids``/``prompt_mask`` ``[B, P]`` left-padded to a
@@ -12,7 +12,9 @@ Public API (names are stable; the rank integration builds on them):
   end-of-turn token), ``is_truncated`` ``[B]`` (no end within C), ``forwards`` (model calls made),
   ``seconds``; ``completion_lists()`` gives TRL's unpadded ``completion_ids`` lists;
 * :class:`InProcessGenerator`: the default, on the policy being trained, for HF causal LMs
-  (hf-v5's and hf-trainer's ``Qwen3ForCausalLM``) and torchtitan's native decoder;
+  (hf-v5's and hf-trainer's ``Qwen3ForCausalLM``) and torchtitan's native decoder; besides
+  ``generate`` (token-id lists, padded to a bucket) it takes prompts already left-padded to a fixed
+  room: ``generate_padded(prompt_ids, prompt_mask, ...)``;
 * :func:`sampling_seed`, :func:`bucket_length`, :func:`pad_prompts`, :func:`sample_tokens`.
 
 Rows are prompt-major: prompt 0's ``num_generations`` completions, then prompt 1's (TRL's order,
@@ -20,8 +22,8 @@ what :func:`trnqwen.methods.grpo.loss.group_advantages` groups by).  Each prompt
 once and its state repeated for its generations.
 
 **Sampling** (temperature, then top-k, then top-p, as transformers' warpers) draws from its own
-``torch.Generator`` on the CPU, seeded by :func:`sampling_seed` (seed, step, rank): the same
-prompts at the same step on the same rank draw the same completions, so a resumed run repeats an
+``torch.Generator`` on the CPU, seeded by :func:`sampling_seed` (seed, step, rank, micro-batch):
+the same prompts at the same step on the same rank draw the same completions, so a resumed run repeats an
 uninterrupted one; ranks draw differently.  The global RNG is never touched.
 
 **A fixed number of forwards.** Under FSDP every rank must call the model the same number of
@@ -85,16 +87,17 @@ class Rollout:
 class Generator(Protocol):
     """What GRPO asks of a rollout engine."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, num_generations: int, step: int) -> Rollout:
+    def generate(self, prompts: Sequence[Sequence[int]], *, num_generations: int, step: int, micro: int = 0) -> Rollout:
         """``num_generations`` completions of each prompt (token ids), prompt-major."""
         ...
 
 
-def sampling_seed(seed: int, step: int, rank: int) -> int:
-    """One 63-bit seed per (run seed, step, rank), well mixed (numpy's SeedSequence)."""
+def sampling_seed(seed: int, step: int, rank: int, micro: int = 0) -> int:
+    """One 63-bit seed per (run seed, step, rank, micro-batch), well mixed (numpy's SeedSequence)."""
     import numpy as np
 
-    state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(step), int(rank), 0x6E7C]).generate_state(2)
+    parts = [int(seed) & 0xFFFFFFFF, int(step), int(rank), int(micro), 0x6E7C]
+    state = np.random.SeedSequence(parts).generate_state(2)
     return int((int(state[0]) << 31) ^ int(state[1])) & ((1 << 63) - 1)
 
 
@@ -380,18 +383,35 @@ class InProcessGenerator:
         else:
             yield _HFCached(self.model) if self.kv_cache else _Recompute(_hf_forward(self.model))
 
-    def generate(self, prompts: Sequence[Sequence[int]], *, num_generations: int = 1, step: int = 0) -> Rollout:
-        began = time.perf_counter()
-        s = self.settings
+    def generate(self, prompts: Sequence[Sequence[int]], *, num_generations: int = 1, step: int = 0,
+                 micro: int = 0) -> Rollout:
+        """``num_generations`` completions of each prompt (token id lists), prompt-major; the
+        prompts left-padded to a multiple of ``prompt_bucket``."""
         if not prompts:
             raise ValueError("no prompts to generate from")
-        device = self._device()
-        length = bucket_length(max(len(p) for p in prompts), s.prompt_bucket)
+        length = bucket_length(max(len(p) for p in prompts), self.settings.prompt_bucket)
         ids, mask = pad_prompts(prompts, self.pad_id, length)
+        return self.generate_padded(ids, mask, num_generations=num_generations, step=step, micro=micro)
+
+    def generate_padded(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_generations: int = 1,
+                        step: int = 0, micro: int = 0) -> Rollout:
+        """The same from prompts already left-padded (``[U, P]`` ids and mask, e.g. the fixed prompt
+        room of a run): ``num_generations`` completions of each row, prompt-major (pass each
+        prompt once: its prefill is shared by its completions)."""
+        began = time.perf_counter()
+        s = self.settings
+        device = self._device()
+        ids, mask = prompt_ids.long().cpu(), prompt_mask.long().cpu()
+        if ids.shape != mask.shape or ids.dim() != 2 or not ids.shape[0]:
+            raise ValueError(f"prompt ids {tuple(ids.shape)} and mask {tuple(mask.shape)} must be one [rows, length]")
+        if (mask[:, 1:] < mask[:, :-1]).any():
+            raise ValueError("prompts must be left-padded (the mask 0 before the prompt, 1 to the end)")
+        length = ids.shape[1]
+        ids = torch.where(mask.bool(), ids, torch.full_like(ids, int(self.pad_id)))
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         total = length + s.max_completion_length
-        rows = len(prompts) * num_generations
-        generator = torch.Generator(device="cpu").manual_seed(sampling_seed(self.seed, step, self.rank)) \
+        rows = ids.shape[0] * num_generations
+        generator = torch.Generator(device="cpu").manual_seed(sampling_seed(self.seed, step, self.rank, micro)) \
             if s.do_sample else None
         out = torch.full((rows, s.max_completion_length), int(self.pad_id), dtype=torch.long)
         done = torch.zeros(rows, dtype=torch.bool)
