@@ -69,7 +69,12 @@ def hf(tiny):
 
 @pytest.fixture(scope="module")
 def native(tiny):
-    """torchtitan's native Qwen3 with the snapshot's weights (as tests/test_tiny_model.py builds it)."""
+    return build_native(tiny)
+
+
+def build_native(tiny: Path, *, trainable: bool = False):
+    """torchtitan's native Qwen3 with the snapshot's weights (as tests/test_tiny_model.py builds it);
+    ``trainable``: with the CPU dense attention the native backend trains with (flex has no CPU backward)."""
     from safetensors.torch import load_file
     from torchtitan.models.common import CosSinRoPE, Embedding, Linear
     from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_layers, _qwen3_norm
@@ -89,6 +94,11 @@ def native(tiny):
             rope=CosSinRoPE.Config(dim=f["head_dim"], max_seq_len=f["max_seq_len"], theta=f["rope_theta"]),
         ),
     )
+    if trainable:
+        from trnqwen.runtime.cpu_attention import cpu_dense_attention
+
+        for layer in cfg.layers:
+            layer.attention.inner_attention = cpu_dense_attention(layer.attention.inner_attention)
     model = cfg.build()
     state = Qwen3StateDictAdapter(cfg, str(tiny)).from_hf(load_file(str(tiny / builtin.WEIGHTS_FILE)))
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -119,11 +129,12 @@ def test_cache_and_recompute_give_the_same_greedy_completions(which, request, to
 
 
 def test_native_and_transformers_agree(hf, native, tok, prompts):
+    own = [m.inner_attention for m in native.modules() if hasattr(m, "inner_attention")]
     a = _gen(hf, tok, do_sample=False).generate(prompts, step=0)
     b = _gen(native, tok, do_sample=False).generate(prompts, step=0)
     assert torch.equal(a.completion_ids, b.completion_ids), (a.completion_ids, b.completion_ids)
-    kinds = {type(m.inner_attention).__name__ for m in native.modules() if hasattr(m, "inner_attention")}
-    assert kinds == {"FlexAttention"}  # the model's own attention is back after the rollout
+    after = [m.inner_attention for m in native.modules() if hasattr(m, "inner_attention")]
+    assert len(own) == 4 and all(x is y for x, y in zip(own, after))  # the model's own attention is back
 
 
 def test_sampling_is_seeded_by_seed_step_and_rank(hf, tok, prompts):
@@ -234,3 +245,87 @@ def test_speed_of_the_cache(which, request, tok, prompts, capsys):
     with capsys.disabled():
         print(f"\n[{which}] new tokens/s: kv cache {rates[True]:.0f}, recompute {rates[False]:.0f}")
     assert rates[True] > rates[False]
+
+
+def _load(which: str, tiny: Path):
+    if which == "hf":
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    return build_native(tiny, trainable=True)
+
+
+def _fsdp_worker(rank: int, world: int, init_file: str, tiny: str, out_dir: str, which: str, prompts: list) -> None:
+    """One rank: the model sharded with FSDP2 over gloo; rank 0's rows end at once when ``stop0``."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        tok = AutoTokenizer.from_pretrained(tiny)
+        model = _load(which, Path(tiny))
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in (model.model.layers if which == "hf" else model.layers.values()):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        mine = prompts[rank]
+        out = {}
+        _gen(model, tok, max_completion_length=2).generate(mine[:1])  # warm-up (FSDP's lazy init)
+        for gather in (True, False):
+            g = _gen(model, tok, rank=rank, temperature=1.0, max_completion_length=10)
+            g.gather_weights = gather
+            sampled = g.generate(mine, num_generations=2, step=5)
+            out[f"sampled_{gather}"], out[f"forwards_{gather}"] = sampled.completion_ids, sampled.forwards
+            out[f"seconds_{gather}"] = sampled.seconds
+        eos = tok.convert_tokens_to_ids("<|im_end|>")
+        bias = torch.zeros(model.config.vocab_size)
+        bias[eos] = 1e4
+        handle = model.lm_head.register_forward_hook(lambda mod, args, res: res + bias) if rank == 0 else None
+        early = _gen(model, tok, do_sample=False, max_completion_length=10).generate(mine, num_generations=2)
+        out["early_forwards"], out["early"] = early.forwards, early.completion_ids
+        if handle is not None:
+            handle.remove()
+        # FSDP trains as before: sharded weights again, a forward/backward gives sharded gradients
+        ids = torch.tensor([mine[0]])
+        if which == "hf":
+            logits = model(input_ids=ids).logits
+        else:
+            positions = torch.arange(ids.shape[1])[None]
+            logits = model(ids, positions, model.get_attention_masks(positions))
+        logits.float().logsumexp(-1).mean().backward()
+        params = list(model.parameters())
+        out["sharded"] = all(type(p).__name__ == "DTensor" and p.to_local().numel() < p.numel() for p in params
+                             if p.numel() >= 2)
+        out["grads"] = all(p.grad is not None for p in params)
+        torch.save(out, Path(out_dir) / f"{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["hf", "native"])
+def test_two_fsdp_ranks_draw_their_own_completions_with_the_same_forwards(which, request, tiny, tok, prompts, tmp_path):
+    """2 CPU ranks, the model sharded by FSDP2: each rank's rollout equals the unsharded model's for
+    that rank (its own seed), and a rank whose rows all end at once keeps calling forward until the
+    other rank's rows end too (no rank leaves FSDP's collectives early)."""
+    import torch.multiprocessing as mp
+
+    split = [prompts[:2], prompts[2:]]
+    mp.spawn(_fsdp_worker, args=(2, str(tmp_path / "init"), str(tiny), str(tmp_path), which, split), nprocs=2)
+    got = [torch.load(tmp_path / f"{r}.pt") for r in range(2)]
+    model = request.getfixturevalue(which)
+    for rank in range(2):
+        alone = _gen(model, tok, rank=rank, temperature=1.0, max_completion_length=10).generate(
+            split[rank], num_generations=2, step=5)
+        for gather in (True, False):  # weights gathered once per rollout, or at every forward
+            assert torch.equal(got[rank][f"sampled_{gather}"], alone.completion_ids), (rank, gather)
+            assert got[rank][f"forwards_{gather}"] == alone.forwards
+        assert got[rank]["sharded"] and got[rank]["grads"]
+    print(f"\n[{which}] 2 FSDP ranks, rollout seconds: gathered once {got[0]['seconds_True']:.2f}, "
+          f"at every forward {got[0]['seconds_False']:.2f}")
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    assert (got[0]["early"][:, 0] == eos).all() and not (got[1]["early"][:, 0] == eos).all()
+    assert got[0]["early_forwards"] == got[1]["early_forwards"] == 10

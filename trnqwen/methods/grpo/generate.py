@@ -15,6 +15,8 @@ Public API (names are stable; the rank integration builds on them):
   (hf-v5's and hf-trainer's ``Qwen3ForCausalLM``) and torchtitan's native decoder; besides
   ``generate`` (token-id lists, padded to a bucket) it takes prompts already left-padded to a fixed
   room: ``generate_padded(prompt_ids, prompt_mask, ...)``;
+* :func:`gathered_weights`: FSDP2's sharded weights gathered once for a whole rollout (the
+  generator does it unless ``gather_weights=False``);
 * :func:`sampling_seed`, :func:`bucket_length`, :func:`pad_prompts`, :func:`sample_tokens`.
 
 Rows are prompt-major: prompt 0's ``num_generations`` completions, then prompt 1's (TRL's order,
@@ -330,6 +332,43 @@ class _TitanDecoder:
         self.state.mask = None
 
 
+@contextlib.contextmanager
+def gathered_weights(model):
+    """FSDP2: every sharded module's weights all-gathered once for the whole rollout instead of at
+    each of its forwards (one forward per new token: ``C`` all-gathers of the whole model), then
+    resharded, each module's reshard-after-forward as it was (TRL's ``ds3_gather_for_generation``;
+    torchtitan's chunked loss does the same to its ``lm_head``).  Costs the whole model's weights on
+    every rank while it lasts.  A model without FSDP is left alone."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without distributed
+        yield
+        return
+    saved, seen = [], set()
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        state = module._get_fsdp_state()
+        if id(state) in seen:  # fully_shard([a, b]): one state for several modules
+            continue
+        seen.add(id(state))
+        saved.append((module, state, state._auto_reshard_after_forward,
+                      [g.post_forward_mesh_info for g in state._fsdp_param_groups]))
+    try:
+        for module, *_ in saved:
+            module.set_reshard_after_forward(False, recurse=False)
+            module.unshard()
+        yield
+    finally:
+        for module, state, auto, infos in saved:
+            # the public setter clears the root's automatic choice (keep the root gathered after
+            # its forward); put both back as they were
+            state._auto_reshard_after_forward = auto
+            for group, info in zip(state._fsdp_param_groups, infos):
+                group.post_forward_mesh_info = None if (auto and state._is_root) else info
+            module.reshard()
+
+
 def _is_titan_decoder(model) -> bool:
     return bool(_attention_modules(model)) and not hasattr(model, "generation_config")
 
@@ -355,6 +394,7 @@ class InProcessGenerator:
     rank: int = 0
     kind: str = "auto"
     kv_cache: bool = True
+    gather_weights: bool = True  # FSDP: all-gather the weights once per rollout (gathered_weights)
     group: Optional[object] = None
     _eos: torch.Tensor = field(init=False, repr=False)
 
@@ -419,7 +459,8 @@ class InProcessGenerator:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad(), self._decoder(total) as decoder:
+            gathered = gathered_weights(self.model) if self.gather_weights else contextlib.nullcontext()
+            with torch.no_grad(), gathered, self._decoder(total) as decoder:
                 logits = decoder.start(ids.to(device), mask.to(device), positions.to(device), total)
                 forwards += 1
                 if num_generations > 1:
