@@ -39,7 +39,7 @@ import sys
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 from trnqwen.errors import UsageError
 
@@ -110,7 +110,7 @@ class BuiltinOptions:
     plain_answers: bool = False  # accuracy: also a plain number/expression counts, not only \boxed{}/LaTeX
 
 
-def content(completion: Any) -> str:
+def content(completion: Union[str, list, dict]) -> str:
     """A completion's text: the string itself, or the content of its (first) assistant message."""
     if isinstance(completion, str):
         return completion
@@ -283,7 +283,7 @@ class RewardSet:
 
     def score(self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Sequence[Sequence[int]],
               columns: dict[str, Sequence[Any]], records: Sequence[str], *,
-              trainer_state: Any = None) -> RewardScores:
+              trainer_state: Optional[object] = None) -> RewardScores:
         """Every function on the batch (N completions; ``columns``: the records' other fields, one
         value per completion; ``records``: where each completion's record comes from, for errors)."""
         import torch
@@ -310,7 +310,8 @@ class RewardSet:
     def _label(self, spec: RewardSpec, name: str) -> str:
         return f"reward function {name!r}" + ("" if spec.text in ("", name) else f" (--reward {spec.text})")
 
-    def _checked(self, spec: RewardSpec, name: str, values: Any, records: Sequence[str]) -> list[float]:
+    def _checked(self, spec: RewardSpec, name: str, values: object, records: Sequence[str]) -> list[float]:
+        """``values`` (whatever the user's function returned) as floats, NaN for None."""
         n = len(records)
         try:
             values = list(values)
