@@ -395,6 +395,9 @@ class InProcessGenerator:
     kind: str = "auto"
     kv_cache: bool = True
     gather_weights: bool = True  # FSDP: all-gather the weights once per rollout (gathered_weights)
+    # the module whose FSDP weights are gathered when it is not ``model`` itself: hf-v5 generates
+    # with the HF model inside torchtitan's wrapper, whose root holds the embeddings and lm_head
+    weights_root: Optional[torch.nn.Module] = None
     group: Optional[object] = None
     _eos: torch.Tensor = field(init=False, repr=False)
 
@@ -459,7 +462,8 @@ class InProcessGenerator:
         was_training = self.model.training
         self.model.eval()
         try:
-            gathered = gathered_weights(self.model) if self.gather_weights else contextlib.nullcontext()
+            root = self.weights_root if self.weights_root is not None else self.model
+            gathered = gathered_weights(root) if self.gather_weights else contextlib.nullcontext()
             with torch.no_grad(), gathered, self._decoder(total) as decoder:
                 logits = decoder.start(ids.to(device), mask.to(device), positions.to(device), total)
                 forwards += 1
