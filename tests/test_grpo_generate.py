@@ -77,24 +77,20 @@ def build_native(tiny: Path, *, trainable: bool = False):
     """torchtitan's native Qwen3 with the snapshot's weights (as tests/test_tiny_model.py builds it);
     ``trainable``: with the CPU dense attention the native backend trains with (flex has no CPU backward)."""
     from safetensors.torch import load_file
-    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
-    from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_layers, _qwen3_norm
     from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 
     from trnqwen.fetch import builtin
+    from trnqwen.runtime.qwen3_native import qwen3_model_spec
+    from trnqwen.titan_compat import dims_from_hf_config
 
-    f = builtin.native_fields(json.loads((tiny / "config.json").read_text()))
-    cfg = Qwen3Model.Config(
-        vocab_size=f["vocab_size"], dim=f["dim"], norm=_qwen3_norm(f["dim"]),
-        enable_weight_tying=f["enable_weight_tying"],
-        tok_embeddings=Embedding.Config(num_embeddings=f["vocab_size"], embedding_dim=f["dim"]),
-        lm_head=Linear.Config(in_features=f["dim"], out_features=f["vocab_size"]),
-        layers=_build_qwen3_layers(
-            n_layers=f["n_layers"], dim=f["dim"], n_heads=f["n_heads"], n_kv_heads=f["n_kv_heads"],
-            head_dim=f["head_dim"], hidden_dim=f["hidden_dim"], attn_backend="flex",
-            rope=CosSinRoPE.Config(dim=f["head_dim"], max_seq_len=f["max_seq_len"], theta=f["rope_theta"]),
-        ),
-    )
+    # built as a run builds it: config.json's dims (titan_compat) -> the runtime's model spec
+    config = json.loads((tiny / "config.json").read_text())
+    d = dims_from_hf_config(config)
+    cfg = qwen3_model_spec(
+        name="tiny", dim=d.dim, n_layers=d.n_layers, n_heads=d.n_heads, n_kv_heads=d.n_kv_heads, head_dim=d.head_dim,
+        ffn_dim=d.ffn_dim, vocab_size=d.vocab_size, tied=d.tied, rope_theta=d.rope_theta,
+        max_seq_len=int(config["max_position_embeddings"]), norm_eps=float(config["rms_norm_eps"]), attn_backend="flex",
+    ).model
     if trainable:
         from trnqwen.runtime.cpu_attention import cpu_dense_attention
 
