@@ -293,7 +293,7 @@ def test_a_real_dpo_run_reads_back_and_an_edited_step1_loss_fails(tmp_path):
     assert run.code == 0, run.text[-4000:]
     # the live status line (not a terminal: one line per step, from the step's stream record)
     status = [ln for ln in run.err.splitlines() if ln.startswith("step ")]
-    assert len(status) == 3 and all("  accuracy " in ln and "  margin " in ln for ln in status), run.err
+    assert len(status) == 3 and all("  acc " in ln and "  margin " in ln for ln in status), run.err
     run_dir = next((tmp_path / ".trnqwen" / "runs").glob("*-native"))
     summary = json.loads((run_dir / "run.json").read_text())["extra"]["summary"]
     method_values = {f"dpo/{name}" for name in ("rewards_chosen", "rewards_rejected", "margin", "accuracy")}
