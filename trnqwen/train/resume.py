@@ -30,6 +30,7 @@ MAY_CHANGE = frozenset({
     "compile_cache_dir", "runs_dir",  # where files go, not what is trained
     "device",  # only as another way to name the same kind of device: refuse_other_device
     "merge",  # LoRA: also write the merged folder at the end (after training; the adapter is the same)
+    "disk_check",  # preflight's disk-space check: whether to trust the disk, not what is trained
 })
 RESUME_LAST = "last"
 RESUME_AUTO = "auto"  # schedulers: continue this job's own run (--rdzv-id) if it started before
