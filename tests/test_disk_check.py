@@ -70,3 +70,34 @@ def test_the_estimate_is_what_a_real_run_writes(tmp_path, tiny_assets):
     actual = {"resume_point": _folder_bytes(points[-1]), "export": _folder_bytes(ck / "hf")}
     for key, value in actual.items():
         assert abs(estimate[key] - value) <= 0.15 * value, (key, estimate[key], value)
+
+
+def test_a_resumed_runs_own_checkpoints_count_as_room(tmp_path):
+    """Resume points already in the folder are among those kept (or deleted): a resume on a nearly
+    full disk is not refused for the room its own checkpoints take."""
+    from trnqwen.config import RunConfig
+    from trnqwen.fetch.builtin import tiny_qwen3_config
+    from trnqwen.train.job import TrainJob
+    from trnqwen.train.memory import count_params
+    from trnqwen.train.preflight import PreflightReport, check_disk
+    from trnqwen.train.schedule import Schedule
+    from trnqwen.titan_compat import dims_from_hf_config
+
+    hf_config = tiny_qwen3_config()
+    cfg = RunConfig(model="builtin:tiny-qwen3", backend="native", finetune=True, keep_last=2, steps=10)
+    with mounted_tmpfs(tmp_path / "disk", "size=56m") as disk:
+        job = TrainJob(backend="native", entry_module="x", checkpoint_dir=disk / "ck",
+                       num_params=count_params(dims_from_hf_config(hf_config)),
+                       schedule=Schedule(steps=10, explain="", lr=1e-5, lr_source="set", warmup_steps=2, lr_schedule="cosine",
+                                         min_lr_ratio=0.0, weight_decay=0.1, max_grad_norm=1.0,
+                                         activation_checkpointing=None, save_every=2))
+        (disk / "ck" / "resume" / "step-4").mkdir(parents=True)
+        (disk / "ck" / "resume" / "step-4" / "__0_0.distcp").write_bytes(b"\0" * (20 << 20))
+        report = PreflightReport()
+        check_disk(report, cfg, job, hf_config, disk)
+        (finding,) = [f for f in report.findings if f.check == "disk"]
+        assert finding.severity == "plan" and "20.0 MiB of this folder's own checkpoints" in finding.message
+        (disk / "ck" / "resume" / "step-4" / "__0_0.distcp").rename(disk / "other")  # not the run's: no room
+        report = PreflightReport()
+        check_disk(report, cfg, job, hf_config, disk)
+        assert [f.severity for f in report.findings if f.check == "disk"] == ["error"]

@@ -303,8 +303,12 @@ def check_disk(report: PreflightReport, cfg: RunConfig, job: TrainJob, hf_config
     )
     _, free = free_bytes(base)
     report.disk = estimate
+    # a resumed run's (or --overwrite's) own checkpoints are among those kept, or deleted: their room counts
+    own = _tree_bytes(Path(job.checkpoint_dir).expanduser()) if job.checkpoint_dir else 0
     where = f"{_size(free)} free at {base}" if free is not None else f"free space at {base} unknown"
-    if free is None or free >= estimate.total:
+    if own:
+        where += f" (+ {_size(own)} of this folder's own checkpoints)"
+    if free is None or free + own >= estimate.total:
         report.add(PLAN, "disk", f"checkpoints need {estimate.describe()}; {where}")
         return
     report.add(
@@ -313,6 +317,13 @@ def check_disk(report: PreflightReport, cfg: RunConfig, job: TrainJob, hf_config
         "free disk space, pass --checkpoint-dir on a bigger disk, or keep fewer resume points (--keep-last, "
         "--save-every); --no-disk-check starts anyway (docs/resume.md)",
     )
+
+
+def _tree_bytes(folder: Path) -> int:
+    try:
+        return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    except OSError:
+        return 0
 
 
 # --- memory ---------------------------------------------------------------------------------
