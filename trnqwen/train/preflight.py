@@ -111,7 +111,8 @@ class PreflightReport:
 
 
 ENVIRONMENT_CHECKS = {"disk"}  # the machine, not the command: exit 3
-USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset", "outputs", "override-imports", "schedule"}
+USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset", "outputs", "override-imports", "schedule",
+                "lora"}
 FINETUNE_LR_WARN = 1e-4  # a full fine-tune at or above this rate tends to erase what the model knew
 
 
@@ -401,11 +402,25 @@ def _lora_trainable(cfg: RunConfig, dims: FlavorDims) -> Optional[int]:
     return contract_lora.adapter_params(dims, spec, targets)
 
 
-def check_lora(report: PreflightReport, cfg: RunConfig) -> None:
+def check_lora(report: PreflightReport, cfg: RunConfig, hf_config: Optional[dict[str, Any]] = None) -> None:
     from trnqwen.contract import lora as contract_lora
+    from trnqwen.train import lora
 
     if not cfg.lora:
         return
+    try:
+        dims = _dims_for(cfg, hf_config) if hf_config else None
+        spec = lora.spec_from_config(cfg)
+        targets = lora.backend_targets(spec, cfg.backend, moe=bool(dims.num_experts)) if dims and spec else ()
+    except (KeyError, TypeError, ValueError, UsageError):
+        targets = ()  # the memory check and the recipe report a config.json or target set they cannot read
+    too_small = contract_lora.rank_above_size(dims, cfg.lora_rank, tuple(targets)) if targets else {}
+    if too_small:
+        most = min(min(shape) for shape in too_small.values())
+        layers = ", ".join(f"{t} ({i} -> {o})" for t, (i, o) in too_small.items())
+        report.add(ERROR, "lora", f"--lora-rank {cfg.lora_rank} is above the size of {layers}: an update of such a "
+                   f"layer has rank {most} at most, the rest of the adapter would be parameters that add nothing",
+                   f"use --lora-rank {most} or less, or leave {', '.join(too_small)} out of --lora-targets")
     warning = contract_lora.vllm_rank_warning(cfg.lora_rank)
     if warning:
         report.add(WARNING, "lora", warning, "use --lora-rank 8, 16, 32 or 64 to serve it with vLLM")
@@ -507,7 +522,7 @@ def preflight(
     check_outputs(report, cfg, job, hf_config)
     check_schedule(report, cfg, job.schedule)
     check_override_imports(report, cfg, search_path if search_path is not None else [os.getcwd(), *sys.path])
-    check_lora(report, cfg)
+    check_lora(report, cfg, hf_config)
     if topo.problem(PARALLELISM) is None:
         # a LoRA export gathers only the adapters, not the whole model
         exports = bool(cfg.resolved_export_hf and job.checkpoint_dir and not cfg.lora)

@@ -32,6 +32,12 @@ REFERENCE_IMPORT = "from trnqwen.methods.dpo.titan import dpo_loss_config"
 ROWS = "trnqwen.methods.dpo.loss:titan_rows"  # the torchtitan dataloaders' row reader (methods/dpo/loss.py)
 
 
+# IPO's loss before any update is (1 / (2 beta))^2: 25 at beta 0.1, 2,500 at 0.01; past this bound
+# (beta below 5e-4) a run's loss and gradients are numbers with no meaning (1e-12 planned 2.5e23).
+IPO_MAX_INITIAL_LOSS = 1e6
+IPO_MIN_BETA = 5e-4
+
+
 def initial_loss(loss_type: str, beta: float) -> float:
     """Every pair's loss before the first update (policy = reference): the one home of the formula
     (the ranks, the judge and the quickstart all ask here)."""
@@ -66,6 +72,13 @@ def check(cfg: RunConfig) -> None:
     if cfg.train_on_inputs:
         raise UsageError("--train-on-inputs has no meaning with --method dpo: only the answers are compared",
                          hint="drop --train-on-inputs")
+    if cfg.dpo_loss == "ipo" and initial_loss("ipo", cfg.beta) > IPO_MAX_INITIAL_LOSS:
+        raise UsageError(
+            f"--dpo-loss ipo with --beta {cfg.beta:g} starts at loss (1 / (2 beta))^2 = "
+            f"{initial_loss('ipo', cfg.beta):.3g}: gradients that size only clip, and the loss says nothing",
+            hint=f"use --beta {IPO_MIN_BETA:g} or more (step-1 loss at most {IPO_MAX_INITIAL_LOSS:g}); "
+            "IPO is usually run at 0.01 to 0.5",
+        )
 
 
 def weights_identity(cfg: RunConfig, assets_dir: Path) -> dict[str, Any]:
