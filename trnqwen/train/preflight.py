@@ -238,8 +238,10 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def check_schedule(report: PreflightReport, cfg: RunConfig, schedule: Schedule) -> None:
-    """Steps, warm-up and LR that would waste or wreck the run (trnqwen.train.schedule)."""
+def check_schedule(report: PreflightReport, cfg: RunConfig, schedule: Schedule, *, random_base: bool = False) -> None:
+    """Steps, warm-up and LR that would waste or wreck the run (trnqwen.train.schedule).
+    ``random_base``: the assets say their weights are random by design (builtin:tiny-qwen3): no
+    knowledge for a high LR to erase."""
     if schedule is None:
         return
     if schedule.sequences is not None and schedule.global_batch and schedule.sequences < schedule.global_batch:
@@ -256,10 +258,13 @@ def check_schedule(report: PreflightReport, cfg: RunConfig, schedule: Schedule) 
         if schedule.sequences is None:
             report.add(ERROR, "schedule", f"--{name.replace('_', '-')} epoch needs a --dataset to count an epoch",
                        f"give --dataset FILE, or --{name.replace('_', '-')} N steps")
-    if cfg.finetune and not cfg.lora and schedule.lr >= FINETUNE_LR_WARN:  # LoRA runs at 1e-4 by design
+    if cfg.finetune and not cfg.lora and not random_base and schedule.lr >= FINETUNE_LR_WARN:  # LoRA: 1e-4 by design
+        from trnqwen.config import default_lr
+
+        default, why = default_lr(cfg)  # this run's own default: a full fine-tune's, or its method's (DPO: 1e-6)
         report.add(WARNING, "schedule",
                    f"a full fine-tune of published weights at lr {schedule.lr:g} can erase what the model knew; "
-                   "full fine-tunes usually use 1e-6 to 5e-5 (the default is 1e-5)", "lower --lr, e.g. --lr 1e-5")
+                   f"this run's default is {default:g} ({why})", f"lower --lr, e.g. --lr {default:g}")
 
 
 def check_outputs(report: PreflightReport, cfg: RunConfig, job: TrainJob, hf_config: Optional[dict[str, Any]] = None) -> None:
@@ -520,7 +525,8 @@ def preflight(
     check_topology(report, topo, cfg.seq_len)
     check_ranks(report, device, topo.nproc_per_node)
     check_outputs(report, cfg, job, hf_config)
-    check_schedule(report, cfg, job.schedule)
+    check_schedule(report, cfg, job.schedule,
+                   random_base=assets.declares_random_init(Path(assets_dir or cfg.resolved_assets_dir)))
     check_override_imports(report, cfg, search_path if search_path is not None else [os.getcwd(), *sys.path])
     check_lora(report, cfg, hf_config)
     if topo.problem(PARALLELISM) is None:
