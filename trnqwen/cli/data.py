@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from trnqwen.cli._options import (
+    AnswerEndOpt,
     AssetsOpt,
     ConfigFileOpt,
     DataCacheDirOpt,
@@ -68,6 +69,7 @@ def data(
     val_split: ValSplitOpt = None,
     val_dataset: ValDatasetOpt = None,
     seed: SeedOpt = None,
+    answer_end: AnswerEndOpt = None,
     data_cache_dir: DataCacheDirOpt = None,
     config_file: ConfigFileOpt = None,
     json_out: JsonOpt = False,
@@ -83,7 +85,7 @@ def data(
             dataset=dataset, model=model, assets_dir=assets, seq_len=seq_len, method=method, dataset_format=dataset_format,
             dataset_split=dataset_split, packing=packing, long_conversations=long_conversations,
             train_on_inputs=train_on_inputs, val_split=val_split, val_dataset=val_dataset, seed=seed,
-            data_cache_dir=data_cache_dir,
+            answer_end=answer_end, data_cache_dir=data_cache_dir,
         ),
         config_file=config_file,
         uses={*DataSettings.__dataclass_fields__, "data_cache_dir", "model", "assets_dir", "trust_remote_code"},

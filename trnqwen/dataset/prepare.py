@@ -50,6 +50,9 @@ class DataSettings:
     # the records that method reads: "chat" (SFT formats) or "preference" (pairs: trnqwen.dataset.preference);
     # the caller asks the method (trnqwen.methods.registry; RunConfig.data_kind): dataset/ never does
     data_kind: str = "chat"
+    # preference pairs: where a trained answer ends ("im_end", or "trl": also the template's newline
+    # after it); declared with the pair methods' settings (methods/pair_settings.py)
+    answer_end: str = "im_end"
 
     @classmethod
     def from_config(cls, cfg: Any) -> DataSettings:
@@ -66,6 +69,8 @@ class DataSettings:
         if not self.val_split:
             out.pop("seed")
         out.pop("data_kind")  # the method names it (caches keep their keys)
+        if self.answer_end == "im_end" or self.data_kind == "chat":
+            out.pop("answer_end")  # the default (caches keep their keys), or chat data, which does not read it
         if self.method == "sft":
             out.pop("method")  # SFT caches keep the keys they had before preference data existed
         return out

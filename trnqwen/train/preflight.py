@@ -261,7 +261,7 @@ def check_schedule(report: PreflightReport, cfg: RunConfig, schedule: Schedule, 
     if cfg.finetune and not cfg.lora and not random_base and schedule.lr >= FINETUNE_LR_WARN:  # LoRA: 1e-4 by design
         from trnqwen.config import default_lr
 
-        default, why = default_lr(cfg)  # this run's own default: a full fine-tune's, or its method's (DPO: 1e-6)
+        default, why = default_lr(cfg)  # this run's own: a full fine-tune's, or its method's
         report.add(WARNING, "schedule",
                    f"a full fine-tune of published weights at lr {schedule.lr:g} can erase what the model knew; "
                    f"this run's default is {default:g} ({why})", f"lower --lr, e.g. --lr {default:g}")
