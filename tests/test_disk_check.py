@@ -19,13 +19,6 @@ TINY = ["--model", "builtin:tiny-qwen3", "--backend", "native", "--device", "cpu
         "--seq-len", "128", "--finetune"]
 
 
-@pytest.fixture(scope="module")
-def tiny_assets(tmp_path_factory) -> Path:
-    from trnqwen.fetch.builtin import write_tiny_qwen3
-
-    return write_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "assets" / "hf" / "tiny-qwen3")
-
-
 def test_a_disk_too_small_for_the_checkpoints_is_refused_before_training(cli, in_tmp, tiny_assets):
     # 10 steps saved every 2, all kept: 5 resume points of ~13 MiB + an 8 MiB export, on 56 MiB
     with mounted_tmpfs(in_tmp / "small", "size=56m") as disk:

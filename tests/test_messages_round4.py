@@ -8,19 +8,9 @@ random-weight tiny model: tests/test_schedule.py; "an assistant turn": tests/tes
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
-import pytest
 
 TINY = ["--model", "builtin:tiny-qwen3", "--device", "cpu", "--nproc-per-node", "1", "--steps", "2", "--seq-len", "128",
         "--finetune", "--backend", "native"]
-
-
-@pytest.fixture(scope="module")
-def tiny_assets(tmp_path_factory) -> Path:
-    from trnqwen.fetch.builtin import write_tiny_qwen3
-
-    return write_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "assets" / "hf" / "tiny-qwen3")
 
 
 def test_the_plan_is_information_not_warnings(cli, in_tmp, tiny_assets):

@@ -10,21 +10,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
-import pytest
 
 from tests.helpers import assert_clean_error
 
 TINY = ["--model", "builtin:tiny-qwen3", "--device", "cpu", "--nproc-per-node", "1", "--steps", "2", "--seq-len", "128",
         "--finetune", "--backend", "native"]
-
-
-@pytest.fixture(scope="module")
-def tiny_assets(tmp_path_factory) -> Path:
-    from trnqwen.fetch.builtin import write_tiny_qwen3
-
-    return write_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "assets" / "hf" / "tiny-qwen3")
 
 
 def test_a_lora_rank_above_a_layers_size_is_refused(cli, in_tmp, tiny_assets):

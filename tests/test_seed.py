@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.helpers import dry_plan
 from trnqwen.config import RunConfig
 from trnqwen.rundir import RunRecord, point_last
 
@@ -21,21 +22,8 @@ TINY = ["--model", "builtin:tiny-qwen3", "--device", "cpu", "--nproc-per-node", 
 CHAT = str(Path(__file__).resolve().parents[1] / "trnqwen" / "data" / "tiny_chat" / "calculator.jsonl")
 
 
-@pytest.fixture(scope="module")
-def tiny_assets(tmp_path_factory) -> Path:
-    from trnqwen.fetch.builtin import write_tiny_qwen3
-
-    return write_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "assets" / "hf" / "tiny-qwen3")
-
-
-def _dry(cli, *args) -> dict:
-    r = cli("train", *args, "--dry-run", "--json")
-    assert r.code == 0, r.text
-    return json.loads(r.out)
-
-
 def test_seed_reaches_torchtitan_the_dataloader_lora_and_the_record(cli, in_tmp, tiny_assets):
-    plan = _dry(cli, *TINY, "--assets", str(tiny_assets), "--backend", "native", "--finetune", "--lora",
+    plan = dry_plan(cli, *TINY, "--assets", str(tiny_assets), "--backend", "native", "--finetune", "--lora",
                 "--dataset", CHAT, "--val-split", "0.1", "--seed", "7")
     text = plan["config_module_text"]
     assert "config.debug.seed = 7" in text
@@ -45,7 +33,7 @@ def test_seed_reaches_torchtitan_the_dataloader_lora_and_the_record(cli, in_tmp,
 
 
 def test_seed_reaches_the_hf_trainer_spec(cli, in_tmp, tiny_assets):
-    plan = _dry(cli, *TINY, "--assets", str(tiny_assets), "--backend", "hf-trainer", "--finetune", "--seed", "11")
+    plan = dry_plan(cli, *TINY, "--assets", str(tiny_assets), "--backend", "hf-trainer", "--finetune", "--seed", "11")
     argv = plan["command"]
     assert argv[argv.index("--seed") + 1] == "11"
 
@@ -86,7 +74,7 @@ def recorded_seed(in_tmp, tiny_assets):
 
 
 def test_a_resumed_run_keeps_its_seed_and_refuses_another(cli, recorded_seed):
-    plan = _dry(cli, "--resume")
+    plan = dry_plan(cli, "--resume")
     assert plan["config"]["seed"] == 7 and "config.debug.seed = 7" in plan["config_module_text"]
     r = cli("train", "--resume", "--seed", "9", "--dry-run")
     assert r.code == 2 and "seed would change" in r.err, r.text
