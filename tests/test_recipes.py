@@ -107,6 +107,7 @@ def test_hf_v5_matches_the_recipe(qwen3_4b_assets, text_jsonl, tmp_path, monkeyp
     assert config.checkpoint.folder.endswith("/checkpoint_qwen3_4b/resume")  # the recipe model: the recipe's folder
     assert config.dump_folder == str((tmp_path / "run").absolute())
     assert config.compile.enable is False
+    assert config.training.mixed_precision_param == "bfloat16"  # the recipe's mixed precision on Trainium
     # hf-v5 goes through trnqwen's entry on Neuron too: it re-initialises the rotary buffers
     assert job.entry_module == "trnqwen.runtime.entry" and "--trnqwen-device" not in job.entry_args
     assert job.entry_args[:4] == ["--module", "trnqwen_run_config", "--config", "trnqwen_hf_v5"]
@@ -195,6 +196,8 @@ def test_native_builds_any_qwen3_from_config_json(tiny_assets, tmp_path):
     assert model_cfg.dim == hf["hidden_size"] and len(model_cfg.layers) == hf["num_hidden_layers"]
     assert model_cfg.enable_weight_tying is hf["tie_word_embeddings"]
     assert config.parallelism.spmd_backend == "partial_dtensor"  # native on CPU
+    # a CPU run trains in float32 as hf-trainer does (torchtitan's FSDP default casts to bfloat16)
+    assert config.training.mixed_precision_param == "float32"
     assert job.entry_module == "trnqwen.runtime.entry" and "--trnqwen-device" in job.entry_args
     with torch.device("meta"):
         model = model_cfg.build()
@@ -214,6 +217,7 @@ def test_exported_config_loads_through_torchtitans_config_manager(tiny_assets, t
     sys.modules.pop(name, None)
     assert config.training.steps == 7 and config.training.seq_len == 128
     assert config.hf_model == str(tiny_assets.absolute())
+    assert config.metrics.backend == "hf-v5"  # what the metrics stream's header says (not "torchtitan")
 
 
 # --- nki-moe -------------------------------------------------------------------------------------
@@ -235,6 +239,7 @@ def test_nki_moe_calls_the_documented_entry_point(neuron_double, tmp_path, text_
     assert config.parallelism.expert_parallel_degree == 1
     assert config.hf_assets_path == str((tmp_path / "none").absolute())
     assert job.num_layers == 4 and job.model_flavor == "30B-A3B"
+    assert config.metrics.backend == "nki-moe"
 
 
 def test_nki_moe_compile_adds_grad_clip(neuron_double, tmp_path, text_jsonl):

@@ -4,7 +4,8 @@ Examples:
   trnqwen data conversations.jsonl --model builtin:tiny-qwen3 --seq-len 256
   trnqwen data ./my_chats/ --val-split 0.05 --json | jq .trained_tokens
   trnqwen data org/dataset --dataset-split train --dataset-format sharegpt
-  trnqwen data prefs.jsonl --method dpo      # preference pairs: kept/dropped, tokens, one pair
+
+(each training method adds its own examples: ``Method.examples``)
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from trnqwen.cli._options import (
     ValSplitOpt,
     given,
 )
+from trnqwen.methods import registry
 
 HELP = "Check and tokenize a dataset with the model's chat template: formats, trained tokens, packing."
 EPILOG = """\
@@ -40,13 +42,12 @@ Examples:
 \b
   trnqwen data conversations.jsonl --model builtin:tiny-qwen3 --seq-len 256
   trnqwen data ./my_chats/ --val-split 0.05 --json | jq .trained_tokens
-  trnqwen data org/dataset --dataset-split train --dataset-format sharegpt
-  trnqwen data prefs.jsonl --method dpo      # preference pairs: kept/dropped, tokens, one pair
+  trnqwen data org/dataset --dataset-split train --dataset-format sharegpt{method_examples}
 
 Uses the same code as `trnqwen train`: the tokenized cache it writes is the one training reads.
 Without DATASET, the dataset from the config (or the bundled calculator chat set) is used.
 Exit 0 ok, 2 bad data (one line naming the file and record), 3 a missing package.
-"""
+""".format(method_examples="".join(f"\n  {e.line}      # {e.what}" for e in registry.examples("data")))
 
 
 def data(
@@ -93,7 +94,7 @@ def data(
     for warning in resolved.warnings:
         output.warn(warning)
     with output.console().status("Reading and tokenizing the dataset...", spinner="dots"):
-        prepared = prepare_dataset(resolved.config)
+        prepared = prepare_dataset(resolved.config, pair_methods=registry.names_for_data("preference"))
     if json_out:
         output.print_json({**prepared.report, "cache_dir": str(prepared.cache_dir), "reused": prepared.reused})
     elif resolved.config.data_kind == "preference":  # the method's records (trnqwen.methods.registry)

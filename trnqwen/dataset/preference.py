@@ -60,15 +60,16 @@ def bundled_pairs_path() -> Path:
     return preference_recipe.prefs_path()
 
 
-def load_pairs(source: Source, forced: Optional[str]) -> tuple[list[PreferencePair], str, int]:
+def load_pairs(source: Source, forced: Optional[str], *, method: str) -> tuple[list[PreferencePair], str, int]:
+    """The pairs of ``source`` (``method``: the run's method, named in the hints)."""
     records = source.records()
     if not records:
         raise UsageError(f"dataset {source.name} has no records", hint="point --dataset at data with records in it")
-    fmt = forced if forced not in (None, "auto") else detect_preference_format(records[0])
+    fmt = forced if forced not in (None, "auto") else detect_preference_format(records[0], method=method)
     if fmt not in PREFERENCE_FORMATS:
         raise UsageError(
             f"--dataset-format {fmt} is not a preference format",
-            hint=f"--method dpo reads: {', '.join(PREFERENCE_FORMATS)} (or leave --dataset-format auto)",
+            hint=f"--method {method} reads: {', '.join(PREFERENCE_FORMATS)} (or leave --dataset-format auto)",
         )
     return normalise_pairs(records, fmt), fmt, len(records)
 
@@ -77,7 +78,7 @@ def render_pairs(tokenizer, pairs: list[PreferencePair], *, answer_end: str = "i
     """Documents 2i (chosen) and 2i+1 (rejected): texts, answer-only trained flags, token ids.
 
     ``answer_end="im_end"``: each answer turn and the ``<|im_end|>`` closing it (the chat rule,
-    ``dataset/chat.py``); ``"trl"``: TRL's DPOTrainer convention, everything the template writes after
+    ``dataset/chat.py``); ``"trl"``: TRL's convention for a pair, everything the template writes after
     the prompt (its generation prompt) to the end: the answer, ``<|im_end|>`` and the newline after it."""
     from trnqwen.dataset import chat
     from trnqwen.dataset.formats import Example
@@ -177,10 +178,10 @@ def write_pairs(settings, assets_dir: Path, cache_root: Path, key: str, source: 
     """Read, render, fit, pack and write; returns (the cache folder, its report)."""
     from trnqwen.dataset import chat
 
-    pairs, fmt, n_records = load_pairs(source, settings.dataset_format)
+    pairs, fmt, n_records = load_pairs(source, settings.dataset_format, method=settings.method)
     val_pairs: list[PreferencePair] = []
     if val_source is not None:
-        val_pairs, _, val_records = load_pairs(val_source, fmt)
+        val_pairs, _, val_records = load_pairs(val_source, fmt, method=settings.method)
         n_records += val_records  # records = every record read, kept + dropped (as SFT's report counts)
     train_idx, val_idx = split_indices(len(pairs), len(val_pairs), settings)
     everything = pairs + val_pairs

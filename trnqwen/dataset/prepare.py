@@ -11,7 +11,7 @@ Every record dropped or cut is counted with its reason in the report: nothing va
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -53,6 +53,9 @@ class DataSettings:
     # preference pairs: where a trained answer ends ("im_end", or "trl": also the template's newline
     # after it); declared with the pair methods' settings (methods/pair_settings.py)
     answer_end: str = "im_end"
+    # the methods that train on preference pairs, named in the hints (``add --method X``); the caller
+    # asks the registry (prepare_dataset's pair_methods): not part of the cache key
+    pair_methods: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, cfg: Any) -> DataSettings:
@@ -69,6 +72,7 @@ class DataSettings:
         if not self.val_split:
             out.pop("seed")
         out.pop("data_kind")  # the method names it (caches keep their keys)
+        out.pop("pair_methods")
         if self.answer_end == "im_end" or self.data_kind == "chat":
             out.pop("answer_end")  # the default (caches keep their keys), or chat data, which does not read it
         if self.method == "sft":
@@ -89,9 +93,13 @@ class PreparedData:
         return cache.open_split(self.cache_dir, name)
 
 
-def prepare_dataset(cfg: Any, assets_dir: Optional[Path] = None, *, cache_root: Optional[Path] = None) -> PreparedData:
-    """Tokenize ``cfg.dataset`` with the snapshot in ``assets_dir`` into the cache (or reuse it)."""
+def prepare_dataset(cfg: Any, assets_dir: Optional[Path] = None, *, cache_root: Optional[Path] = None,
+                    pair_methods: tuple[str, ...] = ()) -> PreparedData:
+    """Tokenize ``cfg.dataset`` with the snapshot in ``assets_dir`` into the cache (or reuse it).
+    ``pair_methods``: the methods that train on pairs, for the hints (the caller asks the registry)."""
     settings = cfg if isinstance(cfg, DataSettings) else DataSettings.from_config(cfg)
+    if pair_methods:
+        settings = replace(settings, pair_methods=tuple(pair_methods))
     if assets_dir is None:
         assets_dir = cfg.resolved_assets_dir
     if cache_root is None:
@@ -130,18 +138,19 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
     if val_source is not None:
         warnings += [*val_source.skipped, *_same_data(source, val_source, settings.val_dataset)]
     found = cache.lookup(cache_root, key)
-    if found is not None:
-        return PreparedData(found, key, True, {**cache.read_meta(found).get("report", {}), "warnings": warnings})
+    if found is not None:  # built from the same bytes, maybe read from another path: this call's names win
+        report = {**cache.read_meta(found).get("report", {}), "source": source.name, "warnings": warnings}
+        return PreparedData(found, key, True, report)
 
     if settings.data_kind == "preference":
         from trnqwen.dataset import preference
 
         directory, report = preference.write_pairs(settings, assets_dir, cache_root, key, source, val_source, _split)
         return PreparedData(directory, key, False, {**report, "warnings": warnings})
-    examples, fmt, records = _examples(source, settings.dataset_format)
+    examples, fmt, records = _examples(source, settings)
     val_examples: list[Example] = []
     if val_source is not None:
-        val_examples, _, val_records = _examples(val_source, fmt)
+        val_examples, _, val_records = _examples(val_source, settings, fmt)
         records += val_records
     train_idx, val_idx = _split(len(examples), len(val_examples), settings)
 
@@ -241,8 +250,9 @@ def _check_settings(settings: DataSettings) -> None:
 
     if settings.dataset_format not in (None, "auto", *FORMATS, *PREFERENCE_FORMATS):
         raise UsageError(f"--dataset-format must be one of: auto, {', '.join(FORMATS + PREFERENCE_FORMATS)}")
-    if settings.method == "sft" and settings.dataset_format in PREFERENCE_FORMATS:
-        raise UsageError(f"--dataset-format {settings.dataset_format} holds preference pairs", hint="add --method dpo")
+    if settings.data_kind == "chat" and settings.dataset_format in PREFERENCE_FORMATS:
+        raise UsageError(f"--dataset-format {settings.dataset_format} holds preference pairs",
+                         hint=f"add {pair_method_flags(settings.pair_methods)} (docs/preference.md)")
     if not 0.0 <= settings.val_split < 1.0:
         raise UsageError(f"--val-split must be in [0, 1), got {settings.val_split}")
     if settings.val_split and settings.val_dataset:
@@ -270,15 +280,24 @@ def _key(settings: DataSettings, source: Source, val_source: Optional[Source], a
     return key.hexdigest()
 
 
-def _examples(source: Source, forced: Optional[str]) -> tuple[list[Example], str, int]:
+def pair_method_flags(names: tuple[str, ...]) -> str:
+    """``--method a`` / ``--method a or --method b``: the methods that read pairs (handed in), as flags."""
+    flags = [f"--method {name}" for name in names] or ["--method <a method that trains on pairs>"]
+    return flags[0] if len(flags) == 1 else ", ".join(flags[:-1]) + " or " + flags[-1]
+
+
+def _examples(source: Source, settings: DataSettings, forced: Optional[str] = None) -> tuple[list[Example], str, int]:
+    forced = forced or settings.dataset_format
     records = source.records()
     if not records:
         raise UsageError(f"dataset {source.name} has no records", hint="point --dataset at data with records in it")
     first = records[0].data
     if isinstance(first, dict) and "chosen" in first and "rejected" in first and forced in (None, "auto"):
         raise UsageError(
-            f"{records[0].where}: a preference pair (chosen/rejected), but this run is supervised (--method sft)",
-            hint="train on pairs with --method dpo (docs/preference.md), or give chat records",
+            f"{records[0].where}: a preference pair (chosen/rejected), but this run is supervised "
+            f"(--method {settings.method})",
+            hint=f"train on pairs with {pair_method_flags(settings.pair_methods)} (docs/preference.md), "
+                 "or give chat records",
         )
     fmt = forced if forced not in (None, "auto") else detect_format(records[0], columns=source.columns)
     return normalise(records, fmt), fmt, len(records)

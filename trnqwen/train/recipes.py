@@ -16,7 +16,7 @@ Each backend builds its config the way the published recipe does by hand
 (model only) to ``<checkpoint_dir>/hf/step-N/``; resumable DCP checkpoints go to
 ``<checkpoint_dir>/resume/step-N/`` (:mod:`trnqwen.contract.checkpoint_layout`).  Version differences come from :mod:`compat`.
 
-Every module ends with ``return trnqwen_config(config, hooks=[...])``: the same values under
+Every module ends with ``return trnqwen_config(config, hooks=[...], backend=...)``: the same values under
 trnqwen's Trainer, checkpointer, metrics processor and validator (torchtitan's classes extended
 through its config: :mod:`trnqwen.runtime.trainer`), with the method's trainer hooks.
 """
@@ -480,6 +480,11 @@ def _render(plan: Plan) -> str:
     ]
     if cfg.seed is not None:
         body.append(f"config.debug.seed = {cfg.seed}")
+    if plan.device.type == "cpu":
+        # torchtitan's FSDP casts parameters to bfloat16 for the forward by default
+        # (training.mixed_precision_param); a CPU run trains in float32, as hf-trainer does, so
+        # the backends compute the same loss (and CPU bfloat16 matmuls are no faster).
+        body.append('config.training.mixed_precision_param = "float32"')
     if sched.activation_checkpointing is not None:  # else the recipe's own (hf-v5 selective, native full)
         body += _activation_checkpoint_lines(sched.activation_checkpointing, imp)
     if cfg.backend != "nki-moe":
@@ -536,7 +541,7 @@ def _render(plan: Plan) -> str:
     lines += [f"    {line}" if line else "" for line in body]
     # trnqwen's Trainer, checkpointer, metrics processor and validator: torchtitan's own classes
     # extended (resume, preemption, LR on the step line, LoRA export, metrics stream, the hooks)
-    lines.append(f"    return trnqwen_config(config, hooks=[{', '.join(hooks)}])")
+    lines.append(f"    return trnqwen_config(config, hooks=[{', '.join(hooks)}], backend={cfg.backend!r})")
     return "\n".join(lines) + "\n"
 
 
