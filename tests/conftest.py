@@ -16,6 +16,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
 
+@pytest.fixture(scope="session")
+def tiny_assets(tmp_path_factory) -> Path:
+    """One tiny Qwen3 HF snapshot for the session (built offline, deterministic); a module may
+    define its own."""
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    return write_tiny_qwen3(tmp_path_factory.mktemp("tiny") / "assets" / "hf" / "tiny-qwen3")
+
+
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("home")

@@ -56,6 +56,15 @@ def run_subprocess(*args: str, env: dict | None = None, cwd: Path | None = None,
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
+def dry_plan(cli, *args: str) -> dict:
+    """``trnqwen train ARGS --dry-run --json``'s plan (the command must succeed)."""
+    import json
+
+    r = cli("train", *args, "--dry-run", "--json")
+    assert r.code == 0, r.text
+    return json.loads(r.out)
+
+
 def assert_clean_error(result: Result, *, code: int, contains: str) -> None:
     """A user mistake: the given exit code, a message naming the problem, no traceback."""
     assert result.code == code, f"exit {result.code} != {code}\n{result.text}"

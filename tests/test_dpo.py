@@ -66,7 +66,9 @@ def test_a_string_prompt_is_one_user_turn():
     ({"prompt": "Hi?", "chosen": [], "rejected": "Go away."}, "chosen answer is empty"),
     ({"prompt": "Hi?", "chosen": "Hello.", "rejected": "Hello."}, "the same answer"),
     ({"prompt": [SYSTEM], "chosen": "5.", "rejected": "7."}, "no user turn"),
-    ({"prompt": [USER, GOOD], "chosen": "5.", "rejected": "7."}, "ends with a assistant turn"),
+    ({"prompt": [USER, GOOD], "chosen": "5.", "rejected": "7."}, "ends with an assistant turn"),
+    ({"prompt": "", "chosen": "5.", "rejected": "7."}, "the prompt is empty"),
+    ({"prompt": [SYSTEM, {"role": "user", "content": "  "}], "chosen": "5.", "rejected": "7."}, "the prompt is empty"),
     ({"chosen": [USER, GOOD], "rejected": [SYSTEM, USER, BAD]}, "different conversations"),
     ({"prompt": "Hi?", "chosen": [{"role": "user", "content": "x"}], "rejected": "y"}, "chosen answer is empty"),
 ])
@@ -81,6 +83,7 @@ def test_a_bad_record_is_named(data, words):
     ({"prompt": "Q?", "chosen": "", "rejected": "B."}, "chosen answer is empty"),
     ({"prompt": "Q?", "chosen": "A.", "rejected": "A."}, "the same answer"),
     ({"prompt": [{"role": "system", "content": "S"}], "chosen": "A.", "rejected": "B."}, "no user turn"),
+    ({"prompt": "", "chosen": "A.", "rejected": "B."}, "the prompt is empty"),
 ])
 def test_the_cli_exits_2_with_one_line_naming_the_record(tiny, tmp_path, cli, bad, words):
     data = tmp_path / "prefs.jsonl"

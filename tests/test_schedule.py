@@ -193,11 +193,33 @@ def _findings(plan: dict, severity: str) -> list[str]:
     return [f["message"] for f in plan["preflight"]["findings"] if f["severity"] == severity and f["check"] == "schedule"]
 
 
-def test_full_fine_tune_at_a_pre_training_rate_warns(tmp_path, tiny_assets, chat_file):
-    plan = _dry(tmp_path, tiny_assets, "--finetune", "--dataset", str(chat_file), "--steps", "4", "--lr", "2e-4")
+@pytest.fixture(scope="module")
+def published_assets(tiny_assets, tmp_path_factory) -> Path:
+    """The tiny snapshot without its model card: weights that do not say they are random (as a
+    published model's), so a high LR has something to erase."""
+    import shutil
+
+    folder = shutil.copytree(tiny_assets, tmp_path_factory.mktemp("published") / "tiny-qwen3")
+    (folder / "README.md").unlink()
+    return folder
+
+
+def test_full_fine_tune_at_a_pre_training_rate_warns(tmp_path, published_assets, tiny_assets, chat_file):
+    plan = _dry(tmp_path, published_assets, "--finetune", "--dataset", str(chat_file), "--steps", "4", "--lr", "2e-4")
     (warning,) = _findings(plan, "warning")
-    assert "lr 0.0002" in warning and "1e-6 to 5e-5" in warning
-    assert not _findings(_dry(tmp_path, tiny_assets, "--finetune", "--steps", "4"), "warning")
+    assert "lr 0.0002" in warning and "this run's default is 1e-05 (default for a full fine-tune)" in warning
+    assert not _findings(_dry(tmp_path, published_assets, "--finetune", "--steps", "4"), "warning")
+    # the random-weight tiny model (its card says so) has nothing to erase: no warning
+    assert not _findings(_dry(tmp_path, tiny_assets, "--finetune", "--dataset", str(chat_file), "--steps", "4",
+                              "--lr", "2e-4"), "warning")
+
+
+def test_a_preference_run_at_a_high_rate_is_told_its_own_methods_default(tmp_path, published_assets):
+    plan = _dry(tmp_path, published_assets, "--finetune", "--method", "dpo", "--steps", "4", "--lr", "2e-4",
+                "--backend", "native")
+    (warning,) = _findings(plan, "warning")
+    assert "this run's default is 1e-06 (default for DPO (TRL's))" in warning and "full fine-tune's" not in warning
+    assert "1e-5" not in warning
 
 
 def test_more_warmup_than_steps_is_an_error(tmp_path, tiny_assets):

@@ -48,10 +48,9 @@ Backend = Literal["hf-v5", "native", "nki-moe", "hf-trainer"]
 Device = Literal["auto", "neuron", "cuda", "cpu"]
 Launcher = Literal["local", "slurm", "k8s"]
 K8sApi = Literal["trainjob", "pytorchjob"]
-DatasetFormat = Literal[
-    "auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text",
-    "prompt-chosen-rejected", "conversation-chosen-rejected",  # a method that reads preference pairs
-]
+CHAT_FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt-completion", "text")  # dataset/formats.py
+PAIR_FORMATS = ("prompt-chosen-rejected", "conversation-chosen-rejected")  # a method that reads preference pairs
+DatasetFormat = Literal[CHAT_FORMATS + PAIR_FORMATS]
 LongConversations = Literal["truncate", "drop"]
 LrSchedule = Literal["cosine", "linear", "constant"]
 Method = Literal[methods.NAMES]  # the registry's methods (trnqwen/methods/registry.py)
@@ -73,16 +72,14 @@ class _RunFields(BaseModel):
         None, help="Local HF snapshot.", flags=("--assets", "--assets-dir"), shown_default="./assets/hf/<model name>",
         panel="Model",
     )
-    backend: Backend = setting(
-        "hf-v5", help=f"Modeling backend: {', '.join(BACKENDS)}.", short="-b", panel="Model",
-    )
+    backend: Backend = setting("hf-v5", help=f"Modeling backend: {', '.join(BACKENDS)}.", short="-b", panel="Model")
     finetune: bool = setting(False, help="Start from the published weights and export HF safetensors.", panel="Model")
     dataset: Optional[str] = setting(
         None, help="Local JSONL/Parquet/text file or folder, or a Hub dataset name.", panel="Data",
     )
     # --- your data (trnqwen.dataset: formats, chat template, labels, packing, cache) -------
     dataset_format: Optional[DatasetFormat] = setting(
-        None, help="Record format: auto, messages, sharegpt, alpaca, prompt-completion, text.",
+        None, help=f"Record format: {', '.join(CHAT_FORMATS)}; a preference method's pairs: {', '.join(PAIR_FORMATS)}.",
         shown_default="auto (detected from the records)", panel="Data",
     )
     dataset_split: str = setting("train", help="Hub dataset split.", panel="Data")
@@ -100,9 +97,7 @@ class _RunFields(BaseModel):
     val_dataset: Optional[str] = setting(
         None, help="Validation records from another file, folder or Hub dataset.", panel="Data",
     )
-    val_every: Optional[EveryN] = setting(
-        None, help="Validate every N steps, or 'epoch'.", metavar="N|epoch", panel="Data",
-    )
+    val_every: Optional[EveryN] = setting(None, help="Validate every N steps, or 'epoch'.", metavar="N|epoch", panel="Data")
     data_cache_dir: Optional[Path] = setting(
         None, help="Tokenized dataset cache.", shown_default="~/.cache/trnqwen/datasets", panel="Data",
     )
@@ -120,7 +115,10 @@ class _RunFields(BaseModel):
         None, gt=0, le=1.0, allow_inf_nan=False, help="Peak learning rate.",
         shown_default="1e-5 for a full fine-tune, 8e-4 from random init", panel="Schedule",
     )
-    seed: Optional[int] = setting(42, ge=0, help="Random seed (none = torchtitan's default).", flag=False, panel="Schedule")
+    seed: Optional[int] = setting(
+        42, ge=0, help="Random seed: the random init, LoRA's adapters, the --val-split hold-out and each epoch's data "
+        "order (torchtitan's debug.seed, the Trainer's seed); recorded in run.json, kept by --resume.", panel="Schedule",
+    )
     # --- LoRA (trnqwen.train.lora: targets; runtime.lora: in the ranks; contract.peft_adapter: the PEFT adapter) ---
     lora: bool = setting(
         False, help="Train a LoRA adapter on the frozen base; the export is a PEFT adapter folder.", panel="LoRA",
@@ -138,7 +136,7 @@ class _RunFields(BaseModel):
         panel="LoRA",
     )
     merge: bool = setting(
-        False, help="With --lora: also write the merged whole model folder beside the adapter (hf/step-N-merged).",
+        False, help="With --lora: also write the merged whole model folder beside the adapter (hf/step-N.merged).",
         panel="LoRA",
     )
     # --- the training method (trnqwen/methods/<name>/: one folder each; their settings declared there) ---
@@ -214,6 +212,8 @@ class RunConfig(_WithMethodSettings):
         3, ge=0, help="Resumable checkpoints kept; 0 keeps all (torchtitan keep_latest_k, the Trainer's "
         "save_total_limit).", panel="Checkpoints and preemption",
     )
+    disk_check: bool = setting(True, panel="Checkpoints and preemption", help="Refuse a run whose resume points "
+                               "(x --keep-last) and export would not fit on the disk (preflight's estimate).")
     grace_seconds: float = setting(
         90.0, gt=0, le=3600, help="On SIGTERM/SIGUSR1 the ranks save at the next step boundary within this many "
         "seconds, then exit 138.", shown_default="90", panel="Checkpoints and preemption",

@@ -58,6 +58,26 @@ class RunRecord:
         return cls(**known)
 
 
+def live_launcher(record: RunRecord) -> Optional[int]:
+    """The pid of the launcher of a run that is training now: its record says created/running and
+    that process, started when the record says, is alive.  None otherwise (a run killed without a
+    word leaves a record that still says "running")."""
+    import os
+
+    if record.status not in ("created", "running"):
+        return None
+    pid = record.extra.get("launcher_pid")
+    try:
+        import psutil
+
+        alive = bool(pid) and psutil.pid_exists(int(pid)) and int(pid) != os.getpid()
+        if alive and record.extra.get("launcher_started_at"):
+            alive = abs(psutil.Process(int(pid)).create_time() - float(record.extra["launcher_started_at"])) < 1.0
+    except Exception:
+        alive = False
+    return int(pid) if alive else None
+
+
 def next_run_id(runs_dir: Path, backend: str) -> str:
     """``<timestamp>-<backend>[-n]``: the first such name not yet taken under ``runs_dir``."""
     base = f"{time.strftime('%Y%m%d-%H%M%S')}-{backend}"

@@ -9,13 +9,21 @@ Examples:
 from __future__ import annotations
 
 from trnqwen.cli._options import BackendOpt, ConfigFileOpt, JsonOpt, ModelOpt, StepsOpt, given
-from trnqwen.cli.app import make_app
+from trnqwen.cli.app import keep_examples, make_app
 
 HELP = "Show the resolved run configuration and where each value came from."
 app = make_app(help=HELP)
 
 
-@app.command("show", epilog="Example: trnqwen config show --json")
+SHOW_EPILOG = """\
+Examples:
+
+  trnqwen config show --json
+  TRNQWEN_STEPS=20 trnqwen config show --backend native
+"""
+
+
+@app.command("show", epilog=keep_examples(SHOW_EPILOG))
 def show(
     config_file: ConfigFileOpt = None,
     model: ModelOpt = None,

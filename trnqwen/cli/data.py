@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from trnqwen.cli._options import (
+    AnswerEndOpt,
     AssetsOpt,
     ConfigFileOpt,
     DataCacheDirOpt,
@@ -25,6 +26,7 @@ from trnqwen.cli._options import (
     MethodOpt,
     ModelOpt,
     PackingOpt,
+    SeedOpt,
     SeqLenOpt,
     TrainOnInputsOpt,
     ValDatasetOpt,
@@ -67,6 +69,8 @@ def data(
     train_on_inputs: TrainOnInputsOpt = None,
     val_split: ValSplitOpt = None,
     val_dataset: ValDatasetOpt = None,
+    seed: SeedOpt = None,
+    answer_end: AnswerEndOpt = None,
     data_cache_dir: DataCacheDirOpt = None,
     config_file: ConfigFileOpt = None,
     json_out: JsonOpt = False,
@@ -81,8 +85,8 @@ def data(
         given(
             dataset=dataset, model=model, assets_dir=assets, seq_len=seq_len, method=method, dataset_format=dataset_format,
             dataset_split=dataset_split, packing=packing, long_conversations=long_conversations,
-            train_on_inputs=train_on_inputs, val_split=val_split, val_dataset=val_dataset,
-            data_cache_dir=data_cache_dir,
+            train_on_inputs=train_on_inputs, val_split=val_split, val_dataset=val_dataset, seed=seed,
+            answer_end=answer_end, data_cache_dir=data_cache_dir,
         ),
         config_file=config_file,
         uses={*DataSettings.__dataclass_fields__, "data_cache_dir", "model", "assets_dir", "trust_remote_code"},

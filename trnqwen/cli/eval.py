@@ -18,12 +18,17 @@ import typer
 from trnqwen.cli._options import ConfigFileOpt, DeviceOpt, JsonOpt, given, user_paths
 
 HELP = "Held-out loss, perplexity and answers of the fine-tune against its base model."
-EPILOG = (
-    "Examples: trnqwen eval  |  trnqwen eval --generate 3  |  trnqwen eval RUN_ID --json  |  "
-    "trnqwen eval ./ckpt/step-100 --dataset held_out.jsonl --no-base. "
-    "Exit 0 ok, 2 usage error (no such checkpoint or run, architecture mismatch, no trained tokens, "
-    "--generate without a chat template)."
-)
+EPILOG = """\
+Examples:
+
+  trnqwen eval                                   # the last run's export vs its base, on its validation split
+  trnqwen eval --generate 3                      # ... and three held-out answers side by side
+  trnqwen eval RUN_ID --json                     # a run id (or run directory)
+  trnqwen eval ./ckpt/step-100 --dataset held_out.jsonl --no-base
+
+Exit 0 ok, 2 usage error (no such checkpoint or run, architecture mismatch, no trained tokens,
+--generate without a chat template).
+"""
 
 
 def eval_cmd(

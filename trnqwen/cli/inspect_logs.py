@@ -20,11 +20,17 @@ import typer
 from trnqwen.cli._base_options import ConfigFileOpt, JsonOpt, user_paths  # not _options: no pydantic for a log path
 
 HELP = "Read a torchtitan training log (file, run dir, stdin; default: the last run) and judge the run."
-EPILOG = (
-    "Examples: `trnqwen inspect-logs` (last run) | `trnqwen inspect-logs train.log --json` | "
-    "`trnqwen inspect-logs a.log --compare b.log` | `trnqwen inspect-logs --follow` | "
-    "`trnqwen inspect-logs RUN_DIR --plot loss.png`. Exit 1 when an error finding exists (--no-strict: 0)"
-)
+EPILOG = """\
+Examples:
+
+  trnqwen inspect-logs                           # the last run
+  trnqwen inspect-logs train.log --json
+  trnqwen inspect-logs a.log --compare b.log
+  trnqwen inspect-logs --follow                  # a run still going, until it ends
+  trnqwen inspect-logs RUN_DIR --plot loss.png
+
+Exit 1 when an error finding exists (--no-strict: 0).
+"""
 
 
 def inspect_logs(

@@ -70,7 +70,7 @@ def build_app(only: Optional[str] = None):
 
     import typer
 
-    from trnqwen.cli.app import make_app
+    from trnqwen.cli.app import keep_examples, make_app
 
     app = make_app(name="trnqwen", help=ROOT_HELP)
 
@@ -88,7 +88,7 @@ def build_app(only: Optional[str] = None):
     for name, (module, attr) in COMMANDS.items():
         if only is None or name == only:
             mod = importlib.import_module(module)
-            app.command(name, help=mod.HELP, epilog=getattr(mod, "EPILOG", None))(getattr(mod, attr))
+            app.command(name, help=mod.HELP, epilog=keep_examples(getattr(mod, "EPILOG", None)))(getattr(mod, attr))
     for name, (module, attr) in GROUPS.items():
         if only is None or name == only:
             app.add_typer(getattr(importlib.import_module(module), attr), name=name)

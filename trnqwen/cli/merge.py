@@ -16,12 +16,17 @@ import typer
 from trnqwen.cli._options import JsonOpt, user_paths
 
 HELP = "Merge a LoRA adapter into its base model: W + alpha/r x B A, written as a whole HF model folder."
-EPILOG = (
-    "Examples: trnqwen merge  |  trnqwen merge ./checkpoint_qwen3_4b_ft/hf/step-500  |  "
-    "trnqwen merge ./adapter --base assets/hf/Qwen3-4B-Instruct-2507 --out ./merged. "
-    "The same as `axolotl merge-lora` / `llamafactory-cli export`; `train --lora --merge` does it at the end of a run. "
-    "Exit 0 ok, 1 the adapter is broken or does not fit the base (verify-ckpt's diagnosis), 2 usage error."
-)
+EPILOG = """\
+Examples:
+
+  trnqwen merge                                  # the last run's adapter, its base from the run
+  trnqwen merge ./checkpoint_qwen3_4b_ft/hf/step-500
+  trnqwen merge ./adapter --base assets/hf/Qwen3-4B-Instruct-2507 --out ./merged
+
+The same as `axolotl merge-lora` / `llamafactory-cli export`; `train --lora --merge` does it at the
+end of a run. Exit 0 ok, 1 the adapter is broken or does not fit the base (verify-ckpt's
+diagnosis), 2 usage error.
+"""
 
 
 def merge(

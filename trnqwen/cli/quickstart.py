@@ -14,24 +14,25 @@ from typing import Annotated, Optional
 import typer
 
 from trnqwen.cli._options import JsonOpt
+from trnqwen.quickstart.types import stage_groups
 
-HELP = "Run the whole lifecycle on builtin:tiny-qwen3 here (no network, no accelerator): check-env, fetch, train, verify-ckpt, inspect-logs."
+HELP = (
+    "Run the whole lifecycle on builtin:tiny-qwen3 here (no network, no accelerator): every command on every "
+    "backend, LoRA and each training method, stage by stage (listed below)."
+)
 EPILOG = """\
 Examples:
 
-\b
   trnqwen quickstart                               # what `make quickstart` runs
   trnqwen quickstart --workdir /tmp/qs --json      # one JSON summary on stdout
   trnqwen quickstart --backend native --steps 5    # one fine-tune backend, longer
 
-Stages: check-env; fetch builtin:tiny-qwen3; a short pre-training run from random init that
-exports HF weights; those weights packaged as a model snapshot; `train --finetune` from it with
-each backend (native, hf-v5, hf-trainer) through torchrun; verify-ckpt on every export;
-inspect-logs judging every run, checking that the fine-tunes' step-1 loss is far below the
-random-init run's, and writing loss.png. Everything goes under --workdir (summary.json lists it).
-Exit 0 when every stage passed; otherwise the failed stage is named, with its error's exit code
-(1 a failed check, 2 usage, 3 the environment: a missing device, a full disk; 70 a trnqwen bug).
-"""
+Stages, in order: {stages}. The fine-tunes start from the pre-trained snapshot; inspect-logs judges
+every run, checks that the fine-tunes' step-1 loss is far below the random-init run's, and writes
+loss.png. Everything goes under --workdir (summary.json lists it). Exit 0 when every stage passed;
+otherwise the failed stage is named, with its error's exit code (1 a failed check, 2 usage, 3 the
+environment: a missing device, a full disk; 70 a trnqwen bug).
+""".format(stages="; ".join(stage_groups()))
 
 WorkdirOpt = Annotated[
     Optional[Path],

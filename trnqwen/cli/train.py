@@ -191,8 +191,9 @@ def _print_findings(report, *, quiet_info: bool = False, notes=(), brief: bool =
     from trnqwen import output
 
     short = {"memory": report.memory, "host-memory": report.host_memory} if brief else {}
-    for note in notes:
-        output.warn(note)
+    if not quiet_info:  # what the recipe planned (LoRA, the method, the model spec): facts, not warnings
+        for note in notes:
+            output.info(f"[dim]plan:[/dim] {note}")
     for f in report.findings:
         if f.severity == "warning":
             output.warn(f.message + (f" ({f.hint})" if f.hint else ""))

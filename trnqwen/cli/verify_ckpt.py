@@ -22,11 +22,16 @@ HELP = (
     "Check an exported checkpoint: keys, shapes and dtypes against the model, every value finite "
     "(a LoRA adapter: against its base, and loaded with peft)."
 )
-EPILOG = (
-    "Examples: trnqwen verify-ckpt ./checkpoint_qwen3_4b_ft  |  trnqwen verify-ckpt --quick --json  |  "
-    "trnqwen verify-ckpt ./ckpt --compare-to assets/hf/Qwen3-4B-Instruct-2507 --generate 'Hello'. "
-    "Exit 0 ok, 1 a check failed, 2 usage error (no such path, no config.json)."
-)
+EPILOG = """\
+Examples:
+
+  trnqwen verify-ckpt ./checkpoint_qwen3_4b_ft   # the newest export in it
+  trnqwen verify-ckpt --quick --json             # the last run's, headers only
+  trnqwen verify-ckpt ./ckpt --round-trip        # + the recipe's AutoModelForCausalLM load
+  trnqwen verify-ckpt ./ckpt --compare-to assets/hf/Qwen3-4B-Instruct-2507 --generate 'Hello'
+
+Exit 0 ok, 1 a check failed, 2 usage error (no such path, no config.json).
+"""
 
 
 def verify_ckpt(

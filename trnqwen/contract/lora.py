@@ -72,18 +72,31 @@ def titan_target_names(targets: tuple[str, ...], *, fused_qkv: bool) -> list[str
     return names
 
 
-def adapter_params(dims: FlavorDims, spec: LoraSpec, targets: tuple[str, ...]) -> int:
-    """Adapter parameters: r x (in + out) for every adapted projection of every layer."""
-    h, hd, r = dims.dim, dims.head_dim, spec.rank
+def projection_shapes(dims: FlavorDims) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each projection an adapter can sit on (an MoE's dense MLP: none)."""
+    h, hd = dims.dim, dims.head_dim
     q_out, kv_out = dims.n_heads * hd, dims.n_kv_heads * hd
     ffn = dims.ffn_dim or 0
-    sizes = {
-        "q_proj": h + q_out, "k_proj": h + kv_out, "v_proj": h + kv_out, "o_proj": q_out + h,
-        "gate_proj": h + ffn, "up_proj": h + ffn, "down_proj": ffn + h,
+    shapes = {
+        "q_proj": (h, q_out), "k_proj": (h, kv_out), "v_proj": (h, kv_out), "o_proj": (q_out, h),
+        "gate_proj": (h, ffn), "up_proj": (h, ffn), "down_proj": (ffn, h),
     }
     if dims.num_experts:  # MoE layers have no dense MLP for an adapter to sit on
-        sizes.update(gate_proj=0, up_proj=0, down_proj=0)
-    return dims.n_layers * r * sum(sizes[t] for t in targets)
+        shapes.update(gate_proj=(0, 0), up_proj=(0, 0), down_proj=(0, 0))
+    return shapes
+
+
+def adapter_params(dims: FlavorDims, spec: LoraSpec, targets: tuple[str, ...]) -> int:
+    """Adapter parameters: r x (in + out) for every adapted projection of every layer."""
+    shapes = projection_shapes(dims)
+    return dims.n_layers * spec.rank * sum(sum(shapes[t]) for t in targets)
+
+
+def rank_above_size(dims: FlavorDims, rank: int, targets: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """The targets whose projection cannot hold a rank-``rank`` update (rank > min(in, out)): B A of
+    such a layer has rank min(in, out) at most, the rest are parameters that add nothing."""
+    shapes = projection_shapes(dims)
+    return {t: shapes[t] for t in targets if 0 < min(shapes[t]) < rank}
 
 
 def vllm_rank_warning(rank: int) -> Optional[str]:

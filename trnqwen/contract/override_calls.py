@@ -20,6 +20,18 @@ CALLS_RE = re.compile(
 )
 
 
+# The overrides trnqwen puts in by itself (never a user's --override-imports), by the function
+# name they are logged under (torchtitan logs ``module.function`` or the registered name): what
+# inspect-logs calls them, so they are not listed as if the user had asked for them.
+TRNQWEN_OWN = {"cpu_dense_attention": "trnqwen's CPU attention, put in on every CPU run"}
+
+
+def override_label(name: str) -> str:
+    """``override NAME``, or for one of trnqwen's own: ``override NAME (trnqwen's ..., ...)``."""
+    own = TRNQWEN_OWN.get(name.rpartition(".")[2]) if name.startswith("trnqwen.") or "." not in name else None
+    return f"override {name}" + (f" ({own})" if own else "")
+
+
 def format_calls_line(
     name: str, calls: int, fallbacks: int, modules: int, rank: int | str, step: int = 1, reason: Optional[str] = None
 ) -> str:

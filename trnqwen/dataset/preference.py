@@ -74,8 +74,12 @@ def load_pairs(source: Source, forced: Optional[str], *, method: str) -> tuple[l
     return normalise_pairs(records, fmt), fmt, len(records)
 
 
-def render_pairs(tokenizer, pairs: list[PreferencePair]) -> TokenizedDocs:
-    """Documents 2i (chosen) and 2i+1 (rejected): texts, answer-only trained flags, token ids."""
+def render_pairs(tokenizer, pairs: list[PreferencePair], *, answer_end: str = "im_end") -> TokenizedDocs:
+    """Documents 2i (chosen) and 2i+1 (rejected): texts, answer-only trained flags, token ids.
+
+    ``answer_end="im_end"``: each answer turn and the ``<|im_end|>`` closing it (the chat rule,
+    ``dataset/chat.py``); ``"trl"``: TRL's convention for a pair, everything the template writes after
+    the prompt (its generation prompt) to the end: the answer, ``<|im_end|>`` and the newline after it."""
     from trnqwen.dataset import chat
     from trnqwen.dataset.formats import Example
 
@@ -86,6 +90,8 @@ def render_pairs(tokenizer, pairs: list[PreferencePair]) -> TokenizedDocs:
         in_prompt = sum(1 for m in pair.prompt if m["role"] == "assistant")
         for d in (2 * i, 2 * i + 1):
             spans[d] = spans[d][in_prompt:]
+            if answer_end == "trl" and spans[d]:
+                spans[d] = [(spans[d][0][0], len(texts[d]))]
     return chat.tokenize(tokenizer, texts, spans)
 
 
@@ -180,7 +186,7 @@ def write_pairs(settings, assets_dir: Path, cache_root: Path, key: str, source: 
     train_idx, val_idx = split_indices(len(pairs), len(val_pairs), settings)
     everything = pairs + val_pairs
     tokenizer = chat.load_tokenizer(assets_dir)
-    docs = render_pairs(tokenizer, everything)
+    docs = render_pairs(tokenizer, everything, answer_end=getattr(settings, "answer_end", "im_end"))
     fitted = fit_pairs(docs, settings.seq_len, settings.long_conversations)
     kept = set(fitted.keep.tolist())
     train_pairs = np.array([i for i in train_idx.tolist() if i in kept], dtype=np.int64)

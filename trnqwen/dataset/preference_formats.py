@@ -144,10 +144,13 @@ def _pair(record: Record, fmt: str) -> PreferencePair:
 
 
 def _checked(record: Record, pair: PreferencePair) -> PreferencePair:
-    if not any(m["role"] == "user" for m in pair.prompt):
+    users = [m for m in pair.prompt if m["role"] == "user"]
+    if not users:
         raise _bad(record, "the prompt has no user turn (there is nothing for the answers to answer)")
+    if not any(m["content"].strip() for m in users):
+        raise _bad(record, "the prompt is empty: its user turn has no text (there is nothing for the answers to answer)")
     if pair.prompt[-1]["role"] != "user":
-        raise _bad(record, f"the prompt ends with a {pair.prompt[-1]['role']} turn, not a user turn")
+        raise _bad(record, f"the prompt ends with {_a(pair.prompt[-1]['role'])} turn, not a user turn")
     if pair.prompt[0]["role"] == "assistant":
         raise _bad(record, "the prompt starts with an assistant turn", "put the user's turn (or a system prompt) first")
     for name in _SIDES:
@@ -155,9 +158,14 @@ def _checked(record: Record, pair: PreferencePair) -> PreferencePair:
         if not side:
             raise _bad(record, f"the {name} answer is empty")
         if any(m["role"] != "assistant" for m in side):
-            raise _bad(record, f"the {name} answer has a {side[0]['role']} turn; answers are assistant turns only")
+            raise _bad(record, f"the {name} answer has {_a(side[0]['role'])} turn; answers are assistant turns only")
         if not all(m["content"].strip() for m in side):
             raise _bad(record, f"the {name} answer is empty")
     if pair.chosen == pair.rejected:
         raise _bad(record, "chosen and rejected are the same answer (there is nothing to prefer)")
     return pair
+
+
+def _a(role: str) -> str:
+    """``a user``, ``an assistant``: the role with its article."""
+    return f"{'an' if role[:1] in 'aeiou' else 'a'} {role}"

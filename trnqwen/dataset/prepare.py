@@ -50,6 +50,9 @@ class DataSettings:
     # the records that method reads: "chat" (SFT formats) or "preference" (pairs: trnqwen.dataset.preference);
     # the caller asks the method (trnqwen.methods.registry; RunConfig.data_kind): dataset/ never does
     data_kind: str = "chat"
+    # preference pairs: where a trained answer ends ("im_end", or "trl": also the template's newline
+    # after it); declared with the pair methods' settings (methods/pair_settings.py)
+    answer_end: str = "im_end"
     # the methods that train on preference pairs, named in the hints (``add --method X``); the caller
     # asks the registry (prepare_dataset's pair_methods): not part of the cache key
     pair_methods: tuple[str, ...] = ()
@@ -70,6 +73,8 @@ class DataSettings:
             out.pop("seed")
         out.pop("data_kind")  # the method names it (caches keep their keys)
         out.pop("pair_methods")
+        if self.answer_end == "im_end" or self.data_kind == "chat":
+            out.pop("answer_end")  # the default (caches keep their keys), or chat data, which does not read it
         if self.method == "sft":
             out.pop("method")  # SFT caches keep the keys they had before preference data existed
         return out

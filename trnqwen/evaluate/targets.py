@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from trnqwen.assets import has_tokenizer
 from trnqwen.errors import UsageError
-from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir
+from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir, live_launcher
 
 # config.json fields that must agree for two checkpoints to be the same architecture.
 ARCHITECTURE_FIELDS = (
@@ -162,8 +162,18 @@ def _target_of_run(run: RunInfo, base_dir: Optional[Path] = None) -> EvalTarget:
 def _target_of_folder(path: Path, label: str, run: Optional[RunInfo], base_dir: Optional[Path] = None) -> EvalTarget:
     from trnqwen.ckpt.layout import find_config, resolve_checkpoint
     from trnqwen.ckpt.verify_adapter import find_base_config, is_adapter
+    from trnqwen.errors import TrnqwenError
 
-    ckpt = resolve_checkpoint(path)
+    try:
+        ckpt = resolve_checkpoint(path)
+    except TrnqwenError:
+        pid = live_launcher(run.record) if run is not None else None
+        if pid is not None:
+            raise UsageError(
+                f"run {run.run_id} is still running (launcher pid {pid}): it writes its export at its last step",
+                hint="evaluate it when it has finished (`trnqwen inspect-logs --follow` shows it), or pass an earlier export",
+            ) from None
+        raise
     if is_adapter(ckpt):  # base + adapter: the base is the run's assets, else adapter_config's base model
         base = find_base_config(ckpt, base=base_dir, run_assets=run.assets if run else None, base_flag="--base-dir").path.parent
         if run is not None and ckpt.step is not None and label == run.run_id:

@@ -12,6 +12,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from trnqwen.contract.override_calls import override_label
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
 from trnqwen.logs.identity import with_identity
 from trnqwen.logs.lora import check_lora
@@ -324,7 +325,7 @@ def _check_overrides(log: ParsedLog, ctx: RunContext) -> list[Finding]:
                                lines[:3]))
         if not entry["missing_layers"] and not entry["duplicate_layers"]:
             what = f"all {n} layers" if n else f"layers {_layers_text(entry['layers'])}"
-            out.append(Finding("info", "override-ok", f"override {name}: exactly once on {what} ({entry['old']} -> {entry['new']})", lines[:1]))
+            out.append(Finding("info", "override-ok", f"{override_label(name)}: exactly once on {what} ({entry['old']} -> {entry['new']})", lines[:1]))
     if not n:
         out.append(Finding("info", "layers-unknown",
                            "the model's layer count is unknown, so missing layers at the end can't be seen (pass --expect-layers N)"))
@@ -353,12 +354,9 @@ def override_calls(log: ParsedLog) -> dict[str, dict]:
     for name, per_rank in log.override_calls.items():
         recs = [per_rank[r] for r in sorted(per_rank)]
         out[name] = {
-            "calls": sum(r["calls"] for r in recs),
-            "fallbacks": sum(r["fallbacks"] for r in recs),
-            "modules": max(r["modules"] for r in recs),
-            "ranks": sorted(per_rank),
-            "reason": next((r["reason"] for r in recs if r["reason"]), None),
-            "lines": [r["line"] for r in recs],
+            "calls": sum(r["calls"] for r in recs), "fallbacks": sum(r["fallbacks"] for r in recs),
+            "modules": max(r["modules"] for r in recs), "ranks": sorted(per_rank),
+            "reason": next((r["reason"] for r in recs if r["reason"]), None), "lines": [r["line"] for r in recs],
         }
     return out
 
@@ -388,7 +386,7 @@ def _check_override_calls(log: ParsedLog, ctx: RunContext) -> list[Finding]:
                                f"override {name} ran on {c['modules']} module(s) of the {replaced} it replaced", c["lines"][:3]))
         elif c["calls"] and not c["fallbacks"]:
             out.append(Finding("info", "override-ran",
-                               f"override {name} ran its own code: {c['calls']} call(s) on {c['modules']} module(s), "
+                               f"{override_label(name)} ran its own code: {c['calls']} call(s) on {c['modules']} module(s), "
                                f"no fallback ({len(c['ranks'])} rank(s))", c["lines"][:1]))
     if log.steps:
         for name, entry in applied.items():
@@ -500,7 +498,9 @@ def _check_throughput(log: ParsedLog, ctx: RunContext) -> list[Finding]:
 
     t = log.steps
     rows, tps = t.finite("tps")
-    keep = t.np("step")[rows] > 1
+    # each process's first step (step 1, the one after each resume point) includes start-up and compilation
+    firsts = np.array([1, *(int(r["from_step"]) + 1 for r in log.resumes if r.get("from_step") is not None)])
+    keep = ~np.isin(t.np("step")[rows], firsts)
     rows, tps = rows[keep], tps[keep]
     if len(rows) < 3:
         return []
@@ -511,7 +511,7 @@ def _check_throughput(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         if rest < THROUGHPUT_DROP_RATIO * b:
             i = int(rows[k + 2])
             text = (f"throughput fell to {t.value('tps', i):,} tps at step {t.step[i]} from about {b:,.0f} tps "
-                    f"and stayed below {THROUGHPUT_DROP_RATIO:.0%} of it (step 1 excluded: it includes compilation)")
+                    f"and stayed below {THROUGHPUT_DROP_RATIO:.0%} of it (each start's first step excluded: it includes compilation)")
             if on_cpu(log):  # the cores are the host's: other processes (a cold start's) take them
                 return [Finding("info", "throughput-collapse", text + "; on CPU throughput follows the host's load",
                                 [t.line[i] or None])]

@@ -18,6 +18,7 @@ from trnqwen.logs.judge import (
 from trnqwen.methods import registry as methods
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
+from trnqwen.contract.override_calls import override_label
 from trnqwen.contract.stepline import STEP_FIELDS
 from trnqwen.logs.sources import RunContext
 from trnqwen.fsutil import write_text_atomic
@@ -397,7 +398,7 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
             bad = c["calls"] == 0 or c["fallbacks"]
             text = f"calls {c['calls']}, fallbacks {c['fallbacks']}"
             parts.append(f"[red]{text}[/red]" if bad else text)
-        t.add_row(f"override {name}", redact("; ".join(parts)))
+        t.add_row(override_label(name), redact("; ".join(parts)))
     lora = lora_row(log, ctx)
     if lora is not None:
         t.add_row("LoRA", _escape(lora))

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trnqwen.quickstart.types import RunInfo, StageFailed
+from trnqwen.quickstart.types import LORA_STAGE, RunInfo, StageFailed
 
-STAGE = "LoRA fine-tune"
+STAGE = LORA_STAGE
 LORA_RANK = 8
 LORA_LR = 1e-2  # adapters start at zero and move little per step: LoRA runs 10x a full fine-tune's rate
 

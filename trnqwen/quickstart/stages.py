@@ -38,6 +38,7 @@ from trnqwen.quickstart.types import (
     Stage,
     StageFailed,
     attach_result,
+    stage_names,
 )
 from trnqwen.train.plan import TrainPlan
 
@@ -308,8 +309,9 @@ def run_quickstart(
     from trnqwen.methods import registry as methods
 
     method_stages = [(m, methods.load(m.quickstart)) for m in methods.methods() if m.quickstart]
-    n_stages = 4 + 2 * len(backends) + 4 + len(method_stages)  # ... override, inspect-logs, chat, LoRA, each method's
-    prog = Progress(progress, n_stages)
+    # the stages in their documented order: their numbers, and the order of result.stages
+    canonical = stage_names(tuple(backends), [mod.STAGE for _, mod in method_stages])
+    prog = Progress(progress, len(canonical))
     assets = workdir / "assets" / "tiny-qwen3"
     pretrained = workdir / "assets" / "tiny-qwen3-pretrained"
     runs_dir = workdir / "runs"
@@ -320,11 +322,6 @@ def run_quickstart(
     )
 
     from trnqwen.quickstart import lora_stage
-
-    # the stages in their documented order: their numbers, and the order of result.stages
-    canonical = ["check-env", "fetch", "pre-train", "snapshot", *[f"train --finetune ({b})" for b in backends],
-                 "override", *[f"verify-ckpt ({b})" for b in backends], "inspect-logs", "chat fine-tune", lora_stage.STAGE,
-                 *[mod.STAGE for _, mod in method_stages]]
 
     def stage(name: str, what: str, fn: Callable[[], Any], skipped: Optional[str] = None, lane: bool = False) -> Any:
         prog.start(name, what, index=canonical.index(name) + 1)

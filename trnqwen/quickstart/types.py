@@ -28,6 +28,36 @@ MIN_PRETRAIN_DROP = 0.5
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "loss.png"
 
+LORA_STAGE = "LoRA fine-tune"
+
+
+def method_stage_names() -> list[str]:
+    """Each training method's own stage (``trnqwen/methods/<name>/quickstart.py``'s ``STAGE``), in registry order."""
+    from trnqwen.methods import registry as methods
+
+    return [methods.load(m.quickstart).STAGE for m in methods.methods() if m.quickstart]
+
+
+def stage_names(backends: tuple[str, ...] = FINETUNE_BACKENDS, method_stages: Optional[list[str]] = None) -> list[str]:
+    """Every stage the quickstart runs, in their documented order: their numbers, the order of the
+    result's stages, the list in ``trnqwen quickstart --help`` and docs/getting-started.md's table."""
+    methods_own = method_stage_names() if method_stages is None else method_stages
+    return ["check-env", "fetch", "pre-train", "snapshot", *[f"train --finetune ({b})" for b in backends], "override",
+            *[f"verify-ckpt ({b})" for b in backends], "inspect-logs", "chat fine-tune", LORA_STAGE, *methods_own]
+
+
+def stage_groups(backends: tuple[str, ...] = FINETUNE_BACKENDS) -> list[str]:
+    """:func:`stage_names` with each per-backend stage once: ``train --finetune (native, hf-v5, hf-trainer)``."""
+    out: list[str] = []
+    for name in stage_names(backends):
+        head, _, backend = name.partition(" (")
+        if backend and backend.rstrip(")") in backends:
+            name = f"{head} ({', '.join(backends)})"
+        if name not in out:
+            out.append(name)
+    return out
+
+
 NEXT_COMMANDS = (
     "trnqwen fetch Qwen/Qwen3-4B-Instruct-2507",
     "trnqwen check-env",

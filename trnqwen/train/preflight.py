@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen import assets
-from trnqwen.errors import CheckFailed, UsageError
+from trnqwen.errors import CheckFailed, EnvironmentProblem, UsageError
 from trnqwen.fsutil import free_bytes
 from trnqwen.titan_compat import FlavorDims
+from trnqwen.train.disk import DiskEstimate, estimate_disk
 from trnqwen.train.memory import (
+    DTYPE_BYTES,
     HostMemoryEstimate,
     MemoryEstimate,
     estimate_host_memory,
@@ -63,6 +65,7 @@ class Finding:
 class PreflightReport:
     findings: list[Finding] = field(default_factory=list)
     memory: Optional[MemoryEstimate] = None
+    disk: Optional[DiskEstimate] = None
     host_memory: Optional[HostMemoryEstimate] = None
     dp: Optional[int] = None
     grad_accum_steps: Optional[int] = None
@@ -89,6 +92,7 @@ class PreflightReport:
             "findings": [asdict(f) for f in self.findings],
             "memory": self.memory.as_dict() if self.memory else None,
             "host_memory": self.host_memory.as_dict() if self.host_memory else None,
+            "disk": self.disk.as_dict() if self.disk else None,
             "world_size": self.world_size,
             "dp": self.dp,
             "grad_accum_steps": self.grad_accum_steps,
@@ -101,11 +105,14 @@ class PreflightReport:
             return
         message = "preflight: " + "; ".join(f.message for f in errors)
         hints = [f.hint for f in errors if f.hint]
-        cls = UsageError if all(f.check in USAGE_CHECKS for f in errors) else CheckFailed
+        cls = (UsageError if all(f.check in USAGE_CHECKS for f in errors)
+               else EnvironmentProblem if all(f.check in ENVIRONMENT_CHECKS for f in errors) else CheckFailed)
         raise cls(message, hint="; ".join(dict.fromkeys(hints)) or None)
 
 
-USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset", "outputs", "override-imports", "schedule"}
+ENVIRONMENT_CHECKS = {"disk"}  # the machine, not the command: exit 3
+USAGE_CHECKS = {"assets", "seq_len", "batch", "ranks", "parallelism", "dataset", "outputs", "override-imports", "schedule",
+                "lora"}
 FINETUNE_LR_WARN = 1e-4  # a full fine-tune at or above this rate tends to erase what the model knew
 
 
@@ -231,8 +238,10 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def check_schedule(report: PreflightReport, cfg: RunConfig, schedule: Schedule) -> None:
-    """Steps, warm-up and LR that would waste or wreck the run (trnqwen.train.schedule)."""
+def check_schedule(report: PreflightReport, cfg: RunConfig, schedule: Schedule, *, random_base: bool = False) -> None:
+    """Steps, warm-up and LR that would waste or wreck the run (trnqwen.train.schedule).
+    ``random_base``: the assets say their weights are random by design (builtin:tiny-qwen3): no
+    knowledge for a high LR to erase."""
     if schedule is None:
         return
     if schedule.sequences is not None and schedule.global_batch and schedule.sequences < schedule.global_batch:
@@ -249,15 +258,18 @@ def check_schedule(report: PreflightReport, cfg: RunConfig, schedule: Schedule) 
         if schedule.sequences is None:
             report.add(ERROR, "schedule", f"--{name.replace('_', '-')} epoch needs a --dataset to count an epoch",
                        f"give --dataset FILE, or --{name.replace('_', '-')} N steps")
-    if cfg.finetune and not cfg.lora and schedule.lr >= FINETUNE_LR_WARN:  # LoRA runs at 1e-4 by design
+    if cfg.finetune and not cfg.lora and not random_base and schedule.lr >= FINETUNE_LR_WARN:  # LoRA: 1e-4 by design
+        from trnqwen.config import default_lr
+
+        default, why = default_lr(cfg)  # this run's own: a full fine-tune's, or its method's
         report.add(WARNING, "schedule",
                    f"a full fine-tune of published weights at lr {schedule.lr:g} can erase what the model knew; "
-                   "full fine-tunes usually use 1e-6 to 5e-5 (the default is 1e-5)", "lower --lr, e.g. --lr 1e-5")
+                   f"this run's default is {default:g} ({why})", f"lower --lr, e.g. --lr {default:g}")
 
 
-def check_outputs(report: PreflightReport, cfg: RunConfig, job: TrainJob) -> None:
+def check_outputs(report: PreflightReport, cfg: RunConfig, job: TrainJob, hf_config: Optional[dict[str, Any]] = None) -> None:
     """The run dir and the checkpoint folder can be created and written: a file in the way, a
-    read-only mount or too little disk for the export is found now, not after minutes of training."""
+    read-only mount or too little disk for the checkpoints is found now, not after minutes of training."""
     targets = [("runs dir", Path(cfg.runs_dir).expanduser().absolute(), "runs_dir in trnqwen.toml")]
     if job.checkpoint_dir:
         targets.append(("checkpoint folder", Path(job.checkpoint_dir).expanduser().absolute(), "--checkpoint-dir"))
@@ -275,16 +287,49 @@ def check_outputs(report: PreflightReport, cfg: RunConfig, job: TrainJob) -> Non
         if not os.access(base, os.W_OK | os.X_OK):
             report.add(ERROR, "outputs", f"cannot write {label} {path}: {base} is read-only", f"pick a writable folder with {flag}")
             continue
-        num_params = job.num_params
-        if label == "checkpoint folder" and num_params:
-            need = 2 * 2 * int(num_params)  # bf16 export: per-rank pieces under sharded/ + the consolidated files
-            _, free = free_bytes(base)
-            if free is not None and free < need:
-                report.add(
-                    WARNING, "outputs",
-                    f"only {_size(free)} free at {base}; the HF export of the last step needs about {_size(need)}",
-                    "free disk space or pass --checkpoint-dir on a bigger disk",
-                )
+        if label == "checkpoint folder":
+            check_disk(report, cfg, job, hf_config, base)
+
+
+def check_disk(report: PreflightReport, cfg: RunConfig, job: TrainJob, hf_config: Optional[dict[str, Any]], base: Path) -> None:
+    """The checkpoints at their fullest (:mod:`trnqwen.train.disk`) against the free space where they go:
+    refused now, with the numbers, not at the first save (``--no-disk-check``: a warning)."""
+    if not job.num_params or job.schedule is None:
+        return
+    try:
+        dims = _dims_for(cfg, hf_config) if hf_config else None
+    except (KeyError, TypeError, ValueError):
+        dims = None
+    dtype = assets.checkpoint_dtype(hf_config) or "bfloat16"
+    estimate = estimate_disk(
+        num_params=int(job.num_params), trainable=_lora_trainable(cfg, dims) if dims else None,
+        steps=job.schedule.steps, save_every=job.schedule.save_every, keep_last=cfg.keep_last,
+        export_dtype_bytes=DTYPE_BYTES[dtype] if cfg.resolved_export_hf else None, lora=cfg.lora, merge=cfg.merge,
+        sharded_export=cfg.backend != "hf-trainer", tied_embedding=dims.vocab_size * dims.dim if dims and dims.tied else 0,
+    )
+    _, free = free_bytes(base)
+    report.disk = estimate
+    # a resumed run's (or --overwrite's) own checkpoints are among those kept, or deleted: their room counts
+    own = _tree_bytes(Path(job.checkpoint_dir).expanduser()) if job.checkpoint_dir else 0
+    where = f"{_size(free)} free at {base}" if free is not None else f"free space at {base} unknown"
+    if own:
+        where += f" (+ {_size(own)} of this folder's own checkpoints)"
+    if free is None or free + own >= estimate.total:
+        report.add(PLAN, "disk", f"checkpoints need {estimate.describe()}; {where}")
+        return
+    report.add(
+        ERROR if cfg.disk_check else WARNING, "disk",
+        f"the checkpoints need {estimate.describe()}, but only {where}",
+        "free disk space, pass --checkpoint-dir on a bigger disk, or keep fewer resume points (--keep-last, "
+        "--save-every); --no-disk-check starts anyway (docs/resume.md)",
+    )
+
+
+def _tree_bytes(folder: Path) -> int:
+    try:
+        return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    except OSError:
+        return 0
 
 
 # --- memory ---------------------------------------------------------------------------------
@@ -362,11 +407,25 @@ def _lora_trainable(cfg: RunConfig, dims: FlavorDims) -> Optional[int]:
     return contract_lora.adapter_params(dims, spec, targets)
 
 
-def check_lora(report: PreflightReport, cfg: RunConfig) -> None:
+def check_lora(report: PreflightReport, cfg: RunConfig, hf_config: Optional[dict[str, Any]] = None) -> None:
     from trnqwen.contract import lora as contract_lora
+    from trnqwen.train import lora
 
     if not cfg.lora:
         return
+    try:
+        dims = _dims_for(cfg, hf_config) if hf_config else None
+        spec = lora.spec_from_config(cfg)
+        targets = lora.backend_targets(spec, cfg.backend, moe=bool(dims.num_experts)) if dims and spec else ()
+    except (KeyError, TypeError, ValueError, UsageError):
+        targets = ()  # the memory check and the recipe report a config.json or target set they cannot read
+    too_small = contract_lora.rank_above_size(dims, cfg.lora_rank, tuple(targets)) if targets else {}
+    if too_small:
+        most = min(min(shape) for shape in too_small.values())
+        layers = ", ".join(f"{t} ({i} -> {o})" for t, (i, o) in too_small.items())
+        report.add(ERROR, "lora", f"--lora-rank {cfg.lora_rank} is above the size of {layers}: an update of such a "
+                   f"layer has rank {most} at most, the rest of the adapter would be parameters that add nothing",
+                   f"use --lora-rank {most} or less, or leave {', '.join(too_small)} out of --lora-targets")
     warning = contract_lora.vllm_rank_warning(cfg.lora_rank)
     if warning:
         report.add(WARNING, "lora", warning, "use --lora-rank 8, 16, 32 or 64 to serve it with vLLM")
@@ -465,10 +524,11 @@ def preflight(
     check_context(report, cfg, hf_config)
     check_topology(report, topo, cfg.seq_len)
     check_ranks(report, device, topo.nproc_per_node)
-    check_outputs(report, cfg, job)
-    check_schedule(report, cfg, job.schedule)
+    check_outputs(report, cfg, job, hf_config)
+    check_schedule(report, cfg, job.schedule,
+                   random_base=assets.declares_random_init(Path(assets_dir or cfg.resolved_assets_dir)))
     check_override_imports(report, cfg, search_path if search_path is not None else [os.getcwd(), *sys.path])
-    check_lora(report, cfg)
+    check_lora(report, cfg, hf_config)
     if topo.problem(PARALLELISM) is None:
         # a LoRA export gathers only the adapters, not the whole model
         exports = bool(cfg.resolved_export_hf and job.checkpoint_dir and not cfg.lora)

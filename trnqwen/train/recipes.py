@@ -531,6 +531,12 @@ def _render(plan: Plan) -> str:
     if head_lines:
         lines += head_lines + ["", ""]
     lines.append(f"def {fn}():")
+    if cfg.backend == "native" and plan.flavor != "32B":
+        lines += [
+            f"    # {api.native_base_fn}() is the recipe's base for every native run: its model, data, schedule and",
+            "    # checkpoint fields are all replaced below, so only its defaults for the rest (activation",
+            "    # checkpointing, parallelism) carry over; nothing of the 32B model remains.",
+        ]
     lines.append(f"    config = {base}")
     lines += [f"    {line}" if line else "" for line in body]
     # trnqwen's Trainer, checkpointer, metrics processor and validator: torchtitan's own classes

@@ -8,7 +8,6 @@ name.  Every refusal is a :class:`UsageError` raised before anything is written.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from trnqwen.config import FIELD_NAMES, ResolvedConfig, RunConfig, flatten
 from trnqwen.settings import nest, value_of
 from trnqwen.errors import UsageError
 from trnqwen.fsutil import first_match
-from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir
+from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir, live_launcher
 from trnqwen.contract import checkpoint_layout as checkpoints
 from trnqwen.train import multinode
 
@@ -30,6 +29,7 @@ MAY_CHANGE = frozenset({
     "compile_cache_dir", "runs_dir",  # where files go, not what is trained
     "device",  # only as another way to name the same kind of device: refuse_other_device
     "merge",  # LoRA: also write the merged folder at the end (after training; the adapter is the same)
+    "disk_check",  # preflight's disk-space check: whether to trust the disk, not what is trained
 })
 RESUME_LAST = "last"
 RESUME_AUTO = "auto"  # schedulers: continue this job's own run (--rdzv-id) if it started before
@@ -263,18 +263,8 @@ def _abs(path: Path, cwd: Path) -> Path:
 
 
 def _refuse_if_running(record: RunRecord) -> None:
-    if record.status not in ("created", "running"):
-        return
-    pid = record.extra.get("launcher_pid")
-    try:
-        import psutil
-
-        alive = bool(pid) and psutil.pid_exists(int(pid)) and int(pid) != os.getpid()
-        if alive and record.extra.get("launcher_started_at"):
-            alive = abs(psutil.Process(int(pid)).create_time() - float(record.extra["launcher_started_at"])) < 1.0
-    except Exception:
-        alive = False
-    if alive:
+    pid = live_launcher(record)
+    if pid is not None:
         raise UsageError(
             f"run {record.run_id} is still running (launcher pid {pid})",
             hint=f"stop it first (kill -TERM {pid} saves a checkpoint at the next step boundary; Ctrl-C stops it "

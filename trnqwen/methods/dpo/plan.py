@@ -24,12 +24,19 @@ from typing import Any, Optional
 
 from trnqwen.config import RunConfig
 from trnqwen.dataset.cache import RankData
+from trnqwen.errors import UsageError
 from trnqwen.methods.base import MethodPlan
 from trnqwen.methods.dpo.settings import LOSS_TYPES  # noqa: F401  (the loss types' one home)
 from trnqwen.methods.pair_plan import refuse_unsupported, rows_lines
 
 REFERENCE_IMPORT = "from trnqwen.methods.dpo.titan import dpo_loss_config"
 ROWS = "trnqwen.methods.dpo.loss:titan_rows"  # the torchtitan dataloaders' row reader (methods/dpo/loss.py)
+
+
+# IPO's loss before any update is (1 / (2 beta))^2: 25 at beta 0.1, 2,500 at 0.01; past this bound
+# (beta below 5e-4) a run's loss and gradients are numbers with no meaning (1e-12 planned 2.5e23).
+IPO_MAX_INITIAL_LOSS = 1e6
+IPO_MIN_BETA = 5e-4
 
 
 def initial_loss(loss_type: str, beta: float) -> float:
@@ -56,8 +63,16 @@ def spec_from_config(cfg: RunConfig) -> Optional[DpoSpec]:
 
 def check(cfg: RunConfig) -> None:
     """Refuse a DPO run that cannot be one, with what to do instead."""
-    if getattr(cfg, "method", "sft") == "dpo":
-        refuse_unsupported(cfg, "dpo")
+    if getattr(cfg, "method", "sft") != "dpo":
+        return
+    refuse_unsupported(cfg, "dpo")
+    if cfg.dpo_loss == "ipo" and initial_loss("ipo", cfg.beta) > IPO_MAX_INITIAL_LOSS:
+        raise UsageError(
+            f"--dpo-loss ipo with --beta {cfg.beta:g} starts at loss (1 / (2 beta))^2 = "
+            f"{initial_loss('ipo', cfg.beta):.3g}: gradients that size only clip, and the loss says nothing",
+            hint=f"use --beta {IPO_MIN_BETA:g} or more (step-1 loss at most {IPO_MAX_INITIAL_LOSS:g}); "
+            "IPO is usually run at 0.01 to 0.5",
+        )
 
 
 def weights_identity(cfg: RunConfig, assets_dir: Path) -> dict[str, Any]:

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
-
+from trnqwen.methods.pair_settings import PairSettings
 from trnqwen.settings import setting
 
 LOSS_TYPES = ("sigmoid", "ipo")
 DpoLoss = Literal["sigmoid", "ipo"]
 
 
-class DpoSettings(BaseModel):
+class DpoSettings(PairSettings):  # answer_end: every pair method's (methods/pair_settings.py)
     beta: float = setting(
         0.1, gt=0.0, le=100.0, allow_inf_nan=False,
         help="DPO: how strongly the tuned model is held to the reference (rewards are beta x log-ratio).", panel="Method",
