@@ -49,9 +49,10 @@ def tokenizer_files(assets_dir: Path) -> list[Path]:
     return [Path(assets_dir) / name for name in TOKENIZER_FILES if (Path(assets_dir) / name).is_file()]
 
 
-def load_tokenizer(assets_dir: Path, template=None):
+def load_tokenizer(assets_dir: Path, template=None, context: Optional[dict[str, Any]] = None):
     """The snapshot's fast tokenizer (its chat template comes with it, unless ``template``, a
-    :class:`trnqwen.dataset.template.ChatTemplate`, replaces it)."""
+    :class:`trnqwen.dataset.template.ChatTemplate`, replaces it: checked first that it shows which
+    tokens are the answers, rendered with ``context``)."""
     assets_dir = Path(assets_dir)
     if not has_tokenizer(assets_dir):
         raise UsageError(
@@ -67,9 +68,10 @@ def load_tokenizer(assets_dir: Path, template=None):
     if not getattr(tokenizer, "is_fast", False):
         raise EnvironmentProblem(f"the tokenizer in {assets_dir} is not a fast tokenizer", hint="the snapshot needs tokenizer.json")
     if template is not None:
-        from trnqwen.dataset.template import use_template
+        from trnqwen.dataset.template import check_template, use_template
 
         use_template(tokenizer, template)
+        check_template(tokenizer, template.name, context or {}, end_of_turn(tokenizer))
     return tokenizer
 
 

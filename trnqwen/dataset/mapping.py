@@ -57,8 +57,8 @@ class Mapping:
 
     def key_text(self) -> str:
         """Canonical text of the mapping, hashed into the cache key."""
-        return json.dumps({"columns": self.columns, "properties": self.properties, "roles": self.roles,
-                           "remove": self.remove}, sort_keys=True)
+        return json.dumps({"columns": self.columns, "properties": self.properties, "roles": sorted(self.roles),
+                           "remove": sorted(self.remove)}, sort_keys=True)
 
     def apply(self, data: Any, where: str) -> Any:
         """``data`` (one record) as a standard record; a UsageError naming ``where`` if it cannot be."""
@@ -132,7 +132,7 @@ def mapping_from(values: Any) -> Optional[Mapping]:
     if not given:
         return None
     properties = tuple(sorted((given.get("message_property_mappings") or {}).items()))
-    roles = tuple((name, role) for role, names in sorted((given.get("roles") or {}).items()) for name in names)
+    roles = tuple((name, role) for role, names in (given.get("roles") or {}).items() for name in names)
     seen: dict[str, str] = {}
     for name, role in roles:
         if seen.setdefault(name, role) != role:

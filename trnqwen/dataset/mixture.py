@@ -32,6 +32,7 @@ import numpy as np
 
 from trnqwen.dataset.mapping import Mapping, mapping_from
 from trnqwen.dataset.sources import Source, resolve_source
+from trnqwen.dataset.template import ChatTemplate
 from trnqwen.errors import UsageError
 
 FORMAT_ALIASES = {"chat_template": "messages"}  # axolotl's type names -> trnqwen's formats
@@ -248,3 +249,40 @@ def part_report(parts: list[Part], loaded: Loaded, chosen: np.ndarray, tokens: n
             entry["mapping"] = part.source.mapping.describe()
         out.append(entry)
     return out
+
+
+def report(parts: list[Part], loaded: Loaded, train_units: np.ndarray, tokens: np.ndarray, trained: np.ndarray, *,
+           packing: bool, strategy: str, seq_len: int, template: Optional[ChatTemplate]) -> dict[str, Any]:
+    """The data report's keys on the sources (each one's share of the trained tokens), their mappings,
+    the packing (and the padding sequential packing would leave) and the chat template.
+    ``tokens[u]``: a unit's tokens (a pair's: both sides)."""
+    from trnqwen.dataset.bestfit import next_fit_rows, padding_fraction
+
+    sequential = None
+    if packing and strategy != "sequential":
+        lengths = tokens[train_units]
+        sequential = round(padding_fraction(lengths, next_fit_rows(lengths, seq_len)[0], seq_len), 4)
+    return {
+        "sources": part_report(parts, loaded, train_units, tokens, trained),
+        "mapping": [_mapping_sample(part.source) for part in parts if part.source.mapping is not None],
+        "packing_strategy": strategy if packing else "none",
+        "sequential_padding_fraction": sequential,
+        "chat_template": template.name if template else None,
+    }
+
+
+def _mapping_sample(source: Source) -> dict[str, Any]:
+    """A source's mapping, and its first record before and after it (long strings cut for the report)."""
+    before = source.first_raw
+    after = source.mapping.apply(before, source.name) if before is not None else None
+    return {"source": source.name, "applied": source.mapping.describe(), "before": _short(before), "after": _short(after)}
+
+
+def _short(value: Any, limit: int = 300) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= limit else value[:limit] + "…"
+    if isinstance(value, dict):
+        return {k: _short(v, limit) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_short(v, limit) for v in value]
+    return value

@@ -21,7 +21,7 @@ from trnqwen.dataset import cache, mixture
 from trnqwen.dataset.formats import FORMATS, Example, detect_format, normalise
 from trnqwen.dataset.mapping import mapping_from, mapping_settings
 from trnqwen.dataset.sources import Source, resolve_source
-from trnqwen.dataset.template import ChatTemplate, check_template, resolve_template, template_context
+from trnqwen.dataset.template import ChatTemplate, resolve_template, template_context
 from trnqwen.errors import UsageError
 from trnqwen.fsutil import expand_user
 
@@ -160,22 +160,11 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
     if len({ex.text is None for ex in loaded.units}) > 1:
         raise UsageError(f"the datasets mix text records and conversations ({loaded.format})",
                          hint="train text and chat data in separate runs, or write the text as prompt/completion")
-    tokenizer, context = load_tokenizer(assets_dir, settings, template)
+    context = template_context(settings.enable_thinking)
+    tokenizer = chat.load_tokenizer(assets_dir, template, context)
     texts, spans = chat.render(tokenizer, loaded.units, train_on_inputs=settings.train_on_inputs, context=context)
     docs = chat.tokenize(tokenizer, texts, spans)
     return _pack_and_write(settings, docs, loaded, parts, tokenizer, cache_root, key, warnings, template)
-
-
-def load_tokenizer(assets_dir: Path, settings: DataSettings, template: Optional[ChatTemplate]):
-    """The tokenizer with the run's chat template (checked that it shows the answers), and the
-    template variables (``enable_thinking``) every rendering gets."""
-    from trnqwen.dataset import chat
-
-    tokenizer = chat.load_tokenizer(assets_dir, template)
-    context = template_context(settings.enable_thinking)
-    if template is not None:
-        check_template(tokenizer, template.name, context, chat.end_of_turn(tokenizer))
-    return tokenizer, context
 
 
 def _same_data(source: Source, val_source: Source, val_name: Optional[str]) -> list[str]:
@@ -343,7 +332,8 @@ def _pack_and_write(settings, docs, loaded: mixture.Loaded, parts: list[mixture.
     report = _report(settings, loaded.format, loaded.records, docs, loaded.units, fitted, splits, train_docs, len(val_docs),
                      tokenizer)
     tokens = np.minimum(docs.lengths, settings.seq_len)
-    report.update(mixture_report(settings, parts, loaded, train_docs, tokens, fitted.targets, template))
+    report.update(mixture.report(parts, loaded, train_docs, tokens, fitted.targets, packing=settings.packing,
+                                 strategy=settings.packing_strategy, seq_len=settings.seq_len, template=template))
     report["warnings"] = warnings
     report["source"] = name
     directory = cache.write_cache(
@@ -353,42 +343,6 @@ def _pack_and_write(settings, docs, loaded: mixture.Loaded, parts: list[mixture.
                     "settings": {**settings.__dict__}, "chat_template": template.text if template else None},
     )
     return PreparedData(directory, key, False, report)
-
-
-def mixture_report(settings: DataSettings, parts: list[mixture.Part], loaded: mixture.Loaded, train_units: np.ndarray,
-                   tokens: np.ndarray, trained: np.ndarray, template: Optional[ChatTemplate]) -> dict[str, Any]:
-    """The report's keys on the sources (each one's share of the trained tokens), their mappings,
-    the packing (and the padding sequential packing would leave) and the chat template."""
-    from trnqwen.dataset.bestfit import next_fit_rows, padding_fraction
-
-    sequential = None
-    if settings.packing and settings.packing_strategy != "sequential":
-        lengths = tokens[train_units] if tokens.ndim == 1 else tokens[train_units].sum(axis=1)
-        sequential = round(padding_fraction(lengths, next_fit_rows(lengths, settings.seq_len)[0], settings.seq_len), 4)
-    return {
-        "sources": mixture.part_report(parts, loaded, train_units, tokens, trained),
-        "mapping": [_mapping_sample(part.source) for part in parts if part.source.mapping is not None],
-        "packing_strategy": settings.packing_strategy if settings.packing else "none",
-        "sequential_padding_fraction": sequential,
-        "chat_template": template.name if template else None,
-    }
-
-
-def _mapping_sample(source: Source) -> dict[str, Any]:
-    """A source's mapping, and its first record before and after it (long strings cut for the report)."""
-    before = source.first_raw
-    after = source.mapping.apply(before, source.name) if before is not None else None
-    return {"source": source.name, "applied": source.mapping.describe(), "before": _short(before), "after": _short(after)}
-
-
-def _short(value: Any, limit: int = 300) -> Any:
-    if isinstance(value, str):
-        return value if len(value) <= limit else value[:limit] + "…"
-    if isinstance(value, dict):
-        return {k: _short(v, limit) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_short(v, limit) for v in value]
-    return value
 
 
 def _eos_token(tokenizer) -> str:
