@@ -474,7 +474,7 @@ class ResolvedConfig:
             if row["field"] == "lr" and cfg.lr is None:
                 row["value"], row["source"] = default_lr(cfg)
             elif row["field"] == "steps" and cfg.steps is None:
-                if cfg.dataset:
+                if cfg.dataset or cfg.datasets:
                     row["source"] = f"default: {cfg.epochs or 1:g} epoch(s) of --dataset (counted when it is tokenized)"
                 else:
                     row["value"], row["source"] = DEFAULT_STEPS, "default without a dataset"
