@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import assert_clean_error
+from tests.test_data_mapping import write_jsonl
 from trnqwen.dataset import chat
 from trnqwen.dataset.prepare import DataSettings, prepare
 from trnqwen.dataset.template import BUILTIN, EXPORT_FILE, resolve_template
@@ -53,11 +54,6 @@ def tiny(tmp_path_factory) -> Path:
     from trnqwen.fetch.builtin import write_tiny_qwen3
 
     return write_tiny_qwen3(tmp_path_factory.mktemp("template") / "tiny-qwen3")
-
-
-def write_jsonl(path: Path, records: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
 
 
 def one_document(tmp_path, tiny, **kw):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import assert_clean_error
+from tests.test_data_mapping import write_jsonl
 from trnqwen.dataset.cache import open_split
 from trnqwen.dataset.prepare import DataSettings, prepare
 from trnqwen.errors import UsageError
@@ -27,11 +28,6 @@ def tiny(tmp_path_factory) -> Path:
     from trnqwen.fetch.builtin import write_tiny_qwen3
 
     return write_tiny_qwen3(tmp_path_factory.mktemp("mixture") / "tiny-qwen3")
-
-
-def write_jsonl(path: Path, records: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
 
 
 def mixed_lengths(n: int, seed: int = 0) -> list[dict]:
@@ -157,16 +153,13 @@ def test_inconsistent_tables_are_refused(tmp_path, tiny, sources, entries, messa
         mix(tmp_path, tiny, [entry(sources["texts"], **entries[0]), entry(sources["chats"], **entries[1])])
 
 
-def test_toml_tables_with_axolotls_keys_and_their_mistakes(tmp_path, sources):
-    from trnqwen.config import resolve_config
-    from trnqwen.errors import ConfigError
-
-    toml = tmp_path / "trnqwen.toml"
-    toml.write_text(f"""
+def tables(sources: dict[str, Path], chats: str = "", texts: str = "") -> str:
+    """trnqwen.toml: the chats (ShareGPT, mapped) at weight 3, the texts at weight 1, with extra lines."""
+    return f"""
 [[datasets]]
 path = "{sources['chats']}"
 weight = 3
-type = "chat_template"
+{chats}
 field_messages = "conversations"
 message_property_mappings = {{ role = "from", content = "value" }}
 roles = {{ user = ["human"], assistant = ["gpt"] }}
@@ -174,8 +167,16 @@ roles = {{ user = ["human"], assistant = ["gpt"] }}
 [[datasets]]
 path = "{sources['texts']}"
 weight = 1
-remove_columns = ["id"]
-""")
+{texts}
+"""
+
+
+def test_toml_tables_with_axolotls_keys_and_their_mistakes(tmp_path, sources):
+    from trnqwen.config import resolve_config
+    from trnqwen.errors import ConfigError
+
+    toml = tmp_path / "trnqwen.toml"
+    toml.write_text(tables(sources, chats='type = "chat_template"', texts='remove_columns = ["id"]'))
     cfg = resolve_config(config_file=toml, environ={}).config
     assert [e.weight for e in cfg.datasets] == [3, 1] and cfg.datasets[0].roles == {"user": ["human"], "assistant": ["gpt"]}
     toml.write_text(toml.read_text().replace("weight = 1\n", "weight = 1\nrecord = 5\n"))
@@ -187,18 +188,7 @@ remove_columns = ["id"]
 
 
 def test_trnqwen_data_reports_every_source(cli, in_tmp, tiny, sources):
-    (in_tmp / "trnqwen.toml").write_text(f"""
-[[datasets]]
-path = "{sources['chats']}"
-weight = 3
-field_messages = "conversations"
-message_property_mappings = {{ role = "from", content = "value" }}
-roles = {{ user = ["human"], assistant = ["gpt"] }}
-
-[[datasets]]
-path = "{sources['texts']}"
-weight = 1
-""")
+    (in_tmp / "trnqwen.toml").write_text(tables(sources))
     base = ["data", "--model", "builtin:tiny-qwen3", "--assets", str(tiny), "--seq-len", "256",
             "--data-cache-dir", str(in_tmp / "cache")]
     r = cli(*base)

@@ -7,7 +7,6 @@ set and a set of mixed lengths, through the real pipeline with the tiny model's 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.test_data_mapping import write_jsonl
+from tests.test_data_mixture import mixed_lengths
 from trnqwen.dataset.bestfit import best_fit_rows, next_fit_rows, padding_fraction
 from trnqwen.dataset.prepare import DataSettings, prepare
 
@@ -84,10 +85,7 @@ def tiny(tmp_path_factory) -> Path:
 
 
 def mixed_lengths_set(path: Path, n: int = 400) -> Path:
-    from tests.test_data_mixture import mixed_lengths
-
-    path.write_text("".join(json.dumps(r) + "\n" for r in mixed_lengths(n)))
-    return path
+    return write_jsonl(path, mixed_lengths(n))
 
 
 @pytest.mark.parametrize("which,seq_len", [("bundled", 256), ("bundled", 512), ("mixed", 256), ("mixed", 512)])
