@@ -74,7 +74,8 @@ def summary_groups(report: dict[str, Any]) -> list[list[tuple[str, str]]]:
     records = [
         ("format", report["format"] + (f", chat template {report['chat_template']}" if report.get("chat_template") else "")),
         ("records", f"{report['records']:,} read (all splits)"),
-        ("kept", f"{report['kept']:,}: {n_train:,} training, {n_val:,} validation"),
+        ("kept", f"{report['kept']:,}: {n_train:,} training, {n_val:,} validation"
+                 + (" (training: the mixture's choice)" if len(report.get("sources") or []) > 1 else "")),
         ("dropped", dropped),
         ("truncated", f"{report['truncated']:,}"),
     ]
