@@ -147,6 +147,7 @@ def test_conflicting_data_settings_are_refused(tmp_path, tiny, sources, settings
     ([{"weight": 1}, {"records": 5}], "mixes weights and record counts"),
     ([{"weight": 1}, {}], "has no weight, the others do"),
     ([{"weight": 1, "val_split": "test"}, {"weight": 1}], "names a Hub split, and this is a local dataset"),
+    ([{"weight": 1, "type": "sharegpt-ish"}, {"weight": 1}], "unknown type 'sharegpt-ish'"),
 ])
 def test_inconsistent_tables_are_refused(tmp_path, tiny, sources, entries, message):
     with pytest.raises(UsageError, match=message):

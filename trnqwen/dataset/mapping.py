@@ -60,7 +60,7 @@ class Mapping:
         return json.dumps({"columns": self.columns, "properties": self.properties, "roles": sorted(self.roles),
                            "remove": sorted(self.remove)}, sort_keys=True)
 
-    def apply(self, data: Any, where: str) -> Any:
+    def apply(self, data: object, where: str) -> object:
         """``data`` (one record) as a standard record; a UsageError naming ``where`` if it cannot be."""
         if not isinstance(data, dict):
             return data  # the format reader names a record that is not an object
@@ -88,7 +88,7 @@ class Mapping:
                     out[key] = [self._message(m, where, key, i) for i, m in enumerate(out[key], start=1)]
         return out
 
-    def _message(self, message: Any, where: str, key: str, i: int) -> Any:
+    def _message(self, message: object, where: str, key: str, i: int) -> object:
         if not isinstance(message, dict):
             return message  # the format reader names it
         props = dict(self.properties)
@@ -105,7 +105,7 @@ class Mapping:
         out["role"] = self._role(out["role"], where, key, i)
         return out
 
-    def _role(self, name: Any, where: str, key: str, i: int) -> Any:
+    def _role(self, name: object, where: str, key: str, i: int) -> object:
         roles = dict(self.roles)
         if name in roles:
             return roles[name]
@@ -124,7 +124,7 @@ def _names(data: dict[str, Any]) -> str:
     return ", ".join(names[:_SHOWN]) + more if names else "none"
 
 
-def mapping_from(values: Any) -> Optional[Mapping]:
+def mapping_from(values: object) -> Optional[Mapping]:
     """The mapping an object or dict of settings describes (RunConfig, a ``[[datasets]]`` table,
     DataSettings.mapping), or None when it sets nothing."""
     get = values.get if isinstance(values, dict) else (lambda name: getattr(values, name, None))
@@ -142,7 +142,7 @@ def mapping_from(values: Any) -> Optional[Mapping]:
                    rewrites_messages=bool(properties or roles or "field_messages" in given))
 
 
-def mapping_settings(values: Any) -> dict[str, Any]:
+def mapping_settings(values: object) -> dict[str, Any]:
     """The mapping keys that are set, as a plain dict (what DataSettings keeps and the cache records)."""
     get = values.get if isinstance(values, dict) else (lambda name: getattr(values, name, None))
     return {name: get(name) for name in MAPPING_KEYS if get(name) not in (None, [], {})}

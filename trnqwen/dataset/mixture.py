@@ -72,17 +72,18 @@ class Loaded:
         return distinct[0] if len(distinct) == 1 else "mixed: " + ", ".join(distinct)
 
 
-def resolve_parts(settings: Any) -> list[Part]:
-    """The run's parts from DataSettings: ``datasets`` (each table) or the one ``dataset``."""
-    entries = list(getattr(settings, "datasets", None) or [])
-    flat = dict(getattr(settings, "mapping", None) or {})
+def resolve_parts(dataset: Optional[str], datasets: list[dict[str, Any]], *, split: str, fmt: Optional[str],
+                  mapping: dict[str, Any]) -> list[Part]:
+    """The run's parts: ``datasets`` (each ``[[datasets]]`` table) or the one ``dataset`` read through
+    the flat ``mapping`` settings; ``split`` and ``fmt``: --dataset-split and --dataset-format."""
+    entries = list(datasets or [])
+    flat = dict(mapping or {})
     if not entries:
-        mapping = mapping_from(flat)
-        source = resolve_source(settings.dataset, split=settings.dataset_split, mapping=mapping)
-        return [Part(source, format=_format(settings.dataset_format))]
-    if settings.dataset:
+        source = resolve_source(dataset, split=split, mapping=mapping_from(flat))
+        return [Part(source, format=_format(fmt))]
+    if dataset:
         raise UsageError(
-            f"--dataset {settings.dataset} and [[datasets]] tables both name the data",
+            f"--dataset {dataset} and [[datasets]] tables both name the data",
             hint="drop --dataset (or TRNQWEN_DATASET) to train on the [[datasets]] mixture, or remove the tables",
         )
     if flat:
@@ -101,13 +102,12 @@ def resolve_parts(settings: Any) -> list[Part]:
             what = "weight" if sized is weighted else "records"
             raise UsageError(f"[[datasets]]: {missing} has no {what}, the others do",
                              hint=f"give every dataset a {what} (or none)")
-    return [_part(entry, settings) for entry in entries]
+    return [_part(entry, split, fmt) for entry in entries]
 
 
-def _part(entry: dict[str, Any], settings: Any) -> Part:
+def _part(entry: dict[str, Any], split: str, fmt: Optional[str]) -> Part:
     mapping: Optional[Mapping] = mapping_from(entry)
-    split = entry.get("split") or settings.dataset_split
-    source = resolve_source(entry["path"], split=split, mapping=mapping)
+    source = resolve_source(entry["path"], split=entry.get("split") or split, mapping=mapping)
     val = entry.get("val_split")
     val_source = None
     if isinstance(val, str):
@@ -115,14 +115,21 @@ def _part(entry: dict[str, Any], settings: Any) -> Part:
             raise UsageError(f"[[datasets]] {entry['path']}: val_split = {val!r} names a Hub split, and this is a local dataset",
                              hint="give a fraction (val_split = 0.05), or a Hub dataset")
         val_source = resolve_source(entry["path"], split=val, mapping=mapping)
-    return Part(source, format=_format(entry.get("type") or settings.dataset_format), weight=entry.get("weight"),
-                records=entry.get("records"), val_split=val, val_source=val_source)
+    return Part(source, format=_format(entry.get("type") or fmt, entry["path"]), weight=entry.get("weight"), records=entry.get("records"), val_split=val,
+                val_source=val_source)
 
 
-def _format(name: Optional[str]) -> Optional[str]:
+def _format(name: Optional[str], where: str = "") -> Optional[str]:
+    from trnqwen.dataset.formats import FORMATS
+    from trnqwen.dataset.preference_formats import PREFERENCE_FORMATS
+
     if name in (None, "auto"):
         return None
-    return FORMAT_ALIASES.get(name, name)
+    fmt = FORMAT_ALIASES.get(name, name)
+    if fmt not in (*FORMATS, *PREFERENCE_FORMATS):
+        known = ", ".join(("auto", *FORMATS, *PREFERENCE_FORMATS, *FORMAT_ALIASES))
+        raise UsageError(f"[[datasets]] {where}: unknown type {name!r}", hint=f"one of: {known}")
+    return fmt
 
 
 def hold_out(n: int, fraction: float, seed: int, name: str = "") -> tuple[np.ndarray, np.ndarray]:
@@ -278,7 +285,7 @@ def _mapping_sample(source: Source) -> dict[str, Any]:
     return {"source": source.name, "applied": source.mapping.describe(), "before": _short(before), "after": _short(after)}
 
 
-def _short(value: Any, limit: int = 300) -> Any:
+def _short(value: object, limit: int = 300) -> object:
     if isinstance(value, str):
         return value if len(value) <= limit else value[:limit] + "…"
     if isinstance(value, dict):

@@ -136,7 +136,7 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
         from trnqwen.dataset.preference import bundled_pairs_path
 
         settings = replace(settings, dataset=str(bundled_pairs_path()))
-    parts = mixture.resolve_parts(settings)
+    parts = resolve_parts(settings)
     val_source = (resolve_source(settings.val_dataset, split=settings.dataset_split, mapping=mapping_from(settings.mapping))
                   if settings.val_dataset else None)
     template = resolve_template(settings.chat_template)
@@ -165,6 +165,12 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
     texts, spans = chat.render(tokenizer, loaded.units, train_on_inputs=settings.train_on_inputs, context=context)
     docs = chat.tokenize(tokenizer, texts, spans)
     return _pack_and_write(settings, docs, loaded, parts, tokenizer, cache_root, key, warnings, template)
+
+
+def resolve_parts(settings: DataSettings) -> list[mixture.Part]:
+    """The run's datasets as :class:`~trnqwen.dataset.mixture.Part` s (the launcher checks them too)."""
+    return mixture.resolve_parts(settings.dataset, settings.datasets, split=settings.dataset_split,
+                                 fmt=settings.dataset_format, mapping=settings.mapping)
 
 
 def _same_data(source: Source, val_source: Source, val_name: Optional[str]) -> list[str]:

@@ -37,14 +37,14 @@ FIELD_TARGETS = {
 MESSAGE_PROPERTIES = ("role", "content")
 
 
-def _split_list(value: Any) -> Any:
+def _split_list(value: object) -> object:
     """``"a,b"`` (a flag, a variable) -> ``["a", "b"]``; a list (TOML) as it is."""
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
 
 
-def _pairs(value: Any) -> Any:
+def _pairs(value: object) -> object:
     """``"role=from,content=value"`` -> ``{"role": "from", "content": "value"}``; a table as it is."""
     if not isinstance(value, str):
         return value
@@ -57,7 +57,7 @@ def _pairs(value: Any) -> Any:
     return out
 
 
-def _properties(value: Any) -> Any:
+def _properties(value: object) -> object:
     value = _pairs(value)
     if isinstance(value, dict):
         unknown = [name for name in value if name not in MESSAGE_PROPERTIES]
@@ -67,7 +67,7 @@ def _properties(value: Any) -> Any:
     return value
 
 
-def _roles(value: Any) -> Any:
+def _roles(value: object) -> object:
     """``"user=human,assistant=gpt,assistant=bot"`` -> ``{"user": ["human"], "assistant": ["gpt", "bot"]}``;
     a table's single names become lists; each target must be a role trnqwen knows."""
     if isinstance(value, str):
@@ -155,7 +155,7 @@ class DatasetEntry(DataMapping):
         return self
 
 
-def _entries(value: Any) -> Any:
+def _entries(value: object) -> object:
     """``TRNQWEN_DATASETS`` holds JSON (a list of tables); a TOML array of tables as it is."""
     if isinstance(value, str):
         try:
@@ -169,7 +169,7 @@ class DataChoices(BaseModel):
     """The data settings beside the mapping: several datasets, packing, the chat template."""
 
     datasets: Annotated[list[DatasetEntry], BeforeValidator(_entries)] = setting(
-        default_factory=list, flag=False, panel="Data",
+        default_factory=list, flag=False, panel="Data", env_note="a JSON list of tables",
         help="Several datasets mixed: [[datasets]] tables in trnqwen.toml, each with path, weight or records, type, "
         "split, val_split and its own mapping keys (docs/data.md).",
     )

@@ -80,7 +80,7 @@ def resolve_template(choice: Optional[str]) -> Optional[ChatTemplate]:
     return ChatTemplate(str(choice), text)
 
 
-def use_template(tokenizer: Any, template: Optional[ChatTemplate]) -> None:
+def use_template(tokenizer, template: Optional[ChatTemplate]) -> None:
     """Render with ``template`` instead of the snapshot's (its compiled form is transformers')."""
     if template is not None:
         tokenizer.chat_template = template.text
@@ -91,7 +91,7 @@ def template_context(enable_thinking: Optional[bool]) -> dict[str, Any]:
     return {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
 
 
-def check_template(tokenizer: Any, name: str, context: dict[str, Any], marker: str) -> None:
+def check_template(tokenizer, name: str, context: dict[str, Any], marker: str) -> None:
     """Refuse a template that hides which tokens are the assistant's, with the reason (see the module)."""
     def refuse(reason: str) -> UsageError:
         return UsageError(

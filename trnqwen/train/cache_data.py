@@ -125,8 +125,7 @@ def prepare_rank_data(cfg: RunConfig, assets_dir: Path) -> Optional[tuple[DataSp
         from trnqwen.assets import has_tokenizer
 
         if not has_tokenizer(assets_dir):  # preflight reports the missing assets
-            from trnqwen.dataset.mixture import resolve_parts
-            from trnqwen.dataset.prepare import DataSettings
+            from trnqwen.dataset.prepare import DataSettings, resolve_parts
 
             resolve_parts(DataSettings.from_config(cfg))  # a dataset that is not there still stops here
             notes.append(f"the dataset is tokenized when the run starts (no tokenizer in {assets_dir} yet)")
