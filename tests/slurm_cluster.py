@@ -18,6 +18,7 @@ Use ``slurm_cluster`` (session-scoped) from a test module::
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -296,3 +297,46 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+# --- a submitted job, watched the way a person would (squeue / scontrol) ------------------------
+
+
+def job_state(job_id: str, *, timeout_s: float = 10.0) -> Optional[str]:
+    """The job's state from ``squeue`` (while queued/running) or ``sacct``/``scontrol``, else None."""
+    for argv in (
+        ["squeue", "-h", "-j", job_id, "-o", "%T"],
+        ["scontrol", "show", "job", job_id, "-o"],
+    ):
+        exe = shutil.which(argv[0])
+        if exe is None:
+            continue
+        try:
+            proc = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            continue
+        out = proc.stdout.strip()
+        if proc.returncode != 0 or not out:
+            continue
+        if argv[0] == "scontrol":
+            m = re.search(r"JobState=(\S+)", out)
+            if m:
+                return m.group(1)
+            continue
+        return out.splitlines()[0].strip()
+    return None
+
+
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+def wait_for_job(job_id: str, *, timeout_s: float, poll_s: float = 1.0) -> Optional[str]:
+    """Poll until the job reaches a terminal state (returned) or ``timeout_s`` passes (None)."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = job_state(job_id)
+        if last is not None and last.split()[0].rstrip("+") in TERMINAL_STATES:
+            return last.split()[0].rstrip("+")
+        time.sleep(poll_s)
+    return None

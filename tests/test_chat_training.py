@@ -129,7 +129,8 @@ def test_backends_train_with_one_lr_curve(chat_runs):
 
 def test_backends_agree_on_the_first_five_steps(chat_runs):
     """Same weights, same batches, same LR curve and optimizer: the losses of steps 1-5 of native,
-    hf-v5 and hf-trainer within 0.5%."""
+    hf-v5 and hf-trainer within 1e-5 (all train in float32 on a CPU: measured 1.6e-7; 0.5% when torchtitan's FSDP ran
+    the forward in bfloat16)."""
     losses = {}
     for backend, (r, cwd, _) in chat_runs.items():
         assert r.code == 0, f"{backend}:\n{r.text}"
@@ -138,10 +139,10 @@ def test_backends_agree_on_the_first_five_steps(chat_runs):
     for backend in ("hf-v5", "hf-trainer"):
         for step in range(1, 6):
             a, b = losses["native"][step], losses[backend][step]
-            assert abs(b - a) / a < 0.005, (backend, step, {k: [v[i] for i in range(1, 6)] for k, v in losses.items()})
+            assert abs(b - a) / a < 1e-5, (backend, step, {k: [v[i] for i in range(1, 6)] for k, v in losses.items()})
     # Same validation data too: the first validation of the torchtitan backends agrees.
     v_native, v_hf = _validations(chat_runs["native"][1])[1], _validations(chat_runs["hf-v5"][1])[1]
-    assert abs(v_native - v_hf) / v_native < 0.005
+    assert abs(v_native - v_hf) / v_native < 1e-5
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -123,3 +123,44 @@ def test_error_table_reaches_every_row():
     assert rows[-1] is Exception
     for i, kind in enumerate(rows):
         assert not any(issubclass(kind, earlier) for earlier in rows[:i]), (kind, rows[:i])
+
+
+# --- --json on failure ---------------------------------------------------------------------------
+
+JSON_FAILURES = {  # one failing call of every command that has --json: (argv, exit code, words of the error)
+    "fetch": (["fetch", "bad!!id"], 2, "must be a Hub repo id"),
+    "check-env": (["check-env", "--device", "nope"], 2, "device"),
+    "data": (["data", "nope.jsonl"], 2, "no tokenizer"),
+    "train": (["train", "--steps", "0", "--dry-run"], 2, "steps"),
+    "verify-ckpt": (["verify-ckpt", "nope"], 2, "no such path"),
+    "merge": (["merge", "nope"], 2, "no such adapter folder"),
+    "eval": (["eval", "nope"], 2, "no checkpoint or run named"),
+    "inspect-logs": (["inspect-logs", "binary.log"], 2, "does not look like a text log"),
+    "quickstart": (["quickstart", "--device", "nope"], 2, "nope"),
+    "config show": (["config", "show", "--config-file", "nope.toml"], 2, "nope.toml"),
+    "a bad flag": (["verify-ckpt", "--nosuch"], 2, "No such option"),
+}
+
+
+@pytest.mark.parametrize("case", list(JSON_FAILURES))
+def test_json_failure_is_one_json_object_on_stdout(cli, in_tmp, case):
+    import json
+    import os
+
+    (in_tmp / "binary.log").write_bytes(os.urandom(3000) + b"\0" * 64)
+    argv, code, words = JSON_FAILURES[case]
+    r = cli(*argv, "--json")
+    assert r.code == code, r.text
+    doc = json.loads(r.out)  # the whole of stdout: one object
+    assert doc["ok"] is False and doc["exit_code"] == code and words.lower() in doc["error"].lower(), doc
+    assert words.lower() in r.err.lower()  # the usual error line is still on stderr
+
+
+def test_every_json_command_is_covered_and_plain_output_is_untouched(cli, in_tmp):
+    """Each command whose function takes json_out answers a failure in JSON (the table above covers them
+    all); without --json nothing goes to stdout."""
+    commands = [name for name in cli_main.COMMANDS if cli_main.takes_json([name, "--json"])]
+    assert set(commands) == {argv[0] for argv, _, _ in JSON_FAILURES.values()} - {"config"}
+    assert cli_main.takes_json(["config", "show", "--json"]) and not cli_main.takes_json(["verify-ckpt", "--", "--json"])
+    r = cli("verify-ckpt", "nope")
+    assert r.code == 2 and r.out == ""

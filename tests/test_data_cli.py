@@ -163,3 +163,17 @@ def test_a_token_cache_as_dataset_refuses_data_settings_it_was_not_prepared_with
     # no validation split in the cache: the hint names the original data, not a flag to add
     r = cli(*train, "--val-every", "5")
     assert r.code == 2 and "has none" in r.err and "calculator.jsonl" in r.err and "add --val-split" not in r.err, r.text
+
+
+def test_a_reused_cache_reports_the_file_named_not_the_one_that_built_it(cli, in_tmp, tiny):
+    """Two copies of one file in two folders share one cache entry (the key is the name and the
+    bytes, not the folder); --json's source is the file this call named."""
+    record = json.dumps({"messages": [{"role": "user", "content": "2 plus 2?"}, {"role": "assistant", "content": "4."}]})
+    first, second = in_tmp / "a" / "chat.jsonl", in_tmp / "b" / "chat.jsonl"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_text(record + "\n")
+    built = json.loads(cli(*args(tiny, in_tmp / "cache", str(first), "--seq-len", "64", "--json")).out)
+    again = json.loads(cli(*args(tiny, in_tmp / "cache", str(second), "--seq-len", "64", "--json")).out)
+    assert again["reused"] is True and again["cache_dir"] == built["cache_dir"]
+    assert built["source"] == str(first) and again["source"] == str(second)

@@ -97,7 +97,7 @@ def test_preference_data_under_sft_is_refused_with_the_way_out(tiny, tmp_path, c
     data = tmp_path / "prefs.jsonl"
     data.write_text(json.dumps({"prompt": "Q?", "chosen": "A.", "rejected": "B."}) + "\n")
     r = cli("data", str(data), "--assets", str(tiny), "--seq-len", "128", "--data-cache-dir", str(tmp_path / "c"))
-    assert r.code == 2 and "--method dpo" in r.text, r.text
+    assert r.code == 2 and "--method dpo" in r.text and "--method orpo" in r.text, r.text  # every pair method
 
 
 def _prepare(tiny: Path, tmp_path: Path, records: list[dict], **settings):
@@ -156,7 +156,8 @@ def test_long_pairs_cut_the_prompt_first_or_are_dropped_and_counted(tiny, tmp_pa
 def test_policy_equal_to_reference_is_ln2_and_the_metrics_follow():
     import torch
 
-    from trnqwen.methods.dpo.loss import Meter, pair_terms
+    from trnqwen.methods.dpo.loss import TERMS, pair_terms
+    from trnqwen.methods.pairs import PairMeter
     from trnqwen.methods.dpo.plan import initial_loss
 
     policy = torch.tensor([[[-5.0, -7.0], [-3.0, -3.5]]])
@@ -172,7 +173,7 @@ def test_policy_equal_to_reference_is_ln2_and_the_metrics_follow():
     assert torch.allclose(terms.chosen_rewards, torch.tensor([0.5, -0.5]))
     assert torch.allclose(terms.rejected_rewards, torch.tensor([-0.5, 0.0]))
     assert torch.allclose(terms.losses, -torch.nn.functional.logsigmoid(torch.tensor([1.0, -0.5])))
-    meter = Meter()
+    meter = PairMeter(TERMS)
     meter.add(terms)
     values = meter.reduce()
     assert values["accuracy"] == 0.5 and values["pairs"] == 2

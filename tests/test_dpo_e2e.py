@@ -137,6 +137,7 @@ def test_the_torchtitan_ranks_write_the_metrics_stream_with_the_dpo_values(dpo_r
 
     records = read_stream(last_run_dir(cwd / ".trnqwen" / "runs") / "metrics.jsonl")  # the launcher names it
     assert records and records[0].kind == "header" and records[0].meta["method"] == "dpo", records[:1]
+    assert records[0].meta["backend"] == backend, records[0].meta  # the run's backend, not "torchtitan"
     assert "dpo/margin" in records[0].meta["metrics"]
     steps, vals = latest(records, "step"), latest(records, "validation")
     assert sorted(steps) == list(range(1, STEPS + 1)) and STEPS in vals

@@ -170,13 +170,13 @@ def test_complete_snapshot_is_verified_not_downloaded_again(hub, tmp_path):
     assert out["verified"] and out["to_download"] == [] and out["downloaded_bytes"] == 0
     assert _resolve_gets(hub, mark) == []
 
-    from trnqwen.fetch.verify import snapshot_status
+    from trnqwen.assets import read_manifest
 
-    status = snapshot_status(dest)
-    assert status["complete"] and status["repo_id"] == REPO and status["commit"] == out["commit"]
+    manifest = read_manifest(dest)  # the record base_identity and a rerun read
+    assert manifest["verified"] and manifest["repo_id"] == REPO and manifest["commit"] == out["commit"]
     (dest / SHARD2).unlink()
-    status = snapshot_status(dest)
-    assert not status["complete"] and status["missing"] == [SHARD2]
+    code, out, err = fetch_json(hub, REPO, "--local-dir", str(dest))
+    assert code == 0 and out["verified"] and out["to_download"] == [SHARD2], err
 
 
 def test_default_local_dir_is_where_train_looks(hub, tmp_path):

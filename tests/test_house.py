@@ -79,10 +79,6 @@ ALLOWED_ANY = frozenset({
     "trnqwen/runtime/trainer.py:TrnqwenValidator.__init__:kwargs",
     "trnqwen/runtime/trainer_checkpoint.py:TrnqwenCheckpointManager.__init__:kwargs",
     "trnqwen/runtime/trainer_metrics.py:TrnqwenMetricsProcessor.__init__:kwargs",
-    # trnqwen/runtime/trainer_metrics.py: whatever torchtitan put in a metrics dict (tensor, float, str)
-    "trnqwen/runtime/trainer_metrics.py:_number:value",
-    # trnqwen/runtime/hf_trainer_metrics.py: whatever the Trainer logged (tensor, numpy scalar, float, str)
-    "trnqwen/runtime/hf_trainer_metrics.py:_number:value",
     # trnqwen/settings.py: a setting's default is of its field's type (any); the rest go to pydantic's Field
     "trnqwen/settings.py:setting:default",
     "trnqwen/settings.py:setting:field_kwargs",
@@ -96,7 +92,6 @@ ALLOWED_ANY = frozenset({
     # trnqwen/ckpt/verify.py
     "trnqwen/ckpt/verify.py:record_scan:report",
     # trnqwen/ckpt/verify_adapter.py
-    "trnqwen/ckpt/verify_adapter.py:_targeted:targets",
     "trnqwen/ckpt/verify_adapter.py:adapter_key_diff:peft_model",
     # trnqwen/config.py
     "trnqwen/config.py:RunConfig._home_exists:value",
@@ -167,9 +162,6 @@ ALLOWED_ANY = frozenset({
     "trnqwen/runtime/cpu.py:sdpa_flex_attention_forward:s_aux",
     "trnqwen/runtime/cpu.py:sdpa_flex_attention_forward:position_bias",
     "trnqwen/runtime/cpu.py:sdpa_flex_attention_forward:kwargs",
-    # trnqwen/methods/dpo/titan.py
-    "trnqwen/methods/dpo/titan.py:DPOLoss.__init__:compile_config",
-    "trnqwen/methods/orpo/titan.py:ORPOLoss.__init__:compile_config",  # torchtitan's keyword, unused (as DPO's)
     # trnqwen/runtime/hf_moe_adapter.py
     "trnqwen/runtime/hf_moe_adapter.py:HFMoeStateDictAdapter.__init__:model_config",
     # trnqwen/runtime/hf_rope.py
@@ -183,10 +175,6 @@ ALLOWED_ANY = frozenset({
     "trnqwen/runtime/hf_trainer_checkpoint.py:dcp_checkpoint_class.DCPCheckpointTrainer._load_optimizer_and_scheduler:checkpoint",
     "trnqwen/runtime/hf_trainer_checkpoint.py:_inner_optimizer:optimizer",
     "trnqwen/runtime/hf_trainer_checkpoint.py:_state_dicts:trainer",
-    # trnqwen/runtime/hf_trainer_dpo.py
-    # passed through to CacheRows as they come
-    "trnqwen/methods/dpo/hf_trainer.py:PairRows.__init__:args",
-    "trnqwen/methods/dpo/hf_trainer.py:PairRows.__init__:kwargs",
     # trnqwen/runtime/hf_trainer_lora.py
     "trnqwen/runtime/hf_trainer_lora.py:adapter_modules:model",
     "trnqwen/runtime/hf_trainer_lora.py:initialise:model",

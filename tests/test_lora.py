@@ -228,6 +228,41 @@ def test_hf_injection_and_init_give_peft_names_and_the_shared_init(tiny_hf_model
     assert "model.layers.0.self_attn.q_proj.weight" in model.state_dict()  # base keys unchanged: the HF load works
 
 
+def test_torchtitans_sharding_pass_gives_the_injected_adapters_torchtitans_lora_sharding(tiny_hf_model):
+    """hf-v5: torchtitan's own sharding pass over the Transformers model (its completeness check
+    included) finds every adapter configured, as torchtitan's LoRA shards them, with no torchtitan
+    function replaced: the adapters take theirs when their base linear gets its own."""
+    import spmd_types as spmd
+    import torch
+    from torchtitan.components.lora import _lora_adapter_sharding
+    from torchtitan.experiments.transformers_modeling_backend.hf_sharding import set_hf_sharding_configs
+    from torchtitan.experiments.transformers_modeling_backend.module_conversion import convert_hf_to_module
+    from torchtitan.models.common.decoder_sharding import dense_param_placement
+
+    from trnqwen.runtime import lora as runtime_lora
+
+    hf = _load_hf(tiny_hf_model)
+    runtime_lora.inject_hf_adapters(hf, _spec(ALL))
+
+    class Titanish(torch.nn.Module):  # the parts of torchtitan's HFTransformerModel the pass reads
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok_embeddings, self.norm, self.lm_head = hf.model.embed_tokens, hf.model.norm, hf.lm_head
+            self.layers, self.rotary_emb = hf.model.layers, hf.model.rotary_emb
+
+    model = Titanish()
+    convert_hf_to_module(model)
+    set_hf_sharding_configs(model, enable_sp=True)  # raises on any parameter left without a config
+    replicated = dense_param_placement(tp=spmd.R)
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    for linear, placement in ((attn.q_proj, spmd.S(0)), (attn.o_proj, spmd.S(1)), (mlp.down_proj, spmd.S(1))):
+        a, b = _lora_adapter_sharding(linear._sharding_config)
+        assert linear._sharding_config.state_shardings["weight"] == dense_param_placement(tp=placement)
+        assert linear.lora_A._sharding_config == a and linear.lora_B._sharding_config == b
+    assert attn.q_proj.lora_A._sharding_config.state_shardings["weight"] == replicated  # colwise: A replicated
+    assert attn.o_proj.lora_B._sharding_config.state_shardings["weight"] == replicated  # rowwise: B replicated
+
+
 def test_torchtitan_lora_with_dropout_and_the_shared_init():
     """torchtitan's converter on a non-fused Qwen3, trnqwen's dropout, A from (seed, HF name)."""
     import torch
@@ -432,3 +467,64 @@ def test_the_adapter_keeps_the_base_checkpoints_dtype(tmp_path):
     assert {t.dtype for t in load_file(str(tmp_path / "kept" / "adapter_model.safetensors")).values()} == {torch.float32}
     a = bf16["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
     assert torch.equal(a, modules["model.layers.0.self_attn.q_proj"][0].to(torch.bfloat16))
+
+
+# --- the base an export names (issue 34 #2) ---------------------------------------------------------
+
+
+def _plan(tmp_path, monkeypatch, *flags):
+    from trnqwen.config import resolve_config
+    from trnqwen.train.run import plan_train
+
+    monkeypatch.chdir(tmp_path)
+    cli = dict(zip(*[iter(flags)] * 2))
+    resolved = resolve_config({"finetune": True, "lora": True, "device": "cpu", **cli}, environ={})
+    return plan_train(resolved, dry_run=True, cwd=tmp_path)
+
+
+def test_an_export_names_the_base_it_was_trained_from(tmp_path, monkeypatch):
+    """--assets with --model left at its default: the adapter, the card and the checkpoint folder
+    name what --assets holds (its fetch record's repo, else the folder), said first; a matching
+    --model changes nothing."""
+    from trnqwen.ckpt.model_folder import card_info
+    from trnqwen.fetch.builtin import fetch_builtin, write_tiny_qwen3
+    from trnqwen.train.run import create_run_dir
+
+    fetched = tmp_path / "fetched"
+    fetch_builtin("builtin:tiny-qwen3", fetched)  # with its fetch record
+    plain = write_tiny_qwen3(tmp_path / "plain")  # none: only its config.json tells
+
+    plan = _plan(tmp_path, monkeypatch, "assets_dir", str(fetched))
+    first = plan.preflight.findings[0]
+    assert first.check == "assets" and "holds builtin:tiny-qwen3" in first.message and "--model builtin:tiny-qwen3" in first.message
+    assert '"base_model": "builtin:tiny-qwen3"' in plan.job.config_module_text  # the adapter's base_model_name_or_path
+    assert plan.job.checkpoint_dir.name.startswith("checkpoint_tiny_qwen3_")
+    record = create_run_dir(plan)  # the record every card is written from (full fine-tunes too)
+    assert record.extra["base_model"] == "builtin:tiny-qwen3" and card_info(record).base_model == "tiny-qwen3"
+
+    plan = _plan(tmp_path, monkeypatch, "assets_dir", str(plain))
+    assert plan.preflight.findings[0].check == "assets" and "hidden_size 128" in plan.preflight.findings[0].message
+    assert f'"base_model": "{plain}"' in plan.job.config_module_text
+    assert plan.job.checkpoint_dir.name.startswith("checkpoint_plain_")
+
+    for flags in (("model", "builtin:tiny-qwen3", "assets_dir", str(fetched)), ("model", "builtin:tiny-qwen3", "assets_dir", str(plain))):
+        plan = _plan(tmp_path, monkeypatch, *flags)
+        assert not any(f.check == "assets" and "base" in f.message for f in plan.preflight.findings)
+        assert '"base_model": "builtin:tiny-qwen3"' in plan.job.config_module_text
+
+
+def test_base_identity_rules(tmp_path):
+    from trnqwen.assets import DEFAULT_MODEL_SHAPE, base_identity
+    from trnqwen.constants import DEFAULT_MODEL
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "config.json").write_text(json.dumps({**DEFAULT_MODEL_SHAPE, "head_dim": 128}))
+    assert base_identity(DEFAULT_MODEL, real) == (DEFAULT_MODEL, None)  # the default model's own shape
+    assert base_identity(DEFAULT_MODEL, None) == (DEFAULT_MODEL, None)
+    assert base_identity("Org/unknown", real) == ("Org/unknown", None)  # nothing to compare against: trusted
+    moe = tmp_path / "moe"
+    moe.mkdir()
+    (moe / "config.json").write_text(json.dumps({**DEFAULT_MODEL_SHAPE, "model_type": "qwen3_moe", "num_experts": 8}))
+    name, note = base_identity(DEFAULT_MODEL, moe)
+    assert name == str(moe) and "model_type 'qwen3_moe'" in note

@@ -150,3 +150,26 @@ def test_finetune_line_for_a_lora_run(run_work):
     assert saved[1]["checkpoint"].endswith("(LoRA adapter)")
     assert (got["before"], got["after"]) == (saved[0]["loss"], saved[1]["loss"]) and got["before"] != got["after"]
     assert got["line"].startswith("validation loss before ")
+
+
+def test_an_adapter_away_from_its_run_and_base_takes_base_dir(tiny, cache, tmp_path, cli, monkeypatch):
+    """adapter_config names a base that is not here: the hint names eval's own option, which works."""
+    import shutil
+
+    adapter = make_adapter(tmp_path / "moved-adapter", tiny)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = "Org/some-base"
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    base = shutil.copytree(tiny, tmp_path / "bases" / "some-base")
+    monkeypatch.chdir(tmp_path)
+    lost = cli("eval", str(adapter), "--dataset", str(cache), "--json", "--device", "cpu")
+    assert_clean_error(lost, code=2, contains="pass --base-dir DIR")
+    res = cli("eval", str(adapter), "--dataset", str(cache), "--json", "--device", "cpu", "--base-dir", str(base))
+    assert res.code == 0, res.text
+    doc = json.loads(res.out)
+    assert [r["checkpoint"] for r in doc["results"]] == ["base", f"{adapter} (LoRA adapter)"]
+    assert doc["results"][0]["loss"] != doc["results"][1]["loss"]
+    only = cli("eval", str(adapter), "--dataset", str(cache), "--json", "--device", "cpu", "--base-dir", str(base), "--no-base")
+    assert only.code == 0 and [r["checkpoint"] for r in json.loads(only.out)["results"]] == [f"{adapter} (LoRA adapter)"]
+    bad = cli("eval", str(adapter), "--dataset", str(cache), "--device", "cpu", "--base-dir", str(tmp_path / "bases"))
+    assert_clean_error(bad, code=2, contains="--base-dir")

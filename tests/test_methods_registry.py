@@ -40,7 +40,11 @@ def _module() -> types.ModuleType:
         def __init__(self, settings):
             self.settings = settings
 
+    def table_note(method_settings):
+        return f"temperature {method_settings['temperature']}"
+
     mod.plan, mod.rules, mod.card, mod.settings, mod.Hooks = plan, rules, card, settings, Hooks
+    mod.table_note, mod.TABLE_COLUMNS = table_note, (("wiggle", "wiggle", ".3f"),)
     return mod
 
 
@@ -120,6 +124,18 @@ def test_eval_picks_the_methods_scorer_for_its_data(dummy):
     assert scoring_method(data, run) == {"method": "dummy", "method_settings": {"temperature": 2.0}}
     plain = EvalData(name="d", input_ids=rows, labels=rows, positions=rows, pad_id=0)
     assert scoring_method(plain, run) == {}
+
+
+def test_evals_table_is_titled_and_columned_by_what_the_method_declares(dummy, capsys):
+    from trnqwen.evaluate.report import EvalReport, EvalResult, render
+
+    report = EvalReport(dataset="d", method="dummy", method_settings={"temperature": 2.0},
+                        results=[EvalResult("tuned", 10, 1.5, 4.48, preference={"pairs": 3, "preference_accuracy": 0.5,
+                                                                                "margin": 0.25, "wiggle": 0.125})])
+    render(report)
+    out = capsys.readouterr().out
+    assert "Held-out preference pairs on d (temperature 2.0)" in out and "beta" not in out, out
+    assert "wiggle" in out and "0.125" in out, out
 
 
 def test_the_judge_runs_the_methods_rules_and_trusts_its_loss(dummy):

@@ -75,7 +75,7 @@ def test_topology_mistakes_are_usage_errors_with_hints(fields, words):
 
 def test_endpoint_without_port_gets_torchruns_default():
     assert mn.parse_endpoint("head") == ("head", mn.DEFAULT_RDZV_PORT)
-    assert mn.format_endpoint(*mn.parse_endpoint("[fd00::1]:1234")) == "[fd00::1]:1234"
+    assert mn.parse_endpoint("[fd00::1]:1234") == ("fd00::1", 1234)
 
 
 # --- topology over N x ranks (trnqwen.train.topology) --------------------------------------------
@@ -172,19 +172,28 @@ def test_node_wrapper_reads_rank_at_run_time():
 
 
 def test_node_paths_and_shared_run_dir(tmp_path):
-    runs = tmp_path / "runs"
-    rid, path = mn.multinode_run_dir(runs, "ft-1", node_rank=1)
-    assert path == runs / "ft-1" and (path / "nodes" / "node1").is_dir()
-    assert not (runs / "LAST").exists()  # only node 0 points LAST at the run
-    rid, path0 = mn.multinode_run_dir(runs, "ft-1", node_rank=0)
-    assert path0 == path and (runs / "LAST").read_text().strip() == "ft-1"
+    path = tmp_path / "runs" / "ft-1"
+    for rank in (0, 1):  # what each node makes of the shared run dir
+        mn.node_dir(path, rank).mkdir(parents=True, exist_ok=True)
     assert mn.node_log_path(path, 1) == path / "nodes" / "node1" / "train.log"
     mn.node_log_path(path, 0).write_text("x")
     mn.node_log_path(path, 1).write_text("y")
     assert mn.node_logs(path) == {0: mn.node_log_path(path, 0), 1: mn.node_log_path(path, 1)}
     assert mn.writes_run_record(0) and not mn.writes_run_record(1)
-    with pytest.raises(UsageError):
-        mn.multinode_run_dir(runs, "../escape")
+
+
+@pytest.mark.parametrize("nnodes", [1, 2])
+def test_a_rendezvous_id_never_names_a_folder_outside_the_runs_dir(tmp_path, monkeypatch, nnodes):
+    """--rdzv-id names the run directory, on one node too (a scheduler's one-node job): ../escape is refused."""
+    from trnqwen.config import resolve_config
+    from trnqwen.train.run import plan_train
+
+    monkeypatch.chdir(tmp_path)
+    resolved = resolve_config({"rdzv_id": "../escape", "nnodes": nnodes, "rdzv_endpoint": "head:29400", "device": "cpu"},
+                              environ={})
+    with pytest.raises(UsageError, match="--rdzv-id '../escape'"):
+        plan_train(resolved, dry_run=True, cwd=tmp_path)
+    assert not (tmp_path / ".trnqwen").exists() and not (tmp_path / "escape").exists()
 
 
 def test_explain_failure_names_the_peer_loss_only_for_multinode(tmp_path):

@@ -3,9 +3,12 @@
 Walks the AST of every module under ``trnqwen/`` and fails on any assignment over an attribute of
 a torchtitan *class* (``Trainer.train = ...``, ``metrics.MetricsProcessor.log = ...``, an alias
 ``cls = hf_backend.HFTransformerModel; cls.init_states = ...``, ``setattr(CheckpointManager, ...)``,
-``del GroupedExperts._grouped_mm``) outside ``runtime/cpu*.py``, the shims that make torchtitan
-run on a CPU at all (each patch there carries its reason).  trnqwen's additions are subclasses
-chosen by torchtitan's config (``trnqwen.runtime.trainer``) instead.
+``del GroupedExperts._grouped_mm``), and on any swap of a torchtitan *module's* function or class
+(``hf_sharding._set_layer_sharding_configs = ...``, ``setattr(loss_module, "build_cross_entropy_loss", ...)``),
+outside ``runtime/cpu*.py``, the shims that make torchtitan run on a CPU at all (each patch there
+carries its reason).  trnqwen's additions are subclasses chosen by torchtitan's config
+(``trnqwen.runtime.trainer``) or its own classes' behaviour (``runtime/lora.py``'s ``LoraLinear``
+derives its adapters' sharding when torchtitan's pass sets its own) instead.
 """
 
 from __future__ import annotations
@@ -60,6 +63,23 @@ def _resolve(node: ast.AST, names: dict[str, str]) -> Optional[str]:
 
 
 @lru_cache(maxsize=None)
+def _is_module_function(path: str) -> bool:
+    """Whether ``path`` is a function or class held by a torchtitan module (a module attribute that
+    is data, such as ``tools.utils.device_type``, is not)."""
+    module, _, attr = path.rpartition(".")
+    try:
+        if not module or importlib.util.find_spec(module) is None:
+            return False
+    except (ImportError, ValueError, AttributeError):
+        return False
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except Exception:
+        return False  # not importable here (an optional torchtitan extra): what it holds cannot be told
+    return inspect.isroutine(obj) or inspect.isclass(obj)
+
+
+@lru_cache(maxsize=None)
 def _is_class(path: str) -> bool:
     """Whether the torchtitan object at ``path`` is a class (imported; by its name if it cannot be)."""
     try:
@@ -106,6 +126,12 @@ def _flatten(target: ast.AST) -> Iterator[ast.AST]:
 
 def titan_class_patches(source: str, filename: str = "<source>") -> list[str]:
     """``file:line: Class.attr`` for each assignment over a torchtitan class attribute in ``source``."""
+    return [hit for kind, hit in titan_patches(source, filename) if kind == "class"]
+
+
+def titan_patches(source: str, filename: str = "<source>") -> list[tuple[str, str]]:
+    """``(kind, "file:line: path.attr")`` for each assignment over a torchtitan class attribute
+    (kind ``class``) or a torchtitan module's function or class (kind ``module``) in ``source``."""
     tree = ast.parse(source, filename)
     names = _names(tree)
     found = []
@@ -120,21 +146,25 @@ def titan_class_patches(source: str, filename: str = "<source>") -> list[str]:
             bases.append((node.args[0], str(attr)))
         for base, attr in bases:
             path = _resolve(base, names)
-            if path is not None and _is_class(path):
-                found.append((node.lineno, f"{filename}:{node.lineno}: {path}.{attr}"))
-    return [hit for _line, hit in sorted(found)]
+            if path is None:
+                continue
+            if _is_class(path):
+                found.append((node.lineno, "class", f"{filename}:{node.lineno}: {path}.{attr}"))
+            elif _is_module_function(f"{path}.{attr}"):
+                found.append((node.lineno, "module", f"{filename}:{node.lineno}: {path}.{attr}"))
+    return [(kind, hit) for _line, kind, hit in sorted(found)]
 
 
 def _modules() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if not p.relative_to(PACKAGE).as_posix().startswith(EXEMPT))
 
 
-def test_no_module_assigns_over_a_torchtitan_class():
+def test_no_module_assigns_over_a_torchtitan_class_or_swaps_a_module_function():
     found = [hit for path in _modules()
-             for hit in titan_class_patches(path.read_text(), str(path.relative_to(ROOT)))]
+             for _kind, hit in titan_patches(path.read_text(), str(path.relative_to(ROOT)))]
     assert not found, (
-        "class-level patches of torchtitan (extend it through its config instead: a subclass in "
-        "trnqwen.runtime.trainer*, a trainer hook; CPU-only shims go to runtime/cpu*.py with their reason):\n"
+        "patches of torchtitan (extend it through its config instead: a subclass in trnqwen.runtime.trainer*, "
+        "a trainer hook, trnqwen's own classes; CPU-only shims go to runtime/cpu*.py with their reason):\n"
         + "\n".join(found)
     )
 
@@ -146,6 +176,7 @@ from torchtitan.components.checkpointer.dcp import CheckpointManager as CM
 import torchtitan.components.validate as validate
 from torchtitan.tools import utils as tt_utils
 from torchtitan.experiments.transformers_modeling_backend import model as hf_backend
+from torchtitan.experiments.transformers_modeling_backend import hf_sharding
 
 def install():
     Trainer.train = lambda self: None                    # 1 a class
@@ -156,7 +187,9 @@ def install():
     cls.init_states = None                               # 5 a local alias
     setattr(Trainer, "batch_generator", None)            # 6 setattr
     del CM.dcp_save                                      # 7 del
-    tt_utils.device_type = "cpu"                         # a module attribute: not a class patch
+    tt_utils.device_type = "cpu"                         # a module's data: not a patch
+    hf_sharding._set_layer_sharding_configs = None       # 8 a module's function swapped
+    setattr(hf_sharding, "set_hf_sharding_configs", None)  # 9 the same by setattr
     trainer = object()
     trainer.step = 3                                     # an instance: not a class patch
     Trainer.train.__doc__  # reading is fine
@@ -164,6 +197,11 @@ def install():
 
 
 def test_the_check_finds_each_kind_of_patch():
+    swaps = [hit.rsplit(" ", 1)[1] for kind, hit in titan_patches(SAMPLE) if kind == "module"]
+    assert swaps == [
+        "torchtitan.experiments.transformers_modeling_backend.hf_sharding._set_layer_sharding_configs",
+        "torchtitan.experiments.transformers_modeling_backend.hf_sharding.set_hf_sharding_configs",
+    ], swaps
     found = titan_class_patches(SAMPLE)
     attrs = [hit.rsplit(" ", 1)[1] for hit in found]
     assert attrs == [
@@ -194,3 +232,18 @@ def test_the_check_fails_on_the_code_before_the_change():
         pytest.skip(f"no git history with {BEFORE} here")
     counts = {path: len(titan_class_patches(text, path)) for path, text in sources.items()}
     assert counts == PATCHED_BEFORE
+
+
+# runtime/lora.py swapped torchtitan's hf_sharding._set_layer_sharding_configs while the Transformers
+# backend parallelized (main before the change that made LoraLinear derive its adapters' sharding).
+SWAPPED_BEFORE = "740c8ed"
+
+
+def test_the_check_fails_on_the_lora_module_function_swap_it_replaced():
+    try:
+        text = subprocess.run(["git", "show", f"{SWAPPED_BEFORE}:trnqwen/runtime/lora.py"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f"no git history with {SWAPPED_BEFORE} here")
+    hits = [hit for kind, hit in titan_patches(text, "lora.py") if kind == "module"]
+    assert len(hits) == 1 and hits[0].endswith("hf_sharding._set_layer_sharding_configs"), hits

@@ -131,9 +131,10 @@ def test_log1mexp_is_finite_and_exact_at_both_ends(dtype):
 def test_the_meter_gives_means_margin_and_accuracy_over_the_pairs():
     import torch
 
-    from trnqwen.methods.orpo.loss import METRICS, Meter, orpo_terms
+    from trnqwen.methods.orpo.loss import METRICS, TERMS, orpo_terms
+    from trnqwen.methods.pairs import PairMeter
 
-    meter = Meter()
+    meter = PairMeter(TERMS)
     a = orpo_terms(torch.tensor([[[-1.0, -3.0], [-2.0, -1.0]]]), torch.ones(1, 2, 2), lam=0.5)
     b = orpo_terms(torch.tensor([[[-4.0, -6.0]]]), torch.tensor([[[2.0, 2.0]]]), lam=0.5)
     meter.add(a)
@@ -271,6 +272,32 @@ def test_bad_records_exit_2_naming_the_file_and_line(tiny, tmp_path, cli, bad, w
             "--device", "cpu", "--seq-len", "128", "--data-cache-dir", str(tmp_path / "cache"), "--dry-run")
     assert r.code == 2, r.text
     assert "Traceback" not in r.text and "prefs.jsonl line 2" in r.text and words in r.text, r.text
+
+
+def test_records_that_are_not_pairs_get_a_hint_naming_the_runs_method(tiny, tmp_path, cli):
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "Q?"},
+                                             {"role": "assistant", "content": "A."}]}) + "\n")
+    r = cli("data", str(data), "--method", "orpo", "--assets", str(tiny), "--seq-len", "128",
+            "--data-cache-dir", str(tmp_path / "cache"))
+    assert r.code == 2 and "not a preference record" in r.err, r.text
+    assert "--method orpo reads prompt/chosen/rejected" in r.err and "dpo" not in r.err, r.err
+    r = cli("data", str(data), "--method", "orpo", "--dataset-format", "messages", "--assets", str(tiny),
+            "--seq-len", "128", "--data-cache-dir", str(tmp_path / "cache"))
+    assert r.code == 2 and "--method orpo reads: prompt-chosen-rejected" in r.err, r.text
+
+
+def test_evals_table_for_an_orpo_run_says_lambda_and_shows_orpos_numbers(capsys):
+    from trnqwen.evaluate.report import EvalReport, EvalResult, render
+
+    numbers = {"pairs": 30, "preference_accuracy": 0.7, "margin": 0.06, "log_odds_ratio": -0.66, "orpo_loss": 6.9,
+               "reward_accuracy": None, "reward_margin": None}
+    report = EvalReport(dataset="prefs.jsonl", method="orpo", method_settings={"orpo_lambda": 0.5},
+                        results=[EvalResult("step-16", 100, 6.2, 492.7, preference=numbers)])
+    render(report)
+    out = capsys.readouterr().out
+    assert "lambda 0.5" in out and "beta" not in out and "rewards against the base" not in out, out
+    assert "log odds ratio" in out and "-0.6600" in out and "6.9000" in out and "reward" not in out, out
 
 
 def test_the_model_card_section_shows_the_held_out_numbers():

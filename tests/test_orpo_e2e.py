@@ -148,12 +148,14 @@ def test_the_orpo_values_reach_the_stream_status_line_inspect_logs_and_tensorboa
         run_dir = _run_dir(cwd)
         records = read_stream(run_dir / "metrics.jsonl")
         assert records[0].kind == "header" and records[0].meta.get("method") == "orpo", records[0]
+        assert records[0].meta.get("backend") == backend, records[0].meta
         steps = [rec for rec in records if rec.kind == "step"]
         assert len(steps) == STEPS and all({f"orpo/{k}" for k in METRICS} <= set(rec.values) for rec in steps), backend
         vals = [rec for rec in records if rec.kind == "validation" and rec.step == STEPS]
         assert vals and {f"orpo/{k}" for k in METRICS} <= set(vals[-1].values), backend
         status = [ln for ln in r.err.splitlines() if ln.startswith("step ")]
         assert status and all("  nll " in ln and "  margin " in ln for ln in status), r.err[-2000:]
+        assert not any("log_odds" in ln or "rewards" in ln for ln in status), status[-1]  # only what ORPO marks
 
         shown = run_subprocess("inspect-logs", str(run_dir), "--json", "--csv", str(tmp_path / f"{backend}.csv"),
                                cwd=cwd, env=orpo_runs["env"], timeout=300)

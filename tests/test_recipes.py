@@ -217,6 +217,7 @@ def test_exported_config_loads_through_torchtitans_config_manager(tiny_assets, t
     sys.modules.pop(name, None)
     assert config.training.steps == 7 and config.training.seq_len == 128
     assert config.hf_model == str(tiny_assets.absolute())
+    assert config.metrics.backend == "hf-v5"  # what the metrics stream's header says (not "torchtitan")
 
 
 # --- nki-moe -------------------------------------------------------------------------------------
@@ -238,6 +239,7 @@ def test_nki_moe_calls_the_documented_entry_point(neuron_double, tmp_path, text_
     assert config.parallelism.expert_parallel_degree == 1
     assert config.hf_assets_path == str((tmp_path / "none").absolute())
     assert job.num_layers == 4 and job.model_flavor == "30B-A3B"
+    assert config.metrics.backend == "nki-moe"
 
 
 def test_nki_moe_compile_adds_grad_clip(neuron_double, tmp_path, text_jsonl):

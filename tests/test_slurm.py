@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import assert_verified_export, run_subprocess
-from tests.slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
+from tests.slurm_cluster import TERMINAL_STATES, job_state, slurm_cluster, wait_for_job  # noqa: F401  (slurm_cluster: the session fixture)
 from trnqwen.config import RunConfig
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.contract.checkpoint_layout import export_dir
@@ -129,7 +129,7 @@ def test_real_slurm_job_trains_the_tiny_model(slurm_cluster, tmp_path, monkeypat
     info = json.loads(r.out)
     job_id = info["job_id"]
     assert re.fullmatch(r"\d+", job_id)
-    state = slurm.wait_for_job(job_id, timeout_s=420)
+    state = wait_for_job(job_id, timeout_s=420)
     run_dir = Path(info["run_dir"])
     node_logs = [Path(p) for p in info["node_logs"]]
     debug = "\n".join(
@@ -250,9 +250,9 @@ def test_real_slurm_scancel_usr1_saves_exits_138_and_the_requeued_job_continues_
         # credential was revoked ("Killing non-startable batch JobId=N: Job credential revoked")
         time.sleep(2.5)
         slurm_cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-        state = slurm.wait_for_job(job_id, timeout_s=420)
+        state = wait_for_job(job_id, timeout_s=420)
     finally:
-        if slurm.job_state(job_id) not in (None, *slurm.TERMINAL_STATES):
+        if job_state(job_id) not in (None, *TERMINAL_STATES):
             subprocess.run(["scancel", job_id], capture_output=True, timeout=10)
     debug = log.read_text(errors="replace")[-4000:] + "\n" + slurm_cluster.logs()
     assert state == "COMPLETED", f"job {job_id} ended {state}\n{debug}"

@@ -29,18 +29,36 @@ def _step(step: int, loss: float, **extra) -> dict:
 # --- the status line ----------------------------------------------------------------------------
 
 
-def test_status_line_shows_a_methods_values_by_the_part_after_the_slash():
+def test_status_line_shows_the_values_a_method_marks_for_it_by_their_label():
     out = io.StringIO()
     line = StatusLine(stream=out, total_steps=3, mfu=False)
     line.update(_step(1, 0.69315, **DPO))
     line.update_validation({"step": 1, "loss": 0.6, "memory_gib": 1.0, "memory_pct": 2.0, "tps": 99,
-                            "dpo/margin": 0.5, "dpo/accuracy": 0.75})
+                            "dpo/rewards_chosen": 0.1, "dpo/margin": 0.5, "dpo/accuracy": 0.75})
     line.update(_step(2, 0.61, **DPO))
     first, second = out.getvalue().splitlines()
-    assert first.startswith("step 1/3  loss 0.6932  rewards_chosen 0.012  rewards_rejected -0.023  margin 0.352  "
-                            "accuracy 1.000  tok/s 1,234  mfu -  elapsed 0:0")
-    assert second.startswith("step 2/3  loss 0.6100  rewards_chosen 0.012  rewards_rejected -0.023  margin 0.352  "
-                             "accuracy 1.000  val 0.6000 (step 1, margin 0.500, accuracy 0.750)  tok/s 1,234")
+    # DPO marks margin and accuracy (label "acc", 2 decimals); its rewards stay in run.json and inspect-logs
+    assert first.startswith("step 1/3  loss 0.6932  margin 0.352  acc 1.00  tok/s 1,234  mfu -  elapsed 0:0"), first
+    assert second.startswith("step 2/3  loss 0.6100  margin 0.352  acc 1.00  val 0.6000 (step 1, margin 0.500, "
+                             "acc 0.75)  tok/s 1,234"), second
+    assert "rewards" not in out.getvalue()
+
+
+def test_status_line_shows_only_the_status_marked_values_of_every_method():
+    from trnqwen.methods import registry
+
+    for method in registry.methods():
+        values = {m.name: 0.5 for m in method.metrics}
+        text = StatusLine(stream=io.StringIO(), total_steps=2)
+        text.update(_step(1, 1.0, **values))
+        shown = text.text()
+        for m in method.metrics:
+            assert (f"  {m.label} {format(0.5, m.fmt)}  " in shown) == m.status, (method.name, m.name, shown)
+    orpo = StatusLine(stream=io.StringIO(), total_steps=2)
+    orpo.update(_step(1, 2.0, **{"orpo/nll": 1.9, "orpo/log_odds_ratio": -0.7, "orpo/log_odds": 0.1,
+                                 "orpo/rewards_chosen": -0.2, "orpo/rewards_rejected": -0.3, "orpo/margin": 0.1,
+                                 "orpo/accuracy": 1.0}))
+    assert orpo.text().startswith("step 1/2  loss 2.0000  nll 1.9000  margin 0.1000  acc 1.00  tok/s"), orpo.text()
 
 
 def test_a_new_metric_reaches_the_status_line_with_no_code_change():
@@ -51,7 +69,7 @@ def test_a_new_metric_reaches_the_status_line_with_no_code_change():
 
 def test_a_short_name_that_is_taken_is_shown_whole():
     shown = extra_values({"step": 1, "loss": 1.0, "a/loss": 2.0, "a/m": 3.0, "b/m": 4.0, "c/tps": 5.0, "z/q": 6.0})
-    assert shown == [("a/loss", 2.0), ("a/m", 3.0), ("b/m", 4.0), ("c/tps", 5.0), ("q", 6.0)]
+    assert shown == [("a/loss", "2.000"), ("a/m", "3.000"), ("b/m", "4.000"), ("c/tps", "5.000"), ("q", "6.000")]
     assert [format_value(v) for v in (None, 0.0, 1.0, 0.352, -0.0229, 2.5e-5, 12345.6, float("nan"))] == \
         ["-", "0.000", "1.000", "0.352", "-0.023", "2.50e-05", "12,346", "nan"]
 
@@ -127,7 +145,7 @@ def test_supervise_names_the_stream_and_reads_it_not_the_lines(tmp_path):
                                                    "tps": 50.0, "x/novel": 11.0}
     status = out.getvalue().splitlines()
     assert len(status) == 3, status
-    assert status[2].startswith("step 3/3  loss 0.5030  margin 0.300  accuracy 0.500  novel 10.000  tok/s 100")
+    assert status[2].startswith("step 3/3  loss 0.5030  margin 0.300  acc 0.50  novel 10.000  tok/s 100")
     assert "novel 10.000  val 0.4500 (step 3, novel 11.000)  tok/s 100" in line.text()  # drawn on a terminal
     assert "9.9" not in out.getvalue()
     assert result.time_to_first_step_s is not None and result.time_to_first_step_s >= 0

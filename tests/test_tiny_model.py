@@ -32,17 +32,6 @@ def test_corpus_is_small_natural_text():
     assert all(doc.isascii() for doc in docs)
 
 
-def test_corpus_jsonl(tmp_path):
-    out = tiny_model.corpus_jsonl(tmp_path)
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert out.name == "tiny_corpus.jsonl"
-    assert [r["text"] for r in rows] == tiny_model.corpus_documents()
-    chat = tiny_model.corpus_jsonl(tmp_path / "c.jsonl", chat=True)
-    first = json.loads(chat.read_text().splitlines()[0])
-    assert {m["role"] for m in first["messages"]} <= {"system", "user", "assistant"}
-    assert first["messages"][-1]["role"] == "assistant"
-
-
 def test_snapshot_files_and_config(tiny_dir):
     assert sorted(p.name for p in tiny_dir.iterdir()) == sorted(tiny_model.SNAPSHOT_FILES)
     config = json.loads((tiny_dir / "config.json").read_text())
@@ -65,7 +54,7 @@ def test_rewrite_is_atomic_and_refuses_foreign_folders(tmp_path):
     dest = tmp_path / "m"
     tiny_model.write_tiny_qwen3(dest)
     tiny_model.write_tiny_qwen3(dest)  # replacing an earlier tiny snapshot is fine
-    assert tiny_model.is_tiny_snapshot(dest)
+    assert all((dest / name).is_file() for name in tiny_model.SNAPSHOT_FILES)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folders left
     other = tmp_path / "other"
     other.mkdir()
@@ -116,34 +105,24 @@ def test_torchtitan_tokenizer_and_native_qwen3_match_transformers(tiny_dir):
     import torch
     from safetensors.torch import load_file
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
-    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
-    from torchtitan.models.qwen3 import Qwen3Model, _build_qwen3_layers, _qwen3_norm
     from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
     from transformers import AutoModelForCausalLM
+
+    from trnqwen.runtime.qwen3_native import qwen3_model_spec
+    from trnqwen.titan_compat import dims_from_hf_config
 
     tt_tok = HuggingFaceTokenizer(tokenizer_path=str(tiny_dir))
     assert tt_tok.get_vocab_size() == tiny_model.VOCAB_SIZE
     assert tt_tok.eos_id == tiny_model.VOCAB_SIZE - 1
 
-    f = tiny_model.native_fields(json.loads((tiny_dir / "config.json").read_text()))
-    cfg = Qwen3Model.Config(
-        vocab_size=f["vocab_size"],
-        dim=f["dim"],
-        norm=_qwen3_norm(f["dim"]),
-        enable_weight_tying=f["enable_weight_tying"],
-        tok_embeddings=Embedding.Config(num_embeddings=f["vocab_size"], embedding_dim=f["dim"]),
-        lm_head=Linear.Config(in_features=f["dim"], out_features=f["vocab_size"]),
-        layers=_build_qwen3_layers(
-            n_layers=f["n_layers"],
-            dim=f["dim"],
-            n_heads=f["n_heads"],
-            n_kv_heads=f["n_kv_heads"],
-            head_dim=f["head_dim"],
-            hidden_dim=f["hidden_dim"],
-            attn_backend="flex",
-            rope=CosSinRoPE.Config(dim=f["head_dim"], max_seq_len=f["max_seq_len"], theta=f["rope_theta"]),
-        ),
-    )
+    # built as a run builds it: config.json's dims (titan_compat) -> the runtime's model spec
+    config = json.loads((tiny_dir / "config.json").read_text())
+    d = dims_from_hf_config(config)
+    cfg = qwen3_model_spec(
+        name="tiny", dim=d.dim, n_layers=d.n_layers, n_heads=d.n_heads, n_kv_heads=d.n_kv_heads, head_dim=d.head_dim,
+        ffn_dim=d.ffn_dim, vocab_size=d.vocab_size, tied=d.tied, rope_theta=d.rope_theta,
+        max_seq_len=int(config["max_position_embeddings"]), norm_eps=float(config["rms_norm_eps"]),
+    ).model
     native = cfg.build()
     adapter = Qwen3StateDictAdapter(cfg, str(tiny_dir))
     state = adapter.from_hf(load_file(str(tiny_dir / tiny_model.WEIGHTS_FILE)))
@@ -184,7 +163,7 @@ def test_cli_fetch_builtin_offline_then_already_present(cli, in_tmp):
 def test_cli_fetch_builtin_local_dir_and_unknown(cli, tmp_path):
     r = cli("fetch", "builtin:tiny-qwen3", "--local-dir", str(tmp_path / "d"), "--no-progress")
     assert r.code == 0, r.text
-    assert tiny_model.is_tiny_snapshot(tmp_path / "d")
+    assert all((tmp_path / "d" / name).is_file() for name in tiny_model.SNAPSHOT_FILES)
     bad = cli("fetch", "builtin:nope", "--local-dir", str(tmp_path / "e"))
     assert bad.code == 2 and "built-in models" in bad.err and "Traceback" not in bad.text
     assert not (tmp_path / "e").exists()

@@ -26,13 +26,13 @@ class Hook(TrainerHook):
 
 
 def native():
-    return trnqwen_config(qwen3_debugmodel(), hooks=[Hook()])
+    return trnqwen_config(qwen3_debugmodel(), hooks=[Hook()], backend="native")
 
 
 def hf():
     config = transformers_modeling_backend_full()
     config.hf_model = "somewhere"
-    return trnqwen_config(config, hooks=[Hook()])
+    return trnqwen_config(config, hooks=[Hook()], backend="hf-v5")
 """
 
 
@@ -66,6 +66,7 @@ def test_module_config_loading_and_cli_overrides_keep_trnqwens_classes(config_mo
     assert type(config.metrics) is TrnqwenMetricsProcessor.Config
     assert type(config.validator) is TrnqwenValidator.Config
     assert [type(h).__name__ for h in config.hooks] == ["Hook"]
+    assert config.metrics.backend == {"native": "native", "hf": "hf-v5"}[fn]  # kept through the parse
     if fn == "hf":
         from torchtitan.experiments.transformers_modeling_backend.trainer import HFTransformerTrainer
 
@@ -90,3 +91,38 @@ def test_the_hook_order_is_written_down_once():
     for what in ("override imports", "rotary", "[MoE]", "after_checkpoint_load", "on_batch", "lr:",
                  "metrics-stream", "preemption", "LoRA", "validation"):
         assert what in text, what
+
+
+BUILD = """
+import json, sys
+from trnqwen.runtime.cpu import install_cpu_device
+install_cpu_device()
+from torchtitan.config import ConfigManager
+from torchtitan.distributed import ParallelDims
+
+config = ConfigManager().parse_args(["--module", sys.argv[1], "--config", sys.argv[2]])
+processor = config.metrics.build(parallel_dims=ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1,
+                                                            world_size=1), dump_folder=sys.argv[3])
+processor.log_validation(1.5, 3)
+processor.close()
+"""
+
+
+@pytest.mark.parametrize("fn, backend", [("native", "native"), ("hf", "hf-v5")])
+def test_the_metrics_streams_header_names_the_runs_backend(config_module, tmp_path, fn, backend):
+    """trnqwen's metrics processor, built by torchtitan from the parsed config (in a process of its
+    own: the CPU device is torchtitan-global), writes the header with the backend the module names."""
+    import os
+    import subprocess
+
+    from trnqwen.contract.metrics_stream import PATH_ENV, read_stream
+
+    stream = tmp_path / "metrics.jsonl"
+    env = {**os.environ, PATH_ENV: str(stream), "RANK": "0",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    run = subprocess.run([sys.executable, "-c", BUILD, config_module, fn, str(tmp_path / "dump")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    header, validation = read_stream(stream)
+    assert header.kind == "header" and header.meta["backend"] == backend and header.meta["method"] == "sft"
+    assert validation.kind == "validation" and validation.values["loss"] == 1.5

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from trnqwen.constants import DEFAULT_MODEL
 from trnqwen.fsutil import broken_link
+from trnqwen.naming import model_name
 from trnqwen.safetensors_format import SafetensorsFormatError, read_header
 
 CONFIG_NAME = "config.json"
@@ -32,6 +34,54 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
     "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
 )
+
+
+# trnqwen fetch's record in a model folder: the repo id it came from (``builtin:...`` for a
+# built-in), the commit, every file's hash (trnqwen.fetch.verify writes it).
+MANIFEST = Path(".cache") / "trnqwen" / "fetch.json"
+# What the default model's config.json says (Qwen/Qwen3-4B-Instruct-2507 on the Hub): enough to
+# tell another model's folder from it without the network.
+DEFAULT_MODEL_SHAPE = {"model_type": "qwen3", "hidden_size": 2560, "num_hidden_layers": 36, "num_attention_heads": 32,
+                       "num_key_value_heads": 8, "intermediate_size": 9728, "vocab_size": 151936}
+
+
+def read_manifest(local_dir: Path) -> Optional[dict[str, Any]]:
+    try:
+        data = json.loads((Path(local_dir) / MANIFEST).read_text())
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def base_identity(model: str, assets_dir: Optional[Path]) -> tuple[str, Optional[str]]:
+    """(the model an export names as its base, a one-line note when that is not ``model``).
+
+    ``model`` names the base unless ``assets_dir`` (``--assets``) holds another model: its fetch
+    record names another repo (then that repo is the base), or its config.json differs from what
+    ``model`` is known to be (the default model's shape, or ``model``'s own fetched folder), and
+    then the folder itself is the base.  With nothing to compare against, ``model`` stands."""
+    if assets_dir is None:
+        return model, None
+    folder = Path(assets_dir).expanduser()
+    recorded = (read_manifest(folder) or {}).get("repo_id")
+    if isinstance(recorded, str) and recorded:
+        if recorded == model:
+            return model, None
+        return recorded, (f"--assets {folder} holds {recorded} (its fetch record), not --model {model}: "
+                          f"the export names {recorded} as its base (pass --model {recorded} to say so)")
+    config = read_config_json(folder)
+    if config is None:
+        return model, None  # preflight says what is missing
+    own = Path("assets") / "hf" / model_name(model)
+    reference: Optional[dict[str, Any]] = DEFAULT_MODEL_SHAPE if model == DEFAULT_MODEL else None
+    if reference is None and own.absolute() != folder.absolute():
+        reference = read_config_json(own)
+    differ = [k for k in DEFAULT_MODEL_SHAPE if reference is not None and k in reference and config.get(k) != reference[k]]
+    if not differ:
+        return model, None
+    name = str(folder.absolute())
+    return name, (f"--assets {folder} is not {model} ({differ[0]} {config.get(differ[0])!r}, {model} has "
+                  f"{reference[differ[0]]!r}): the export names the folder as its base (pass --model to name it)")
 
 
 def read_config_json(folder: Path) -> Optional[dict[str, Any]]:

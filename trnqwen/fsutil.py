@@ -50,6 +50,18 @@ def write_text_atomic(path: Path, text: str, *, mode: int = 0o666) -> None:
         raise
 
 
+def usual_modes(folder: Path) -> None:
+    """A folder made with ``tempfile.mkdtemp`` (0700, files in it possibly 0600) given the modes a
+    plain ``mkdir`` and ``open`` would have given it (0777 / 0666 less the umask), so another user
+    or a serving container reads it like every other export."""
+    mask = current_umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for path in Path(folder).rglob("*"):
+        if path.is_symlink():
+            continue
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def write_json_atomic(path: Path, payload: Any) -> None:
     """Pretty JSON (non-JSON values as ``str``), written atomically."""
     write_text_atomic(path, json.dumps(payload, indent=2, default=str) + "\n")

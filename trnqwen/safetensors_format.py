@@ -197,8 +197,3 @@ def parse_header(path: Path, raw: bytes, file_size: int, *, known_dtypes: bool =
         )
     return header
 
-
-def tensor_dtype_name(torch_dtype: object) -> str | None:
-    """``torch.bfloat16`` / ``"bfloat16"`` -> ``"BF16"`` (None when unknown)."""
-    text = str(torch_dtype).removeprefix("torch.")
-    return TORCH_TO_ST.get(text)

@@ -93,10 +93,6 @@ class Setting:
         return bool(self.meta.get("flag", True))
 
     @property
-    def is_bool(self) -> bool:
-        return _leaf_type(self.info.annotation) is bool
-
-    @property
     def long_flags(self) -> tuple[str, ...]:
         given = self.meta.get("flags")
         if given:

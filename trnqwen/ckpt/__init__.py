@@ -128,22 +128,9 @@ def _newest_succeeded_export(runs_dir: Path, *, exclude: str):
 
 
 def _assets_of_run_that_wrote(checkpoint: Path, run_config) -> Optional[Path]:
-    """The assets dir of the newest recorded run whose checkpoint folder is ``checkpoint`` (or
-    holds it, for a ``step-N`` folder), so ``verify-ckpt ./checkpoint_x_ft`` needs no --assets."""
-    from trnqwen.rundir import recent_records
+    """The assets dir of the run whose checkpoint folder is ``checkpoint`` (or holds it, for a
+    ``step-N`` folder), so ``verify-ckpt ./checkpoint_x_ft`` needs no --assets."""
+    from trnqwen.ckpt.layout import run_that_wrote
 
-    runs_dir = Path(run_config.runs_dir) if run_config is not None else Path(".trnqwen/runs")
-    try:
-        target = checkpoint.expanduser().resolve()
-    except (OSError, RuntimeError):
-        return None
-    for _, record in recent_records(runs_dir):
-        if not record.checkpoint_dir or not record.assets_dir:
-            continue
-        try:
-            written = Path(record.checkpoint_dir).expanduser().resolve()
-        except (OSError, RuntimeError):
-            continue
-        if target == written or written in target.parents:
-            return Path(record.assets_dir)
-    return None
+    found = run_that_wrote(checkpoint, Path(run_config.runs_dir) if run_config is not None else Path(".trnqwen/runs"))
+    return Path(found[1].assets_dir) if found is not None and found[1].assets_dir else None

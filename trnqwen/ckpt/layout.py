@@ -19,11 +19,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from trnqwen.assets import ADAPTER_CONFIG, INDEX_NAME
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.fsutil import broken_link
+from trnqwen.rundir import RunRecord
 
 STEP_RE = re.compile(r"^step-(\d+)$")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -272,3 +273,51 @@ def find_config(
         f"no config.json to build the model from (looked beside the checkpoint and in {', '.join(tried[1:]) or 'no assets dir'})",
         hint="pass --assets DIR, the model snapshot the checkpoint was trained from (trnqwen fetch <model>)",
     )
+
+
+# --- which run wrote a checkpoint -------------------------------------------------------------
+
+
+def _resolved(path: Union[str, Path]) -> Optional[Path]:
+    try:
+        return Path(path).expanduser().resolve()
+    except (OSError, RuntimeError, TypeError):
+        return None
+
+
+def _wrote(record: RunRecord, target: Path, holding: bool) -> bool:
+    for written in (record.checkpoint_dir, (record.extra or {}).get("exported")):
+        where = _resolved(written) if written else None
+        if where is not None and (target == where or where in target.parents or (holding and target in where.parents)):
+            return True
+    return False
+
+
+def run_that_wrote(path: Path, runs_dir: Optional[Path], *, holding: bool = False) -> Optional[tuple[Path, RunRecord]]:
+    """(run dir, :class:`trnqwen.rundir.RunRecord`) of the run whose checkpoint folder or export is
+    ``path`` or holds it (``holding``: or that ``path`` holds): the newest such run under
+    ``runs_dir``, else the run the checkpoint folder's owner file names, so a command run from
+    any other folder still finds it (the owner file records the run directory; an older one
+    without it: ``<the folder's parent>/.trnqwen/runs/<run id>``, where a default run puts it)."""
+    from trnqwen.contract.checkpoint_layout import OWNER_FILE, read_owner
+    from trnqwen.rundir import recent_records
+
+    target = _resolved(path)
+    if target is None:
+        return None
+    for run_dir, record in recent_records(Path(runs_dir)) if runs_dir is not None and Path(runs_dir).is_dir() else []:
+        if _wrote(record, target, holding):
+            return run_dir, record
+    for folder in [target, *list(target.parents)[:3]]:
+        owner = read_owner(folder) if (folder / OWNER_FILE).is_file() else None
+        if not owner or not isinstance(owner.get("run_id"), str):
+            continue
+        for run_dir in (owner.get("run_dir"), folder.parent / ".trnqwen" / "runs" / owner["run_id"]):
+            try:
+                record = RunRecord.load(Path(run_dir)) if run_dir else None
+            except (OSError, ValueError, TypeError):
+                continue
+            if record is not None and _wrote(record, target, holding):
+                return Path(run_dir), record
+        return None
+    return None

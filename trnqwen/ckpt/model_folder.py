@@ -41,7 +41,7 @@ class CardInfo:
     """What the model card says about the run that produced the weights."""
 
     base_model: str  # the Hub repo id, or a local name for builtin/local models
-    backend: str
+    backend: str  # "" when unknown (a merge of an adapter whose run is not found)
     steps: Optional[int] = None
     dataset: Optional[str] = None
     final_loss: Optional[float] = None
@@ -53,6 +53,7 @@ class CardInfo:
     trnqwen_version: Optional[str] = None
     adapter: Optional[dict[str, Any]] = None  # a LoRA run's adapter_config.json: the card describes an adapter
     method: Optional[str] = None  # the training method (trnqwen.methods.registry); None: the default
+    merged_adapter: Optional[dict[str, Any]] = None  # a merged model: the adapter_config.json merged in
 
 
 def card_info(record: RunRecord, eval_results: Optional[list[dict[str, Any]]] = None, eval_dataset: Optional[str] = None) -> CardInfo:
@@ -61,7 +62,7 @@ def card_info(record: RunRecord, eval_results: Optional[list[dict[str, Any]]] = 
     from trnqwen import __version__
 
     config = record.config or {}
-    model = str(config.get("model") or "")
+    model = str(record.extra.get("base_model") or config.get("model") or "")  # the base the run recorded
     last = (record.extra.get("summary") or {}).get("last_step") or {}
     validation = last_validation(Path(record.log_path)) if record.log_path else None
     return CardInfo(
@@ -217,16 +218,20 @@ def render_card(info: CardInfo) -> str:
         base_model=hub_id,
         library_name="peft" if adapter else "transformers",
         pipeline_tag="text-generation",
-        tags=["trnqwen", trainer, f"trnqwen-{info.backend}", "qwen3", "fine-tuned", *(["lora", "peft"] if adapter else [])],
+        tags=["trnqwen", trainer, *([f"trnqwen-{info.backend}"] if info.backend else []), "qwen3", "fine-tuned",
+              *(["lora", "peft"] if adapter else []), *(["lora", "merged"] if info.merged_adapter else [])],
         datasets=[info.dataset] if info.dataset and _looks_like_hub_id(info.dataset) else None,
     )
+    merged = info.merged_adapter
     rows = [
         ("base model", info.base_model),
-        ("dataset", info.dataset or "(the model's default)"),
+        # a run without --dataset trained on the model's default corpus; no run known: nothing to say
+        ("dataset", info.dataset or ("(the model's default)" if info.run_id else None)),
+        ("method", info.method),
         ("steps", info.steps),
-        ("backend", f"{info.backend} ({trainer})"),
-        ("adapter", f"LoRA r {adapter.get('r')}, alpha {adapter.get('lora_alpha')}, targets "
-                    f"{','.join(adapter.get('target_modules') or [])}" if adapter else None),
+        ("backend", f"{info.backend} ({trainer})" if info.backend else None),
+        ("adapter", _describe_adapter(adapter) if adapter else None),
+        ("merged", f"base + {_describe_adapter(merged)} (trnqwen merge)" if merged else None),
         ("final training loss", _num(info.final_loss)),
         ("validation loss", _num(info.validation_loss) + (f" (after step {info.validation_step})" if info.validation_step else "")
          if info.validation_loss is not None else None),
@@ -238,7 +243,7 @@ def render_card(info: CardInfo) -> str:
         f"# {Path(info.base_model).name} {'LoRA adapter' if adapter else 'fine-tuned'} with trnqwen",
         "",
         CARD_MARKER,
-        f"Fine-tuned from `{info.base_model}` with trnqwen on the {info.backend} backend.",
+        f"Fine-tuned from `{info.base_model}` with trnqwen" + (f" on the {info.backend} backend." if info.backend else "."),
         "",
         "| | |",
         "|---|---|",
@@ -264,6 +269,13 @@ def render_card(info: CardInfo) -> str:
     else:
         body += ["", "Load it with `AutoModelForCausalLM.from_pretrained(path)`; the tokenizer carries the chat template.", ""]
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(body)))
+
+
+def _describe_adapter(config: dict[str, Any]) -> str:
+    targets = config.get("target_modules") or []
+    targets = targets if isinstance(targets, str) else ",".join(sorted(targets))
+    rslora = ", rsLoRA" if config.get("use_rslora") else ""
+    return f"LoRA r {config.get('r')}, alpha {config.get('lora_alpha')}{rslora}, targets {targets}"
 
 
 def _num(value: Any) -> Optional[str]:

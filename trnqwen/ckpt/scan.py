@@ -84,26 +84,6 @@ def _close_window(window) -> None:
         pass
 
 
-def iter_chunks(header: SafetensorsHeader, chunk: int = CHUNK_BYTES):
-    """Yield ``(begin, end, window, offset)``: the data bytes ``[begin, end)`` are
-    ``window[offset : offset + end - begin]``; a window is valid until the next yield and is
-    unmapped before the next is made, so RSS holds one window, never the file.
-    """
-    plan = _chunk_plan(header.ordered(), header.data_len, chunk)
-    fd = os.open(header.path, os.O_RDONLY)
-    try:
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        for begin, end in plan:
-            window, offset = _open_window(fd, header, begin, end)
-            try:
-                yield begin, end, window, offset
-            finally:
-                _close_window(window)
-    finally:
-        os.close(fd)
-
-
 def scan_workers() -> int:
     """Threads for the scan: numpy's integer kernels and mmap release the GIL, so windows of a
     checkpoint are scanned in parallel (bounded: each in-flight window is one mapping)."""

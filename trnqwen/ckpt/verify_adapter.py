@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trnqwen.assets import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from trnqwen.ckpt.adapter_rules import is_targeted, rank_of, refusals
 from trnqwen.ckpt.layout import CheckpointFiles, ModelConfig, _load_config
 from trnqwen.contract.peft_adapter import PEFT_KEY, PEFT_PREFIX
 from trnqwen.ckpt.spec import ModelSpec, expected_tensors
 from trnqwen.errors import UsageError
-from trnqwen.safetensors_format import DTYPES, SafetensorsFormatError, TensorInfo, read_header
+from trnqwen.safetensors_format import DTYPES, SafetensorsFormatError, SafetensorsHeader, TensorInfo, read_header
 
 UNTRAINED = "the adapter is untrained (every lora_B is zero)"
 # Modules peft's LoRA reaches with lora_A/lora_B Linear names (embeddings use lora_embedding_A/B).
@@ -64,9 +65,11 @@ def find_base_config(
     assets: Optional[Path] = None,
     run_assets: Optional[Path] = None,
     config_assets: Optional[Path] = None,
+    base_flag: str = "--base",
 ) -> ModelConfig:
-    """The base model's config.json; ``ModelConfig.source`` says how it was found."""
-    for given, flag in ((base, "--base"), (assets, "--assets")):
+    """The base model's config.json; ``ModelConfig.source`` says how it was found (``base_flag``:
+    what the command calls its option naming the base folder, for the messages)."""
+    for given, flag in ((base, base_flag), (assets, "--assets")):
         if given is not None:
             given = Path(given).expanduser()
             if not (given / "config.json").is_file():
@@ -86,7 +89,7 @@ def find_base_config(
     tried = ", ".join(str(p) for p, _ in candidates if p is not None) or "nowhere"
     raise UsageError(
         f"no base model for the adapter {ckpt.root}: no config.json in {tried}",
-        hint="pass --base DIR, the snapshot the adapter was trained on (trnqwen fetch <model> downloads it)",
+        hint=f"pass {base_flag} DIR, the snapshot the adapter was trained on (trnqwen fetch <model> downloads it)",
     )
 
 
@@ -135,7 +138,8 @@ class AdapterReport:
         for items, what in (
             (self.invalid_keys, "key(s) that are not PEFT LoRA keys (base_model.model.<module>.lora_A/lora_B.weight)"),
             (self.unknown_modules, "adapter module(s) the base model does not have"),
-            (self.not_targeted, "adapter module(s) outside adapter_config.json's target_modules (peft would skip them)"),
+            (self.not_targeted, "adapter module(s) adapter_config.json does not target (target_modules, exclude_modules, "
+                                "layers_to_transform: peft would skip them)"),
             (self.unpaired, "module(s) with lora_A or lora_B alone"),
             (self.missing_modules, "targeted base module(s) without an adapter (peft would leave them at init)"),
             (self.dtype_problems, "tensor(s) that are not floating point"),
@@ -220,39 +224,29 @@ def _check_config(folder: Path, report: AdapterReport) -> dict[str, Any]:
     targets = data.get("target_modules")
     if not (isinstance(targets, str) or (isinstance(targets, list) and targets and all(isinstance(t, str) for t in targets))):
         report.config_problems.append(f"target_modules is {targets!r}, not a list of module names")
-    for flag in ("use_dora", "modules_to_save"):
-        if data.get(flag):
-            report.config_problems.append(f"{flag} is set: trnqwen checks plain LoRA adapters (vLLM refuses {flag} too)")
+    report.config_problems += refusals(data)
     return data
 
 
-def _targeted(module: str, targets: Any) -> bool:
-    """peft's rule: a list matches the module path's last name (or the path's end); a string is a
-    regex matched against the whole path; ``all-linear`` means every Linear but the output head."""
-    if targets == "all-linear":
-        return module != "lm_head"
-    if isinstance(targets, str):
-        return re.fullmatch(targets, module) is not None
-    return any(module == t or module.endswith("." + t) for t in targets or [])
+def _read_weights(folder: Path, report: AdapterReport) -> Optional[SafetensorsHeader]:
+    weights = folder / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        report.file_errors[ADAPTER_WEIGHTS] = "missing: the adapter has no weights"
+        return None
+    try:
+        return read_header(weights)
+    except SafetensorsFormatError as exc:
+        report.file_errors[ADAPTER_WEIGHTS] = str(exc)
+        return None
 
 
-def _in_layers(module: str, config: dict[str, Any]) -> bool:
-    """peft's ``layers_to_transform``: only those layer indices get an adapter (None: every layer)."""
-    layers = config.get("layers_to_transform")
-    if layers is None:
-        return True
-    wanted = {layers} if isinstance(layers, int) else set(layers)
-    m = re.search(r"\.layers\.(\d+)\.", module)
-    return m is None or int(m.group(1)) in wanted
-
-
-def _rank_for(module: str, config: dict[str, Any]) -> Optional[int]:
-    pattern = config.get("rank_pattern") or {}
-    for key, value in pattern.items():
-        if re.fullmatch(key, module) or module.endswith("." + key) or module == key:
-            return int(value)
-    r = config.get("r")
-    return r if isinstance(r, int) and not isinstance(r, bool) and r > 0 else None
+def own_problems(folder: Path) -> list[str]:
+    """What is wrong with the adapter folder itself, before any base is known: its
+    adapter_config.json and its weights file's header (verify-ckpt's words)."""
+    report = AdapterReport(checkpoint=str(folder), step=None, base="", base_source="", model="")
+    _check_config(Path(folder), report)
+    _read_weights(Path(folder), report)
+    return report.problems
 
 
 def verify_adapter(
@@ -265,14 +259,8 @@ def verify_adapter(
         base_source=model_config.source, model=spec.describe(),
     )
     config = _check_config(ckpt.root, report)
-    weights = ckpt.root / ADAPTER_WEIGHTS
-    if not weights.is_file():
-        report.file_errors[ADAPTER_WEIGHTS] = "missing: the adapter has no weights"
-        return report
-    try:
-        header = read_header(weights)
-    except SafetensorsFormatError as exc:
-        report.file_errors[ADAPTER_WEIGHTS] = str(exc)
+    header = _read_weights(ckpt.root, report)
+    if header is None:
         return report
     tensors = header.tensors
     report.num_tensors = len(tensors)
@@ -282,9 +270,7 @@ def verify_adapter(
     linears = base_linears(spec)
     pairs = _check_keys(tensors, linears, config, report)
     if config and "target_modules" in config and not report.config_problems:
-        report.missing_modules = sorted(
-            m for m in linears if _targeted(m, config["target_modules"]) and _in_layers(m, config) and m not in pairs
-        )
+        report.missing_modules = sorted(m for m in linears if is_targeted(m, config) and m not in pairs)
     if quick:
         return report
     from trnqwen.ckpt.scan import nonzero_tensors, scan_nonfinite
@@ -322,9 +308,8 @@ def _check_keys(tensors: dict[str, TensorInfo], linears: dict[str, tuple[int, in
     report.unpaired = sorted(f"{mod} (lora_{''.join(sorted(ab))} only)" for mod, ab in pairs.items() if ab != {"A", "B"})
     report.unknown_modules = sorted(mod for mod in pairs if mod not in linears)
     report.targets = sorted({mod.rsplit(".", 1)[-1] for mod in pairs})
-    targets = config.get("target_modules") if config else None
-    if targets:
-        report.not_targeted = sorted(mod for mod in pairs if mod in linears and not _targeted(mod, targets))
+    if config and config.get("target_modules"):
+        report.not_targeted = sorted(mod for mod in pairs if mod in linears and not is_targeted(mod, config))
     for key in sorted(tensors):
         m = PEFT_KEY.match(key)
         info = tensors[key]
@@ -334,7 +319,7 @@ def _check_keys(tensors: dict[str, TensorInfo], linears: dict[str, tuple[int, in
         if m is None or m.group("module") not in linears:
             continue
         out_f, in_f = linears[m.group("module")]
-        r = _rank_for(m.group("module"), config) if config else None
+        r = _rank(m.group("module"), config)
         found = list(info.shape)
         if len(found) != 2:
             want: list[Any] = ["r", in_f] if m.group("ab") == "A" else [out_f, "r"]
@@ -345,6 +330,11 @@ def _check_keys(tensors: dict[str, TensorInfo], linears: dict[str, tuple[int, in
         if found != want:
             report.shape_mismatches.append({"key": key, "expected": want, "found": found})
     return pairs
+
+
+def _rank(module: str, config: dict[str, Any]) -> Optional[int]:
+    r = rank_of(module, config) if config else None
+    return r if isinstance(r, int) and not isinstance(r, bool) and r > 0 else None
 
 
 def peft_round_trip(folder: Path, base_dir: Path, header_tensors: dict[str, tuple[tuple[int, ...], str]], *,
@@ -404,5 +394,5 @@ def _file_key(key: str) -> str:
     return key if key.startswith(PEFT_PREFIX) else PEFT_PREFIX + key
 
 
-__all__ = ["AdapterReport", "UNTRAINED", "is_adapter", "find_base_config", "resolve_base_ref", "verify_adapter",
+__all__ = ["AdapterReport", "UNTRAINED", "is_adapter", "find_base_config", "own_problems", "resolve_base_ref", "verify_adapter",
            "peft_round_trip", "base_linears", "adapter_key_diff"]

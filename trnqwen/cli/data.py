@@ -4,8 +4,9 @@ Examples:
   trnqwen data conversations.jsonl --model builtin:tiny-qwen3 --seq-len 256
   trnqwen data ./my_chats/ --val-split 0.05 --json | jq .trained_tokens
   trnqwen data org/dataset --dataset-split train --dataset-format sharegpt
-  trnqwen data prefs.jsonl --method dpo      # preference pairs: kept/dropped, tokens, one pair
   trnqwen data chats.jsonl --field-messages dialog --roles user=human,assistant=bot   # its own names, mapped
+
+(each training method adds its own examples: ``Method.examples``)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from trnqwen.cli._options import (
     takes_settings,
 )
 from trnqwen.dataset.settings import MAPPING_KEYS
+from trnqwen.methods import registry
 
 # the data settings beyond one standard file (trnqwen/dataset/settings.py), as generated options
 OWN_SETTINGS = (*MAPPING_KEYS, "packing_strategy", "chat_template", "enable_thinking")
@@ -44,15 +46,14 @@ Examples:
 \b
   trnqwen data conversations.jsonl --model builtin:tiny-qwen3 --seq-len 256
   trnqwen data ./my_chats/ --val-split 0.05 --json | jq .trained_tokens
-  trnqwen data org/dataset --dataset-split train --dataset-format sharegpt
-  trnqwen data prefs.jsonl --method dpo      # preference pairs: kept/dropped, tokens, one pair
+  trnqwen data org/dataset --dataset-split train --dataset-format sharegpt{method_examples}
   trnqwen data chats.jsonl --field-messages dialog --roles user=human,assistant=bot   # its own names, mapped
 
 Several datasets mixed by weight: [[datasets]] tables in trnqwen.toml (docs/data.md).
 Uses the same code as `trnqwen train`: the tokenized cache it writes is the one training reads.
 Without DATASET, the dataset from the config (or the bundled calculator chat set) is used.
 Exit 0 ok, 2 bad data (one line naming the file and record), 3 a missing package.
-"""
+""".format(method_examples="".join(f"\n  {e.line}      # {e.what}" for e in registry.examples("data")))
 
 
 @takes_settings(only=OWN_SETTINGS)
@@ -100,7 +101,7 @@ def data(
     for warning in resolved.warnings:
         output.warn(warning)
     with output.console().status("Reading and tokenizing the dataset...", spinner="dots"):
-        prepared = prepare_dataset(resolved.config)
+        prepared = prepare_dataset(resolved.config, pair_methods=registry.names_for_data("preference"))
     if json_out:
         output.print_json({**prepared.report, "cache_dir": str(prepared.cache_dir), "reused": prepared.reused})
     elif resolved.config.data_kind == "preference":  # the method's records (trnqwen.methods.registry)

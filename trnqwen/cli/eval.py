@@ -5,15 +5,17 @@ Examples:
   trnqwen eval --generate 3                         # ... and three held-out answers side by side
   trnqwen eval 20261130-201500-native --json        # a run id (or run directory)
   trnqwen eval ./checkpoint_qwen3_4b_ft/step-100 --dataset held_out.jsonl --no-base
+  trnqwen eval ./adapter --base-dir assets/hf/Qwen3-4B-Instruct-2507   # a LoRA adapter away from its run
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from trnqwen.cli._options import ConfigFileOpt, DeviceOpt, JsonOpt, given
+from trnqwen.cli._options import ConfigFileOpt, DeviceOpt, JsonOpt, given, user_paths
 
 HELP = "Held-out loss, perplexity and answers of the fine-tune against its base model."
 EPILOG = (
@@ -51,6 +53,17 @@ def eval_cmd(
             show_default=False,
         ),
     ] = None,
+    base_dir: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--base-dir",
+            metavar="DIR",
+            help="The base model's folder: what a LoRA adapter is loaded onto and what --base evaluates "
+            "(like merge --base). [default: the run's assets, else adapter_config's base_model_name_or_path]",
+            show_default=False,
+            callback=user_paths,
+        ),
+    ] = None,
     generate: Annotated[
         int, typer.Option("--generate", help="Answer N held-out conversations greedily with every model.", metavar="N")
     ] = 0,
@@ -73,6 +86,7 @@ def eval_cmd(
         config_file=config_file,
         dataset=dataset,
         base=base,
+        base_dir=base_dir,
         generate=generate,
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,

@@ -214,10 +214,15 @@ def _print_traceback(exc: BaseException) -> None:
     sys.stderr.flush()
 
 
+_LAST_ERROR: dict[str, Any] = {}  # what report_error said last: the --json error object repeats it
+
+
 def report_error(message: str, hint: str | None, problems: list[str] | None = None) -> None:
     """One line per problem saying what is wrong, one saying what to do; secrets redacted."""
     from trnqwen.errors import redact
 
+    _LAST_ERROR.clear()
+    _LAST_ERROR.update(error=message, hint=hint, problems=list(problems or [message]))
     for line in problems or [message]:
         sys.stderr.write(f"Error: {redact(line)}\n")
     if hint:
@@ -297,6 +302,8 @@ def _click_error(exc) -> int:
     if not hasattr(exc, "show"):
         return _internal_error(exc)
     exc.show()
+    if hasattr(exc, "format_message"):
+        _LAST_ERROR.update(error=exc.format_message(), hint=None, problems=[exc.format_message()])
     return getattr(exc, "exit_code", 2)
 
 
@@ -327,6 +334,62 @@ def _error_table() -> list[tuple[type, Callable[[Any], int], bool]]:
         rows += [(typer.Abort, _interrupted, False), (typer.TyperException, _click_error, False)]
     rows.append((Exception, _internal_error, True))
     return rows
+
+
+# --- --json on failure: one JSON object on stdout, whatever failed ----------------------------------
+
+
+class _WatchedStdout:
+    """sys.stdout while a ``--json`` command runs: tells whether the command wrote anything."""
+
+    def __init__(self, stream: Any):
+        self._stream, self.written = stream, False
+
+    def write(self, text: str) -> int:
+        self.written = self.written or bool(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def takes_json(args: list[str]) -> bool:
+    """Whether ``args`` run a command (or group command) that has ``--json`` and ask for it."""
+    import importlib
+    import inspect
+
+    head = args[: args.index("--")] if "--" in args else args
+    if "--json" not in head or not head:
+        return False
+    if head[0] in COMMANDS:
+        module, attr = COMMANDS[head[0]]
+        function = getattr(importlib.import_module(module), attr)
+    elif head[0] in GROUPS and len(head) > 1:
+        module, attr = GROUPS[head[0]]
+        found = [c.callback for c in getattr(importlib.import_module(module), attr).registered_commands
+                 if (c.name or getattr(c.callback, "__name__", "")) == head[1]]
+        function = found[0] if found else None
+    else:
+        return False
+    return function is not None and "json_out" in inspect.signature(function).parameters
+
+
+def _takes_json_safely(args: list[str]) -> bool:
+    try:
+        return takes_json(args)
+    except Exception:  # never let the check itself stop a command
+        return False
+
+
+def print_json_failure(code: int) -> None:
+    """The ``--json`` answer of a command that failed before printing one (as the error said it)."""
+    from trnqwen.output import print_json
+
+    error = dict(_LAST_ERROR) or {"error": f"failed with exit code {code}", "hint": None, "problems": []}
+    try:
+        print_json({"ok": False, "exit_code": code, **error})
+    except OSError:  # stdout gone (a closed pipe): the exit code still says it
+        pass
 
 
 def resume_takes_optional_value(args: list[str]) -> list[str]:
@@ -373,20 +436,30 @@ def main(argv: list[str] | None = None) -> None:
 
     if args and args[0] == "train":
         args = resume_takes_optional_value(args)
+    stdout, watched = sys.stdout, None
+    _LAST_ERROR.clear()
     try:
         # A known command first: build only that one; anything else (typos, root flags) gets all.
         app = build_app(args[0] if args and (args[0] in COMMANDS or args[0] in GROUPS) else None)
+        if _takes_json_safely(args):  # a failure must still answer with one JSON object
+            sys.stdout = watched = _WatchedStdout(stdout)
         rv = app(args=args, prog_name="trnqwen", standalone_mode=False)
     except (KeyboardInterrupt, Exception) as exc:
         handler, debug_shows = next((h, d) for kind, h, d in _error_table() if isinstance(exc, kind))
         if debug_shows and _debug():
             _print_traceback(exc)
         code = handler(exc)
+        if watched is not None and not watched.written and not isinstance(exc, BrokenPipeError):
+            print_json_failure(code)
         if code == EXIT_SIGINT:  # a run stopped by Ctrl-C (TrnqwenError 130) exits 130 too
             _ignore_further_interrupts()
         sys.exit(code)
+    finally:
+        sys.stdout = stdout
     if rv == EXIT_SIGINT:  # typer turns Ctrl-C inside a command into a return value of 130
         _interrupted(KeyboardInterrupt())
+    if isinstance(rv, int) and rv and watched is not None and not watched.written:
+        print_json_failure(rv)
     sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -20,7 +20,7 @@ EPILOG = (
     "Examples: trnqwen merge  |  trnqwen merge ./checkpoint_qwen3_4b_ft/hf/step-500  |  "
     "trnqwen merge ./adapter --base assets/hf/Qwen3-4B-Instruct-2507 --out ./merged. "
     "The same as `axolotl merge-lora` / `llamafactory-cli export`; `train --lora --merge` does it at the end of a run. "
-    "Exit 0 ok, 1 the adapter does not fit the base, 2 usage error."
+    "Exit 0 ok, 1 the adapter is broken or does not fit the base (verify-ckpt's diagnosis), 2 usage error."
 )
 
 
@@ -52,26 +52,16 @@ def merge(
 ) -> None:
     """Merge a LoRA adapter into its base model."""
     from trnqwen import output
-    from trnqwen.ckpt.merge import base_of_adapter, merge_adapter
-    from trnqwen.config import RunConfig
-    from trnqwen.errors import UsageError
+    from trnqwen.ckpt.merge import merge as merge_folders
+    from trnqwen.config import resolve_config
 
-    runs_dir = RunConfig().runs_dir
-    if adapter is None:
-        from trnqwen.rundir import recent_records
-
-        exported = next((r.extra.get("exported") for _d, r in recent_records(runs_dir) if (r.extra or {}).get("exported")), None)
-        if exported is None:
-            raise UsageError("no adapter given and no run with an export found", hint="trnqwen merge ./checkpoint_.../hf/step-N")
-        adapter = Path(exported)
-    if base is None:
-        base = base_of_adapter(adapter, runs_dir=runs_dir)
-        if base is None:
-            raise UsageError(f"cannot tell which base {adapter} was trained on", hint="pass it: --base assets/hf/<model>")
+    resolved = resolve_config({}, uses={"runs_dir"})
     if not json_out:
-        output.info(f"merging {adapter} into {base}")
-    result = merge_adapter(adapter, base, out)
+        what = adapter if adapter is not None else "the last run's adapter"
+        output.info(f"merging {what} with its base" + (f" {base}" if base else ""))
+    result = merge_folders(adapter, runs_dir=Path(resolved.config.runs_dir), base=base, out=out)
     if json_out:
         output.print_json(result.as_dict())
     else:
-        output.result(f"merged {result.merged_modules} module(s) into {result.out} in {result.seconds:.1f}s")
+        output.result(f"merged {result.merged_modules} module(s) of {result.adapter} onto {result.base}: "
+                      f"{result.out} ({result.seconds:.1f}s)")

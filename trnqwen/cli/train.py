@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from trnqwen.cli._options import ConfigFileOpt, DryRunOpt, JsonOpt, takes_settings
+from trnqwen.methods import registry
 
 HELP = "Train (fine-tune) Qwen3 over torchrun: hf-v5, native, nki-moe (torchtitan) or hf-trainer backend."
 EPILOG = """\
@@ -23,9 +24,7 @@ Examples:
   trnqwen train --backend native --finetune --steps 20 --global-batch-size 64
 
   # LoRA on your chat data: a PEFT adapter out (docs/lora.md)
-  trnqwen train --backend hf-v5 --finetune --lora --dataset mychat.jsonl --lr 1e-4
-  # preference tuning on prompt/chosen/rejected pairs; step 1 is ln 2 (docs/preference.md)
-  trnqwen train --backend hf-v5 --finetune --method dpo --beta 0.1 --dataset prefs.jsonl
+  trnqwen train --backend hf-v5 --finetune --lora --dataset mychat.jsonl --lr 1e-4{method_examples}
   # the NKI mixture-of-experts recipe (Qwen3-30B-A3B cut to 4 layers, 64 experts)
   trnqwen train --backend nki-moe --model Qwen/Qwen3-30B-A3B --moe-layers 4 --num-experts 64 --top-k 4
   # the whole thing on a laptop: tiny offline model, 2 CPU ranks
@@ -56,7 +55,7 @@ ranks save a resumable checkpoint at the next step boundary within --grace-secon
 accident: a checkpoint folder holding another run's checkpoints is refused. On Trainium the compile cache is kept in
 .trnqwen/neff-cache (TORCH_NEURONX_NEFF_CACHE_DIR wins), so a rerun of the same shapes skips
 compilation.
-"""
+""".format(method_examples="".join(f"\n  # {e.what}\n  {e.line}" for e in registry.examples("train")))
 
 
 ExportConfigOpt = Annotated[

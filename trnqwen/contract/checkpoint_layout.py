@@ -2,7 +2,7 @@
 for the other (docs/resume.md).
 
     <checkpoint_dir>/
-      trnqwen-checkpoints.json   owner: the run that writes here (run_id, model, backend)
+      trnqwen-checkpoints.json   owner: the run that writes here (run_id, model, backend, run_dir)
       resume/step-N/             torchtitan DCP (complete once ``.metadata`` exists: DCP writes it last)
       resume/checkpoint-N/       hf-trainer: the Trainer's checkpoint (complete once ``trainer_state.json`` exists)
       hf/step-N/                 HF safetensors export (complete once ``model.safetensors.index.json`` exists)
@@ -182,11 +182,14 @@ def read_owner(root: Path) -> Optional[dict[str, Any]]:
     return data if isinstance(data, dict) else None
 
 
-def write_owner(root: Path, *, run_id: str, model: str, backend: str) -> None:
+def write_owner(root: Path, *, run_id: str, model: str, backend: str, run_dir: Optional[Path] = None) -> None:
+    """The owner file; ``run_dir`` (absolute) lets a command run from any folder find the run's record."""
     from trnqwen.fsutil import write_json_atomic
 
     Path(root).mkdir(parents=True, exist_ok=True)
-    write_json_atomic(Path(root) / OWNER_FILE, {"run_id": run_id, "model": model, "backend": backend, "created_at": time.time()})
+    write_json_atomic(Path(root) / OWNER_FILE, {"run_id": run_id, "model": model, "backend": backend,
+                                                "run_dir": str(run_dir) if run_dir is not None else None,
+                                                "created_at": time.time()})
 
 
 # --- the rules -----------------------------------------------------------------------------------

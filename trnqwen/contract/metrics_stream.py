@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Iterator, Mapping, Optional
+from typing import IO, Mapping, Optional
 
 PATH_ENV = "TRNQWEN_METRICS_PATH"
 FILE_NAME = "metrics.jsonl"
@@ -49,7 +49,7 @@ def encode(record: Record) -> str:
     """One record as one line (ends with a newline)."""
     body: dict = {"v": VERSION, "kind": record.kind, "step": int(record.step), "time": round(record.time, 3)}
     if record.values:
-        body["values"] = {k: _number(v) for k, v in record.values.items()}
+        body["values"] = {k: as_number(v) for k, v in record.values.items()}
     if record.meta:
         body["meta"] = record.meta
     return json.dumps(body, separators=(",", ":"), allow_nan=True) + "\n"
@@ -66,16 +66,21 @@ def decode(line: str) -> Optional[Record]:
     values = body.get("values") or {}
     if not isinstance(values, dict):
         return None
-    clean = {str(k): _number(v) for k, v in values.items() if v is None or isinstance(v, (int, float))}
+    clean = {str(k): as_number(v) for k, v in values.items() if v is None or isinstance(v, (int, float))}
     meta = body.get("meta") if isinstance(body.get("meta"), dict) else {}
     stamp = body.get("time")
     return Record(body["kind"], body["step"], clean, float(stamp) if isinstance(stamp, (int, float)) else 0.0, meta)
 
 
-def _number(v) -> Optional[float]:
-    if v is None or isinstance(v, bool):
+def as_number(value: object) -> Optional[float]:
+    """A value as a float (tensors and numpy scalars too), None when it is not a number (None, a
+    bool, a string): what a writer puts in a record from whatever its trainer logged."""
+    if value is None or isinstance(value, bool):
         return None
-    return float(v)
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
 
 
 class MetricsWriter:
@@ -156,9 +161,3 @@ def latest(records: list[Record], kind: str) -> dict[int, Record]:
 
 def finite(value: Optional[float]) -> bool:
     return value is not None and math.isfinite(value)
-
-
-def iter_values(records: list[Record], name: str) -> Iterator[tuple[int, Optional[float]]]:
-    for record in records:
-        if name in record.values:
-            yield record.step, record.values[name]

@@ -61,15 +61,16 @@ def bundled_pairs_path() -> Path:
     return preference_recipe.prefs_path()
 
 
-def load_pairs(source: Source, forced: Optional[str]) -> tuple[list[PreferencePair], str, int]:
+def load_pairs(source: Source, forced: Optional[str], *, method: str) -> tuple[list[PreferencePair], str, int]:
+    """The pairs of ``source`` (``method``: the run's method, named in the hints)."""
     records = source.records()
     if not records:
         raise UsageError(f"dataset {source.name} has no records", hint="point --dataset at data with records in it")
-    fmt = forced if forced not in (None, "auto") else detect_preference_format(records[0])
+    fmt = forced if forced not in (None, "auto") else detect_preference_format(records[0], method=method)
     if fmt not in PREFERENCE_FORMATS:
         raise UsageError(
             f"--dataset-format {fmt} is not a preference format",
-            hint=f"--method dpo reads: {', '.join(PREFERENCE_FORMATS)} (or leave --dataset-format auto)",
+            hint=f"--method {method} reads: {', '.join(PREFERENCE_FORMATS)} (or leave --dataset-format auto)",
         )
     return normalise_pairs(records, fmt), fmt, len(records)
 
@@ -173,8 +174,8 @@ def write_pairs(settings, assets_dir: Path, cache_root: Path, key: str, parts: l
     from trnqwen.dataset import chat, mixture
     from trnqwen.dataset.template import template_context
 
-    loaded = mixture.load_parts(parts, val_source, load_pairs, forced=settings.dataset_format,
-                                val_split=settings.val_split, seed=settings.seed)
+    loaded = mixture.load_parts(parts, val_source, lambda source, fmt: load_pairs(source, fmt, method=settings.method),
+                                forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed)
     n_records, val_idx, everything = loaded.records, loaded.val_idx, loaded.units  # records: kept + dropped, as SFT's
     context = template_context(settings.enable_thinking)
     tokenizer = chat.load_tokenizer(assets_dir, template, context)

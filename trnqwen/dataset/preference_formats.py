@@ -19,7 +19,7 @@ it (missing side, empty answer, chosen identical to rejected, a prompt with no u
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from trnqwen.dataset.formats import ROLES, SHAREGPT_ROLES
 from trnqwen.dataset.sources import Record
@@ -42,7 +42,8 @@ class PreferencePair:
         return self.prompt + (self.chosen if side == "chosen" else self.rejected)
 
 
-def detect_preference_format(record: Record) -> str:
+def detect_preference_format(record: Record, *, method: Optional[str] = None) -> str:
+    """The preference format of ``record`` (``method``: the run's method, named in the hint)."""
     data = record.data
     if not isinstance(data, dict):
         raise _bad(record, f"a preference record must be a JSON object, not {type(data).__name__}")
@@ -53,7 +54,8 @@ def detect_preference_format(record: Record) -> str:
     found = ", ".join(map(str, data)) or "none"
     raise UsageError(
         f"{record.where}: not a preference record (found: {found})",
-        hint="--method dpo reads prompt/chosen/rejected records, or messages (or conversations) with chosen/rejected",
+        hint=f"{f'--method {method}' if method else 'a preference method'} reads prompt/chosen/rejected records, "
+             "or messages (or conversations) with chosen/rejected",
     )
 
 

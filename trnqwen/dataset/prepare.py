@@ -52,6 +52,9 @@ class DataSettings:
     # the records that method reads: "chat" (SFT formats) or "preference" (pairs: trnqwen.dataset.preference);
     # the caller asks the method (trnqwen.methods.registry; RunConfig.data_kind): dataset/ never does
     data_kind: str = "chat"
+    # the methods that train on preference pairs, named in the hints (``add --method X``); the caller
+    # asks the registry (prepare_dataset's pair_methods): not part of the cache key
+    pair_methods: tuple[str, ...] = ()
     # trnqwen.dataset.settings: the one dataset's mapping (the keys set), several datasets (their tables),
     # packing, the chat template
     mapping: dict[str, Any] = field(default_factory=dict)
@@ -81,6 +84,7 @@ class DataSettings:
         if not self.seeded:
             out.pop("seed")
         out.pop("data_kind")  # the method names it (caches keep their keys)
+        out.pop("pair_methods")
         if self.method == "sft":
             out.pop("method")  # SFT caches keep the keys they had before preference data existed
         return out
@@ -104,9 +108,13 @@ class PreparedData:
         return cache.open_split(self.cache_dir, name)
 
 
-def prepare_dataset(cfg: Any, assets_dir: Optional[Path] = None, *, cache_root: Optional[Path] = None) -> PreparedData:
-    """Tokenize ``cfg.dataset`` with the snapshot in ``assets_dir`` into the cache (or reuse it)."""
+def prepare_dataset(cfg: Any, assets_dir: Optional[Path] = None, *, cache_root: Optional[Path] = None,
+                    pair_methods: tuple[str, ...] = ()) -> PreparedData:
+    """Tokenize ``cfg.dataset`` with the snapshot in ``assets_dir`` into the cache (or reuse it).
+    ``pair_methods``: the methods that train on pairs, for the hints (the caller asks the registry)."""
     settings = cfg if isinstance(cfg, DataSettings) else DataSettings.from_config(cfg)
+    if pair_methods:
+        settings = replace(settings, pair_methods=tuple(pair_methods))
     if assets_dir is None:
         assets_dir = cfg.resolved_assets_dir
     if cache_root is None:
@@ -147,16 +155,17 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
         warnings += val_source.skipped
         warnings += [w for part in parts for w in _same_data(part.source, val_source, settings.val_dataset)]
     found = cache.lookup(cache_root, key)
-    if found is not None:
-        return PreparedData(found, key, True, {**cache.read_meta(found).get("report", {}), "warnings": warnings})
+    if found is not None:  # built from the same bytes, maybe read from another path: this call's names win
+        report = {**cache.read_meta(found).get("report", {}), "source": _name(parts), "warnings": warnings}
+        return PreparedData(found, key, True, report)
 
     if settings.data_kind == "preference":
         from trnqwen.dataset import preference
 
         directory, report = preference.write_pairs(settings, assets_dir, cache_root, key, parts, val_source, template)
         return PreparedData(directory, key, False, {**report, "warnings": warnings})
-    loaded = mixture.load_parts(parts, val_source, _examples, forced=settings.dataset_format,
-                                val_split=settings.val_split, seed=settings.seed)
+    loaded = mixture.load_parts(parts, val_source, lambda source, fmt: _examples(source, settings, fmt),
+                                forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed)
     if len({ex.text is None for ex in loaded.units}) > 1:
         raise UsageError(f"the datasets mix text records and conversations ({loaded.format})",
                          hint="train text and chat data in separate runs, or write the text as prompt/completion")
@@ -165,6 +174,11 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
     texts, spans = chat.render(tokenizer, loaded.units, train_on_inputs=settings.train_on_inputs, context=context)
     docs = chat.tokenize(tokenizer, texts, spans)
     return _pack_and_write(settings, docs, loaded, parts, tokenizer, cache_root, key, warnings, template)
+
+
+def _name(parts: list[mixture.Part]) -> str:
+    """The data's name in the report: the dataset, or a mixture's joined."""
+    return " + ".join(part.name for part in parts)
 
 
 def resolve_parts(settings: DataSettings) -> list[mixture.Part]:
@@ -263,8 +277,9 @@ def _check_settings(settings: DataSettings) -> None:
 
     if settings.dataset_format not in (None, "auto", *FORMATS, *PREFERENCE_FORMATS):
         raise UsageError(f"--dataset-format must be one of: auto, {', '.join(FORMATS + PREFERENCE_FORMATS)}")
-    if settings.method == "sft" and settings.dataset_format in PREFERENCE_FORMATS:
-        raise UsageError(f"--dataset-format {settings.dataset_format} holds preference pairs", hint="add --method dpo")
+    if settings.data_kind == "chat" and settings.dataset_format in PREFERENCE_FORMATS:
+        raise UsageError(f"--dataset-format {settings.dataset_format} holds preference pairs",
+                         hint=f"add {pair_method_flags(settings.pair_methods)} (docs/preference.md)")
     if not 0.0 <= settings.val_split < 1.0:
         raise UsageError(f"--val-split must be in [0, 1), got {settings.val_split}")
     if settings.val_split and settings.val_dataset:
@@ -298,15 +313,24 @@ def _key(settings: DataSettings, parts: list[mixture.Part], val_source: Optional
     return key.hexdigest()
 
 
-def _examples(source: Source, forced: Optional[str]) -> tuple[list[Example], str, int]:
+def pair_method_flags(names: tuple[str, ...]) -> str:
+    """``--method a`` / ``--method a or --method b``: the methods that read pairs (handed in), as flags."""
+    flags = [f"--method {name}" for name in names] or ["--method <a method that trains on pairs>"]
+    return flags[0] if len(flags) == 1 else ", ".join(flags[:-1]) + " or " + flags[-1]
+
+
+def _examples(source: Source, settings: DataSettings, forced: Optional[str] = None) -> tuple[list[Example], str, int]:
+    forced = forced or settings.dataset_format
     records = source.records()
     if not records:
         raise UsageError(f"dataset {source.name} has no records", hint="point --dataset at data with records in it")
     first = records[0].data
     if isinstance(first, dict) and "chosen" in first and "rejected" in first and forced in (None, "auto"):
         raise UsageError(
-            f"{records[0].where}: a preference pair (chosen/rejected), but this run is supervised (--method sft)",
-            hint="train on pairs with --method dpo (docs/preference.md), or give chat records",
+            f"{records[0].where}: a preference pair (chosen/rejected), but this run is supervised "
+            f"(--method {settings.method})",
+            hint=f"train on pairs with {pair_method_flags(settings.pair_methods)} (docs/preference.md), "
+                 "or give chat records",
         )
     fmt = forced if forced not in (None, "auto") else detect_format(records[0], columns=source.columns)
     return normalise(records, fmt), fmt, len(records)
@@ -321,7 +345,7 @@ def _pack_and_write(settings, docs, loaded: mixture.Loaded, parts: list[mixture.
     kept[fitted.keep] = True
     train_docs = mixture.select(parts, loaded, loaded.train_idx[kept[loaded.train_idx]], fitted.targets, settings.seed)
     val_docs = loaded.val_idx[kept[loaded.val_idx]]
-    name = " + ".join(part.name for part in parts)
+    name = _name(parts)
     if not len(train_docs):
         raise UsageError(
             f"dataset {name}: no trained tokens left in any record within --seq-len {settings.seq_len}",

@@ -164,27 +164,33 @@ def _render_loss(report: EvalReport) -> None:
     output.table(f"Held-out loss on {report.dataset}", ["checkpoint", "tokens", "loss", "perplexity", "vs base"], rows)
 
 
-PREFERENCE_COLUMNS = ["checkpoint", "pairs", "pref. accuracy", "margin", "reward accuracy", "reward margin",
-                      "chosen loss", "vs base"]
+PREFERENCE_COLUMNS = ["checkpoint", "pairs", "pref. accuracy", "margin"]  # then the method's, then these:
+PREFERENCE_TAIL = ["chosen loss", "vs base"]
 
 
-def preference_row(r: dict[str, Any]) -> list[str]:
-    """One JSON result row in :data:`PREFERENCE_COLUMNS` order (the table and the model card)."""
+def preference_row(r: dict[str, Any], columns: tuple = ()) -> list[str]:
+    """One JSON result row in table order: :data:`PREFERENCE_COLUMNS`, the method's ``columns``
+    ((header, field, format) of its ``eval_report.TABLE_COLUMNS``; empty where None), :data:`PREFERENCE_TAIL`."""
     delta = r.get("delta_vs_base")
+    own = ["" if r.get(name) is None else _num(r.get(name), spec) for _header, name, spec in columns]
     return [
         str(r.get("checkpoint")), f"{r.get('pairs', 0):,}", _num(r.get("preference_accuracy")), _num(r.get("margin"), "+.4f"),
-        _num(r.get("reward_accuracy")) if r.get("reward_accuracy") is not None else "",
-        _num(r.get("reward_margin"), "+.4f") if r.get("reward_margin") is not None else "",
-        _num(r.get("loss")), "" if delta is None else f"{delta:+.4f}",
+        *own, _num(r.get("loss")), "" if delta is None else f"{delta:+.4f}",
     ]
 
 
 def _render_preference(report: EvalReport) -> None:
+    """The table of a method's own data: the title's note and the method's columns are what its
+    ``eval_report`` declares (``table_note(settings)``, ``TABLE_COLUMNS``)."""
     from trnqwen import output
+    from trnqwen.methods import registry
 
-    beta = (report.method_settings or {}).get("beta")
-    output.table(f"Held-out preference pairs on {report.dataset} (rewards against the base, beta {beta})",
-                 PREFERENCE_COLUMNS, [tuple(preference_row(r.to_json())) for r in report.results])
+    scorer = registry.load(registry.get(report.method).eval_report)
+    columns = tuple(scorer.TABLE_COLUMNS)
+    note = scorer.table_note(report.method_settings or {})
+    output.table(f"Held-out preference pairs on {report.dataset}" + (f" ({note})" if note else ""),
+                 [*PREFERENCE_COLUMNS, *(header for header, _name, _spec in columns), *PREFERENCE_TAIL],
+                 [tuple(preference_row(r.to_json(), columns)) for r in report.results])
 
 
 def shown(answer: str) -> str:

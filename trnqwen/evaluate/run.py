@@ -60,6 +60,7 @@ def plan_eval(
     runs_dir: Path,
     dataset: Optional[str] = None,
     base: Optional[bool] = None,
+    base_dir: Optional[Path] = None,
     generate: int = 0,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -81,14 +82,18 @@ def plan_eval(
             hint="drop --seq-len, or pass --dataset FILE to score other data at another length",
         )
     runs_dir = Path(runs_dir)
-    targets = [resolve_target(arg, runs_dir) for arg in checkpoints] or [resolve_target(None, runs_dir)]
+    if base_dir is not None and not (Path(base_dir) / "config.json").is_file():
+        raise UsageError(f"--base-dir {base_dir}: no config.json there",
+                         hint="--base-dir must be the base model's HF snapshot (trnqwen fetch <model> downloads it)")
+    targets = [resolve_target(arg, runs_dir, base_dir=base_dir) for arg in checkpoints] or [
+        resolve_target(None, runs_dir, base_dir=base_dir)]
     reference = None
     if base is not False:
-        reference = base_target(targets)
+        reference = base_target(targets, base_dir)
         if reference is None and base:
             raise UsageError(
                 "--base: no base model known (no checkpoint came from a recorded run)",
-                hint="pass the base snapshot as a CHECKPOINT too, or drop --base",
+                hint="name it with --base-dir DIR, or drop --base",
             )
     if reference is not None:
         check_same_architecture(reference, targets)
@@ -271,6 +276,7 @@ def run_eval(
     config_file: Optional[Path] = None,
     dataset: Optional[str] = None,
     base: Optional[bool] = None,
+    base_dir: Optional[Path] = None,
     generate: int = 0,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -287,7 +293,7 @@ def run_eval(
         output.warn(w)
     cfg = resolved.config
     plan = plan_eval(
-        checkpoints, runs_dir=Path(cfg.runs_dir), dataset=dataset, base=base, generate=generate,
+        checkpoints, runs_dir=Path(cfg.runs_dir), dataset=dataset, base=base, base_dir=base_dir, generate=generate,
         max_new_tokens=max_new_tokens, batch_size=batch_size, device=cfg.device,
         seq_len=run_flags.get("seq_len"), data_cache_dir=cfg.data_cache_dir, trust_remote_code=cfg.trust_remote_code,
     )

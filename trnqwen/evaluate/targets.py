@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from trnqwen.assets import has_tokenizer
 from trnqwen.errors import UsageError
-from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir, recent_records
+from trnqwen.rundir import RUN_RECORD, RunRecord, last_run_dir
 
 # config.json fields that must agree for two checkpoints to be the same architecture.
 ARCHITECTURE_FIELDS = (
@@ -114,43 +114,33 @@ def last_run(runs_dir: Path) -> RunInfo:
 
 
 def run_that_wrote(path: Path, runs_dir: Path) -> Optional[RunInfo]:
-    """The newest recorded run whose checkpoint folder or export is ``path`` or holds it."""
-    try:
-        target = path.expanduser().resolve()
-    except (OSError, RuntimeError):
-        return None
-    for run_dir, record in recent_records(runs_dir):
-        run = RunInfo(run_dir, record)
-        for written in (run.record.checkpoint_dir, run.record.extra.get("exported")):
-            if not written:
-                continue
-            try:
-                written_path = Path(written).expanduser().resolve()
-            except (OSError, RuntimeError):
-                continue
-            if target == written_path or written_path in target.parents or target in written_path.parents:
-                return run
-    return None
+    """The run whose checkpoint folder or export is ``path``, holds it or is held by it
+    (:func:`trnqwen.ckpt.layout.run_that_wrote`: the runs under ``runs_dir``, else the folder's owner file)."""
+    from trnqwen.ckpt.layout import run_that_wrote as find
+
+    found = find(path, runs_dir, holding=True)
+    return RunInfo(*found) if found is not None else None
 
 
-def resolve_target(arg: Optional[str], runs_dir: Path, *, cwd: Optional[Path] = None) -> EvalTarget:
-    """One CHECKPOINT argument (None = the last run) -> the model folder to load.
+def resolve_target(arg: Optional[str], runs_dir: Path, *, cwd: Optional[Path] = None, base_dir: Optional[Path] = None) -> EvalTarget:
+    """One CHECKPOINT argument (None = the last run) -> the model folder to load (``base_dir``,
+    ``--base-dir``: the base a LoRA adapter is loaded onto).
 
     Raises :class:`UsageError` (exit 2) for a path that does not exist and a run id that
     names no run.
     """
     cwd = Path(cwd or Path.cwd())
     if arg is None:
-        return _target_of_run(last_run(runs_dir))
+        return _target_of_run(last_run(runs_dir), base_dir)
     path = Path(arg).expanduser()
     if not path.is_absolute():
         path = cwd / path
     if path.is_dir() and (path / RUN_RECORD).is_file():
-        return _target_of_run(load_run(path))
+        return _target_of_run(load_run(path), base_dir)
     if path.exists():
-        return _target_of_folder(path, arg, run_that_wrote(path, runs_dir))
+        return _target_of_folder(path, arg, run_that_wrote(path, runs_dir), base_dir)
     if "/" not in arg and (runs_dir / arg / RUN_RECORD).is_file():
-        return _target_of_run(load_run(runs_dir / arg))
+        return _target_of_run(load_run(runs_dir / arg), base_dir)
     if "/" not in arg and not arg.startswith("."):
         raise UsageError(
             f"no checkpoint or run named {arg!r}: no such path, and no run {arg} under {runs_dir}",
@@ -159,23 +149,23 @@ def resolve_target(arg: Optional[str], runs_dir: Path, *, cwd: Optional[Path] = 
     raise UsageError(f"no such checkpoint: {arg}", hint="pass the export folder (checkpoint_<slug>_<hash6>_ft/hf/step-N) or a run id")
 
 
-def _target_of_run(run: RunInfo) -> EvalTarget:
+def _target_of_run(run: RunInfo, base_dir: Optional[Path] = None) -> EvalTarget:
     export = run.export
     if export is None:
         raise UsageError(
             f"run {run.run_id} has no HF export (status: {run.record.status})",
             hint="fine-tune with --finetune (exports HF safetensors), or pass a checkpoint folder",
         )
-    return _target_of_folder(export, run.run_id, run)
+    return _target_of_folder(export, run.run_id, run, base_dir)
 
 
-def _target_of_folder(path: Path, label: str, run: Optional[RunInfo]) -> EvalTarget:
+def _target_of_folder(path: Path, label: str, run: Optional[RunInfo], base_dir: Optional[Path] = None) -> EvalTarget:
     from trnqwen.ckpt.layout import find_config, resolve_checkpoint
     from trnqwen.ckpt.verify_adapter import find_base_config, is_adapter
 
     ckpt = resolve_checkpoint(path)
     if is_adapter(ckpt):  # base + adapter: the base is the run's assets, else adapter_config's base model
-        base = find_base_config(ckpt, run_assets=run.assets if run else None).path.parent
+        base = find_base_config(ckpt, base=base_dir, run_assets=run.assets if run else None, base_flag="--base-dir").path.parent
         if run is not None and ckpt.step is not None and label == run.run_id:
             label = f"{run.run_id}/step-{ckpt.step}"
         return EvalTarget(label=f"{label} (LoRA adapter)", folder=base, config_dir=base, run=run, adapter=ckpt.root)
@@ -192,9 +182,12 @@ def _target_of_folder(path: Path, label: str, run: Optional[RunInfo]) -> EvalTar
     return EvalTarget(label=label, folder=ckpt.root, config_dir=model_config.path.parent, run=run)
 
 
-def base_target(targets: list[EvalTarget]) -> Optional[EvalTarget]:
-    """The base model the first target's run started from (its assets), or the one a LoRA adapter
-    is loaded onto, when known."""
+def base_target(targets: list[EvalTarget], base_dir: Optional[Path] = None) -> Optional[EvalTarget]:
+    """The base model: ``base_dir`` (``--base-dir``), else the one the first target's run started
+    from (its assets), or the one a LoRA adapter is loaded onto, when known."""
+    if base_dir is not None:
+        return EvalTarget(label="base", folder=Path(base_dir), config_dir=Path(base_dir), is_base=True,
+                          run=next((t.run for t in targets if t.run is not None), None))
     for target in targets:
         if target.run is not None and target.run.assets is not None and (target.run.assets / "config.json").is_file():
             assets = target.run.assets

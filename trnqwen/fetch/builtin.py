@@ -40,12 +40,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from trnqwen.assets import INDEX_NAME, RANDOM_INIT_TAG
+from trnqwen.assets import INDEX_NAME, RANDOM_INIT_TAG, read_manifest
 from trnqwen.constants import TINY_MODEL
 from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen.fetch.plan import DEFAULT_KEEP_FREE, FetchResult, RemoteFile, check_disk
-from trnqwen.fetch.verify import file_digest, read_manifest, verify_snapshot, write_manifest
-from trnqwen.fsutil import current_umask, write_text_atomic
+from trnqwen.fetch.verify import file_digest, verify_snapshot, write_manifest
+from trnqwen.fsutil import current_umask
 
 NAME = "tiny-qwen3"
 SEED = 1234
@@ -117,21 +117,6 @@ def corpus_documents() -> list[str]:
     return [doc.strip() for doc in text.split("\n\n") if doc.strip()]
 
 
-def corpus_jsonl(dest: Path, *, chat: bool = False) -> Path:
-    """Write the corpus as JSONL (``{"text": ...}`` per document; ``chat=True`` copies the
-    ``{"messages": [...]}`` file instead) to ``dest`` (a file, or a folder to put
-    ``tiny_corpus.jsonl`` / ``tiny_chat.jsonl`` in).  Atomic; returns the file written."""
-    dest = Path(dest)
-    if dest.is_dir() or (not dest.suffix and not dest.exists()):
-        dest = dest / ("tiny_chat.jsonl" if chat else "tiny_corpus.jsonl")
-    if chat:
-        payload = chat_path().read_text(encoding="utf-8")
-    else:
-        payload = "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in corpus_documents())
-    write_text_atomic(dest, payload)
-    return dest
-
-
 # --- the snapshot ----------------------------------------------------------------------------
 
 
@@ -164,27 +149,6 @@ def tiny_qwen3_config() -> dict[str, Any]:
         "use_cache": True,
         "use_sliding_window": False,
         "vocab_size": VOCAB_SIZE,
-    }
-
-
-def native_fields(hf_config: dict[str, Any]) -> dict[str, Any]:
-    """The fields torchtitan's native Qwen3 (``torchtitan.models.qwen3``) is built from, read
-    from an HF Qwen3 ``config.json`` (this one or a real one)."""
-    rope = hf_config.get("rope_parameters") or {}
-    n_heads = int(hf_config["num_attention_heads"])
-    dim = int(hf_config["hidden_size"])
-    return {
-        "vocab_size": int(hf_config["vocab_size"]),
-        "dim": dim,
-        "n_layers": int(hf_config["num_hidden_layers"]),
-        "n_heads": n_heads,
-        "n_kv_heads": int(hf_config.get("num_key_value_heads") or n_heads),
-        "head_dim": int(hf_config.get("head_dim") or dim // n_heads),
-        "hidden_dim": int(hf_config["intermediate_size"]),
-        "rope_theta": float(hf_config.get("rope_theta") or rope.get("rope_theta") or 1000000.0),
-        "max_seq_len": int(hf_config.get("max_position_embeddings") or MAX_POSITIONS),
-        "norm_eps": float(hf_config.get("rms_norm_eps") or 1e-6),
-        "enable_weight_tying": bool(hf_config.get("tie_word_embeddings", False)),
     }
 
 
@@ -282,11 +246,6 @@ def snapshot_digest(folder: Path) -> str:
         h.update(name.encode() + b"\0")
         h.update((Path(folder) / name).read_bytes())
     return h.hexdigest()
-
-
-def is_tiny_snapshot(folder: Path) -> bool:
-    """Whether ``folder`` holds a tiny-qwen3 snapshot (every file present)."""
-    return all((Path(folder) / n).is_file() for n in SNAPSHOT_FILES)
 
 
 # --- helpers ---------------------------------------------------------------------------------

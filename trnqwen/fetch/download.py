@@ -28,6 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from trnqwen.assets import MANIFEST, read_manifest
 from trnqwen.errors import TrnqwenError, UsageError
 from trnqwen.fetch.builtin import fetch_builtin
 from trnqwen.fetch.errors import HubUnreachable, hub_error, offline_mode
@@ -45,9 +46,7 @@ from trnqwen.fetch.plan import (
 )
 from trnqwen.fetch.verify import (
     HASH_CHUNK,
-    MANIFEST,
     VerifyReport,
-    read_manifest,
     verify_offline,
     verify_snapshot,
     write_manifest,

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Optional
 
+from trnqwen.assets import MANIFEST
 from trnqwen.errors import EnvironmentProblem
 from trnqwen.fetch.errors import offline_error
 from trnqwen.fetch.plan import FetchResult, RemoteFile
 from trnqwen.fsutil import write_json_atomic
 from trnqwen.safetensors_format import SafetensorsFormatError, read_header
 
-MANIFEST = Path(".cache") / "trnqwen" / "fetch.json"
 QWEN3_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen3_next", "qwen3_vl", "qwen3_vl_moe", "qwen3_omni_moe")
 HASH_CHUNK = 8 * 1024 * 1024
 
@@ -177,39 +177,8 @@ def _check_config(path: Path, report: VerifyReport) -> None:
 
 
 
-def read_manifest(local_dir: Path) -> Optional[dict[str, Any]]:
-    try:
-        data = json.loads((Path(local_dir) / MANIFEST).read_text())
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
-        return None
-
-
 def write_manifest(local_dir: Path, payload: dict[str, Any]) -> None:
     write_json_atomic(Path(local_dir) / MANIFEST, payload)
-
-
-def snapshot_status(local_dir: Path) -> dict[str, Any]:
-    """For other commands (check-env, train): is ``local_dir`` a snapshot that ``fetch`` verified,
-    and is it still as verified (sizes)?  Quick: no hashing."""
-    local_dir = Path(local_dir)
-    manifest = read_manifest(local_dir)
-    status: dict[str, Any] = {"local_dir": str(local_dir), "fetched": manifest is not None, "complete": False}
-    if manifest is None:
-        status["complete"] = (local_dir / "config.json").is_file()
-        status["note"] = "not fetched by trnqwen (no manifest); checked for config.json only"
-        return status
-    files = manifest.get("files", {})
-    missing = [p for p, e in files.items() if not (local_dir / p).is_file() or (local_dir / p).stat().st_size != e.get("size")]
-    status.update(
-        repo_id=manifest.get("repo_id"),
-        commit=manifest.get("commit"),
-        verified=bool(manifest.get("verified")),
-        missing=missing,
-        complete=bool(manifest.get("verified")) and not missing,
-    )
-    return status
-
 
 
 def verify_offline(

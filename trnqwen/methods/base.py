@@ -18,9 +18,12 @@ reader that needs it, with :func:`load`:
   what each line says), and on what was kept (``facts``, plain data, as for ``judge``)
   ``summary(facts) -> dict | None`` (``--json``'s key named after the method; None: not this
   method's run) and ``rows(facts) -> [(what, text)]`` (the table's rows);
-* ``eval_report``: the module ``trnqwen eval`` scores this method's data with;
+* ``eval_report``: the module ``trnqwen eval`` scores this method's data with (``settings``, ``score``,
+  ``numbers``, ``FIELDS``, ``SUMMARY_FIELDS``) and shows it by (``TABLE_COLUMNS``, ``table_note(settings)``);
 * ``quickstart``: the module of the quickstart's stage for this method;
-* ``card``: the model card's section (``card(run_config: dict, eval: dict|None) -> str``).
+* ``card``: the model card's section (``card(run_config: dict, eval: dict|None) -> str``);
+* ``examples``: the lines of the commands' ``--help`` examples that show the method
+  (:class:`Example`: ``trnqwen train ... --method dpo``), so ``cli/`` never names a method.
 
 Metrics are named as in the metrics stream (``"dpo/margin"``, :mod:`trnqwen.contract.metrics_stream`).
 """
@@ -47,6 +50,15 @@ class Metric:
 
 
 @dataclass(frozen=True)
+class Example:
+    """One example of a command's ``--help`` (``trnqwen <command> --help``) that shows a method."""
+
+    command: str  # the command whose help shows it: "train", "data"
+    line: str  # the command line: "trnqwen train --method dpo --dataset prefs.jsonl"
+    what: str  # what it shows (a comment beside or above the line)
+
+
+@dataclass(frozen=True)
 class Method:
     name: str  # what --method takes
     help: str  # one line: what it trains on and what it optimises
@@ -61,10 +73,11 @@ class Method:
     hf_trainer: Optional[str] = None  # "module:Class": the hf-trainer ranks' hooks
     judge: Optional[str] = None  # "module:function": rules(facts) -> findings
     log_lines: Optional[str] = None  # module: READERS, summary(facts), rows(facts): its text lines in inspect-logs
-    eval_report: Optional[str] = None  # module: score_pairs / preference_numbers / FIELDS
+    eval_report: Optional[str] = None  # module: settings / score / numbers / FIELDS / TABLE_COLUMNS / table_note
     quickstart: Optional[str] = None  # module: STAGE, settings(chat_settings, ranks), judge_run(info, device)
     card: Optional[str] = None  # "module:function": the model card's section
     docs: str = ""  # the page that explains it
+    examples: tuple[Example, ...] = ()  # its lines in the commands' --help examples
 
 
 @dataclass

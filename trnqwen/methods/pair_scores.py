@@ -8,7 +8,7 @@ numbers.  Light to import: numpy and torch inside the functions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Optional, Sequence
 
 EvalData = Any  # trnqwen.evaluate.data.EvalData: split, pairs_per_row, len() (handed in by eval)
 HEAD_CHUNK = 4096  # trained positions per LM-head + cross-entropy chunk: eval passes its own (evaluate.model)
@@ -85,3 +85,20 @@ def score_pairs(model, data: EvalData, *, batch_size: int, static_shapes: bool =
     counts_all = np.concatenate(counts_out).reshape(-1, 2)
     present = (counts_all[:, 0] > 0) & (counts_all[:, 1] > 0)  # a row's unused slots hold nothing
     return PairScores(logps=sums_all[present], counts=counts_all[present].astype(np.int64))
+
+
+def card_section(eval_results: list[dict[str, Any]], eval_dataset: Optional[str], num: Callable[[Any], Optional[str]], *,
+                 intro: str, columns: Sequence[tuple[str, str]]) -> list[str]:
+    """A preference method's model-card section (``Method.card``): ``intro`` (what the numbers
+    mean), then one row per checkpoint of trnqwen eval's held-out pairs: checkpoint, pairs,
+    ``columns`` ((header, result key), each formatted by ``num``), and the change against the base."""
+    on = f" on {eval_dataset}" if eval_dataset else ""
+    headers = ["checkpoint", "pairs", *(h for h, _ in columns), "vs base"]
+    lines = ["", f"## Held-out preference pairs (`trnqwen eval`{on})", "", intro, "",
+             "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for r in eval_results:
+        delta = r.get("delta_vs_base")
+        cells = [r.get("checkpoint"), r.get("pairs"), *(num(r.get(key)) for _, key in columns),
+                 None if delta is None else f"{delta:+.4f}"]
+        lines.append("| " + " | ".join("" if c is None else str(c) for c in cells) + " |")
+    return lines

@@ -10,8 +10,12 @@ From a forward pass:
   per-pair values such as DPO's reference log-probs, the pair markers);
 * :func:`read_pairs` walks a rank's stream of rows (the torchtitan dataloader's and the
   Trainer's row readers build their batches from it);
+* :func:`method_rows` / :func:`titan_rows`: those rows with a method's own batch fields by name (the
+  torchtitan dataloader's rows; the Trainer's are in :mod:`trnqwen.methods.pair_hf_trainer`);
+* :class:`PairTerms` is what a method's loss gives per pair (loss, rewards, its own values) and
+  :func:`batch_terms` computes it from a forward and the batch's fields, on every backend;
 * :class:`Meter` sums per-pair values over a step (or a validation pass), reduced across ranks
-  once, at log time.
+  once, at log time; :class:`PairMeter` sums a method's :class:`PairTerms` (means, margin, accuracy).
 
 The batch each trainer sees keeps the trainer's own accounting right: its ``labels`` mark one
 position per pair (:func:`pair_markers`), so "valid tokens" = pairs and torchtitan's
@@ -22,7 +26,8 @@ lives here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator, Optional, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -111,6 +116,23 @@ def read_pairs(split, stream, stored: Optional[np.ndarray] = None) -> Iterator[t
         yield row, tuple(a[0] for a in arrays)
 
 
+def method_rows(split, stream, keys: Sequence[str], stored: Optional[np.ndarray] = None, *, missing: str = ""):
+    """A rank's rows as ``(ids, positions, markers, fields)``: ``fields`` the method's arrays named by
+    ``keys`` (targets, segments, stored per-pair values).  With ``missing`` (where the stored values
+    come from), a row whose stored values are NaN stops the run naming it."""
+    for row, (ids, positions, targets, segments, values, markers) in read_pairs(split, stream, stored):
+        if missing and np.isnan(values).any():
+            raise RuntimeError(f"row {row} of the {split.name} split has no {missing}")
+        yield ids, positions, markers, dict(zip(keys, (targets, segments, values)))
+
+
+def titan_rows(dataset, keys: Sequence[str], stored: Optional[np.ndarray] = None, *, missing: str = ""):
+    """The torchtitan dataloader's rows of a preference cache (``TokenCacheDataLoader.Config.rows``):
+    the method's fields beside input/positions, one label per pair (its trainer hook takes them out)."""
+    for ids, positions, markers, named in method_rows(dataset.split, dataset.stream, keys, stored, missing=missing):
+        yield titan_sample(ids, positions, markers, named)
+
+
 def titan_sample(ids: np.ndarray, positions: np.ndarray, labels: np.ndarray, fields: dict[str, np.ndarray]):
     """One torchtitan sample ``(input_dict, labels)``: the method's fields beside input/positions
     (its trainer hook takes them out before the forward), the pair markers as labels."""
@@ -162,6 +184,51 @@ class Meter:
         if pairs <= 0:
             return None
         return {**{f: float(totals[i]) / pairs for i, f in enumerate(self.fields)}, "pairs": pairs}
+
+
+@dataclass
+class PairTerms:
+    """A preference loss for the pairs present, one entry per pair: what every backend's loss sums
+    and every meter logs.  A method's own per-pair values are the fields of its subclass."""
+
+    losses: torch.Tensor  # [n] (with grad)
+    chosen_rewards: torch.Tensor  # detached
+    rejected_rewards: torch.Tensor
+
+
+# the method's loss from a forward's segment sums: (sums [B, P, 2], counts [B, P, 2], stored [B, P, 2]) -> terms
+TermsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], PairTerms]
+
+
+def batch_terms(logits: torch.Tensor, batch_fields: Sequence[torch.Tensor], terms: TermsFn) -> PairTerms:
+    """A method's terms from one forward: ``batch_fields`` its batch's (targets, segments, stored
+    per-pair values, whose shape gives the row's pair slots), moved next to the logits."""
+    targets, segments, stored = (t.to(logits.device) for t in batch_fields)
+    sums, counts = segment_logps(logits, targets, segments, stored.shape[1])
+    return terms(sums, counts, stored)
+
+
+class PairMeter(Meter):
+    """A method's :class:`PairTerms` summed over a step (or a validation pass): the rewards, their
+    accuracy, the loss and the method's own per-pair values (the fields of ``terms_cls`` beyond
+    :class:`PairTerms`'s); ``reduce`` adds the margin."""
+
+    def __init__(self, terms_cls: type = PairTerms) -> None:
+        base = {f.name for f in fields(PairTerms)}
+        self.own = tuple(f.name for f in fields(terms_cls) if f.name not in base)
+        super().__init__((*self.own, "rewards_chosen", "rewards_rejected", "accuracy", "loss"))
+
+    def add(self, terms: PairTerms) -> None:
+        self.add_values({**{name: getattr(terms, name) for name in self.own},
+                         "rewards_chosen": terms.chosen_rewards, "rewards_rejected": terms.rejected_rewards,
+                         "accuracy": (terms.chosen_rewards > terms.rejected_rewards).float(),
+                         "loss": terms.losses})
+
+    def reduce(self, all_reduce=None) -> Optional[dict[str, float]]:
+        values = super().reduce(all_reduce)
+        if values is not None:
+            values["margin"] = values["rewards_chosen"] - values["rewards_rejected"]
+        return values
 
 
 def sum_over_ranks(tensor: torch.Tensor) -> None:

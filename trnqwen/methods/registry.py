@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterator, Optional
 
 from trnqwen.methods import dpo, orpo, sft
-from trnqwen.methods.base import Method, load
+from trnqwen.methods.base import Example, Method, load
 
 _METHODS: dict[str, Method] = {m.name: m for m in (
     sft.METHOD,
@@ -44,9 +44,15 @@ def of(cfg: object) -> Method:
     return get(name)
 
 
-def for_data(kind: str) -> list[Method]:
-    """The methods that train on ``kind`` records (``chat`` or ``preference``)."""
-    return [m for m in _METHODS.values() if m.data == kind]
+def names_for_data(kind: str) -> tuple[str, ...]:
+    """The names of the methods that train on ``kind`` records (``chat`` or ``preference``): what a
+    data hint offers (``--method X``)."""
+    return tuple(m.name for m in _METHODS.values() if m.data == kind)
+
+
+def examples(command: str) -> list[Example]:
+    """Every method's examples for ``trnqwen <command> --help``, in the registry's order."""
+    return [e for m in _METHODS.values() for e in m.examples if e.command == command]
 
 
 def register(method: Method) -> None:

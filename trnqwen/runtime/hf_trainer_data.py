@@ -56,15 +56,13 @@ def rank_loader(dataset: CacheRows, batch_size: int) -> torch.utils.data.DataLoa
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=0)
 
 
-def cache_datasets(spec: HFTrainerSpec, *, rank: int, world: int) -> tuple[CacheRows, Optional[CacheRows]]:
-    """(train, val or None) for this rank; the world is the data-parallel world."""
-    seed = int(spec.seed or 0)
-    train = CacheRows(spec.cache_dir, "train", seq_len=spec.seq_len, rank=rank, world=world,
-                      batch_size=spec.local_batch_size, infinite=True, seed=seed)
-    val = None
-    if spec.val_every:
-        val = CacheRows(spec.cache_dir, "val", seq_len=spec.seq_len, rank=rank, world=world,
-                        batch_size=spec.local_batch_size, infinite=False)
+def cache_datasets(spec: HFTrainerSpec, *, rank: int, world: int, rows: type = CacheRows,
+                   **row_settings: object) -> tuple[CacheRows, Optional[CacheRows]]:
+    """(train, val or None) for this rank; the world is the data-parallel world.  ``rows``: the
+    row reader (a method's :class:`CacheRows` subclass, built with ``row_settings`` too)."""
+    common = dict(seq_len=spec.seq_len, rank=rank, world=world, batch_size=spec.local_batch_size, **row_settings)
+    train = rows(spec.cache_dir, "train", infinite=True, seed=int(spec.seed or 0), **common)
+    val = rows(spec.cache_dir, "val", infinite=False, **common) if spec.val_every else None
     return train, val
 
 

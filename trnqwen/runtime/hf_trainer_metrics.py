@@ -25,7 +25,7 @@ import math
 import time
 from typing import Any, Callable, Mapping, Optional
 
-from trnqwen.contract.metrics_stream import MetricsWriter
+from trnqwen.contract.metrics_stream import MetricsWriter, as_number
 from trnqwen.contract.stepline import format_step_line
 
 # What the measured values are called in the Trainer's logs (and in the stream).
@@ -75,19 +75,9 @@ def device_memory(device: str, memory_bytes_per_rank: Optional[int]) -> tuple[Op
     return used / gib, (100.0 * used / total if total else None)
 
 
-def _number(value: Any) -> Optional[float]:
-    """A logged value as a float (tensors and numpy scalars too), None when it is not a number."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def method_values(logs: Mapping[str, Any]) -> dict[str, Optional[float]]:
     """The ``<method>/<name>`` values of one log call (every name with a ``/``)."""
-    return {k: _number(v) for k, v in logs.items() if "/" in k and _number(v) is not None}
+    return {k: as_number(v) for k, v in logs.items() if "/" in k and as_number(v) is not None}
 
 
 def _or_zero(value: Optional[float]) -> float:
@@ -136,8 +126,8 @@ class StepRecorder:
         if "loss" not in logs or not state.is_world_process_zero:
             return
         self._flush_validation()
-        measured = {k: _number(logs[k]) if k in logs else v for k, v in self.measured().items()}
-        grad_norm = _number(logs.get("grad_norm"))
+        measured = {k: as_number(logs[k]) if k in logs else v for k, v in self.measured().items()}
+        grad_norm = as_number(logs.get("grad_norm"))
         loss = float(logs["loss"])
         extra = method_values(logs)
         self.names = list(dict.fromkeys([*self.names, *extra]))
@@ -155,13 +145,13 @@ class StepRecorder:
         metrics = metrics or {}
         for name in self.names:  # the evaluation's values of the method, under the step records' names
             for key in (f"eval_{name}", "eval_" + name.replace("/", "_")):
-                if _number(metrics.get(key)) is not None:
-                    values[name] = _number(metrics[key])
+                if as_number(metrics.get(key)) is not None:
+                    values[name] = as_number(metrics[key])
                     break
         for key, value in metrics.items():  # a name with a "/" that no step logged
             name = key[len("eval_"):] if key.startswith("eval_") else key
-            if "/" in name and name not in values and _number(value) is not None:
-                values[name] = _number(value)
+            if "/" in name and name not in values and as_number(value) is not None:
+                values[name] = as_number(value)
         self.pending = (step, values)
         self._flush_validation()
 

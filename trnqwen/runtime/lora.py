@@ -6,7 +6,9 @@ The generated config module calls :func:`attach_lora` (trnqwen.train.lora render
   (adapters ``lora_a``/``lora_b`` on the target Linear configs, every other module frozen);
 * **hf-v5**: injects :class:`LoraLinear` into the Transformers model by module name just before
   it is parallelized, so FSDP shards the adapters with the rest (torchtitan's Transformers backend
-  takes no converters);
+  takes no converters); when torchtitan's sharding pass gives a ``LoraLinear`` its base linear's
+  ``_sharding_config``, the adapters take theirs from it (torchtitan's own LoRA rule), so every
+  parameter has one before its completeness check and ``model.parallelize``;
 * wraps ``parallelize_fn`` to (a) freeze everything but the adapters after parallelisation
   (torchtitan 0.3.0's ``spmd_types`` backend re-registers parameters as trainable, pytorch/torchtitan
   PR #4267) and (b) initialise the adapters after the model's own init: A from the seed and the
@@ -27,10 +29,13 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.contract.peft_adapter import adapter_init, clean_fqn, hf_module_of_titan
 from trnqwen.contract.lora import LOG_MARK, LoraSpec, log_line, titan_target_names
+
+if TYPE_CHECKING:
+    from torchtitan.protocols.sharding import ShardingConfig
 
 _state: dict[str, Any] = {"spec": None, "backend": None, "exported": 0}
 ADAPTER_KEY = re.compile(r"(^|\.)(lora_a|lora_b|lora_A|lora_B)(\.|$)")
@@ -91,7 +96,26 @@ def _lora_linear_cls():
             out = nn.functional.linear(x, self.weight, self.bias)
             return out + self.scaling * self.lora_B(self.lora_A(self.lora_dropout(x)))
 
+        def __setattr__(self, name: str, value: object) -> None:
+            super().__setattr__(name, value)
+            if name == "_sharding_config" and value is not None:  # torchtitan's sharding pass (spmd_types)
+                self.lora_A._sharding_config, self.lora_B._sharding_config = adapter_sharding(value)
+
     return LoraLinear
+
+
+def adapter_sharding(base_config: ShardingConfig) -> tuple[ShardingConfig, ShardingConfig]:
+    """(A's, B's) ``ShardingConfig`` from the base linear's, as torchtitan's own LoRA derives them
+    (colwise base: A replicated, B sharded like the base's output; rowwise: A sharded like the
+    base's input, B replicated); a base without a weight placement: both replicated."""
+    import spmd_types as spmd
+    from torchtitan.components.lora import _lora_adapter_sharding
+    from torchtitan.models.common.decoder_sharding import dense_param_placement
+    from torchtitan.protocols.sharding import ShardingConfig
+
+    a_cfg, b_cfg = _lora_adapter_sharding(base_config)
+    replicated = ShardingConfig(state_shardings={"weight": dense_param_placement(tp=spmd.R)})
+    return a_cfg or replicated, b_cfg or replicated
 
 
 def inject_hf_adapters(model: Any, spec: LoraSpec) -> int:
@@ -136,11 +160,7 @@ def _wrap_parallelize(original, spec: LoraSpec, backend: str):
         injected = inject_hf_adapters(model, spec) if backend == "hf-v5" else 0
         if backend != "hf-v5" and spec.dropout > 0:
             _add_titan_dropout(model, spec.dropout)
-        if injected:
-            with _adapter_sharding_configs():
-                model = original(model, **kwargs)
-        else:
-            model = original(model, **kwargs)
+        model = original(model, **kwargs)
         freeze_base(model)
         init_weights = model.init_weights
 
@@ -155,34 +175,6 @@ def _wrap_parallelize(original, spec: LoraSpec, backend: str):
         return model
 
     return parallelize
-
-
-class _adapter_sharding_configs:
-    """While the Transformers backend parallelizes: give each injected adapter the sharding
-    torchtitan's own LoRA derives from its base linear (colwise base: A replicated, B sharded
-    like the base's output; rowwise: A sharded like the base's input, B replicated)."""
-
-    def __enter__(self):
-        from torchtitan.components.lora import _lora_adapter_sharding
-        from torchtitan.experiments.transformers_modeling_backend import hf_sharding
-
-        self.module, self.original = hf_sharding, hf_sharding._set_layer_sharding_configs
-        original = self.original
-
-        def set_layer(layer, *, enable_sp):
-            original(layer, enable_sp=enable_sp)
-            for module in layer.modules():
-                if hasattr(module, "lora_A") and hasattr(module, "lora_B"):
-                    a_cfg, b_cfg = _lora_adapter_sharding(getattr(module, "_sharding_config", None))
-                    module.lora_A._sharding_config = a_cfg or hf_sharding._replicate_config(module.lora_A)
-                    module.lora_B._sharding_config = b_cfg or hf_sharding._replicate_config(module.lora_B)
-
-        hf_sharding._set_layer_sharding_configs = set_layer
-        return self
-
-    def __exit__(self, *exc):
-        self.module._set_layer_sharding_configs = self.original
-        return False
 
 
 def freeze_base(model: Any) -> None:

@@ -31,6 +31,7 @@ from torchtitan.components.validate import Validator
 from torchtitan.trainer import Trainer
 
 from trnqwen.runtime import resume_state
+from trnqwen.runtime.trainer_parts import TrainerAttached, as_trnqwen_config, same_values
 
 HOOK_ORDER = (
     # building (TrnqwenTrainer.__init__)
@@ -119,24 +120,12 @@ class TrnqwenTrainerMixin:
         from trnqwen.runtime import qwen3_native
 
         qwen3_native.observe_experts(self.model_parts)  # type: ignore[attr-defined]
-        self._attach_hooks()
+        for name in ("metrics_processor", "validator", "checkpointer"):  # trnqwen's (trnqwen_config)
+            part = getattr(self, name, None)
+            if isinstance(part, TrainerAttached):
+                part.attach(self, self.hooks)  # type: ignore[arg-type]
         for hook in self.hooks:
             hook.on_init(self)
-
-    def _attach_hooks(self) -> None:
-        metrics = getattr(self, "metrics_processor", None)
-        if hasattr(metrics, "attach"):
-            metrics.attach(self, self.hooks)
-        validator = getattr(self, "validator", None)
-        if isinstance(validator, TrnqwenValidator):
-            validator.attach(self, self.hooks)
-        checkpointer = getattr(self, "checkpointer", None)
-        if hasattr(checkpointer, "after_load"):
-            checkpointer.after_load.append(self._after_checkpoint_load)
-
-    def _after_checkpoint_load(self) -> None:
-        for hook in self.hooks:
-            hook.after_checkpoint_load(self)
 
     def post_dataloading_process(self, input_dict, labels):
         for hook in self.hooks:
@@ -188,16 +177,20 @@ def trainer_over(owner: type) -> type:
         return TrnqwenTrainer
     if issubclass(owner, TrnqwenTrainerMixin):
         return owner
-    base_config = owner.Config
+    config_cls = _with_hooks(owner.Config, "Config", f"Trnqwen{owner.__name__}.Config")
+    return type(f"Trnqwen{owner.__name__}", (TrnqwenTrainerMixin, owner), {"Config": config_cls, "__module__": __name__})
+
+
+def _with_hooks(base_config: type, name: str, qualname: str) -> type:
+    """A config dataclass over ``base_config`` with a ``hooks`` field (and its ``to_dict``)."""
     namespace = {
         "__annotations__": {"hooks": HooksType},
         "hooks": _hooks_field(),
         "to_dict": _to_dict_over(base_config),
         "__module__": __name__,
-        "__qualname__": f"Trnqwen{owner.__name__}.Config",
+        "__qualname__": qualname,
     }
-    config_cls = dataclass(kw_only=True, slots=True)(type("Config", (base_config,), namespace))
-    return type(f"Trnqwen{owner.__name__}", (TrnqwenTrainerMixin, owner), {"Config": config_cls, "__module__": __name__})
+    return dataclass(kw_only=True, slots=True)(type(name, (base_config,), namespace))
 
 
 def _config_over(base_cls: type) -> type:
@@ -212,22 +205,17 @@ def _config_over(base_cls: type) -> type:
 
 @functools.lru_cache(maxsize=None)
 def _derived_config(base_cls: type, trainer: type) -> type:
-    namespace = {
-        "__annotations__": {"hooks": HooksType},
-        "hooks": _hooks_field(),
-        "to_dict": _to_dict_over(base_cls),
-        "__module__": __name__,
-        "__qualname__": f"Trnqwen{base_cls.__name__}",
-    }
-    config_cls = dataclass(kw_only=True, slots=True)(type(f"Trnqwen{base_cls.__name__}", (base_cls,), namespace))
+    config_cls = _with_hooks(base_cls, f"Trnqwen{base_cls.__name__}", f"Trnqwen{base_cls.__name__}")
     config_cls._owner = trainer
     return config_cls
 
 
-def trnqwen_config(config: Trainer.Config, *, hooks: Iterable[TrainerHook] = ()) -> Trainer.Config:
+def trnqwen_config(config: Trainer.Config, *, hooks: Iterable[TrainerHook] = (),
+                   backend: Optional[str] = None) -> Trainer.Config:
     """torchtitan's trainer config as trnqwen's: the same values, trnqwen's trainer, checkpointer,
-    metrics processor and validator classes, and ``hooks``.  The generated config module returns it."""
-    from trnqwen.runtime.trainer_checkpoint import checkpoint_config, same_values
+    metrics processor and validator classes, and ``hooks``.  The generated config module returns it,
+    naming its ``backend`` (native, hf-v5, nki-moe: the metrics stream's header says it)."""
+    from trnqwen.runtime.trainer_checkpoint import checkpoint_config
     from trnqwen.runtime.trainer_metrics import metrics_config
 
     cls = config if isinstance(config, type) else type(config)
@@ -237,7 +225,7 @@ def trnqwen_config(config: Trainer.Config, *, hooks: Iterable[TrainerHook] = ())
         out = same_values(_config_over(cls), config)
     out.hooks = [*getattr(out, "hooks", []), *hooks]
     out.checkpoint = checkpoint_config(out.checkpoint)
-    out.metrics = metrics_config(out.metrics)
+    out.metrics = metrics_config(out.metrics, backend=backend)
     out.validator = validator_config(out.validator)
     return out
 
@@ -245,20 +233,12 @@ def trnqwen_config(config: Trainer.Config, *, hooks: Iterable[TrainerHook] = ())
 # --- the validator ----------------------------------------------------------------------------
 
 
-class TrnqwenValidator(Validator):
+class TrnqwenValidator(TrainerAttached, Validator):
     """torchtitan's Validator; each batch goes past the trainer's hooks first (mode ``"val"``)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(Validator.Config):
         pass
-
-    def __init__(self, config: Config, **kwargs: Any) -> None:
-        super().__init__(config, **kwargs)
-        self.trainer: Any = None
-        self.hooks: list = []
-
-    def attach(self, trainer: Trainer, hooks: list) -> None:
-        self.trainer, self.hooks = trainer, list(hooks)
 
     def post_dataloading_process(self, input_dict, labels, model_parts):
         for hook in self.hooks:
@@ -267,11 +247,8 @@ class TrnqwenValidator(Validator):
 
 
 def validator_config(base: Validator.Config) -> Validator.Config:
-    from trnqwen.runtime.trainer_checkpoint import same_values
-
-    if isinstance(base, TrnqwenValidator.Config) or type(base) is not Validator.Config:
-        return base  # already trnqwen's, or another validator a base config chose: kept as it is
-    return same_values(TrnqwenValidator.Config, base)
+    """torchtitan's validator config as trnqwen's; another validator a base config chose is kept as it is."""
+    return as_trnqwen_config(base, TrnqwenValidator.Config, titan_cls=Validator.Config)
 
 
 # --- the config, adjusted before torchtitan builds from it -----------------------------------------

@@ -9,7 +9,7 @@ order is :data:`trnqwen.runtime.trainer.HOOK_ORDER`):
 * ``dcp_load``: loading the published HF base, the LoRA adapters keep their init (their keys are not
   asked of a checkpoint that has none);
 * ``_load``: a checkpoint written by another world size skips the data position and RNG (one line);
-* ``load``: then every trainer hook's ``after_checkpoint_load`` (e.g. a reference pass);
+* ``load``: then every attached trainer hook's ``after_checkpoint_load`` (e.g. a reference pass);
 * ``save``: the fault drill (:data:`~trnqwen.runtime.resume_state.FAULT_ENV`), torchtitan's save,
   then the ranks agree whether a preemption signal came: if so, a resumable checkpoint of this
   step (if not already saved) and the ``[trnqwen] preempted:`` line; the loop then stops;
@@ -23,17 +23,16 @@ Only ranks import this (torch and torchtitan at module level).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 from torchtitan.components.checkpointer.dcp import AsyncMode, CheckpointManager
 
 from trnqwen.runtime import resume_state
 from trnqwen.runtime.resume_state import RNG_KEY, RankRNG
+from trnqwen.runtime.trainer_parts import TrainerAttached, as_trnqwen_config
 
-_C = TypeVar("_C")
 
-
-class TrnqwenCheckpointManager(CheckpointManager):
+class TrnqwenCheckpointManager(TrainerAttached, CheckpointManager):
     """torchtitan's DCP checkpointer with trnqwen's resume, preemption and LoRA rules (module doc)."""
 
     @dataclass(kw_only=True, slots=True)
@@ -42,7 +41,6 @@ class TrnqwenCheckpointManager(CheckpointManager):
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        self.after_load: list[Callable[[], None]] = []  # the trainer's hooks, run after every load
         if self.enable:
             self.states[RNG_KEY] = RankRNG(resume_state.rank())
 
@@ -50,8 +48,8 @@ class TrnqwenCheckpointManager(CheckpointManager):
 
     def load(self, step: int = -1) -> bool:
         loaded = super().load(step)
-        for callback in self.after_load:
-            callback()
+        for hook in self.hooks:
+            hook.after_checkpoint_load(self.trainer)
         return loaded
 
     def _load(self, step: int = -1) -> bool:
@@ -122,16 +120,5 @@ class TrnqwenCheckpointManager(CheckpointManager):
 
 def checkpoint_config(base: CheckpointManager.Config) -> TrnqwenCheckpointManager.Config:
     """torchtitan's checkpoint config as trnqwen's (the same values); kept when already one."""
-    if isinstance(base, TrnqwenCheckpointManager.Config):
-        return base
-    if type(base) is not CheckpointManager.Config:
-        raise TypeError(f"config.checkpoint is a {type(base).__name__}; trnqwen's checkpointer extends "
-                        "torchtitan's CheckpointManager.Config only")
-    return same_values(TrnqwenCheckpointManager.Config, base)
-
-
-def same_values(cls: type[_C], base: object) -> _C:
-    from dataclasses import fields
-
-    return cls(**{f.name: getattr(base, f.name) for f in fields(base) if f.init})
-
+    return as_trnqwen_config(base, TrnqwenCheckpointManager.Config, titan_cls=CheckpointManager.Config,
+                             where="checkpoint")

@@ -23,16 +23,18 @@ The text log stays as it was: for people, and for the parser of logs trnqwen did
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
+
+import tyro
 
 from torchtitan.components.metrics import LoggerContainer, MetricsProcessor
-from torchtitan.trainer import Trainer
 from torchtitan.tools.logging import logger
 
-from trnqwen.contract.metrics_stream import MetricsWriter
+from trnqwen.contract.metrics_stream import MetricsWriter, as_number
 from trnqwen.runtime import lr_log
+from trnqwen.runtime.trainer_parts import TrainerAttached, as_trnqwen_config
 
-STREAM_BACKEND = "torchtitan"
+UNNAMED_BACKEND = "torchtitan"  # the stream header's backend when the config module names none (a hand-written one)
 
 
 class _Capture:
@@ -53,32 +55,19 @@ class _Capture:
         return getattr(self.inner, name)
 
 
-def _number(value: Any) -> Optional[float]:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-class TrnqwenMetricsProcessor(MetricsProcessor):
+class TrnqwenMetricsProcessor(TrainerAttached, MetricsProcessor):
     """torchtitan's MetricsProcessor with the hooks' values, the LR and the stream (module doc)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(MetricsProcessor.Config):
-        pass
+        backend: Annotated[str, tyro.conf.Suppress] = ""
+        """trnqwen's backend of the run (native, hf-v5, nki-moe): the metrics stream's header names it."""
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.logger = _Capture(self.logger)
-        self.trainer: Any = None
-        self.hooks: list[Any] = []
         self.stream = MetricsWriter.from_env()
         self._header = False
-
-    def attach(self, trainer: Trainer, hooks: list) -> None:
-        self.trainer, self.hooks = trainer, list(hooks)
 
     def _hook_values(self, mode: str) -> list[tuple[Any, dict[str, float]]]:
         out = []
@@ -100,7 +89,7 @@ class TrnqwenMetricsProcessor(MetricsProcessor):
             self._header = True
             methods = [h.name for h in self.hooks if getattr(h, "method", False)]
             meta = {
-                "backend": STREAM_BACKEND,
+                "backend": self.config.backend or UNNAMED_BACKEND,
                 "method": methods[0] if methods else "sft",
                 "metrics": {f"{h.name}/{k}": text for h in self.hooks for k, text in h.describe().items()},
             }
@@ -118,15 +107,15 @@ class TrnqwenMetricsProcessor(MetricsProcessor):
         self._hook_lines(per_hook, step, "train")
         m = self.logger.last
         self._write("step", step, {
-            "loss": _number(global_avg_loss),
-            "grad_norm": _number(grad_norm),
-            "memory_gib": _number(m.get("memory/max_reserved(GiB)")),
-            "memory_pct": _number(m.get("memory/max_reserved(%)")),
-            "tps": _number(m.get("throughput(tps)")),
-            "tflops": _number(m.get("tflops")),
-            "mfu": _number(m.get("mfu(%)")),
+            "loss": as_number(global_avg_loss),
+            "grad_norm": as_number(grad_norm),
+            "memory_gib": as_number(m.get("memory/max_reserved(GiB)")),
+            "memory_pct": as_number(m.get("memory/max_reserved(%)")),
+            "tps": as_number(m.get("throughput(tps)")),
+            "tflops": as_number(m.get("tflops")),
+            "mfu": as_number(m.get("mfu(%)")),
             "lr": lr,
-            **{k: _number(v) for k, v in named.items()},
+            **{k: as_number(v) for k, v in named.items()},
         })
         return out
 
@@ -139,11 +128,11 @@ class TrnqwenMetricsProcessor(MetricsProcessor):
         self._hook_lines(per_hook, step, "val")
         m = self.logger.last
         self._write("validation", step, {
-            "loss": _number(loss),
-            "memory_gib": _number(m.get("validation_metrics/memory/max_reserved(GiB)")),
-            "memory_pct": _number(m.get("validation_metrics/memory/max_reserved(%)")),
-            "tps": _number(m.get("validation_metrics/throughput(tps)")),
-            **{k: _number(v) for k, v in named.items()},
+            "loss": as_number(loss),
+            "memory_gib": as_number(m.get("validation_metrics/memory/max_reserved(GiB)")),
+            "memory_pct": as_number(m.get("validation_metrics/memory/max_reserved(%)")),
+            "tps": as_number(m.get("validation_metrics/throughput(tps)")),
+            **{k: as_number(v) for k, v in named.items()},
         })
         return out
 
@@ -154,13 +143,10 @@ class TrnqwenMetricsProcessor(MetricsProcessor):
             self.stream.close()
 
 
-def metrics_config(base: MetricsProcessor.Config) -> TrnqwenMetricsProcessor.Config:
-    """torchtitan's metrics config as trnqwen's (the same values); kept when already one."""
-    from trnqwen.runtime.trainer_checkpoint import same_values
-
-    if isinstance(base, TrnqwenMetricsProcessor.Config):
-        return base
-    if type(base) is not MetricsProcessor.Config:
-        raise TypeError(f"config.metrics is a {type(base).__name__}; trnqwen's metrics processor extends "
-                        "torchtitan's MetricsProcessor.Config only")
-    return same_values(TrnqwenMetricsProcessor.Config, base)
+def metrics_config(base: MetricsProcessor.Config, *, backend: Optional[str] = None) -> TrnqwenMetricsProcessor.Config:
+    """torchtitan's metrics config as trnqwen's (the same values); kept when already one.
+    ``backend``: the run's (the stream's header names it)."""
+    config = as_trnqwen_config(base, TrnqwenMetricsProcessor.Config, titan_cls=MetricsProcessor.Config, where="metrics")
+    if backend:
+        config.backend = backend
+    return config

@@ -21,6 +21,7 @@ from trnqwen.config import RunConfig
 from trnqwen.dataset.cache import RankData
 from trnqwen.dataset.streamed import DataSpec
 from trnqwen.errors import UsageError
+from trnqwen.methods import registry as methods
 from trnqwen.titan_compat import TitanAPI
 
 TITAN_LOADER_IMPORT = "from trnqwen.runtime.titan_data import TokenCacheDataLoader"
@@ -132,7 +133,7 @@ def prepare_rank_data(cfg: RunConfig, assets_dir: Path) -> Optional[tuple[DataSp
             data = RankData(cache_dir=Path("<tokenized-when-the-run-starts>"), seq_len=cfg.seq_len, train_rows=1,
                             val_rows=1 if cfg.val_every else 0)
             return DataSpec(kind="cache", source=str(data_name(cfg)), notes=notes), data
-        prepared = prepare_dataset(cfg, assets_dir)
+        prepared = prepare_dataset(cfg, assets_dir, pair_methods=methods.names_for_data("preference"))
         data = RankData.from_cache(prepared.cache_dir)
         notes += _report_notes(prepared.report)
     from_cache = path is not None and is_prepared_cache(path)

@@ -27,6 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
+from trnqwen.assets import base_identity
 from trnqwen.config import RunConfig
 from trnqwen.constants import LORA_TARGETS
 from trnqwen.contract.lora import LoraSpec, targets_of
@@ -45,7 +46,7 @@ def spec_from_config(cfg: RunConfig) -> Optional[LoraSpec]:
         dropout=float(cfg.lora_dropout),
         targets=targets_of(cfg.lora_targets),
         seed=int(cfg.seed if cfg.seed is not None else 0),
-        base_model=str(cfg.model),
+        base_model=base_identity(cfg.model, cfg.assets_dir)[0],  # what --assets holds, when not --model
     )
 
 

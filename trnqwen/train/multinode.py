@@ -80,10 +80,6 @@ def parse_endpoint(endpoint: str, *, default_port: int = DEFAULT_RDZV_PORT) -> t
     return host, port
 
 
-def format_endpoint(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def rendezvous_argv(cfg: "RunConfig", nproc_per_node: int) -> list[str]:
     """torchrun's topology and rendezvous flags for this node: the launcher's only source of them.
 
@@ -119,6 +115,11 @@ def check_topology(*, nnodes: int, node_rank: int, endpoint: Optional[str], rdzv
             f"--node-rank {node_rank} is outside 0..{nnodes - 1}",
             hint=f"give each of the {nnodes} nodes its own rank from 0 to {nnodes - 1}",
         )
+    if rdzv_id is not None and not _RDZV_ID.fullmatch(rdzv_id):  # it names a folder, on one node too
+        raise UsageError(
+            f"--rdzv-id {rdzv_id!r} must be letters, digits, '.', '_' or '-' (at most 128)",
+            hint="it names the run directory shared by the nodes",
+        )
     if nnodes == 1:
         return
     if not endpoint:
@@ -131,11 +132,6 @@ def check_topology(*, nnodes: int, node_rank: int, endpoint: Optional[str], rdzv
         raise UsageError(
             f"a {nnodes}-node run needs a rendezvous id shared by all nodes",
             hint="pass the same --rdzv-id on every node (e.g. --rdzv-id qwen3-ft-1); it also names the run directory",
-        )
-    if not _RDZV_ID.fullmatch(rdzv_id):
-        raise UsageError(
-            f"--rdzv-id {rdzv_id!r} must be letters, digits, '.', '_' or '-' (at most 128)",
-            hint="it names the run directory shared by the nodes",
         )
 
 
@@ -195,23 +191,6 @@ def node_logs(run_dir: Path) -> dict[int, Path]:
 def writes_run_record(node_rank: int) -> bool:
     """Only node 0 writes ``run.json`` at the run dir's top; the others keep theirs in nodes/."""
     return int(node_rank) == 0
-
-
-def multinode_run_dir(runs_dir: Path, rdzv_id: str, *, node_rank: int = 0) -> tuple[str, Path]:
-    """The run directory of a multi-node run: ``<runs_dir>/<rdzv_id>``, created if missing.
-
-    Every node computes the same path from the shared rendezvous id, so on a shared file system
-    (FSx, EFS, a PVC) they share one directory; node 0 also points ``LAST`` at it.
-    """
-    from trnqwen.rundir import point_last
-
-    if not _RDZV_ID.fullmatch(rdzv_id or ""):
-        raise UsageError(f"--rdzv-id {rdzv_id!r} cannot name a run directory")
-    path = Path(runs_dir) / rdzv_id
-    node_dir(path, node_rank).mkdir(parents=True, exist_ok=True)
-    if writes_run_record(node_rank):
-        point_last(runs_dir, rdzv_id)
-    return rdzv_id, path
 
 
 # --- failures ---------------------------------------------------------------------------------

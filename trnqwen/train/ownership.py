@@ -55,7 +55,8 @@ def prepare_folder(plan: TrainPlan, record: RunRecord) -> None:
         removed = checkpoints.clear(checkpoints.scan(root))
         if removed:
             record.extra["overwrote"] = removed
-    checkpoints.write_owner(root, run_id=plan.run_id, model=plan.config.model, backend=plan.config.backend)
+    checkpoints.write_owner(root, run_id=plan.run_id, model=plan.base_model or plan.config.model,
+                            backend=plan.config.backend, run_dir=plan.run_dir)
 
 
 __all__ = ["claim", "prepare_folder"]

@@ -41,6 +41,7 @@ class TrainPlan:
     notes: list[str] = field(default_factory=list)
     resume: Optional[ResumePoint] = None  # when continuing a run
     overwrite: bool = False  # --overwrite: replace the checkpoints already in the folder
+    base_model: Optional[str] = None  # what the export names as its base (trnqwen.assets.base_identity)
 
     @property
     def nproc_per_node(self) -> int:

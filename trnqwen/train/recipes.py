@@ -16,7 +16,7 @@ Each backend builds its config the way the published recipe does by hand
 (model only) to ``<checkpoint_dir>/hf/step-N/``; resumable DCP checkpoints go to
 ``<checkpoint_dir>/resume/step-N/`` (:mod:`trnqwen.contract.checkpoint_layout`).  Version differences come from :mod:`compat`.
 
-Every module ends with ``return trnqwen_config(config, hooks=[...])``: the same values under
+Every module ends with ``return trnqwen_config(config, hooks=[...], backend=...)``: the same values under
 trnqwen's Trainer, checkpointer, metrics processor and validator (torchtitan's classes extended
 through its config: :mod:`trnqwen.runtime.trainer`), with the method's trainer hooks.
 """
@@ -535,7 +535,7 @@ def _render(plan: Plan) -> str:
     lines += [f"    {line}" if line else "" for line in body]
     # trnqwen's Trainer, checkpointer, metrics processor and validator: torchtitan's own classes
     # extended (resume, preemption, LR on the step line, LoRA export, metrics stream, the hooks)
-    lines.append(f"    return trnqwen_config(config, hooks=[{', '.join(hooks)}])")
+    lines.append(f"    return trnqwen_config(config, hooks=[{', '.join(hooks)}], backend={cfg.backend!r})")
     return "\n".join(lines) + "\n"
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from trnqwen.assets import base_identity
 from trnqwen.config import ResolvedConfig, RunConfig
 from trnqwen.contract import metrics_stream
 from trnqwen.env.device import DeviceInfo
@@ -38,6 +39,7 @@ from trnqwen.errors import (
     redact_env,
 )
 from trnqwen.fsutil import disk_full_at, write_text_atomic
+from trnqwen.naming import default_checkpoint_dir
 from trnqwen.rundir import RunRecord, next_run_id, point_last
 from trnqwen.contract import checkpoint_layout as checkpoints
 from trnqwen.train import folder_lock, launcher, multinode, ownership, stops
@@ -190,7 +192,7 @@ def plan_train(
         refuse_other_device(resume, device.type)
     topo = plan_topology(cfg, device)
     runs_dir = _abs(cfg.runs_dir, cwd)
-    if cfg.nnodes > 1:  # every node names the shared run dir after the rendezvous id
+    if cfg.nnodes > 1 or cfg.rdzv_id:  # every node names the shared run dir after the rendezvous id
         multinode.check_topology(
             nnodes=cfg.nnodes, node_rank=cfg.node_rank, endpoint=cfg.rdzv_endpoint, rdzv_id=cfg.rdzv_id
         )
@@ -198,6 +200,10 @@ def plan_train(
     # so that its restart (`--resume auto`) finds its own run
     run_id = run_id or cfg.rdzv_id or next_run_id(runs_dir, cfg.backend)
     run_dir = runs_dir / run_id
+    base_model, base_note = base_identity(cfg.model, _abs(cfg.assets_dir, cwd) if cfg.assets_dir else None)
+    if base_model != cfg.model and cfg.checkpoint_dir is None and resume is None:  # named after what is trained
+        cfg = cfg.model_copy(update={"checkpoint_dir": default_checkpoint_dir(base_model, cfg.finetune)})
+        sources = {**sources, "checkpoint_dir": f"named after the model in --assets ({base_model})"}
     with _no_device_backend_autoload(device):
         job = build_job(cfg, device, run_dir, topology=topo, check_runtime=not dry_run)
     if resume is not None:
@@ -221,6 +227,8 @@ def plan_train(
     )
     for note in notes + (list(resume.warnings) if resume is not None else []):
         report.findings.insert(0, Finding(WARNING, "device" if resume is None else "resume", note))
+    if base_note:  # the first thing said: the export will not name --model as its base
+        report.findings.insert(0, Finding(WARNING, "assets", base_note))
     if resume is None and job.checkpoint_dir is not None and multinode.writes_run_record(cfg.node_rank):
         try:  # no silent resume: a folder with another run's checkpoints stops the run here
             found = checkpoints.check_for_new_run(_abs(job.checkpoint_dir, cwd), overwrite=overwrite)
@@ -237,7 +245,7 @@ def plan_train(
     return TrainPlan(
         config=cfg, device=device, job=job, topology=topo, run_id=run_id, run_dir=run_dir,
         argv=argv, env=env, preflight=report, cwd=cwd, extra_args=extra, sources=dict(sources), notes=notes,
-        resume=resume, overwrite=overwrite,
+        resume=resume, overwrite=overwrite, base_model=base_model,
     )
 
 
@@ -333,6 +341,8 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
             "nproc_per_node": plan.nproc_per_node,
             "world_size": plan.topology.world_size,
             "cwd": str(plan.cwd),
+            # the base the export names (trnqwen.assets.base_identity: --model, or what --assets holds)
+            "base_model": plan.base_model or plan.config.model,
             "sources": plan.sources,
             "schedule": plan.job.schedule.as_dict() if plan.job.schedule is not None else None,
             "preflight": plan.preflight.as_dict(),
@@ -550,6 +560,7 @@ def _execute(
         if plan.config.lora and result.exit_code == 0:  # the adapter, never the base; --merge beside it
             from trnqwen.train.lora import finish_export
 
+            record.save()  # the merge (a child process) reads the run's facts for its model card
             failure = finish_export(plan.config, exported, Path(record.assets_dir), record.extra)
             if failure is not None:
                 _fail(result, record, *failure)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trnqwen.config import DEFAULT_SAVE_EVERY, DEFAULT_STEPS, DEFAULT_WARMUP_STEPS, EPOCH, RunConfig, default_lr
-from trnqwen.contract.lr_schedule import lr_factor
 from trnqwen.contract.topology import Topology
 from trnqwen.dataset.cache import RankData
 
@@ -58,17 +57,6 @@ class Schedule:
     @property
     def decay_ratio(self) -> Optional[float]:
         return 0.0 if self.lr_schedule == "constant" else None
-
-    def factor_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`lr_factor` for this run."""
-        return {
-            "warmup_steps": self.warmup_steps, "total_steps": self.steps, "decay_type": self.decay_type,
-            "decay_ratio": self.decay_ratio, "min_lr_factor": self.min_lr_ratio,
-        }
-
-    def lr_at(self, step: int) -> float:
-        """The learning rate of training step ``step`` (1-based)."""
-        return self.lr * lr_factor(step - 1, **self.factor_kwargs())
 
     def titan_lines(self) -> list[str]:
         """Lines of the generated torchtitan config function: optimizer, LR scheduler, clipping."""

@@ -26,7 +26,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
@@ -235,46 +234,6 @@ def submit(script: Path, *, sbatch: str = "sbatch", timeout_s: float = SUBMIT_TI
             hint=f"the script is {script}; check --partition/--time/--nodes against `sinfo -s`",
         )
     return parse_job_id(proc.stdout)
-
-
-def job_state(job_id: str, *, timeout_s: float = 10.0) -> Optional[str]:
-    """The job's state from ``squeue`` (while queued/running) or ``sacct``/``scontrol``, else None."""
-    for argv in (
-        ["squeue", "-h", "-j", job_id, "-o", "%T"],
-        ["scontrol", "show", "job", job_id, "-o"],
-    ):
-        exe = shutil.which(argv[0])
-        if exe is None:
-            continue
-        try:
-            proc = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            continue
-        out = proc.stdout.strip()
-        if proc.returncode != 0 or not out:
-            continue
-        if argv[0] == "scontrol":
-            m = re.search(r"JobState=(\S+)", out)
-            if m:
-                return m.group(1)
-            continue
-        return out.splitlines()[0].strip()
-    return None
-
-
-TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
-
-
-def wait_for_job(job_id: str, *, timeout_s: float, poll_s: float = 1.0) -> Optional[str]:
-    """Poll until the job reaches a terminal state (returned) or ``timeout_s`` passes (None)."""
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = job_state(job_id)
-        if last is not None and last.split()[0].rstrip("+") in TERMINAL_STATES:
-            return last.split()[0].rstrip("+")
-        time.sleep(poll_s)
-    return None
 
 
 def launch(

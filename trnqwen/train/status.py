@@ -2,11 +2,13 @@
 
 Fed by :func:`trnqwen.train.launcher.supervise` with each step's and validation's values: the
 records of the run's metrics stream (:mod:`trnqwen.contract.metrics_stream`), or rank 0's step and
-validation lines where the ranks write no stream.  Every value of the last step that is not a core
-one (:data:`~trnqwen.contract.metrics_stream.STEP_CORE`: a method's, ``<method>/<name>``) is shown
-after the loss, by the part of its name after the last ``/`` (the whole name where that part is
-taken: a core value's name, a label of the line, another value's), e.g. ``step 3/10  loss 0.6512  margin 0.352  accuracy 1.000
-...``; a validation's own values go in its parentheses.  No method is named here.
+validation lines where the ranks write no stream.  After the loss come the values a method marks
+for the status line (``Metric(status=True)`` in its declaration, :mod:`trnqwen.methods.registry`),
+by their label and format (``margin 0.352  acc 1.00``); a value a method declares without the mark
+is left to run.json, inspect-logs and the trackers; a value no method declares (a hook's own) is
+shown by the part of its name after the last ``/`` (the whole name where that part is taken: a
+core value's name, a label of the line, another value's).  A validation's own values go in its
+parentheses.  No method is named here.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ import time
 from typing import Optional, TextIO
 
 from trnqwen.contract.metrics_stream import STEP_CORE, VALIDATION_CORE
+from trnqwen.methods import registry
+from trnqwen.methods.base import Metric
 
 # the line's own labels and the core values' names: a value whose short name is one of these is
 # shown by its full name
 _TAKEN = ("step", "val", "tok/s", "elapsed", *STEP_CORE)
+_UNDECLARED = Metric("", "", status=True)  # a value no method declares (a hook's own): shown
 
 
 def _fmt_num(value: Optional[float], spec: str) -> str:
@@ -40,12 +45,25 @@ def format_value(value: Optional[float]) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3f}"
 
 
-def extra_values(values: dict, core: tuple[str, ...] = STEP_CORE) -> list[tuple[str, Optional[float]]]:
-    """(label, value) of every value of a record that is not a core one, in the record's order."""
-    names = [k for k in values if k != "step" and k not in core]
-    shorts = [name.rsplit("/", 1)[-1] for name in names]
-    return [(short if shorts.count(short) == 1 and short not in _TAKEN else name, values[name])
-            for name, short in zip(names, shorts)]
+def _declared() -> dict[str, Metric]:
+    """Every metric a method declares, by its metrics-stream name."""
+    return {m.name: m for method in registry.methods() for m in method.metrics}
+
+
+def extra_values(values: dict, core: tuple[str, ...] = STEP_CORE) -> list[tuple[str, str]]:
+    """(label, shown value) of the values of a record the status line shows after the loss, in the
+    record's order: a method's status-marked ones and the undeclared ones (module doc)."""
+    declared = _declared()
+    names = [k for k in values if k != "step" and k not in core and declared.get(k, _UNDECLARED).status]
+    labels = [declared[name].label if name in declared else name.rsplit("/", 1)[-1] for name in names]
+    return [(label if labels.count(label) == 1 and label not in _TAKEN else name, _shown(values[name], declared.get(name)))
+            for name, label in zip(names, labels)]
+
+
+def _shown(value: Optional[float], metric: Optional[Metric]) -> str:
+    if metric is None or value is None or not math.isfinite(value):
+        return format_value(value)
+    return format(value, metric.fmt)
 
 
 class StatusLine:
@@ -77,11 +95,11 @@ class StatusLine:
         m = self.last
         step = f"{m['step']}/{self.total}" if self.total else str(m["step"])
         parts = [f"step {step}", f"loss {_fmt_num(m.get('loss'), '.4f')}"]
-        parts += [f"{label} {format_value(value)}" for label, value in extra_values(m)]
+        parts += [f"{label} {shown}" for label, shown in extra_values(m)]
         if self.last_validation is not None:
             at = self.last_validation.get("step")  # often an earlier step than this line's: say which
             notes = [f"step {at}"] if at is not None else []
-            notes += [f"{label} {format_value(value)}" for label, value in extra_values(self.last_validation, VALIDATION_CORE)]
+            notes += [f"{label} {shown}" for label, shown in extra_values(self.last_validation, VALIDATION_CORE)]
             parts.append(f"val {_fmt_num(self.last_validation.get('loss'), '.4f')}" + (f" ({', '.join(notes)})" if notes else ""))
         parts.append(f"tok/s {_fmt_num(m.get('tps'), ',.0f')}")
         parts.append(f"mfu {_fmt_num(m.get('mfu'), '.2f')}%" if self.mfu and m.get("mfu") is not None else "mfu -")

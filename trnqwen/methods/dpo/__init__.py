@@ -6,18 +6,17 @@ Everything DPO is in this folder (docs/preference.md, docs/architecture.md "DPO"
 * ``plan``: refusals, the reference key, the torchtitan config module's lines;
 * ``loss``: the arithmetic every backend shares (segment log-prob sums, sigmoid/IPO, rewards, meter);
 * ``reference_pass``: the reference log-probs, computed once in the ranks before step 1;
+* ``titan``: the torchtitan ranks' loss and trainer hook;
 * ``hf_trainer``: the hf-trainer backend's rows, loss, validation and ``[DPO]`` lines;
 * ``log_lines``: the ``[DPO]`` lines (written by the ranks; read, summarised and tabled for inspect-logs);
 * ``judge``: the judge's rules (step-1 loss = ln 2 for sigmoid);
 * ``eval_report``: what ``trnqwen eval`` reports on pairs (preference accuracy, rewards);
 * ``quickstart``: the quickstart's DPO stage;
-* ``card``: the model card's section.
-
-The torchtitan ranks' hooks are still ``trnqwen/runtime/dpo.py`` (being rewritten as Trainer-subclass
-hooks; it moves here after that).
+* ``card``: the model card's section;
+* ``examples``: its lines in ``trnqwen train --help`` and ``trnqwen data --help``.
 """
 
-from trnqwen.methods.base import Method, Metric
+from trnqwen.methods.base import Example, Method, Metric
 
 METHOD = Method(
     name="dpo",
@@ -44,4 +43,9 @@ METHOD = Method(
     quickstart="trnqwen.methods.dpo.quickstart",
     card="trnqwen.methods.dpo.card:card",
     docs="docs/preference.md",
+    examples=(
+        Example("train", "trnqwen train --backend hf-v5 --finetune --method dpo --beta 0.1 --dataset prefs.jsonl",
+                "preference tuning on prompt/chosen/rejected pairs; step 1 is ln 2 (docs/preference.md)"),
+        Example("data", "trnqwen data prefs.jsonl --method dpo", "preference pairs: kept/dropped, tokens, one pair"),
+    ),
 )

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from functools import partial
+
+from trnqwen.methods.pair_scores import card_section
+
+INTRO = ("Preference accuracy: the share of pairs whose chosen answer the model gives the higher log-probability; "
+         "margin: mean log p(chosen) - log p(rejected); rewards: DPO's implicit rewards against the base model; "
+         "chosen-answer loss: mean NLL per token of the chosen answers.")
+COLUMNS = (("preference accuracy", "preference_accuracy"), ("margin", "margin"), ("reward accuracy", "reward_accuracy"),
+           ("reward margin", "reward_margin"), ("chosen-answer loss", "loss"))
 
 
-def card(eval_results: list[dict[str, Any]], eval_dataset: Optional[str], num: Callable[[Any], Optional[str]]) -> list[str]:
-    """Markdown lines: accuracy and margin of base and tuned, the rewards against the base, the
-    loss on the chosen answers (``num`` formats a number as the rest of the card does)."""
-    on = f" on {eval_dataset}" if eval_dataset else ""
-    lines = ["", f"## Held-out preference pairs (`trnqwen eval`{on})", "",
-             "Preference accuracy: the share of pairs whose chosen answer the model gives the higher log-probability; "
-             "margin: mean log p(chosen) - log p(rejected); rewards: DPO's implicit rewards against the base model; "
-             "chosen-answer loss: mean NLL per token of the chosen answers.", "",
-             "| checkpoint | pairs | preference accuracy | margin | reward accuracy | reward margin | chosen-answer loss | vs base |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in eval_results:
-        delta = r.get("delta_vs_base")
-        cells = [r.get("checkpoint"), r.get("pairs"), num(r.get("preference_accuracy")), num(r.get("margin")),
-                 num(r.get("reward_accuracy")), num(r.get("reward_margin")), num(r.get("loss")),
-                 None if delta is None else f"{delta:+.4f}"]
-        lines.append("| " + " | ".join("" if c is None else str(c) for c in cells) + " |")
-    return lines
+# Method.card: card(eval_results, eval_dataset, num) -> the section's markdown lines
+card = partial(card_section, intro=INTRO, columns=COLUMNS)

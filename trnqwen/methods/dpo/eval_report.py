@@ -29,6 +29,12 @@ from trnqwen.methods.pair_scores import HEAD_CHUNK, EvalData, PairScores, score_
 REWARD_FIELDS = ("reward_accuracy", "reward_margin", "rewards_chosen", "rewards_rejected", "dpo_loss")
 SUMMARY_FIELDS = ("reward_accuracy", "reward_margin", "dpo_loss")  # what the fine-tune's last line keeps
 FIELDS = ("pairs", "preference_accuracy", "margin", *REWARD_FIELDS)  # what each result row adds
+# eval's table: its columns after accuracy and margin ((header, field, format)) and its title's note
+TABLE_COLUMNS = (("reward accuracy", "reward_accuracy", ".4f"), ("reward margin", "reward_margin", "+.4f"))
+
+
+def table_note(method_settings: dict[str, Any]) -> str:
+    return f"rewards against the base, beta {method_settings.get('beta')}"
 
 
 def settings(run_config: Optional[dict], defaults: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,12 @@
 """DPO's arithmetic, one copy for every backend (torchtitan ranks and the Trainer).
 
-The pair rows, their segment log-prob sums and the per-pair meter are every preference method's
-(:mod:`trnqwen.methods.pairs`).  Here:
+The pair rows, their segment log-prob sums, the per-pair terms and their meter are every
+preference method's (:mod:`trnqwen.methods.pairs`).  Here:
 
 * :func:`pair_terms` turns policy and reference log-probs into the per-pair loss (``sigmoid``:
   -log sigmoid(beta * margin), ``ipo``: (margin' - 1/(2 beta))^2 on per-token means) and the
   rewards beta * (log pi - log ref);
-* :class:`Meter` sums rewards, accuracy and pairs over a step (or a validation pass) for the log;
+* :func:`terms_fn`: that loss from a forward's segment sums and the batch's reference log-probs;
 * :func:`titan_rows`: the torchtitan dataloader's rows of a DPO cache, with their reference log-probs.
 
 The reference log-probs come from the same function on the starting weights, so before any
@@ -15,31 +15,22 @@ update the policy equals the reference and every pair's sigmoid loss is exactly 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from trnqwen.methods import pairs
 from trnqwen.methods.dpo.settings import LOSS_TYPES
+from trnqwen.methods.pairs import PairTerms
 
 KEYS = ("dpo_targets", "dpo_segments", "dpo_ref")  # what a DPO batch carries beside input/positions
 METRICS = ("rewards_chosen", "rewards_rejected", "margin", "accuracy")
-
-
-@dataclass
-class PairTerms:
-    losses: torch.Tensor  # [n] per present pair
-    chosen_rewards: torch.Tensor
-    rejected_rewards: torch.Tensor
+TERMS = PairTerms  # DPO's per-pair values: the loss and the rewards (what its meter sums)
 
 
 def pair_terms(policy: torch.Tensor, reference: torch.Tensor, counts: torch.Tensor, *, beta: float,
                loss_type: str) -> PairTerms:
     """Per-pair loss and rewards for the pairs present (both sides have targets)."""
-    present = (counts[..., 0] > 0) & (counts[..., 1] > 0)
+    present = pairs.present(counts)
     pol, ref, n = policy[present], reference[present].to(policy.dtype), counts[present]
     if loss_type == "ipo":  # IPO compares per-token means (as the paper and TRL do)
         pol, ref = pol / n, ref / n
@@ -55,23 +46,16 @@ def pair_terms(policy: torch.Tensor, reference: torch.Tensor, counts: torch.Tens
     return PairTerms(losses, chosen.detach(), rejected.detach())
 
 
-class Meter(pairs.Meter):
-    """Rewards, accuracy and loss summed over a step (or a validation pass): reduced across ranks
-    once, at log time."""
+def terms_fn(*, beta: float, loss_type: str) -> pairs.TermsFn:
+    """The loss of a forward (:func:`trnqwen.methods.pairs.batch_terms`): the batch's stored values
+    are the pairs' reference log-probs."""
+    return lambda sums, counts, reference: pair_terms(sums, reference, counts, beta=beta, loss_type=loss_type)
 
-    def __init__(self) -> None:
-        super().__init__(("rewards_chosen", "rewards_rejected", "accuracy", "loss"))
 
-    def add(self, terms: PairTerms) -> None:
-        self.add_values({"rewards_chosen": terms.chosen_rewards, "rewards_rejected": terms.rejected_rewards,
-                         "accuracy": (terms.chosen_rewards > terms.rejected_rewards).float(),
-                         "loss": terms.losses})
-
-    def reduce(self, all_reduce=None) -> Optional[dict[str, float]]:
-        values = super().reduce(all_reduce)
-        if values is not None:
-            values["margin"] = values["rewards_chosen"] - values["rewards_rejected"]
-        return values
+def missing_reference(reference_dir: str) -> str:
+    """What a row without reference log-probs lacks (the run stops naming the row)."""
+    return (f"reference log-probs in {reference_dir}: the reference pass covered the rows of the steps this run "
+            "was started with")
 
 
 def titan_rows(dataset):
@@ -80,12 +64,5 @@ def titan_rows(dataset):
     takes them out)."""
     from trnqwen.dataset.reference import open_reference
 
-    split = dataset.split
-    reference = open_reference(dataset.reference_dir, split.name)  # written by the reference pass
-    for row, (ids, positions, targets, segments, ref, markers) in pairs.read_pairs(split, dataset.stream, reference):
-        if np.isnan(ref).any():
-            raise RuntimeError(
-                f"row {row} of the {split.name} split has no reference log-probs in {dataset.reference_dir}: "
-                "the reference pass covered the rows of the steps this run was started with"
-            )
-        yield pairs.titan_sample(ids, positions, markers, dict(zip(KEYS, (targets, segments, ref))))
+    reference = open_reference(dataset.reference_dir, dataset.split.name)  # written by the reference pass
+    yield from pairs.titan_rows(dataset, KEYS, reference, missing=missing_reference(dataset.reference_dir))

@@ -24,9 +24,9 @@ from typing import Any, Optional
 
 from trnqwen.config import RunConfig
 from trnqwen.dataset.cache import RankData
-from trnqwen.errors import UsageError
 from trnqwen.methods.base import MethodPlan
 from trnqwen.methods.dpo.settings import LOSS_TYPES  # noqa: F401  (the loss types' one home)
+from trnqwen.methods.pair_plan import refuse_unsupported, rows_lines
 
 REFERENCE_IMPORT = "from trnqwen.methods.dpo.titan import dpo_loss_config"
 ROWS = "trnqwen.methods.dpo.loss:titan_rows"  # the torchtitan dataloaders' row reader (methods/dpo/loss.py)
@@ -56,16 +56,8 @@ def spec_from_config(cfg: RunConfig) -> Optional[DpoSpec]:
 
 def check(cfg: RunConfig) -> None:
     """Refuse a DPO run that cannot be one, with what to do instead."""
-    if getattr(cfg, "method", "sft") != "dpo":
-        return
-    if cfg.backend == "nki-moe":
-        raise UsageError(
-            "--method dpo runs on hf-v5, native and hf-trainer; nki-moe's kernels are not wired to the DPO loss yet",
-            hint="use --backend native for a Qwen3-MoE (docs/moe.md) or a dense model on hf-v5",
-        )
-    if cfg.train_on_inputs:
-        raise UsageError("--train-on-inputs has no meaning with --method dpo: only the answers are compared",
-                         hint="drop --train-on-inputs")
+    if getattr(cfg, "method", "sft") == "dpo":
+        refuse_unsupported(cfg, "dpo")
 
 
 def weights_identity(cfg: RunConfig, assets_dir: Path) -> dict[str, Any]:
@@ -110,11 +102,10 @@ def render_lines(spec: DpoSpec, reference_dir: Path, *, validates: bool) -> tupl
         "# weights, before step 1 (trnqwen.methods.dpo.reference_pass), kept with the token cache.",
         f"config.loss = dpo_loss_config(beta={spec.beta!r}, loss_type={spec.loss_type!r}, reference_dir={ref!r})",
         f"config.dataloader.reference_dir = {ref!r}",
-        f"config.dataloader.rows = {ROWS!r}",
+        *rows_lines(ROWS, validates=validates),
     ]
     if validates:
         lines.append(f"config.validator.dataloader.reference_dir = {ref!r}")
-        lines.append(f"config.validator.dataloader.rows = {ROWS!r}")
     return [REFERENCE_IMPORT], lines
 
 

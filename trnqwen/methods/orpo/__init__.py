@@ -14,7 +14,7 @@ Everything ORPO is in this folder (docs/preference.md "ORPO"):
 * ``card``: the model card's section.
 """
 
-from trnqwen.methods.base import Method, Metric
+from trnqwen.methods.base import Example, Method, Metric
 
 METHOD = Method(
     name="orpo",
@@ -45,4 +45,8 @@ METHOD = Method(
     eval_report="trnqwen.methods.orpo.eval_report",
     card="trnqwen.methods.orpo.card:card",
     docs="docs/preference.md",
+    examples=(
+        Example("train", "trnqwen train --backend hf-v5 --finetune --method orpo --orpo-lambda 0.1 --dataset prefs.jsonl",
+                "the same pairs reference-free: chosen NLL + lambda x odds ratio, no reference pass"),
+    ),
 )

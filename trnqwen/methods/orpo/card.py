@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from functools import partial
+
+from trnqwen.methods.pair_scores import card_section
+
+INTRO = ("Trained with ORPO (reference-free). Preference accuracy: the share of pairs whose chosen answer has the "
+         "higher mean token log-probability; margin: mean of (mean log p(chosen) - mean log p(rejected)); log odds "
+         "ratio: mean log sigmoid(log odds); chosen-answer loss: mean NLL per token of the chosen answers.")
+COLUMNS = (("preference accuracy", "preference_accuracy"), ("margin", "margin"), ("log odds ratio", "log_odds_ratio"),
+           ("ORPO loss", "orpo_loss"), ("chosen-answer loss", "loss"))
 
 
-def card(eval_results: list[dict[str, Any]], eval_dataset: Optional[str], num: Callable[[Any], Optional[str]]) -> list[str]:
-    """Markdown lines: preference accuracy, margin, log odds ratio and ORPO loss of base and tuned, the
-    loss on the chosen answers (``num`` formats a number as the rest of the card does)."""
-    on = f" on {eval_dataset}" if eval_dataset else ""
-    lines = ["", f"## Held-out preference pairs (`trnqwen eval`{on})", "",
-             "Trained with ORPO (reference-free). Preference accuracy: the share of pairs whose chosen answer has the "
-             "higher mean token log-probability; margin: mean of (mean log p(chosen) - mean log p(rejected)); log odds "
-             "ratio: mean log sigmoid(log odds); chosen-answer loss: mean NLL per token of the chosen answers.", "",
-             "| checkpoint | pairs | preference accuracy | margin | log odds ratio | ORPO loss | chosen-answer loss | vs base |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in eval_results:
-        delta = r.get("delta_vs_base")
-        cells = [r.get("checkpoint"), r.get("pairs"), num(r.get("preference_accuracy")), num(r.get("margin")),
-                 num(r.get("log_odds_ratio")), num(r.get("orpo_loss")), num(r.get("loss")),
-                 None if delta is None else f"{delta:+.4f}"]
-        lines.append("| " + " | ".join("" if c is None else str(c) for c in cells) + " |")
-    return lines
+# Method.card: card(eval_results, eval_dataset, num) -> the section's markdown lines
+card = partial(card_section, intro=INTRO, columns=COLUMNS)

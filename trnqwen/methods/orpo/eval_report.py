@@ -22,6 +22,12 @@ from trnqwen.methods.pair_scores import HEAD_CHUNK, EvalData, PairScores, score_
 REWARD_FIELDS = ("reward_accuracy", "reward_margin")  # eval's table columns: None (no reference)
 FIELDS = ("pairs", "preference_accuracy", "margin", "log_odds_ratio", "orpo_loss", *REWARD_FIELDS)
 SUMMARY_FIELDS = ("log_odds_ratio", "orpo_loss")  # what the fine-tune's last line keeps
+# eval's table: its columns after accuracy and margin ((header, field, format)) and its title's note
+TABLE_COLUMNS = (("log odds ratio", "log_odds_ratio", ".4f"), ("ORPO loss", "orpo_loss", ".4f"))
+
+
+def table_note(method_settings: dict[str, Any]) -> str:
+    return f"mean token log-probs, reference-free; lambda {method_settings.get('orpo_lambda')}"
 
 
 def settings(run_config: Optional[dict], defaults: dict[str, Any]) -> dict[str, Any]:

@@ -18,12 +18,12 @@ accumulation, as DPO's loss does here: one marker label per pair).  Rewards are 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from trnqwen.methods import pairs
+from trnqwen.methods.pairs import PairTerms
 
 # what an ORPO batch carries beside input/positions (``orpo_slots``: zeros [pairs per row, 2], whose
 # shape gives the loss the row's pair slots without reading a value off the device)
@@ -40,13 +40,15 @@ def log1mexp(x: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class OrpoTerms:
-    losses: torch.Tensor  # [n] per present pair (with grad)
+class OrpoTerms(PairTerms):
+    """The loss and rewards (``lambda * logp``) per pair, and ORPO's own values (what its meter sums)."""
+
     nll: torch.Tensor  # -logp_c
     log_odds: torch.Tensor
     log_odds_ratio: torch.Tensor  # log sigmoid(log_odds)
-    chosen_rewards: torch.Tensor  # lambda * logp_c
-    rejected_rewards: torch.Tensor
+
+
+TERMS = OrpoTerms
 
 
 def orpo_terms(sums: torch.Tensor, counts: torch.Tensor, *, lam: float) -> OrpoTerms:
@@ -58,34 +60,19 @@ def orpo_terms(sums: torch.Tensor, counts: torch.Tensor, *, lam: float) -> OrpoT
     log_odds = (chosen - rejected) - (log1mexp(chosen) - log1mexp(rejected))
     ratio = F.logsigmoid(log_odds)
     nll = -chosen
-    losses = nll - lam * ratio
-    return OrpoTerms(losses, nll.detach(), log_odds.detach(), ratio.detach(), lam * chosen.detach(),
-                     lam * rejected.detach())
+    return OrpoTerms(losses=nll - lam * ratio, chosen_rewards=lam * chosen.detach(),
+                     rejected_rewards=lam * rejected.detach(), nll=nll.detach(), log_odds=log_odds.detach(),
+                     log_odds_ratio=ratio.detach())
 
 
-class Meter(pairs.Meter):
-    """The ORPO values summed over a step (or a validation pass), reduced across ranks at log time."""
-
-    def __init__(self) -> None:
-        super().__init__(("nll", "log_odds_ratio", "log_odds", "rewards_chosen", "rewards_rejected", "accuracy",
-                          "loss"))
-
-    def add(self, terms: OrpoTerms) -> None:
-        self.add_values({"nll": terms.nll, "log_odds_ratio": terms.log_odds_ratio, "log_odds": terms.log_odds,
-                         "rewards_chosen": terms.chosen_rewards, "rewards_rejected": terms.rejected_rewards,
-                         "accuracy": (terms.chosen_rewards > terms.rejected_rewards).float(),
-                         "loss": terms.losses})
-
-    def reduce(self, all_reduce=None) -> Optional[dict[str, float]]:
-        values = super().reduce(all_reduce)
-        if values is not None:
-            values["margin"] = values["rewards_chosen"] - values["rewards_rejected"]
-        return values
+def terms_fn(*, lam: float) -> pairs.TermsFn:
+    """The loss of a forward (:func:`trnqwen.methods.pairs.batch_terms`); the batch's stored values
+    (zeros) only give the row's pair slots."""
+    return lambda sums, counts, _slots: orpo_terms(sums, counts, lam=lam)
 
 
 def titan_rows(dataset):
     """The torchtitan dataloader's rows of a preference cache for ORPO (``TokenCacheDataLoader.Config.rows``):
     the pairs' targets, segments and slots beside input/positions, one label per pair (:class:`~trnqwen.methods.orpo.titan.ORPOHook`
     takes them out).  No stored per-pair values: ORPO has no reference."""
-    for _row, (ids, positions, targets, segments, slots, markers) in pairs.read_pairs(dataset.split, dataset.stream):
-        yield pairs.titan_sample(ids, positions, markers, dict(zip(KEYS, (targets, segments, slots))))
+    yield from pairs.titan_rows(dataset, KEYS)

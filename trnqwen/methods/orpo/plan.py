@@ -13,8 +13,8 @@ from typing import Optional
 
 from trnqwen.config import RunConfig
 from trnqwen.dataset.cache import RankData
-from trnqwen.errors import UsageError
 from trnqwen.methods.base import MethodPlan
+from trnqwen.methods.pair_plan import refuse_unsupported, rows_lines
 
 NAME = "orpo"
 IMPORTS = ["from trnqwen.methods.orpo.titan import ORPOHook, orpo_loss_config"]
@@ -34,29 +34,18 @@ def spec_from_config(cfg: RunConfig) -> Optional[OrpoSpec]:
 
 def check(cfg: RunConfig) -> None:
     """Refuse an ORPO run that cannot be one, with what to do instead."""
-    if getattr(cfg, "method", None) != NAME:
-        return
-    if cfg.backend == "nki-moe":
-        raise UsageError(
-            "--method orpo runs on hf-v5, native and hf-trainer; nki-moe's kernels are not wired to the ORPO loss yet",
-            hint="use --backend native for a Qwen3-MoE (docs/moe.md) or a dense model on hf-v5",
-        )
-    if cfg.train_on_inputs:
-        raise UsageError("--train-on-inputs has no meaning with --method orpo: only the answers are compared",
-                         hint="drop --train-on-inputs")
+    if getattr(cfg, "method", None) == NAME:
+        refuse_unsupported(cfg, NAME)
 
 
 def render_lines(spec: OrpoSpec, *, validates: bool) -> list[str]:
     """The config function's lines: ORPO's loss and the dataloaders' pair rows."""
-    lines = [
+    return [
         "# ORPO: the chosen answers' NLL plus lambda x the odds-ratio term, mean over the step's pairs",
         "# (reference-free: no reference pass).",
         f"config.loss = orpo_loss_config(lam={spec.lam!r})",
-        f"config.dataloader.rows = {ROWS!r}",
+        *rows_lines(ROWS, validates=validates),
     ]
-    if validates:
-        lines.append(f"config.validator.dataloader.rows = {ROWS!r}")
-    return lines
 
 
 def plan(cfg: RunConfig, assets_dir: Path, rank_data: Optional[RankData], *, device_type: str, dp_degree: int, steps: int,

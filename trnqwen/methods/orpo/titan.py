@@ -12,60 +12,36 @@ protocol of :mod:`trnqwen.runtime.trainer`; each a no-op when the loss is not OR
   margin and accuracy, summed over every rank, go to TensorBoard/W&B and the metrics stream
   (``orpo/...``) and to one ``[ORPO]`` line after the step line.
 
-No ``after_checkpoint_load``: ORPO has no reference, so nothing runs before step 1.  The batch's
-``labels`` mark one position per pair (:func:`trnqwen.methods.pairs.pair_markers`), so
-torchtitan's ``sum / global_valid_tokens`` makes the logged loss the mean ORPO loss over every
-pair of the step.
+No ``after_checkpoint_load``: ORPO has no reference, so nothing runs before step 1.  What every
+preference method does the same (staging the batch, the pair mean, the meters, the values) is
+:mod:`trnqwen.methods.pair_titan`'s; here only what is ORPO's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
 
-if TYPE_CHECKING:
-    from torchtitan.trainer import Trainer
-
-import torch
 from torchtitan.components.loss import BaseLoss
 
-from trnqwen.methods.orpo.loss import KEYS, METRICS, Meter, orpo_terms
-from trnqwen.methods.pairs import segment_logps, sum_over_ranks
-from trnqwen.runtime.trainer import TrainerHook
+from trnqwen.methods.orpo import loss as arith
+from trnqwen.methods.pair_titan import PairHook, PairLoss
 
 MARK = "[ORPO]"
 
 
-class ORPOLoss(BaseLoss):
+class ORPOLoss(PairLoss):
     """torchtitan loss: the mean ORPO loss over the step's pairs (see the module doc)."""
+
+    NAME = "ORPO"
+    ARITH = arith
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseLoss.Config):
         lam: float = 0.1
         """lambda: the odds-ratio term's weight beside the chosen answers' NLL."""
 
-    def __init__(self, config: Config, *, compile_config: Any = None) -> None:
-        self.config = config
-        self.batch: Optional[dict[str, torch.Tensor]] = None
-        self.mode = "train"
-        self.meters = {"train": Meter(), "val": Meter()}
-
-    def stage(self, extras: dict[str, torch.Tensor], mode: str) -> None:
-        self.batch, self.mode = extras, mode
-
-    def __call__(self, pred, labels, global_valid_tokens=None, **kwargs):
-        del labels, kwargs
-        batch, self.batch = self.batch, None
-        if batch is None:
-            raise RuntimeError("the ORPO loss ran without its pairs: the batch did not come from a preference token cache")
-        targets, segments, slots = (batch[k].to(pred.device) for k in KEYS)
-        sums, counts = segment_logps(pred, targets, segments, slots.shape[1])
-        terms = orpo_terms(sums, counts, lam=self.config.lam)
-        self.meters[self.mode].add(terms)
-        loss = terms.losses.sum()
-        if global_valid_tokens is not None:  # = the step's pairs on every rank (one marker per pair)
-            loss = loss / global_valid_tokens
-        return loss, {}
+    def terms_fn(self):
+        return arith.terms_fn(lam=self.config.lam)
 
 
 def orpo_loss_config(*, lam: float) -> ORPOLoss.Config:
@@ -76,43 +52,18 @@ def orpo_loss_config(*, lam: float) -> ORPOLoss.Config:
 def format_line(step: int, values: dict[str, float], *, validate: bool = False) -> str:
     """``[ORPO] step: 3  nll: ...  log_odds_ratio: ...  ...  pairs: 8`` (the validation's adds its loss)."""
     text = f"{MARK} {'validate ' if validate else ''}step: {step}  " + "  ".join(
-        f"{k}: {values[k]:.6f}" for k in METRICS)
+        f"{k}: {values[k]:.6f}" for k in arith.METRICS)
     if validate:
         text += f"  orpo_loss: {values['loss']:.6f}"
     return text + f"  pairs: {int(values['pairs'])}"
 
 
-class ORPOHook(TrainerHook):
-    """ORPO's trainer hook (:class:`trnqwen.runtime.trainer.TrainerHook`): each a no-op when the
-    run's loss is not :class:`ORPOLoss`."""
+class ORPOHook(PairHook):
+    """ORPO's trainer hook: :class:`~trnqwen.methods.pair_titan.PairHook` with ORPO's loss, values and line."""
 
     name = "orpo"
-    method = True
-
-    def __init__(self) -> None:
-        self.loss: Optional[ORPOLoss] = None
-        self.last: dict[str, Optional[dict[str, float]]] = {}
-
-    def on_init(self, trainer: Trainer) -> None:
-        if isinstance(trainer.loss_fn, ORPOLoss):
-            self.loss = trainer.loss_fn
-
-    def on_batch(self, trainer: Trainer, input_dict: dict, mode: str) -> None:
-        extras = {k: input_dict.pop(k) for k in KEYS if k in input_dict}
-        if extras and isinstance(trainer.loss_fn, ORPOLoss):
-            self.loss = trainer.loss_fn
-            trainer.loss_fn.stage(extras, mode)
-
-    def step_values(self, trainer: Trainer, mode: str) -> dict[str, float]:
-        loss = self.loss if self.loss is not None else (
-            trainer.loss_fn if isinstance(getattr(trainer, "loss_fn", None), ORPOLoss) else None)
-        values = loss.meters[mode].reduce(sum_over_ranks) if loss is not None else None
-        self.last[mode] = values
-        return {k: values[k] for k in METRICS} if values else {}
-
-    def log_lines(self, step: int, mode: str) -> list[str]:
-        values = self.last.get(mode)
-        return [format_line(step, values, validate=mode == "val")] if values else []
+    LOSS = ORPOLoss
+    format_line = staticmethod(format_line)
 
     def describe(self) -> dict[str, str]:
         return {
