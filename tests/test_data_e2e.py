@@ -52,22 +52,44 @@ type = "prompt-completion"
 """)
     env = {"XDG_CACHE_HOME": str(root / "cache")}
     common = ["--model", "builtin:tiny-qwen3", "--assets", str(tiny), "--device", "cpu", "--nproc-per-node", "1",
-              "--seq-len", "256", "--backend", "native"]
+              "--seq-len", "256"]
     plan = run_subprocess("train", *common, "--steps", "3", "--dry-run", "--json", cwd=root, env=env, timeout=600)
-    r = run_subprocess("train", *common, "--steps", "3", "--lr", "1e-3", "--finetune", "--val-every", "3", "--json",
-                       cwd=root, env=env, timeout=900)
-    return root, plan, r, env
+    runs = {}
+    for backend in ("hf-trainer", "native"):  # native last: eval's LAST run
+        runs[backend] = run_subprocess(
+            "train", *common, "--backend", backend, "--steps", "3", "--lr", "1e-3", "--finetune", "--val-every", "3",
+            "--checkpoint-dir", f"ckpt-{backend}", "--json", cwd=root, env=env, timeout=900)
+    return root, plan, runs, env
+
+
+def _losses(result) -> dict[int, float]:
+    from trnqwen.logs.parse import parse_step_line
+
+    log = (Path(json.loads(result.out)["run_dir"]) / "train.log").read_text()
+    return {m["step"]: m["loss"] for m in map(parse_step_line, log.splitlines()) if m}
+
+
+def test_best_fit_rows_give_every_backend_the_same_losses(mixture_run):
+    """The mixture's best-fit rows, in their seeded order, are one cache: torchtitan's native model and
+    transformers' Trainer train on the same batches, and their losses agree to 1e-5 (float32 on a CPU)."""
+    _, _, runs, _ = mixture_run
+    for backend, r in runs.items():
+        assert r.code == 0, f"{backend}:\n{r.text}"
+    native, trainer = _losses(runs["native"]), _losses(runs["hf-trainer"])
+    assert sorted(native) == sorted(trainer) == [1, 2, 3]
+    assert all(abs(trainer[s] - native[s]) / native[s] < 1e-5 for s in native), (native, trainer)
 
 
 def test_the_plan_and_run_json_give_each_sources_share(mixture_run):
-    root, plan, r, _ = mixture_run
+    root, plan, runs, _ = mixture_run
+    r = runs["native"]
     assert plan.code == 0, plan.text
     notes = [n for n in json.loads(plan.out)["notes"] if "mixture, share of the trained tokens" in n]
     assert len(notes) == 1 and "chats.jsonl 7" in notes[0] and "texts.jsonl 2" in notes[0]
     assert r.code == 0, r.text
-    from trnqwen.rundir import RunRecord, last_run_dir
+    from trnqwen.rundir import RunRecord
 
-    record = RunRecord.load(last_run_dir(root / ".trnqwen" / "runs"))
+    record = RunRecord.load(Path(json.loads(r.out)["run_dir"]))
     data = record.extra["data"]
     shares = [s["share"] for s in data["sources"]]
     assert abs(shares[0] - 0.75) <= 0.02 and abs(shares[1] - 0.25) <= 0.02, data
@@ -77,7 +99,8 @@ def test_the_plan_and_run_json_give_each_sources_share(mixture_run):
 
 
 def test_the_export_carries_the_template_and_eval_scores_the_runs_split(mixture_run):
-    root, _, r, env = mixture_run
+    root, _, runs, env = mixture_run
+    r = runs["native"]
     assert r.code == 0, r.text
     export = Path(json.loads(r.out)["exported"])
     assert (export / "chat_template.jinja").read_text() == SYSTEM_TEMPLATE
