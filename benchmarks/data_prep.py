@@ -7,6 +7,11 @@ template rendering and one batched call of the fast tokenizer.  Reported: record
 ``speedup`` = baseline seconds / trnqwen seconds (above 1 = trnqwen is faster), plus the whole
 ``prepare`` (read JSONL, detect, tokenize, pack, write the cache) for context.
 
+Second comparison, in the same run: the whole ``prepare`` against what a Hugging Face user writes,
+``datasets.load_dataset("json").map(apply_chat_template, num_proc=N)`` (tokens only, no mask, no
+packing), each in a fresh child process so that its time and peak memory (the resident memory
+of the process and its workers together) are its own.
+
 The records come from the bundled chat set's recipe, with new seeds up to ``--records``; the tokenizer is the
 built-in tiny model's (built here, offline) unless ``--assets`` points at a real snapshot.
 
@@ -14,6 +19,7 @@ Usage:
   .venv/bin/python benchmarks/data_prep.py                      # 20,000 conversations
   .venv/bin/python benchmarks/data_prep.py --records 2000 --repeats 1 --json
   .venv/bin/python benchmarks/data_prep.py --assets assets/hf/Qwen3-4B-Instruct-2507
+  .venv/bin/python benchmarks/data_prep.py --records 100000 --repeats 1 --num-proc 2   # vs datasets.map
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,6 +81,76 @@ def _prepare(assets: Path, conversations, seq_len: int, work: Path) -> float:
     return time.perf_counter() - start
 
 
+class _PeakMemory:
+    """The largest resident memory of this process and its workers together, sampled every 20 ms
+    (``ru_maxrss`` would not do: Linux keeps it across the exec that started this process)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import psutil
+
+        self.peak, self._stop = 0, threading.Event()
+        self._me = psutil.Process()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+
+        total = 0
+        for proc in [self._me, *self._me.children(recursive=True)]:
+            try:
+                total += proc.memory_info().rss
+            except psutil.Error:
+                pass
+        self.peak = max(self.peak, total)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self._sample()
+
+    def __enter__(self) -> "_PeakMemory":
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+
+def _child(mode: str, assets: Path, data: Path, seq_len: int, num_proc: int, work: Path) -> None:
+    """One measured job in this (fresh) process, its libraries imported first; prints {"seconds",
+    "peak_mb"} as JSON."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    from trnqwen.dataset.prepare import DataSettings, prepare
+
+    datasets.disable_caching()
+    with _PeakMemory() as memory:
+        start = time.perf_counter()
+        if mode == "prepare":
+            prepare(DataSettings(dataset=str(data), seq_len=seq_len), assets, work / f"cache-{time.time_ns()}")
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(str(assets))
+            table = datasets.load_dataset("json", data_files=str(data), split="train", cache_dir=str(work / "hf-cache"))
+            table.map(lambda r: dict(tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)),
+                      remove_columns=table.column_names, num_proc=num_proc if num_proc > 1 else None)
+        seconds = time.perf_counter() - start
+    print(json.dumps({"seconds": seconds, "peak_mb": memory.peak / 2**20}))
+
+
+def _measure(mode: str, assets: Path, data: Path, seq_len: int, num_proc: int, work: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", mode, "--assets", str(assets), "--data", str(data), "--seq-len",
+         str(seq_len), "--num-proc", str(num_proc), "--work", str(work)],
+        capture_output=True, text=True, check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=20_000, help="conversations to process")
@@ -81,7 +158,14 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--assets", type=Path, help="a model snapshot (default: the built-in tiny model)")
     ap.add_argument("--json", action="store_true", help="also print one JSON summary line")
+    ap.add_argument("--num-proc", type=int, default=2, help="datasets.map's worker processes (the comparison)")
+    ap.add_argument("--child", choices=("prepare", "datasets-map"), help=argparse.SUPPRESS)
+    ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        _child(args.child, args.assets, args.data, args.seq_len, args.num_proc, args.work)
+        return
 
     from trnqwen.dataset import chat
     from trnqwen.dataset.formats import Example
@@ -103,12 +187,25 @@ def main() -> None:
             base.append(_baseline(tokenizer, conversations))
             ours.append(_pipeline(tokenizer, examples, args.seq_len))
             whole.append(_prepare(assets, conversations, args.seq_len, work))
+        data = work / "chats.jsonl"  # what _prepare wrote
+        children = {mode: [] for mode in ("prepare", "datasets-map")}
+        for _ in range(args.repeats):
+            for mode in children:  # interleaved, each in a fresh process
+                children[mode].append(_measure(mode, assets, data, args.seq_len, args.num_proc, work))
+        data_mb = data.stat().st_size / 2**20
     b, o, w = statistics.median(base), statistics.median(ours), statistics.median(whole)
+    child = {mode: {key: statistics.median(run[key] for run in runs) for key in ("seconds", "peak_mb")}
+             for mode, runs in children.items()}
     n = args.records
     print(f"records                          {n:,}  (tokenizer: {'tiny model' if args.assets is None else assets})")
     print(f"baseline loop (tokens only)      {b:8.3f} s  {n / b:10,.0f} records/s")
     print(f"trnqwen render+mask+pack         {o:8.3f} s  {n / o:10,.0f} records/s   speedup x{b / o:.2f}")
     print(f"trnqwen prepare (read..write)    {w:8.3f} s  {n / w:10,.0f} records/s")
+    p, d = child["prepare"], child["datasets-map"]
+    print(f"a {data_mb:,.1f} MB JSONL, each in a fresh process:")
+    print(f"  trnqwen prepare                {p['seconds']:8.3f} s  peak {p['peak_mb']:8.1f} MB")
+    print(f"  datasets.map(apply_chat_template, num_proc={args.num_proc})"
+          f" {d['seconds']:8.3f} s  peak {d['peak_mb']:8.1f} MB   trnqwen x{d['seconds'] / p['seconds']:.2f} faster")
     if args.json:
         print(json.dumps({
             "benchmark": "data_prep",
@@ -120,6 +217,13 @@ def main() -> None:
             "trnqwen_records_per_s": round(n / o, 1),
             "speedup": round(b / o, 3),
             "ratio": round(o / b, 3),
+            "data_mb": round(data_mb, 2),
+            "prepare_child_s": round(p["seconds"], 4),
+            "prepare_peak_mb": round(p["peak_mb"], 1),
+            "datasets_map_s": round(d["seconds"], 4),
+            "datasets_map_peak_mb": round(d["peak_mb"], 1),
+            "datasets_map_num_proc": args.num_proc,
+            "speedup_vs_datasets_map": round(d["seconds"] / p["seconds"], 3),
         }))
 
 

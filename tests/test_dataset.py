@@ -301,10 +301,10 @@ def test_template_that_breaks_the_prefix_property_is_refused_with_the_record(tmp
 # --- packing ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("pack", [True, False])
-def test_row_invariants(tmp_path, tiny, pack):
+@pytest.mark.parametrize("pack,strategy", [(True, "best-fit"), (True, "sequential"), (False, "best-fit")])
+def test_row_invariants(tmp_path, tiny, pack, strategy):
     seq_len = 256
-    prepared = run(tmp_path, tiny, seq_len=seq_len, packing=pack)
+    prepared = run(tmp_path, tiny, seq_len=seq_len, packing=pack, packing_strategy=strategy)
     split = open_split(prepared.cache_dir, "train")
     pad = split.meta["pad_id"]
     assert split.input_ids.shape == split.labels.shape == split.positions.shape == (len(split), seq_len)
@@ -337,8 +337,8 @@ def _one(split, ids, labels, positions):
     return row
 
 
-def test_packing_uses_fewer_rows_and_keeps_order(tmp_path, tiny):
-    packed = run(tmp_path, tiny, seq_len=256)
+def test_sequential_packing_uses_fewer_rows_and_keeps_order(tmp_path, tiny):
+    packed = run(tmp_path, tiny, seq_len=256, packing_strategy="sequential")
     single = run(tmp_path, tiny, seq_len=256, packing=False)
     assert packed.report["sequences"] < single.report["sequences"] == single.report["kept"]
     assert packed.report["padding_fraction"] < single.report["padding_fraction"]

@@ -27,6 +27,7 @@ from trnqwen.fsutil import expand_user
 from trnqwen.naming import default_checkpoint_dir, model_name, model_slug  # noqa: F401 (also RunConfig's)
 from trnqwen.settings import ENV_PREFIX, Setting, flatten_settings, nest, setting, settings
 from trnqwen.methods import registry as methods
+from trnqwen.dataset.settings import flat_fields as data_fields  # mapping, [[datasets]], packing, template
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -84,12 +85,9 @@ class _RunFields(BaseModel):
     )
     dataset_split: str = setting("train", help="Hub dataset split.", panel="Data")
     train_on_inputs: bool = setting(False, help="Train on every token, not only the assistant answers.", panel="Data")
-    packing: bool = setting(
-        True, help="Pack conversations into --seq-len rows (--no-packing: one per row, padded).", panel="Data",
-    )
-    long_conversations: LongConversations = setting(
-        "truncate", help="Conversations longer than --seq-len: truncate or drop (counted either way).", panel="Data",
-    )
+    packing: bool = setting(True, help="Pack conversations into --seq-len rows (--no-packing: one per row, padded).", panel="Data")
+    long_conversations: LongConversations = setting("truncate", panel="Data",
+                                                    help="Conversations longer than --seq-len: truncate or drop (counted either way).")
     val_split: float = setting(
         0.0, ge=0.0, lt=1.0, allow_inf_nan=False, help="Fraction of records held out for validation, e.g. 0.05 (seeded).",
         shown_default="0", panel="Data",
@@ -143,8 +141,9 @@ class _RunFields(BaseModel):
     method: Method = setting(methods.DEFAULT, help=methods.help_text(), panel="Method")
 
 
-# every method's settings (from the registry) as flat fields right after ``method``: no line here per setting
-_WithMethodSettings = create_model("_WithMethodSettings", __base__=_RunFields, __module__=__name__, **METHOD_SETTINGS)
+# every method's settings (from the registry) right after ``method``, then the data settings of dataset/settings.py
+_WithMethodSettings = create_model("_WithMethodSettings", __base__=_RunFields, __module__=__name__, **METHOD_SETTINGS,
+                                   **data_fields())
 
 
 class RunConfig(_WithMethodSettings):
@@ -475,7 +474,7 @@ class ResolvedConfig:
             if row["field"] == "lr" and cfg.lr is None:
                 row["value"], row["source"] = default_lr(cfg)
             elif row["field"] == "steps" and cfg.steps is None:
-                if cfg.dataset:
+                if cfg.dataset or cfg.datasets:
                     row["source"] = f"default: {cfg.epochs or 1:g} epoch(s) of --dataset (counted when it is tokenized)"
                 else:
                     row["value"], row["source"] = DEFAULT_STEPS, "default without a dataset"

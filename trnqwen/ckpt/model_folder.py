@@ -6,7 +6,8 @@ every peer does:
 
   config.json              the base model's, with ``dtype`` set to the dtype the weights were saved in
   generation_config.json   the base model's (or one derived from config.json)
-  tokenizer files          copied from the base snapshot, the chat template included
+  tokenizer files          copied from the base snapshot, the chat template included (the run's
+                           --chat-template instead, when it trained with one)
   README.md                a short model card with Hub metadata (``base_model``, ``tags``) naming
                            the base model, dataset, steps, backend, final and validation loss
 
@@ -87,7 +88,26 @@ def complete_run_export(record: RunRecord, exported: Path) -> list[str]:
     if config.get("backend") == "nki-moe":  # the recipe cuts the model: the export is the cut one
         overrides = {"num_hidden_layers": config.get("moe_layers"), "num_experts": config.get("num_experts"),
                      "num_experts_per_tok": config.get("top_k")}
-    return complete_export(exported, Path(record.assets_dir), card_info(record), config_overrides=overrides)
+    written = complete_export(exported, Path(record.assets_dir), card_info(record), config_overrides=overrides)
+    return written + _trained_template(record, exported)
+
+
+def _trained_template(record: RunRecord, exported: Path) -> list[str]:
+    """A run trained with ``--chat-template``: that template into the export's tokenizer files, so the
+    served model is prompted as it was trained (the token cache keeps the text it rendered with)."""
+    from trnqwen.dataset.cache import read_meta
+    from trnqwen.dataset.template import export_template, resolve_template
+
+    text = None
+    cache = record.extra.get("dataset_cache")
+    if cache:
+        try:
+            text = read_meta(Path(cache)).get("chat_template")
+        except (OSError, ValueError):
+            text = None
+    if text is None and (record.config or {}).get("chat_template"):
+        text = resolve_template(record.config["chat_template"]).text
+    return export_template(exported, text) if text else []
 
 
 def last_validation(log_path: Path) -> Optional[dict[str, Any]]:

@@ -4,13 +4,14 @@ Examples:
   trnqwen data conversations.jsonl --model builtin:tiny-qwen3 --seq-len 256
   trnqwen data ./my_chats/ --val-split 0.05 --json | jq .trained_tokens
   trnqwen data org/dataset --dataset-split train --dataset-format sharegpt
+  trnqwen data chats.jsonl --field-messages dialog --roles user=human,assistant=bot   # its own names, mapped
 
 (each training method adds its own examples: ``Method.examples``)
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -32,8 +33,13 @@ from trnqwen.cli._options import (
     ValDatasetOpt,
     ValSplitOpt,
     given,
+    takes_settings,
 )
+from trnqwen.dataset.settings import MAPPING_KEYS
 from trnqwen.methods import registry
+
+# the data settings beyond one standard file (trnqwen/dataset/settings.py), as generated options
+OWN_SETTINGS = (*MAPPING_KEYS, "packing_strategy", "chat_template", "enable_thinking")
 
 HELP = "Check and tokenize a dataset with the model's chat template: formats, trained tokens, packing."
 EPILOG = """\
@@ -43,13 +49,16 @@ Examples:
   trnqwen data conversations.jsonl --model builtin:tiny-qwen3 --seq-len 256
   trnqwen data ./my_chats/ --val-split 0.05 --json | jq .trained_tokens
   trnqwen data org/dataset --dataset-split train --dataset-format sharegpt{method_examples}
+  trnqwen data chats.jsonl --field-messages dialog --roles user=human,assistant=bot   # its own names, mapped
 
+Several datasets mixed by weight: [[datasets]] tables in trnqwen.toml (docs/data.md).
 Uses the same code as `trnqwen train`: the tokenized cache it writes is the one training reads.
 Without DATASET, the dataset from the config (or the bundled calculator chat set) is used.
 Exit 0 ok, 2 bad data (one line naming the file and record), 3 a missing package.
 """.format(method_examples="".join(f"\n  {e.line}      # {e.what}" for e in registry.examples("data")))
 
 
+@takes_settings(only=OWN_SETTINGS)
 def data(
     dataset: Annotated[
         Optional[str],
@@ -74,6 +83,7 @@ def data(
     data_cache_dir: DataCacheDirOpt = None,
     config_file: ConfigFileOpt = None,
     json_out: JsonOpt = False,
+    settings: Optional[dict[str, Any]] = None,
 ) -> None:
     """Tokenize a dataset and report what will be trained."""
     from trnqwen import output
@@ -87,9 +97,10 @@ def data(
             dataset_split=dataset_split, packing=packing, long_conversations=long_conversations,
             train_on_inputs=train_on_inputs, val_split=val_split, val_dataset=val_dataset, seed=seed,
             answer_end=answer_end, data_cache_dir=data_cache_dir,
-        ),
+        ) | dict(settings or {}),
         config_file=config_file,
-        uses={*DataSettings.__dataclass_fields__, "data_cache_dir", "model", "assets_dir", "trust_remote_code"},
+        uses={*DataSettings.__dataclass_fields__, *OWN_SETTINGS, "datasets", "data_cache_dir", "model", "assets_dir",
+              "trust_remote_code"},
     )
     for warning in resolved.warnings:
         output.warn(warning)

@@ -207,6 +207,8 @@ def _type_text(annotation: Any) -> str:
     text = re.sub(r"Optional\[(.*)\]", r"\1 (optional)", text)
     text = re.sub(r"Literal\[(.*?)\]", lambda m: "one of " + m.group(1).replace("'", ""), text)
     text = text.replace("NoneType", "none")
+    text = re.sub(r"Annotated\[(.*?), BeforeValidator\(.*?\)\]", r"\1", text)  # a parser of flag text: the type is the first
+    text = text.replace("trnqwen.dataset.settings.", "")
     return re.sub(r"Annotated\[(\w+), FieldInfo\(.*?metadata=\[(\w+)\((\w+)=(\w+)\)\]\)\]",
                   lambda m: f"{m.group(1)} ({m.group(3)} {m.group(4)})", text)
 

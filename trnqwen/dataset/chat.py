@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any, Optional
 
 from trnqwen.dataset.encode import TokenizedDocs, tokenize  # noqa: F401  (the pipeline's next step)
 from trnqwen.assets import TOKENIZER_FILES, has_tokenizer
@@ -48,8 +49,10 @@ def tokenizer_files(assets_dir: Path) -> list[Path]:
     return [Path(assets_dir) / name for name in TOKENIZER_FILES if (Path(assets_dir) / name).is_file()]
 
 
-def load_tokenizer(assets_dir: Path):
-    """The snapshot's fast tokenizer (its chat template comes with it)."""
+def load_tokenizer(assets_dir: Path, template=None, context: Optional[dict[str, Any]] = None):
+    """The snapshot's fast tokenizer (its chat template comes with it, unless ``template``, a
+    :class:`trnqwen.dataset.template.ChatTemplate`, replaces it: checked first that it shows which
+    tokens are the answers, rendered with ``context``)."""
     assets_dir = Path(assets_dir)
     if not has_tokenizer(assets_dir):
         raise UsageError(
@@ -64,6 +67,11 @@ def load_tokenizer(assets_dir: Path):
     tokenizer = AutoTokenizer.from_pretrained(str(assets_dir), trust_remote_code=False)
     if not getattr(tokenizer, "is_fast", False):
         raise EnvironmentProblem(f"the tokenizer in {assets_dir} is not a fast tokenizer", hint="the snapshot needs tokenizer.json")
+    if template is not None:
+        from trnqwen.dataset.template import check_template, use_template
+
+        use_template(tokenizer, template)
+        check_template(tokenizer, template.name, context or {}, end_of_turn(tokenizer))
     return tokenizer
 
 
@@ -80,8 +88,10 @@ def end_of_text(tokenizer) -> str:
 # --- rendering --------------------------------------------------------------------------
 
 
-def render(tokenizer, examples: list[Example], *, train_on_inputs: bool) -> tuple[list[str], list[list[tuple[int, int]]]]:
-    """Each example's text and its trained character spans (see the module rule)."""
+def render(tokenizer, examples: list[Example], *, train_on_inputs: bool,
+           context: Optional[dict[str, Any]] = None) -> tuple[list[str], list[list[tuple[int, int]]]]:
+    """Each example's text and its trained character spans (see the module rule); ``context``:
+    extra template variables (``enable_thinking``)."""
     if examples and examples[0].text is not None:
         tail = end_of_text(tokenizer)
         texts = [ex.text + tail for ex in examples]
@@ -94,7 +104,8 @@ def render(tokenizer, examples: list[Example], *, train_on_inputs: bool) -> tupl
         )
     check_special_tokens(tokenizer, examples)
     conversations = [ex.messages for ex in examples]
-    texts = _render_batched(tokenizer, conversations, examples, generation_prompt=False)
+    context = dict(context or {})
+    texts = _render_batched(tokenizer, conversations, examples, generation_prompt=False, context=context)
     for example, text in zip(examples, texts):
         if example.uses_tools:
             _check_tools_rendered(example, text)
@@ -110,7 +121,8 @@ def render(tokenizer, examples: list[Example], *, train_on_inputs: bool) -> tupl
             if message["role"] == "assistant" and (m in examples[e].untrained) == train_on_inputs:
                 owners.append((e, m))
                 prefixes.append(messages[:m])
-    prefix_texts = _render_batched(tokenizer, prefixes, [examples[e] for e, _ in owners], generation_prompt=True)
+    prefix_texts = _render_batched(tokenizer, prefixes, [examples[e] for e, _ in owners], generation_prompt=True,
+                                   context=context)
     marker = end_of_turn(tokenizer)
     located: list[list[tuple[int, int]]] = [[] for _ in examples]
     for (e, m), prefix in zip(owners, prefix_texts):
@@ -200,8 +212,9 @@ def _answer_span(example: Example, m: int, full: str, prefix: str, marker: str, 
     return start, end
 
 
-def _render_batched(tokenizer, conversations: list, examples: list[Example], *, generation_prompt: bool) -> list[str]:
-    render_many = _batch_renderer(tokenizer)
+def _render_batched(tokenizer, conversations: list, examples: list[Example], *, generation_prompt: bool,
+                    context: dict[str, Any]) -> list[str]:
+    render_many = _batch_renderer(tokenizer, context)
     out: list[str] = []
     for lo in range(0, len(conversations), _BATCH):
         chunk = conversations[lo : lo + _BATCH]
@@ -210,11 +223,11 @@ def _render_batched(tokenizer, conversations: list, examples: list[Example], *, 
             out.extend(render_many(chunk, generation_prompt, [ex.tools for ex in chunk_examples]))
         except Exception:  # find the record that breaks the template, one by one
             for conversation, example in zip(chunk, chunk_examples):
-                out.append(_render_one(tokenizer, conversation, example, generation_prompt))
+                out.append(_render_one(tokenizer, conversation, example, generation_prompt, context))
     return out
 
 
-def _batch_renderer(tokenizer):
+def _batch_renderer(tokenizer, context: dict[str, Any]):
     """transformers' compiled template (the object ``apply_chat_template`` renders with) called
     directly.  Our messages are already plain ``{role, content}`` string dicts, so its per-call
     copying is not needed, and the template's globals are merged into the context once instead
@@ -231,11 +244,12 @@ def _batch_renderer(tokenizer):
         concat = compiled.environment.concat
     except (ImportError, AttributeError, TypeError):  # pragma: no cover - other transformers versions
         return lambda chunk, gen, tools: [
-            tokenizer.apply_chat_template(c, tools=t, tokenize=False, add_generation_prompt=gen) for c, t in zip(chunk, tools)
+            tokenizer.apply_chat_template(c, tools=t, tokenize=False, add_generation_prompt=gen, **context)
+            for c, t in zip(chunk, tools)
         ]
 
     def render_many(chunk, generation_prompt, tools):
-        fixed = {**base, "tools": None, "documents": None, "add_generation_prompt": generation_prompt, **extra}
+        fixed = {**base, "tools": None, "documents": None, "add_generation_prompt": generation_prompt, **extra, **context}
         return [
             concat(compiled.root_render_func(compiled.new_context({**fixed, "messages": messages, "tools": t}, shared=True)))
             for messages, t in zip(chunk, tools)
@@ -244,10 +258,10 @@ def _batch_renderer(tokenizer):
     return render_many
 
 
-def _render_one(tokenizer, conversation, example: Example, generation_prompt: bool) -> str:
+def _render_one(tokenizer, conversation, example: Example, generation_prompt: bool, context: dict[str, Any]) -> str:
     try:
         return tokenizer.apply_chat_template(conversation, tools=example.tools, tokenize=False,
-                                             add_generation_prompt=generation_prompt)
+                                             add_generation_prompt=generation_prompt, **context)
     except Exception as exc:  # jinja2 errors, raise_exception() in the template, type errors
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UsageError(

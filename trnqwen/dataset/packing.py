@@ -1,8 +1,9 @@
 """Documents -> fixed-shape rows of ``seq_len`` tokens (on Neuron every new shape recompiles).
 
-Packing puts whole documents back to back in their order and starts a new row when the next
-one does not fit (next-fit: deterministic, order-preserving, O(n)); ``packing=False`` gives one
-document per row.  A document is never split across rows: a conversation's answer must see its
+Packing fills rows best-fit-decreasing by default (:mod:`trnqwen.dataset.bestfit`: rows in a
+seeded order), or, with ``strategy="sequential"``, lays whole documents back to back in their
+order and starts a new row when the next one does not fit (next-fit: order-preserving, O(n));
+``packing=False`` gives one document per row.  A document is never split across rows: a conversation's answer must see its
 own context.  Inside a row (the cache contract, ``trnqwen/dataset/cache.py``):
 
 * ``labels[t]`` is the token at ``t + 1`` when that token is trained, else -100, and the last
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trnqwen.dataset.bestfit import best_fit_rows, next_fit_rows
 from trnqwen.dataset.cache import IGNORE_INDEX, SplitArrays
 from trnqwen.dataset.encode import TokenizedDocs
 
@@ -34,6 +36,7 @@ class Fitted:
     lengths: np.ndarray  # their token counts after truncation
     truncated: list[int] = field(default_factory=list)  # document indices
     dropped: dict[str, list[int]] = field(default_factory=dict)  # reason -> document indices
+    targets: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # every document's trained targets
 
 
 def fit_documents(docs: TokenizedDocs, seq_len: int, policy: str) -> Fitted:
@@ -64,7 +67,8 @@ def fit_documents(docs: TokenizedDocs, seq_len: int, policy: str) -> Fitted:
         dropped[f"no trained tokens within {seq_len} tokens"] = empty.tolist()
         truncated = [d for d in truncated if keep_mask[d]]
     keep = np.flatnonzero(keep_mask)
-    return Fitted(keep=keep, lengths=lengths[keep], truncated=truncated, dropped=dropped)
+    return Fitted(keep=keep, lengths=lengths[keep], truncated=truncated, dropped=dropped,
+                  targets=np.where(keep_mask, targets, 0))
 
 
 def fit_problems(noun: str, cut: str, truncated: list[int], dropped: dict[str, list[int]], where) -> list[str]:
@@ -86,29 +90,25 @@ def _targets_per_doc(docs: TokenizedDocs, lengths: np.ndarray) -> np.ndarray:
     return np.bincount(doc_of[counts], minlength=len(docs))
 
 
-def assign_rows(lengths: np.ndarray, seq_len: int, packing: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(row of each document, column where it starts): next-fit packing or one per row."""
+def assign_rows(lengths: np.ndarray, seq_len: int, packing: bool, strategy: str = "sequential",
+                seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(row of each document, column where it starts): best-fit or next-fit packing, or one per row."""
     if not packing:
         return np.arange(len(lengths)), np.zeros(len(lengths), dtype=np.int64)
-    rows = np.empty(len(lengths), dtype=np.int64)
-    cols = np.empty(len(lengths), dtype=np.int64)
-    row, fill = 0, 0
-    for i, n in enumerate(lengths.tolist()):
-        if fill + n > seq_len:
-            row, fill = row + 1, 0
-        rows[i], cols[i] = row, fill
-        fill += n
-    return rows, cols
+    if strategy == "best-fit":
+        return best_fit_rows(lengths, seq_len, seed)
+    return next_fit_rows(lengths, seq_len)
 
 
 def build_rows(
-    docs: TokenizedDocs, fitted: Fitted, doc_indices: np.ndarray, *, seq_len: int, packing: bool, pad_id: int
+    docs: TokenizedDocs, fitted: Fitted, doc_indices: np.ndarray, *, seq_len: int, packing: bool, pad_id: int,
+    strategy: str = "sequential", seed: int = 0,
 ) -> SplitArrays:
-    """The split made of documents ``doc_indices`` (a subset of ``fitted.keep``, in order)."""
+    """The split made of documents ``doc_indices`` (kept ones of ``fitted.keep``; a mixture may repeat one)."""
     where_kept = np.searchsorted(fitted.keep, doc_indices)
     lengths = fitted.lengths[where_kept].astype(np.int64)
-    rows, cols = assign_rows(lengths, seq_len, packing)
-    n_rows = int(rows[-1]) + 1 if len(rows) else 0
+    rows, cols = assign_rows(lengths, seq_len, packing, strategy, seed)
+    n_rows = int(rows.max()) + 1 if len(rows) else 0
     # Source token index of every kept token, and where it goes.
     src_start = docs.bounds[doc_indices]
     owner = np.repeat(np.arange(len(lengths)), lengths)

@@ -36,6 +36,7 @@ from trnqwen.dataset.preference_formats import (
     detect_preference_format,
     normalise_pairs,
 )
+from trnqwen.dataset.mixture import Part
 from trnqwen.dataset.sources import Source
 from trnqwen.errors import UsageError
 
@@ -74,7 +75,8 @@ def load_pairs(source: Source, forced: Optional[str], *, method: str) -> tuple[l
     return normalise_pairs(records, fmt), fmt, len(records)
 
 
-def render_pairs(tokenizer, pairs: list[PreferencePair], *, answer_end: str = "im_end") -> TokenizedDocs:
+def render_pairs(tokenizer, pairs: list[PreferencePair], context: Optional[dict[str, Any]] = None, *,
+                 answer_end: str = "im_end") -> TokenizedDocs:
     """Documents 2i (chosen) and 2i+1 (rejected): texts, answer-only trained flags, token ids.
 
     ``answer_end="im_end"``: each answer turn and the ``<|im_end|>`` closing it (the chat rule,
@@ -84,7 +86,7 @@ def render_pairs(tokenizer, pairs: list[PreferencePair], *, answer_end: str = "i
     from trnqwen.dataset.formats import Example
 
     examples = [Example(p.where, messages=p.conversation(side)) for p in pairs for side in ("chosen", "rejected")]
-    texts, spans = chat.render(tokenizer, examples, train_on_inputs=False)
+    texts, spans = chat.render(tokenizer, examples, train_on_inputs=False, context=context)
     # The prompt's own earlier assistant turns are context: keep only the answers' spans.
     for i, pair in enumerate(pairs):
         in_prompt = sum(1 for m in pair.prompt if m["role"] == "assistant")
@@ -126,22 +128,21 @@ def _first_trained(docs: TokenizedDocs, d: int) -> int:
 
 
 def build_pair_rows(docs: TokenizedDocs, fitted: FittedPairs, pair_indices: np.ndarray, *, seq_len: int,
-                    packing: bool, pad_id: int) -> tuple[SplitArrays, int]:
-    """The split made of pairs ``pair_indices`` (kept, in order) and the most pairs in a row."""
+                    packing: bool, pad_id: int, strategy: str = "sequential", seed: int = 0) -> tuple[SplitArrays, int]:
+    """The split made of pairs ``pair_indices`` (kept, in order) and the most pairs in a row.
+    Whole pairs are packed as documents are (``packing.assign_rows``: best-fit or sequential)."""
+    from trnqwen.dataset.packing import assign_rows
+
     ends = docs.bounds[1:].reshape(-1, 2)[pair_indices]
     starts = fitted.starts[pair_indices]
     lengths = (ends - starts).astype(np.int64)  # [n, 2]
     pair_len = lengths.sum(axis=1)
-    rows = np.empty(len(pair_indices), dtype=np.int64)
-    cols = np.empty(len(pair_indices), dtype=np.int64)
-    slots = np.empty(len(pair_indices), dtype=np.int64)
-    row, fill, slot = 0, 0, 0
-    for i, n in enumerate(pair_len.tolist()):
-        if i and (not packing or fill + n > seq_len):
-            row, fill, slot = row + 1, 0, 0
-        rows[i], cols[i], slots[i] = row, fill, slot
-        fill, slot = fill + n, slot + 1
-    n_rows = int(rows[-1]) + 1 if len(rows) else 0
+    rows, cols = assign_rows(pair_len, seq_len, packing, strategy, seed)
+    slots = np.zeros(len(pair_indices), dtype=np.int64)  # a pair's place in its row, by column
+    by_place = np.lexsort((cols, rows))
+    first = np.searchsorted(rows[by_place], rows[by_place], side="left")
+    slots[by_place] = np.arange(len(by_place)) - first
+    n_rows = int(rows.max()) + 1 if len(rows) else 0
 
     # Flatten to documents: chosen then rejected of each pair.
     doc_start = starts.reshape(-1)
@@ -173,43 +174,50 @@ def build_pair_rows(docs: TokenizedDocs, fitted: FittedPairs, pair_indices: np.n
     return split, int(slots.max()) + 1 if len(slots) else 0
 
 
-def write_pairs(settings, assets_dir: Path, cache_root: Path, key: str, source: Source,
-                val_source: Optional[Source], split_indices) -> Any:
-    """Read, render, fit, pack and write; returns (the cache folder, its report)."""
-    from trnqwen.dataset import chat
+def write_pairs(settings, assets_dir: Path, cache_root: Path, key: str, parts: list[Part],
+                val_source: Optional[Source], template=None) -> Any:
+    """Read (every part of a mixture: :mod:`trnqwen.dataset.mixture`), render, fit, pack and write;
+    returns (the cache folder, its report)."""
+    from trnqwen.dataset import chat, mixture
+    from trnqwen.dataset.template import template_context
 
-    pairs, fmt, n_records = load_pairs(source, settings.dataset_format, method=settings.method)
-    val_pairs: list[PreferencePair] = []
-    if val_source is not None:
-        val_pairs, _, val_records = load_pairs(val_source, fmt, method=settings.method)
-        n_records += val_records  # records = every record read, kept + dropped (as SFT's report counts)
-    train_idx, val_idx = split_indices(len(pairs), len(val_pairs), settings)
-    everything = pairs + val_pairs
-    tokenizer = chat.load_tokenizer(assets_dir)
-    docs = render_pairs(tokenizer, everything, answer_end=getattr(settings, "answer_end", "im_end"))
+    loaded = mixture.load_parts(parts, val_source, lambda source, fmt: load_pairs(source, fmt, method=settings.method),
+                                forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed)
+    n_records, val_idx, everything = loaded.records, loaded.val_idx, loaded.units  # records: kept + dropped, as SFT's
+    context = template_context(settings.enable_thinking)
+    tokenizer = chat.load_tokenizer(assets_dir, template, context)
+    docs = render_pairs(tokenizer, everything, context, answer_end=settings.answer_end)
     fitted = fit_pairs(docs, settings.seq_len, settings.long_conversations)
-    kept = set(fitted.keep.tolist())
-    train_pairs = np.array([i for i in train_idx.tolist() if i in kept], dtype=np.int64)
-    val_kept = np.array([i for i in val_idx.tolist() if i in kept], dtype=np.int64)
+    kept = np.zeros(len(everything), dtype=bool)
+    kept[fitted.keep] = True
+    pair_lengths = docs.lengths.reshape(-1, 2) - (fitted.starts - docs.bounds[:-1].reshape(-1, 2))
+    trained = np.add.reduceat(docs.trained.astype(np.int64), docs.bounds[:-1]).reshape(-1, 2).sum(axis=1)
+    train_pairs = mixture.select(parts, loaded, loaded.train_idx[kept[loaded.train_idx]], trained, settings.seed)
+    val_kept = val_idx[kept[val_idx]]
+    fmt, name = loaded.format, " + ".join(part.name for part in parts)
     if not len(train_pairs):
         raise UsageError(
-            f"dataset {source.name}: no preference pair fits in --seq-len {settings.seq_len}",
+            f"dataset {name}: no preference pair fits in --seq-len {settings.seq_len}",
             hint="raise --seq-len, or shorten the prompts",
         )
     if len(val_idx) and not len(val_kept):
         raise UsageError("every validation pair was dropped", hint="raise --seq-len or pick other validation data")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    build = dict(seq_len=settings.seq_len, packing=settings.packing, pad_id=int(pad_id))
+    build = dict(seq_len=settings.seq_len, packing=settings.packing, pad_id=int(pad_id),
+                 strategy=settings.packing_strategy, seed=settings.seed)
     splits, per_row = {}, {}
     for name, idx in (("train", train_pairs), ("val", val_kept)):
         if len(idx):
             splits[name], per_row[name] = build_pair_rows(docs, fitted, idx, **build)
     report = pair_report(settings, fmt, n_records, docs, everything, fitted, splits, train_pairs, len(val_kept))
-    report["source"] = source.name
+    report.update(mixture.report(parts, loaded, train_pairs, pair_lengths.sum(axis=1), trained, packing=settings.packing,
+                                 strategy=settings.packing_strategy, seq_len=settings.seq_len, template=template))
+    report["source"] = name
     directory = cache.write_cache(
         cache_root, key, splits, seq_len=settings.seq_len, packing=settings.packing, pad_id=int(pad_id),
         eos_id=tokenizer.convert_tokens_to_ids(chat.end_of_turn(tokenizer)),
-        extra_meta={"format": fmt, "source": source.name, "report": report, "method": settings.method,
+        extra_meta={"format": fmt, "source": name, "report": report, "method": settings.method,
+                    "chat_template": template.text if template else None,
                     "pairs": {name: int(len(idx)) for name, idx in (("train", train_pairs), ("val", val_kept)) if len(idx)},
                     "pairs_per_row": per_row, "settings": {**settings.__dict__}},
     )

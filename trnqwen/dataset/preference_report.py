@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from trnqwen.dataset.report import OPEN, CLOSE, sample_text
+from trnqwen.dataset.report import LAYOUTS, OPEN, CLOSE, print_mapping, sample_text, source_rows
 
 
 def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     reasons = report.get("dropped_reasons") or {}
     dropped = f"{report['dropped']:,}" + (f" ({'; '.join(f'{n} {r}' for r, n in reasons.items())})" if reasons else "")
-    layout = "pairs packed" if report.get("packing", True) else "one pair per row"
+    strategy = report.get("packing_strategy")
+    layout = "one pair per row" if not report.get("packing", True) else f"pairs {LAYOUTS.get(strategy or '', 'packed')}"
+    sequential = report.get("sequential_padding_fraction")
     return [
         ("format", report["format"]),
         ("records", f"{report['records']:,}"),
@@ -21,7 +23,9 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("chosen tokens", f"{report['chosen_tokens']:,}"),
         ("rejected tokens", f"{report['rejected_tokens']:,}"),
         ("sequences", f"{report['sequences']:,} x {report.get('seq_len', '?')} tokens, {layout}"),
-        ("padding", f"{report['padding_fraction']:.1%}"),
+        ("padding", f"{report['padding_fraction']:.1%}" + (f" (sequential packing: {sequential:.1%})"
+                                                            if sequential is not None else "")),
+        *source_rows(report),
     ]
 
 
@@ -42,6 +46,8 @@ def print_pair_report(prepared, *, dataset: str | None = None) -> None:
     out.print(table)
     for problem in report.get("problems", []):
         out.print(f"[yellow]note:[/yellow] {problem}", markup=True, highlight=False)
+    for mapped in report.get("mapping") or []:
+        print_mapping(out, mapped)
     markers = not out.is_terminal or out.no_color
     legend = f"compared text in {OPEN} {CLOSE}" if markers else "compared text highlighted"
     for side in ("chosen", "rejected"):

@@ -17,18 +17,20 @@ from typing import Any, Optional
 
 import numpy as np
 
-from trnqwen.dataset import cache
+from trnqwen.dataset import cache, mixture
 from trnqwen.dataset.formats import FORMATS, Example, detect_format, normalise
+from trnqwen.dataset.mapping import mapping_from, mapping_settings
 from trnqwen.dataset.sources import Source, resolve_source
+from trnqwen.dataset.template import ChatTemplate, resolve_template, template_context
 from trnqwen.errors import UsageError
 from trnqwen.fsutil import expand_user
 
 # Bump when the rendering/masking/packing rules change, so old caches are not reused.
-PIPELINE_VERSION = 2  # 2: "weight": 0, tools and tool turns (issue 28); a .txt BOM dropped
+PIPELINE_VERSION = 3  # 2: "weight": 0, tools and tool turns (issue 28); a .txt BOM dropped; 3: best-fit packing
 REPORT_KEYS = (
     "format", "records", "kept", "dropped", "truncated", "train_records", "tokens", "trained_tokens", "sequences",
     "padding_fraction", "val_records", "val_sequences", "val_tokens", "val_trained_tokens", "problems", "warnings",
-    "sample",
+    "sample", "sources", "mapping", "packing_strategy", "sequential_padding_fraction", "chat_template",
 )
 
 
@@ -56,20 +58,33 @@ class DataSettings:
     # the methods that train on preference pairs, named in the hints (``add --method X``); the caller
     # asks the registry (prepare_dataset's pair_methods): not part of the cache key
     pair_methods: tuple[str, ...] = ()
+    # trnqwen.dataset.settings: the one dataset's mapping (the keys set), several datasets (their tables),
+    # packing, the chat template
+    mapping: dict[str, Any] = field(default_factory=dict)
+    datasets: list[dict[str, Any]] = field(default_factory=list)
+    packing_strategy: str = "best-fit"
+    chat_template: Optional[str] = None
+    enable_thinking: Optional[bool] = None
 
     @classmethod
     def from_config(cls, cfg: Any) -> DataSettings:
         """From a RunConfig (fields missing on older configs keep their defaults)."""
         names = cls.__dataclass_fields__
         values = {name: getattr(cfg, name) for name in names if getattr(cfg, name, None) is not None}
+        values["mapping"] = mapping_settings(cfg)
+        values["datasets"] = [e.model_dump(exclude_none=True) if hasattr(e, "model_dump") else dict(e)
+                              for e in values.get("datasets") or []]
         return cls(**values)
 
     def key_fields(self) -> dict[str, Any]:
         out = dict(self.__dict__)
         out.pop("dataset")
         out.pop("val_dataset")  # their content is hashed instead of their names
+        out.pop("mapping")  # in each source's part of the key
+        out.pop("chat_template")  # its text is hashed instead of its name
+        out["datasets"] = [{k: v for k, v in entry.items() if k != "path"} for entry in self.datasets]
         out["dataset_format"] = self.dataset_format or "auto"
-        if not self.val_split:
+        if not self.seeded:
             out.pop("seed")
         out.pop("data_kind")  # the method names it (caches keep their keys)
         out.pop("pair_methods")
@@ -78,6 +93,11 @@ class DataSettings:
         if self.method == "sft":
             out.pop("method")  # SFT caches keep the keys they had before preference data existed
         return out
+
+    @property
+    def seeded(self) -> bool:
+        """Whether the seed changes the tokens: a held-out split, best-fit's row order, a mixture's choice."""
+        return bool(self.val_split or (self.packing and self.packing_strategy == "best-fit") or self.datasets)
 
 
 @dataclass
@@ -125,41 +145,51 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
         _check_cache_method(prepared, settings.method)
         check_cache_settings(settings, cache.read_meta(prepared.cache_dir), prepared.cache_dir)
         return prepared
-    dataset = settings.dataset
-    if dataset is None and settings.data_kind == "preference":
+    if settings.dataset is None and settings.data_kind == "preference" and not settings.datasets:
         from trnqwen.dataset.preference import bundled_pairs_path
 
-        dataset = str(bundled_pairs_path())
-    source = resolve_source(dataset, split=settings.dataset_split)
-    val_source = resolve_source(settings.val_dataset, split=settings.dataset_split) if settings.val_dataset else None
-    key = _key(settings, source, val_source, assets_dir)
+        settings = replace(settings, dataset=str(bundled_pairs_path()))
+    parts = resolve_parts(settings)
+    val_source = (resolve_source(settings.val_dataset, split=settings.dataset_split, mapping=mapping_from(settings.mapping))
+                  if settings.val_dataset else None)
+    template = resolve_template(settings.chat_template)
+    key = _key(settings, parts, val_source, assets_dir, template)
     # What the folders hold beside the data is not in the key: said afresh on every call.
-    warnings = [*source.skipped]
+    warnings = [note for part in parts for note in part.source.skipped]
     if val_source is not None:
-        warnings += [*val_source.skipped, *_same_data(source, val_source, settings.val_dataset)]
+        warnings += val_source.skipped
+        warnings += [w for part in parts for w in _same_data(part.source, val_source, settings.val_dataset)]
     found = cache.lookup(cache_root, key)
     if found is not None:  # built from the same bytes, maybe read from another path: this call's names win
-        report = {**cache.read_meta(found).get("report", {}), "source": source.name, "warnings": warnings}
+        report = {**cache.read_meta(found).get("report", {}), "source": _name(parts), "warnings": warnings}
         return PreparedData(found, key, True, report)
 
     if settings.data_kind == "preference":
         from trnqwen.dataset import preference
 
-        directory, report = preference.write_pairs(settings, assets_dir, cache_root, key, source, val_source, _split)
+        directory, report = preference.write_pairs(settings, assets_dir, cache_root, key, parts, val_source, template)
         return PreparedData(directory, key, False, {**report, "warnings": warnings})
-    examples, fmt, records = _examples(source, settings)
-    val_examples: list[Example] = []
-    if val_source is not None:
-        val_examples, _, val_records = _examples(val_source, settings, fmt)
-        records += val_records
-    train_idx, val_idx = _split(len(examples), len(val_examples), settings)
-
-    tokenizer = chat.load_tokenizer(assets_dir)
-    everything = examples + val_examples
-    texts, spans = chat.render(tokenizer, everything, train_on_inputs=settings.train_on_inputs)
+    loaded = mixture.load_parts(parts, val_source, lambda source, fmt: _examples(source, settings, fmt),
+                                forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed)
+    if len({ex.text is None for ex in loaded.units}) > 1:
+        raise UsageError(f"the datasets mix text records and conversations ({loaded.format})",
+                         hint="train text and chat data in separate runs, or write the text as prompt/completion")
+    context = template_context(settings.enable_thinking)
+    tokenizer = chat.load_tokenizer(assets_dir, template, context)
+    texts, spans = chat.render(tokenizer, loaded.units, train_on_inputs=settings.train_on_inputs, context=context)
     docs = chat.tokenize(tokenizer, texts, spans)
-    return _pack_and_write(settings, docs, everything, fmt, records, train_idx, val_idx, tokenizer, source,
-                           cache_root, key, warnings)
+    return _pack_and_write(settings, docs, loaded, parts, tokenizer, cache_root, key, warnings, template)
+
+
+def _name(parts: list[mixture.Part]) -> str:
+    """The data's name in the report: the dataset, or a mixture's joined."""
+    return " + ".join(part.name for part in parts)
+
+
+def resolve_parts(settings: DataSettings) -> list[mixture.Part]:
+    """The run's datasets as :class:`~trnqwen.dataset.mixture.Part` s (the launcher checks them too)."""
+    return mixture.resolve_parts(settings.dataset, settings.datasets, split=settings.dataset_split,
+                                 fmt=settings.dataset_format, mapping=settings.mapping)
 
 
 def _same_data(source: Source, val_source: Source, val_name: Optional[str]) -> list[str]:
@@ -223,8 +253,10 @@ def check_cache_settings(settings: Any, meta: dict[str, Any], cache_dir: Path) -
     recorded["seq_len"], recorded["packing"] = meta.get("seq_len", recorded["seq_len"]), meta.get("packing", recorded["packing"])
     recorded["dataset_format"] = meta.get("format") or recorded["dataset_format"]
     wrong = []
+    if settings.datasets or settings.mapping:
+        wrong.append("[[datasets]] or a mapping (a cache's records are already read)")
     for name in ("seq_len", "packing", "train_on_inputs", "long_conversations", "val_split", "val_dataset",
-                 "dataset_format", "dataset_split"):
+                 "dataset_format", "dataset_split", "packing_strategy", "chat_template", "enable_thinking"):
         value = getattr(settings, name)
         if name == "dataset_format" and value == "auto":
             value = None
@@ -262,11 +294,17 @@ def _check_settings(settings: DataSettings) -> None:
                          hint="drop --train-on-inputs")
 
 
-def _key(settings: DataSettings, source: Source, val_source: Optional[Source], assets_dir: Path) -> str:
+def _key(settings: DataSettings, parts: list[mixture.Part], val_source: Optional[Source], assets_dir: Path,
+         template: Optional[ChatTemplate]) -> str:
     from trnqwen.dataset.chat import tokenizer_files
 
     key = cache.ContentKey()
-    source.add_to_key(key, "data")
+    for i, part in enumerate(parts):
+        part.source.add_to_key(key, "data" if i == 0 else f"data{i}")
+        if part.val_source is not None:
+            part.val_source.add_to_key(key, f"val{i}")
+    if template is not None:
+        key.add_text("chat_template", template.text)
     if val_source is not None:
         val_source.add_to_key(key, "val")
     files = tokenizer_files(assets_dir)
@@ -303,50 +341,41 @@ def _examples(source: Source, settings: DataSettings, forced: Optional[str] = No
     return normalise(records, fmt), fmt, len(records)
 
 
-def _split(n_train: int, n_val_dataset: int, settings: DataSettings) -> tuple[np.ndarray, np.ndarray]:
-    """Indices into ``examples + val_examples`` for train and val (deterministic, seeded)."""
-    if n_val_dataset:
-        return np.arange(n_train), np.arange(n_train, n_train + n_val_dataset)
-    if not settings.val_split:
-        return np.arange(n_train), np.arange(0)
-    n_val = max(1, round(n_train * settings.val_split))
-    if n_val >= n_train:
-        raise UsageError(
-            f"--val-split {settings.val_split} leaves no training records out of {n_train}",
-            hint="use a smaller --val-split or more data",
-        )
-    order = np.random.default_rng(settings.seed).permutation(n_train)
-    return np.sort(order[n_val:]), np.sort(order[:n_val])
-
-
-def _pack_and_write(settings, docs, examples, fmt, n_records, train_idx, val_idx, tokenizer, source, cache_root, key,
-                    warnings):
+def _pack_and_write(settings, docs, loaded: mixture.Loaded, parts: list[mixture.Part], tokenizer, cache_root, key,
+                    warnings, template: Optional[ChatTemplate]):
     from trnqwen.dataset import packing
 
     fitted = packing.fit_documents(docs, settings.seq_len, settings.long_conversations)
-    kept = set(fitted.keep.tolist())
-    train_docs = np.array([d for d in train_idx.tolist() if d in kept], dtype=np.int64)
-    val_docs = np.array([d for d in val_idx.tolist() if d in kept], dtype=np.int64)
+    kept = np.zeros(len(docs), dtype=bool)
+    kept[fitted.keep] = True
+    train_docs = mixture.select(parts, loaded, loaded.train_idx[kept[loaded.train_idx]], fitted.targets, settings.seed)
+    val_docs = loaded.val_idx[kept[loaded.val_idx]]
+    name = _name(parts)
     if not len(train_docs):
         raise UsageError(
-            f"dataset {source.name}: no trained tokens left in any record within --seq-len {settings.seq_len}",
+            f"dataset {name}: no trained tokens left in any record within --seq-len {settings.seq_len}",
             hint="raise --seq-len, or use --long-conversations truncate with shorter prompts",
         )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    build = dict(seq_len=settings.seq_len, packing=settings.packing, pad_id=int(pad_id))
+    build = dict(seq_len=settings.seq_len, packing=settings.packing, pad_id=int(pad_id),
+                 strategy=settings.packing_strategy, seed=settings.seed)
     splits = {"train": packing.build_rows(docs, fitted, train_docs, **build)}
     if len(val_docs):
         splits["val"] = packing.build_rows(docs, fitted, val_docs, **build)
-    elif len(val_idx):
+    elif len(loaded.val_idx):
         raise UsageError("every validation record was dropped", hint="raise --seq-len or pick other validation data")
-    report = _report(settings, fmt, n_records, docs, examples, fitted, splits, train_docs, len(val_docs), tokenizer)
+    report = _report(settings, loaded.format, loaded.records, docs, loaded.units, fitted, splits, train_docs, len(val_docs),
+                     tokenizer)
+    tokens = np.minimum(docs.lengths, settings.seq_len)
+    report.update(mixture.report(parts, loaded, train_docs, tokens, fitted.targets, packing=settings.packing,
+                                 strategy=settings.packing_strategy, seq_len=settings.seq_len, template=template))
     report["warnings"] = warnings
-    report["source"] = source.name
+    report["source"] = name
     directory = cache.write_cache(
         cache_root, key, splits, seq_len=settings.seq_len, packing=settings.packing, pad_id=int(pad_id),
         eos_id=tokenizer.convert_tokens_to_ids(_eos_token(tokenizer)),
-        extra_meta={"format": fmt, "source": source.name, "report": report,
-                    "settings": {**settings.__dict__}},
+        extra_meta={"format": loaded.format, "source": name, "report": report,
+                    "settings": {**settings.__dict__}, "chat_template": template.text if template else None},
     )
     return PreparedData(directory, key, False, report)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trnqwen.dataset.cache import ContentKey
+from trnqwen.dataset.mapping import Mapping
 from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen.fsutil import broken_link, expand_user
 
@@ -40,22 +41,34 @@ class Source:
     split: str = "train"
     columns: list[str] | None = None  # Parquet / Hub: the columns, for "no recognised column" errors
     skipped: list[str] = field(default_factory=list)  # what a folder held that is not read, and why
+    mapping: Mapping | None = None  # the dataset's own names -> trnqwen's (trnqwen.dataset.mapping)
+    first_raw: Any = field(default=None, repr=False)  # the first record as read, before its mapping (the report)
     _hub_dataset: Any = field(default=None, repr=False)
 
     def add_to_key(self, key: ContentKey, label: str) -> None:
-        """Hash what the records are made of: file bytes, or the Hub dataset's fingerprint."""
+        """Hash what the records are made of: file bytes, or the Hub dataset's fingerprint, and the mapping."""
         if self.hub_name:
             fingerprint = getattr(self.hub_dataset(), "_fingerprint", None) or ""
             key.add_text(f"{label}:hub", f"{self.hub_name}\0{self.split}\0{fingerprint}")
         else:
             key.add_files(label, self.files)
+        if self.mapping is not None:
+            key.add_text(f"{label}:mapping", self.mapping.key_text())
+
+    def records(self) -> list[Record]:
+        """Every record, its mapping applied (the first one that does not fit it stops the run, named)."""
+        records = self._read()
+        if self.mapping is None or not records:
+            return records
+        self.first_raw = records[0].data
+        return [Record(self.mapping.apply(r.data, r.where), r.where) for r in records]
 
     def hub_dataset(self):
         if self._hub_dataset is None:
             self._hub_dataset = _load_hub(self.hub_name, self.split)
         return self._hub_dataset
 
-    def records(self) -> list[Record]:
+    def _read(self) -> list[Record]:
         if self.hub_name:
             ds = self.hub_dataset()
             self.columns = list(ds.column_names)
@@ -80,13 +93,14 @@ def bundled_chat_path() -> Path:
     return path
 
 
-def resolve_source(dataset: str | os.PathLike | None, *, split: str = "train") -> Source:
-    """``dataset`` (a path or Hub name; None = the bundled chat set) as a :class:`Source`."""
+def resolve_source(dataset: str | os.PathLike | None, *, split: str = "train", mapping: Mapping | None = None) -> Source:
+    """``dataset`` (a path or Hub name; None = the bundled chat set) as a :class:`Source`, its
+    records read through ``mapping``."""
     name = str(dataset) if dataset is not None else str(bundled_chat_path())
     path = expand_user(name)
     if path.exists():
         files, skipped = _local_files(path.resolve())
-        return Source(name=name, files=files, split=split, skipped=skipped)
+        return Source(name=name, files=files, split=split, skipped=skipped, mapping=mapping)
     link = broken_link(path)
     if link:  # a local path the user can see: never taken for a Hub name
         raise UsageError(f"dataset {name} is {link}", hint="point the link at the data, or pass the data's own path")
@@ -100,7 +114,7 @@ def resolve_source(dataset: str | os.PathLike | None, *, split: str = "train") -
             f"dataset {name!r} is neither a local file/folder nor a Hub dataset name",
             hint="pass a JSONL/JSON/Parquet/text file, a folder of them, or a Hub name like org/name",
         )
-    return Source(name=name, hub_name=name, split=split)
+    return Source(name=name, hub_name=name, split=split, mapping=mapping)
 
 
 def _local_files(path: Path) -> tuple[list[Path], list[str]]:

@@ -94,6 +94,11 @@ def reads_cache(dataset: Optional[str]) -> bool:
     return not streams_itself(dataset) or Path(str(dataset)).expanduser().exists()
 
 
+def data_name(cfg: RunConfig) -> Optional[str]:
+    """What the run's data is called: ``--dataset``, or its ``[[datasets]]`` paths joined."""
+    return cfg.dataset or (" + ".join(entry.path for entry in cfg.datasets) if cfg.datasets else None)
+
+
 def prepare_rank_data(cfg: RunConfig, assets_dir: Path) -> Optional[tuple[DataSpec, RankData]]:
     """(DataSpec, RankData) when the run reads a token cache, else None.
 
@@ -102,15 +107,15 @@ def prepare_rank_data(cfg: RunConfig, assets_dir: Path) -> Optional[tuple[DataSp
     :func:`trnqwen.dataset.prepare.prepare_dataset`, the code ``trnqwen data`` runs.
     """
     pairs = getattr(cfg, "data_kind", "chat") == "preference"  # its method reads pairs (trnqwen.methods.registry)
-    if not pairs and not reads_cache(cfg.dataset):
+    if not pairs and not cfg.datasets and not reads_cache(cfg.dataset):
         return None
-    if pairs and not cfg.dataset:  # the bundled preference set, as SFT data defaults to the bundled chats
+    if pairs and not cfg.dataset and not cfg.datasets:  # the bundled preference set, as SFT's bundled chats
         from trnqwen.dataset.preference import bundled_pairs_path
 
         cfg = cfg.model_copy(update={"dataset": str(bundled_pairs_path())})
-    path = Path(cfg.dataset).expanduser()
+    path = Path(cfg.dataset).expanduser() if cfg.dataset else None
     notes: list[str] = []
-    if is_prepared_cache(path):
+    if path is not None and is_prepared_cache(path):
         from trnqwen.dataset.prepare import check_cache_settings
 
         data = RankData.from_cache(path)
@@ -121,24 +126,46 @@ def prepare_rank_data(cfg: RunConfig, assets_dir: Path) -> Optional[tuple[DataSp
         from trnqwen.assets import has_tokenizer
 
         if not has_tokenizer(assets_dir):  # preflight reports the missing assets
-            from trnqwen.dataset.sources import resolve_source
+            from trnqwen.dataset.prepare import DataSettings, resolve_parts
 
-            resolve_source(cfg.dataset, split=cfg.dataset_split)  # a dataset that is not there still stops here
+            resolve_parts(DataSettings.from_config(cfg))  # a dataset that is not there still stops here
             notes.append(f"the dataset is tokenized when the run starts (no tokenizer in {assets_dir} yet)")
             data = RankData(cache_dir=Path("<tokenized-when-the-run-starts>"), seq_len=cfg.seq_len, train_rows=1,
                             val_rows=1 if cfg.val_every else 0)
-            return DataSpec(kind="cache", source=str(cfg.dataset), notes=notes), data
+            return DataSpec(kind="cache", source=str(data_name(cfg)), notes=notes), data
         prepared = prepare_dataset(cfg, assets_dir, pair_methods=methods.names_for_data("preference"))
         data = RankData.from_cache(prepared.cache_dir)
         notes += _report_notes(prepared.report)
-    check_run(data, seq_len=cfg.seq_len, val_every=cfg.val_every, from_cache=is_prepared_cache(path))
-    spec = DataSpec(kind="cache", source=str(cfg.dataset), data_files=[str(data.cache_dir)], notes=notes)
+    from_cache = path is not None and is_prepared_cache(path)
+    check_run(data, seq_len=cfg.seq_len, val_every=cfg.val_every, from_cache=from_cache)
+    spec = DataSpec(kind="cache", source=str(data_name(cfg)), data_files=[str(data.cache_dir)], notes=notes)
     return spec, data
+
+
+RECORDED = ("sources", "packing_strategy", "padding_fraction", "sequential_padding_fraction", "chat_template",
+            "trained_tokens", "sequences")
+
+
+def data_record(cache_dir: Optional[Path]) -> Optional[dict[str, Any]]:
+    """What run.json keeps of the data report: each source's records, tokens and share of the
+    trained tokens, the packing and its padding, the chat template (None without a cache)."""
+    from trnqwen.dataset.cache import read_meta
+
+    try:
+        report = read_meta(Path(cache_dir)).get("report") or {} if cache_dir is not None else None
+    except (OSError, ValueError):
+        return None
+    return {key: report[key] for key in RECORDED if key in report} if report is not None else None
 
 
 def _report_notes(report: dict[str, Any]) -> list[str]:
     """What preparing the data left out, said before training (never dropped silently)."""
     notes = [f"dataset: {warning}" for warning in report.get("warnings") or []]
+    sources = report.get("sources") or []
+    if len(sources) > 1:  # a mixture: each dataset's share of the trained tokens (run.json keeps the report's)
+        notes.append("dataset: mixture, share of the trained tokens: " + "; ".join(
+            f"{s['source']} {s['share']:.1%} ({s['train_records']:,} records, {s['trained_tokens']:,} trained tokens)"
+            for s in sources))
     dropped, truncated = int(report.get("dropped") or 0), int(report.get("truncated") or 0)
     if dropped or truncated:
         notes.append(

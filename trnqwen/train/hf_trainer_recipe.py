@@ -106,10 +106,10 @@ def _dataset_arg(cfg: RunConfig, rank_data: Optional[RankData] = None) -> tuple[
     A run that reads the token cache gets no dataset argument: its spec names the cache.  Any
     other run streams a torchtitan name (passed on) or the default corpus (None); resolving it
     here makes a bad one stop the run before torchrun starts."""
-    from trnqwen.train.cache_data import streamed_data
+    from trnqwen.train.cache_data import data_name, streamed_data
 
     if rank_data is not None:
-        return None, [], str(cfg.dataset)
+        return None, [], str(data_name(cfg))
     data = streamed_data(cfg)
     return cfg.dataset or None, list(data.notes), data.source
 

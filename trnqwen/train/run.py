@@ -48,6 +48,7 @@ from trnqwen.train.launch_result import LaunchResult
 from trnqwen.train.plan import TrainPlan
 from trnqwen.train.preflight import ERROR, INFO, WARNING, Finding, preflight
 from trnqwen.train.recipes import build_job
+from trnqwen.train.cache_data import data_record
 from trnqwen.train.status import StatusLine
 from trnqwen.train.resume import ResumePoint, refuse_changed_data, refuse_other_device, resume_command
 from trnqwen.train.schedule import Schedule
@@ -352,6 +353,7 @@ def create_run_dir(plan: TrainPlan) -> RunRecord:
             "launcher_pid": os.getpid(),
             # The token cache the ranks read (trnqwen eval finds the run's validation split here).
             "dataset_cache": str(plan.job.dataset_cache) if plan.job.dataset_cache else None,
+            "data": data_record(plan.job.dataset_cache),  # each source's share of the trained tokens, the packing
             "launcher_started_at": _process_start_time(),
             "resume_command": f"trnqwen train --resume {plan.run_id}",
         },

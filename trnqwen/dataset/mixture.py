@@ -1,0 +1,295 @@
+"""Several datasets in one run: each with its own format and mapping, mixed by weight or record count.
+
+A run reads one dataset (``--dataset``, with the flat mapping settings) or several
+(``[[datasets]]`` tables in trnqwen.toml, :class:`trnqwen.dataset.settings.DatasetEntry`).
+Each is a :class:`Part`: its :class:`~trnqwen.dataset.sources.Source` (read through its own
+mapping), its format, and how much of it is trained:
+
+* ``weight``: every part has one, and the trained tokens are shared as the weights say (3:1 gives
+  75% / 25% of the trained tokens).  The mix is the largest one in which no record repeats: the
+  part with the fewest trained tokens per unit of weight is taken whole, the others are sampled
+  down to their share (a seeded choice of records, the last one taken when it brings the share
+  closer);
+* ``records``: exactly that many records of the part (a seeded choice; a part with fewer
+  records is repeated, each pass in a new seeded order);
+* neither, on every part: every record of every part.
+
+Validation comes from each part: its ``val_split`` (a fraction held out, seeded, before mixing;
+or another split of the Hub dataset), ``--val-split`` for the parts that name none, or one
+``--val-dataset`` for the whole run.  Validation records are never weighted.
+
+The choice is seeded (``--seed``) and the parts, their mappings and weights are in the cache key,
+so a resumed run reads the same mixture.  The report gives each part's records, tokens and share
+of the trained tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+import numpy as np
+
+from trnqwen.dataset.mapping import Mapping, mapping_from
+from trnqwen.dataset.sources import Source, resolve_source
+from trnqwen.dataset.template import ChatTemplate
+from trnqwen.errors import UsageError
+
+FORMAT_ALIASES = {"chat_template": "messages"}  # axolotl's type names -> trnqwen's formats
+
+
+@dataclass
+class Part:
+    """One dataset of a run (see the module)."""
+
+    source: Source
+    format: Optional[str] = None  # forced; None = detected from its records
+    weight: Optional[float] = None
+    records: Optional[int] = None
+    val_split: Union[float, str, None] = None  # a fraction held out, or a Hub split
+    val_source: Optional[Source] = None  # that Hub split, resolved
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+
+@dataclass
+class Loaded:
+    """Every part's units (examples or pairs) read, one list, and which part and split each is in."""
+
+    units: list[Any]
+    part_of: np.ndarray  # per unit: its part, or -1 for --val-dataset's
+    train_idx: np.ndarray
+    val_idx: np.ndarray
+    formats: list[str]  # per part
+    records: int  # every record read (training and validation)
+    read: list[int] = field(default_factory=list)  # per part: records read
+
+    @property
+    def format(self) -> str:
+        distinct = list(dict.fromkeys(self.formats))
+        return distinct[0] if len(distinct) == 1 else "mixed: " + ", ".join(distinct)
+
+
+def resolve_parts(dataset: Optional[str], datasets: list[dict[str, Any]], *, split: str, fmt: Optional[str],
+                  mapping: dict[str, Any]) -> list[Part]:
+    """The run's parts: ``datasets`` (each ``[[datasets]]`` table) or the one ``dataset`` read through
+    the flat ``mapping`` settings; ``split`` and ``fmt``: --dataset-split and --dataset-format."""
+    entries = list(datasets or [])
+    flat = dict(mapping or {})
+    if not entries:
+        source = resolve_source(dataset, split=split, mapping=mapping_from(flat))
+        return [Part(source, format=_format(fmt))]
+    if dataset:
+        raise UsageError(
+            f"--dataset {dataset} and [[datasets]] tables both name the data",
+            hint="drop --dataset (or TRNQWEN_DATASET) to train on the [[datasets]] mixture, or remove the tables",
+        )
+    if flat:
+        raise UsageError(
+            f"{', '.join(sorted(flat))} set for the whole run, with [[datasets]] tables",
+            hint="put each dataset's mapping keys in its own [[datasets]] table",
+        )
+    weighted = [e for e in entries if e.get("weight") is not None]
+    counted = [e for e in entries if e.get("records") is not None]
+    if weighted and counted:
+        raise UsageError("[[datasets]] mixes weights and record counts",
+                         hint="give every dataset a weight, or every dataset a record count")
+    for sized in (weighted, counted):
+        if sized and len(sized) < len(entries):
+            missing = next(e["path"] for e in entries if e not in sized)
+            what = "weight" if sized is weighted else "records"
+            raise UsageError(f"[[datasets]]: {missing} has no {what}, the others do",
+                             hint=f"give every dataset a {what} (or none)")
+    return [_part(entry, split, fmt) for entry in entries]
+
+
+def _part(entry: dict[str, Any], split: str, fmt: Optional[str]) -> Part:
+    mapping: Optional[Mapping] = mapping_from(entry)
+    source = resolve_source(entry["path"], split=entry.get("split") or split, mapping=mapping)
+    val = entry.get("val_split")
+    val_source = None
+    if isinstance(val, str):
+        if not source.hub_name:
+            raise UsageError(f"[[datasets]] {entry['path']}: val_split = {val!r} names a Hub split, and this is a local dataset",
+                             hint="give a fraction (val_split = 0.05), or a Hub dataset")
+        val_source = resolve_source(entry["path"], split=val, mapping=mapping)
+    return Part(source, format=_format(entry.get("type") or fmt, entry["path"]), weight=entry.get("weight"), records=entry.get("records"), val_split=val,
+                val_source=val_source)
+
+
+def _format(name: Optional[str], where: str = "") -> Optional[str]:
+    from trnqwen.dataset.formats import FORMATS
+    from trnqwen.dataset.preference_formats import PREFERENCE_FORMATS
+
+    if name in (None, "auto"):
+        return None
+    fmt = FORMAT_ALIASES.get(name, name)
+    if fmt not in (*FORMATS, *PREFERENCE_FORMATS):
+        known = ", ".join(("auto", *FORMATS, *PREFERENCE_FORMATS, *FORMAT_ALIASES))
+        raise UsageError(f"[[datasets]] {where}: unknown type {name!r}", hint=f"one of: {known}")
+    return fmt
+
+
+def hold_out(n: int, fraction: float, seed: int, name: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """(training, validation) indices of ``n`` records with ``fraction`` held out (seeded, sorted)."""
+    if not fraction:
+        return np.arange(n), np.arange(0)
+    n_val = max(1, round(n * fraction))
+    if n_val >= n:
+        raise UsageError(
+            f"--val-split {fraction} leaves no training records out of {n}" + (f" in {name}" if name else ""),
+            hint="use a smaller --val-split or more data",
+        )
+    order = np.random.default_rng(seed).permutation(n)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+Reader = Callable[[Source, Optional[str]], tuple[list[Any], str, int]]
+
+
+def load_parts(parts: list[Part], val_source: Optional[Source], read: Reader, *, forced: Optional[str],
+               val_split: float, seed: int) -> Loaded:
+    """Read every part with ``read`` (records -> units, format, count) and split each into training
+    and validation units (the module's rule)."""
+    units: list[Any] = []
+    part_of: list[np.ndarray] = []
+    train: list[np.ndarray] = []
+    val: list[np.ndarray] = []
+    formats, read_counts = [], []
+    for i, part in enumerate(parts):
+        got, fmt, n_read = read(part.source, part.format or forced)
+        base = len(units)
+        units += got
+        formats.append(fmt)
+        part_of.append(np.full(len(got), i, dtype=np.int64))
+        if part.val_source is not None:
+            held, _, n_held = read(part.val_source, fmt)
+            units += held
+            n_read += n_held
+            part_of.append(np.full(len(held), i, dtype=np.int64))
+            train.append(base + np.arange(len(got)))
+            val.append(base + len(got) + np.arange(len(held)))
+        else:
+            fraction = part.val_split if isinstance(part.val_split, float) else (0.0 if val_source else val_split)
+            t, v = hold_out(len(got), fraction, seed, part.name if len(parts) > 1 else "")
+            train.append(base + t)
+            val.append(base + v)
+        read_counts.append(n_read)
+    if val_source is not None:
+        held, _, n_held = read(val_source, formats[0])
+        val.append(len(units) + np.arange(len(held)))
+        part_of.append(np.full(len(held), -1, dtype=np.int64))
+        units += held
+        read_counts.append(n_held)
+    return Loaded(units=units, part_of=np.concatenate(part_of), train_idx=np.concatenate(train),
+                  val_idx=np.concatenate(val), formats=formats, records=sum(read_counts), read=read_counts)
+
+
+def select(parts: list[Part], loaded: Loaded, kept: np.ndarray, trained: np.ndarray, seed: int) -> np.ndarray:
+    """The training units to pack (indices into ``loaded.units``, a unit repeated where a record
+    count asks for more than a part has): ``kept`` are the training units left after fitting,
+    ``trained[u]`` each unit's trained tokens.  Parts in order, each part's units in their order."""
+    chosen = []
+    for i, part in enumerate(parts):
+        mine = kept[loaded.part_of[kept] == i]
+        if part.records is not None:
+            chosen.append(_count(mine, part.records, _rng(seed, i)))
+        else:
+            chosen.append(mine)
+    if parts and parts[0].weight is not None:
+        totals = [float(trained[c].sum()) for c in chosen]
+        if not all(totals):
+            empty = parts[totals.index(0.0)].name
+            raise UsageError(f"dataset {empty} has no trained tokens left to mix", hint="check it with `trnqwen data`")
+        scale = min(total / part.weight for total, part in zip(totals, parts))
+        chosen = [_down_to(c, scale * part.weight, trained, _rng(seed, i)) for i, (c, part) in enumerate(zip(chosen, parts))]
+    return np.concatenate(chosen) if chosen else np.arange(0)
+
+
+def _rng(seed: int, part: int) -> np.random.Generator:
+    return np.random.default_rng([seed, part])
+
+
+def _count(units: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` of ``units``: a seeded choice, passes in new seeded orders when there are fewer."""
+    if not len(units):
+        return units
+    passes = [rng.permutation(units) for _ in range(-(-n // len(units)))]
+    return np.sort(np.concatenate(passes)[:n])
+
+
+def _down_to(units: np.ndarray, target: float, trained: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A seeded choice of ``units`` whose trained tokens come closest to ``target`` (all of them when short)."""
+    if float(trained[units].sum()) <= target + 0.5:
+        return units
+    order = rng.permutation(units)
+    cumulative = np.cumsum(trained[order])
+    k = int(np.searchsorted(cumulative, target))  # the first k+1 reach the target
+    if k < len(order) and (k == 0 or cumulative[k] - target < target - cumulative[k - 1]):
+        k += 1
+    return np.sort(order[:max(k, 1)])
+
+
+def part_report(parts: list[Part], loaded: Loaded, chosen: np.ndarray, tokens: np.ndarray,
+                trained: np.ndarray) -> list[dict[str, Any]]:
+    """Per part: records read, training records, tokens, trained tokens and share of the trained tokens."""
+    total = float(trained[chosen].sum()) or 1.0
+    out = []
+    for i, part in enumerate(parts):
+        mine = chosen[loaded.part_of[chosen] == i]
+        entry: dict[str, Any] = {
+            "source": part.name,
+            "format": loaded.formats[i],
+            "records": int(loaded.read[i]),
+            "train_records": int(len(mine)),
+            "tokens": int(tokens[mine].sum()),
+            "trained_tokens": int(trained[mine].sum()),
+            "share": round(float(trained[mine].sum()) / total, 4),
+        }
+        if part.weight is not None:
+            entry["weight"] = part.weight
+        if part.records is not None:
+            entry["requested_records"] = part.records
+        if part.source.mapping is not None:
+            entry["mapping"] = part.source.mapping.describe()
+        out.append(entry)
+    return out
+
+
+def report(parts: list[Part], loaded: Loaded, train_units: np.ndarray, tokens: np.ndarray, trained: np.ndarray, *,
+           packing: bool, strategy: str, seq_len: int, template: Optional[ChatTemplate]) -> dict[str, Any]:
+    """The data report's keys on the sources (each one's share of the trained tokens), their mappings,
+    the packing (and the padding sequential packing would leave) and the chat template.
+    ``tokens[u]``: a unit's tokens (a pair's: both sides)."""
+    from trnqwen.dataset.bestfit import next_fit_rows, padding_fraction
+
+    sequential = None
+    if packing and strategy != "sequential":
+        lengths = tokens[train_units]
+        sequential = round(padding_fraction(lengths, next_fit_rows(lengths, seq_len)[0], seq_len), 4)
+    return {
+        "sources": part_report(parts, loaded, train_units, tokens, trained),
+        "mapping": [_mapping_sample(part.source) for part in parts if part.source.mapping is not None],
+        "packing_strategy": strategy if packing else "none",
+        "sequential_padding_fraction": sequential,
+        "chat_template": template.name if template else None,
+    }
+
+
+def _mapping_sample(source: Source) -> dict[str, Any]:
+    """A source's mapping, and its first record before and after it (long strings cut for the report)."""
+    before = source.first_raw
+    after = source.mapping.apply(before, source.name) if before is not None else None
+    return {"source": source.name, "applied": source.mapping.describe(), "before": _short(before), "after": _short(after)}
+
+
+def _short(value: object, limit: int = 300) -> object:
+    if isinstance(value, str):
+        return value if len(value) <= limit else value[:limit] + "…"
+    if isinstance(value, dict):
+        return {k: _short(v, limit) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_short(v, limit) for v in value]
+    return value
