@@ -134,7 +134,7 @@ def _child(mode: str, assets: Path, data: Path, seq_len: int, num_proc: int, wor
         if mode == "prepare":
             prepare(DataSettings(dataset=str(data), seq_len=seq_len), assets, work / f"cache-{time.time_ns()}")
         else:
-            tokenizer = AutoTokenizer.from_pretrained(str(assets))
+            tokenizer = AutoTokenizer.from_pretrained(str(assets), trust_remote_code=False)
             table = datasets.load_dataset("json", data_files=str(data), split="train", cache_dir=str(work / "hf-cache"))
             table.map(lambda r: dict(tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)),
                       remove_columns=table.column_names, num_proc=num_proc if num_proc > 1 else None)
