@@ -103,7 +103,7 @@ def test_gpu_check_without_a_gpu_says_so(tmp_path):
 MEASURED = {
     "startup": "ratio",
     "data_prep": "ratio",
-    "inspect_logs": "benchmark",  # its summary's shape is its own (issue 28, item 19 reworks it)
+    "inspect_logs": "json_mb_s",  # the --json throughput on the first shape
     "fetch_throughput": "ratio_trnqwen_vs_hf",
     "verify_ckpt": "default_vs_cat",
     "eval_throughput": "shapes",
