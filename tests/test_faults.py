@@ -260,8 +260,10 @@ def small_tmpfs(tmp_path):
 @pytest.mark.slow
 def test_disk_full_during_export(fetched_tiny, small_tmpfs, tmp_path):
     ckpt = small_tmpfs / "ckpt"
+    # --no-disk-check: the preflight would refuse this disk up front (tests/test_disk_check.py); here
+    # the disk must fill for real, mid-export
     r = run_subprocess("train", *TINY, "--steps", "2", "--assets", str(fetched_tiny), "--finetune",
-                       "--checkpoint-dir", str(ckpt), cwd=tmp_path, timeout=600)
+                       "--checkpoint-dir", str(ckpt), "--no-disk-check", cwd=tmp_path, timeout=600)
     assert r.code == 1, r.text
     assert "Traceback" not in r.err
     error_lines = [line for line in r.err.splitlines() if line.startswith("Error:")]
