@@ -250,6 +250,9 @@ class RunConfig(_WithMethodSettings):
     partition: Optional[str] = setting(None, help="SLURM partition.", panel="Multi-node")
     time_limit: Optional[str] = setting(None, help="SLURM time limit, e.g. 4:00:00.", flags=("--time",), panel="Multi-node")
     image: Optional[str] = setting(None, help="Container image with trnqwen (k8s launcher).", panel="Multi-node")
+    k8s_secret: Optional[str] = setting(
+        None, help="k8s launcher: a Secret whose HF_TOKEN and WANDB_API_KEY keys (each optional) the pods get by "
+        "secretKeyRef; the values are never written into the manifest.", metavar="NAME", panel="Multi-node")
     k8s_api: K8sApi = setting(
         "trainjob", help="k8s launcher: trainjob (Kubeflow Trainer v2 TrainJob + TrainingRuntime) or pytorchjob "
         "(the v1 training operator).", panel="Multi-node",
@@ -368,9 +371,7 @@ class RunConfig(_WithMethodSettings):
 
     @property
     def resolved_checkpoint_dir(self) -> Path:
-        if self.checkpoint_dir is not None:
-            return self.checkpoint_dir
-        return default_checkpoint_dir(self.model, self.finetune)
+        return self.checkpoint_dir if self.checkpoint_dir is not None else default_checkpoint_dir(self.model, self.finetune)
 
     @property
     def data_kind(self) -> str:

@@ -28,6 +28,7 @@ DEFAULT_PVC = "trnqwen-shared"
 SHARED_MOUNT = "/shared"
 SHARED_VOLUME = "shared"
 SHM_VOLUME = "dshm"
+SECRET_KEYS = ("HF_TOKEN", "WANDB_API_KEY")  # what a pod may need from --k8s-secret: the Hub, W&B
 NODE_FAMILY = "trn2"  # the instance the defaults describe (trn2.48xlarge)
 _DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
@@ -139,8 +140,30 @@ def pod_basics(cfg: RunConfig, pvc: str) -> dict[str, Any]:
     return spec
 
 
-def env_list(env: dict[str, str]) -> list[dict[str, str]]:
-    return [{"name": k, "value": v} for k, v in env.items()]
+def env_list(env: dict[str, str], secret: Optional[str] = None) -> list[dict[str, Any]]:
+    """The container's ``env``: each setting by value, and with ``secret`` (``--k8s-secret``) each of
+    :data:`SECRET_KEYS` by ``secretKeyRef``, optional so that a Secret holding only one of them
+    works. A secret's value stays in the cluster: it is never written into the manifest."""
+    out: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in env.items()]
+    if secret:
+        out += [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
+                for key in SECRET_KEYS]
+    return out
+
+
+def secret_notes(cfg: RunConfig) -> list[str]:
+    """What the pods will lack without ``--k8s-secret``: W&B's key for ``--wandb``; the Hub token
+    for a gated model the pods would fetch. Empty when a Secret is named."""
+    if cfg.k8s_secret:
+        return []
+    make = "kubectl create secret generic trnqwen-secrets --from-literal={key}=... and pass --k8s-secret trnqwen-secrets"
+    notes = []
+    if cfg.wandb:
+        notes.append("--wandb: the pods get no WANDB_API_KEY, so W&B cannot log in; " + make.format(key="WANDB_API_KEY"))
+    if not cfg.is_builtin:
+        notes.append(f"the pods get no HF_TOKEN: fine when {cfg.model}'s files are already on the shared volume; "
+                     "for a gated or private model " + make.format(key="HF_TOKEN"))
+    return notes
 
 
 def copy(doc: Any) -> Any:

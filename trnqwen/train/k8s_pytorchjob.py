@@ -55,7 +55,7 @@ def manifest(
         # --resume auto: a pod the restart policy starts again continues its own run (exit 138 =
         # preempted after a checkpoint, Kubeflow's code for a retryable error).
         "command": ["bash", "-c", wrapper, "trnqwen-node", "trnqwen", "train", "--resume", "auto"],
-        "env": k8s_pod.env_list(env),
+        "env": k8s_pod.env_list(env, cfg.k8s_secret),
         "ports": [{"name": PORT_NAME, "containerPort": int(port)}],
         "volumeMounts": k8s_pod.volume_mounts(mount),
     }

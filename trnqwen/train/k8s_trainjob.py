@@ -139,7 +139,7 @@ def train_job(
     trainer: dict[str, Any] = {
         "image": image,
         "command": node_command(),
-        "env": k8s_pod.env_list(run_env(cfg, run_id=run_id, mount=mount)),
+        "env": k8s_pod.env_list(run_env(cfg, run_id=run_id, mount=mount), cfg.k8s_secret),
         "numNodes": int(cfg.nnodes),
         "numProcPerNode": k8s_pod.procs_per_node(cfg, neuron_devices),
     }

@@ -229,7 +229,7 @@ def explain_failure(error: Optional[str], *, nnodes: int, node_rank: int, run_di
 # --- the per-node command the schedulers run -------------------------------------------------
 
 # Fields that are decided per node or per launch, never copied from the submitting machine.
-_NOT_EXPORTED = {"launcher", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id", "partition", "time_limit", "image", "k8s_api"}
+_NOT_EXPORTED = {"launcher", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id", "partition", "time_limit", "image", "k8s_api", "k8s_secret"}
 
 
 def config_env(cfg: RunConfig, *, overrides: Optional[Mapping[str, Any]] = None) -> dict[str, str]:

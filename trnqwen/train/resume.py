@@ -25,7 +25,7 @@ from trnqwen.train import multinode
 # Fields a resumed run may take from the new command line: they do not change what is trained.
 MAY_CHANGE = frozenset({
     "steps", "time_limit", "nnodes", "nproc_per_node", "node_rank", "rdzv_endpoint", "rdzv_id",
-    "max_restarts", "partition", "image", "k8s_api", "launcher", "save_every", "keep_last", "grace_seconds",
+    "max_restarts", "partition", "image", "k8s_api", "k8s_secret", "launcher", "save_every", "keep_last", "grace_seconds",
     "compile_cache_dir", "runs_dir",  # where files go, not what is trained
     "device",  # only as another way to name the same kind of device: refuse_other_device
     "merge",  # LoRA: also write the merged folder at the end (after training; the adapter is the same)
