@@ -245,6 +245,12 @@ FAKE_RANK = textwrap.dedent(
     if mode == "crash" and rank == 1:
         time.sleep(1.0)
         raise ValueError("boom from rank 1: bad shard")
+    if mode in ("silent", "killed") and rank == 1:
+        time.sleep(1.0)
+        print("[titan] INFO - Saving a model only checkpoint at last step, step 16.", flush=True)
+        if mode == "killed":
+            os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer does
+        os._exit(1)  # no traceback, no message: what a native crash at exit looks like
     if mode == "crash":
         # When torchrun stops rank 0 after rank 1 died, rank 0 fails too, with a different error
         # that shows on the console first: noise, not the root cause.
@@ -380,6 +386,21 @@ def test_crashing_rank_reports_root_cause(tmp_path):
     assert record["env"]["HF_TOKEN"] == "***"
     for name in ("run.json", "command.sh"):
         assert "SECRET12345" not in (tmp_path / "runs" / "run-crash" / name).read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, how", [("silent", "exited with code 1 without a Python error"),
+                                       ("killed", "was killed by SIGKILL (the out-of-memory killer, or a kill -9)")])
+def test_a_rank_that_dies_without_a_word_is_named_with_where_it_stopped(tmp_path, mode, how):
+    """No traceback anywhere: the error names the rank torchrun saw fail first, how it ended and the
+    last line it logged, instead of 'no error message from the ranks'."""
+    proc = _start_driver(tmp_path, mode)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    record = json.loads((tmp_path / "runs" / f"run-{mode}" / "run.json").read_text())
+    assert record["status"] == "failed" and record["ended_by"] == "rank failure"
+    assert record["error"] == (f"rank 1 {how}; the last line it logged: "
+                               "[titan] INFO - Saving a model only checkpoint at last step, step 16."), record["error"]
 
 
 @pytest.mark.slow

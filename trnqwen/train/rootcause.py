@@ -147,3 +147,56 @@ def failure_cause(stream_lines: Sequence[str], rank_log_dir: Optional[Path] = No
         if cause:
             return cause
     return root_cause(stream_lines) or _cause_in_files(rank_log_files(rank_log_dir))
+
+
+_TORCHRUN_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+
+
+def silent_failure(stream_lines: Sequence[str], rank_log_dir: Optional[Path] = None) -> Optional[str]:
+    """What torchrun's failure summary says of a rank that ended without any error text: which
+    rank, its exit code or the signal that killed it, and the last line that rank logged (the
+    place it stopped). None when torchrun printed no summary."""
+    rank = local_rank = exitcode = None
+    after = False
+    for raw in stream_lines:
+        line = clean_line(raw)
+        if "Root Cause" in line:
+            after = True
+            continue
+        if not after:
+            continue
+        m = _TORCHRUN_ROOT_CAUSE_RANK.search(line)
+        if m and rank is None:
+            rank, local_rank = m.group(1), m.group(2)
+        m = _TORCHRUN_EXITCODE.search(line)
+        if m and exitcode is None:
+            exitcode = int(m.group(1))
+    if rank is None or exitcode is None:
+        return None
+    if exitcode < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        how = f"was killed by {name}" + (" (the out-of-memory killer, or a kill -9)" if name == "SIGKILL" else "")
+    else:
+        how = f"exited with code {exitcode} without a Python error"
+    last = _last_logged_line(rank_log_files(rank_log_dir, local_rank))
+    return f"rank {rank} {how}" + (f"; the last line it logged: {last}" if last else "")
+
+
+def _last_logged_line(files: Iterable[Path]) -> Optional[str]:
+    """The newest non-blank, non-warning line of a rank's logs (stdout and stderr: the later wins)."""
+    best: Optional[tuple[float, str]] = None
+    for path in files:
+        try:
+            lines = [clean_line(x).strip() for x in path.read_text(errors="replace").splitlines()]
+            mtime = path.stat().st_mtime
+        except OSError:
+            continue
+        lines = [x for x in lines if x and "Warning" not in x and not x.startswith(("warnings.warn", "if ", "torch."))]
+        if lines and (best is None or mtime > best[0]):
+            best = (mtime, lines[-1][:300])
+    return best[1] if best else None
