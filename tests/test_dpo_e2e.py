@@ -172,6 +172,63 @@ def test_the_export_loads_plainly_and_prefers_the_chosen_answers_more(dpo_runs, 
     assert val[STEPS]["margin"] > 0, val
 
 
+def _raw_pairs() -> list[tuple[list[dict], str, str]]:
+    """(context messages, chosen answer, rejected answer) read straight from the bundled JSONL, not
+    through trnqwen's readers: the check below must not share a swap or a mask bug with training."""
+    from trnqwen.data.preference_recipe import prefs_path
+
+    pairs = []
+    for line in prefs_path().read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        chosen, rejected = record["chosen"], record["rejected"]
+        context = record["prompt"] if isinstance(record["prompt"], list) else chosen[:-1]  # a whole conversation
+        assert chosen[-1]["role"] == rejected[-1]["role"] == "assistant"
+        pairs.append((context, chosen[-1]["content"], rejected[-1]["content"]))
+    return pairs[::3]  # 100 of the 300, every format among them (one forward each takes ~0.1 s here)
+
+
+def _raw_margins(model_dir: Path, pairs) -> list[float]:
+    """Summed log-prob of the chosen answer minus the rejected one's, per pair: plain transformers,
+    the model folder's own tokenizer and chat template, one unpacked forward per answer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    margins = []
+    with torch.no_grad():
+        for context, chosen, rejected in pairs:
+            prompt = tok(tok.apply_chat_template(context, add_generation_prompt=True, tokenize=False),
+                         add_special_tokens=False).input_ids
+            sums = []
+            for answer in (chosen, rejected):
+                target = tok(answer + "<|im_end|>", add_special_tokens=False).input_ids
+                logits = model(input_ids=torch.tensor([prompt + target])).logits[0, len(prompt) - 1:-1]
+                sums.append(float(torch.log_softmax(logits, -1).gather(1, torch.tensor(target)[:, None]).sum()))
+            margins.append(sums[0] - sums[1])
+    return margins
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_independent_forward_on_the_raw_pairs_sees_the_chosen_answers_gain(dpo_runs, backend):
+    """Item 26 of issue 34: a swap of chosen and rejected anywhere in trnqwen's data path would train
+    the model away from the chosen answers; this computation would then see the margin fall."""
+    r, _cwd = dpo_runs["runs"][backend]
+    assert r.code == 0, r.text[-4000:]
+    exported = Path(json.loads(r.out)["exported"])
+    pairs = _raw_pairs()
+    if "raw_base" not in dpo_runs:
+        dpo_runs["raw_base"] = _raw_margins(dpo_runs["assets"], pairs)
+    base = dpo_runs["raw_base"]
+    tuned = _raw_margins(exported, pairs)
+    base_acc = sum(m > 0 for m in base) / len(pairs)
+    tuned_acc = sum(m > 0 for m in tuned) / len(pairs)
+    gained = sum(t > b for t, b in zip(tuned, base)) / len(pairs)
+    print(backend, "raw pairs:", len(pairs), "accuracy", base_acc, "->", tuned_acc, "pairs whose margin grew", gained)
+    assert sum(tuned) / len(pairs) > sum(base) / len(pairs), (backend, sum(base), sum(tuned))
+    assert tuned_acc > base_acc and gained > 0.5, (backend, base_acc, tuned_acc, gained)
+
+
 def test_a_rerun_reuses_the_reference_and_a_preempted_run_resumes_exactly(dpo_runs):
     _r, reference_cwd = dpo_runs["runs"]["native"]
     cwd = dpo_runs["root"] / "resume"
