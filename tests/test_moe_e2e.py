@@ -131,9 +131,7 @@ def test_lora_on_the_moe_adapts_attention_only_and_verifies(tmp_path, backend):
 def test_eval_scores_base_and_each_export(runs):
     """``trnqwen eval`` loads every backend's MoE export and their base in one call; at lr 1e-12
     they all score the base's loss."""
-    work, _assets, _out, form = runs
-    if form != "local":
-        pytest.skip("eval reads either key form through from_pretrained: scored once")
+    work, _assets, _out, _form = runs  # both key forms: eval reads each through from_pretrained
     run_ids = sorted(d.name for d in (work / ".trnqwen" / "runs").iterdir() if d.is_dir())
     assert len(run_ids) == len(BACKENDS)
     res = run_subprocess("eval", *run_ids, "--dataset", str(DATA), "--json", cwd=work, timeout=600)
@@ -171,3 +169,60 @@ def test_a_dense_moe_mix_fine_tunes_and_round_trips(mix_runs, backend):
     res = run_subprocess("verify-ckpt", str(export), "--round-trip", "--json", cwd=work, timeout=300)
     assert res.code == 0, res.text[-3000:]
     assert json.loads(res.out)["round_trip"]["checked"] == "2 MoE layer(s) x 8 experts, top-2"
+
+
+# --- a MoE run that must learn (issue 34, item 27) ---------------------------------------------------
+# Every run above trains at lr 1e-12 and checks bit-equal exports: frozen experts or a frozen router
+# would pass them. Here 6 steps at a real rate, without weight decay (so a weight that moved had a
+# gradient), must move every expert and every router and lower the loss.
+
+LEARN_STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def learning_runs(tmp_path_factory):
+    work = tmp_path_factory.mktemp("moe-learn")
+    assets = write_tiny_moe(work / "tiny-moe")
+    out = {}
+    for backend in BACKENDS:
+        res = run_subprocess(
+            "train", "--finetune", "--assets", str(assets), "--backend", backend, "--dataset", str(DATA),
+            "--steps", str(LEARN_STEPS), "--lr", "2e-3", "--weight-decay", "0", "--warmup", "0", "--lr-schedule", "constant",
+            "--seq-len", "128", "--device", "cpu", "--nproc-per-node", "2", "--checkpoint-dir", str(work / f"ckpt-{backend}"),
+            cwd=work, env={"HF_HUB_OFFLINE": "1"}, timeout=900,
+        )
+        assert res.code == 0, res.text[-4000:]
+        out[backend] = (work / f"ckpt-{backend}" / "hf" / f"step-{LEARN_STEPS}", _last_log(work))
+    return {"assets": assets, "out": out}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_real_rate_moves_every_expert_and_router_and_lowers_the_loss(learning_runs, backend):
+    import re
+
+    import torch
+
+    assets, out = learning_runs["assets"], learning_runs["out"]
+    export, log = out[backend]
+    got, want = _tensors(export), _tensors(assets)
+    assert set(got) == set(want)
+    routers = [k for k in want if re.fullmatch(r"model\.layers\.\d+\.mlp\.gate\.weight", k)]
+    experts = [k for k in want if ".mlp.experts." in k]
+    assert len(routers) == 2 and len(experts) == 2 * 8 * 3, (routers, len(experts))
+    still = sorted(k for k in routers + experts if torch.equal(got[k], want[k]))
+    assert not set(still) & set(routers), (backend, still)  # every router learned
+    unmoved_experts = {k.rsplit(".", 2)[0] for k in still}
+    for layer in (0, 1):  # frozen experts would leave all 8 of a layer; a random router starves one or two
+        assert sum(e.startswith(f"model.layers.{layer}.") for e in unmoved_experts) <= 2, (backend, still)
+    # an expert moves only with its tokens: each that did not move kept all three weights, and the
+    # same ones stayed on every backend (same weights, same tokens, same routing); measured: layer 1's
+    # expert 5 gets no token in these 6 steps on all three
+    assert all(f"{e}.{w}.weight" in still for e in unmoved_experts for w in ("gate_proj", "up_proj", "down_proj")), still
+    learning_runs.setdefault("unmoved", {})[backend] = unmoved_experts
+    assert len({frozenset(v) for v in learning_runs["unmoved"].values()}) == 1, learning_runs["unmoved"]
+    from trnqwen.logs.parse import parse_step_line
+
+    losses = {m["step"]: m["loss"] for m in map(parse_step_line, log.splitlines()) if m}
+    assert sorted(losses) == list(range(1, LEARN_STEPS + 1)), losses
+    print(backend, "MoE losses", [round(losses[s], 4) for s in sorted(losses)])
+    assert losses[LEARN_STEPS] < losses[1] - 0.05, (backend, losses)
