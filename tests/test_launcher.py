@@ -263,6 +263,12 @@ FAKE_RANK = textwrap.dedent(
         print(f"[titan] INFO - \\x1b[31mstep: {step:2d}  \\x1b[32mloss: {8.0 / step:8.5f}  grad_norm: 1.5  "
               f"memory:  0.00GiB(0.00%)  tps: 1,234  tflops: 0.03  mfu: 0.01%\\x1b[39m", flush=True)
         time.sleep(0.3)
+        if mode == "rmrundir" and step == 3:
+            if rank == 0:  # someone cleans .trnqwen/runs while the run trains
+                import shutil
+                shutil.rmtree(os.path.join(os.path.dirname(pids), "runs", "run-rmrundir"))
+            child.kill()
+            sys.exit(0)
     '''
 )
 
@@ -367,6 +373,21 @@ def test_signal_stops_every_rank_no_orphans(tmp_path, sig, mode, code):
     assert record["ended_by"] == signal.Signals(sig).name and record["exit_code"] == code
     outcome = json.loads((tmp_path / "outcome.json").read_text())
     assert outcome["steps_logged"] >= 2 and outcome["last_step"]["tps"] == 1234
+
+
+@pytest.mark.slow
+def test_a_run_whose_run_dir_was_deleted_says_its_logs_are_lost_and_recreates_run_json(tmp_path):
+    """The training succeeded (exit 0), but its log and metrics are gone: a warning says so and
+    run.json is written again with what the launcher knows, marked ``extra.run_dir_lost``."""
+    proc = _start_driver(tmp_path, "rmrundir")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    run_dir = tmp_path / "runs" / "run-rmrundir"
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "succeeded" and record["ended_by"] == "completed"
+    assert "train.log" in record["extra"]["run_dir_lost"]["lost"]
+    assert f"the run directory {run_dir} was deleted during the run" in err
+    assert "the training itself completed" in err and "train.log" in err
 
 
 @pytest.mark.slow

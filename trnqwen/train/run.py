@@ -40,7 +40,7 @@ from trnqwen.errors import (
 )
 from trnqwen.fsutil import disk_full_at, write_text_atomic
 from trnqwen.naming import default_checkpoint_dir
-from trnqwen.rundir import RunRecord, next_run_id, point_last
+from trnqwen.rundir import RUN_RECORD, RunRecord, next_run_id, point_last
 from trnqwen.contract import checkpoint_layout as checkpoints
 from trnqwen.train import folder_lock, launcher, multinode, ownership, stops
 from trnqwen.train.job import TrainJob
@@ -568,7 +568,30 @@ def _execute(
         _fail(result, record, "no export",
               f"training finished but no HF export of step {trained} appeared under {plan.job.checkpoint_dir}")
     record.save()
+    _say_if_run_dir_lost(plan, record)
     return TrainOutcome(plan=plan, result=result, record=record, exported=exported)
+
+
+def _say_if_run_dir_lost(plan: TrainPlan, record: RunRecord) -> None:
+    """The run dir (or its log) was deleted while the run trained: say what is lost and what is
+    not.  run.json has been written again (RunRecord.save); LAST is pointed at the run again."""
+    lost = record.extra.get("run_dir_lost")
+    if not lost:
+        return
+    from trnqwen import output
+    from trnqwen.rundir import read_last_pointer
+
+    if read_last_pointer(plan.run_dir.parent) is None:
+        point_last(plan.run_dir.parent, plan.run_id)
+    gone = ", ".join(n for n in lost.get("lost", []) if n != RUN_RECORD) or "its files"
+    if record.status == "succeeded":
+        how = "the training itself completed"
+        if record.extra.get("exported"):
+            how += f" and its export is whole ({record.extra['exported']})"
+    else:
+        how = f"the run ended: {record.ended_by} (exit {record.exit_code})"
+    output.warn(f"the run directory {plan.run_dir} was deleted during the run: its log ({gone}) and metrics are lost; "
+                f"{how}; run.json was written again from what the launcher knew")
 
 
 def _fail(result: LaunchResult, record: RunRecord, ended_by: str, error: str) -> None:
