@@ -568,6 +568,11 @@ def _execute(
         _fail(result, record, "no export",
               f"training finished but no HF export of step {trained} appeared under {plan.job.checkpoint_dir}")
     record.save()
+    got = record.extra.get("signal_received")
+    if got:  # a stop signal during the final export: what was done instead (trnqwen.train.stops)
+        from trnqwen import output
+
+        output.warn(f"{got['signal']} received during {got['during']}: {got['done']}")
     _say_if_run_dir_lost(plan, record)
     return TrainOutcome(plan=plan, result=result, record=record, exported=exported)
 
