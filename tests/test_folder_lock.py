@@ -216,3 +216,32 @@ def test_trnqwen_lock_dir_keeps_the_lock_on_a_local_disk_keyed_by_the_resolved_f
     with folder_lock.acquire(folder, run_id="run-next") as lock:
         assert lock.took_over["run_id"] == "run-one" and lock.path.parent == locks
     assert list(locks.iterdir()) == []  # a clean end leaves nothing there either
+
+
+def test_shown_log_holds_back_torchruns_preemption_traceback_unless_the_run_failed():
+    """The lines torchrun prints when it relays SIGUSR1 (as in a real run's train.log): hidden when
+    the run ended as an expected stop, shown when it did not; any other traceback always shows."""
+    from trnqwen.train.shown_log import ShownLog
+
+    relay = [
+        "W1204 13:40:01.000000 123 torch/distributed/elastic/agent/server/api.py:719] Received 10 death signal, shutting down workers\n",
+        "Traceback (most recent call last):\n",
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 950, in main\n',
+        "    run(args)\n",
+        "    ~~~^^^^^^\n",
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 84, in _terminate_process_handler\n',
+        "    raise SignalException(f\"Process {os.getpid()} got signal: {sigval}\", sigval=sigval)\n",
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 123 got signal: 10\n",
+    ]
+    crash = ["Traceback (most recent call last):\n", '  File "x.py", line 1, in <module>\n', "ValueError: bad shard\n"]
+    for expected, want_traceback in ((True, False), (False, True)):
+        shown: list[str] = []
+        log = ShownLog(shown.append)
+        for line in ["[rank0]: step:  3  loss: 5.1\n", *relay, *crash, "after\n"]:
+            log(line)
+        log.finish(expected_stop=expected)
+        assert shown[:2] == ["[rank0]: step:  3  loss: 5.1\n", relay[0]]
+        assert ("SignalException: Process 123 got signal: 10\n" in "".join(shown)) is want_traceback
+        assert "".join(shown).count("Traceback") == (2 if want_traceback else 1)  # the crash always shows
+        assert "ValueError: bad shard\n" in shown
+        assert shown[-1] == ("after\n" if expected else relay[-1])  # held back until the run's end

@@ -163,6 +163,23 @@ def test_sigusr1_to_torchruns_process_group_saves_and_exits_138(work, baseline):
     _assert_preempted_then_resumes_exactly(work, run_dir, "group", proc.returncode, out, baseline)
 
 
+def test_sigusr1_with_show_log_reads_as_a_preemption_not_a_crash(work):
+    """--show-log streams rank 0's log; torchrun relays the signal by raising SignalException out of
+    its main, a traceback that showed under a correct save and exit 138 (issue 34 item 4). The
+    console leaves it out; train.log keeps it."""
+    before = _existing(work)
+    proc = _start(work, *TINY, "--checkpoint-dir", "shown", "--show-log")
+    run_dir = _new_run_dir(work, before, proc)
+    _wait(proc, lambda: 3 in _losses(run_dir))
+    proc.send_signal(signal.SIGUSR1)
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 138, out[-3000:]
+    assert "[trnqwen] preempted: SIGUSR1 at step" in out  # the log was shown
+    assert "SignalException" in (run_dir / "train.log").read_text()  # torchrun did raise it
+    assert "SignalException" not in out and "Traceback" not in out, out[-3000:]
+    assert f"trnqwen train --resume {run_dir.name}" in out
+
+
 def test_sigusr1_before_the_first_step_exits_140(work):
     """Start-up (or a Neuron compilation) interrupted: nothing trained, nothing lost, a distinct code."""
     before = _existing(work)
