@@ -190,6 +190,7 @@ def test_a_filesystem_without_flock_is_one_line_naming_the_lock_dir_setting(tmp_
     assert f"{folder} is on a filesystem without file locks" in exc.value.message
     assert os.strerror(getattr(errno, err)) in exc.value.message
     assert "TRNQWEN_LOCK_DIR" in exc.value.hint and "\n" not in exc.value.message
+    assert list(folder.iterdir()) == []  # the refusal leaves no lock file behind
 
 
 def test_trnqwen_lock_dir_keeps_the_lock_on_a_local_disk_keyed_by_the_resolved_folder(tmp_path, monkeypatch):

@@ -190,6 +190,8 @@ def acquire(folder: Path, *, run_id: str, what: str = "checkpoint folder") -> Fo
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno in _NO_FLOCK:
+                if os.fstat(fd).st_size == 0 and _same_file(fd, path):  # the empty file just made: leave nothing
+                    path.unlink(missing_ok=True)
                 os.close(fd)
                 raise _no_flock(folder, path, exc, what) from None
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
