@@ -41,7 +41,7 @@ from trnqwen.errors import (
 from trnqwen.fsutil import disk_full_at, write_text_atomic
 from trnqwen.naming import default_checkpoint_dir
 from trnqwen.train.shown_log import ShownLog
-from trnqwen.rundir import RUN_RECORD, RunRecord, next_run_id, point_last
+from trnqwen.rundir import RunRecord, next_run_id, point_last
 from trnqwen.contract import checkpoint_layout as checkpoints
 from trnqwen.train import folder_lock, launcher, multinode, ownership, stops
 from trnqwen.train.job import TrainJob
@@ -577,11 +577,11 @@ def _execute(
         from trnqwen import output
 
         output.warn(f"{got['signal']} received during {got['during']}: {got['done']}")
-    _say_if_run_dir_lost(plan, record)
+    _say_if_run_dir_lost(plan, record, result)
     return TrainOutcome(plan=plan, result=result, record=record, exported=exported)
 
 
-def _say_if_run_dir_lost(plan: TrainPlan, record: RunRecord) -> None:
+def _say_if_run_dir_lost(plan: TrainPlan, record: RunRecord, result: LaunchResult) -> None:
     """The run dir (or its log) was deleted while the run trained: say what is lost and what is
     not.  run.json has been written again (RunRecord.save); LAST is pointed at the run again."""
     lost = record.extra.get("run_dir_lost")
@@ -592,14 +592,19 @@ def _say_if_run_dir_lost(plan: TrainPlan, record: RunRecord) -> None:
 
     if read_last_pointer(plan.run_dir.parent) is None:
         point_last(plan.run_dir.parent, plan.run_id)
-    gone = ", ".join(n for n in lost.get("lost", []) if n != RUN_RECORD) or "its files"
+    if result.log_recovered:
+        lost["recovered"] = ["train.log"]
+        record.save()
+        gone = "its per-rank logs and metrics are lost (train.log was written back from the launcher's open copy)"
+    else:
+        gone = "its log (train.log), per-rank logs and metrics are lost"
     if record.status == "succeeded":
         how = "the training itself completed"
         if record.extra.get("exported"):
             how += f" and its export is whole ({record.extra['exported']})"
     else:
         how = f"the run ended: {record.ended_by} (exit {record.exit_code})"
-    output.warn(f"the run directory {plan.run_dir} was deleted during the run: its log ({gone}) and metrics are lost; "
+    output.warn(f"the run directory {plan.run_dir} was deleted during the run: {gone}; "
                 f"{how}; run.json was written again from what the launcher knew")
 
 
