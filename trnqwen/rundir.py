@@ -49,10 +49,10 @@ class RunRecord:
     def save(self) -> None:
         """Write run.json.  A record written before whose run.json or log has since gone (the run
         dir deleted mid-run) is written again, marked ``extra.run_dir_lost`` with what was lost."""
-        if getattr(self, "_saved", False) and "run_dir_lost" not in self.extra:
-            lost = self.lost_files()
-            if lost:
-                self.extra["run_dir_lost"] = {"at": time.time(), "lost": lost}
+        lost = self.lost_files() if getattr(self, "_saved", False) else []
+        if lost:  # every save after the deletion sees it; what each found missing adds up
+            entry = self.extra.setdefault("run_dir_lost", {"at": time.time(), "lost": []})
+            entry["lost"] = [n for n in (RUN_RECORD, LOG_NAME) if n in set(entry["lost"]) | set(lost)]
         write_json_atomic(Path(self.run_dir) / RUN_RECORD, asdict(self))
         self._saved = True  # not a field: never written to run.json
 
@@ -60,7 +60,7 @@ class RunRecord:
         """run.json and train.log when they are gone from the run dir (someone deleted it)."""
         lost = [] if (Path(self.run_dir) / RUN_RECORD).is_file() else [RUN_RECORD]
         if self.log_path and not Path(self.log_path).exists():
-            lost.append(Path(self.log_path).name)
+            lost.append(LOG_NAME)
         return lost
 
     @classmethod
