@@ -207,6 +207,10 @@ def test_sigterm_during_the_final_export_lets_the_ranks_finish_it(complete_run, 
     record = json.loads((w.run_dir() / "run.json").read_text())
     assert (record["status"], record["ended_by"], record["exit_code"]) == ("succeeded", "completed", 0)
     assert "SIGTERM arrived while the last step was saved" in record["extra"]["signal_after_last_step"]
+    # said, not absorbed silently (issue 34 item 21)
+    assert ("warning: SIGTERM received during the final save and export of step 3: finished the save and export "
+            "so the checkpoint is whole; the run is complete (exit 0), nothing to resume") in " ".join(err.split())
+    assert record["extra"]["signal_received"]["signal"] == "SIGTERM"
     assert "[trnqwen] received SIGTERM" in w.log_text()  # trnqwen's handler, not a double's, took it
     for step in ("step-1", "step-2", "step-3"):
         assert (ckpt / "resume" / step / ".metadata").is_file(), sorted(p.name for p in (ckpt / "resume" / step).iterdir())

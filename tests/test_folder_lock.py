@@ -160,3 +160,89 @@ def test_inspect_logs_calls_torchrun_stopped_by_sigusr1_an_interruption(tmp_path
     findings = json.loads(r.out)["findings"]
     assert not [f for f in findings if f["code"] == "crash"], findings
     assert [f for f in findings if f["code"] == "interrupted" and "SIGUSR1" in f["message"]], findings
+
+
+def _flock_failing_under(monkeypatch, root: Path, err: int) -> None:
+    """A filesystem without flock at ``root`` (a Lustre/FSx mount without the flock option): the
+    OS call fails there with ``err`` and works everywhere else."""
+    import fcntl
+
+    real = fcntl.flock
+
+    def flock(fd, op):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(root)):
+            raise OSError(err, os.strerror(err))
+        return real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+
+
+@pytest.mark.parametrize("err", ["ENOLCK", "EOPNOTSUPP"])
+def test_a_filesystem_without_flock_is_one_line_naming_the_lock_dir_setting(tmp_path, monkeypatch, err):
+    import errno
+
+    monkeypatch.delenv(folder_lock.LOCK_DIR_ENV, raising=False)
+    folder = tmp_path / "lustre" / "ckpt"
+    _flock_failing_under(monkeypatch, tmp_path / "lustre", getattr(errno, err))
+    with pytest.raises(UsageError) as exc:
+        folder_lock.acquire(folder, run_id="r")
+    assert exc.value.exit_code == 2
+    assert f"{folder} is on a filesystem without file locks" in exc.value.message
+    assert os.strerror(getattr(errno, err)) in exc.value.message
+    assert "TRNQWEN_LOCK_DIR" in exc.value.hint and "\n" not in exc.value.message
+    assert list(folder.iterdir()) == []  # the refusal leaves no lock file behind
+
+
+def test_trnqwen_lock_dir_keeps_the_lock_on_a_local_disk_keyed_by_the_resolved_folder(tmp_path, monkeypatch):
+    """The checkpoint folder cannot lock; TRNQWEN_LOCK_DIR on a local disk can: a real holder in
+    another process refuses a second owner that names the same folder by another path."""
+    import errno
+
+    folder = tmp_path / "lustre" / "ckpt"
+    locks = tmp_path / "local" / "locks"
+    monkeypatch.setenv(folder_lock.LOCK_DIR_ENV, str(locks))
+    _flock_failing_under(monkeypatch, tmp_path / "lustre", errno.ENOLCK)
+    proc = _holder(folder, "run-one")  # inherits TRNQWEN_LOCK_DIR
+    try:
+        (tmp_path / "alias").symlink_to(tmp_path / "lustre")
+        with pytest.raises(UsageError, match="is in use by run run-one"):
+            folder_lock.acquire(tmp_path / "alias" / "ckpt", run_id="run-two")
+        assert folder_lock.holder_of(folder)["pid"] == proc.pid
+        assert not (folder / checkpoints.LOCK_NAME).exists()  # nothing written into the folder
+        (lock_file,) = locks.iterdir()
+        assert lock_file.name.endswith("-ckpt.lock") and json.loads(lock_file.read_text())["folder"] == str(folder)
+    finally:
+        proc.kill()
+        proc.wait()
+    with folder_lock.acquire(folder, run_id="run-next") as lock:
+        assert lock.took_over["run_id"] == "run-one" and lock.path.parent == locks
+    assert list(locks.iterdir()) == []  # a clean end leaves nothing there either
+
+
+def test_shown_log_holds_back_torchruns_preemption_traceback_unless_the_run_failed():
+    """The lines torchrun prints when it relays SIGUSR1 (as in a real run's train.log): hidden when
+    the run ended as an expected stop, shown when it did not; any other traceback always shows."""
+    from trnqwen.train.shown_log import ShownLog
+
+    relay = [
+        "W1204 13:40:01.000000 123 torch/distributed/elastic/agent/server/api.py:719] Received 10 death signal, shutting down workers\n",
+        "Traceback (most recent call last):\n",
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 950, in main\n',
+        "    run(args)\n",
+        "    ~~~^^^^^^\n",
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 84, in _terminate_process_handler\n',
+        "    raise SignalException(f\"Process {os.getpid()} got signal: {sigval}\", sigval=sigval)\n",
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 123 got signal: 10\n",
+    ]
+    crash = ["Traceback (most recent call last):\n", '  File "x.py", line 1, in <module>\n', "ValueError: bad shard\n"]
+    for expected, want_traceback in ((True, False), (False, True)):
+        shown: list[str] = []
+        log = ShownLog(shown.append)
+        for line in ["[rank0]: step:  3  loss: 5.1\n", *relay, *crash, "after\n"]:
+            log(line)
+        log.finish(expected_stop=expected)
+        assert shown[:2] == ["[rank0]: step:  3  loss: 5.1\n", relay[0]]
+        assert ("SignalException: Process 123 got signal: 10\n" in "".join(shown)) is want_traceback
+        assert "".join(shown).count("Traceback") == (2 if want_traceback else 1)  # the crash always shows
+        assert "ValueError: bad shard\n" in shown
+        assert shown[-1] == ("after\n" if expected else relay[-1])  # held back until the run's end

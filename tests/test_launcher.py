@@ -263,6 +263,14 @@ FAKE_RANK = textwrap.dedent(
         print(f"[titan] INFO - \\x1b[31mstep: {step:2d}  \\x1b[32mloss: {8.0 / step:8.5f}  grad_norm: 1.5  "
               f"memory:  0.00GiB(0.00%)  tps: 1,234  tflops: 0.03  mfu: 0.01%\\x1b[39m", flush=True)
         time.sleep(0.3)
+        if mode == "rmrundir" and step == 3:
+            if rank == 0:  # someone cleans .trnqwen/runs while the run trains
+                import shutil
+                gone = os.path.join(os.path.dirname(pids), "runs", "run-rmrundir")
+                while os.path.exists(gone):  # a file written meanwhile fails one pass: again
+                    shutil.rmtree(gone, ignore_errors=True)
+            child.kill()
+            sys.exit(0)
     '''
 )
 
@@ -367,6 +375,27 @@ def test_signal_stops_every_rank_no_orphans(tmp_path, sig, mode, code):
     assert record["ended_by"] == signal.Signals(sig).name and record["exit_code"] == code
     outcome = json.loads((tmp_path / "outcome.json").read_text())
     assert outcome["steps_logged"] >= 2 and outcome["last_step"]["tps"] == 1234
+
+
+@pytest.mark.slow
+def test_a_run_whose_run_dir_was_deleted_says_its_logs_are_lost_and_recreates_run_json(tmp_path):
+    """The training succeeded (exit 0), but its log and metrics are gone: a warning says so and
+    run.json is written again with what the launcher knows, marked ``extra.run_dir_lost``."""
+    proc = _start_driver(tmp_path, "rmrundir")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    run_dir = tmp_path / "runs" / "run-rmrundir"
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "succeeded" and record["ended_by"] == "completed"
+    # found missing by the save at the end (run.json) or by one while it trained (train.log)
+    assert set(record["extra"]["run_dir_lost"]["lost"]) in ({"run.json"}, {"train.log"}, {"run.json", "train.log"})
+    assert record["extra"]["run_dir_lost"]["recovered"] == ["train.log"]
+    said = " ".join(err.split())
+    assert f"the run directory {run_dir} was deleted during the run" in said
+    assert "the training itself completed" in said and "train.log was written back" in said
+    # the whole log, from its first line to the last step, written back from the launcher's open file
+    log = (run_dir / "train.log").read_text()
+    assert "rank 0 up" in log and "step:  3" in log
 
 
 @pytest.mark.slow

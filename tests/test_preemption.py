@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import textwrap
 import time
 from pathlib import Path
 
@@ -161,6 +162,61 @@ def test_sigusr1_to_torchruns_process_group_saves_and_exits_138(work, baseline):
     os.killpg(torchrun, signal.SIGUSR1)
     out = proc.communicate(timeout=300)[0]
     _assert_preempted_then_resumes_exactly(work, run_dir, "group", proc.returncode, out, baseline)
+
+
+def test_sigusr1_with_show_log_reads_as_a_preemption_not_a_crash(work):
+    """--show-log streams rank 0's log; torchrun relays the signal by raising SignalException out of
+    its main, a traceback that showed under a correct save and exit 138 (issue 34 item 4). The
+    console leaves it out; train.log keeps it."""
+    before = _existing(work)
+    proc = _start(work, *TINY, "--checkpoint-dir", "shown", "--show-log")
+    run_dir = _new_run_dir(work, before, proc)
+    _wait(proc, lambda: 3 in _losses(run_dir))
+    proc.send_signal(signal.SIGUSR1)
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 138, out[-3000:]
+    assert "[trnqwen] preempted: SIGUSR1 at step" in out  # the log was shown
+    assert "SignalException" in (run_dir / "train.log").read_text()  # torchrun did raise it
+    assert "SignalException" not in out and "Traceback" not in out, out[-3000:]
+    assert f"trnqwen train --resume {run_dir.name}" in out
+
+
+NO_FLOCK = textwrap.dedent(
+    """
+    # A filesystem without flock (a Lustre mount without -o flock) under $NO_FLOCK_UNDER: the OS
+    # call fails there with ENOLCK, as on such a mount, and works everywhere else.
+    import errno, fcntl, os
+
+    _real = fcntl.flock
+
+    def _flock(fd, op):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(os.environ["NO_FLOCK_UNDER"]):
+            raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+        return _real(fd, op)
+
+    fcntl.flock = _flock
+    """
+)
+
+
+def test_a_checkpoint_folder_without_flock_is_one_line_and_trnqwen_lock_dir_trains_there(work, tmp_path):
+    """issue 34 item 5: a raw OSError (exit 70) before; now exit 2 naming TRNQWEN_LOCK_DIR, which runs it."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(NO_FLOCK)
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(site), str(REPO_ROOT)]), "NO_FLOCK_UNDER": str(work / "lustre")}
+    args = [*TINY[:-2], "--steps", "2", "--checkpoint-dir", "lustre/ckpt"]
+    refused = run_subprocess("train", *args, cwd=work, env=env, timeout=300)
+    assert refused.code == 2 and "Traceback" not in refused.text, refused.text[-3000:]
+    assert f"Error: checkpoint folder {work / 'lustre' / 'ckpt'} is on a filesystem without file locks" in refused.err
+    assert "TRNQWEN_LOCK_DIR" in refused.err
+    locks = tmp_path / "locks"
+    ran = run_subprocess("train", *args, cwd=work, env={**env, "TRNQWEN_LOCK_DIR": str(locks)}, timeout=600)
+    assert ran.code == 0, ran.text[-3000:]
+    assert "TRNQWEN_LOCK_DIR" not in ran.err  # a known variable: no "not a config field" warning
+    assert (work / "lustre" / "ckpt" / "hf" / "step-2" / "config.json").is_file()
+    assert locks.is_dir() and list(locks.iterdir()) == []  # taken there, removed at the clean end
+    assert not (work / "lustre" / "ckpt" / ".trnqwen-lock").exists()
 
 
 def test_sigusr1_before_the_first_step_exits_140(work):

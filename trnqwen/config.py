@@ -40,7 +40,7 @@ from trnqwen.constants import (  # noqa: E402,F401
 
 # TRNQWEN_* variables that are not run fields.
 RESERVED_ENV = {"TRNQWEN_DEBUG", "TRNQWEN_CONFIG_FILE", "TRNQWEN_NO_COLOR", "TRNQWEN_HOME", "TRNQWEN_SYSFS_ROOT",
-                "TRNQWEN_FAULT_PREEMPT_AT_STEP",
+                "TRNQWEN_FAULT_PREEMPT_AT_STEP", "TRNQWEN_LOCK_DIR",  # the lock on a local disk (train/folder_lock.py)
                 "TRNQWEN_SCAN_THREADS",  # verify-ckpt's scan threads (ckpt/scan.py)
                 "TRNQWEN_LOG_WORKERS",  # read by earlier versions' inspect-logs (its worker count): kept quiet, not warned about
                 "TRNQWEN_METRICS_PATH"}  # where rank 0 writes the metrics stream (contract/metrics_stream.py)

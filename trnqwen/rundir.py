@@ -47,7 +47,21 @@ class RunRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def save(self) -> None:
+        """Write run.json.  A record written before whose run.json or log has since gone (the run
+        dir deleted mid-run) is written again, marked ``extra.run_dir_lost`` with what was lost."""
+        lost = self.lost_files() if getattr(self, "_saved", False) else []
+        if lost:  # every save after the deletion sees it; what each found missing adds up
+            entry = self.extra.setdefault("run_dir_lost", {"at": time.time(), "lost": []})
+            entry["lost"] = [n for n in (RUN_RECORD, LOG_NAME) if n in set(entry["lost"]) | set(lost)]
         write_json_atomic(Path(self.run_dir) / RUN_RECORD, asdict(self))
+        self._saved = True  # not a field: never written to run.json
+
+    def lost_files(self) -> list[str]:
+        """run.json and train.log when they are gone from the run dir (someone deleted it)."""
+        lost = [] if (Path(self.run_dir) / RUN_RECORD).is_file() else [RUN_RECORD]
+        if self.log_path and not Path(self.log_path).exists():
+            lost.append(LOG_NAME)
+        return lost
 
     @classmethod
     def load(cls, run_dir: Path) -> "RunRecord":
@@ -55,7 +69,9 @@ class RunRecord:
         if not isinstance(data, dict):
             raise ValueError(f"{Path(run_dir) / RUN_RECORD} is not a JSON object")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+        record = cls(**known)
+        record._saved = True
+        return record
 
 
 def live_launcher(record: RunRecord) -> Optional[int]:

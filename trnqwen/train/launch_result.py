@@ -24,6 +24,7 @@ class LaunchResult:
     steps: list[dict] = field(default_factory=list)
     validations: list[dict] = field(default_factory=list)
     killed_pids: list[int] = field(default_factory=list)  # survivors the sweep had to SIGKILL
+    log_recovered: bool = False  # the log was deleted mid-run and written back from the open file
 
     @property
     def last_step(self) -> Optional[dict]:

@@ -344,7 +344,7 @@ def _run_supervised(
 
     def reader() -> None:
         assert proc.stdout is not None
-        with open(log_path, "a", encoding="utf-8", errors="replace") as log:
+        with open(log_path, "a+", encoding="utf-8", errors="replace") as log:
             for raw in iter(proc.stdout.readline, b""):
                 line = raw.decode("utf-8", errors="replace")
                 plain = strip_ansi(line)
@@ -359,6 +359,8 @@ def _run_supervised(
                 if echo is not None:
                     echo(line if color_echo else plain)
                 progress.line(line)
+            if not Path(log_path).exists():  # deleted mid-run (the run dir removed): write it back
+                result.log_recovered = _recover_log(log, Path(log_path))
 
     thread = threading.Thread(target=reader, name="trnqwen-log-reader", daemon=True)
 
@@ -448,6 +450,22 @@ def _run_supervised(
             result.error = f"torchrun ended with {how} and no error message from the ranks"
         result.error = redact(result.error)
     return result
+
+
+def _recover_log(log: Any, log_path: Path) -> bool:
+    """Copy what the still-open, deleted log holds back to ``log_path`` (the whole log, this
+    launch's and earlier ones')."""
+    import shutil
+
+    try:
+        log.flush()
+        log.seek(0)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "w", encoding="utf-8") as out:
+            shutil.copyfileobj(log, out)
+        return True
+    except OSError:
+        return False
 
 
 def _ended_by_signal(result: LaunchResult, sig: int, start: float) -> LaunchResult:

@@ -40,6 +40,7 @@ from trnqwen.errors import (
 )
 from trnqwen.fsutil import disk_full_at, write_text_atomic
 from trnqwen.naming import default_checkpoint_dir
+from trnqwen.train.shown_log import ShownLog
 from trnqwen.rundir import RunRecord, next_run_id, point_last
 from trnqwen.contract import checkpoint_layout as checkpoints
 from trnqwen.train import folder_lock, launcher, multinode, ownership, stops
@@ -501,6 +502,7 @@ def _execute(
     if echo is not None and status:
         # Log lines go above the live status line so it keeps its place at the bottom.
         echo = line.print_above
+    shown = ShownLog(echo) if echo is not None else None  # less torchrun's traceback of a preemption
 
     def started(pid: int) -> None:
         record.status = "running"
@@ -513,7 +515,7 @@ def _execute(
     steps_before = checkpoints.step_paths(ckpt_root)
     result = launcher.supervise(
         plan.argv, env=plan.env, cwd=plan.cwd, log_path=plan.log_path, rank_log_dir=plan.rank_log_dir, status=line,
-        grace_s=grace_s, echo=echo, on_start=started,
+        grace_s=grace_s, echo=shown, on_start=started,
         metrics_path=plan.run_dir / metrics_stream.FILE_NAME,  # global rank 0 writes it (node 0's run dir)
     )
     if result.exit_code != 0 and plan.config.nnodes > 1:  # say that a peer node went away
@@ -534,6 +536,8 @@ def _execute(
     }.get(result.ended_by, "failed")
     record.extra["summary"] = result.summary()
     stops.classify(plan, result, record, log_offset, ckpt_root)  # 138 / 140 / finished anyway
+    if shown is not None:
+        shown.finish(expected_stop=result.exit_code in (0, EXIT_PREEMPTED, EXIT_PREEMPTED_BEFORE_START))
     if result.exit_code not in (0, EXIT_PREEMPTED, EXIT_PREEMPTED_BEFORE_START) and result.error and "No space left" not in result.error:
         full = disk_full_at(ckpt_root)  # torch's zip writer fails on a full disk without saying so
         if full:
@@ -568,7 +572,40 @@ def _execute(
         _fail(result, record, "no export",
               f"training finished but no HF export of step {trained} appeared under {plan.job.checkpoint_dir}")
     record.save()
+    got = record.extra.get("signal_received")
+    if got:  # a stop signal during the final export: what was done instead (trnqwen.train.stops)
+        from trnqwen import output
+
+        output.warn(f"{got['signal']} received during {got['during']}: {got['done']}")
+    _say_if_run_dir_lost(plan, record, result)
     return TrainOutcome(plan=plan, result=result, record=record, exported=exported)
+
+
+def _say_if_run_dir_lost(plan: TrainPlan, record: RunRecord, result: LaunchResult) -> None:
+    """The run dir (or its log) was deleted while the run trained: say what is lost and what is
+    not.  run.json has been written again (RunRecord.save); LAST is pointed at the run again."""
+    lost = record.extra.get("run_dir_lost")
+    if not lost:
+        return
+    from trnqwen import output
+    from trnqwen.rundir import read_last_pointer
+
+    if read_last_pointer(plan.run_dir.parent) is None:
+        point_last(plan.run_dir.parent, plan.run_id)
+    if result.log_recovered:
+        lost["recovered"] = ["train.log"]
+        record.save()
+        gone = "its per-rank logs and metrics are lost (train.log was written back from the launcher's open copy)"
+    else:
+        gone = "its log (train.log), per-rank logs and metrics are lost"
+    if record.status == "succeeded":
+        how = "the training itself completed"
+        if record.extra.get("exported"):
+            how += f" and its export is whole ({record.extra['exported']})"
+    else:
+        how = f"the run ended: {record.ended_by} (exit {record.exit_code})"
+    output.warn(f"the run directory {plan.run_dir} was deleted during the run: {gone}; "
+                f"{how}; run.json was written again from what the launcher knew")
 
 
 def _fail(result: LaunchResult, record: RunRecord, ended_by: str, error: str) -> None:

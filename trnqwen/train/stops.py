@@ -75,7 +75,14 @@ def classify(plan: TrainPlan, result: LaunchResult, record: RunRecord, offset: i
         return
     if _finished(plan, result, ckpt_root):
         _set(result, record, 0, "completed", "succeeded")
-        record.extra["signal_after_last_step"] = f"{signal_name} arrived while the last step was saved; the ranks finished it"
+        step = (result.last_step or {}).get("step")
+        record.extra["signal_after_last_step"] = (
+            f"{signal_name} arrived while the last step was saved; the ranks finished it so the checkpoint is whole")
+        # said on the console at the end of the run (trnqwen.train.run): never absorbed silently
+        record.extra["signal_received"] = {
+            "signal": signal_name, "during": f"the final save and export of step {step}",
+            "done": "finished the save and export so the checkpoint is whole; the run is complete (exit 0), nothing to resume",
+        }
         record.extra["summary"] = result.summary()
 
 
