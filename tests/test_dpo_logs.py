@@ -294,7 +294,7 @@ def test_a_real_dpo_run_reads_back_and_an_edited_step1_loss_fails(tmp_path):
     # the live status line (not a terminal: one line per step, from the step's stream record)
     status = [ln for ln in run.err.splitlines() if ln.startswith("step ")]
     assert len(status) == 3 and all("  acc " in ln and "  margin " in ln for ln in status), run.err
-    run_dir = next((tmp_path / ".trnqwen" / "runs").glob("*-native"))
+    run_dir = next((tmp_path / ".trnqwen" / "runs").glob("*-native-dpo"))  # the run id says what was trained
     summary = json.loads((run_dir / "run.json").read_text())["extra"]["summary"]
     method_values = {f"dpo/{name}" for name in ("rewards_chosen", "rewards_rejected", "margin", "accuracy")}
     assert summary["last_step"]["step"] == 3 and method_values <= set(summary["last_step"])

@@ -2,7 +2,7 @@
 
 Examples:
   trnqwen inspect-logs                       # the last run (<runs_dir>/LAST)
-  trnqwen inspect-logs .trnqwen/runs/20261129-090800-hf-v5 --strict
+  trnqwen inspect-logs .trnqwen/runs/20261129-090800-hf-v5-sft --strict
   trnqwen inspect-logs train.log --json | jq .summary
   trnqwen inspect-logs train.log --plot loss.png --csv steps.csv
   trnqwen inspect-logs run_a.log --compare run_b.log

@@ -198,7 +198,7 @@ def plan_train(
         )
     # every node names the shared run dir after the rendezvous id; a scheduler's one-node job too,
     # so that its restart (`--resume auto`) finds its own run
-    run_id = run_id or cfg.rdzv_id or next_run_id(runs_dir, cfg.backend)
+    run_id = run_id or cfg.rdzv_id or next_run_id(runs_dir, cfg.backend, method=cfg.method, lora=cfg.lora)
     run_dir = runs_dir / run_id
     base_model, base_note = base_identity(cfg.model, _abs(cfg.assets_dir, cwd) if cfg.assets_dir else None)
     if base_model != cfg.model and cfg.checkpoint_dir is None and resume is None:  # named after what is trained
