@@ -461,19 +461,22 @@ def execute(
     grace_s: Optional[float] = None,
     status_stream: Any = None,
     note: Optional[Callable[[str], None]] = None,
+    phase: Optional[Callable[[str], None]] = None,
 ) -> TrainOutcome:
     """Take the checkpoint folder, create the run dir, start torchrun, supervise it, record how it ended.
 
     Raises :class:`CheckFailed` when preflight found errors and :class:`UsageError` when another
     run holds the checkpoint folder (nothing is created then).  ``note`` gets one-line notes
-    (a lock taken over from a killed run).
+    (a lock taken over from a killed run); ``phase`` what takes a while after the ranks exit
+    (``merging the adapter ...``), as it starts.
     """
     plan.preflight.raise_for_errors()
     lock = ownership.claim(plan)
     try:
         if lock is not None and lock.took_over and note is not None:
             note(lock.takeover_note())
-        return _execute(plan, lock, status=status, echo=echo, grace_s=grace_s, status_stream=status_stream)
+        return _execute(plan, lock, status=status, echo=echo, grace_s=grace_s, status_stream=status_stream,
+                        phase=phase or (lambda _text: None))
     finally:
         if lock is not None:
             lock.release()
@@ -487,6 +490,7 @@ def _execute(
     echo: Optional[Callable[[str], None]],
     grace_s: Optional[float],
     status_stream: Any,
+    phase: Callable[[str], None],
 ) -> TrainOutcome:
     """:func:`execute` holding the folder's lock."""
     record = create_run_dir(plan)
@@ -497,7 +501,8 @@ def _execute(
         _mark_resume(plan, record)
     grace_s = plan.config.grace_seconds if grace_s is None else grace_s
     log_offset = plan.log_path.stat().st_size if plan.log_path.is_file() else 0
-    line = StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status, mfu=plan.device.type != "cpu")
+    line = StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status, mfu=plan.device.type != "cpu",
+                      closing=closing_phase(plan.config))
     if echo is not None and status:
         # Log lines go above the live status line so it keeps its place at the bottom.
         echo = line.print_above
@@ -561,6 +566,8 @@ def _execute(
             from trnqwen.train.lora import finish_export
 
             record.save()  # the merge (a child process) reads the run's facts for its model card
+            if plan.config.merge:
+                phase(f"merging the adapter into the base model (--merge) beside {exported.name} ...")
             failure = finish_export(plan.config, exported, Path(record.assets_dir), record.extra)
             if failure is not None:
                 _fail(result, record, *failure)
@@ -569,6 +576,13 @@ def _execute(
               f"training finished but no HF export of step {trained} appeared under {plan.job.checkpoint_dir}")
     record.save()
     return TrainOutcome(plan=plan, result=result, record=record, exported=exported)
+
+
+def closing_phase(cfg: RunConfig) -> str:
+    """What the ranks do between the last step and their exit, as the status line says it."""
+    if cfg.resolved_export_hf:
+        return "exporting the LoRA adapter (PEFT)" if cfg.lora else "exporting HF safetensors"
+    return "saving the last checkpoint, stopping the ranks"
 
 
 def _fail(result: LaunchResult, record: RunRecord, ended_by: str, error: str) -> None:
