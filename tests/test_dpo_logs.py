@@ -196,6 +196,71 @@ def test_plot_has_a_dpo_panel(tmp_path):
     assert w_dpo == w_sft and h_dpo - h_sft == 2 * 110  # one more panel of 2 inches at 110 dpi
 
 
+HELD_OUT = [{"step": 4, "results": [{"checkpoint": "base", "loss": 7.62}, {"checkpoint": "step-4", "loss": 7.55}]}]
+
+
+def _loss_axes(fig):
+    """(the loss panel, its twin or None): the twin is the axes that shares the panel's place."""
+    main = next(ax for ax in fig.get_axes() if ax.get_ylabel() == "loss")
+    twins = [ax for ax in fig.get_axes() if ax is not main and ax.get_position().bounds == main.get_position().bounds]
+    return main, (twins[0] if twins else None)
+
+
+def _ys(ax, label_start: str) -> list[float]:
+    return [float(y) for ln in ax.get_lines() if ln.get_label().startswith(label_start) for y in ln.get_ydata()]
+
+
+def test_dpo_loss_keeps_its_scale_beside_held_out_answer_loss():
+    """Issue 34 item 17: a DPO loss (0.69 -> 0.5) and trnqwen eval's held-out answer loss (7.6)
+    on one axis made the loss a flat line at the bottom; the held-out markers now have a twin axis."""
+    import matplotlib.pyplot as plt
+
+    from trnqwen.logs.plot import build_figure
+
+    fig = build_figure(parse_text(make_log()), evaluations=HELD_OUT)
+    main, twin = _loss_axes(fig)
+    assert twin is not None and "another scale" in twin.get_ylabel()
+    assert sorted(_ys(twin, "held-out")) == [7.55, 7.62] and _ys(main, "held-out") == []
+    assert _ys(main, "validation loss") == pytest.approx([0.58, 0.56])  # the DPO validation loss: the same scale
+    low, high = main.get_ylim()
+    assert high < 1.0 and (0.69315 - 0.5) / (high - low) > 0.7  # the curve fills its panel
+    labels = [t.get_text() for t in main.get_legend().get_texts()]
+    assert "held-out base" in labels and "loss" in labels  # one legend for both axes
+    plt.close(fig)
+    # an SFT run's held-out loss is on the scale of its training loss: one axis, as before
+    fig = build_figure(parse_text(make_log(losses=(7.7, 7.4, 7.2, 7.0), validate=(), dpo_lines=False)), evaluations=HELD_OUT)
+    main, twin = _loss_axes(fig)
+    assert twin is None and sorted(_ys(main, "held-out")) == [7.55, 7.62]
+    plt.close(fig)
+
+
+def test_plot_title_says_model_method_and_dataset(tmp_path):
+    from trnqwen.logs.core import inspect_input
+    from trnqwen.logs.plot import run_plot_title
+    from trnqwen.logs.sources import resolve_input
+    from trnqwen.rundir import RunRecord
+
+    d = tmp_path / "runs" / "20261204-101500-native-dpo-lora"
+    d.mkdir(parents=True)
+    (d / "train.log").write_text(make_log())
+    config = {"model": "Qwen/Qwen3-4B-Instruct-2507", "method": "dpo", "lora": True, "lora_rank": 8,
+              "dataset": str(tmp_path / "data" / "prefs.jsonl"), "steps": 4, "finetune": True}
+    RunRecord(run_id=d.name, run_dir=str(d), status="succeeded", config=config, log_path=str(d / "train.log"),
+              extra={"base_model": "Qwen/Qwen3-0.6B"}, steps=4).save()
+    result = inspect_input(resolve_input(str(d)))
+    # the base actually trained (the record's), the method with its adapter, the data file by its name
+    assert run_plot_title(result.log, result.ctx) == "20261204-101500-native-dpo-lora: Qwen/Qwen3-0.6B, dpo + LoRA r8, prefs.jsonl"
+    RunRecord(run_id=d.name, run_dir=str(d), status="succeeded", log_path=str(d / "train.log"), steps=4,
+              config={**config, "method": "sft", "lora": False, "dataset": None, "model": "builtin:tiny-qwen3"}).save()
+    (d / "train.log").write_text(make_log(dpo_lines=False))
+    result = inspect_input(resolve_input(str(d)))
+    assert run_plot_title(result.log, result.ctx) == "20261204-101500-native-dpo-lora: builtin:tiny-qwen3, sft, the model's default corpus"
+    # a bare log: its file name, and the method its lines show
+    (tmp_path / "dpo.log").write_text(make_log())
+    result = inspect_input(resolve_input(str(tmp_path / "dpo.log")))
+    assert run_plot_title(result.log, result.ctx) == "dpo.log: dpo"
+
+
 def test_a_run_without_dpo_lines_reads_as_before(tmp_path):
     from rich.console import Console
 
@@ -294,7 +359,7 @@ def test_a_real_dpo_run_reads_back_and_an_edited_step1_loss_fails(tmp_path):
     # the live status line (not a terminal: one line per step, from the step's stream record)
     status = [ln for ln in run.err.splitlines() if ln.startswith("step ")]
     assert len(status) == 3 and all("  acc " in ln and "  margin " in ln for ln in status), run.err
-    run_dir = next((tmp_path / ".trnqwen" / "runs").glob("*-native"))
+    run_dir = next((tmp_path / ".trnqwen" / "runs").glob("*-native-dpo"))  # the run id says what was trained
     summary = json.loads((run_dir / "run.json").read_text())["extra"]["summary"]
     method_values = {f"dpo/{name}" for name in ("rewards_chosen", "rewards_rejected", "margin", "accuracy")}
     assert summary["last_step"]["step"] == 3 and method_values <= set(summary["last_step"])

@@ -6,6 +6,7 @@ same split, the answers repeat exactly, and the export is a whole model folder."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -37,9 +38,17 @@ def chat_run(tmp_path_factory):
 
 def test_finetune_ends_with_the_before_after_line(chat_run):
     work, env, run = chat_run
-    line = next(ln for ln in run.err.splitlines() if ln.startswith("validation loss before"))
+    lines = run.err.splitlines()
+    line = next(ln for ln in lines if ln.startswith("validation loss before"))
     before, after = (float(x) for x in line.split("before ")[1].split(" (")[0].split(" -> after "))
     assert after < before
+    # no silent stretch (issue 34 item 15): each step line has tqdm's [elapsed<left, s/step], the last
+    # one says the ranks export next, and the closing eval says it starts before its result
+    status = [ln for ln in lines if ln.startswith("step ")]
+    assert len(status) == STEPS and all(re.search(r"  \[\d+:\d\d<(\d+:\d\d|\?), [\d.e+-]+ s/step\]", ln) for ln in status[1:]), status
+    assert re.search(r"<0:00, [\d.e+-]+ s/step\]  exporting HF safetensors \.\.\.$", status[-1]), status[-1]
+    closing = next(i for i, ln in enumerate(lines) if ln.startswith("closing eval: validation loss of the base and of step-"))
+    assert closing < lines.index(line)
 
 
 def test_eval_with_no_arguments_scores_the_validation_split_like_the_validator(chat_run):

@@ -295,12 +295,12 @@ def test_plot_marks_preemption_and_resume_titles_the_run_and_hides_no_point(cli,
         line("Training completed"),
     ])
     runs = in_tmp / "a-very-long-folder-name-" / ("x" * 60) / ".trnqwen" / "runs"
-    d = make_run(runs, "20261201-120000-native", text, steps=9)
+    d = make_run(runs, "20261201-120000-native-sft", text, steps=9)
     res = cli("inspect-logs", str(d), "--plot", str(in_tmp / "loss.png"), "--no-strict")
     assert res.code == 0, res.err
     facts = figures[-1]
     assert "preempted (SIGTERM) at step 2" in facts["labels"] and "resumed from step 2" in facts["labels"]
-    assert facts["title"] == "20261201-120000-native"
+    assert facts["title"] == "20261201-120000-native-sft: builtin:tiny-qwen3"  # the run, then what it trained
     assert facts["covered"] == []
     p = in_tmp / ("y" * 80) / "train.log"
     p.parent.mkdir()

@@ -469,7 +469,7 @@ def test_status_line_redraws_on_a_terminal_and_prints_lines_elsewhere():
     line.tick()  # no redraw off a terminal
     assert len(pipe.parts) == 1 and pipe.parts[0].endswith("\n")
     assert "step 2/10" in pipe.parts[0] and "loss 7.2500" in pipe.parts[0] and "tok/s 1,234" in pipe.parts[0]
-    assert "mfu 1.50%" in pipe.parts[0] and "elapsed 0:00" in pipe.parts[0]
+    assert "mfu 1.50%" in pipe.parts[0] and "  [0:00<?, ? s/step]" in pipe.parts[0]  # one step: no rate yet
     term = _FakeTTY(True)
     line = StatusLine(stream=term, total_steps=None)
     line.update(metrics)
@@ -478,6 +478,48 @@ def test_status_line_redraws_on_a_terminal_and_prints_lines_elsewhere():
     text = "".join(term.parts)
     assert text.startswith("\r\x1b[2K") and "a log line\n" in text and text.endswith("\r\x1b[2K")
     assert "step 2  loss" in text
+
+
+def test_progress_bracket_reads_like_tqdm():
+    """Issue 34 item 15: ``[elapsed<remaining, s/step]``, from the steps' own log times."""
+    from trnqwen.train.status import clock, format_rate, progress_bracket, seconds_per_step
+
+    assert [clock(s) for s in (0, 42.4, 725, 3723)] == ["0:00", "0:42", "12:05", "1:02:03"]
+    # step 1 was logged 95 s after the launch (start-up, compilation): not a step's time
+    seen = [(1, 95.0), (2, 105.0), (3, 107.0), (4, 109.0)]
+    assert seconds_per_step(seen[:1]) is None and seconds_per_step(seen) == pytest.approx(14 / 3)
+    assert progress_bracket(112.0, 4, 10, seconds_per_step(seen)) == "[1:52<0:28, 4.67 s/step]"
+    assert progress_bracket(112.0, 4, None, seconds_per_step(seen)) == "[1:52, 4.67 s/step]"  # no step count
+    assert progress_bracket(3.0, 1, 10, None) == "[0:03<?, ? s/step]"
+    assert progress_bracket(600.0, 10, 10, 12.3) == "[10:00<0:00, 12.3 s/step]"
+    assert [format_rate(v) for v in (0.0421, 2.1, 12.34, 345.6, 0.004)] == ["0.04 s/step", "2.10 s/step", "12.3 s/step",
+                                                                             "346 s/step", "4.0e-03 s/step"]
+    # a resumed run (step 401 first) or a long one: steps, not records, count
+    assert seconds_per_step([(401, 50.0), (450, 148.0)]) == pytest.approx(2.0)
+
+
+def test_status_line_eta_follows_the_recent_steps_and_names_the_closing_phase():
+    pipe = _FakeTTY(False)
+    line = StatusLine(stream=pipe, total_steps=30, closing="exporting HF safetensors")
+    t0 = line.start
+    for step in range(1, 31):  # 1 s a step, then 3 s a step from step 11: the rate follows (last 20 steps)
+        at = t0 + 60 + min(step, 10) + 3 * max(0, step - 10)
+        line.update({"step": step, "loss": 7.0, "tps": 100.0, "mfu": None}, at=at)
+    lines = [p.rstrip("\n") for p in pipe.parts]
+    assert "[" in lines[0] and "<?, ? s/step]" in lines[0]
+    assert "<0:20, 1.00 s/step]" in lines[9]  # step 10/30: 20 steps left at 1 s
+    assert "<0:21, 2.05 s/step]" in lines[19]  # step 20: steps 2-20 (9 x 1 s + 10 x 3 s) / 19, 10 left
+    # step 30: the last 20 steps all took 3 s (the 1 s ones fell out); then what the ranks do until they exit
+    assert lines[29].endswith("<0:00, 3.00 s/step]  exporting HF safetensors ...")
+    assert not any("exporting" in ln for ln in lines[:29])
+
+
+def test_closing_phase_says_what_the_ranks_write():
+    from trnqwen.train.run import closing_phase
+
+    assert closing_phase(RunConfig(finetune=True)) == "exporting HF safetensors"
+    assert closing_phase(RunConfig(finetune=True, lora=True)) == "exporting the LoRA adapter (PEFT)"
+    assert closing_phase(RunConfig(finetune=True, export_hf=False)).startswith("saving the last checkpoint")
 
 
 # --- a Ctrl-C in the start-up window (issue 18: exit -2 under load) ----------------------------------

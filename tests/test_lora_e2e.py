@@ -108,6 +108,8 @@ def test_the_adapter_loads_in_plain_peft_beats_the_base_and_its_merge_is_the_sam
     doc = json.loads(r.out)
     adapter = Path(doc["exported"])
     assert adapter.name == f"step-{STEPS}" and (adapter / "adapter_config.json").is_file()
+    # the merge (seconds in a child process) says it is running, after the steps (issue 34 item 15)
+    assert f"merging the adapter into the base model (--merge) beside step-{STEPS} ..." in r.err, r.err[-2000:]
     assert not list(adapter.glob("model*.safetensors")), "an adapter export holds no base weights"
     config = json.loads((adapter / "adapter_config.json").read_text())
     assert (config["peft_type"], config["r"], config["lora_alpha"], config["task_type"]) == ("LORA", 8, 16.0, "CAUSAL_LM")

@@ -41,6 +41,9 @@ def test_train_ends_with_the_before_after_line(lora_run):
     line = next(ln for ln in run.err.splitlines() if ln.startswith("validation loss before"))
     before, after = (float(x) for x in line.split("before ")[1].split(" (")[0].split(" -> after "))
     assert after != before  # the adapter moved the held-out loss
+    status = [ln for ln in run.err.splitlines() if ln.startswith("step ")]  # the last step says what comes next
+    assert status[-1].endswith("]  exporting the LoRA adapter (PEFT) ...") and "s/step]" in status[-2], status
+    assert any(ln.startswith("closing eval: ") for ln in run.err.splitlines()), run.err[-2000:]
 
 
 def test_verify_ckpt_checks_the_adapter_against_its_base(lora_run):

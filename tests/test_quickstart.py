@@ -456,8 +456,8 @@ def test_lanes_start_nothing_after_a_failure_and_raise_the_first_one():
 def test_run_ids_reserved_in_one_second_differ(tmp_path):
     from trnqwen.quickstart.lanes import reserve_run_id
 
-    ids = [reserve_run_id(tmp_path, "native") for _ in range(3)]
-    assert len(set(ids)) == 3 and all(i.split("-")[2] == "native" for i in ids)
+    ids = [reserve_run_id(tmp_path, "native", method="dpo", lora=True) for _ in range(3)]
+    assert len(set(ids)) == 3 and all(i.split("-")[2:5] == ["native", "dpo", "lora"] for i in ids)
 
 
 _CTRL_C_LANES = """

@@ -38,7 +38,7 @@ def test_status_line_shows_the_values_a_method_marks_for_it_by_their_label():
     line.update(_step(2, 0.61, **DPO))
     first, second = out.getvalue().splitlines()
     # DPO marks margin and accuracy (label "acc", 2 decimals); its rewards stay in run.json and inspect-logs
-    assert first.startswith("step 1/3  loss 0.6932  margin 0.352  acc 1.00  tok/s 1,234  mfu -  elapsed 0:0"), first
+    assert first.startswith("step 1/3  loss 0.6932  margin 0.352  acc 1.00  tok/s 1,234  mfu -  [0:0"), first
     assert second.startswith("step 2/3  loss 0.6100  margin 0.352  acc 1.00  val 0.6000 (step 1, margin 0.500, "
                              "acc 0.75)  tok/s 1,234"), second
     assert "rewards" not in out.getvalue()

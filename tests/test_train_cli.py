@@ -63,6 +63,31 @@ def test_dry_run_shows_command_config_and_preflight(cli, in_tmp, tiny_assets, ba
     assert not (in_tmp / ".trnqwen").exists() and not (in_tmp / "checkpoint_tiny_qwen3_f7b2a8_ft").exists()
 
 
+def test_run_ids_say_what_is_trained(cli, in_tmp, tiny_assets, tmp_path):
+    """``<time>-<backend>-<method>[-lora]``: a LoRA run's id says so; a second id planned in the same
+    second gets ``-1``, ``-2`` (issue 34 item 18)."""
+    import re
+
+    from trnqwen.rundir import next_run_id
+
+    plan = _dry(cli, *TINY, "--assets", str(tiny_assets), "--backend", "native", "--finetune", "--lora")
+    assert re.fullmatch(r"\d{8}-\d{6}-native-sft-lora", plan["run_id"]), plan["run_id"]
+    plan = _dry(cli, *TINY, "--assets", str(tiny_assets), "--backend", "hf-v5", "--finetune")
+    assert re.fullmatch(r"\d{8}-\d{6}-hf-v5-sft", plan["run_id"]), plan["run_id"]
+    runs = tmp_path / "runs"
+    taken = []
+    for _ in range(3):  # within one second (the timestamp is to the second): retried until it is
+        taken = [next_run_id(runs, "native", method="dpo", lora=True)]
+        (runs / taken[0]).mkdir(parents=True)
+        taken += [next_run_id(runs, "native", method="dpo", lora=True)]
+        (runs / taken[1]).mkdir()
+        taken += [next_run_id(runs, "native", method="dpo", lora=True)]
+        if taken[0][:15] == taken[2][:15]:
+            break
+    assert re.fullmatch(r"\d{8}-\d{6}-native-dpo-lora", taken[0])
+    assert taken[1:] == [taken[0] + "-1", taken[0] + "-2"]
+
+
 def test_dry_run_human_output_and_raw_flags(cli, in_tmp, tiny_assets):
     r = cli("train", *TINY, "--assets", str(tiny_assets), "--finetune", "--dry-run", "--", "--metrics.log_freq", "2")
     assert r.code == 0, r.text

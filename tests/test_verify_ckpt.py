@@ -327,7 +327,7 @@ def test_default_is_the_last_runs_checkpoint(cli, case, tmp_path, monkeypatch):
     monkeypatch.chdir(work)
     assert_clean_error(cli("verify-ckpt"), code=2, contains="no previous run")
     runs = Path(".trnqwen/runs")
-    run_id = next_run_id(runs, "hf-v5")
+    run_id = next_run_id(runs, "hf-v5", method="sft", lora=False)
     run_dir = runs / run_id
     run_dir.mkdir(parents=True)
     point_last(runs, run_id)  # what trnqwen train does once the run dir exists

@@ -3,7 +3,7 @@
 Examples:
   trnqwen eval                                      # the last run's export vs its base, on its validation split
   trnqwen eval --generate 3                         # ... and three held-out answers side by side
-  trnqwen eval 20261130-201500-native --json        # a run id (or run directory)
+  trnqwen eval 20261130-201500-native-sft --json    # a run id (or run directory)
   trnqwen eval ./checkpoint_qwen3_4b_ft/step-100 --dataset held_out.jsonl --no-base
   trnqwen eval ./adapter --base-dir assets/hf/Qwen3-4B-Instruct-2507   # a LoRA adapter away from its run
 """

@@ -2,7 +2,7 @@
 
 Examples:
   trnqwen inspect-logs                       # the last run (<runs_dir>/LAST)
-  trnqwen inspect-logs .trnqwen/runs/20261129-090800-hf-v5 --strict
+  trnqwen inspect-logs .trnqwen/runs/20261129-090800-hf-v5-sft --strict
   trnqwen inspect-logs train.log --json | jq .summary
   trnqwen inspect-logs train.log --plot loss.png --csv steps.csv
   trnqwen inspect-logs run_a.log --compare run_b.log
@@ -186,11 +186,11 @@ def _write_files(result, csv_file, plot_file) -> None:
             report.write_csv(result.log, csv_file)
         output.info(f"wrote {csv_file} ({len(result.log.steps)} steps)")
     if plot_file is not None:
-        from trnqwen.logs.plot import plot_title, write_plot
+        from trnqwen.logs.plot import run_plot_title, write_plot
 
         with _Writing("--plot", plot_file):
             write_plot(result.log, plot_file, evaluations=[result.ctx.evaluation],
-                       title=plot_title(result.log.source, result.ctx.run_dir))
+                       title=run_plot_title(result.log, result.ctx))
         output.info(f"wrote {plot_file}")
 
 
@@ -227,9 +227,9 @@ def _run_compare(a_inp, b_inp, json_out, csv_file, plot_file, judge_kw) -> None:
             write_text_atomic(csv_file, buf.getvalue())
         output.info(f"wrote {csv_file}")
     if plot_file is not None:
-        from trnqwen.logs.plot import plot_title, write_plot
+        from trnqwen.logs.plot import run_plot_title, write_plot
 
-        title = f"A: {plot_title(a.log.source, a.ctx.run_dir)}  B: {plot_title(b.log.source, b.ctx.run_dir)}"
+        title = f"A: {run_plot_title(a.log, a.ctx)}\nB: {run_plot_title(b.log, b.ctx)}"
         with _Writing("--plot", plot_file):
             write_plot(a.log, plot_file, other=b.log, evaluations=[a.ctx.evaluation, b.ctx.evaluation], title=title)
         output.info(f"wrote {plot_file}")

@@ -133,6 +133,7 @@ def train(
         planned=lambda plan: _print_findings(plan.preflight, quiet_info=json_out, notes=plan.job.notes, brief=plan.preflight.ok),
         starting=(lambda plan, point: None) if json_out else _announce,
         echo=sys.stderr.write if show_log else None,
+        phase=output.info,  # on stderr, like the status line: never in --json's stdout
     )
     session = run_training(request, hooks)
     if session.scheduled is not None:

@@ -8,11 +8,16 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from trnqwen.fsutil import current_umask
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
+
+if TYPE_CHECKING:
+    from trnqwen.logs.sources import RunContext
+
+_DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt", ".csv", ".gz", ".zst")
 
 
 def _value_series(log: ParsedLog, name: str, *, validation: bool = False) -> tuple[list[int], list[float]]:
@@ -49,12 +54,44 @@ def _series(log: ParsedLog, key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def plot_title(source: str, run_dir: Optional[Path] = None) -> str:
+def plot_title(source: str, run_dir: Optional[Path] = None, *, run_config: Optional[dict] = None,
+               base_model: Optional[str] = None, method: Optional[str] = None) -> str:
     """What names a run on a plot: its run directory's name, else the log's file name (not the
-    whole path, which can be longer than the figure is wide)."""
-    if run_dir is not None:
-        return Path(run_dir).name
-    return Path(source).name or source
+    whole path, which can be longer than the figure is wide), then what was trained, as far as it
+    is known: the model (``base_model``: the one actually trained, else the config's), the method
+    (``dpo + LoRA r16``) and the dataset (a file by its name; the model's default corpus)."""
+    name = Path(run_dir).name if run_dir is not None else (Path(source).name or source)
+    cfg = run_config or {}
+    facts = []
+    model = base_model or cfg.get("model")
+    if model:
+        facts.append(str(model))
+    method = method or cfg.get("method")
+    if method:
+        facts.append(f"{method} + LoRA r{cfg.get('lora_rank', '?')}" if cfg.get("lora") else str(method))
+    if "dataset" in cfg:
+        data = cfg.get("dataset")
+        facts.append(_dataset_name(data) if data else "the model's default corpus")
+    return f"{name}: {', '.join(facts)}" if facts else name
+
+
+def _dataset_name(dataset: str) -> str:
+    """A local file or folder by its name (a path can be wider than the figure); a Hub name
+    (``org/name``) whole."""
+    text = str(dataset)
+    local = text.startswith((".", "/", "~")) or text.lower().endswith(_DATA_FILE_SUFFIXES) or Path(text).expanduser().exists()
+    return (Path(text).name or text) if local else text
+
+
+def run_plot_title(log: ParsedLog, ctx: RunContext) -> str:
+    """:func:`plot_title` from what ``inspect-logs`` knows of a run (a :class:`RunContext`): the
+    record's base model, the method its log or config names."""
+    from trnqwen.logs.judge import run_method
+
+    extra = ctx.record.extra if ctx.record is not None and isinstance(ctx.record.extra, dict) else {}
+    method = run_method(log, ctx)
+    return plot_title(log.source, ctx.run_dir, run_config=ctx.run_config, base_model=extra.get("base_model"),
+                      method=method.name if method is not None else None)
 
 
 def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None, title: Optional[str] = None,
@@ -91,6 +128,19 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
     ax_values = axes[-1] if with_values else None
     with_mfu = any(no_peak_flops(run) is None and _series(run, "mfu")[0] for _, run, _ in runs)
     ax_mfu = ax_tps.twinx() if with_mfu else None
+    # the training loss sets the loss panel's scale; validation and held-out losses of another scale
+    # (a DPO run's held-out answer loss, 7.6 beside its 0.69) go on a twin axis, or they would flatten it
+    train_losses = [v for _, run, _ in runs for v in _series(run, "loss")[1]]
+    ax_loss_other = None
+
+    def loss_axis(values: list[float]):
+        nonlocal ax_loss_other
+        if not _other_scale(values, train_losses):
+            return ax_loss
+        if ax_loss_other is None:
+            ax_loss_other = ax_loss.twinx()
+        return ax_loss_other
+
     for label, run, style in runs:
         suffix = f" ({label})" if label else ""
         x, y = _series(run, "loss")
@@ -98,7 +148,7 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
         vx = [v["step"] for v in run.validations if isinstance(v.get("loss"), float) and math.isfinite(v["loss"])]
         vy = [v["loss"] for v in run.validations if isinstance(v.get("loss"), float) and math.isfinite(v["loss"])]
         if vx:
-            ax_loss.plot(vx, vy, style, marker="s", ms=4, color="tab:green", label=f"validation loss{suffix}")
+            loss_axis(vy).plot(vx, vy, style, marker="s", ms=4, color="tab:green", label=f"validation loss{suffix}")
         x, y = _series(run, "grad_norm")
         ax_grad.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color="tab:orange", label=f"grad norm{suffix}")
         x, y = _series(run, "tps")
@@ -112,13 +162,14 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
         if ax_values is not None:
             _plot_values(ax_values, run, style, suffix)
     # trnqwen eval's held-out losses (eval.json): the base before step 1, the export at its step
-    for n, ev in enumerate(evaluations or []):
-        for r in (ev or {}).get("results", []):
-            if isinstance(r.get("loss"), (int, float)) and isinstance(ev.get("step"), int):
-                base = r.get("checkpoint") == "base"
-                tag = f" ({'AB'[n]})" if other is not None else ""
-                ax_loss.plot([0 if base else ev["step"]], [r["loss"]], "x" if base else "*", ms=9,
-                             label=f"held-out {'base' if base else r['checkpoint']}{tag}")
+    held_out = [(n, ev, r) for n, ev in enumerate(evaluations or []) for r in (ev or {}).get("results", [])
+                if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"]) and isinstance(ev.get("step"), int)]
+    ax_held = loss_axis([r["loss"] for _, _, r in held_out]) if held_out else ax_loss
+    for n, ev, r in held_out:
+        base = r.get("checkpoint") == "base"
+        tag = f" ({'AB'[n]})" if other is not None else ""
+        ax_held.plot([0 if base else ev["step"]], [r["loss"]], "x" if base else "*", ms=9,
+                     label=f"held-out {'base' if base else r['checkpoint']}{tag}")
     # Non-finite losses: mark where they happened.
     bad = [s["step"] for s in log.step_list() if isinstance(s.get("loss"), float) and not math.isfinite(s["loss"])]
     for st in bad[:50]:
@@ -130,6 +181,10 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
     if log.compiled_line is not None and 1 in log.steps:
         ax_tps.axvspan(0.5, 1.5, color="grey", alpha=0.15, label="step 1 (compilation)")
     ax_loss.set_ylabel("loss")
+    if ax_loss_other is not None:
+        kinds = dict.fromkeys("held-out loss" if ln.get_label().startswith("held-out") else "validation loss"
+                              for ln in ax_loss_other.get_lines())
+        ax_loss_other.set_ylabel(f"{' / '.join(kinds)}\n(another scale)")
     ax_grad.set_ylabel("grad norm")
     ax_tps.set_ylabel("tokens / s / device")
     if ax_mfu is not None:
@@ -147,7 +202,7 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
         ax.grid(True, alpha=0.3)
     for ax in panels:
         handles, labels = ax.get_legend_handles_labels()
-        twin = ax_mfu if ax is ax_tps else None
+        twin = {ax_tps: ax_mfu, ax_loss: ax_loss_other}.get(ax)
         if twin is not None:
             h2, l2 = twin.get_legend_handles_labels()
             handles, labels = handles + h2, labels + l2
@@ -157,9 +212,21 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
         ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.08 if twin is not None else 1.01, 1),
                   fontsize=8, borderaxespad=0)
     if title is None:
-        title = plot_title(log.source) if other is None else f"A: {plot_title(log.source)}  B: {plot_title(other.source)}"
-    fig.suptitle(title if len(title) < 120 else "..." + title[-117:], fontsize=10)
+        title = plot_title(log.source) if other is None else f"A: {plot_title(log.source)}\nB: {plot_title(other.source)}"
+    fig.suptitle("\n".join(t if len(t) < 120 else t[:117] + "..." for t in title.splitlines()), fontsize=10)
     return fig
+
+
+def _other_scale(values: list[float], reference: list[float], factor: float = 3.0) -> bool:
+    """Whether ``values`` would flatten a curve of ``reference`` on one axis: their typical
+    magnitudes (medians of |v|) differ more than ``factor`` times.  Nothing to compare: no."""
+    if not values or not reference:
+        return False
+    a = sorted(abs(v) for v in values)[len(values) // 2]
+    b = sorted(abs(v) for v in reference)[len(reference) // 2]
+    if min(a, b) <= 0:
+        return False
+    return max(a, b) / min(a, b) > factor
 
 
 def _mark_interruptions(log: ParsedLog, panels: list) -> None:

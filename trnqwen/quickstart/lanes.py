@@ -100,11 +100,11 @@ _ids_lock = threading.Lock()
 _reserved: set[str] = set()
 
 
-def reserve_run_id(runs_dir: Path, backend: str) -> str:
-    """A run id of the usual shape (``<timestamp>-<backend>[-n]``) that no other stage of this
-    process has taken: two runs planned in the same second would otherwise get one run dir."""
+def reserve_run_id(runs_dir: Path, backend: str, *, method: str, lora: bool) -> str:
+    """A run id of the usual shape (``<timestamp>-<backend>-<method>[-lora][-n]``) that no other
+    stage of this process has taken: two runs planned in the same second would otherwise get one run dir."""
     with _ids_lock:
-        base = next_run_id(runs_dir, backend)
+        base = next_run_id(runs_dir, backend, method=method, lora=lora)
         run_id, n = base, 0
         while run_id in _reserved or (Path(runs_dir) / run_id).exists():
             n += 1

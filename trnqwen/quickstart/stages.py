@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from trnqwen.assets import INDEX_NAME
 from trnqwen.constants import TINY_MODEL
@@ -41,6 +41,9 @@ from trnqwen.quickstart.types import (
     stage_names,
 )
 from trnqwen.train.plan import TrainPlan
+
+if TYPE_CHECKING:
+    from trnqwen.config import RunConfig
 
 # --- the working folder ----------------------------------------------------------------------------
 
@@ -105,7 +108,7 @@ def stage_fetch(assets: Path) -> str:
     return f"{TINY_MODEL} -> {assets} ({len(result.files)} files, {size}, {how}, verified)"
 
 
-def run_config(**values: Any):
+def run_config(**values: Any) -> RunConfig:
     """A :class:`RunConfig` from explicit values only: the quickstart ignores ./trnqwen.toml and
     TRNQWEN_* so it behaves the same everywhere."""
     from trnqwen.config import RunConfig
@@ -394,8 +397,8 @@ def run_quickstart(
                        skipped: Optional[str] = None) -> None:
             jobs.append(lanes.Job(name, lambda: stage(name, what, fn, skipped, lane=True), after))
 
-        def run_id(backend: str) -> str:
-            return lanes.reserve_run_id(runs_dir, backend)
+        def run_id(cfg: RunConfig) -> str:  # named after what the stage trains (backend, method, LoRA)
+            return lanes.reserve_run_id(runs_dir, cfg.backend, method=cfg.method, lora=cfg.lora)
 
         for backend in backends:
             info = RunInfo(label=backend, backend=backend, finetune=True, steps=steps, nproc_per_node=ft_ranks)
@@ -407,7 +410,7 @@ def run_quickstart(
 
             def finetune(info=info, cfg=cfg) -> str:
                 train_run(f"train --finetune ({info.backend})", info, cfg, workdir, prog, status=False,
-                          run_id=run_id(info.backend))
+                          run_id=run_id(cfg))
                 inspect_run(info)
                 return (f"{info.backend}: {steps} step(s) on {info.nproc_per_node} rank(s), step-1 loss "
                         f"{_fmt(info.step1_loss)} -> {_fmt(info.last_loss)}; exported {info.exported}")
@@ -426,7 +429,7 @@ def run_quickstart(
             )
 
             def override() -> str:
-                train_run("override", ov, ov_cfg, workdir, prog, status=False, pythonpath=example, run_id=run_id("native"))
+                train_run("override", ov, ov_cfg, workdir, prog, status=False, pythonpath=example, run_id=run_id(ov_cfg))
                 inspection = inspect_run(ov)
                 return check_override_ran(ov, inspection, tiny_qwen3_config()["num_hidden_layers"],
                                           result.runs.get("native"))
@@ -444,7 +447,7 @@ def run_quickstart(
         chat_cfg = run_config(**common, **chat_settings, assets_dir=pretrained, backend=PRETRAIN_BACKEND, finetune=True, checkpoint_dir=_fresh_dir(ckpts / "chat", workdir), nproc_per_node=ft_ranks)
 
         def chat_finetune() -> str:
-            train_run("chat fine-tune", chat, chat_cfg, workdir, prog, status=False, run_id=run_id(PRETRAIN_BACKEND))
+            train_run("chat fine-tune", chat, chat_cfg, workdir, prog, status=False, run_id=run_id(chat_cfg))
             inspect_run(chat)
             chat.verify = verify_checkpoint("chat fine-tune", Path(chat.checkpoint_dir), pretrained, round_trip=device == "cpu")
             result.evaluation = held_out_check(Path(chat.run_dir), device=device)
@@ -455,7 +458,7 @@ def run_quickstart(
                             finetune=True, checkpoint_dir=_fresh_dir(ckpts / "lora", workdir), nproc_per_node=ft_ranks)
 
         def lora_finetune() -> str:
-            train_run(lora_stage.STAGE, lo, lo_cfg, workdir, prog, status=False, run_id=run_id(PRETRAIN_BACKEND))
+            train_run(lora_stage.STAGE, lo, lo_cfg, workdir, prog, status=False, run_id=run_id(lo_cfg))
             inspect_run(lo)
             line, result.lora = lora_stage.judge_lora_run(lo, pretrained, verify_checkpoint)
             lo.verify = result.lora["merged_verify"]  # the adapter's merged folder, verified like any export
@@ -473,7 +476,7 @@ def run_quickstart(
                                checkpoint_dir=_fresh_dir(ckpts / method.name, workdir), nproc_per_node=ft_ranks)
 
             def method_stage(method=method, mod=mod, info=m_info, cfg=m_cfg) -> str:  # from the chat stage's start
-                train_run(mod.STAGE, info, cfg, workdir, prog, status=False, run_id=run_id(PRETRAIN_BACKEND))
+                train_run(mod.STAGE, info, cfg, workdir, prog, status=False, run_id=run_id(cfg))
                 inspect_run(info)
                 line, result.methods[method.name] = mod.judge_run(info, device=device, fail=StageFailed,
                                                                   before_after=validation_before_after)

@@ -58,6 +58,8 @@ class TrainHooks:
     starting: Callable[[TrainPlan, Optional[ResumePoint]], None] = _nothing  # preflight passed, starting now
     echo: Optional[Callable[[str], None]] = None  # rank 0's log lines (--show-log)
     status: bool = True  # the live status line
+    # what takes a while after the ranks exit (a --merge, the closing eval), as it starts
+    phase: Callable[[str], None] = _nothing
 
 
 @dataclass
@@ -120,9 +122,9 @@ def run_training(request: TrainRequest, hooks: Optional[TrainHooks] = None) -> T
     hooks.planned(plan)
     plan.preflight.raise_for_errors()  # before announcing a run (and a log path) that will not exist
     hooks.starting(plan, point)
-    session.outcome = execute(plan, echo=hooks.echo, status=hooks.status, note=hooks.warn)
+    session.outcome = execute(plan, echo=hooks.echo, status=hooks.status, note=hooks.warn, phase=hooks.phase)
     if request.evaluate:
-        session.validation = evaluate_after(session.outcome)
+        session.validation = evaluate_after(session.outcome, announce=hooks.phase)
     return session
 
 
@@ -172,12 +174,16 @@ def schedule(request: TrainRequest) -> dict[str, Any]:
     return k8s.launch(cfg, dry_run=request.dry_run, submit=request.submit)
 
 
-def evaluate_after(outcome: TrainOutcome) -> Optional[dict[str, Any]]:
+def evaluate_after(outcome: TrainOutcome, announce: Callable[[str], None] = _nothing) -> Optional[dict[str, Any]]:
     """A fine-tune that finished and exported, on node 0: validation loss of the base and the
-    export (a preference method's run: its held-out accuracy too) when the run has a validation split; else None."""
+    export (a preference method's run: its held-out accuracy too) when the run has a validation
+    split; else None.  ``announce`` hears that it starts (it takes a while: two models loaded)."""
     plan = outcome.plan
     if outcome.exit_code != 0 or not plan.config.finetune or outcome.exported is None or plan.config.node_rank != 0:
         return None
-    from trnqwen.evaluate.lifecycle import validation_before_after
+    from trnqwen.evaluate.lifecycle import has_validation, validation_before_after
 
+    if not has_validation(plan.run_dir):
+        return None
+    announce(f"closing eval: validation loss of the base and of {outcome.exported.name} ...")
     return validation_before_after(plan.run_dir, device=plan.device.type)

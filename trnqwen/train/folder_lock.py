@@ -104,7 +104,7 @@ class FolderLock:
 
 
 def describe(info: dict[str, Any]) -> str:
-    """``run 20261201-101500-native (pid 4242 on node-a)``."""
+    """``run 20261201-101500-native-sft (pid 4242 on node-a)``."""
     run = info.get("run_id") or "an unnamed run"
     where = f"pid {info.get('pid', '?')}" + (f" on {info['host']}" if info.get("host") else "")
     return f"run {run} ({where})"

@@ -106,7 +106,7 @@ class Progress:
         r.step_times.append(seen_s)
         r.steps.append(values)
         if self.status is not None:
-            self.status.update(values)
+            self.status.update(values, at=self.start + seen_s)  # when it was logged: the seconds per step
         if self.on_step is not None:
             self.on_step(values)
 

@@ -199,7 +199,7 @@ def plan_train(
         )
     # every node names the shared run dir after the rendezvous id; a scheduler's one-node job too,
     # so that its restart (`--resume auto`) finds its own run
-    run_id = run_id or cfg.rdzv_id or next_run_id(runs_dir, cfg.backend)
+    run_id = run_id or cfg.rdzv_id or next_run_id(runs_dir, cfg.backend, method=cfg.method, lora=cfg.lora)
     run_dir = runs_dir / run_id
     base_model, base_note = base_identity(cfg.model, _abs(cfg.assets_dir, cwd) if cfg.assets_dir else None)
     if base_model != cfg.model and cfg.checkpoint_dir is None and resume is None:  # named after what is trained
@@ -462,19 +462,22 @@ def execute(
     grace_s: Optional[float] = None,
     status_stream: Any = None,
     note: Optional[Callable[[str], None]] = None,
+    phase: Optional[Callable[[str], None]] = None,
 ) -> TrainOutcome:
     """Take the checkpoint folder, create the run dir, start torchrun, supervise it, record how it ended.
 
     Raises :class:`CheckFailed` when preflight found errors and :class:`UsageError` when another
     run holds the checkpoint folder (nothing is created then).  ``note`` gets one-line notes
-    (a lock taken over from a killed run).
+    (a lock taken over from a killed run); ``phase`` what takes a while after the ranks exit
+    (``merging the adapter ...``), as it starts.
     """
     plan.preflight.raise_for_errors()
     lock = ownership.claim(plan)
     try:
         if lock is not None and lock.took_over and note is not None:
             note(lock.takeover_note())
-        return _execute(plan, lock, status=status, echo=echo, grace_s=grace_s, status_stream=status_stream)
+        return _execute(plan, lock, status=status, echo=echo, grace_s=grace_s, status_stream=status_stream,
+                        phase=phase or (lambda _text: None))
     finally:
         if lock is not None:
             lock.release()
@@ -488,6 +491,7 @@ def _execute(
     echo: Optional[Callable[[str], None]],
     grace_s: Optional[float],
     status_stream: Any,
+    phase: Callable[[str], None],
 ) -> TrainOutcome:
     """:func:`execute` holding the folder's lock."""
     record = create_run_dir(plan)
@@ -498,7 +502,8 @@ def _execute(
         _mark_resume(plan, record)
     grace_s = plan.config.grace_seconds if grace_s is None else grace_s
     log_offset = plan.log_path.stat().st_size if plan.log_path.is_file() else 0
-    line = StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status, mfu=plan.device.type != "cpu")
+    line = StatusLine(stream=status_stream, total_steps=plan.config.steps, enabled=status, mfu=plan.device.type != "cpu",
+                      closing=closing_phase(plan.config))
     if echo is not None and status:
         # Log lines go above the live status line so it keeps its place at the bottom.
         echo = line.print_above
@@ -565,6 +570,8 @@ def _execute(
             from trnqwen.train.lora import finish_export
 
             record.save()  # the merge (a child process) reads the run's facts for its model card
+            if plan.config.merge:
+                phase(f"merging the adapter into the base model (--merge) beside {exported.name} ...")
             failure = finish_export(plan.config, exported, Path(record.assets_dir), record.extra)
             if failure is not None:
                 _fail(result, record, *failure)
@@ -606,6 +613,13 @@ def _say_if_run_dir_lost(plan: TrainPlan, record: RunRecord, result: LaunchResul
         how = f"the run ended: {record.ended_by} (exit {record.exit_code})"
     output.warn(f"the run directory {plan.run_dir} was deleted during the run: {gone}; "
                 f"{how}; run.json was written again from what the launcher knew")
+
+
+def closing_phase(cfg: RunConfig) -> str:
+    """What the ranks do between the last step and their exit, as the status line says it."""
+    if cfg.resolved_export_hf:
+        return "exporting the LoRA adapter (PEFT)" if cfg.lora else "exporting HF safetensors"
+    return "saving the last checkpoint, stopping the ranks"
 
 
 def _fail(result: LaunchResult, record: RunRecord, ended_by: str, error: str) -> None:

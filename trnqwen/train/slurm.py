@@ -257,7 +257,7 @@ def launch(
     cwd = Path(cwd or Path.cwd()).absolute()
     runs_dir = Path(cfg.runs_dir).expanduser()
     runs_dir = runs_dir if runs_dir.is_absolute() else cwd / runs_dir
-    run_id = run_id or _new_run_id(runs_dir, cfg.backend)
+    run_id = run_id or _new_run_id(runs_dir, cfg)
     run_dir = runs_dir / run_id
     job = job_from_config(cfg, run_id=run_id, run_dir=run_dir, workdir=cwd, trnqwen=trnqwen, environ=os.environ)
     text = sbatch_script(job)
@@ -308,7 +308,7 @@ def launch(
     return info
 
 
-def _new_run_id(runs_dir: Path, backend: str) -> str:
+def _new_run_id(runs_dir: Path, cfg: RunConfig) -> str:
     from trnqwen.rundir import next_run_id
 
-    return next_run_id(runs_dir, backend)
+    return next_run_id(runs_dir, cfg.backend, method=cfg.method, lora=cfg.lora)

@@ -1,4 +1,10 @@
-"""The launcher's live status line: ``step 3/10  loss 7.12  tok/s 1,234  mfu 1.2%  elapsed 0:42``.
+"""The launcher's live status line:
+``step 3/10  loss 7.12  tok/s 1,234  mfu 1.2%  [0:42<1:10, 10.0 s/step]``.
+
+The bracket reads as tqdm's: time elapsed since the launch < time left, the seconds a step takes
+(the mean over the last steps seen, never the first step's start-up and compilation), and the time
+left is those seconds times the steps still to go.  After the last step the line says what the
+ranks do until they exit (``exporting HF safetensors ...``): no 30 s of a line that looks stuck.
 
 Fed by :func:`trnqwen.train.launcher.supervise` with each step's and validation's values: the
 records of the run's metrics stream (:mod:`trnqwen.contract.metrics_stream`), or rank 0's step and
@@ -28,6 +34,43 @@ from trnqwen.methods.base import Metric
 # shown by its full name
 _TAKEN = ("step", "val", "tok/s", "elapsed", *STEP_CORE)
 _UNDECLARED = Metric("", "", status=True)  # a value no method declares (a hook's own): shown
+
+
+_RATE_WINDOW = 20  # the steps the seconds per step are averaged over: recent enough to follow a change
+
+
+def clock(seconds: float) -> str:
+    """``0:42``, ``12:05``, ``1:02:03``."""
+    s = max(0, int(round(seconds)))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def seconds_per_step(seen: list[tuple[int, float]]) -> Optional[float]:
+    """The mean time a step took between the first and the last of ``seen`` ((step, time it was
+    logged) in order); None until two steps were seen (the first one's time is the start-up's)."""
+    if len(seen) < 2:
+        return None
+    (s0, t0), (s1, t1) = seen[0], seen[-1]
+    if s1 <= s0 or t1 < t0:
+        return None
+    return (t1 - t0) / (s1 - s0)
+
+
+def format_rate(s_per_step: Optional[float]) -> str:
+    """``2.10 s/step`` (``? s/step`` not yet known)."""
+    if s_per_step is None:
+        return "? s/step"
+    v = s_per_step
+    return f"{v:,.0f} s/step" if v >= 100 else f"{v:.1f} s/step" if v >= 10 else f"{v:.2f} s/step" if v >= 0.01 else f"{v:.1e} s/step"
+
+
+def progress_bracket(elapsed: float, step: int, total: Optional[int], s_per_step: Optional[float]) -> str:
+    """tqdm's ``[elapsed<remaining, rate]``: ``[0:42<1:10, 2.10 s/step]``; ``?`` for what is not
+    known yet; no ``<remaining`` without a step count."""
+    if total:
+        left = "?" if s_per_step is None else clock(max(0, total - step) * s_per_step)
+        return f"[{clock(elapsed)}<{left}, {format_rate(s_per_step)}]"
+    return f"[{clock(elapsed)}, {format_rate(s_per_step)}]"
 
 
 def _fmt_num(value: Optional[float], spec: str) -> str:
@@ -67,14 +110,15 @@ def _shown(value: Optional[float], metric: Optional[Metric]) -> str:
 
 
 class StatusLine:
-    """``step 3/10  loss 7.12  tok/s 1,234  mfu 1.2%  elapsed 0:42`` on stderr.
+    """``step 3/10  loss 7.12  tok/s 1,234  mfu 1.2%  [0:42<1:10, 10.0 s/step]`` on stderr.
 
     On a terminal it redraws one line (cut to the terminal's width); elsewhere (CI, pipes) it prints
-    a line per new step.
+    a line per new step.  ``closing``: what the ranks do after the last step (``exporting HF
+    safetensors``), shown from the last step on.
     """
 
     def __init__(self, stream: Optional[TextIO] = None, total_steps: Optional[int] = None, enabled: bool = True,
-                 mfu: bool = True):
+                 mfu: bool = True, closing: Optional[str] = None):
         self.stream = stream if stream is not None else sys.stderr
         self.total = total_steps
         self.enabled = enabled
@@ -84,14 +128,15 @@ class StatusLine:
         self.last_validation: Optional[dict] = None
         self.mfu = mfu  # False on CPU: there is no peak to measure against (torchtitan's MFU is 0.00%)
         self.phase = "starting ranks"
+        self.closing = closing
+        self._seen: list[tuple[int, float]] = []  # (step, when it was logged): the last _RATE_WINDOW + 1
         self._drawn = False
         self._lock = threading.Lock()
 
     def text(self) -> str:
-        elapsed = int(time.monotonic() - self.start)
-        clock = f"{elapsed // 3600}:{elapsed % 3600 // 60:02d}:{elapsed % 60:02d}" if elapsed >= 3600 else f"{elapsed // 60}:{elapsed % 60:02d}"
+        elapsed = time.monotonic() - self.start
         if self.last is None:
-            return f"{self.phase}  elapsed {clock}"
+            return f"{self.phase}  elapsed {clock(elapsed)}"
         m = self.last
         step = f"{m['step']}/{self.total}" if self.total else str(m["step"])
         parts = [f"step {step}", f"loss {_fmt_num(m.get('loss'), '.4f')}"]
@@ -103,13 +148,22 @@ class StatusLine:
             parts.append(f"val {_fmt_num(self.last_validation.get('loss'), '.4f')}" + (f" ({', '.join(notes)})" if notes else ""))
         parts.append(f"tok/s {_fmt_num(m.get('tps'), ',.0f')}")
         parts.append(f"mfu {_fmt_num(m.get('mfu'), '.2f')}%" if self.mfu and m.get("mfu") is not None else "mfu -")
-        parts.append(f"elapsed {clock}")
+        parts.append(progress_bracket(elapsed, m["step"], self.total, seconds_per_step(self._seen)))
+        if self.closing and self.total and m["step"] >= self.total:
+            parts.append(f"{self.closing} ...")
         return "  ".join(parts)
 
-    def update(self, metrics: dict) -> None:
-        """A step's values (``{"step", "loss", ..., "<method>/<name>": ...}``)."""
+    def update(self, metrics: dict, at: Optional[float] = None) -> None:
+        """A step's values (``{"step", "loss", ..., "<method>/<name>": ...}``); ``at``: when the
+        step was logged (``time.monotonic()``'s clock; default: now)."""
         with self._lock:
             self.last = metrics
+            step = metrics.get("step")
+            if isinstance(step, int):
+                if self._seen and step <= self._seen[-1][0]:
+                    self._seen.clear()  # a step seen again: the rate starts over
+                self._seen.append((step, time.monotonic() if at is None else at))
+                del self._seen[: -(_RATE_WINDOW + 1)]
             if not self.enabled:
                 return
             if self.tty:
