@@ -50,7 +50,13 @@ def write_data(work: Path, pairs: int) -> tuple[Path, Path]:
     with chats.open("w") as fh:
         for pair in normalise_pairs(records, detect_preference_format(records[0])):
             for side in ("chosen", "rejected"):
-                fh.write(json.dumps({"messages": pair.conversation(side)}) + "\n")
+                messages = [dict(m) for m in pair.conversation(side)]
+                # DPO trains only the final answer: a multi-turn prompt's earlier answers are context
+                # ("weight": 0), or SFT would train more tokens than DPO
+                for m in messages[:-1]:
+                    if m.get("role") == "assistant":
+                        m["weight"] = 0
+                fh.write(json.dumps({"messages": messages}) + "\n")
     return prefs, chats
 
 

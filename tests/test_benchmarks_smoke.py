@@ -97,6 +97,45 @@ def test_gpu_check_without_a_gpu_says_so(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def _load_bench(name: str):
+    bench_dir = str(REPO_ROOT / "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)  # the scripts import their siblings (_common, lora)
+    return importlib.import_module(name)
+
+
+def test_measured_run_reports_the_kernels_peak_not_a_sample(tmp_path):
+    """A child that touches 300 MiB for a moment, far shorter than the 0.2 s sampling interval,
+    then frees it: the wrapper's ru_maxrss still holds the peak (a psutil sample would miss it)."""
+    lora = _load_bench("lora")
+    code = "b = bytearray(300 * 2**20)\nb[::4096] = b'x' * len(b[::4096])\ndel b\n"
+    env = dict(os.environ)
+    run = lora.measured_run([sys.executable, "-c", code], cwd=tmp_path, env=env)
+    assert run["rc"] == 0
+    assert run["peak_rss_max_mib"] >= 300, run
+    small = lora.measured_run([sys.executable, "-c", "pass"], cwd=tmp_path, env=env)
+    assert small["peak_rss_max_mib"] < 200, small
+    failing = lora.measured_run([sys.executable, "-c", "raise SystemExit(3)"], cwd=tmp_path, env=env)
+    assert failing["rc"] == 3
+
+
+def test_vm_hwm_is_the_high_water_mark_of_a_live_process():
+    lora = _load_bench("lora")
+    proc = subprocess.Popen([sys.executable, "-c", "import sys\nb = bytearray(200 * 2**20)\nb[::4096] = b'x' * len(b[::4096])\n"
+                             "del b\nsys.stdout.write('freed\\n'); sys.stdout.flush(); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "freed\n"
+        hwm = lora.vm_hwm_bytes(proc.pid)
+        import psutil
+
+        rss = psutil.Process(proc.pid).memory_info().rss
+        assert hwm >= 200 * 2**20 > rss, (hwm, rss)  # the peak is kept after the memory is freed
+    finally:
+        proc.communicate("")
+    assert lora.vm_hwm_bytes(proc.pid) is None  # gone
+
+
 # --- every benchmark's quick path, for real (slow suite) ----------------------------------------------
 
 # What each summary must hold besides "benchmark": the measurement the benchmark exists for.
