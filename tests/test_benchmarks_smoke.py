@@ -136,6 +136,26 @@ def test_vm_hwm_is_the_high_water_mark_of_a_live_process():
     assert lora.vm_hwm_bytes(proc.pid) is None  # gone
 
 
+def test_dpo_benchmark_sft_records_train_the_same_tokens_as_the_pairs(tmp_path):
+    """benchmarks/dpo.py's SFT side: the pairs' conversations as chat records must train exactly the
+    tokens DPO trains (multi-turn prompts' earlier answers are context), counted by the benchmark's
+    own check in each cache."""
+    dpo = _load_bench("dpo")
+    from trnqwen.dataset.prepare import DataSettings, prepare
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    assets = write_tiny_qwen3(tmp_path / "tiny")
+    prefs, chats = dpo.write_data(tmp_path, 40)
+    counts = {}
+    for label, settings in (("sft", DataSettings(dataset=str(chats), seq_len=256)),
+                            ("dpo", DataSettings(dataset=str(prefs), seq_len=256, method="dpo", data_kind="preference"))):
+        prepare(settings, assets, tmp_path / label)
+        counts[label] = dpo.trained_tokens(tmp_path / label)
+    assert counts["sft"] == counts["dpo"] > 0, counts
+    prepare(DataSettings(dataset=str(chats), seq_len=128), assets, tmp_path / "dpo")
+    assert dpo.trained_tokens(tmp_path / "dpo") is None  # two caches: which one a run read is unknown
+
+
 # --- every benchmark's quick path, for real (slow suite) ----------------------------------------------
 
 # What each summary must hold besides "benchmark": the measurement the benchmark exists for.
