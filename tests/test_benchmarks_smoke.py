@@ -169,6 +169,10 @@ MEASURED = {
     "train_overhead": "ratio",
     "resume_overhead": "resumed_vs_fresh_first_step_ratio",
     "hf_trainer_backends": "distributed_config_vs_ddp",
+    "inspect_logs_before_after": "quick json ratio",  # after / before wall time on the same log
+    "torchtitan_releases": "installed",  # the installed release's API shape, read from its sources
+    "lora": "ratios",  # LoRA / full: the kernel's peak RSS, s/step, adapter size
+    "dpo": "ratios",  # DPO / SFT over the same trained tokens (present only when the check passed)
 }
 # Extra arguments on top of the quick path: train_overhead runs two repeats here so the test sees
 # that the order alternates.
@@ -192,5 +196,11 @@ def test_each_benchmark_quick_path_runs_for_real(run_all, name):
         assert all(s["losses_agree"] for s in shapes.values()), shapes
         assert shapes["lm-head"]["lm_head_share"] > 0.5  # the LM head dominates
         assert 0.05 < shapes["qwen3-4b"]["lm_head_share"] < 0.15  # about Qwen3-4B's tenth
+    if name == "dpo":
+        assert summary["same_tokens"] and summary["trained_tokens"]["sft"] == summary["trained_tokens"]["dpo"] > 0
+    if name == "lora":
+        assert all(run["peak_rss_max_mib"] > 0 for run in summary["runs"].values()), summary
+    if name == "torchtitan_releases":
+        assert summary["installed"]["supported"] and "0.2.2" in summary["releases"] | summary["download_failed"]
     if name == "train_overhead":
         assert summary["order"] == ["trnqwen then torchrun", "torchrun then trnqwen"], summary
