@@ -56,6 +56,16 @@ BENCHES = [
           ["--steps", "4", "--repeats", "1"]),
     Bench("hf_trainer_backends", "hf-trainer backend vs the torchtitan backends (tiny model, CPU)", [],
           ["--steps", "2", "--repeats", "1", "--skip-backends"]),
+    Bench("inspect_logs_before_after", "inspect-logs from the committed tree vs the working tree on the same logs, "
+          "interleaved (quick: `git archive HEAD`, a small generated log)",
+          ["--quick", "-n", "5", "--quick-steps", "50000"], ["--quick", "-n", "1"]),
+    Bench("torchtitan_releases", "trnqwen.titan_compat against torchtitan releases' wheels (pip download) and the "
+          "installed one (quick: one release, nothing written)", ["--no-write"], ["--versions", "0.2.2", "--no-write"]),
+    Bench("lora", "LoRA r16 vs a full fine-tune: the kernel's peak RSS per rank, s/step, adapter size, merge "
+          "(Qwen3-0.6B-shaped; quick: tiny model, 2 steps)", [], ["--shape", "tiny", "--steps", "2"]),
+    Bench("dpo", "DPO vs SFT over the same trained tokens (checked): trainer start to last step, s/step "
+          "(Qwen3-0.6B-shaped LoRA; quick: tiny model full fine-tune, 8 pairs)", ["--lora"],
+          ["--shape", "tiny", "--pairs", "8"]),
 ]
 
 

@@ -15,19 +15,26 @@ committed as benchmarks/torchtitan_releases.md; docs/versions.md summarises it. 
 in the test suite (tests never download): tests/data/torchtitan_0.2.2/ holds the two source files
 of the 0.2.2 wheel that the probe reads, byte for byte, with their sha256 in that output.
 
+A release whose wheel cannot be downloaded (no package index) is reported as such, in the table,
+on stderr and in the ``--json`` summary (``download_failed``), never invented; the installed
+release is still read.  ``benchmarks/run_all.py --quick`` runs one release with ``--no-write``.
+
   python benchmarks/torchtitan_releases.py [--versions 0.2.0 0.2.1 0.2.2] [--wheels DIR] [--out FILE]
+                                           [--no-write] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import re
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -37,13 +44,24 @@ from trnqwen import titan_compat as compat  # noqa: E402
 VERSIONS = ("0.2.0", "0.2.1", "0.2.2")
 
 
+class DownloadFailed(Exception):
+    """pip could not fetch a release's wheel (no package index, no such release)."""
+
+
 def _wheel(version: str, wheels: Path) -> Path:
     found = sorted(wheels.glob(f"torchtitan-{version}-*.whl"))
     if found:
         return found[0]
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", f"torchtitan=={version}", "-d", str(wheels)],
-                   check=True)
-    return sorted(wheels.glob(f"torchtitan-{version}-*.whl"))[0]
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", f"torchtitan=={version}",
+                               "-d", str(wheels)], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        raise DownloadFailed("pip download timed out after 300 s") from None
+    found = sorted(wheels.glob(f"torchtitan-{version}-*.whl"))
+    if proc.returncode or not found:
+        last = [line for line in (proc.stderr or proc.stdout).strip().splitlines() if not line.startswith("WARNING")]
+        raise DownloadFailed(f"pip download exited {proc.returncode}: {(last or ['no output'])[-1][:200]}")
+    return found[0]
 
 
 def _module_file(pkg: Path, dotted: str) -> bool:
@@ -81,7 +99,7 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def render(rows: list[dict], vendored: dict[str, str]) -> str:
+def render(rows: list[dict], vendored: dict[str, str], failed: Optional[dict[str, str]] = None) -> str:
     yes = lambda b: "yes" if b else "no"  # noqa: E731
     out = [
         "# torchtitan releases against trnqwen.titan_compat",
@@ -107,6 +125,9 @@ def render(rows: list[dict], vendored: dict[str, str]) -> str:
         cells = [r[key] if isinstance(r[key], str) else yes(r[key]) for r in rows]
         out.append(f"| {label} | " + " | ".join(cells) + " |")
     out.append("| Qwen3 flavors | " + " | ".join(", ".join(r["qwen3_flavors"]) or "-" for r in rows) + " |")
+    if failed:
+        out += ["", "Not read (the wheel could not be downloaded):", ""]
+        out += [f"- {version}: {why}" for version, why in failed.items()]
     out += ["", "Source probe facts (`compat.probe_sources`):", ""]
     out += [f"- {r['version']}: `{r['probe']}`" for r in rows]
     if vendored:
@@ -120,13 +141,22 @@ def main() -> int:
     ap.add_argument("--versions", nargs="+", default=list(VERSIONS))
     ap.add_argument("--wheels", type=Path, help="a directory with the wheels (else downloaded to a temp dir)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "torchtitan_releases.md")
+    ap.add_argument("--no-write", action="store_true", help="print the table, do not write --out")
+    ap.add_argument("--json", action="store_true", help="end with a one-line JSON summary")
     args = ap.parse_args()
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="trnqwen-tt-") as tmp:
         wheels = args.wheels or Path(tmp)
         rows = []
         vendored: dict[str, str] = {}
         for version in args.versions:
-            whl = _wheel(version, wheels)
+            try:
+                whl = _wheel(version, wheels)
+            except DownloadFailed as exc:
+                failed[version] = str(exc)
+                print(f"torchtitan_releases: torchtitan {version} not read: {exc} (is the package index reachable?)",
+                      file=sys.stderr)
+                continue
             dest = Path(tmp) / f"x-{version}"
             with zipfile.ZipFile(whl) as z:
                 z.extractall(dest)
@@ -135,12 +165,21 @@ def main() -> int:
                 for rel in ("torchtitan/config/manager.py", "torchtitan/hf_datasets/text_datasets.py"):
                     vendored[rel] = _sha(dest / rel)
         installed = compat._package_dir()
-        if installed is not None:
-            rows.append(facts_for(installed, compat.installed_version() or "?"))
-    text = render(rows, vendored)
-    args.out.write_text(text)
-    print(text)
-    return 0
+        installed_row = facts_for(installed, compat.installed_version() or "?") if installed is not None else None
+        if installed_row is not None:
+            rows.append(installed_row)
+    text = render(rows, vendored, failed)
+    if not args.no_write:
+        args.out.write_text(text)
+    if args.json:
+        brief = lambda r: {"era": r["era"], "supported": r["supported"], "launcher": r["probe"].get("launcher")}  # noqa: E731
+        print(json.dumps({"benchmark": "torchtitan_releases",
+                          "releases": {r["version"]: brief(r) for r in rows if r is not installed_row},
+                          "installed": brief(installed_row) | {"version": installed_row["version"]} if installed_row else None,
+                          "download_failed": failed}))
+    else:
+        print(text)
+    return 0 if installed_row is not None else 1
 
 
 if __name__ == "__main__":

@@ -97,6 +97,65 @@ def test_gpu_check_without_a_gpu_says_so(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def _load_bench(name: str):
+    bench_dir = str(REPO_ROOT / "benchmarks")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)  # the scripts import their siblings (_common, lora)
+    return importlib.import_module(name)
+
+
+def test_measured_run_reports_the_kernels_peak_not_a_sample(tmp_path):
+    """A child that touches 300 MiB for a moment, far shorter than the 0.2 s sampling interval,
+    then frees it: the wrapper's ru_maxrss still holds the peak (a psutil sample would miss it)."""
+    lora = _load_bench("lora")
+    code = "b = bytearray(300 * 2**20)\nb[::4096] = b'x' * len(b[::4096])\ndel b\n"
+    env = dict(os.environ)
+    run = lora.measured_run([sys.executable, "-c", code], cwd=tmp_path, env=env)
+    assert run["rc"] == 0
+    assert run["peak_rss_max_mib"] >= 300, run
+    small = lora.measured_run([sys.executable, "-c", "pass"], cwd=tmp_path, env=env)
+    assert small["peak_rss_max_mib"] < 200, small
+    failing = lora.measured_run([sys.executable, "-c", "raise SystemExit(3)"], cwd=tmp_path, env=env)
+    assert failing["rc"] == 3
+
+
+def test_vm_hwm_is_the_high_water_mark_of_a_live_process():
+    lora = _load_bench("lora")
+    proc = subprocess.Popen([sys.executable, "-c", "import sys\nb = bytearray(200 * 2**20)\nb[::4096] = b'x' * len(b[::4096])\n"
+                             "del b\nsys.stdout.write('freed\\n'); sys.stdout.flush(); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "freed\n"
+        hwm = lora.vm_hwm_bytes(proc.pid)
+        import psutil
+
+        rss = psutil.Process(proc.pid).memory_info().rss
+        assert hwm >= 200 * 2**20 > rss, (hwm, rss)  # the peak is kept after the memory is freed
+    finally:
+        proc.communicate("")
+    assert lora.vm_hwm_bytes(proc.pid) is None  # gone
+
+
+def test_dpo_benchmark_sft_records_train_the_same_tokens_as_the_pairs(tmp_path):
+    """benchmarks/dpo.py's SFT side: the pairs' conversations as chat records must train exactly the
+    tokens DPO trains (multi-turn prompts' earlier answers are context), counted by the benchmark's
+    own check in each cache."""
+    dpo = _load_bench("dpo")
+    from trnqwen.dataset.prepare import DataSettings, prepare
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    assets = write_tiny_qwen3(tmp_path / "tiny")
+    prefs, chats = dpo.write_data(tmp_path, 40)
+    counts = {}
+    for label, settings in (("sft", DataSettings(dataset=str(chats), seq_len=256)),
+                            ("dpo", DataSettings(dataset=str(prefs), seq_len=256, method="dpo", data_kind="preference"))):
+        prepare(settings, assets, tmp_path / label)
+        counts[label] = dpo.trained_tokens(tmp_path / label)
+    assert counts["sft"] == counts["dpo"] > 0, counts
+    prepare(DataSettings(dataset=str(chats), seq_len=128), assets, tmp_path / "dpo")
+    assert dpo.trained_tokens(tmp_path / "dpo") is None  # two caches: which one a run read is unknown
+
+
 # --- every benchmark's quick path, for real (slow suite) ----------------------------------------------
 
 # What each summary must hold besides "benchmark": the measurement the benchmark exists for.
@@ -110,6 +169,10 @@ MEASURED = {
     "train_overhead": "ratio",
     "resume_overhead": "resumed_vs_fresh_first_step_ratio",
     "hf_trainer_backends": "distributed_config_vs_ddp",
+    "inspect_logs_before_after": "quick json ratio",  # after / before wall time on the same log
+    "torchtitan_releases": "installed",  # the installed release's API shape, read from its sources
+    "lora": "ratios",  # LoRA / full: the kernel's peak RSS, s/step, adapter size
+    "dpo": "ratios",  # DPO / SFT over the same trained tokens (present only when the check passed)
 }
 # Extra arguments on top of the quick path: train_overhead runs two repeats here so the test sees
 # that the order alternates.
@@ -133,5 +196,11 @@ def test_each_benchmark_quick_path_runs_for_real(run_all, name):
         assert all(s["losses_agree"] for s in shapes.values()), shapes
         assert shapes["lm-head"]["lm_head_share"] > 0.5  # the LM head dominates
         assert 0.05 < shapes["qwen3-4b"]["lm_head_share"] < 0.15  # about Qwen3-4B's tenth
+    if name == "dpo":
+        assert summary["same_tokens"] and summary["trained_tokens"]["sft"] == summary["trained_tokens"]["dpo"] > 0
+    if name == "lora":
+        assert all(run["peak_rss_max_mib"] > 0 for run in summary["runs"].values()), summary
+    if name == "torchtitan_releases":
+        assert summary["installed"]["supported"] and "0.2.2" in summary["releases"] | summary["download_failed"]
     if name == "train_overhead":
         assert summary["order"] == ["trnqwen then torchrun", "torchrun then trnqwen"], summary
