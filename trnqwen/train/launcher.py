@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TextIO
 
 from trnqwen.contract.metrics_stream import PATH_ENV as METRICS_PATH_ENV
 from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, redact, redact_argv
@@ -452,7 +452,7 @@ def _run_supervised(
     return result
 
 
-def _recover_log(log: Any, log_path: Path) -> bool:
+def _recover_log(log: TextIO, log_path: Path) -> bool:
     """Copy what the still-open, deleted log holds back to ``log_path`` (the whole log, this
     launch's and earlier ones')."""
     import shutil
