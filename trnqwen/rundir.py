@@ -1,7 +1,7 @@
 """Run directories: every ``trnqwen train`` leaves one, so later commands need no paths.
 
 Layout (``<runs_dir>/<run_id>/``, the id ``<time>-<backend>-<method>[-lora]``, e.g.
-``20261204-101500-native-dpo-lora``):
+``20261204-101500-native-sft-lora``):
   run.json     the run record (see :class:`RunRecord`), rewritten atomically as the run progresses
   train.log    the full log of every rank (torchrun --tee), as printed
   config.py    the generated torchtitan config module (for hand-run torchrun, --export-config)
@@ -96,13 +96,13 @@ def live_launcher(record: RunRecord) -> Optional[int]:
 
 
 def run_kind(backend: str, method: str, lora: bool) -> str:
-    """What a run trains, as its id says it: ``<backend>-<method>[-lora]`` (``native-dpo-lora``)."""
+    """What a run trains, as its id says it: ``<backend>-<method>[-lora]`` (``native-sft-lora``)."""
     return f"{backend}-{method}" + ("-lora" if lora else "")
 
 
 def next_run_id(runs_dir: Path, backend: str, *, method: str, lora: bool) -> str:
     """``<timestamp>-<backend>-<method>[-lora][-n]``: the first such name not yet taken under
-    ``runs_dir`` (``20261204-101500-native-dpo-lora``; a second one that second gets ``-1``)."""
+    ``runs_dir`` (``20261204-101500-native-sft-lora``; a second one that second gets ``-1``)."""
     base = f"{time.strftime('%Y%m%d-%H%M%S')}-{run_kind(backend, method, lora)}"
     n = 0
     while (runs_dir / (base if n == 0 else f"{base}-{n}")).exists():

@@ -59,7 +59,7 @@ def plot_title(source: str, run_dir: Optional[Path] = None, *, run_config: Optio
     """What names a run on a plot: its run directory's name, else the log's file name (not the
     whole path, which can be longer than the figure is wide), then what was trained, as far as it
     is known: the model (``base_model``: the one actually trained, else the config's), the method
-    (``dpo + LoRA r16``) and the dataset (a file by its name; the model's default corpus)."""
+    (``sft + LoRA r16``) and the dataset (a file by its name; the model's default corpus)."""
     name = Path(run_dir).name if run_dir is not None else (Path(source).name or source)
     cfg = run_config or {}
     facts = []
@@ -129,7 +129,7 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
     with_mfu = any(no_peak_flops(run) is None and _series(run, "mfu")[0] for _, run, _ in runs)
     ax_mfu = ax_tps.twinx() if with_mfu else None
     # the training loss sets the loss panel's scale; validation and held-out losses of another scale
-    # (a DPO run's held-out answer loss, 7.6 beside its 0.69) go on a twin axis, or they would flatten it
+    # (a preference run's held-out answer loss, 7.6 beside its 0.69) go on a twin axis, or they would flatten it
     train_losses = [v for _, run, _ in runs for v in _series(run, "loss")[1]]
     ax_loss_other = None
 
