@@ -31,6 +31,9 @@ DPO_BETA = 0.1
 STEP1_TOLERANCE = 1e-4  # issue 25: the step-1 loss is ln 2 within 1e-4 on every backend
 
 
+# said beside a chosen-answer loss that rose, so a rise is not read as a failure passed over in silence
+CHOSEN_LOSS_ROSE = (" (it rose: DPO widens the chosen answers' lead over the rejected ones, and both may lose "
+                    "likelihood on the way; the accuracy and margin above are what it trains)")
 DPO_ROWS_PER_STEP = 4  # about 8 pairs a step (two pairs fit a 256-token row), whatever the rank count
 
 
@@ -68,6 +71,6 @@ def judge_run(info: RunInfo, *, device: str, fail: Callable[..., Exception],
     return (
         f"step-1 loss {first:.5f} (ln 2); held-out preference accuracy {before:.3f} -> {after:.3f}, margin "
         f"{pref['margin_before']:+.2f} -> {pref['margin_after']:+.2f} on {pref['pairs']} pairs; chosen-answer loss "
-        f"{got['before']:.3f} -> {got['after']:.3f}",
+        f"{got['before']:.3f} -> {got['after']:.3f}" + (CHOSEN_LOSS_ROSE if got["after"] > got["before"] else ""),
         numbers,
     )
