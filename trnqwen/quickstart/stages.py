@@ -327,7 +327,7 @@ def run_quickstart(
     from trnqwen.quickstart import lora_stage
 
     def stage(name: str, what: str, fn: Callable[[], Any], skipped: Optional[str] = None, lane: bool = False) -> Any:
-        prog.start(name, what, index=canonical.index(name) + 1)
+        prog.start(name, what)
         st = Stage(name=name, skipped=skipped, ok=skipped is not None)
         t0 = time.monotonic()
         try:

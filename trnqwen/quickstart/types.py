@@ -161,10 +161,11 @@ class Progress:
         self.total = total
         self.index = 0
 
-    def start(self, name: str, what: str, index: Optional[int] = None) -> None:
-        """``index``: the stage's number in the documented order (stages that run side by side
-        start out of it); the next number when None."""
-        self.index = self.index + 1 if index is None else index
+    def start(self, name: str, what: str) -> None:
+        """Numbered in the order stages start, so the numbers only climb when lanes run two at a
+        time (the documented order's numbers jumped: [4/15] -> [15/15] -> [13/15]); each
+        ``done`` line names its stage, since side-by-side stages end in any order."""
+        self.index += 1
         if self.enabled:
             from rich.markup import escape
 
