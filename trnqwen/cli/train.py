@@ -168,10 +168,10 @@ def _print_scheduled(cfg, info: dict, *, dry_run: bool, json_out: bool) -> None:
     if json_out:
         output.print_json(info)
         return
+    for note in info.get("notes", ()):  # what the nodes will lack (k8s: a Secret not named)
+        output.info(f"note: {note}")
     if dry_run:
         sys.stdout.write(info["script_text" if cfg.launcher == "slurm" else "manifest_text"])
-        for note in info.get("notes", ()):
-            output.info(f"note: {note}")
         return
     if cfg.launcher == "slurm":
         output.info(f"submitted SLURM job {info['job_id']}: {info['nodes']} node(s), run {info['run_id']}")
@@ -186,8 +186,6 @@ def _print_scheduled(cfg, info: dict, *, dry_run: bool, json_out: bool) -> None:
             output.info(f"start it with:  {info['apply']}")
         output.info(f"follow it with: {info['status']}")
         output.info(f"node 0's log:   {info['logs']}")
-        for note in info["notes"]:
-            output.info(f"note: {note}")
 
 
 def _print_findings(report, *, quiet_info: bool = False, notes=(), brief: bool = False) -> None:

@@ -35,7 +35,7 @@ from trnqwen.train.multinode import rendezvous_argv
 from trnqwen.train.launch_result import LaunchResult
 from trnqwen.train.progress import Progress
 from trnqwen.train.status import StatusLine
-from trnqwen.train.rootcause import failure_cause, silent_failure
+from trnqwen.train.rootcause import failure_cause
 
 if TYPE_CHECKING:
     from trnqwen.config import RunConfig
@@ -443,7 +443,7 @@ def _run_supervised(
     else:
         result.ended_by = "rank failure"
         result.exit_code = EXIT_FAILED
-        result.error = failure_cause(lines_seen + tail, rank_log_dir) or silent_failure(lines_seen + tail, rank_log_dir)
+        result.error = failure_cause(lines_seen + tail, rank_log_dir)
         if result.error is None:
             rc = proc.returncode
             how = f"killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals() else f"exit code {rc}"

@@ -22,6 +22,7 @@ _KNOWN_FATAL = re.compile(
     r"out of memory|Segmentation fault|Killed)"
 )
 _TORCHRUN_ROOT_CAUSE_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_TORCHRUN_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 
 
 def clean_line(line: str) -> str:
@@ -98,19 +99,25 @@ def _parse_error_line(box: list[str]) -> Optional[str]:
     return first
 
 
-def first_failed_local_rank(lines: Iterable[str]) -> Optional[str]:
-    """The local rank torchrun's failure summary names under "Root Cause (first observed failure)"."""
+def torchrun_root_cause(lines: Iterable[str]) -> tuple[Optional[str], Optional[str], Optional[int]]:
+    """(global rank, local rank, exit code) that torchrun's failure summary names under "Root
+    Cause (first observed failure)"; None for what it does not say."""
+    rank = local_rank = exitcode = None
     after = False
     for raw in lines:
         line = clean_line(raw)
         if "Root Cause" in line:
             after = True
             continue
-        if after:
-            m = _TORCHRUN_ROOT_CAUSE_RANK.search(line)
-            if m:
-                return m.group(2)
-    return None
+        if not after:
+            continue
+        m = _TORCHRUN_ROOT_CAUSE_RANK.search(line)
+        if m and rank is None:
+            rank, local_rank = m.group(1), m.group(2)
+        m = _TORCHRUN_EXITCODE.search(line)
+        if m and exitcode is None:
+            exitcode = int(m.group(1))
+    return rank, local_rank, exitcode
 
 
 def rank_log_files(log_dir: Optional[Path], local_rank: Optional[str] = None) -> list[Path]:
@@ -139,38 +146,23 @@ def failure_cause(stream_lines: Sequence[str], rank_log_dir: Optional[Path] = No
 
     1. the rank torchrun saw fail first: its own tee'd log;
     2. the first traceback in the console stream (rank 0);
-    3. any rank's log.
+    3. any rank's log;
+    4. no error text anywhere: what torchrun's summary says of that rank (:func:`silent_failure`).
     """
-    first = first_failed_local_rank(stream_lines)
-    if first is not None:
-        cause = _cause_in_files(rank_log_files(rank_log_dir, first))
+    rank, local_rank, exitcode = torchrun_root_cause(stream_lines)
+    if local_rank is not None:
+        cause = _cause_in_files(rank_log_files(rank_log_dir, local_rank))
         if cause:
             return cause
-    return root_cause(stream_lines) or _cause_in_files(rank_log_files(rank_log_dir))
+    return (root_cause(stream_lines) or _cause_in_files(rank_log_files(rank_log_dir))
+            or silent_failure(rank, local_rank, exitcode, rank_log_dir))
 
 
-_TORCHRUN_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
-
-
-def silent_failure(stream_lines: Sequence[str], rank_log_dir: Optional[Path] = None) -> Optional[str]:
+def silent_failure(rank: Optional[str], local_rank: Optional[str], exitcode: Optional[int],
+                   rank_log_dir: Optional[Path] = None) -> Optional[str]:
     """What torchrun's failure summary says of a rank that ended without any error text: which
     rank, its exit code or the signal that killed it, and the last line that rank logged (the
     place it stopped). None when torchrun printed no summary."""
-    rank = local_rank = exitcode = None
-    after = False
-    for raw in stream_lines:
-        line = clean_line(raw)
-        if "Root Cause" in line:
-            after = True
-            continue
-        if not after:
-            continue
-        m = _TORCHRUN_ROOT_CAUSE_RANK.search(line)
-        if m and rank is None:
-            rank, local_rank = m.group(1), m.group(2)
-        m = _TORCHRUN_EXITCODE.search(line)
-        if m and exitcode is None:
-            exitcode = int(m.group(1))
     if rank is None or exitcode is None:
         return None
     if exitcode < 0:
