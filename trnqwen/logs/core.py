@@ -14,7 +14,8 @@ from typing import BinaryIO, Callable, Optional
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.logs.identity import with_identity
 from trnqwen.logs.judge import Finding, judge
-from trnqwen.logs.engine import CHUNK_SIZE, MAX_LINE, LogParser
+from trnqwen.logs.engine import CHUNK_SIZE, LogParser
+from trnqwen.logs.parse import parse_stream
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.sources import LogInput, RunContext, fill_from_tensorboard, run_context
@@ -30,19 +31,6 @@ class Inspection:
     @property
     def has_errors(self) -> bool:
         return any(f.severity == "error" for f in self.findings)
-
-
-def read_stream(stream: BinaryIO, label: str, *, chunk_size: int = CHUNK_SIZE, max_line: int = MAX_LINE) -> ParsedLog:
-    parser = LogParser(label, max_line=max_line)
-    try:
-        while True:
-            block = stream.read(chunk_size)
-            if not block:
-                break
-            parser.feed(block)
-    except OSError as exc:
-        raise CheckFailed(f"could not read {label}: {exc.strerror or exc}", hint="check the file and try again") from None
-    return parser.close()
 
 
 # compressed logs: magic bytes -> (name, opener); zstd has no reader in the standard library
@@ -68,21 +56,27 @@ def _decompressing(raw: BinaryIO, kind: str) -> BinaryIO:
             "xz": lambda: lzma.LZMAFile(raw)}[kind]()
 
 
-def _read_compressed(raw: BinaryIO, kind: str, label: str, chunk_size: int) -> ParsedLog:
-    """A gzip/bzip2/xz log, decompressed as it is read (bounded memory, one process)."""
+def _read(stream: BinaryIO, label: str, chunk_size: int) -> ParsedLog:
+    """Parse a log stream to its end (bounded memory, one process), gzip/bzip2/xz decompressed as
+    it is read."""
     import lzma
     import zlib
 
+    kind = None
     try:
-        return read_stream(_decompressing(raw, kind), label, chunk_size=chunk_size)
+        kind = _compression(stream.peek(6)[:6]) if hasattr(stream, "peek") else None
+        return parse_stream(_decompressing(stream, kind) if kind else stream, label, chunk_size=chunk_size)
     except EOFError:
         raise UsageError(f"{label} is a cut-off {kind} file (it ends before its end-of-stream marker)",
                          hint="copy the whole file again, or pass the uncompressed log") from None
-    except (zlib.error, lzma.LZMAError, ValueError) as exc:
-        raise UsageError(f"{label} is not valid {kind} data: {exc}", hint="pass the log itself, or a complete .gz/.bz2/.xz of it") from None
-    except CheckFailed as exc:  # gzip.BadGzipFile and friends are OSErrors: corrupt data, not a read failure
-        raise UsageError(f"{label} is not valid {kind} data: {exc.message.split(': ', 1)[-1]}",
-                         hint="pass the log itself, or a complete .gz/.bz2/.xz of it") from None
+    except (OSError, zlib.error, lzma.LZMAError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        if kind:  # gzip.BadGzipFile and friends are OSErrors too: corrupt data, not a read failure
+            raise UsageError(f"{label} is not valid {kind} data: {why}",
+                             hint="pass the log itself, or a complete .gz/.bz2/.xz of it") from None
+        if not isinstance(exc, OSError):
+            raise
+        raise CheckFailed(f"could not read {label}: {why}", hint="check the file and try again") from None
 
 
 def read_log(inp: LogInput, *, stdin: Optional[BinaryIO] = None, chunk_size: int = CHUNK_SIZE, live: bool = False) -> ParsedLog:
@@ -94,9 +88,7 @@ def read_log(inp: LogInput, *, stdin: Optional[BinaryIO] = None, chunk_size: int
         read_into(log, inp.run_dir, inp.record)
         return log
     if inp.is_stdin:
-        stream = stdin if stdin is not None else sys.stdin.buffer
-        kind = _compression(stream.peek(6)[:6]) if hasattr(stream, "peek") else None
-        log = _read_compressed(stream, kind, inp.label, chunk_size) if kind else read_stream(stream, inp.label, chunk_size=chunk_size)
+        log = _read(stdin if stdin is not None else sys.stdin.buffer, inp.label, chunk_size)
     else:
         try:
             fh = open(inp.path, "rb")
@@ -105,14 +97,7 @@ def read_log(inp: LogInput, *, stdin: Optional[BinaryIO] = None, chunk_size: int
         except OSError as exc:
             raise UsageError(f"cannot open {inp.label}: {exc.strerror or exc}", hint="check the path and its permissions") from None
         with fh:
-            try:
-                kind = _compression(fh.peek(6)[:6])
-                if kind:
-                    log = _read_compressed(fh, kind, inp.label, chunk_size)
-                else:
-                    log = read_stream(fh, inp.label, chunk_size=chunk_size)
-            except OSError as exc:
-                raise CheckFailed(f"could not read {inp.label}: {exc.strerror or exc}", hint="check the file and try again") from None
+            log = _read(fh, inp.label, chunk_size)
     streamed = read_into(log, inp.run_dir, inp.record)
     check_readable(log, live=live or streamed)
     return log
@@ -233,13 +218,9 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
                     emitter = _Emitter(on_step, on_validation)
                     pos = 0
                     fh.seek(0)
-                while True:
-                    block = fh.read(chunk_size)
-                    if not block:
-                        break
-                    pos += len(block)
-                    parser.feed(block)
-                    grew = True
+                read = _drain(fh, parser, chunk_size)
+                pos += read
+                grew = bool(read)
             if reader is None and stream_of(inp.run_dir) is not None:
                 from trnqwen.contract.metrics_stream import StreamReader
 
@@ -257,11 +238,7 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
             if _record_ended(inp) or (inp.run_dir is None and _log_says_ended(parser.log)):
                 # one last read for lines written just before the record was updated
                 if fh is not None:
-                    while True:
-                        block = fh.read(chunk_size)
-                        if not block:
-                            break
-                        parser.feed(block)
+                    _drain(fh, parser, chunk_size)
                 break
             if now - idle_since > idle_timeout_s:
                 stalled = now - idle_since
@@ -287,6 +264,15 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
             "stopped following. Is it hung? (check its processes; a long silent phase such as Neuron compilation "
             "needs a larger --idle-timeout)", [log.lines] if log.lines else []))
     return result
+
+
+def _drain(fh: BinaryIO, parser: LogParser, chunk_size: int) -> int:
+    """Feed ``parser`` what ``fh`` has now; the bytes read."""
+    n = 0
+    while block := fh.read(chunk_size):
+        n += len(block)
+        parser.feed(block)
+    return n
 
 
 class _Emitter:

@@ -205,9 +205,7 @@ class LogParser:
         lines summarized, the primary rank's queued, and its line count returned; 0 (anything else
         in it): read it piece by piece (:meth:`_pieces`)."""
         lines = span.split(b"\n")
-        if not (len(span) <= self.max_line and span.count(b"step:") == len(lines) == span.count(b"loss:")
-                and all(map(bytes.startswith, lines, repeat(known)))
-                and not (check and (b"validate" in span or not span.isascii()))):
+        if not self._all_steps(span, lines, known, check):
             return 0
         pp = self._primary_prefix
         mine = list(map(bytes.startswith, lines, repeat(pp)))
@@ -217,6 +215,14 @@ class LogParser:
             self._high_memory(lines, lineno)
         primary.extend(zip(compress(count(lineno), mine), heads))
         return len(lines)
+
+    def _all_steps(self, text: bytes, lines: list, prefixes: tuple, check: bool) -> bool:
+        """``lines`` (``text`` split) are all step lines behind one of ``prefixes``: as many ``step:``
+        and ``loss:`` as lines, no validation, ASCII (checked when ``check``: the region has either)."""
+        n = len(lines)
+        return (bool(prefixes) and len(text) <= self.max_line and text.count(b"step:") == n == text.count(b"loss:")
+                and all(map(bytes.startswith, lines, repeat(prefixes)))
+                and not (check and (b"validate" in text or not text.isascii())))
 
     def _pieces(self, buf: bytes, others: tuple, primary: list, lineno: int, high: bool, check: bool) -> int:
         """The lines of ``buf`` piece by piece (a primary line, then other lines): a piece of other
@@ -233,9 +239,7 @@ class LogParser:
                 rest = piece[nl + 1:]
             lines = rest.split(b"\n")
             n = len(lines)
-            if (others and rest.count(b"step:") == n and rest.count(b"loss:") == n and len(rest) <= self.max_line
-                    and all(map(bytes.startswith, lines, repeat(others)))
-                    and not (check and (b"validate" in rest or not rest.isascii()))):
+            if self._all_steps(rest, lines, others, check):
                 self.log.recognized_lines += n
                 if high:
                     self._high_memory(lines, lineno)
@@ -263,18 +267,18 @@ class LogParser:
         for lineno, raw in batch:
             i = raw.find(b"step:")
             if (i > 0 and b"loss:" in raw and raw.isascii() and b"validate" not in raw and not raw.endswith(b"\r")
-                    and len(raw) + len(self._primary_prefix) <= self.max_line and not raw.startswith(self._primary_prefix)
+                    and len(raw) + len(pp) <= self.max_line and not raw.startswith(pp)
                     and (raw[i - 1] == 32 or (raw[i - 1] == 109 and step_key_glued_ok(raw.decode(), i)))):
                 run.append((lineno, raw))
                 continue
             self._step_columns(run)
-            self._primary_line(lineno, raw)
+            self._line(lineno, pp + raw)
         self._step_columns(run)
         batch.clear()
 
     def _step_columns(self, run: list) -> None:
         """Step lines of the primary rank (from ``step:`` on) as columns, as fast_step reads each;
-        one line off its layout sends the run to :meth:`_primary_line`."""
+        one line off its layout sends the run to :meth:`_line`, one by one."""
         if not run:
             return
         try:
@@ -301,7 +305,7 @@ class LogParser:
             steps = list(map(int, cols[1]))
         except ValueError:
             for lineno, raw in run:
-                self._primary_line(lineno, raw)
+                self._line(lineno, self._primary_prefix + raw)
             run.clear()
             return
         lines = [lineno for lineno, _ in run]
@@ -324,22 +328,6 @@ class LogParser:
             self.note_memory(rank, steps[i], values["memory_gib"][i], top, lines[i])
         log.steps.extend(steps, lines, values)
 
-
-    def _primary_line(self, lineno: int, raw: bytes) -> None:
-        """A line of the primary rank, ``raw`` behind its prefix: a plain step line straight to
-        :meth:`_step` (what :meth:`_line` would do with it), anything else through :meth:`_line`."""
-        pp = self._primary_prefix
-        if (b"loss:" in raw and b"step:" in raw and b"validate step:" not in raw and len(raw) + len(pp) <= self.max_line
-                and not raw.startswith(pp) and not raw.endswith(b"\r")):
-            try:
-                rec = parse_step_line(raw.decode())
-            except UnicodeDecodeError:
-                rec = None
-            if rec is not None:
-                self.log.recognized_lines += 1
-                self._step(lineno, self.log.primary_rank, rec)
-                return
-        self._line(lineno, pp + raw)
 
     def _each(self, lines: list, base: int) -> None:
         for lineno, raw in enumerate(lines, base):

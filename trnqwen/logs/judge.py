@@ -1,6 +1,6 @@
 """Judge a parsed run: findings with a severity, a message and the log lines that show it.
 
-Every check is a small function of (:class:`~trnqwen.logs.parse.ParsedLog`,
+Every check is a small function of (:class:`~trnqwen.logs.record.ParsedLog`,
 :class:`~trnqwen.logs.sources.RunContext`) so each can be tested on a hand-written log.
 """
 

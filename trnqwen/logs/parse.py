@@ -1,11 +1,9 @@
 """Parse torchtitan logs: every line kind it prints, with or without ANSI colours and torchrun
 prefixes (``[rank0]:``, ``[default0]:``), ranks interleaved.
 
-The public entry points, in one place:
-
-* :func:`parse_step_line` - one step line to a dict of numbers (the launcher's live status line).
-* :class:`LogParser` - the streaming parser fed raw bytes (``feed`` / ``close``) that builds a
-  :class:`ParsedLog`; :func:`parse_file` / :func:`parse_stream` / :func:`parse_bytes` wrap it.
+:class:`~trnqwen.logs.engine.LogParser` is the streaming parser fed raw bytes (``feed`` /
+``close``) that builds a :class:`~trnqwen.logs.record.ParsedLog`; :func:`parse_stream`,
+:func:`parse_file`, :func:`parse_bytes` and :func:`parse_text` wrap it.
 
 Where things live: the step line's format in :mod:`trnqwen.contract.stepline`; every other line kind
 in :mod:`trnqwen.logs.patterns` (a new informational line is one row of ``_OWN_LINES`` there);
@@ -17,25 +15,12 @@ from __future__ import annotations
 
 from typing import BinaryIO
 
-from trnqwen.logs.engine import CHUNK_SIZE, MAX_KEPT, MAX_LINE, LogParser
-from trnqwen.logs.patterns import parse_override_line, split_prefix
-from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
-from trnqwen.contract.stepline import (
-    ANSI_RE,
-    STEP_FIELDS,
-    fast_step as _fast_step,
-    format_step_line,
-    parse_step_line,
-    parse_validation_line,
-    strip_ansi,
-    to_number,
-)
+from trnqwen.logs.engine import CHUNK_SIZE, MAX_LINE, LogParser
+from trnqwen.logs.record import ParsedLog
 
-__all__ = [
-    "ANSI_RE", "CHUNK_SIZE", "HIGH_MEMORY_PCT", "MAX_KEPT", "MAX_LINE", "STEP_FIELDS", "LogParser", "ParsedLog",
-    "format_step_line", "parse_bytes", "parse_file", "parse_override_line", "parse_step_line", "parse_stream",
-    "parse_text", "parse_validation_line", "split_prefix", "strip_ansi", "to_number", "_fast_step",
-]
+# the names tests and scripts read from here, one import for a log's lines
+from trnqwen.logs.patterns import parse_override_line  # noqa: F401
+from trnqwen.contract.stepline import fast_step as _fast_step, parse_step_line, parse_validation_line, strip_ansi  # noqa: F401
 
 
 def parse_stream(stream: BinaryIO, source: str = "", *, chunk_size: int = CHUNK_SIZE, max_line: int = MAX_LINE) -> ParsedLog:
@@ -43,10 +28,7 @@ def parse_stream(stream: BinaryIO, source: str = "", *, chunk_size: int = CHUNK_
     parser = LogParser(source, max_line=max_line)
     read = getattr(stream, "read1", None) if chunk_size < 65536 else None
     read = read or stream.read
-    while True:
-        block = read(chunk_size)
-        if not block:
-            break
+    while block := read(chunk_size):
         parser.feed(block)
     return parser.close()
 

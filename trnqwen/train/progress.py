@@ -85,7 +85,7 @@ class Progress:
         self.poll()  # the writer flushes a step's record before its line is printed
         if self.from_stream:
             return
-        from trnqwen.logs.parse import parse_step_line, parse_validation_line
+        from trnqwen.contract.stepline import parse_step_line, parse_validation_line
 
         with self._lock:
             if "validate step:" in line:

@@ -27,7 +27,7 @@ _TORCHRUN_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 
 def clean_line(line: str) -> str:
     """A log line without ANSI colours and without the torchrun ``[rankN]:`` prefix."""
-    from trnqwen.logs.parse import strip_ansi
+    from trnqwen.contract.stepline import strip_ansi
 
     text = strip_ansi(line).rstrip("\r\n")
     return _RANK_PREFIX.sub("", text, count=1)
