@@ -4,14 +4,12 @@ Input comes in binary chunks and is cut at newlines; lines are capped at ``max_l
 2 GB line costs no more memory than a short one.  Every line is read one by one (:meth:`LogParser._line`)
 with one exception, for logs where every rank prints its step lines (a by-hand torchrun of 8 or 64
 ranks; trnqwen's own launcher keeps rank 0's): once the primary rank (rank 0, or the unprefixed
-stream) is known, the lines between two of its lines that are all other ranks' step lines (as many
-``step:`` and ``loss:`` as lines, every line behind the prefix of a rank already seen, no
-validation) are only summarized, as the per-line reader would record them: counted, each rank's
-last step, and its highest memory above 90%.  The check runs on a span of about 64 KB at once
-(:meth:`LogParser._quiet`: as many ``step:`` and ``loss:`` as lines, every line behind a known
-prefix); a span with anything else is checked piece by piece (a primary line and the lines after
-it), and from a traceback or a resume on the rest of the region is read line by line.  The primary
-rank's exact step lines are checked per batch and converted per column (:meth:`_step_columns`).
+stream) is known, a span of about 16 KB that holds only step lines behind the prefix of a rank
+already seen (:meth:`LogParser._quiet`: as many ``step:`` and ``loss:`` as lines, no validation)
+is summarized as the per-line reader would record it: the other ranks' lines counted, each rank's
+last step and its highest memory above 90%; the primary rank's exact step lines are checked per
+batch and converted per column (:meth:`_step_columns`).  A span with anything else is read line by
+line, and from a traceback or a resume on, the rest of the region too.
 
 What each line means lives elsewhere: the step line in :mod:`~trnqwen.contract.stepline`, every other
 kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
@@ -52,7 +50,7 @@ COLOURED_STEP_RE = re.compile(rb"\x1b\[[0-9;]{0,20}mstep:")  # a colour code glu
 RESUMED_RE = re.compile(r"\[trnqwen\] resumed run \S+ from step (\d+)")
 PREEMPTED_RE = re.compile(r"\[trnqwen\] preempted: (.+?) at step (\d+)")
 CHUNK_SIZE = 1 << 20  # a block read at a time (bigger blocks fall out of the CPU cache)
-SPAN = 1 << 16  # bytes of a region checked at once for other ranks' step lines only (_quiet)
+SPAN = 1 << 14  # bytes of a region checked at once for step lines only (_quiet); any other, line by line
 MAX_KEPT = 200  # distinct warnings / error lines kept
 NUL_SCAN_BYTES = 1 << 20  # NUL bytes are counted in the first MiB (binary-file detection)
 
@@ -173,8 +171,7 @@ class LogParser:
         if pp is None or not self.summarize or self._tracebacks.any_open():
             self._each(buf.split(b"\n"), base)
             return
-        others = tuple(p for r, p in self.rank_prefix.items() if r != self.log.primary_rank)
-        known = (*others, pp)
+        known = tuple(self.rank_prefix.values())
         high = b"GiB(9" in buf or b"GiB(100" in buf
         check = b"validate" in buf or not buf.isascii()
         lineno = base
@@ -184,17 +181,19 @@ class LogParser:
             end = buf.find(b"\n", start + SPAN)  # a span: about SPAN bytes, cut after a line
             span = buf[start:] if end < 0 else buf[start:end]
             quiet = self._quiet(span, known, primary, lineno, high, check)
-            if not quiet:
-                if b"Traceback" in span or b"[trnqwen] resumed" in span:  # the rest line by line: a crash or
-                    self._primaries(primary)  # a resume changes how the lines after it read
-                    if start:
-                        self.lineno = lineno - 1
-                        self._last_steps(buf[:start - 1])
-                    self._each(buf[start:].split(b"\n"), lineno)
-                    return
-                lineno = self._pieces(span, others, primary, lineno, high, check)
-            else:
+            if quiet:
                 lineno += quiet
+            else:  # line by line; from a crash or a resume on (they change how the lines after read), the rest
+                self._primaries(primary)
+                rest = b"Traceback" in span or b"[trnqwen] resumed" in span
+                if rest and start:
+                    self.lineno = lineno - 1
+                    self._last_steps(buf[:start - 1])
+                lines = (buf[start:] if rest else span).split(b"\n")
+                self._each(lines, lineno)
+                if rest:
+                    return
+                lineno += len(lines)
             start = len(buf) + 1 if end < 0 else end + 1
         self._primaries(primary)
         self.lineno = lineno - 1
@@ -203,9 +202,11 @@ class LogParser:
     def _quiet(self, span: bytes, known: tuple, primary: list, lineno: int, high: bool, check: bool) -> int:
         """A span of only step lines, each behind the prefix of a rank already seen: the other ranks'
         lines summarized, the primary rank's queued, and its line count returned; 0 (anything else
-        in it): read it piece by piece (:meth:`_pieces`)."""
+        in it): read it line by line."""
         lines = span.split(b"\n")
-        if not self._all_steps(span, lines, known, check):
+        if not (len(span) <= self.max_line and span.count(b"step:") == len(lines) == span.count(b"loss:")
+                and all(map(bytes.startswith, lines, repeat(known)))
+                and not (check and (b"validate" in span or not span.isascii()))):
             return 0
         pp = self._primary_prefix
         mine = list(map(bytes.startswith, lines, repeat(pp)))
@@ -215,39 +216,6 @@ class LogParser:
             self._high_memory(lines, lineno)
         primary.extend(zip(compress(count(lineno), mine), heads))
         return len(lines)
-
-    def _all_steps(self, text: bytes, lines: list, prefixes: tuple, check: bool) -> bool:
-        """``lines`` (``text`` split) are all step lines behind one of ``prefixes``: as many ``step:``
-        and ``loss:`` as lines, no validation, ASCII (checked when ``check``: the region has either)."""
-        n = len(lines)
-        return (bool(prefixes) and len(text) <= self.max_line and text.count(b"step:") == n == text.count(b"loss:")
-                and all(map(bytes.startswith, lines, repeat(prefixes)))
-                and not (check and (b"validate" in text or not text.isascii())))
-
-    def _pieces(self, buf: bytes, others: tuple, primary: list, lineno: int, high: bool, check: bool) -> int:
-        """The lines of ``buf`` piece by piece (a primary line, then other lines): a piece of other
-        ranks' step lines summarized, any other piece read line by line; the next line number."""
-        pp = self._primary_prefix
-        for k, piece in enumerate(buf.split(b"\n" + pp)):  # each piece: a primary line, then other lines
-            rest = piece
-            if k:
-                nl = piece.find(b"\n")
-                primary.append((lineno, piece if nl < 0 else piece[:nl]))
-                lineno += 1
-                if nl < 0:
-                    continue
-                rest = piece[nl + 1:]
-            lines = rest.split(b"\n")
-            n = len(lines)
-            if self._all_steps(rest, lines, others, check):
-                self.log.recognized_lines += n
-                if high:
-                    self._high_memory(lines, lineno)
-            else:
-                self._primaries(primary)
-                self._each(lines, lineno)
-            lineno += n
-        return lineno
 
     def _primaries(self, batch: list) -> None:
         """The primary rank's lines of a region, in order: runs of torchtitan's exact step line
