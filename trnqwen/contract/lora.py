@@ -3,7 +3,7 @@
 The launcher plans the adapter (:mod:`trnqwen.train.lora`: targets per backend, refusals) and
 hands the ranks a :class:`LoraSpec` (JSON in the generated config module, or the hf-trainer
 spec); every rank logs one :func:`log_line` before step 1 and the log judge reads it back with
-:data:`LOG_LINE_RE`.  Both sides count adapter parameters with :func:`adapter_params`.  The PEFT
+:func:`read_log_line`.  Both sides count adapter parameters with :func:`adapter_params`.  The PEFT
 adapter folder the ranks export is :mod:`trnqwen.contract.peft_adapter`.
 """
 
@@ -124,3 +124,19 @@ def log_line(*, trainable: int, total: int, spec: LoraSpec, adapters: int, initi
         f"rank {spec.rank}, alpha {spec.alpha:g}, dropout {spec.dropout:g}, adapters {adapters}, "
         f"targets {','.join(spec.targets)}, initialised {initialised} (rank {rank})"
     )
+
+
+_PROCESS_RANK_RE = re.compile(r"\(rank (\d+)\)\s*$")
+
+
+def read_log_line(text: str) -> Optional[tuple[Optional[int], dict]]:
+    """:func:`log_line` read back: (the process rank it names at its end, None when it names none;
+    its numbers and settings), or None for any other line."""
+    m = LOG_LINE_RE.search(text)
+    if m is None:
+        return None
+    rec: dict = {k: int(m.group(k).replace(",", "")) for k in ("trainable", "total", "rank", "adapters", "initialised")}
+    rec.update(percent=float(m.group("percent")), alpha=float(m.group("alpha")), dropout=float(m.group("dropout")),
+               targets=m.group("targets").split(","))
+    process = _PROCESS_RANK_RE.search(text)
+    return (int(process.group(1)) if process else None), rec

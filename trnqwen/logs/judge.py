@@ -520,23 +520,21 @@ def _check_throughput(log: ParsedLog, ctx: RunContext) -> list[Finding]:
 
 
 def root_cause(log: ParsedLog) -> Optional[dict]:
-    """The crash's first root-cause line: {rank, text, line, traceback_start}, or None."""
-    tbs = log.tracebacks
+    """The crash's first root-cause line: {rank, text, line, final, traceback_start}, or None: the
+    traceback of torchrun's root-cause rank, else the earliest rank's, else the launcher's own (not
+    torchrun's ChildFailedError), else the error line of torchrun's summary."""
     failure = log.torchrun_failure
-    rank_tbs = {r: t for r, t in tbs.items() if r is not None and t.get("first_root")}
-    pick = None
-    if failure.get("root_cause_rank") is not None and failure["root_cause_rank"] in rank_tbs:
-        pick = failure["root_cause_rank"]
-    elif rank_tbs:
-        pick = min(rank_tbs, key=lambda r: rank_tbs[r]["first_root"]["line"])
-    if pick is not None:
-        t = rank_tbs[pick]
+    ranked = {r: t for r, t in log.tracebacks.items() if r is not None and t.get("first_root")}
+    pick = failure.get("root_cause_rank")
+    if pick not in ranked:
+        pick = min(ranked, key=lambda r: ranked[r]["first_root"]["line"], default=None)
+    own = log.tracebacks.get(None)
+    if pick is None and own and own.get("first_root") and "ChildFailedError" not in own["first_root"]["text"]:
+        ranked[None] = own
+    t = ranked.get(pick)
+    if t is not None:
         return {"rank": pick, "text": t["first_root"]["text"], "line": t["first_root"]["line"],
                 "final": t["last"]["text"] if t.get("last") else None, "traceback_start": t.get("start")}
-    own = tbs.get(None)
-    if own and own.get("first_root") and "ChildFailedError" not in own["first_root"]["text"]:
-        return {"rank": None, "text": own["first_root"]["text"], "line": own["first_root"]["line"],
-                "final": own["last"]["text"] if own.get("last") else None, "traceback_start": own.get("start")}
     if failure.get("error"):
         return {"rank": failure.get("root_cause_rank"), "text": failure["error"], "line": failure.get("root_cause_line"),
                 "final": None, "traceback_start": None}

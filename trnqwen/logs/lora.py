@@ -1,7 +1,7 @@
 """The ``[LoRA]`` line in the log judge: did the run train only its adapters?
 
 Every rank of a LoRA run logs one line before step 1 (:func:`trnqwen.contract.lora.log_line`,
-parsed by :mod:`trnqwen.logs.patterns` into ``ParsedLog.lora``).  The judge reads it back:
+read back by :func:`~trnqwen.contract.lora.read_log_line` into ``ParsedLog.lora``).  The judge reads it back:
 
 * error ``lora-not-adapters``: the trainable count is not the adapters' (the whole model trains,
   no adapter was built, it differs from ``r x (in + out)`` summed over the adapted projections of
@@ -19,29 +19,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Optional
 
-from trnqwen.contract.lora import LOG_LINE_RE, LOG_MARK
+from trnqwen.contract.lora import LOG_MARK, read_log_line
 
 if TYPE_CHECKING:
     from trnqwen.logs.record import ParsedLog
 
 _SETTINGS = ("trainable", "total", "rank", "alpha", "dropout", "adapters", "targets", "initialised")
-LINE_RANK_RE = re.compile(r"\(rank (\d+)\)\s*$")
 RANK_FILE_BYTES = 16 << 20  # the line comes before step 1: the head of each per-rank log is enough
 _NEEDLE = f"{LOG_MARK} trainable".encode()
-
-
-def record_of(m: "re.Match[str]", line: Optional[int]) -> dict:
-    """A :data:`trnqwen.contract.lora.LOG_LINE_RE` match as numbers."""
-    rec: dict = {k: int(m.group(k).replace(",", "")) for k in ("trainable", "total", "rank", "adapters", "initialised")}
-    rec.update(percent=float(m.group("percent")), alpha=float(m.group("alpha")), dropout=float(m.group("dropout")),
-               targets=m.group("targets").split(","), line=line)
-    return rec
-
-
-def line_rank(text: str) -> Optional[int]:
-    """The process rank a ``[LoRA]`` line names at its end (``(rank 3)``)."""
-    m = LINE_RANK_RE.search(text)
-    return int(m.group(1)) if m else None
 
 
 def read_rank_logs(rank_log_dir: Optional[Path]) -> dict[int, dict]:
@@ -64,11 +49,9 @@ def read_rank_logs(rank_log_dir: Optional[Path]) -> dict[int, dict]:
         at = head.find(_NEEDLE)
         while at >= 0:
             end = head.find(b"\n", at)
-            text = head[at: end if end >= 0 else len(head)].decode("utf-8", "replace").rstrip("\r")
-            m = LOG_LINE_RE.search(text)
-            rank = line_rank(text)
-            if m is not None and rank is not None:
-                found[rank] = {**record_of(m, None), "file": str(path)}
+            got = read_log_line(head[at: end if end >= 0 else len(head)].decode("utf-8", "replace").rstrip("\r"))
+            if got is not None and got[0] is not None:
+                found[got[0]] = {**got[1], "line": None, "file": str(path)}
             at = head.find(_NEEDLE, at + 1)
     return found
 
@@ -119,19 +102,15 @@ def lora_json(log: "ParsedLog", ctx: Any) -> Optional[dict]:
     }
 
 
-def _finding(severity: str, code: str, message: str, lines: Optional[list] = None) -> tuple:
-    """A finding's fields; :mod:`trnqwen.logs.judge` makes them its ``Finding`` (it imports this module)."""
-    return severity, code, message, list(lines or [])
-
-
 def check_lora(log: "ParsedLog", ctx: Any) -> list[tuple]:
-    """(severity, code, message, lines) of every LoRA finding."""
+    """(severity, code, message[, lines]) of every LoRA finding (:mod:`trnqwen.logs.judge` makes them
+    its ``Finding``; it imports this module)."""
     rec = primary_line(log)
     if rec is None:
         if ctx.lora:
-            return [_finding("warning", "lora-line-missing",
-                            "the run config says LoRA, but no [LoRA] line was logged: nothing shows that only the "
-                            "adapters trained (a backend that does not log it, or a run that stopped before step 1)")]
+            return [("warning", "lora-line-missing",
+                    "the run config says LoRA, but no [LoRA] line was logged: nothing shows that only the "
+                    "adapters trained (a backend that does not log it, or a run that stopped before step 1)")]
         return []
     out: list[tuple] = []
     ranks = per_rank(log, ctx)
@@ -148,11 +127,11 @@ def check_lora(log: "ParsedLog", ctx: Any) -> list[tuple]:
         wrong.append(f"{rec['trainable']:,} trainable, but rank {rec['rank']} adapters on {','.join(rec['targets'])} "
                      f"of this base have {expected:,} parameters")
     if wrong:
-        out.append(_finding("error", "lora-not-adapters", "LoRA: the trainable parameters are not the adapters': "
-                           + "; ".join(wrong), [rec["line"]]))
+        out.append(("error", "lora-not-adapters", "LoRA: the trainable parameters are not the adapters': "
+                    + "; ".join(wrong), [rec["line"]]))
     differ = _differ(ranks)
     if differ:
-        out.append(_finding("error", "lora-ranks-disagree", f"LoRA: ranks disagree on {differ}", lines[:8]))
+        out.append(("error", "lora-ranks-disagree", f"LoRA: ranks disagree on {differ}", lines[:8]))
     cfg = ctx.lora or {}
     mismatch = []
     if cfg.get("rank") is not None and cfg["rank"] != rec["rank"]:
@@ -160,13 +139,13 @@ def check_lora(log: "ParsedLog", ctx: Any) -> list[tuple]:
     if cfg.get("targets") and cfg.get("backend") != "nki-moe" and cfg["targets"] != rec["targets"]:
         mismatch.append(f"targets {','.join(rec['targets'])} logged, {','.join(cfg['targets'])} configured")
     if mismatch:
-        out.append(_finding("error", "lora-config-mismatch", "LoRA: the log is not the run config's adapter: "
-                           + "; ".join(mismatch), [rec["line"]]))
+        out.append(("error", "lora-config-mismatch", "LoRA: the log is not the run config's adapter: "
+                    + "; ".join(mismatch), [rec["line"]]))
     if not out:
         check = ", as config.json's shapes give" if expected is not None else ""
-        out.append(_finding("info", "lora", f"LoRA: {rec['trainable']:,} trainable of {rec['total']:,} parameters "
-                           f"({rec['percent']:.2f}%){check}: {rec['adapters']} adapters, rank {rec['rank']}, "
-                           f"{len(ranks)} rank(s) logged it", [rec["line"]]))
+        out.append(("info", "lora", f"LoRA: {rec['trainable']:,} trainable of {rec['total']:,} parameters "
+                    f"({rec['percent']:.2f}%){check}: {rec['adapters']} adapters, rank {rec['rank']}, "
+                    f"{len(ranks)} rank(s) logged it", [rec["line"]]))
     return out
 
 

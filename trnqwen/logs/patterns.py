@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
 
 from trnqwen.contract.lora import LOG_LINE_RE as LORA_RE
 from trnqwen.contract.lora import LOG_MARK as LORA_TAG
+from trnqwen.contract.lora import read_log_line
 from trnqwen.contract.method_lines import MethodLine
 from trnqwen.contract.override_calls import CALLS_RE, CALLS_TAG
 from trnqwen.contract.stepline import strip_ansi, to_number
@@ -156,12 +157,6 @@ def _trainer(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.trainer.update({k: int(v) for k, v in m.groupdict().items() if v is not None})
 
 
-def _building(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> Optional[bool]:
-    if m.group("name") == "device":
-        return False
-    log.model_name = log.model_name or m.group("name")
-    log.model_flavor = log.model_flavor or m.group("flavor")
-    return None
 
 
 def _model_size(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
@@ -170,12 +165,12 @@ def _model_size(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.model_params = int(m.group("params").replace(",", ""))
 
 
-def _building_with(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> Optional[bool]:
+def _building(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> Optional[bool]:
     if m.group("name") == "device":
         return False
     log.model_name = log.model_name or m.group("name")
     log.model_flavor = log.model_flavor or m.group("flavor")
-    _model_args(log, m.group("args"))
+    _model_args(log, m.group("args") or "")
     return None
 
 
@@ -235,9 +230,8 @@ def _lora(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     """``[LoRA] trainable N of M parameters (P%), rank R, ... initialised K (rank X)``
     (:func:`trnqwen.contract.lora.log_line`), kept per process rank: the torchrun prefix's, else the
     line's own ``(rank X)``."""
-    from trnqwen.logs.lora import line_rank, record_of
-
-    log.lora[at.rank if at.rank is not None else line_rank(m.string)] = record_of(m, at.lineno)
+    process, rec = read_log_line(m.string)
+    log.lora[at.rank if at.rank is not None else process] = {**rec, "line": at.lineno}
 
 
 def keep_method_line(log: "ParsedLog", method: str, line: MethodLine, lineno: int) -> None:
@@ -312,11 +306,10 @@ _OWN_LINES: tuple[LinePattern, ...] = (
         r"Trainer is initialized with local batch size (?P<local_batch>\d+), global batch size (?P<global_batch>-?\d+), "
         r"gradient accumulation steps (?P<grad_accum>\d+), sequence length (?P<seq_len>\d+), total steps (?P<steps>\d+)"
         r"(?: \(warmup (?P<warmup>\d+)\))?"), _trainer, ("Trainer is initialized",)),
-    LinePattern("model", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+)\s*$"), _building, ("Building ",)),
-    # "Building qwen3 4B with Qwen3ModelArgs(...)"; torchtitan 0.2.x: "Building qwen3 4Bwith {" (model
-    # args as JSON on the following lines, read by the "vocab" pattern)
-    LinePattern("model-args", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+?) ?with (?P<args>.*)$"), _building_with,
-                ("Building ",)),
+    # "Building qwen3 4B", "Building qwen3 4B with Qwen3ModelArgs(...)"; torchtitan 0.2.x: "Building qwen3
+    # 4Bwith {" (model args as JSON on the following lines, read by the "vocab" pattern)
+    LinePattern("model", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+)(?:\s*$| ?with (?P<args>.*)$)"),
+                _building, ("Building ",)),
     LinePattern("job", re.compile(r"Starting job: (.+)$"), _job, ("Starting job: ",)),
     LinePattern("vocab", _VOCAB_ARG_RE, _model_args_line, ("vocab",), True),
     LinePattern("layers", _LAYERS_ARG_RE, _model_args_line, ("n_layers", "num_layers")),

@@ -45,13 +45,9 @@ def _plot_values(ax, run: ParsedLog, style: str, suffix: str) -> None:
 
 
 def _series(log: ParsedLog, key: str) -> tuple[list[int], list[float]]:
-    xs, ys = [], []
-    for s in log.step_list():
-        v = s.get(key)
-        if isinstance(v, (int, float)) and math.isfinite(v):
-            xs.append(s["step"])
-            ys.append(float(v))
-    return xs, ys
+    """The steps and values of ``key`` where it was logged and is finite."""
+    rows, values = log.steps.finite(key)
+    return log.steps.np("step")[rows].tolist(), values.tolist()
 
 
 def plot_title(source: str, run_dir: Optional[Path] = None, *, run_config: Optional[dict] = None,
@@ -109,6 +105,7 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
     With ``other``, both runs are drawn (A solid, B dashed).  Legends sit outside the panels, so
     that no data point is hidden under one."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
@@ -143,22 +140,17 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
 
     for label, run, style in runs:
         suffix = f" ({label})" if label else ""
-        x, y = _series(run, "loss")
-        ax_loss.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color="tab:blue", label=f"loss{suffix}")
-        vx = [v["step"] for v in run.validations if isinstance(v.get("loss"), float) and math.isfinite(v["loss"])]
-        vy = [v["loss"] for v in run.validations if isinstance(v.get("loss"), float) and math.isfinite(v["loss"])]
+        for ax, key, color, label in ((ax_loss, "loss", "tab:blue", "loss"), (ax_grad, "grad_norm", "tab:orange", "grad norm"),
+                                      (ax_tps, "tps", "tab:purple", "tokens/s/device"), (ax_lr, "lr", "tab:brown", "learning rate")):
+            x, y = _series(run, key)
+            if ax is not None and (x or key != "lr"):
+                ax.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color=color, label=f"{label}{suffix}")
+        vx, vy = _value_series(run, "loss", validation=True)
         if vx:
             loss_axis(vy).plot(vx, vy, style, marker="s", ms=4, color="tab:green", label=f"validation loss{suffix}")
-        x, y = _series(run, "grad_norm")
-        ax_grad.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color="tab:orange", label=f"grad norm{suffix}")
-        x, y = _series(run, "tps")
-        ax_tps.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color="tab:purple", label=f"tokens/s/device{suffix}")
         x, y = _series(run, "mfu")
         if ax_mfu is not None and x and no_peak_flops(run) is None:
             ax_mfu.plot(x, y, style, color="tab:red", alpha=0.7, label=f"MFU %{suffix}")
-        x, y = _series(run, "lr")
-        if ax_lr is not None and x:
-            ax_lr.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, color="tab:brown", label=f"learning rate{suffix}")
         if ax_values is not None:
             _plot_values(ax_values, run, style, suffix)
     # trnqwen eval's held-out losses (eval.json): the base before step 1, the export at its step
@@ -171,7 +163,7 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
         ax_held.plot([0 if base else ev["step"]], [r["loss"]], "x" if base else "*", ms=9,
                      label=f"held-out {'base' if base else r['checkpoint']}{tag}")
     # Non-finite losses: mark where they happened.
-    bad = [s["step"] for s in log.step_list() if isinstance(s.get("loss"), float) and not math.isfinite(s["loss"])]
+    bad = log.steps.np("step")[~np.isfinite(log.steps.np("loss")) & log.steps.present("loss")].tolist()
     for st in bad[:50]:
         ax_loss.axvline(st, color="red", alpha=0.3, lw=1)
     if bad:

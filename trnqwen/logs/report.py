@@ -72,15 +72,9 @@ def step_rows(log: ParsedLog) -> list[dict]:
     for name in names:
         cols.append([values.get(s, {}).get(name) for s in t.step])
     cols.append([x or None for x in t.line.tolist()])
-    keys = (*fields, "line")
-    rows = [dict(zip(keys, r)) for r in zip(*cols)]
-    for i in _nonfinite_rows(t, names, values):
-        row = rows[i]
-        bad = {k: _nonfinite(row[k]) for k in fields if isinstance(row[k], float) and not math.isfinite(row[k])}
-        if bad:
-            row.update({k: None for k in bad}, nonfinite=bad, line=row.pop("line"))
-    for i, source in t.source.items():
-        rows[i]["source"] = source
+    rows = [dict(zip((*fields, "line"), r)) for r in zip(*cols)]
+    for i in {*_nonfinite_rows(t, names, values), *t.source}:
+        rows[i] = _step_row(t, i, names, values)
     return rows
 
 
@@ -149,9 +143,11 @@ def steps_json(log: ParsedLog, *, pieces: bool = False):
     return out if pieces else "".join(out)
 
 
-def _step_row(t, i: int) -> dict:
-    """Row ``i`` as :func:`step_rows` writes it (no values by name)."""
+def _step_row(t, i: int, names: tuple = (), values: Optional[dict] = None) -> dict:
+    """Row ``i`` as :func:`step_rows` writes it: a NaN/Inf value null, named in ``nonfinite``."""
     row = {name: t.value(name, i) for name in STEP_FIELDS}
+    extra = (values or {}).get(t.step[i], {})
+    row.update((name, extra.get(name)) for name in names)
     row["line"] = t.line[i] or None
     bad = {k: _nonfinite(v) for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
     if bad:
@@ -271,21 +267,19 @@ def write_json(obj: Any, out=None) -> None:
     out.flush()
 
 
+def overrides(log: ParsedLog, ctx: RunContext) -> dict[str, dict]:
+    """Each override's ``[Override]`` lines (:func:`~trnqwen.logs.judge.override_table`: count,
+    layers...) and its ``[OverrideCalls]`` lines (calls, fallbacks...; None: it logged none)."""
+    table, calls = override_table(log, ctx.num_layers), override_calls(log)
+    empty = {"count": 0, "layers": [], "missing_layers": [], "duplicate_layers": [], "other_nodes": 0, "old": None, "new": None}
+    return {name: {**{k: table.get(name, empty)[k] for k in empty},
+                   **{k: calls[name][k] if name in calls else None for k in ("calls", "fallbacks", "modules", "ranks", "reason")}}
+            for name in [*table, *(n for n in calls if n not in table)]}
+
+
 def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream: bool = False) -> dict:
     """The ``--json`` object (``stream``: its ``steps`` a :class:`StepRows` for
     :func:`write_json`, not a list)."""
-    table = override_table(log, ctx.num_layers)
-    overrides = {
-        name: {k: e[k] for k in ("count", "layers", "missing_layers", "duplicate_layers", "other_nodes", "old", "new")}
-        for name, e in table.items()
-    }
-    # calls/fallbacks: from the [OverrideCalls] lines (None: the override logged none)
-    calls = override_calls(log)
-    for name in [*overrides, *(n for n in calls if n not in overrides)]:
-        entry = overrides.setdefault(name, {"count": 0, "layers": [], "missing_layers": [], "duplicate_layers": [],
-                                            "other_nodes": 0, "old": None, "new": None})
-        c = calls.get(name)
-        entry.update({k: (c[k] if c else None) for k in ("calls", "fallbacks", "modules", "ranks", "reason")})
     return {
         "source": log.source,
         "metrics_stream": log.metrics_stream,  # where steps and validations came from (None: the text log)
@@ -295,7 +289,7 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream:
         "resumes": [{"from_step": r["from_step"], "line": r["line"]} for r in log.resumes],
         "preempted": [{"step": p["step"], "signal": p["signal"], "line": p["line"]} for p in log.preempted],
         "validation": [{k: _num(v) for k, v in rec.items() if k != "line"} for rec in log.validations],
-        "overrides": overrides,
+        "overrides": overrides(log, ctx),
         "applied_overrides": [n for n, _ in log.applied.get(log.primary_rank, [])] or None,
         "lora": lora_json(log, ctx),  # the [LoRA] line (None: not a LoRA run)
         # each method's own key (its text lines' summary: settings, last values...; None: not its run)
@@ -380,23 +374,20 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
     if s["checkpoint_saved"]:
         ck.append("saved")
     t.add_row("checkpoint", "; ".join(ck) or "-")
-    table = override_table(log, ctx.num_layers)
-    calls = override_calls(log)
-    for name in [*table, *(n for n in calls if n not in table)]:
-        e, c = table.get(name), calls.get(name)
+    for name, e in overrides(log, ctx).items():
         parts = []
-        if e is not None:
+        if e["count"]:
             per_layer = f"{e['count']} line(s), layers {_layers(e['layers'])}"
             if e["missing_layers"]:
                 per_layer += f", [red]missing {_layers(e['missing_layers'])}[/red]"
             if e["duplicate_layers"]:
                 per_layer += f", [red]duplicated {_layers(e['duplicate_layers'])}[/red]"
             parts.append(per_layer)
-        if c is None:
+        if e["calls"] is None:
             parts.append("[yellow]calls not reported[/yellow]")
         else:
-            bad = c["calls"] == 0 or c["fallbacks"]
-            text = f"calls {c['calls']}, fallbacks {c['fallbacks']}"
+            bad = e["calls"] == 0 or e["fallbacks"]
+            text = f"calls {e['calls']}, fallbacks {e['fallbacks']}"
             parts.append(f"[red]{text}[/red]" if bad else text)
         t.add_row(override_label(name), redact("; ".join(parts)))
     lora = lora_row(log, ctx)

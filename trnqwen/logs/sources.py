@@ -168,11 +168,7 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
         ctx.status = record.status
         ctx.ended = record.status not in ("created", "running") or record.ended_at is not None
         ctx.model = cfg.get("model")
-    # configured steps
-    for value, src in ((steps, "flag"), (record.steps if record else None, "run.json"), (cfg.get("steps"), "run config")):
-        if _pos_int(value):
-            ctx.configured_steps = int(value)
-            break
+    ctx.configured_steps = _first((steps, "flag"), (record.steps if record else None, "run.json"), (cfg.get("steps"), "run config"))[0]
     # fine-tune?
     if finetune is not None:
         ctx.finetune = finetune
@@ -188,22 +184,13 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
     if cfg.get("lora"):
         ctx.lora = _lora_settings(cfg)
     ctx.run_config = cfg or None
-    # vocab
-    if _pos_int(vocab_size):
-        ctx.vocab_size, ctx.vocab_source = int(vocab_size), "--vocab-size"
-    elif _pos_int(extra.get("vocab_size")):
-        ctx.vocab_size, ctx.vocab_source = int(extra["vocab_size"]), "run.json"
-    elif model_cfg and _pos_int(_cfg_get(model_cfg, "vocab_size")):
-        ctx.vocab_size, ctx.vocab_source = int(_cfg_get(model_cfg, "vocab_size")), str(model_cfg_path)
-    # layers
-    if _pos_int(expect_layers):
-        ctx.num_layers, ctx.layers_source = int(expect_layers), "--expect-layers"
-    elif _pos_int(extra.get("num_layers")):
-        ctx.num_layers, ctx.layers_source = int(extra["num_layers"]), "run.json"
-    elif cfg.get("backend") == "nki-moe" and _pos_int(cfg.get("moe_layers")):
-        ctx.num_layers, ctx.layers_source = int(cfg["moe_layers"]), "run config moe_layers"
-    elif model_cfg and _pos_int(_cfg_get(model_cfg, "num_hidden_layers")):
-        ctx.num_layers, ctx.layers_source = int(_cfg_get(model_cfg, "num_hidden_layers")), str(model_cfg_path)
+    found = str(model_cfg_path)  # explicit facts first, then run.json's, then the base model's config.json
+    ctx.vocab_size, ctx.vocab_source = _first((vocab_size, "--vocab-size"), (extra.get("vocab_size"), "run.json"),
+                                              (_cfg_get(model_cfg or {}, "vocab_size"), found))
+    ctx.num_layers, ctx.layers_source = _first(
+        (expect_layers, "--expect-layers"), (extra.get("num_layers"), "run.json"),
+        (cfg.get("moe_layers") if cfg.get("backend") == "nki-moe" else None, "run config moe_layers"),
+        (_cfg_get(model_cfg or {}, "num_hidden_layers"), found))
     if sidecars and ctx.run_dir is not None:
         roots = [ctx.run_dir]
         dump = extra.get("dump_folder") or cfg.get("dump_folder")
@@ -263,6 +250,11 @@ def known_vocab(model_name: Optional[str], flavor: Optional[str]) -> Optional[in
         if kind == "" and _SIZE_RE.search(flavor or ""):
             return size
     return None
+
+
+def _first(*candidates: tuple[Any, str]) -> tuple[Optional[int], Optional[str]]:
+    """The first positive whole number of the (value, where it came from) pairs, with its source."""
+    return next(((int(v), src) for v, src in candidates if _pos_int(v)), (None, None))
 
 
 def _pos_int(value: Any) -> bool:

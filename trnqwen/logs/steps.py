@@ -42,21 +42,11 @@ class StepTable(Mapping):
 
     def append(self, rec: dict) -> None:
         """One record (from the per-line parser)."""
-        n = len(self.step)
-        step = rec["step"]
-        if n and step <= self.step[-1]:
-            self._ordered = False
-        self.step.append(step)
         line = rec.get("line")
-        self.line.append(line if isinstance(line, int) and line > 0 else 0)
-        for name in VALUE_FIELDS:
-            v = rec.get(name)
-            if v is None:
-                self.missing[name].add(n)
-                v = _NAN
-            self.cols[name].append(v)
+        self.extend([rec["step"]], [line if isinstance(line, int) and line > 0 else 0],
+                    {name: [rec.get(name)] for name in VALUE_FIELDS})
         if rec.get("source"):
-            self.source[n] = rec["source"]
+            self.source[len(self.step) - 1] = rec["source"]
 
     def extend(self, steps: list, lines: list, values: dict) -> None:
         """Many rows at once: equally long lists of each column (None: absent)."""
