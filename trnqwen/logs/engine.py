@@ -42,11 +42,12 @@ from trnqwen.logs.patterns import (
     split_prefix,
 )
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
-from trnqwen.contract.stepline import ANSI_RE, parse_step_line, parse_validation_line, step_key_glued_ok
+from trnqwen.contract.stepline import ANSI_RE, parse_step_line, parse_validation_line
 from trnqwen.logs.tracebacks import Tracebacks, TorchrunSummary
 
 MAX_LINE = 1 << 20  # bytes kept of any one line
-COLOURED_STEP_RE = re.compile(rb"\x1b\[[0-9;]{0,20}mstep:")  # a colour code glued to step: (step_key_glued_ok)
+PERCENT_RE = re.compile(rb"(?:^| )([^ %]*)%[^ ]*")  # each token's text before its first %
+COLOURED_STEP_RE = re.compile(rb"\x1b\[[0-9;]{0,20}mstep:")  # a colour code glued to step: (as fast_step allows)
 RESUMED_RE = re.compile(r"\[trnqwen\] resumed run \S+ from step (\d+)")
 PREEMPTED_RE = re.compile(r"\[trnqwen\] preempted: (.+?) at step (\d+)")
 CHUNK_SIZE = 1 << 20  # a block read at a time (bigger blocks fall out of the CPU cache)
@@ -60,12 +61,9 @@ def _fail():
 
 
 def _numbers(tokens: tuple) -> list:
-    """Step-line numbers with thousands commas (``1,234.5``), as ``float(t.replace(",", ""))``
+    """Step-line numbers with thousands commas (``1,234.5``), as ``float(t.replace(b",", b""))``
     reads each: the column's commas dropped at once."""
-    text = b" ".join(tokens)
-    if b"," not in text:
-        return list(map(float, tokens))
-    out = text.replace(b",", b"").split()
+    out = b" ".join(tokens).replace(b",", b"").split()
     if len(out) != len(tokens):  # a token of commas only
         raise ValueError
     return list(map(float, out))
@@ -73,16 +71,11 @@ def _numbers(tokens: tuple) -> list:
 
 def _percents(tokens: tuple) -> list:
     """The mfu column (``4.83%`` and a colour code, or ``N/A``) as fast_step reads each: None for
-    N/A, else the number before ``%``; a column whose tokens all end ``%`` + the same tail at once."""
+    N/A, else the number before ``%``; the column at once when every token has a ``%``."""
     text = b" ".join(tokens)
-    at = tokens[0].find(b"%")
-    tail = tokens[0][at:]
-    n = len(tokens)
-    if at >= 0 and b"N/A" not in text and text.count(b"%") == n == text.count(tail + b" ") + 1 and text.endswith(tail):
-        out = text.replace(tail, b"").split()  # each token is a number, then tail
-        if len(out) != n:
-            raise ValueError
-        return list(map(float, out))
+    found = PERCENT_RE.findall(text) if b"N/A" not in text else ()
+    if len(found) == len(tokens):
+        return list(map(float, found))
     return [None if m.startswith(b"N/A") else float(m[: m.find(b"%")]) for m in tokens]
 
 
@@ -218,37 +211,26 @@ class LogParser:
         return len(lines)
 
     def _primaries(self, batch: list) -> None:
-        """The primary rank's lines of a region, in order: runs of torchtitan's exact step line
-        (what :func:`~trnqwen.contract.stepline.fast_step` reads) as columns, the rest one by one."""
+        """The primary rank's queued lines of a region, in order: as columns when every one is
+        torchtitan's exact step line (what :func:`~trnqwen.contract.stepline.fast_step` reads), else
+        one by one."""
         if not batch:
             return
         pp = self._primary_prefix
         raws = [raw for _, raw in batch]
         text = b"\n".join(raws)
         n = len(raws)
-        if (text.count(b"step:") == n == text.count(b"loss:") and text.isascii() and b"validate" not in text
+        if not (text.count(b"step:") == n == text.count(b"loss:") and text.isascii() and b"validate" not in text
                 and b"\r" not in text and pp not in text and max(map(len, raws)) + len(pp) <= self.max_line
-                and text.count(b" step:") + len(COLOURED_STEP_RE.findall(text)) == n):  # the checks below, at once
-            self._step_columns(batch)
-            return
-        run: list = []
-        for lineno, raw in batch:
-            i = raw.find(b"step:")
-            if (i > 0 and b"loss:" in raw and raw.isascii() and b"validate" not in raw and not raw.endswith(b"\r")
-                    and len(raw) + len(pp) <= self.max_line and not raw.startswith(pp)
-                    and (raw[i - 1] == 32 or (raw[i - 1] == 109 and step_key_glued_ok(raw.decode(), i)))):
-                run.append((lineno, raw))
-                continue
-            self._step_columns(run)
-            self._line(lineno, pp + raw)
-        self._step_columns(run)
+                and text.count(b" step:") + len(COLOURED_STEP_RE.findall(text)) == n  # nothing but a colour glued to step:
+                and self._step_columns(batch)):
+            for lineno, raw in batch:
+                self._line(lineno, pp + raw)
         batch.clear()
 
-    def _step_columns(self, run: list) -> None:
+    def _step_columns(self, run: list) -> bool:
         """Step lines of the primary rank (from ``step:`` on) as columns, as fast_step reads each;
-        one line off its layout sends the run to :meth:`_line`, one by one."""
-        if not run:
-            return
+        False (nothing read) when one line is off its layout."""
         try:
             rows = [raw[raw.find(b"step:"):].split() for _, raw in run]
             width = len(rows[0])
@@ -272,12 +254,8 @@ class LogParser:
             }
             steps = list(map(int, cols[1]))
         except ValueError:
-            for lineno, raw in run:
-                self._line(lineno, self._primary_prefix + raw)
-            run.clear()
-            return
+            return False
         lines = [lineno for lineno, _ in run]
-        run.clear()
         log = self.log
         log.recognized_lines += len(steps)
         last = self._last_primary_step
@@ -295,7 +273,7 @@ class LogParser:
             i = pct.index(top)
             self.note_memory(rank, steps[i], values["memory_gib"][i], top, lines[i])
         log.steps.extend(steps, lines, values)
-
+        return True
 
     def _each(self, lines: list, base: int) -> None:
         for lineno, raw in enumerate(lines, base):
