@@ -41,7 +41,7 @@ from trnqwen.logs.patterns import (
     read_info_line,
     split_prefix,
 )
-from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
+from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog, first_rank
 from trnqwen.contract.stepline import ANSI_RE, parse_step_line, parse_validation_line
 from trnqwen.logs.tracebacks import Tracebacks, TorchrunSummary
 
@@ -134,8 +134,7 @@ class LogParser:
         """Steps so far, for a live view (before the primary rank is settled: the lowest rank's)."""
         if self._primary_decided or not self._pending:
             return self.log.steps
-        key = sorted(self._pending, key=lambda r: (-1 if r is None else r))[0]
-        return {rec["step"]: rec for rec in self._pending[key]}
+        return {rec["step"]: rec for rec in self._pending[first_rank(self._pending)]}
 
     def close(self) -> ParsedLog:
         if self.closed:
@@ -522,8 +521,7 @@ class LogParser:
     def _decide_primary(self) -> None:
         if self._primary_decided or not self._pending:
             return
-        keys = sorted(self._pending, key=lambda r: (-1 if r is None else r))
-        primary = keys[0]
+        primary = first_rank(self._pending)
         log = self.log
         log.primary_rank = primary
         for rec in self._pending[primary]:

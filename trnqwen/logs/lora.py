@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from trnqwen.contract.lora import LOG_MARK, read_log_line
 
+from trnqwen.logs.record import first_rank
+
 if TYPE_CHECKING:
     from trnqwen.logs.record import ParsedLog
 
@@ -63,11 +65,7 @@ def per_rank(log: "ParsedLog", ctx: Any) -> dict:
 
 def primary_line(log: "ParsedLog") -> Optional[dict]:
     """The primary rank's ``[LoRA]`` record (else the lowest rank's)."""
-    if not log.lora:
-        return None
-    if log.primary_rank in log.lora:
-        return log.lora[log.primary_rank]
-    return log.lora[sorted(log.lora, key=lambda r: -1 if r is None else r)[0]]
+    return log.lora.get(log.primary_rank if log.primary_rank in log.lora else first_rank(log.lora))
 
 
 def expected_trainable(rec: dict, ctx: Any) -> Optional[int]:

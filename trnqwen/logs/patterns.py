@@ -183,10 +183,6 @@ def _model_args(log: "ParsedLog", text: str) -> None:
         log.num_layers = log.num_layers or int(n.group(1))
 
 
-def _model_args_line(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
-    _model_args(log, m.string)
-
-
 def _job(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.job_description = log.job_description or m.group(1).strip()[:300]
 
@@ -311,8 +307,8 @@ _OWN_LINES: tuple[LinePattern, ...] = (
     LinePattern("model", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+)(?:\s*$| ?with (?P<args>.*)$)"),
                 _building, ("Building ",)),
     LinePattern("job", re.compile(r"Starting job: (.+)$"), _job, ("Starting job: ",)),
-    LinePattern("vocab", _VOCAB_ARG_RE, _model_args_line, ("vocab",), True),
-    LinePattern("layers", _LAYERS_ARG_RE, _model_args_line, ("n_layers", "num_layers")),
+    LinePattern("vocab", _VOCAB_ARG_RE, lambda log, m, at: _model_args(log, m.string), ("vocab",), True),
+    LinePattern("layers", _LAYERS_ARG_RE, lambda log, m, at: _model_args(log, m.string), ("n_layers", "num_layers")),
     LinePattern("model-size", re.compile(r"Model (?P<name>\S+) (?P<flavor>\S+) size: (?P<params>[\d,]+) total parameters"), _model_size, (" total parameters",)),
     LinePattern("torchtitan-version", re.compile(r"torchtitan version: (?P<version>\S+)"), _version, ("torchtitan version: ",)),
     LinePattern("start-step", re.compile(r"Training starts at step (\d+)"), _starts, ("Training starts at step ",)),

@@ -50,44 +50,33 @@ def _series(log: ParsedLog, key: str) -> tuple[list[int], list[float]]:
     return log.steps.np("step")[rows].tolist(), values.tolist()
 
 
-def plot_title(source: str, run_dir: Optional[Path] = None, *, run_config: Optional[dict] = None,
-               base_model: Optional[str] = None, method: Optional[str] = None) -> str:
+def run_plot_title(log: ParsedLog, ctx: Optional[RunContext] = None) -> str:
     """What names a run on a plot: its run directory's name, else the log's file name (not the
-    whole path, which can be longer than the figure is wide), then what was trained, as far as it
-    is known: the model (``base_model``: the one actually trained, else the config's), the method
-    (``sft + LoRA r16``) and the dataset (a file by its name; the model's default corpus)."""
-    name = Path(run_dir).name if run_dir is not None else (Path(source).name or source)
-    cfg = run_config or {}
+    whole path, which can be longer than the figure is wide), then what was trained, as far as
+    ``ctx`` knows it: the model (the record's base model, the one actually trained, else the
+    config's), the method its log or config names (``sft + LoRA r16``) and the dataset (a file by
+    its name; the model's default corpus)."""
+    from trnqwen.logs.judge import run_method
+
+    name = Path(ctx.run_dir).name if ctx is not None and ctx.run_dir is not None else (Path(log.source).name or log.source)
+    if ctx is None:
+        return name
+    cfg = ctx.run_config or {}
+    extra = ctx.record.extra if ctx.record is not None and isinstance(ctx.record.extra, dict) else {}
     facts = []
-    model = base_model or cfg.get("model")
+    model = extra.get("base_model") or cfg.get("model")
     if model:
         facts.append(str(model))
-    method = method or cfg.get("method")
+    method = run_method(log, ctx)
+    method = method.name if method is not None else cfg.get("method")
     if method:
         facts.append(f"{method} + LoRA r{cfg.get('lora_rank', '?')}" if cfg.get("lora") else str(method))
     if "dataset" in cfg:
-        data = cfg.get("dataset")
-        facts.append(_dataset_name(data) if data else "the model's default corpus")
+        data = str(cfg.get("dataset") or "")
+        local = data.startswith((".", "/", "~")) or data.lower().endswith(_DATA_FILE_SUFFIXES) or Path(data).expanduser().exists()
+        # a local file or folder by its name (a path can be wider than the figure); a Hub name (org/name) whole
+        facts.append(((Path(data).name or data) if local else data) if data else "the model's default corpus")
     return f"{name}: {', '.join(facts)}" if facts else name
-
-
-def _dataset_name(dataset: str) -> str:
-    """A local file or folder by its name (a path can be wider than the figure); a Hub name
-    (``org/name``) whole."""
-    text = str(dataset)
-    local = text.startswith((".", "/", "~")) or text.lower().endswith(_DATA_FILE_SUFFIXES) or Path(text).expanduser().exists()
-    return (Path(text).name or text) if local else text
-
-
-def run_plot_title(log: ParsedLog, ctx: RunContext) -> str:
-    """:func:`plot_title` from what ``inspect-logs`` knows of a run (a :class:`RunContext`): the
-    record's base model, the method its log or config names."""
-    from trnqwen.logs.judge import run_method
-
-    extra = ctx.record.extra if ctx.record is not None and isinstance(ctx.record.extra, dict) else {}
-    method = run_method(log, ctx)
-    return plot_title(log.source, ctx.run_dir, run_config=ctx.run_config, base_model=extra.get("base_model"),
-                      method=method.name if method is not None else None)
 
 
 def write_plot(log: ParsedLog, path: Path, *, other: Optional[ParsedLog] = None, title: Optional[str] = None,
@@ -204,7 +193,7 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
         ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.08 if twin is not None else 1.01, 1),
                   fontsize=8, borderaxespad=0)
     if title is None:
-        title = plot_title(log.source) if other is None else f"A: {plot_title(log.source)}\nB: {plot_title(other.source)}"
+        title = run_plot_title(log) if other is None else f"A: {run_plot_title(log)}\nB: {run_plot_title(other)}"
     fig.suptitle("\n".join(t if len(t) < 120 else t[:117] + "..." for t in title.splitlines()), fontsize=10)
     return fig
 

@@ -107,9 +107,10 @@ class ParsedLog:
         return list(self.steps.rows())
 
     def primary_overrides(self) -> list[dict]:
-        if self.primary_rank in self.overrides:
-            return self.overrides[self.primary_rank]
-        if not self.overrides:
-            return []
-        keys = sorted(self.overrides, key=lambda r: (-1 if r is None else r))
-        return self.overrides[keys[0]]
+        """The primary rank's ``[Override]`` records, else the lowest rank's."""
+        return self.overrides.get(self.primary_rank if self.primary_rank in self.overrides else first_rank(self.overrides), [])
+
+
+def first_rank(ranks) -> Optional[int]:
+    """The lowest of ``ranks``, the unprefixed stream (None) first; None when there are none."""
+    return min(ranks, key=lambda r: -1 if r is None else r, default=None)

@@ -159,10 +159,5 @@ class StepTable(Mapping):
         self.compact()
         return len(self.step)
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Mapping):
-            return dict(self.items()) == dict(other.items())
-        return NotImplemented
-
     def __repr__(self) -> str:
         return f"StepTable({len(self)} steps)"

@@ -108,18 +108,12 @@ class TorchrunSummary:
             if stripped.startswith("===="):
                 self._in_root_cause = False
                 return True
-            m = TR_RANK_RE.match(stripped)
-            if m is not None:
-                fail["root_cause_rank"] = int(m.group(1))
-                return True
-            m = TR_EXIT_RE.match(stripped)
-            if m is not None:
-                fail["exitcode"] = int(m.group(1))
-                return True
-            m = TR_TRACE_RE.match(stripped)
-            if m is not None:
-                fail["traceback"] = m.group(1)[:500]
-                return True
+            for regex, key, value in ((TR_RANK_RE, "root_cause_rank", int), (TR_EXIT_RE, "exitcode", int),
+                                      (TR_TRACE_RE, "traceback", lambda text: text[:500])):
+                m = regex.match(stripped)
+                if m is not None:
+                    fail[key] = value(m.group(1))
+                    return True
             if EXC_LINE_RE.match(stripped):
                 fail["error"] = stripped[:500]
             return True
