@@ -140,17 +140,14 @@ class LogParser:
         if self.closed:
             return self.log
         self.closed = True
-        if self._skipping is not None:
+        tail = self._carry if self._skipping is None else self._skipping  # the last line, with no newline
+        if tail or self._skipping is not None:
             self.lineno += 1
-            self.log.overlong_lines.append(self.lineno)
+            if self._skipping is not None:
+                self.log.overlong_lines.append(self.lineno)
             self.log.ends_mid_line = True
-            self._line(self.lineno, self._skipping)
-            self._skipping = None
-        elif self._carry:
-            self.log.ends_mid_line = True
-            self.lineno += 1
-            self._line(self.lineno, self._carry)
-            self._carry = b""
+            self._line(self.lineno, tail)
+            self._skipping, self._carry = None, b""
         self._decide_primary()
         self.log.lines = self.lineno
         self._tracebacks.close_all()

@@ -127,8 +127,7 @@ def _check_input(log: ParsedLog, ctx: RunContext) -> list[Finding]:
                            [log.first_invalid_utf8_line] if log.first_invalid_utf8_line else []))
     for r in log.resumes:
         out.append(Finding("info", "resumed", f"resumed from step {r['from_step']} at line {r['line']} (trnqwen train --resume): one run", [r["line"]]))
-    last_resume = log.resumes[-1]["line"] if log.resumes else 0
-    for p in (p for p in log.preempted if p["line"] > last_resume):
+    for p in _unresumed_preemptions(log):
         out.append(Finding("warning", "preempted",
                            f"preempted by {p['signal']} at step {p['step']}: a resumable checkpoint was saved; "
                            "continue with `trnqwen train --resume`", [p["line"]]))
@@ -138,6 +137,11 @@ def _check_input(log: ParsedLog, ctx: RunContext) -> list[Finding]:
                            f"the step counter went back {len(restarts)} time(s): the run restarted or resumed; the latest value of each step is kept",
                            restarts[:10]))
     return out
+
+
+def _unresumed_preemptions(log: ParsedLog) -> list[dict]:
+    """The preemptions after the last resume (the run has not continued from them yet)."""
+    return [p for p in log.preempted if p["line"] > (log.resumes[-1]["line"] if log.resumes else 0)]
 
 
 def unexplained_restarts(log: ParsedLog) -> list[int]:
@@ -608,8 +612,7 @@ def _check_stopped_early(log: ParsedLog, ctx: RunContext) -> list[Finding]:
                            [log.ran_out_of_data_line]))
     if target and last < target:
         live = run_is_live(ctx)
-        last_resume = log.resumes[-1]["line"] if log.resumes else 0
-        preempted = [p for p in log.preempted if p["line"] > last_resume]
+        preempted = _unresumed_preemptions(log)
         if live:
             out.append(Finding("info", "in-progress", f"the run is still going: step {last} of {target}", [log.steps[last]["line"]]))
         elif preempted:  # saved and resumable: the "preempted" warning says how to continue

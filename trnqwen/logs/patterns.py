@@ -356,17 +356,12 @@ def info_table() -> InfoTable:
 INFO_LINES, _, SCREEN = info_table()  # the built-in methods' table
 
 
-def info_candidates(lowered: str, table: InfoTable) -> list[int]:
-    """Indices into ``table.patterns``, in order, of the patterns whose needles the lower-cased
-    message holds: the only ones that can match it (none for most messages)."""
-    held = list(compress(table.screen, map(lowered.__contains__, table.screen)))
-    return sorted({i for n in held for i in table.by_needle[n]}) if held else []
-
-
 def read_info_line(log: "ParsedLog", msg: str, at: LineAt, table: InfoTable) -> bool:
     """Try ``table``'s patterns on one message; True when one of them took it."""
     lowered = msg.lower()
-    for i in info_candidates(lowered, table):
+    held = list(compress(table.screen, map(lowered.__contains__, table.screen)))
+    # only the patterns whose needles the message holds can match it (none for most messages), in order
+    for i in sorted({i for n in held for i in table.by_needle[n]}) if held else ():
         pat = table.patterns[i]
         hay = lowered if pat.lower else msg
         if not any(n in hay for n in pat.needle):
