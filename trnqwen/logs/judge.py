@@ -243,16 +243,6 @@ def _check_weights_loaded(log: ParsedLog, ctx: RunContext) -> list[Finding]:
                     f"{level}; if this run was meant to fine-tune, the weights were not loaded{whence}", [first["line"]])]
 
 
-def weights_verdict(findings: list[Finding]) -> Optional[bool]:
-    """Did the pretrained weights take, by the step-1 loss: True, False, or None (can't tell)."""
-    codes = {f.code for f in findings}
-    if "weights-loaded" in codes:
-        return True
-    if WEIGHTS_NOT_LOADED in codes:
-        return False
-    return None
-
-
 def override_table(log: ParsedLog, num_layers: Optional[int]) -> dict[str, dict]:
     """Override name -> {count, layers, missing_layers, duplicate_layers, other_nodes, lines}
     from the primary rank's ``[Override]`` lines."""

@@ -12,8 +12,8 @@ from typing import Any, Iterator, Optional
 
 from trnqwen.logs.lora import lora_json, lora_row
 from trnqwen.logs.judge import (
-    BASE_RANDOM_INIT, Finding, configured_steps, method_facts, override_calls, override_table, root_cause,
-    weights_verdict,
+    BASE_RANDOM_INIT, WEIGHTS_NOT_LOADED, Finding, configured_steps, method_facts, override_calls, override_table,
+    root_cause,
 )
 from trnqwen.methods import registry as methods
 from trnqwen.logs.patterns import no_peak_flops
@@ -172,6 +172,16 @@ def _column_mean(t, name: str, rows) -> Optional[float]:
     values = t.np(name)[rows]
     values = values[np.isfinite(values)]
     return sum(values.tolist()) / len(values) if len(values) else None
+
+
+def weights_verdict(findings: list[Finding]) -> Optional[bool]:
+    """Did the pretrained weights take, by the step-1 loss: True, False, or None (can't tell)."""
+    codes = {f.code for f in findings}
+    if "weights-loaded" in codes:
+        return True
+    if WEIGHTS_NOT_LOADED in codes:
+        return False
+    return None
 
 
 def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]] = None) -> dict:
