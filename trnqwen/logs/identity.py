@@ -108,8 +108,6 @@ def identify(log: "ParsedLog") -> ModelIdentity:
     if vocab is None and known is not None:
         vocab, vocab_src = QWEN3_VOCAB, f"Qwen3-{known.size}, from {source}"
     if vocab is None:
-        from trnqwen.logs.sources import known_vocab
-
         vocab = known_vocab(log.model_name, log.model_flavor)
         vocab_src = f"torchtitan's {log.model_name} {log.model_flavor}" if vocab else None
     layers, layers_src = (log.num_layers, "a layer-count line in the log") if log.num_layers else (None, None)
@@ -117,6 +115,35 @@ def identify(log: "ParsedLog") -> ModelIdentity:
         layers, layers_src = known.layers, f"Qwen3-{known.size}, from {source}"
     return ModelIdentity(name=name, known=known, vocab_size=vocab, vocab_source=vocab_src,
                          num_layers=layers, layers_source=layers_src)
+
+
+# Vocabulary sizes of torchtitan's own model flavors (used when no config.json says otherwise).
+KNOWN_VOCAB = {
+    ("qwen3", "debug"): 2048,
+    ("qwen3", ""): 151936,
+    ("llama3", "debug"): 2048,
+    ("llama3", ""): 128256,
+}
+_SIZED_FLAVOR_RE = re.compile(r"(?:^|[-_ ])\d+(?:\.\d+)?B(?:-A\d+(?:\.\d+)?B)?(?:$|[-_ ])", re.IGNORECASE)
+
+
+def known_vocab(model_name: Optional[str], flavor: Optional[str]) -> Optional[int]:
+    """The vocab size of a torchtitan model flavor named in the log: ``Building qwen3 4B``
+    (flavors debugmodel* -> 2048, sized flavors -> the family's vocab); the HF backend names the
+    checkpoint as the flavor (``Qwen3-4B-Instruct-2507``).  None for anything else (e.g. a
+    custom ``tiny-qwen3``): then the vocab must come from config.json or --vocab-size."""
+    if not model_name:
+        return None
+    text = f"{model_name} {flavor or ''}".lower()
+    fl = (flavor or "").lower()
+    for (family, kind), size in KNOWN_VOCAB.items():
+        if family not in text:
+            continue
+        if kind == "debug" and fl.startswith("debugmodel"):
+            return size
+        if kind == "" and _SIZED_FLAVOR_RE.search(flavor or ""):
+            return size
+    return None
 
 
 def with_identity(log: "ParsedLog", ctx: "RunContext") -> "RunContext":

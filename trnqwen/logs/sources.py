@@ -21,13 +21,6 @@ from typing import Any, Optional
 from trnqwen.errors import UsageError
 from trnqwen.rundir import LOG_NAME, RUN_RECORD, RunRecord
 
-# Vocabulary sizes of torchtitan's own model flavors (used when no config.json says otherwise).
-KNOWN_VOCAB = {
-    ("qwen3", "debug"): 2048,
-    ("qwen3", ""): 151936,
-    ("llama3", "debug"): 2048,
-    ("llama3", ""): 128256,
-}
 MAX_SIDECAR_FILES = 512
 MAX_JSONL_BYTES = 256 << 20  # per structured-log file
 
@@ -58,12 +51,10 @@ class RunContext:
     num_layers: Optional[int] = None
     layers_source: Optional[str] = None
     finetune: Optional[bool] = None
-    model: Optional[str] = None
     status: Optional[str] = None
     ended: bool = False
     structured: dict = field(default_factory=dict)
     tensorboard: dict = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
     identity: Any = None  # trnqwen.logs.identity.ModelIdentity, once the log was read
     evaluation: dict = field(default_factory=dict)  # <run dir>/eval.json (trnqwen eval), when present
     # the run config's LoRA settings when it trained one: {rank, alpha, targets, backend}; None: not LoRA / unknown
@@ -167,7 +158,6 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
     if record is not None:
         ctx.status = record.status
         ctx.ended = record.status not in ("created", "running") or record.ended_at is not None
-        ctx.model = cfg.get("model")
     ctx.configured_steps = _first((steps, "flag"), (record.steps if record else None, "run.json"), (cfg.get("steps"), "run config"))[0]
     # fine-tune?
     if finetune is not None:
@@ -228,28 +218,6 @@ def read_evaluation(run_dir: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) and isinstance(data.get("results"), list) else {}
-
-
-_SIZE_RE = re.compile(r"(?:^|[-_ ])\d+(?:\.\d+)?B(?:-A\d+(?:\.\d+)?B)?(?:$|[-_ ])", re.IGNORECASE)
-
-
-def known_vocab(model_name: Optional[str], flavor: Optional[str]) -> Optional[int]:
-    """The vocab size of a torchtitan model flavor named in the log: ``Building qwen3 4B``
-    (flavors debugmodel* -> 2048, sized flavors -> the family's vocab); the HF backend names the
-    checkpoint as the flavor (``Qwen3-4B-Instruct-2507``).  None for anything else (e.g. a
-    custom ``tiny-qwen3``): then the vocab must come from config.json or --vocab-size."""
-    if not model_name:
-        return None
-    text = f"{model_name} {flavor or ''}".lower()
-    fl = (flavor or "").lower()
-    for (family, kind), size in KNOWN_VOCAB.items():
-        if family not in text:
-            continue
-        if kind == "debug" and fl.startswith("debugmodel"):
-            return size
-        if kind == "" and _SIZE_RE.search(flavor or ""):
-            return size
-    return None
 
 
 def _first(*candidates: tuple[Any, str]) -> tuple[Optional[int], Optional[str]]:
