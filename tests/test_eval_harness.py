@@ -1,0 +1,166 @@
+"""``trnqwen eval --tasks``: real lm-evaluation-harness evaluations, offline, base and tuned side by side.
+
+The built-in task's questions are answered by three tiny models: the base, one fine-tuned on the
+task's right answers (its score must rise) and one fine-tuned on wrong answers on purpose (its
+score must fall, and ``--fail-below`` must stop with exit 1).  The scores are the harness's own
+``acc``, checked against a computation of the same thing here (the highest log-likelihood choice).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_subprocess
+from trnqwen.errors import UsageError
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+LIMIT = 20
+
+
+# --- the logic around the harness ------------------------------------------------------------------
+
+
+def test_task_lists_and_gates_are_read_as_written():
+    from trnqwen.evaluate.harness import parse_fail_below, split_tasks
+
+    assert split_tasks(["a,b", " c ", "a"]) == ["a", "b", "c"]
+    assert parse_fail_below(["a=-0.02", "c=0"], ["a", "c"]) == {"a": -0.02, "c": 0.0}
+    for bad in ("a", "a=x", "=1", "a=nan"):
+        with pytest.raises(UsageError, match="TASK=DELTA"):
+            parse_fail_below([bad], ["a"])
+    with pytest.raises(UsageError, match="not one of --tasks"):
+        parse_fail_below(["b=-0.1"], ["a"])
+
+
+def test_the_bundled_task_file_is_what_its_recipe_writes():
+    from trnqwen.data import harness_recipe
+
+    text = harness_recipe.task_path().read_text(encoding="utf-8")
+    assert text == harness_recipe.render()
+    rows = [json.loads(line) for line in text.splitlines()]
+    assert len(rows) == harness_recipe.N_QUESTIONS
+    assert all(len(r["choices"]) == 4 and len(set(r["choices"])) == 4 for r in rows)
+    assert len({r["gold"] for r in rows}) > 1  # the right answer is not always in one place
+
+
+def test_tasks_are_checked_before_any_model_loads(tmp_path, monkeypatch):
+    from trnqwen.evaluate.harness import BUILTIN_TASK, resolve_tasks
+
+    (builtin,) = resolve_tasks([BUILTIN_TASK])
+    assert Path(builtin.config["dataset_kwargs"]["data_files"]["test"]).is_file()
+    task_file = tmp_path / "mine.yaml"
+    task_file.write_text("task: my_local_task\ndataset_path: json\ndoc_to_text: !function utils.text\n")
+    (mine,) = resolve_tasks([str(task_file)])
+    assert mine.name == "my_local_task" and mine.yaml == task_file
+    with pytest.raises(UsageError, match="no such task file"):
+        resolve_tasks([str(tmp_path / "missing.yaml")])
+    with pytest.raises(UsageError, match="not a harness task or group"):
+        resolve_tasks(["no_such_task_anywhere"])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UsageError, match="task arc_easy downloads its data .* offline"):
+        resolve_tasks([BUILTIN_TASK, "arc_easy"])
+    assert [t.name for t in resolve_tasks([BUILTIN_TASK])] == [BUILTIN_TASK]  # local data runs offline
+
+
+def test_flags_of_the_other_evaluation_are_refused_with_tasks(cli):
+    result = cli("eval", "--tasks", "trnqwen_calculator", "--generate", "2")
+    assert result.code == 2 and "--generate belong to the held-out evaluation" in result.err
+    result = cli("eval", "--fail-below", "trnqwen_calculator=-0.1")
+    assert result.code == 2 and "--limit and --fail-below apply to --tasks" in result.err
+
+
+# --- real evaluations --------------------------------------------------------------------------------
+
+
+def _tuned(base: Path, dest: Path, *, right: bool) -> Path:
+    """The base fine-tuned in-process on the task's first LIMIT questions, answered rightly or wrongly."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trnqwen.data.harness_recipe import records
+
+    shutil.copytree(base, dest)
+    tokenizer = AutoTokenizer.from_pretrained(dest)
+    texts = []
+    for r in records()[:LIMIT]:
+        answer = r["choices"][r["gold"]] if right else r["choices"][(r["gold"] + 1) % len(r["choices"])]
+        texts.append(tokenizer.apply_chat_template(
+            [{"role": "user", "content": r["question"]}, {"role": "assistant", "content": answer}], tokenize=False))
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    for _ in range(40):
+        model(**batch, labels=labels).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    for old in dest.glob("model*.safetensors*"):
+        old.unlink()
+    model.save_pretrained(dest)
+    return dest
+
+
+def _own_accuracy(folder: Path) -> float:
+    """The same score computed here: the choice with the highest summed log-likelihood after the prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trnqwen.data.harness_recipe import records
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    right = 0
+    for r in records()[:LIMIT]:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": r["question"]}], tokenize=False,
+                                               add_generation_prompt=True)
+        context = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        scores = []
+        for choice in r["choices"]:
+            whole = tokenizer(prompt + choice, add_special_tokens=False)["input_ids"]
+            with torch.no_grad():
+                logps = torch.log_softmax(model(torch.tensor([whole])).logits[0].float(), -1)
+            scores.append(sum(logps[i - 1, whole[i]].item() for i in range(len(context), len(whole))))
+        right += int(max(range(len(scores)), key=scores.__getitem__) == r["gold"])
+    return right / LIMIT
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    root = tmp_path_factory.mktemp("harness")
+    base = write_tiny_qwen3(root / "base" / "tiny-qwen3")
+    return {"base": base, "good": _tuned(base, root / "good", right=True), "bad": _tuned(base, root / "bad", right=False)}
+
+
+@pytest.mark.slow
+def test_a_tuned_model_that_learned_scores_higher_and_passes_the_gate(models, tmp_path):
+    r = run_subprocess("eval", str(models["good"]), "--base-dir", str(models["base"]), "--tasks", "trnqwen_calculator",
+                       "--limit", str(LIMIT), "--fail-below", "trnqwen_calculator=-0.05", "--device", "cpu", "--json",
+                       cwd=tmp_path, env=OFFLINE, timeout=900)
+    assert r.code == 0, r.text[-3000:]
+    report = json.loads(r.out)
+    assert report["ok"] and report["chat_template"] and report["tasks"] == ["trnqwen_calculator"]
+    base, good = report["results"]
+    assert base["is_base"] and not good["is_base"]
+    scores = {x["label"]: x["scores"]["trnqwen_calculator"] for x in report["results"]}
+    assert all(s["metric"] == "acc" and s["samples"] == LIMIT and s["stderr"] is not None for s in scores.values())
+    # the harness's scores are the highest-likelihood choice, as computed here independently
+    assert scores[base["label"]]["value"] == pytest.approx(_own_accuracy(models["base"]))
+    assert scores[good["label"]]["value"] == pytest.approx(_own_accuracy(models["good"]))
+    assert good["delta_vs_base"]["trnqwen_calculator"] >= 0.3, report  # it learned these answers
+
+
+@pytest.mark.slow
+def test_a_model_made_worse_on_purpose_fails_the_gate(models, tmp_path):
+    r = run_subprocess("eval", str(models["bad"]), "--base-dir", str(models["base"]), "--tasks", "trnqwen_calculator",
+                       "--limit", str(LIMIT), "--fail-below", "trnqwen_calculator=-0.05", "--device", "cpu",
+                       cwd=tmp_path, env=OFFLINE, timeout=900)
+    assert r.code == 1, r.text[-3000:]
+    assert "--fail-below:" in r.err and "trnqwen_calculator" in r.err and "allowed -0.0500" in r.err
+    assert "lm-evaluation-harness (chat template, limit 20)" in r.out  # the table is still printed
