@@ -31,7 +31,7 @@ DEFAULT_REVISION = "main"
 CARD = "README.md"
 SHARDS = "sharded"  # torchtitan's per-rank pieces (trnqwen.ckpt.model_folder moves them out; never pushed)
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-REPO_HINT = "name the repo OWNER/NAME, e.g. --repo my-org/qwen3-4b-chat-lora"
+REPO_HINT = "name the repo OWNER/NAME, e.g. {flag} my-org/qwen3-4b-chat-lora"
 
 
 @dataclass
@@ -67,12 +67,12 @@ def check_repo_id(repo: str, *, flag: str = "--repo") -> str:
 
     text = (repo or "").strip()
     if not _REPO_RE.match(text):
-        raise UsageError(f"{flag} {repo!r} is not a Hub repo id OWNER/NAME", hint=REPO_HINT)
+        raise UsageError(f"{flag} {repo!r} is not a Hub repo id OWNER/NAME", hint=REPO_HINT.format(flag=flag))
     try:
         validate_repo_id(text)
     except HFValidationError as exc:
         reason = redact(str(exc)).splitlines()[0] if str(exc) else "rejected"
-        raise UsageError(f"{flag} {repo!r} is not a valid Hub repo id: {reason}", hint=REPO_HINT) from None
+        raise UsageError(f"{flag} {repo!r} is not a valid Hub repo id: {reason}", hint=REPO_HINT.format(flag=flag)) from None
     return text
 
 
@@ -207,7 +207,8 @@ def push_error(exc: BaseException, repo: str, revision: str) -> TrnqwenError:
     token_hint = ("use a token with write access to this namespace (a fine-grained token needs 'write' on it): "
                   "set HF_TOKEN or `hf auth login`; https://huggingface.co/settings/tokens")
     if isinstance(exc, HFValidationError):
-        return UsageError(f"not a valid Hub repo id or revision: {redact(str(exc)).splitlines()[0]}", hint=REPO_HINT)
+        return UsageError(f"not a valid Hub repo id or revision: {redact(str(exc)).splitlines()[0]}",
+                          hint=REPO_HINT.format(flag="--repo"))
     if isinstance(exc, RevisionNotFoundError):
         return UsageError(f"branch {revision!r} does not exist in {repo} and could not be created",
                           hint="push to an existing branch, or drop --revision (main)")
