@@ -35,6 +35,9 @@ def exports(tmp_path_factory) -> dict[str, Path]:
     ckpt, assets, state = make_case(root / "model", tokenizer=True)
     model = ckpt / "step-3"
     complete_export(model, assets, CardInfo(base_model="Qwen/Qwen3-0.6B", backend="native", steps=3))
+    (model / ".tmp-card.partial").write_text("a write in progress")  # hidden: never pushed
+    (model / "sharded").mkdir()
+    (model / "sharded" / "rank0.distcp").write_bytes(b"per-rank piece")  # torchtitan's: never pushed
     base = make_base(root / "base", tokenizer=True)
     out = {"model": model, "base": base}
     for name, trained in (("adapter", True), ("untrained", False)):
@@ -74,7 +77,13 @@ def _writes(hub: HubServer) -> list[dict]:
 
 
 def _pushed_files(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """What a push of ``folder`` must upload: every file but hidden ones and ``sharded/``."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        if p.is_file() and not rel.as_posix().startswith((".", "sharded/")):
+            out[rel.as_posix()] = p.read_bytes()
+    return out
 
 
 def _files_with(root: Path, needle: bytes) -> list[Path]:
@@ -94,8 +103,10 @@ def test_a_model_and_an_adapter_are_pushed_fetched_back_byte_equal_and_the_token
     r = push(hub, str(exports["model"]), "--repo", "me/tiny-qwen3-ft", "--json", cwd=tmp_path)
     outputs.append(r.text)
     assert r.code == 0, r.text
+    assert r.err.strip() == "", r.err  # --json: the object on stdout, nothing else
     doc = json.loads(r.out)
     want = _pushed_files(exports["model"])
+    assert len(want) == sum(1 for p in exports["model"].rglob("*") if p.is_file()) - 2
     assert "README.md" in want and "config.json" in want and "tokenizer.json" in want  # the card travels with it
     assert doc["ok"] and doc["repo"] == "me/tiny-qwen3-ft" and doc["revision"] == "main" and doc["kind"] == "model"
     assert sorted(doc["files"]) == sorted(want) and doc["bytes"] == sum(map(len, want.values()))

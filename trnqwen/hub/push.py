@@ -144,7 +144,7 @@ def upload(folder: Path, repo: str, *, kind: str, private: bool = False, revisio
            progress: bool = True, message: Optional[str] = None) -> PushResult:
     """One commit of ``folder``'s files to ``repo`` (created when missing) at ``revision``."""
     from huggingface_hub import CommitOperationAdd, HfApi
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
     folder = Path(folder)
     branch = revision or DEFAULT_REVISION
@@ -152,7 +152,8 @@ def upload(folder: Path, repo: str, *, kind: str, private: bool = False, revisio
     if not files:
         raise UsageError(f"{folder} holds no files to push")
     api = HfApi()  # endpoint: HF_ENDPOINT; token: HF_TOKEN or the saved login (huggingface_hub reads both)
-    if not progress:
+    quiet = not progress and not are_progress_bars_disabled()  # HF_HUB_DISABLE_PROGRESS_BARS=1 wins either way
+    if quiet:
         disable_progress_bars()
     try:
         url = api.create_repo(repo, private=True if private else None, exist_ok=True)
@@ -166,7 +167,7 @@ def upload(folder: Path, repo: str, *, kind: str, private: bool = False, revisio
     except Exception as exc:  # noqa: BLE001 - every Hub/transport failure becomes one line
         raise push_error(exc, repo, branch) from None
     finally:
-        if not progress:
+        if quiet:
             enable_progress_bars()
     return PushResult(
         repo=repo, revision=branch, commit=info.oid, commit_url=info.commit_url, url=str(url), folder=folder, kind=kind,
