@@ -95,7 +95,7 @@ def _tuned(base: Path, dest: Path, *, right: bool) -> Path:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
-    for _ in range(40):
+    for _ in range(80):
         model(**batch, labels=labels).loss.backward()
         opt.step()
         opt.zero_grad()
@@ -139,28 +139,37 @@ def models(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_tuned_model_that_learned_scores_higher_and_passes_the_gate(models, tmp_path):
-    r = run_subprocess("eval", str(models["good"]), "--base-dir", str(models["base"]), "--tasks", "trnqwen_calculator",
-                       "--limit", str(LIMIT), "--fail-below", "trnqwen_calculator=-0.05", "--device", "cpu", "--json",
-                       cwd=tmp_path, env=OFFLINE, timeout=900)
-    assert r.code == 0, r.text[-3000:]
+@pytest.mark.timeout(1800)  # three models through the harness; minutes on a loaded 2-core machine
+def test_base_and_two_tunes_side_by_side_and_the_gate(models, tmp_path):
+    """One command, three models: the one that learned the answers scores higher than the base (and the
+    harness's scores are the highest-likelihood choice, computed here independently); the one made
+    worse on purpose breaches --fail-below: exit 1, after the results are printed."""
+    r = run_subprocess("eval", str(models["good"]), str(models["bad"]), "--base-dir", str(models["base"]),
+                       "--tasks", "trnqwen_calculator", "--limit", str(LIMIT),
+                       "--fail-below", "trnqwen_calculator=-0.05", "--device", "cpu", "--json",
+                       cwd=tmp_path, env=OFFLINE, timeout=1700)
+    assert r.code == 1, r.text[-3000:]
     report = json.loads(r.out)
-    assert report["ok"] and report["chat_template"] and report["tasks"] == ["trnqwen_calculator"]
-    base, good = report["results"]
-    assert base["is_base"] and not good["is_base"]
+    assert not report["ok"] and report["chat_template"] and report["tasks"] == ["trnqwen_calculator"]
+    base, good, bad = report["results"]
+    assert base["is_base"] and not good["is_base"] and not bad["is_base"]
     scores = {x["label"]: x["scores"]["trnqwen_calculator"] for x in report["results"]}
     assert all(s["metric"] == "acc" and s["samples"] == LIMIT and s["stderr"] is not None for s in scores.values())
-    # the harness's scores are the highest-likelihood choice, as computed here independently
-    assert scores[base["label"]]["value"] == pytest.approx(_own_accuracy(models["base"]))
-    assert scores[good["label"]]["value"] == pytest.approx(_own_accuracy(models["good"]))
-    assert good["delta_vs_base"]["trnqwen_calculator"] >= 0.3, report  # it learned these answers
+    for result, name in ((base, "base"), (good, "good"), (bad, "bad")):
+        assert scores[result["label"]]["value"] == pytest.approx(_own_accuracy(models[name])), name
+    assert good["delta_vs_base"]["trnqwen_calculator"] >= 0.2, report  # it learned these answers
+    assert bad["delta_vs_base"]["trnqwen_calculator"] < -0.05, report  # it learned wrong ones
+    (failure,) = report["gate_failures"]
+    assert failure.startswith(bad["label"] + " trnqwen_calculator") and "allowed -0.0500" in failure
+    assert "--fail-below:" in r.err and bad["label"] in r.err
 
 
 @pytest.mark.slow
-def test_a_model_made_worse_on_purpose_fails_the_gate(models, tmp_path):
+@pytest.mark.timeout(1200)
+def test_the_table_is_printed_before_the_gate_stops(models, tmp_path):
     r = run_subprocess("eval", str(models["bad"]), "--base-dir", str(models["base"]), "--tasks", "trnqwen_calculator",
-                       "--limit", str(LIMIT), "--fail-below", "trnqwen_calculator=-0.05", "--device", "cpu",
-                       cwd=tmp_path, env=OFFLINE, timeout=900)
+                       "--limit", "8", "--fail-below", "trnqwen_calculator=0.5", "--device", "cpu",
+                       cwd=tmp_path, env=OFFLINE, timeout=1100)
     assert r.code == 1, r.text[-3000:]
-    assert "--fail-below:" in r.err and "trnqwen_calculator" in r.err and "allowed -0.0500" in r.err
-    assert "lm-evaluation-harness (chat template, limit 20)" in r.out  # the table is still printed
+    assert "lm-evaluation-harness (chat template, limit 8)" in r.out and "trnqwen_calculator" in r.out
+    assert "--fail-below:" in r.err and "allowed +0.5000" in r.err
