@@ -173,3 +173,33 @@ def test_the_table_is_printed_before_the_gate_stops(models, tmp_path):
     assert r.code == 1, r.text[-3000:]
     assert "lm-evaluation-harness (chat template, limit 8)" in r.out and "trnqwen_calculator" in r.out
     assert "--fail-below:" in r.err and "allowed +0.5000" in r.err
+
+
+def test_the_export_card_gains_the_benchmarks_and_keeps_its_held_out_table(tmp_path):
+    """eval --tasks' record goes beside eval.json (never over it); the card is rewritten with both tables."""
+    from trnqwen.ckpt.model_folder import CARD, card_info, write_model_card
+    from trnqwen.evaluate.harness import HarnessReport, HarnessResult, TaskScore, record
+    from trnqwen.evaluate.report import EVAL_RECORD
+    from trnqwen.evaluate.targets import RunInfo
+    from trnqwen.rundir import RunRecord
+
+    run_dir, export = tmp_path / "run", tmp_path / "export"
+    run_dir.mkdir()
+    export.mkdir()
+    held_out = {"dataset": "chats.jsonl", "results": [
+        {"checkpoint": "base", "tokens": 100, "loss": 2.5, "perplexity": 12.18, "delta_vs_base": None},
+        {"checkpoint": "step-12", "tokens": 100, "loss": 2.1, "perplexity": 8.17, "delta_vs_base": -0.4}]}
+    (run_dir / EVAL_RECORD).write_text(json.dumps(held_out))
+    run = RunInfo(run_dir, RunRecord(run_id="r1", run_dir=str(run_dir), config={"model": "Qwen/Qwen3-0.6B"},
+                                     assets_dir=str(tmp_path), steps=12))
+    write_model_card(export, card_info(run.record, held_out["results"], "chats.jsonl"))
+    report = HarnessReport(tasks=["trnqwen_calculator"], limit=20.0, chat_template=True, results=[
+        HarnessResult("base", True, {"trnqwen_calculator": TaskScore("trnqwen_calculator", "acc", 0.25, 0.1, 20)}),
+        HarnessResult("step-12", False, {"trnqwen_calculator": TaskScore("trnqwen_calculator", "acc", 0.7, 0.1, 20)})])
+    saved = record(run, report, folder=export)
+    assert json.loads(saved.read_text())["results"][1]["delta_vs_base"]["trnqwen_calculator"] == pytest.approx(0.45)
+    assert json.loads((run_dir / EVAL_RECORD).read_text()) == held_out  # the run's own numbers untouched
+    card = (export / CARD).read_text()
+    assert "## Benchmarks (lm-evaluation-harness, `trnqwen eval --tasks`, limit 20)" in card
+    assert "| trnqwen_calculator | acc | 0.2500 | 0.7000 | +0.4500 |" in card
+    assert "Held-out evaluation" in card and "| step-12 | 100 |" in card  # the held-out table kept

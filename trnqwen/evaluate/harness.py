@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from trnqwen.errors import CheckFailed, EnvironmentProblem, UsageError
-from trnqwen.evaluate.targets import EvalTarget
+from trnqwen.ckpt.model_folder import HARNESS_RECORD
+from trnqwen.evaluate.targets import EvalTarget, RunInfo
 
 BUILTIN_TASK = "trnqwen_calculator"
-HARNESS_RECORD = "eval-harness.json"
 INSTALL_HINT = "install the harness: pip install 'trnqwen[eval]' (lm_eval)"
 _LOCAL_LOADERS = ("json", "csv", "parquet", "text", "arrow")  # dataset_path values that read local files
 
@@ -280,9 +280,13 @@ def task_scores(results: dict[str, dict[str, Any]], names: Sequence[str], sample
 def evaluate_model(model, tokenizer, tasks: Sequence[HarnessTask], *, limit: Optional[float], batch_size: int,
                    device: str, chat_template: bool, seed: int = 1234) -> dict[str, TaskScore]:
     """One loaded model through the harness's ``simple_evaluate``."""
+    import logging
+
     import lm_eval
     from lm_eval.models.huggingface import HFLM
 
+    # its notes on being handed a loaded model (what trnqwen does on purpose) are not the user's business
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
     lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device)
     manager = task_manager([t.yaml.parent for t in tasks if t.yaml is not None])
     out = lm_eval.simple_evaluate(
@@ -330,12 +334,16 @@ def gate_failures(report: HarnessReport, gates: dict[str, float]) -> list[str]:
     return failures
 
 
-def record(run_dir: Path, report: HarnessReport, *, step: Optional[int]) -> Path:
-    """``<run dir>/eval-harness.json`` (atomic): beside the run's own eval.json, never over it."""
+def record(run: RunInfo, report: HarnessReport, *, folder: Optional[Path]) -> Path:
+    """``<run dir>/eval-harness.json`` (atomic), beside the run's own eval.json and never over it; the
+    export's model card (when trnqwen wrote it) gains the benchmark table, its held-out table kept."""
+    from trnqwen.evaluate.run import rewrite_card
     from trnqwen.fsutil import write_json_atomic
 
-    path = Path(run_dir) / HARNESS_RECORD
-    write_json_atomic(path, {**report.to_json(), "step": step, "evaluated_at": time.time()})
+    path = Path(run.run_dir) / HARNESS_RECORD
+    write_json_atomic(path, {**report.to_json(), "step": run.record.steps, "evaluated_at": time.time()})
+    if folder is not None:
+        rewrite_card(run, folder)
     return path
 
 
@@ -411,7 +419,7 @@ def run_tasks(
     tuned = next((t for t in targets if not t.is_base and t.run is not None), None)
     if tuned is not None:
         try:
-            saved = record(tuned.run.run_dir, report, step=tuned.run.record.steps)
+            saved = record(tuned.run, report, folder=tuned.export)
             if say is not None:
                 say(f"results saved to {saved}")
         except OSError as exc:

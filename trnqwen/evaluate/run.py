@@ -264,14 +264,31 @@ def record(
     log_eval(Path(run_dir), results, step if isinstance(step, int) else None)
     if run is not None:
         log_eval_wandb(Path(run_dir), run.record.config or {}, results, step if isinstance(step, int) else None)
-    if folder is not None and run is not None and run.record.assets_dir:
-        from trnqwen.contract.peft_adapter import is_adapter_folder, read_adapter_config
-        from trnqwen.ckpt.model_folder import card_info, write_model_card
+    if folder is not None and run is not None:
+        rewrite_card(run, folder, results, report.dataset)
 
-        info = card_info(run.record, results, report.dataset)
-        if is_adapter_folder(folder):  # the card of a PEFT adapter stays one (library_name: peft)
-            info.adapter = read_adapter_config(folder)
-        write_model_card(folder, info)  # only replaces a card trnqwen wrote
+
+def rewrite_card(run: RunInfo, folder: Path, results: Optional[list[dict[str, Any]]] = None,
+                 dataset: Optional[str] = None) -> None:
+    """The export's model card again, from the run's record: the held-out table (``results``, else
+    the run's eval.json) and the benchmarks (its eval-harness.json); only a card trnqwen wrote."""
+    import json
+
+    from trnqwen.ckpt.model_folder import card_info, write_model_card
+    from trnqwen.contract.peft_adapter import is_adapter_folder, read_adapter_config
+
+    if not run.record.assets_dir:
+        return
+    if results is None:
+        try:
+            saved = json.loads((Path(run.run_dir) / EVAL_RECORD).read_text(encoding="utf-8"))
+            results, dataset = saved.get("results"), saved.get("dataset")
+        except (OSError, ValueError):
+            results = None
+    info = card_info(run.record, results, dataset)
+    if is_adapter_folder(folder):  # the card of a PEFT adapter stays one (library_name: peft)
+        info.adapter = read_adapter_config(folder)
+    write_model_card(folder, info)
 
 
 def run_eval(
