@@ -102,7 +102,24 @@ def resolve_parts(dataset: Optional[str], datasets: list[dict[str, Any]], *, spl
             what = "weight" if sized is weighted else "records"
             raise UsageError(f"[[datasets]]: {missing} has no {what}, the others do",
                              hint=f"give every dataset a {what} (or none)")
-    return [_part(entry, split, fmt) for entry in entries]
+    parts = [_part(entry, split, fmt) for entry in entries]
+    check_kinds([(part.name, part.format) for part in parts])  # declared types: refused before anything is read
+    return parts
+
+
+def check_kinds(formats: list[tuple[str, Optional[str]]]) -> None:
+    """Text records (every token trained) and conversations (only the answers) are not mixed in
+    one run: refused, naming one dataset of each (``formats``: (name, format or None) per dataset)."""
+    text = next((name for name, fmt in formats if fmt == "text"), None)
+    chat = next(((name, fmt) for name, fmt in formats if fmt not in (None, "text")), None)
+    if text is None or chat is None:
+        return
+    raise UsageError(
+        f"the datasets mix text records ({text}: every token trained) and conversations ({chat[0]}, {chat[1]}: "
+        "only the answers trained), which one run does not train together",
+        hint="train them in separate runs (continued pre-training first, then the chat fine-tune), "
+        "or write the text as prompt/completion records",
+    )
 
 
 def _part(entry: dict[str, Any], split: str, fmt: Optional[str]) -> Part:
@@ -160,6 +177,7 @@ def load_parts(parts: list[Part], val_source: Optional[Source], read: Reader, *,
     formats, read_counts = [], []
     for i, part in enumerate(parts):
         got, fmt, n_read = read(part.source, part.format or forced)
+        check_kinds([(p.name, f) for p, f in zip(parts, formats)] + [(part.name, fmt)])  # before the next is read
         base = len(units)
         units += got
         formats.append(fmt)

@@ -171,9 +171,6 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
         return PreparedData(directory, key, False, {**report, "warnings": warnings})
     loaded = mixture.load_parts(parts, val_source, lambda source, fmt: _examples(source, settings, fmt),
                                 forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed)
-    if len({ex.text is None for ex in loaded.units}) > 1:
-        raise UsageError(f"the datasets mix text records and conversations ({loaded.format})",
-                         hint="train text and chat data in separate runs, or write the text as prompt/completion")
     context = template_context(settings.enable_thinking)
     tokenizer = chat.load_tokenizer(assets_dir, template, context)
     texts, spans = chat.render(tokenizer, loaded.units, train_on_inputs=settings.train_on_inputs, context=context)
