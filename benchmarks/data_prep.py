@@ -180,7 +180,7 @@ def _write_jsonl(path: Path, megabytes: float) -> int:
     return n
 
 
-def _scaling(sizes: list[float], args) -> None:
+def _scaling(sizes: list[float], modes: list[str], args) -> None:
     with tempfile.TemporaryDirectory(prefix="trnqwen-bench-data-") as tmp:
         work = Path(tmp)
         assets = args.assets
@@ -192,17 +192,17 @@ def _scaling(sizes: list[float], args) -> None:
         for size in sizes:
             data = work / f"chats-{size:g}mb.jsonl"
             records = _write_jsonl(data, size)
-            got = {mode: _measure(mode, assets, data, args.seq_len, args.num_proc, work) for mode in SCALING_MODES}
+            got = {mode: _measure(mode, assets, data, args.seq_len, args.num_proc, work) for mode in modes}
             rows.append({"mb": round(data.stat().st_size / 2**20, 1), "records": records, **got})
             data.unlink()
             for cache in work.glob("cache-*"):
                 import shutil
 
                 shutil.rmtree(cache)
-    print(f"{'JSONL':>10} {'records':>9}  " + "  ".join(f"{m:>34}" for m in SCALING_MODES))
+    print(f"{'JSONL':>10} {'records':>9}  " + "  ".join(f"{m:>34}" for m in modes))
     for row in rows:
         cells = [f"{row[m]['seconds']:7.1f} s peak {row[m]['peak_mb']:7.0f} MB (+{row[m]['peak_mb'] - row[m]['start_mb']:6.0f})"
-                 for m in SCALING_MODES]
+                 for m in modes]
         print(f"{row['mb']:7.1f} MB {row['records']:9,}  " + "  ".join(f"{c:>34}" for c in cells))
     if args.json:
         print(json.dumps({"benchmark": "data_prep_scaling", "seq_len": args.seq_len, "num_proc": args.num_proc,
@@ -218,6 +218,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="also print one JSON summary line")
     ap.add_argument("--num-proc", type=int, default=2, help="datasets.map's worker processes (the comparison)")
     ap.add_argument("--sizes-mb", help="memory vs file size: JSONL sizes in MB, comma-separated (e.g. 10,40)")
+    ap.add_argument("--modes", default=",".join(SCALING_MODES), help="with --sizes-mb: which of them to run")
     ap.add_argument("--child", choices=("prepare", "prepare-in-memory", "prepare-bounded", "datasets-map"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
@@ -227,7 +228,7 @@ def main() -> None:
         _child(args.child, args.assets, args.data, args.seq_len, args.num_proc, args.work)
         return
     if args.sizes_mb:
-        _scaling([float(x) for x in args.sizes_mb.split(",")], args)
+        _scaling([float(x) for x in args.sizes_mb.split(",")], args.modes.split(","), args)
         return
 
     from trnqwen.dataset import chat

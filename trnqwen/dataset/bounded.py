@@ -9,11 +9,11 @@ through this module instead, with the same rendering, masking, fitting and packi
   ``packing.fit_documents``;
 * each chunk's token ids and trained flags go to two scratch files beside the cache
   (:class:`DocStore`); only per-document numbers stay in memory (length, trained targets, which
-  dataset: about 40 bytes a record), and the first record of each problem, for the report;
+  dataset, later its row: about a hundred bytes a record), and the first record of each problem;
 * the mixture's choice and the rows are computed from those numbers (``mixture.select``,
   ``packing.assign_rows``: the same calls as in memory), and the rows are written to the cache
-  :data:`ROW_BLOCK_TOKENS` at a time (``cache.StreamedSplit``), each block gathered from the
-  scratch files through a mapping that is closed again.
+  :data:`ROW_BLOCK_TOKENS` at a time (``cache.StreamedSplit``), each block's documents read from
+  the scratch files one by one (``pread``: a mapping would hold every page a block touches).
 
 The cache is byte for byte the one the in-memory path writes (tests/test_data_bounded.py), so the
 choice between the two is only about memory.  A progress callback hears (bytes read, bytes in all)
@@ -36,7 +36,7 @@ from trnqwen.dataset.sources import Record, Source
 
 CHUNK_RECORDS = 2048
 BOUNDED_FROM_BYTES = 64 << 20  # local data of this size or more is prepared in bounded memory
-ROW_BLOCK_TOKENS = 1 << 21
+ROW_BLOCK_TOKENS = 1 << 20  # rows written per block: its arrays and temporaries are what the rows cost (~60 MB)
 Progress = Callable[[int, int], None]  # (bytes read, bytes in all)
 # (source, its first record, the forced format or None) -> its format (refusals included): prepare's rule
 Detect = Callable[[Source, Record, Optional[str]], str]
@@ -172,7 +172,6 @@ def split_rows(store: DocStore, bounds: np.ndarray, cut: np.ndarray, targets: np
     lengths = cut[doc_indices]
     rows, cols = assign_rows(lengths, seq_len, packing, strategy, seed)
     n_rows = int(rows.max()) + 1 if len(rows) else 0
-    total = int(bounds[-1])
 
     def blocks() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         order = np.lexsort((cols, rows))
@@ -181,31 +180,36 @@ def split_rows(store: DocStore, bounds: np.ndarray, cut: np.ndarray, targets: np
         for r0 in range(0, n_rows, per_block):
             r1 = min(n_rows, r0 + per_block)
             lo, hi = np.searchsorted(row_sorted, [r0, r1])
-            yield _block(store, bounds, total, doc_indices[order[lo:hi]], lengths[order[lo:hi]], rows[order[lo:hi]] - r0,
+            yield _block(store, bounds, doc_indices[order[lo:hi]], lengths[order[lo:hi]], rows[order[lo:hi]] - r0,
                          cols[order[lo:hi]], r1 - r0, seq_len, pad_id)
 
     return StreamedSplit(sequences=n_rows, seq_len=seq_len, documents=len(doc_indices), tokens=int(lengths.sum()),
                          trained_tokens=int(targets[doc_indices].sum()), blocks=blocks)
 
 
-def _block(store: DocStore, bounds, total: int, docs, lengths, rows, cols, n_rows: int, seq_len: int, pad_id: int):
-    """Rows ``[0, n_rows)`` of one block (``build_rows``' arithmetic), its tokens read from the scratch files."""
+def _block(store: DocStore, bounds, docs, lengths, rows, cols, n_rows: int, seq_len: int, pad_id: int):
+    """Rows ``[0, n_rows)`` of one block (``build_rows``' arithmetic), each document's tokens read
+    from the scratch files with ``pread``: a block's documents lie all over the files (best-fit rows
+    are in a seeded order), and a mapping would bring every page it touches into this process."""
+    import os
+
     owner = np.repeat(np.arange(len(lengths)), lengths)
     position = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    src = bounds[docs][owner] + position
     input_ids = np.full((n_rows, seq_len), pad_id, dtype=np.int32)
     label_rows = np.full((n_rows, seq_len), IGNORE_INDEX, dtype=np.int32)
     fill = np.zeros(n_rows, dtype=np.int64)
     np.maximum.at(fill, rows, cols + lengths)
     positions = np.maximum(np.arange(seq_len)[None, :] - fill[:, None], 0).astype(np.int32)
-    if len(src):
-        ids_map = np.memmap(store.ids_path, dtype=np.int32, mode="r", shape=(total,))
-        trained_map = np.memmap(store.trained_path, dtype=np.uint8, mode="r", shape=(total,))
-        ids = np.asarray(ids_map[src])
-        nxt = np.minimum(src + 1, total - 1)
+    if len(owner):
+        starts, counts = bounds[docs].tolist(), lengths.tolist()  # a document's kept tokens: all its labels need
+        with store.ids_path.open("rb") as ids_file, store.trained_path.open("rb") as trained_file:
+            ids_fd, trained_fd = ids_file.fileno(), trained_file.fileno()
+            ids = np.frombuffer(b"".join(os.pread(ids_fd, 4 * n, 4 * s) for s, n in zip(starts, counts)), dtype=np.int32)
+            trained = np.frombuffer(b"".join(os.pread(trained_fd, n, s) for s, n in zip(starts, counts)), dtype=np.uint8)
+        src = np.arange(len(ids))
+        nxt = np.minimum(src + 1, len(ids) - 1)
         is_last = position == lengths[owner] - 1
-        labels = np.where(~is_last & (trained_map[nxt] != 0), ids_map[nxt], IGNORE_INDEX)
-        del ids_map, trained_map  # unmapped: the pages read leave this process
+        labels = np.where(~is_last & (trained[nxt] != 0), ids[nxt], IGNORE_INDEX)
         dst_row, dst_col = rows[owner], cols[owner] + position
         input_ids[dst_row, dst_col] = ids
         label_rows[dst_row, dst_col] = labels
