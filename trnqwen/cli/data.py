@@ -104,8 +104,8 @@ def data(
     )
     for warning in resolved.warnings:
         output.warn(warning)
-    with output.console().status("Reading and tokenizing the dataset...", spinner="dots"):
-        prepared = prepare_dataset(resolved.config, pair_methods=registry.names_for_data("preference"))
+    with output.work_progress("Reading and tokenizing the dataset", quiet=json_out) as report:
+        prepared = prepare_dataset(resolved.config, pair_methods=registry.names_for_data("preference"), progress=report)
     if json_out:
         output.print_json({**prepared.report, "cache_dir": str(prepared.cache_dir), "reused": prepared.reused})
     elif resolved.config.data_kind == "preference":  # the method's records (trnqwen.methods.registry)

@@ -25,7 +25,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,6 +137,48 @@ class SplitArrays:
                 raise ValueError(f"{name}.{array_name}: an extra array must be new and shaped like input_ids")
 
 
+@dataclass
+class StreamedSplit:
+    """One split written block by block, never whole in memory (bounded-memory preparation):
+    ``blocks()`` yields (input_ids, labels, positions) int32 [n, S] blocks, rows in order, that
+    together make ``sequences`` rows.  Its counts are known before it is written."""
+
+    sequences: int
+    seq_len: int
+    documents: int
+    tokens: int
+    trained_tokens: int
+    blocks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]] = field(repr=False)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def stats(self) -> dict[str, int]:
+        return {"sequences": int(self.sequences), "documents": int(self.documents), "tokens": int(self.tokens),
+                "trained_tokens": int(self.trained_tokens),
+                "padding_tokens": int(self.sequences * self.seq_len - self.tokens)}
+
+    def check(self, name: str, seq_len: int) -> None:
+        if self.seq_len != seq_len:
+            raise ValueError(f"{name}: rows of {self.seq_len} tokens, expected {seq_len}")
+
+    def write(self, folder: Path, name: str) -> None:
+        """The three ``.npy`` files, the header first and then each block as it comes (np.load reads them)."""
+        files = [open(folder / f"{name}.{array_name}.npy", "wb") for array_name in ARRAY_NAMES]
+        try:
+            for fh in files:
+                np.lib.format.write_array_header_1_0(
+                    fh, {"descr": np.dtype(np.int32).str, "fortran_order": False, "shape": (self.sequences, self.seq_len)})
+            written = 0
+            for block in self.blocks():
+                for fh, array in zip(files, block):
+                    fh.write(np.ascontiguousarray(array, dtype=np.int32).tobytes())
+                written += len(block[0])
+            if written != self.sequences:
+                raise ValueError(f"{name}: {written} rows written, {self.sequences} expected")
+        finally:
+            for fh in files:
+                fh.close()
+
+
 def cache_dir_for(cache_root: Path, key: str) -> Path:
     return Path(cache_root) / key
 
@@ -156,7 +198,7 @@ def lookup(cache_root: Path, key: str) -> Path | None:
 def write_cache(
     cache_root: Path,
     key: str,
-    splits: Mapping[str, SplitArrays],
+    splits: Mapping[str, SplitArrays | StreamedSplit],
     *,
     seq_len: int,
     packing: bool,
@@ -182,6 +224,9 @@ def write_cache(
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=cache_root))
     try:
         for name, split in splits.items():
+            if isinstance(split, StreamedSplit):
+                split.write(tmp, name)
+                continue
             for array_name in ARRAY_NAMES:
                 array = np.ascontiguousarray(getattr(split, array_name), dtype=np.int32)
                 np.save(tmp / f"{name}.{array_name}.npy", array, allow_pickle=False)
