@@ -50,8 +50,9 @@ def test_the_bundled_task_file_is_what_its_recipe_writes():
 def test_tasks_are_checked_before_any_model_loads(tmp_path, monkeypatch):
     from trnqwen.evaluate.harness import BUILTIN_TASK, resolve_tasks
 
-    (builtin,) = resolve_tasks([BUILTIN_TASK])
+    builtin, gen = resolve_tasks([BUILTIN_TASK, "trnqwen_calculator_gen"])
     assert Path(builtin.config["dataset_kwargs"]["data_files"]["test"]).is_file()
+    assert builtin.config["output_type"] == "multiple_choice" and gen.config["output_type"] == "generate_until"
     task_file = tmp_path / "mine.yaml"
     task_file.write_text("task: my_local_task\ndataset_path: json\ndoc_to_text: !function utils.text\n")
     (mine,) = resolve_tasks([str(task_file)])
@@ -145,12 +146,13 @@ def test_base_and_two_tunes_side_by_side_and_the_gate(models, tmp_path):
     harness's scores are the highest-likelihood choice, computed here independently); the one made
     worse on purpose breaches --fail-below: exit 1, after the results are printed."""
     r = run_subprocess("eval", str(models["good"]), str(models["bad"]), "--base-dir", str(models["base"]),
-                       "--tasks", "trnqwen_calculator", "--limit", str(LIMIT),
+                       "--tasks", "trnqwen_calculator,trnqwen_calculator_gen", "--limit", str(LIMIT),
                        "--fail-below", "trnqwen_calculator=-0.05", "--device", "cpu", "--json",
                        cwd=tmp_path, env=OFFLINE, timeout=1700)
     assert r.code == 1, r.text[-3000:]
     report = json.loads(r.out)
-    assert not report["ok"] and report["chat_template"] and report["tasks"] == ["trnqwen_calculator"]
+    assert not report["ok"] and report["chat_template"]
+    assert report["tasks"] == ["trnqwen_calculator", "trnqwen_calculator_gen"]
     base, good, bad = report["results"]
     assert base["is_base"] and not good["is_base"] and not bad["is_base"]
     scores = {x["label"]: x["scores"]["trnqwen_calculator"] for x in report["results"]}
@@ -159,6 +161,9 @@ def test_base_and_two_tunes_side_by_side_and_the_gate(models, tmp_path):
         assert scores[result["label"]]["value"] == pytest.approx(_own_accuracy(models[name])), name
     assert good["delta_vs_base"]["trnqwen_calculator"] >= 0.2, report  # it learned these answers
     assert bad["delta_vs_base"]["trnqwen_calculator"] < -0.05, report  # it learned wrong ones
+    # greedy answers, compared whole: the tune that learned them writes some of them exactly
+    gen = {x["label"]: x["scores"]["trnqwen_calculator_gen"] for x in report["results"]}
+    assert gen[good["label"]]["metric"] == "exact_match" and gen[good["label"]]["value"] > gen[base["label"]]["value"], gen
     (failure,) = report["gate_failures"]
     assert failure.startswith(bad["label"] + " trnqwen_calculator") and "allowed -0.0500" in failure
     assert "--fail-below:" in r.err and bad["label"] in r.err

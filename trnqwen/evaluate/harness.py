@@ -33,6 +33,7 @@ from trnqwen.ckpt.model_folder import HARNESS_RECORD
 from trnqwen.evaluate.targets import EvalTarget, RunInfo
 
 BUILTIN_TASK = "trnqwen_calculator"
+BUILTIN_GEN_TASK = "trnqwen_calculator_gen"  # the same questions answered greedily: what an endpoint can score
 INSTALL_HINT = "install the harness: pip install 'trnqwen[eval]' (lm_eval)"
 _LOCAL_LOADERS = ("json", "csv", "parquet", "text", "arrow")  # dataset_path values that read local files
 
@@ -91,21 +92,31 @@ class HarnessReport:
 # --- tasks -----------------------------------------------------------------------------------------
 
 
-def builtin_task_config() -> dict[str, Any]:
-    """trnqwen's own task as a harness task config (its data file is in the package)."""
+def builtin_task_config(name: str = BUILTIN_TASK) -> dict[str, Any]:
+    """trnqwen's own tasks as harness task configs (their data file is in the package):
+    ``trnqwen_calculator`` scores the right sentence's log-likelihood among four (``acc``);
+    ``trnqwen_calculator_gen`` asks for the answer greedily and compares it whole (``exact_match``),
+    which is what a chat endpoint can be scored on."""
     from trnqwen.data.harness_recipe import task_path
 
-    return {
-        "task": BUILTIN_TASK,
+    common = {
         "dataset_path": "json",
         "dataset_kwargs": {"data_files": {"test": str(task_path())}},
         "test_split": "test",
-        "output_type": "multiple_choice",
         "doc_to_text": "{{question}}",
-        "doc_to_choice": "{{choices}}",
+        "metadata": {"version": 1.0},
+    }
+    if name == BUILTIN_GEN_TASK:
+        return {
+            **common, "task": name, "output_type": "generate_until", "doc_to_target": "{{choices[gold]}}",
+            "generation_kwargs": {"until": ["<|im_end|>", "\n"], "do_sample": False, "max_gen_toks": 32},
+            "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True,
+                             "ignore_case": True, "ignore_punctuation": True}],
+        }
+    return {
+        **common, "task": name, "output_type": "multiple_choice", "doc_to_choice": "{{choices}}",
         "doc_to_target": "{{gold}}",
         "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
-        "metadata": {"version": 1.0},
     }
 
 
@@ -146,8 +157,8 @@ def resolve_tasks(values: Sequence[str]) -> list[HarnessTask]:
         raise UsageError("--tasks names no task", hint=f"e.g. --tasks {BUILTIN_TASK} (or a harness task, or a task YAML file)")
     tasks, manager = [], None
     for name in names:
-        if name == BUILTIN_TASK:
-            tasks.append(HarnessTask(name, config=builtin_task_config()))
+        if name in (BUILTIN_TASK, BUILTIN_GEN_TASK):
+            tasks.append(HarnessTask(name, config=builtin_task_config(name)))
             continue
         if name.endswith((".yaml", ".yml")):
             path = Path(name).expanduser()
