@@ -208,3 +208,41 @@ def test_the_export_card_gains_the_benchmarks_and_keeps_its_held_out_table(tmp_p
     assert "## Benchmarks (lm-evaluation-harness, `trnqwen eval --tasks`, limit 20)" in card
     assert "| trnqwen_calculator | acc | 0.2500 | 0.7000 | +0.4500 |" in card
     assert "Held-out evaluation" in card and "| step-12 | 100 |" in card  # the held-out table kept
+
+
+# --- train --eval-tasks ------------------------------------------------------------------------------
+
+
+def test_train_checks_its_eval_tasks_before_the_run(cli, tmp_path, tiny_assets, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "--model", "builtin:tiny-qwen3", "--assets", str(tiny_assets), "--device", "cpu", "--finetune"]
+    r = cli(*base, "--eval-fail-below", "trnqwen_calculator=-0.1")
+    assert r.code == 2 and "--eval-fail-below gates --eval-tasks" in r.err
+    r = cli(*base, "--eval-tasks", "no_such_task_anywhere")
+    assert r.code == 2 and "not a harness task or group" in r.err
+    r = cli(*base, "--eval-tasks", "trnqwen_calculator", "--eval-fail-below", "other=-0.1")
+    assert r.code == 2 and "not one of --tasks" in r.err
+    r = cli(*base, "--eval-tasks", "trnqwen_calculator", "--launcher", "slurm")
+    assert r.code == 2 and "the nodes' jobs do not evaluate" in r.err
+    assert not (tmp_path / ".trnqwen" / "runs").exists()  # no run was started
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_train_eval_tasks_scores_the_export_and_its_base_after_the_run(tmp_path):
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+    from trnqwen.rundir import last_run_dir
+
+    assets = write_tiny_qwen3(tmp_path / "assets" / "tiny-qwen3")
+    r = run_subprocess("train", "--model", "builtin:tiny-qwen3", "--assets", str(assets), "--device", "cpu",
+                       "--finetune", "--nproc-per-node", "1", "--steps", "2", "--seq-len", "64",
+                       "--eval-tasks", "trnqwen_calculator", "--eval-fail-below", "trnqwen_calculator=-1", "--json",
+                       cwd=tmp_path, env=OFFLINE, timeout=1700)
+    assert r.code == 0, r.text[-3000:]
+    out = json.loads(r.out)
+    bench = out["benchmarks"]
+    assert [x["is_base"] for x in bench["results"]] == [True, False]
+    assert all(x["scores"]["trnqwen_calculator"]["samples"] == 40 for x in bench["results"])
+    run_dir = last_run_dir(tmp_path / ".trnqwen" / "runs")
+    saved = json.loads((run_dir / "eval-harness.json").read_text())
+    assert saved["results"] == bench["results"]

@@ -102,6 +102,25 @@ PushToHubOpt = Annotated[
     ),
 ]
 ShowLogOpt = Annotated[bool, typer.Option("--show-log", help="Stream rank 0's log to stderr above the status line.")]
+EvalTasksOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--eval-tasks",
+        metavar="TASKS",
+        help="When the run succeeds, score its export and its base with lm-evaluation-harness, as "
+        "`trnqwen eval RUN --tasks` does (e.g. trnqwen_calculator, gsm8k); checked before the run.",
+        show_default=False,
+    ),
+]
+EvalFailBelowOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--eval-fail-below",
+        metavar="TASK=DELTA",
+        help="With --eval-tasks: exit 1 when the export's score minus the base's is below DELTA on TASK; repeatable.",
+        show_default=False,
+    ),
+]
 
 
 @takes_settings  # one option per RunConfig setting (trnqwen.config), between the argument and these
@@ -122,6 +141,8 @@ def train(
     export_config: ExportConfigOpt = None,
     show_log: ShowLogOpt = False,
     push_to_hub: PushToHubOpt = None,
+    eval_tasks: EvalTasksOpt = None,
+    eval_fail_below: EvalFailBelowOpt = None,
     json_out: JsonOpt = False,
     settings: Optional[dict] = None,
 ) -> None:
@@ -140,6 +161,7 @@ def train(
     request = TrainRequest(
         resolve_config(settings, config_file=config_file), extra_args=extra, resume=resume, overwrite=overwrite,
         submit=submit, dry_run=dry_run, export_config=export_config, push_to_hub=push_to_hub,
+        eval_tasks=eval_tasks or (), eval_fail_below=eval_fail_below or (),
     )
     hooks = TrainHooks(
         warn=output.warn,
@@ -156,15 +178,21 @@ def train(
     else:
         validation = session.validation
         pushed = session.pushed
+        benchmarks = session.benchmarks
         if json_out:
             output.print_json({**session.outcome.as_dict(), **({"validation": validation} if validation else {}),
-                               **({"pushed": pushed} if pushed else {})})
+                               **({"pushed": pushed} if pushed else {}),
+                               **({"benchmarks": benchmarks.to_json()} if benchmarks else {})})
         else:
             _print_outcome(session.outcome)
             if validation:
                 output.info(validation["line"])
             if pushed:
                 output.result(f"pushed to {pushed['url']} @ {pushed['revision']}: {pushed['commit_url']}")
+            if benchmarks:
+                from trnqwen.evaluate.harness import render
+
+                render(benchmarks)
     session.raise_for_status()
 
 

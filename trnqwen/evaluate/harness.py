@@ -444,3 +444,24 @@ def run_tasks(
         raise CheckFailed("--fail-below: " + "; ".join(failures),
                           hint="the fine-tune lost more than allowed on these tasks against its base")
     return report
+
+
+def check_request(tasks: Sequence[str], fail_below: Sequence[str]) -> tuple[list[HarnessTask], dict[str, float]]:
+    """``train --eval-tasks``: the tasks and gates checked before the run starts (a typo costs no training)."""
+    resolved = resolve_tasks(tasks)
+    return resolved, parse_fail_below(fail_below, [t.name for t in resolved])
+
+
+def benchmark_run(run_dir: Path, tasks: Sequence[HarnessTask], gates: dict[str, float], *, device: str,
+                  trust_remote_code: bool = False, batch_size: int = 4, say=None) -> tuple[HarnessReport, list[str]]:
+    """A finished run's export and its base through the harness (``train --eval-tasks``): recorded
+    and carded as ``trnqwen eval RUN --tasks`` does; returns the report and the gate's breaches."""
+    from trnqwen.evaluate.run import detect_device_type, plan_targets
+
+    targets = plan_targets([str(run_dir)], runs_dir=Path(run_dir).parent, base=None, base_dir=None)
+    report = run_harness(targets, tasks, device_type=detect_device_type(device), batch_size=batch_size, limit=None,
+                         trust_remote_code=trust_remote_code, say=say)
+    tuned = next((t for t in targets if not t.is_base and t.run is not None), None)
+    if tuned is not None:
+        record(tuned.run, report, folder=tuned.export)
+    return report, gate_failures(report, gates)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from trnqwen.config import ResolvedConfig, RunConfig
 from trnqwen.errors import CheckFailed, TrnqwenError, UsageError
+from trnqwen.evaluate.harness import HarnessReport, HarnessTask
 from trnqwen.train.resume import RESUME_AUTO, ResumePoint
 from trnqwen.train.run import TrainOutcome, TrainPlan
 
@@ -44,6 +45,8 @@ class TrainRequest:
     run_id: Optional[str] = None
     pythonpath: Sequence[Path] = ()
     push_to_hub: Optional[str] = None  # OWNER/NAME: push the export there when the run succeeded
+    eval_tasks: Sequence[str] = ()  # lm-evaluation-harness tasks for the export and its base after the run
+    eval_fail_below: Sequence[str] = ()  # TASK=DELTA gates on those (trnqwen.evaluate.harness)
 
     @property
     def config(self) -> RunConfig:
@@ -79,6 +82,8 @@ class TrainSession:
     validation: Optional[dict[str, Any]] = None  # the before/after line of a fine-tune
     pushed: Optional[dict[str, Any]] = None  # --push-to-hub: what was pushed (trnqwen.hub.push.PushResult.as_dict)
     push_error: Optional[TrnqwenError] = None  # --push-to-hub failed after the run succeeded
+    benchmarks: Optional[HarnessReport] = None  # --eval-tasks: the harness's scores, base and tuned
+    benchmark_error: Optional[TrnqwenError] = None  # --eval-fail-below breached (or the harness failed)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -99,6 +104,8 @@ class TrainSession:
             self.outcome.raise_for_status()
         if self.push_error is not None:
             raise self.push_error
+        if self.benchmark_error is not None:
+            raise self.benchmark_error
 
 
 def run_training(request: TrainRequest, hooks: Optional[TrainHooks] = None) -> TrainSession:
@@ -107,6 +114,7 @@ def run_training(request: TrainRequest, hooks: Optional[TrainHooks] = None) -> T
     cfg = request.config
     if request.push_to_hub is not None:
         check_push(request)
+    benchmark = check_benchmarks(request)
     if cfg.launcher != "local":  # SLURM / Kubernetes: every node runs `trnqwen train` itself
         return TrainSession(request, scheduled=schedule(request))
     if request.submit:
@@ -138,7 +146,47 @@ def run_training(request: TrainRequest, hooks: Optional[TrainHooks] = None) -> T
         session.validation = evaluate_after(session.outcome, announce=hooks.phase)
     if request.push_to_hub is not None:
         session.pushed, session.push_error = push_after(session.outcome, request.push_to_hub, announce=hooks.phase)
+    if benchmark is not None:
+        session.benchmarks, session.benchmark_error = benchmark_after(session.outcome, *benchmark, announce=hooks.phase)
     return session
+
+
+def check_benchmarks(request: TrainRequest) -> Optional[tuple[list[HarnessTask], dict[str, float]]]:
+    """``--eval-tasks``/``--eval-fail-below``: checked before the run (tasks exist, run offline when
+    the Hub is off, gates name them); None when not asked for."""
+    if not request.eval_tasks:
+        if request.eval_fail_below:
+            raise UsageError("--eval-fail-below gates --eval-tasks", hint="add --eval-tasks NAME (e.g. trnqwen_calculator)")
+        return None
+    if request.config.launcher != "local":
+        raise UsageError(f"--eval-tasks with --launcher {request.config.launcher}: the nodes' jobs do not evaluate",
+                         hint="evaluate the export when the job has finished: trnqwen eval RUN_ID --tasks ...")
+    from trnqwen.evaluate.harness import check_request
+
+    return check_request(request.eval_tasks, request.eval_fail_below)
+
+
+def benchmark_after(outcome: TrainOutcome, tasks: list[HarnessTask], gates: dict[str, float],
+                    announce: Callable[[str], None] = _nothing) -> tuple[Optional[HarnessReport], Optional[TrnqwenError]]:
+    """A run that succeeded and exported, on node 0: its export and base through the harness.
+    Returns (the report, None) or (the report or None, the error to raise once the run's result is shown)."""
+    plan = outcome.plan
+    if outcome.exit_code != 0 or plan.config.node_rank != 0 or outcome.exported is None:
+        return None, None
+    from trnqwen.evaluate.harness import benchmark_run
+
+    announce(f"lm-evaluation-harness on the export and its base: {', '.join(t.name for t in tasks)} (--eval-tasks) ...")
+    retry = f"trnqwen eval {plan.run_dir} --tasks {','.join(t.name for t in tasks)}"
+    try:
+        report, failures = benchmark_run(plan.run_dir, tasks, gates, device=plan.config.device,
+                                         trust_remote_code=plan.config.trust_remote_code)
+    except TrnqwenError as exc:
+        return None, TrnqwenError(f"the run succeeded, but --eval-tasks failed: {exc.message}",
+                                  hint=f"{exc.hint + '; ' if exc.hint else ''}evaluate it again: {retry}", exit_code=exc.exit_code)
+    if failures:
+        return report, CheckFailed("the run succeeded, but --eval-fail-below: " + "; ".join(failures),
+                                   hint="the fine-tune lost more than allowed on these tasks against its base")
+    return report, None
 
 
 def check_push(request: TrainRequest) -> None:
