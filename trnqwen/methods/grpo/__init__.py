@@ -46,7 +46,7 @@ METHOD = Method(
                help="share of completion tokens whose importance ratio was clipped"),
         Metric("grpo/rollout_s", "rollout s", ".2f", panel="time", help="seconds generating and scoring this step"),
         Metric("grpo/update_s", "update s", ".2f", panel="time",
-               help="seconds of the step outside the rollout (forward, backward, optimizer) of the previous step"),
+               help="seconds of the step after the rollout: forward, backward, optimizer"),
     ),
     lr=(1e-6, "default for GRPO (TRL's GRPOConfig)"),
     lora_lr=(1e-5, "default for LoRA GRPO"),
