@@ -44,6 +44,7 @@ METHOD = Method(
         Metric("grpo/entropy", "entropy", ".4f", panel="policy", help="mean entropy of the policy per completion token"),
         Metric("grpo/clip_ratio", "clip", ".3f", panel="policy:right",
                help="share of completion tokens whose importance ratio was clipped"),
+        Metric("grpo/completions", "completions", ".0f", help="completions sampled this step, every rank"),
         Metric("grpo/rollout_s", "rollout s", ".2f", panel="time", help="seconds generating and scoring this step"),
         Metric("grpo/update_s", "update s", ".2f", panel="time",
                help="seconds of the step after the rollout: forward, backward, optimizer"),
