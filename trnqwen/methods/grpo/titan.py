@@ -206,7 +206,7 @@ class GRPOHook(TrainerHook):
         if trainer.step != self.step_seen:
             self.step_seen, self.micro = trainer.step, 0
         s = self.values
-        g, c, room = int(s["num_generations"]), int(s["max_completion_length"]), int(s["room"])
+        g, room = int(s["num_generations"]), int(s["room"])
         ids = input_dict["input"].cpu()
         seq_len = ids.shape[1]
         lengths = prompt_mask.sum(-1)
