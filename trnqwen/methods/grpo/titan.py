@@ -91,8 +91,11 @@ class GRPOLoss(BaseLoss):
         self.staged: Optional[dict[str, Any]] = None
         self.sums: Optional[torch.Tensor] = None  # [SUMS..., tokens, clipped-token count]
 
-    def stage(self, **batch: Any) -> None:
-        self.staged = batch
+    def stage(self, *, targets: torch.Tensor, advantages: torch.Tensor, global_tokens: float, micro_batches: int) -> None:
+        """The next forward's rollout: each completion token's target (-100 elsewhere), each row's
+        advantage, the step's completion tokens over every rank (dapo) and its micro-batches (the rest)."""
+        self.staged = {"targets": targets, "advantages": advantages, "global_tokens": global_tokens,
+                       "micro_batches": micro_batches}
 
     def __call__(self, pred, labels, global_valid_tokens=None, **kwargs):
         del labels, global_valid_tokens, kwargs
