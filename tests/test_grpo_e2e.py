@@ -158,3 +158,30 @@ def test_a_reward_that_raises_stops_the_run_with_exit_2_naming_it_and_the_record
                                env=grpo_run["env"])
     findings = json.loads(inspected.out).get("findings") or []
     assert any(f.get("code") == "grpo-reward-failed" for f in findings), findings
+
+
+def test_a_preempted_run_resumes_with_the_same_completions_and_losses(grpo_run):
+    """SIGTERM's drill at step 4, then ``--resume``: steps 5-12 log the uninterrupted run's losses and
+    rollout values (the same completions: sampling is seeded by seed, step and rank) to 1e-5."""
+    from trnqwen.logs.parse import parse_step_line
+
+    assert grpo_run["result"].code == 0
+    cwd = grpo_run["root"] / "resume"
+    cwd.mkdir()
+    args = ("train", *COMMON, "--assets", str(grpo_run["assets"]), "--steps", str(STEPS), "--lr", "1e-2",
+            "--log-completions", "2")
+    stopped = run_subprocess(*args, cwd=cwd, env={**grpo_run["env"], "TRNQWEN_FAULT_PREEMPT_AT_STEP": "4"}, timeout=600)
+    assert stopped.code == 138, stopped.text[-3000:]
+    resumed = run_subprocess("train", "--resume", cwd=cwd, env=grpo_run["env"], timeout=600)
+    assert resumed.code == 0, resumed.text[-3000:]
+
+    def values(where: Path):
+        log = (_run_dir(where) / "train.log").read_text()
+        losses = {m["step"]: m["loss"] for m in map(parse_step_line, log.splitlines()) if m}
+        return losses, _grpo_lines(log)
+
+    (got, got_grpo), (want, want_grpo) = values(cwd), values(grpo_run["cwd"])
+    for step in range(5, STEPS + 1):
+        assert abs(got[step] - want[step]) < 1e-5, (step, got, want)
+        for name in ("reward", "reward_std", "completion_length", "frac_reward_zero_std", "entropy"):
+            assert abs(got_grpo[step][name] - want_grpo[step][name]) < 1e-5, (step, name, got_grpo[step], want_grpo[step])
