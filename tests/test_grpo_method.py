@@ -78,7 +78,7 @@ def test_train_without_a_reward_for_your_dataset_is_a_usage_error(tiny, tmp_path
 
 
 @pytest.mark.parametrize("change, says", [
-    ({"backend": "hf-v5"}, "--backend native"),
+    ({"backend": "hf-trainer"}, "--backend native or hf-v5"),
     ({"lora": True}, "--lora"),
     ({"kl_beta": 0.04}, "--kl-beta"),
     ({"val_every": 5, "val_split": 0.1}, "--val-every"),
@@ -187,3 +187,48 @@ def test_the_bundled_task_is_what_its_recipe_writes():
         assert sums_recipe.sums_path(name).read_text() == text, name
     assert number_score("17", "17") == 2.0 and number_score("no", "17") == 0.0
     assert number([[{"role": "assistant", "content": "1 7"}]], answer=["17"]) == [1.0]
+
+
+def test_the_loss_on_the_prompt_completion_rows_is_trls_on_the_rollout(tiny):
+    """The hook's rows (prompt, completion, padding; shifted targets) scored by GRPOLoss give the
+    loss TRL computes on the rollout's own layout (left-padded prompt | completion, logits[:, P-1:-1]),
+    for every loss type: the rows and targets line up token for token."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trnqwen.methods.grpo import loss as arith
+    from trnqwen.methods.grpo.generate import InProcessGenerator, SamplingSettings
+    from trnqwen.methods.grpo.titan import GRPOLoss, completion_rows
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in ("What is 2 + 3?", "Name a colour, please")]
+    g, c, seq_len = 3, 8, 32
+    rollout = InProcessGenerator(model, SamplingSettings(c, 1.0, prompt_bucket=16), tok.pad_token_id,
+                                 [tok.eos_token_id], seed=3, kind="hf").generate(prompts, num_generations=g, step=1)
+    completions = rollout.completion_lists()
+    advantages = torch.linspace(-1.0, 1.0, len(completions))
+    with torch.no_grad():
+        full = torch.cat([rollout.prompt_ids, rollout.completion_ids], 1)
+        mask = torch.cat([rollout.prompt_mask, rollout.completion_mask], 1)
+        logits = model(input_ids=full, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+        p = rollout.prompt_ids.shape[1]
+        trl_logps, trl_entropy = arith.token_logps(logits[:, p - 1:-1], rollout.completion_ids)
+        seq, targets = completion_rows([torch.tensor(x) for x in prompts], completions, g, seq_len, tok.pad_token_id)
+        pred = model(input_ids=seq, position_ids=torch.arange(seq_len).expand_as(seq)).logits
+        ours, _ = arith.token_logps(pred, targets.clamp(min=0))
+    completion_mask = rollout.completion_mask.float()
+    per_row_trl = (trl_logps * completion_mask).sum(-1)
+    per_row = (ours * (targets != -100)).sum(-1)
+    assert torch.allclose(per_row, per_row_trl, atol=1e-4), (per_row, per_row_trl)  # the same tokens, scored alike
+    trl_entropy_sum = float((trl_entropy * completion_mask).sum())
+    for loss_type in arith.LOSS_TYPES:
+        want = arith.policy_loss(trl_logps, advantages, rollout.completion_mask.float(), loss_type=loss_type,
+                                 max_completion_length=c).loss
+        loss = GRPOLoss(GRPOLoss.Config(loss_type=loss_type, max_completion_length=c))
+        loss.stage(targets=targets, advantages=advantages, global_tokens=float(rollout.completion_mask.sum()),
+                   micro_batches=1)
+        got, _ = loss(pred, None)
+        assert abs(float(got) - float(want)) < 1e-5, (loss_type, float(got), float(want))
+        sums = loss.take_sums()  # kl, entropy, clip sums, tokens: the loss's meter saw the completion tokens
+        assert float(sums[-1]) == float(completion_mask.sum()) and abs(float(sums[1]) - trl_entropy_sum) < 1e-3

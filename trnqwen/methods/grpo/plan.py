@@ -17,6 +17,7 @@ from trnqwen.errors import UsageError
 from trnqwen.methods.base import MethodPlan
 
 NAME = "grpo"
+BACKENDS = ("native", "hf-v5")  # the torchtitan ranks' (hf-trainer and nki-moe: not yet)
 IMPORTS = ["from trnqwen.methods.grpo.titan import GRPOHook, grpo_loss_config"]
 ROWS = "trnqwen.methods.grpo.titan:titan_rows"  # the torchtitan dataloader's row reader
 
@@ -37,9 +38,9 @@ def reward_values(cfg: RunConfig) -> list[str]:
 
 def check(cfg: RunConfig) -> None:
     """Refuse what GRPO does not do here yet, with what to do instead."""
-    if cfg.backend != "native":
-        raise UsageError(f"--method grpo runs on --backend native for now, not {cfg.backend}",
-                         hint="use --backend native (hf-v5, hf-trainer and nki-moe come next: docs/rl.md)")
+    if cfg.backend not in BACKENDS:
+        raise UsageError(f"--method grpo runs on --backend {' or '.join(BACKENDS)} for now, not {cfg.backend}",
+                         hint="use --backend native (hf-trainer and nki-moe come next: docs/rl.md)")
     if cfg.lora:
         raise UsageError("--method grpo with --lora is not wired yet", hint="drop --lora (a full fine-tune)")
     if cfg.kl_beta:

@@ -72,6 +72,27 @@ def titan_rows(dataset):
                torch.from_numpy(labels))
 
 
+def completion_rows(prompts: list[torch.Tensor], completions: list[list[int]], num_generations: int, seq_len: int,
+                    pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, targets)`` ``[prompts x G, seq_len]``: each row its prompt, one of its completions
+    (prompt-major), then ``pad_id``; ``targets[t]`` is the completion token input ``t`` predicts
+    (torchtitan's shifted labels), -100 off the completion.  Positions are ``0 .. seq_len-1``:
+    one document per row, the padding after it (causal: it changes nothing before it)."""
+    rows = len(completions)
+    seq = torch.full((rows, seq_len), int(pad_id), dtype=torch.long)
+    targets = torch.full((rows, seq_len), IGNORE_INDEX, dtype=torch.long)
+    for i, tokens in enumerate(completions):
+        prompt = prompts[i // num_generations]
+        completion = torch.as_tensor(tokens, dtype=torch.long)
+        p, m = prompt.numel(), completion.numel()
+        if p + m > seq_len:
+            raise ValueError(f"prompt {p} + completion {m} tokens do not fit the {seq_len}-token row")
+        seq[i, :p] = prompt
+        seq[i, p:p + m] = completion
+        targets[i, p - 1:p + m - 1] = completion
+    return seq, targets
+
+
 class GRPOLoss(BaseLoss):
     """torchtitan loss: GRPO's clipped surrogate on the staged rows (module doc); ``labels`` unused."""
 
@@ -185,11 +206,18 @@ class GRPOHook(TrainerHook):
         dist = _dist()
         self.rank = dist.get_rank() if dist is not None else 0
         self.world = dist.get_world_size() if dist is not None else 1
+        root = trainer.model_parts[0]
+        # hf-v5: torchtitan's wrapper holds the transformers causal LM (which generates with its own
+        # cache); its root holds the FSDP-sharded embeddings and lm_head
+        inner = getattr(root, "model", None)
+        hf = inner is not None and hasattr(inner, "generation_config")
+        if hf:
+            _fsdp_root_ready(root)
         self.generator = InProcessGenerator(
-            model=trainer.model_parts[0],
+            model=inner if hf else root, weights_root=root if hf else None,
             settings=SamplingSettings(max_completion_length=s["max_completion_length"], temperature=s["temperature"],
                                       top_p=s["top_p"], prompt_bucket=s["room"]),
-            pad_id=self.pad_id, eos_ids=sorted(eos), seed=int(s["seed"]), rank=self.rank, kind="titan",
+            pad_id=self.pad_id, eos_ids=sorted(eos), seed=int(s["seed"]), rank=self.rank, kind="hf" if hf else "titan",
         )
         self.completions_path = None
         stream = os.environ.get(metrics_stream.PATH_ENV)  # the run directory's metrics.jsonl (rank 0 writes it)
@@ -239,17 +267,9 @@ class GRPOHook(TrainerHook):
             advantages = adv.advantages
             zero_std = _gather_rows(adv.is_std_zero.float()[:, None])[:, 0].bool()
         self.rows.append(torch.cat([gathered, zero_std.float()[:, None]], dim=1))
-        # the prompt + completion rows: the prompt, its completion, then padding
-        n_rows = rollout.completion_ids.shape[0]
-        seq = torch.full((n_rows, seq_len), self.pad_id, dtype=torch.long)
-        targets = torch.full((n_rows, seq_len), IGNORE_INDEX, dtype=torch.long)
-        for i in range(n_rows):
-            prompt = ids[i // g, : int(lengths[i // g])]
-            completion = torch.as_tensor(completions[i], dtype=torch.long)
-            p, m = prompt.numel(), completion.numel()
-            seq[i, :p] = prompt
-            seq[i, p:p + m] = completion
-            targets[i, p - 1:p + m - 1] = completion
+        prompts = [ids[i, : int(n)] for i, n in enumerate(lengths.tolist())]
+        seq, targets = completion_rows(prompts, completions, g, seq_len, self.pad_id)
+        n_rows = seq.shape[0]
         tokens = float((targets != IGNORE_INDEX).sum())
         global_tokens = torch.tensor([tokens])
         dist = _dist()
@@ -369,6 +389,18 @@ class GRPOHook(TrainerHook):
             "completions": "completions of the step, every rank",
             **{f"rewards/{name}": f"mean of reward function {name}" for name in names},
         }
+
+
+def _fsdp_root_ready(root: torch.nn.Module) -> None:
+    """FSDP2 finds its root at the first forward of the root module; a rollout that calls the
+    wrapped transformers model first would make each of its sharded children a root of its own
+    (``FSDP requires a single root module``): the root's state is set up now, as its forward would."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without distributed
+        return
+    if isinstance(root, FSDPModule):
+        root._get_fsdp_state()._lazy_init()
 
 
 @dataclass
