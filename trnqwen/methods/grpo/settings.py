@@ -68,7 +68,7 @@ class GrpoSettings(BaseModel):
     )
     kl_beta: float = setting(
         0.0, ge=0.0, le=100.0, allow_inf_nan=False, panel="Method",
-        help="GRPO: weight of the KL to the starting weights (TRL's beta; 0: no reference, TRL's default).",
+        help="GRPO: weight of the KL to the starting weights (TRL's beta); 0, TRL's default, is the only value for now.",
     )
     scale_rewards: ScaleRewards = setting(
         "group", panel="Method",
