@@ -232,3 +232,79 @@ def test_the_loss_on_the_prompt_completion_rows_is_trls_on_the_rollout(tiny):
         assert abs(float(got) - float(want)) < 1e-5, (loss_type, float(got), float(want))
         sums = loss.take_sums()  # kl, entropy, clip sums, tokens: the loss's meter saw the completion tokens
         assert float(sums[-1]) == float(completion_mask.sum()) and abs(float(sums[1]) - trl_entropy_sum) < 1e-3
+
+
+MY_REWARDS = '''
+def broken(prompts, completions, answer, **kwargs):
+    return [1.0 / (int(a) - 17) for a in answer]
+
+
+def first_token(prompts, completions, completion_ids, **kwargs):
+    return [float(ids[0] % 7) for ids in completion_ids]
+'''
+
+
+def _hook_on_a_batch(tiny, tmp_path, **overrides):
+    """GRPOHook and GRPOLoss in this process, on torchtitan's native tiny Qwen3 and the bundled prompts'
+    cache: a stand-in for the trainer holding what the hook reads (model_parts, loss_fn, step)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tests.test_grpo_generate import build_native
+    from trnqwen.methods.grpo import prompt_cache
+    from trnqwen.methods.grpo.plan import hook_settings
+    from trnqwen.methods.grpo.titan import GRPOHook, GRPOLoss, grpo_loss_config
+    from trnqwen.runtime.titan_data import TokenCacheDataset
+
+    cfg = _cfg(num_generations=4, **overrides)
+    data = prompt_cache.prepare(cfg, tiny, cache_root=tmp_path)
+    rewards = list(cfg.reward) or ["trnqwen.methods.grpo.task:number"]
+    config = grpo_loss_config(loss_type="dapo", epsilon=0.2, epsilon_high=0.2, temperature=1.0, max_completion_length=16,
+                              settings=hook_settings(cfg, tiny, data, rewards))
+    model = build_native(tiny, trainable=True)
+    trainer = SimpleNamespace(model_parts=[model], loss_fn=GRPOLoss(config), step=1, gradient_accumulation_steps=1)
+    hook = GRPOHook()
+    hook.on_init(trainer)
+    samples = iter(TokenCacheDataset(str(data.cache_dir), seq_len=64, rows="trnqwen.methods.grpo.titan:titan_rows"))
+    batch = [next(samples)[0] for _ in range(2)]
+    input_dict = {k: torch.stack([s[k] for s in batch]) for k in batch[0]}
+    return hook, trainer, model, input_dict
+
+
+@pytest.mark.parametrize("scale", ["group", "batch"])
+def test_the_hook_turns_prompts_into_scored_completion_rows(tiny, tmp_path, scale, monkeypatch):
+    import torch
+
+    (tmp_path / "my_rewards.py").write_text(MY_REWARDS)
+    monkeypatch.chdir(tmp_path)  # a reward with signal in (nearly) every group: the first token's id mod 7
+    hook, trainer, model, input_dict = _hook_on_a_batch(tiny, tmp_path / "cache", scale_rewards=scale,
+                                                        reward=["my_rewards.py:first_token"])
+    hook.on_batch(trainer, input_dict, "train")
+    assert set(input_dict) == {"input", "positions"}  # the prompt fields never reach the model
+    assert input_dict["input"].shape == (8, 64)  # 2 prompts x G 4, one seq_len row each
+    staged = trainer.loss_fn.staged
+    assert staged["advantages"].shape == (8,) and torch.isfinite(staged["advantages"]).all()
+    assert staged["global_tokens"] == float((staged["targets"] != -100).sum())
+    positions = input_dict["positions"]
+    pred = model(input_dict["input"], positions, model.get_attention_masks(positions))
+    loss, _ = trainer.loss_fn(pred, None)
+    loss.backward()
+    assert torch.isfinite(loss) and any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    values = hook.step_values(trainer, "train")
+    assert values["completions"] == 8 and 0 < values["completion_length"] <= 16 and values["kl"] == 0.0
+    assert all(math.isfinite(v) for v in values.values()), values
+    assert hook.log_lines(1, "train")[0].startswith("[GRPO] step: 1  reward: ")
+
+
+def test_a_failing_reward_stops_the_hook_with_the_usage_error_lines(tiny, tmp_path, capsys, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(MY_REWARDS)
+    monkeypatch.chdir(tmp_path)
+    hook, trainer, _model, input_dict = _hook_on_a_batch(tiny, tmp_path / "cache", reward=["my_rewards.py:broken"])
+    with pytest.raises(SystemExit) as stop:
+        hook.on_batch(trainer, input_dict, "train")
+    assert stop.value.code == 2
+    out = capsys.readouterr().out.splitlines()
+    error = [line for line in out if line.startswith("[trnqwen] usage error: reward function 'broken'")]
+    assert error and "ZeroDivisionError" in error[0] and "sums.jsonl line 1" in error[0], out
+    assert trainer.loss_fn.staged is None  # nothing staged: no update follows
