@@ -205,3 +205,24 @@ def test_grpo_on_hf_v5_learns_the_task_too(grpo_run):
     # bits may flip a sampled token: measured 0.001677 against 0.001686)
     assert abs(lines[1]["reward"] - native[1]["reward"]) < 0.2 * native[1]["reward"], (lines[1], native[1])
     assert lines[STEPS]["reward"] > 5 * lines[1]["reward"], lines  # measured: 0.0017 -> 0.029
+
+
+def test_lora_grpo_trains_the_adapter_and_exports_it(grpo_run):
+    """--lora: the rollout samples from the base plus the adapter being trained; the adapter's B
+    matrices (zero at the start) moved, and the export is a PEFT adapter folder."""
+    import torch
+    from safetensors.torch import load_file
+
+    cwd = grpo_run["root"] / "lora"
+    cwd.mkdir()
+    r = run_subprocess("train", *COMMON, "--assets", str(grpo_run["assets"]), "--steps", "3", "--lr", "5e-2", "--lora",
+                       "--lora-rank", "8", "--json", cwd=cwd, env=grpo_run["env"], timeout=600)
+    assert r.code == 0, r.text[-4000:]
+    lines = _grpo_lines((_run_dir(cwd) / "train.log").read_text())
+    assert sorted(lines) == [1, 2, 3] and all(math.isfinite(v) for x in lines.values() for v in x.values()), lines
+    exported = Path(json.loads(r.out)["exported"])
+    assert (exported / "adapter_config.json").is_file() and not list(exported.glob("model*.safetensors"))
+    weights = load_file(str(exported / "adapter_model.safetensors"))
+    b = [t for name, t in weights.items() if "lora_B" in name]
+    assert b and any(float(t.abs().sum()) > 0 for t in b)  # updated from B = 0
+    assert all(bool(torch.isfinite(t).all()) for t in weights.values())

@@ -79,7 +79,6 @@ def test_train_without_a_reward_for_your_dataset_is_a_usage_error(tiny, tmp_path
 
 @pytest.mark.parametrize("change, says", [
     ({"backend": "hf-trainer"}, "--backend native or hf-v5"),
-    ({"lora": True}, "--lora"),
     ({"kl_beta": 0.04}, "--kl-beta"),
     ({"val_every": 5, "val_split": 0.1}, "--val-every"),
     ({"global_batch_size": 16}, "--global-batch-size"),

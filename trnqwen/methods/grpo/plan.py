@@ -41,8 +41,6 @@ def check(cfg: RunConfig) -> None:
     if cfg.backend not in BACKENDS:
         raise UsageError(f"--method grpo runs on --backend {' or '.join(BACKENDS)} for now, not {cfg.backend}",
                          hint="use --backend native (hf-trainer and nki-moe come next: docs/rl.md)")
-    if cfg.lora:
-        raise UsageError("--method grpo with --lora is not wired yet", hint="drop --lora (a full fine-tune)")
     if cfg.kl_beta:
         raise UsageError(f"--kl-beta {cfg.kl_beta:g}: the KL term needs the starting weights' log-probs, which GRPO "
                          "does not compute yet", hint="drop --kl-beta (0, TRL's default)")
