@@ -205,9 +205,12 @@ def write_cache(
     pad_id: int,
     eos_id: int | None,
     extra_meta: Mapping[str, Any] | None = None,
+    extra_files: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``splits`` under ``<cache_root>/<key>`` atomically; returns the directory.
 
+    ``extra_files``: text files written beside the arrays (``{name: text}``, e.g. a prompt method's
+    records with the columns its rewards read), read back with :func:`read_extra_file`.
     Built in a temporary sibling folder and renamed into place. If another process finished
     the same key first, its copy is kept (same key, same content) and ours is discarded.
     """
@@ -232,6 +235,10 @@ def write_cache(
                 np.save(tmp / f"{name}.{array_name}.npy", array, allow_pickle=False)
             for array_name, array in split.extra.items():
                 np.save(tmp / f"{name}.{array_name}.npy", np.ascontiguousarray(array, dtype=np.int32), allow_pickle=False)
+        for file_name, text in (extra_files or {}).items():
+            if "/" in file_name or file_name in (META_FILE,) or file_name.endswith(".npy"):
+                raise ValueError(f"extra file {file_name!r}: a plain name beside the arrays, not one of theirs")
+            (tmp / file_name).write_text(text, encoding="utf-8")
         meta = {
             **dict(extra_meta or {}),
             "version": CACHE_VERSION,
@@ -242,6 +249,7 @@ def write_cache(
             "eos_id": None if eos_id is None else int(eos_id),
             "splits": {name: split.stats() for name, split in splits.items()},
             "extra_arrays": sorted({array_name for split in splits.values() for array_name in split.extra}),
+            "extra_files": sorted(extra_files or {}),
         }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
         os.chmod(tmp, 0o777 & ~current_umask())
@@ -269,6 +277,11 @@ def read_meta(cache_dir: Path) -> dict[str, Any]:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def read_extra_file(cache_dir: Path, name: str) -> str:
+    """A text file :func:`write_cache` wrote beside the arrays (``extra_files``)."""
+    return (Path(cache_dir) / name).read_text(encoding="utf-8")
 
 
 @dataclass
