@@ -15,8 +15,15 @@ of the process and its workers together) are its own.
 The records come from the bundled chat set's recipe, with new seeds up to ``--records``; the tokenizer is the
 built-in tiny model's (built here, offline) unless ``--assets`` points at a real snapshot.
 
+Third (``--sizes-mb 10,40``): memory against the file's size.  For each size a JSONL of new
+conversations is written, then prepared in memory (``bounded_memory=False``), in bounded memory
+(``bounded_memory=True``: records streamed, documents on disk, rows written block by block;
+trnqwen.dataset.bounded) and by ``datasets.map``, each in a fresh process: time, peak resident
+memory and its growth over the process's resident memory once its libraries are imported.
+
 Usage:
   .venv/bin/python benchmarks/data_prep.py                      # 20,000 conversations
+  .venv/bin/python benchmarks/data_prep.py --sizes-mb 10,40     # memory vs file size (3 ways)
   .venv/bin/python benchmarks/data_prep.py --records 2000 --repeats 1 --json
   .venv/bin/python benchmarks/data_prep.py --assets assets/hf/Qwen3-4B-Instruct-2507
   .venv/bin/python benchmarks/data_prep.py --records 100000 --repeats 1 --num-proc 2   # vs datasets.map
@@ -122,24 +129,29 @@ class _PeakMemory:
 
 def _child(mode: str, assets: Path, data: Path, seq_len: int, num_proc: int, work: Path) -> None:
     """One measured job in this (fresh) process, its libraries imported first; prints {"seconds",
-    "peak_mb"} as JSON."""
+    "peak_mb", "start_mb"} as JSON (start: resident memory before the job, its libraries loaded)."""
     import datasets
+    import psutil
     from transformers import AutoTokenizer
 
+    import trnqwen.dataset.chat  # noqa: F401  (what prepare imports: loaded before the start is read)
     from trnqwen.dataset.prepare import DataSettings, prepare
 
     datasets.disable_caching()
+    start_mb = psutil.Process().memory_info().rss / 2**20
     with _PeakMemory() as memory:
         start = time.perf_counter()
-        if mode == "prepare":
-            prepare(DataSettings(dataset=str(data), seq_len=seq_len), assets, work / f"cache-{time.time_ns()}")
+        if mode.startswith("prepare"):
+            bounded = {"prepare": None, "prepare-in-memory": False, "prepare-bounded": True}[mode]
+            prepare(DataSettings(dataset=str(data), seq_len=seq_len), assets, work / f"cache-{time.time_ns()}",
+                    bounded_memory=bounded)
         else:
             tokenizer = AutoTokenizer.from_pretrained(str(assets), trust_remote_code=False)
             table = datasets.load_dataset("json", data_files=str(data), split="train", cache_dir=str(work / "hf-cache"))
             table.map(lambda r: dict(tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)),
                       remove_columns=table.column_names, num_proc=num_proc if num_proc > 1 else None)
         seconds = time.perf_counter() - start
-    print(json.dumps({"seconds": seconds, "peak_mb": memory.peak / 2**20}))
+    print(json.dumps({"seconds": seconds, "peak_mb": memory.peak / 2**20, "start_mb": start_mb}))
 
 
 def _measure(mode: str, assets: Path, data: Path, seq_len: int, num_proc: int, work: Path) -> dict:
@@ -151,6 +163,52 @@ def _measure(mode: str, assets: Path, data: Path, seq_len: int, num_proc: int, w
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+SCALING_MODES = ("prepare-in-memory", "prepare-bounded", "datasets-map")
+
+
+def _write_jsonl(path: Path, megabytes: float) -> int:
+    """New conversations (the chat recipe, seed after seed) until the file holds ``megabytes``; the count."""
+    from trnqwen.data import chat_recipe
+
+    n, seed, limit = 0, chat_recipe.SEED, megabytes * 2**20
+    with path.open("w") as fh:
+        while fh.tell() < limit:
+            for messages in chat_recipe.build(seed):
+                fh.write(json.dumps({"messages": messages}) + "\n")
+                n += 1
+            seed += 1
+    return n
+
+
+def _scaling(sizes: list[float], modes: list[str], args) -> None:
+    with tempfile.TemporaryDirectory(prefix="trnqwen-bench-data-") as tmp:
+        work = Path(tmp)
+        assets = args.assets
+        if assets is None:
+            from trnqwen.fetch.builtin import write_tiny_qwen3
+
+            assets = write_tiny_qwen3(work / "tiny-qwen3")
+        rows = []
+        for size in sizes:
+            data = work / f"chats-{size:g}mb.jsonl"
+            records = _write_jsonl(data, size)
+            got = {mode: _measure(mode, assets, data, args.seq_len, args.num_proc, work) for mode in modes}
+            rows.append({"mb": round(data.stat().st_size / 2**20, 1), "records": records, **got})
+            data.unlink()
+            for cache in work.glob("cache-*"):
+                import shutil
+
+                shutil.rmtree(cache)
+    print(f"{'JSONL':>10} {'records':>9}  " + "  ".join(f"{m:>34}" for m in modes))
+    for row in rows:
+        cells = [f"{row[m]['seconds']:7.1f} s peak {row[m]['peak_mb']:7.0f} MB (+{row[m]['peak_mb'] - row[m]['start_mb']:6.0f})"
+                 for m in modes]
+        print(f"{row['mb']:7.1f} MB {row['records']:9,}  " + "  ".join(f"{c:>34}" for c in cells))
+    if args.json:
+        print(json.dumps({"benchmark": "data_prep_scaling", "seq_len": args.seq_len, "num_proc": args.num_proc,
+                          "rows": rows}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=20_000, help="conversations to process")
@@ -159,12 +217,18 @@ def main() -> None:
     ap.add_argument("--assets", type=Path, help="a model snapshot (default: the built-in tiny model)")
     ap.add_argument("--json", action="store_true", help="also print one JSON summary line")
     ap.add_argument("--num-proc", type=int, default=2, help="datasets.map's worker processes (the comparison)")
-    ap.add_argument("--child", choices=("prepare", "datasets-map"), help=argparse.SUPPRESS)
+    ap.add_argument("--sizes-mb", help="memory vs file size: JSONL sizes in MB, comma-separated (e.g. 10,40)")
+    ap.add_argument("--modes", default=",".join(SCALING_MODES), help="with --sizes-mb: which of them to run")
+    ap.add_argument("--child", choices=("prepare", "prepare-in-memory", "prepare-bounded", "datasets-map"),
+                    help=argparse.SUPPRESS)
     ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         _child(args.child, args.assets, args.data, args.seq_len, args.num_proc, args.work)
+        return
+    if args.sizes_mb:
+        _scaling([float(x) for x in args.sizes_mb.split(",")], args.modes.split(","), args)
         return
 
     from trnqwen.dataset import chat

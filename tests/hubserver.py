@@ -12,6 +12,20 @@ Hub's headers and error codes:
   errors: 404 + X-Error-Code RepoNotFound / RevisionNotFound / EntryNotFound,
           403 + GatedRepo, 401 + "Invalid credentials in Authorization header" for a bad token.
 
+and the endpoints ``create_repo`` / ``create_branch`` / ``create_commit`` (``upload_folder``,
+``hf upload``) use, over the legacy LFS protocol (huggingface_hub uses it with
+``HF_HUB_DISABLE_XET=1``; Xet's content store is not served here).  Every write needs a token in
+``valid_tokens``; a commit's files are served by the download endpoints above at once:
+
+  POST /api/repos/create                             {name, organization, visibility}; 409 if it exists
+  POST /api/models/{repo}/branch/{branch}            a branch from main (or startingPoint); 409 if it exists
+  POST /api/validate-yaml                            the model card's metadata (always valid here)
+  POST /api/models/{repo}/preupload/{rev}            uploadMode lfs/regular per file, the remote oid
+  POST /{repo}.git/info/lfs/objects/batch            upload + verify actions for the blobs not stored
+  PUT  /lfs-upload/{sha256}                          the blob (its sha256 checked)
+  POST /lfs-upload/{sha256}/verify                   stored, and the size agrees
+  POST /api/models/{repo}/commit/{rev}               the ndjson commit: header, file (base64), lfsFile
+
 Faults for tests: ``drop[path] = (after_bytes, times[, "fin"|"rst"])`` closes the connection
 mid-file (a clean close, or a reset);
 ``stall[path] = after_bytes`` sends that much then waits until ``release()``; ``corrupt`` serves
@@ -89,6 +103,8 @@ class Repo:
     refs: dict[str, str] = field(default_factory=dict)  # branch/tag -> commit
     commits: dict[str, dict[str, HubFile]] = field(default_factory=dict)
     gated: bool = False
+    private: bool = False
+    messages: dict[str, str] = field(default_factory=dict)  # commit -> its summary (pushed commits)
 
 
 class HubServer:
@@ -101,6 +117,7 @@ class HubServer:
         self.stall: dict[str, int] = {}
         self.corrupt: set[str] = set()
         self.requests: list[dict] = []
+        self.blobs: dict[str, bytes] = {}  # LFS uploads by sha256, until a commit names them
         self._released = threading.Event()
         self._lock = threading.Lock()
         server = self
@@ -132,6 +149,24 @@ class HubServer:
         repo.refs[revision] = commit
         repo.commits[commit] = entries
         return commit
+
+    def commit(self, repo_id: str, revision: str, entries: dict[str, "HubFile"], summary: str = "") -> str:
+        """A new commit on ``revision`` holding ``entries`` (a push); returns its sha."""
+        repo = self.repos[repo_id]
+        digest = hashlib.sha1(f"{repo_id}\0{revision}\0{repo.refs.get(revision)}\0{summary}".encode())
+        for e in sorted(entries.values(), key=lambda e: e.path):
+            digest.update(e.path.encode() + e.etag.encode())
+        sha = digest.hexdigest()
+        repo.commits[sha] = entries
+        repo.refs[revision] = sha
+        repo.messages[sha] = summary
+        return sha
+
+    def files_of(self, repo_id: str, revision: str = "main") -> dict[str, bytes]:
+        """Path -> content of a revision (what a test compares with what it pushed)."""
+        repo = self.repos[repo_id]
+        entries = repo.commits[repo.refs.get(revision, revision)]
+        return {p: f.read(0, f.size) for p, f in entries.items()}
 
     @classmethod
     def from_folder(cls, root: Path, **kw) -> "HubServer":
@@ -231,6 +266,9 @@ class _Handler(BaseHTTPRequestHandler):
         if token is not None and token not in self.hub.valid_tokens:
             self._error(401, None, "Invalid credentials in Authorization header")
             return False
+        if repo.private and token is None:  # the Hub does not admit that a private repo exists
+            self._error(404, "RepoNotFound", "Repository not found")
+            return False
         if repo.gated and token is None:
             self._error(403, "GatedRepo", "Access to model is restricted. You must have access to it and be authenticated.")
             return False
@@ -258,10 +296,15 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self._route()
 
+    def do_PUT(self):
+        self._route()
+
     def _route(self):
         url = urlsplit(self.path)
         raw = url.path
         try:
+            if self.command in ("POST", "PUT") and self._write_route(raw):
+                return
             m = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", raw)
             if m:
                 return self._model_info(unquote(m.group(1)), unquote(m.group(2) or "main"))
@@ -281,6 +324,153 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass
 
+    # --- uploads ----------------------------------------------------------------------------------
+    def _body(self) -> bytes:
+        """The request body: Content-Length, or chunked transfer encoding."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            out = bytearray()
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return bytes(out)
+                out += self.rfile.read(size)
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _writer_ok(self) -> bool:
+        """A write needs a valid token (the Hub's 401 otherwise)."""
+        auth = self.headers.get("Authorization", "")
+        token = auth[7:] if auth.startswith("Bearer ") else None
+        if token is None or token not in self.hub.valid_tokens:
+            self._error(401, None, "Invalid credentials in Authorization header" if token else "You must be authenticated to write")
+            return False
+        return True
+
+    def _write_route(self, raw: str) -> bool:
+        routes = (
+            (r"/api/repos/create", self._create_repo),
+            (r"/api/validate-yaml", self._validate_yaml),
+            (r"/api/models/([^/]+/[^/]+)/branch/([^/]+)", self._create_branch),
+            (r"/api/models/([^/]+/[^/]+)/preupload/([^/]+)", self._preupload),
+            (r"/([^/]+/[^/]+)\.git/info/lfs/objects/batch", self._lfs_batch),
+            (r"/lfs-upload/([0-9a-f]{64})", self._lfs_put),
+            (r"/lfs-upload/([0-9a-f]{64})/verify", self._lfs_verify),
+            (r"/api/models/([^/]+/[^/]+)/commit/([^/]+)", self._commit),
+        )
+        for pattern, handler in routes:
+            m = re.fullmatch(pattern, raw)
+            if m:
+                body = self._body()
+                self._log(api=handler.__name__.lstrip("_"))
+                # the blob's PUT carries no token (on the Hub it is a pre-signed storage URL)
+                if handler == self._lfs_put or self._writer_ok():
+                    handler(body, *(unquote(g) for g in m.groups()))
+                return True
+        return False
+
+    def _create_repo(self, body: bytes):
+        doc = json.loads(body or b"{}")
+        repo_id = f"{doc.get('organization')}/{doc.get('name')}" if doc.get("organization") else str(doc.get("name"))
+        url = f"{self.hub.endpoint}/{repo_id}"
+        if repo_id in self.hub.repos:
+            self._json({"error": "You already created this model repo", "url": url}, 409)
+            return
+        with self.hub._lock:
+            repo = self.hub.repos.setdefault(repo_id, Repo(repo_id, private=doc.get("visibility") == "private"))
+            self.hub.commit(repo_id, "main", {}, "initial commit")
+        self._json({"url": url, "name": repo_id, "id": repo.repo_id})
+
+    def _validate_yaml(self, body: bytes):
+        self._json({"errors": [], "warnings": []})
+
+    def _create_branch(self, body: bytes, repo_id: str, branch: str):
+        start = json.loads(body or b"{}").get("startingPoint") or "main"
+        repo, commit = self._repo_or_error(repo_id, start)
+        if repo is None:
+            return
+        if branch in repo.refs:
+            self._error(409, None, f"Reference already exists: refs/heads/{branch}")
+            return
+        repo.refs[branch] = commit
+        self._json({})
+
+    def _preupload(self, body: bytes, repo_id: str, revision: str):
+        repo, commit = self._repo_or_error(repo_id, revision)
+        if repo is None:
+            return
+        present = repo.commits[commit]
+        out = []
+        for f in json.loads(body).get("files", []):
+            lfs = f["path"].endswith(LFS_SUFFIXES) or int(f.get("size") or 0) > 10 * 1024 * 1024
+            old = present.get(f["path"])
+            out.append({"path": f["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False,
+                        "oid": old.etag if old is not None else None})
+        self._json({"files": out, "commitOid": commit})
+
+    def _lfs_batch(self, body: bytes, repo_id: str):
+        if repo_id not in self.hub.repos:
+            self._error(404, "RepoNotFound", "Repository not found")
+            return
+        objects = []
+        for obj in json.loads(body).get("objects", []):
+            entry = {"oid": obj["oid"], "size": obj["size"], "authenticated": True}
+            if obj["oid"] not in self.hub.blobs:
+                href = f"{self.hub.endpoint}/lfs-upload/{obj['oid']}"
+                entry["actions"] = {"upload": {"href": href}, "verify": {"href": href + "/verify"}}
+            objects.append(entry)
+        self._send(200, json.dumps({"transfer": "basic", "objects": objects}).encode(), ctype="application/vnd.git-lfs+json")
+
+    def _lfs_put(self, body: bytes, oid: str):
+        if hashlib.sha256(body).hexdigest() != oid:
+            self._error(400, None, "sha256 of the uploaded content does not match the oid")
+            return
+        with self.hub._lock:
+            self.hub.blobs[oid] = body
+        self._send(200, b"", ctype="text/plain")
+
+    def _lfs_verify(self, body: bytes, oid: str):
+        doc = json.loads(body or b"{}")
+        blob = self.hub.blobs.get(oid)
+        if blob is None or len(blob) != doc.get("size"):
+            self._error(404, None, f"object {oid} not uploaded")
+            return
+        self._json({"success": True})
+
+    def _commit(self, body: bytes, repo_id: str, revision: str):
+        import base64
+
+        repo, commit = self._repo_or_error(repo_id, revision)
+        if repo is None:
+            return
+        entries = dict(repo.commits[commit])
+        summary = ""
+        for line in body.splitlines():
+            if not line.strip():
+                continue
+            item = json.loads(line)
+            key, value = item["key"], item["value"]
+            if key == "header":
+                summary = value.get("summary", "")
+            elif key == "file":
+                entries[value["path"]] = HubFile.make(value["path"], base64.b64decode(value["content"]))
+            elif key == "lfsFile":
+                blob = self.hub.blobs.get(value["oid"])
+                if blob is None:
+                    self._error(422, None, f"LFS object {value['oid']} of {value['path']} was never uploaded")
+                    return
+                entries[value["path"]] = HubFile.make(value["path"], blob)
+            elif key == "deletedFile":
+                entries.pop(value["path"], None)
+            else:
+                self._error(400, None, f"unsupported commit operation {key}")
+                return
+        with self.hub._lock:
+            sha = self.hub.commit(repo_id, revision, entries, summary)
+        self._json({"commitUrl": f"{self.hub.endpoint}/{repo_id}/commit/{sha}", "commitOid": sha, "success": True})
+
     def _model_info(self, repo_id: str, revision: str):
         self._log(api="model_info")
         repo, commit = self._repo_or_error(repo_id, revision)
@@ -293,7 +483,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "id": repo_id,
                 "modelId": repo_id,
                 "sha": commit,
-                "private": False,
+                "private": repo.private,
                 "gated": "manual" if repo.gated else False,
                 "disabled": False,
                 "downloads": 0,

@@ -234,3 +234,27 @@ def test_a_resumed_run_reads_the_same_mixture(in_tmp, tiny, sources, cli):
     assert any("mixture, share of the trained tokens" in note for note in plan["notes"])
     texts.write_text(texts.read_text() + json.dumps(mixed_lengths(1, seed=9)[0]) + "\n")
     assert_clean_error(cli("train", "--resume"), code=2, contains="the training data of run r1 changed since it was saved")
+
+
+def test_text_and_conversations_are_not_mixed(tmp_path, tiny, sources, cli, in_tmp):
+    """Text records train every token, conversations only the answers: one run does not mix them.
+    Detected, the mixture stops after the dataset that breaks it is read (nothing tokenized);
+    declared (type = "text"), before any record is read: the broken line of the chats is never reached."""
+    texts = tmp_path / "notes.txt"
+    texts.write_text("First document about units.\n\nSecond document about hours and minutes.\n")
+    message = "the datasets mix text records"
+    with pytest.raises(UsageError, match=message) as caught:
+        mix(tmp_path, tiny, [entry(sources["chats"], weight=1, **SHAREGPT_MAPPING), entry(texts, weight=1)])
+    assert "notes.txt: every token trained" in str(caught.value) and "chats.jsonl, messages" in str(caught.value)
+    assert "prompt/completion" in caught.value.hint
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"messages": [}\n')
+    with pytest.raises(UsageError, match=message):
+        mix(tmp_path, tiny, [entry(texts, weight=1, type="text"), entry(broken, weight=1, type="messages")])
+    (in_tmp / "trnqwen.toml").write_text(f'[[datasets]]\npath = "{texts}"\nweight = 1\n\n'
+                                         f'[[datasets]]\npath = "{sources["texts"]}"\nweight = 3\n')
+    r = cli("data", "--model", "builtin:tiny-qwen3", "--assets", str(tiny), "--seq-len", "256",
+            "--data-cache-dir", str(in_tmp / "cache"))
+    assert_clean_error(r, code=2, contains=message)
+    assert [line for line in r.text.splitlines() if line.startswith("Error:")] == [r.text.splitlines()[0]]
+    assert not (in_tmp / "cache").exists() or not any((in_tmp / "cache").iterdir())

@@ -621,3 +621,12 @@ def test_a_rebuilt_validation_split_that_differs_from_the_recorded_one_is_refuse
     assert eval_json.read_bytes() == before  # not overwritten
     explicit = cli("eval", "--no-base", "--dataset", str(data), "--json")
     assert explicit.code == 0, explicit.text
+
+
+def test_a_grpo_run_without_a_dataset_is_refused_naming_the_method(run_work, cli):
+    """A GRPO run's data is prompts: nothing of their own to score a loss on (no reward report yet)."""
+    work, run_dir, _export = run_work
+    run = json.loads((run_dir / "run.json").read_text())
+    run["config"]["method"] = "grpo"
+    (run_dir / "run.json").write_text(json.dumps(run))
+    assert_clean_error(cli("eval"), code=2, contains="--method grpo run")

@@ -66,7 +66,7 @@ def dummy(monkeypatch):
 
 
 def test_the_built_in_methods_and_their_declarations():
-    assert registry.NAMES == ("sft", "dpo", "orpo")
+    assert registry.NAMES == ("sft", "dpo", "orpo", "grpo")
     dpo = registry.get("dpo")
     assert dpo.data == "preference" and registry.get(None).name == "sft"
     assert {m.name for m in dpo.metrics} == {"dpo/rewards_chosen", "dpo/rewards_rejected", "dpo/margin", "dpo/accuracy"}

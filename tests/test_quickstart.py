@@ -512,3 +512,32 @@ def test_ctrl_c_while_lanes_run_stops_each_run_through_its_own_stop_request():
                          timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT)})
     # both runs stopped with SIGINT, nothing new started, each run unregistered itself
     assert out.stdout.strip() == "stopped ['[<Signals.SIGINT: 2>]', '[<Signals.SIGINT: 2>]'] left 0", out.stdout + out.stderr
+
+
+def test_a_running_stage_is_reported_while_it_runs(tmp_path, capsys):
+    """Piped, the lane stages have no status line: a heartbeat names each running stage and its last
+    logged step (read from the run's real log), and stops when the stages end."""
+    import time
+
+    from trnqwen.contract.stepline import format_step_line
+    from trnqwen.quickstart import Progress, Stage
+
+    log = tmp_path / "train.log"
+    log.write_text("starting\n" + format_step_line(3, 5.1, 1.0, 0.1, 1.0, 1000, 0.1, None, lr=1e-4) + "\nnoise\n")
+    prog = Progress(True, 15, heartbeat_s=0.2)
+    prog.start("chat fine-tune", "bundled chat set")
+    prog.watch("chat fine-tune", log, steps=40, live=False)
+    prog.start("LoRA fine-tune", "adapter")
+    prog.start("pre-train", "with its own status line")
+    prog.watch("pre-train", log, steps=10, live=True)
+    time.sleep(0.7)
+    beats = [x for x in capsys.readouterr().err.splitlines() if "still running" in x]
+    assert beats, "no heartbeat while stages ran"
+    assert "chat fine-tune (step 3/40, " in beats[-1] and "LoRA fine-tune (" in beats[-1]
+    assert "pre-train" not in beats[-1]  # it shows its own status line
+    for name in ("chat fine-tune", "LoRA fine-tune", "pre-train"):
+        prog.done(Stage(name=name, ok=True, detail="done"), name=name)
+    capsys.readouterr()
+    time.sleep(0.6)
+    prog.close()
+    assert "still running" not in capsys.readouterr().err  # nothing runs: no heartbeat

@@ -9,11 +9,12 @@ always works.  A stream that is not a terminal (a redirected log, CI) is never h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 from functools import lru_cache
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from trnqwen.errors import redact
 
@@ -67,3 +68,35 @@ def table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]], *, 
     for row in rows:
         t.add_row(*(escape(redact("" if v is None else str(v))) for v in row))
     console(stderr=not stdout).print(t)
+
+
+@contextlib.contextmanager
+def work_progress(description: str, *, quiet: bool = False, con=None) -> Iterator[Callable[[int, int], None]]:
+    """Long work on stderr: a spinner, then a progress bar (bytes, speed, time left) from the first
+    ``report(done, total)`` the work makes.  Nothing at all with ``quiet`` (``--json``) or when
+    stderr is not a terminal (a log stays clean); ``con``: another console (tests)."""
+    con = con or console()
+    if quiet or not con.is_terminal:
+        yield lambda done, total: None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    status = con.status(f"{description}...", spinner="dots")
+    status.start()
+    shown: dict[str, Any] = {}
+
+    def report(done: int, total: int) -> None:
+        if not shown:
+            status.stop()
+            shown["bar"] = Progress(TextColumn(description), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                                    TimeRemainingColumn(), console=con, transient=True)
+            shown["bar"].start()
+            shown["task"] = shown["bar"].add_task(description, total=total)
+        shown["bar"].update(shown["task"], completed=done, total=total)
+
+    try:
+        yield report
+    finally:
+        status.stop()
+        if shown:
+            shown["bar"].stop()

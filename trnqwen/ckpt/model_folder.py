@@ -34,6 +34,28 @@ from trnqwen.methods import registry
 CARD = "README.md"
 SHARDS = "sharded"
 CARD_MARKER = "<!-- written by trnqwen -->"
+HARNESS_RECORD = "eval-harness.json"  # trnqwen eval --tasks' results in a run dir (trnqwen.evaluate.harness)
+
+
+def benchmark_rows(path: Path) -> list[dict[str, Any]]:
+    """The card's benchmark rows from an ``eval --tasks`` record: per task, the base's score and the
+    tuned model's (the first tuned model the record names), and the difference."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    results = record.get("results") or []
+    base = next((r for r in results if r.get("is_base")), None)
+    tuned = next((r for r in results if not r.get("is_base")), None)
+    if tuned is None:
+        return []
+    rows = []
+    for task, score in (tuned.get("scores") or {}).items():
+        before = ((base or {}).get("scores") or {}).get(task) or {}
+        rows.append({"task": task, "metric": score.get("metric"), "tuned": score.get("value"),
+                     "stderr": score.get("stderr"), "base": before.get("value"),
+                     "delta": (tuned.get("delta_vs_base") or {}).get(task), "limit": record.get("limit")})
+    return rows
 
 
 @dataclass
@@ -54,6 +76,7 @@ class CardInfo:
     adapter: Optional[dict[str, Any]] = None  # a LoRA run's adapter_config.json: the card describes an adapter
     method: Optional[str] = None  # the training method (trnqwen.methods.registry); None: the default
     merged_adapter: Optional[dict[str, Any]] = None  # a merged model: the adapter_config.json merged in
+    benchmarks: list[dict[str, Any]] = field(default_factory=list)  # eval --tasks' rows (the run dir's record)
 
 
 def card_info(record: RunRecord, eval_results: Optional[list[dict[str, Any]]] = None, eval_dataset: Optional[str] = None) -> CardInfo:
@@ -78,6 +101,7 @@ def card_info(record: RunRecord, eval_results: Optional[list[dict[str, Any]]] = 
         run_id=record.run_id,
         trnqwen_version=__version__,
         method=config.get("method"),
+        benchmarks=benchmark_rows(Path(record.run_dir) / HARNESS_RECORD) if record.run_dir else [],
     )
 
 
@@ -262,6 +286,15 @@ def render_card(info: CardInfo) -> str:
                 f"| {r.get('checkpoint')} | {r.get('tokens')} | {_num(r.get('loss'))} | {_num(r.get('perplexity'))} | "
                 f"{'' if delta is None else f'{delta:+.4f}'} |"
             )
+    if info.benchmarks:
+        limit = info.benchmarks[0].get("limit")
+        body += ["", "## Benchmarks (lm-evaluation-harness, `trnqwen eval --tasks`"
+                 + (f", limit {limit:g}" if isinstance(limit, (int, float)) else "") + ")", "",
+                 "| task | metric | base | this model | vs base |", "|---|---|---|---|---|"]
+        for r in info.benchmarks:
+            delta = r.get("delta")
+            body.append(f"| {r['task']} | {r.get('metric')} | {_num(r.get('base'))} | {_num(r.get('tuned'))} | "
+                        f"{'' if delta is None else f'{delta:+.4f}'} |")
     if adapter:
         body += ["", f"A PEFT LoRA adapter for `{info.base_model}`: load it with "
                  "`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), path)`, or merge it with "

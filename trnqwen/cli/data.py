@@ -39,7 +39,7 @@ from trnqwen.dataset.settings import MAPPING_KEYS
 from trnqwen.methods import registry
 
 # the data settings beyond one standard file (trnqwen/dataset/settings.py), as generated options
-OWN_SETTINGS = (*MAPPING_KEYS, "packing_strategy", "chat_template", "enable_thinking")
+OWN_SETTINGS = (*MAPPING_KEYS, "packing_strategy", "chat_template", "enable_thinking", "max_completion_length")
 
 HELP = "Check and tokenize a dataset with the model's chat template: formats, trained tokens, packing."
 EPILOG = """\
@@ -104,8 +104,11 @@ def data(
     )
     for warning in resolved.warnings:
         output.warn(warning)
-    with output.console().status("Reading and tokenizing the dataset...", spinner="dots"):
-        prepared = prepare_dataset(resolved.config, pair_methods=registry.names_for_data("preference"))
+    if resolved.config.data_kind == "prompts":  # the model writes the answers: the method previews its prompts
+        _preview_prompts(resolved.config, json_out)
+        return
+    with output.work_progress("Reading and tokenizing the dataset", quiet=json_out) as report:
+        prepared = prepare_dataset(resolved.config, pair_methods=registry.names_for_data("preference"), progress=report)
     if json_out:
         output.print_json({**prepared.report, "cache_dir": str(prepared.cache_dir), "reused": prepared.reused})
     elif resolved.config.data_kind == "preference":  # the method's records (trnqwen.methods.registry)
@@ -114,3 +117,15 @@ def data(
         print_pair_report(prepared, dataset=resolved.config.dataset)
     else:
         print_report(prepared, dataset=resolved.config.dataset)
+
+
+def _preview_prompts(config, json_out: bool) -> None:
+    from trnqwen import output
+    from trnqwen.methods.base import load
+
+    module = load(registry.get(config.method).prompts)
+    report = module.preview(config, config.resolved_assets_dir)
+    if json_out:
+        output.print_json(report)
+    else:
+        module.print_preview(report)

@@ -6,6 +6,7 @@ Examples:
   trnqwen eval 20261130-201500-native-sft --json    # a run id (or run directory)
   trnqwen eval ./checkpoint_qwen3_4b_ft/step-100 --dataset held_out.jsonl --no-base
   trnqwen eval ./adapter --base-dir assets/hf/Qwen3-4B-Instruct-2507   # a LoRA adapter away from its run
+  trnqwen eval --tasks trnqwen_calculator,gsm8k --limit 100 --fail-below gsm8k=-0.02   # harness benchmarks
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import typer
 
 from trnqwen.cli._options import ConfigFileOpt, DeviceOpt, JsonOpt, given, user_paths
 
-HELP = "Held-out loss, perplexity and answers of the fine-tune against its base model."
+HELP = "Held-out loss, perplexity and answers of the fine-tune against its base model (or harness benchmarks)."
 EPILOG = """\
 Examples:
 
@@ -26,8 +27,14 @@ Examples:
   trnqwen eval RUN_ID --json                     # a run id (or run directory)
   trnqwen eval ./ckpt/step-100 --dataset held_out.jsonl --no-base
 
-Exit 0 ok, 2 usage error (no such checkpoint or run, architecture mismatch, no trained tokens,
---generate without a chat template).
+  # lm-evaluation-harness, base and tuned side by side (trnqwen_calculator is offline and built in)
+  trnqwen eval --tasks trnqwen_calculator
+  trnqwen eval RUN_ID --tasks gsm8k,ifeval --limit 200 --fail-below gsm8k=-0.02   # a gate for CI
+  trnqwen eval --tasks ./my_task.yaml                                           # a task file, local data
+
+Exit 0 ok, 1 a --fail-below gate failed, 2 usage error (no such checkpoint, run or task, architecture
+mismatch, no trained tokens, --generate without a chat template, a task that downloads while offline),
+3 lm-evaluation-harness not installed.
 """
 
 
@@ -78,11 +85,51 @@ def eval_cmd(
         Optional[int],
         typer.Option("--seq-len", help="With --dataset FILE: sequence length. [default: the run's]", show_default=False),
     ] = None,
+    tasks: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--tasks",
+            help="lm-evaluation-harness tasks instead of the held-out loss: trnqwen_calculator (built in, offline), "
+            "a harness task or group name, or a task YAML file; comma-separated or repeated.",
+            metavar="TASKS",
+            show_default=False,
+        ),
+    ] = None,
+    limit: Annotated[
+        Optional[float],
+        typer.Option("--limit", help="With --tasks: at most N samples per task (a fraction below 1: that share).",
+                     metavar="N", show_default=False),
+    ] = None,
+    fail_below: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--fail-below",
+            help="With --tasks: exit 1 when the tuned model's score minus the base's is below DELTA on TASK "
+            "(e.g. gsm8k=-0.02); repeatable.",
+            metavar="TASK=DELTA",
+            show_default=False,
+        ),
+    ] = None,
     device: DeviceOpt = None,
     config_file: ConfigFileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Evaluate checkpoints on held-out data."""
+    if tasks:
+        from trnqwen.errors import UsageError
+        from trnqwen.evaluate.harness import run_tasks
+
+        mixed = [flag for flag, on in (("--dataset", dataset), ("--generate", generate), ("--seq-len", seq_len)) if on]
+        if mixed:
+            raise UsageError(f"--tasks runs harness benchmarks; {', '.join(mixed)} belong to the held-out evaluation",
+                             hint="run them as two commands")
+        run_tasks(checkpoints or [], tasks=tasks, run_flags=given(device=device), config_file=config_file, base=base,
+                  base_dir=base_dir, limit=limit, fail_below=fail_below or [], batch_size=batch_size, json_out=json_out)
+        return
+    if limit is not None or fail_below:
+        from trnqwen.errors import UsageError
+
+        raise UsageError("--limit and --fail-below apply to --tasks", hint="add --tasks NAME (e.g. --tasks trnqwen_calculator)")
     from trnqwen.evaluate.run import run_eval
 
     run_eval(

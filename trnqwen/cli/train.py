@@ -24,7 +24,9 @@ Examples:
   trnqwen train --backend native --finetune --steps 20 --global-batch-size 64
 
   # LoRA on your chat data: a PEFT adapter out (docs/lora.md)
-  trnqwen train --backend hf-v5 --finetune --lora --dataset mychat.jsonl --lr 1e-4{method_examples}
+  trnqwen train --backend hf-v5 --finetune --lora --dataset mychat.jsonl --lr 1e-4
+  # fine-tune, then push the verified export to a Hub repo (HF_TOKEN or `hf auth login`)
+  trnqwen train --finetune --lora --dataset mychat.jsonl --push-to-hub my-org/qwen3-4b-chat-lora{method_examples}
   # the NKI mixture-of-experts recipe (Qwen3-30B-A3B cut to 4 layers, 64 experts)
   trnqwen train --backend nki-moe --model Qwen/Qwen3-30B-A3B --moe-layers 4 --num-experts 64 --top-k 4
   # the whole thing on a laptop: tiny offline model, 2 CPU ranks
@@ -89,7 +91,36 @@ OverwriteOpt = Annotated[
         help="Start fresh even though the checkpoint folder holds another run's checkpoints (they are deleted).",
     ),
 ]
+PushToHubOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--push-to-hub",
+        metavar="OWNER/NAME",
+        help="When the run succeeds, push its export (a LoRA run's adapter) to this Hub repo, as `trnqwen push` does: "
+        "verified first, the repo created when missing. Token: HF_TOKEN or `hf auth login`, checked before the run.",
+        show_default=False,
+    ),
+]
 ShowLogOpt = Annotated[bool, typer.Option("--show-log", help="Stream rank 0's log to stderr above the status line.")]
+EvalTasksOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--eval-tasks",
+        metavar="TASKS",
+        help="When the run succeeds, score its export and its base with lm-evaluation-harness, as "
+        "`trnqwen eval RUN --tasks` does (e.g. trnqwen_calculator, gsm8k); checked before the run.",
+        show_default=False,
+    ),
+]
+EvalFailBelowOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--eval-fail-below",
+        metavar="TASK=DELTA",
+        help="With --eval-tasks: exit 1 when the export's score minus the base's is below DELTA on TASK; repeatable.",
+        show_default=False,
+    ),
+]
 
 
 @takes_settings  # one option per RunConfig setting (trnqwen.config), between the argument and these
@@ -109,6 +140,9 @@ def train(
     dry_run: DryRunOpt = False,
     export_config: ExportConfigOpt = None,
     show_log: ShowLogOpt = False,
+    push_to_hub: PushToHubOpt = None,
+    eval_tasks: EvalTasksOpt = None,
+    eval_fail_below: EvalFailBelowOpt = None,
     json_out: JsonOpt = False,
     settings: Optional[dict] = None,
 ) -> None:
@@ -126,7 +160,8 @@ def train(
         )
     request = TrainRequest(
         resolve_config(settings, config_file=config_file), extra_args=extra, resume=resume, overwrite=overwrite,
-        submit=submit, dry_run=dry_run, export_config=export_config,
+        submit=submit, dry_run=dry_run, export_config=export_config, push_to_hub=push_to_hub,
+        eval_tasks=eval_tasks or (), eval_fail_below=eval_fail_below or (),
     )
     hooks = TrainHooks(
         warn=output.warn,
@@ -142,12 +177,22 @@ def train(
         _print_plan(session.plan, json_out=json_out, exported=export_config, written=not dry_run)
     else:
         validation = session.validation
+        pushed = session.pushed
+        benchmarks = session.benchmarks
         if json_out:
-            output.print_json({**session.outcome.as_dict(), **({"validation": validation} if validation else {})})
+            output.print_json({**session.outcome.as_dict(), **({"validation": validation} if validation else {}),
+                               **({"pushed": pushed} if pushed else {}),
+                               **({"benchmarks": benchmarks.to_json()} if benchmarks else {})})
         else:
             _print_outcome(session.outcome)
             if validation:
                 output.info(validation["line"])
+            if pushed:
+                output.result(f"pushed to {pushed['url']} @ {pushed['revision']}: {pushed['commit_url']}")
+            if benchmarks:
+                from trnqwen.evaluate.harness import render
+
+                render(benchmarks)
     session.raise_for_status()
 
 

@@ -25,7 +25,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,6 +137,48 @@ class SplitArrays:
                 raise ValueError(f"{name}.{array_name}: an extra array must be new and shaped like input_ids")
 
 
+@dataclass
+class StreamedSplit:
+    """One split written block by block, never whole in memory (bounded-memory preparation):
+    ``blocks()`` yields (input_ids, labels, positions) int32 [n, S] blocks, rows in order, that
+    together make ``sequences`` rows.  Its counts are known before it is written."""
+
+    sequences: int
+    seq_len: int
+    documents: int
+    tokens: int
+    trained_tokens: int
+    blocks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]] = field(repr=False)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def stats(self) -> dict[str, int]:
+        return {"sequences": int(self.sequences), "documents": int(self.documents), "tokens": int(self.tokens),
+                "trained_tokens": int(self.trained_tokens),
+                "padding_tokens": int(self.sequences * self.seq_len - self.tokens)}
+
+    def check(self, name: str, seq_len: int) -> None:
+        if self.seq_len != seq_len:
+            raise ValueError(f"{name}: rows of {self.seq_len} tokens, expected {seq_len}")
+
+    def write(self, folder: Path, name: str) -> None:
+        """The three ``.npy`` files, the header first and then each block as it comes (np.load reads them)."""
+        files = [open(folder / f"{name}.{array_name}.npy", "wb") for array_name in ARRAY_NAMES]
+        try:
+            for fh in files:
+                np.lib.format.write_array_header_1_0(
+                    fh, {"descr": np.dtype(np.int32).str, "fortran_order": False, "shape": (self.sequences, self.seq_len)})
+            written = 0
+            for block in self.blocks():
+                for fh, array in zip(files, block):
+                    fh.write(np.ascontiguousarray(array, dtype=np.int32).tobytes())
+                written += len(block[0])
+            if written != self.sequences:
+                raise ValueError(f"{name}: {written} rows written, {self.sequences} expected")
+        finally:
+            for fh in files:
+                fh.close()
+
+
 def cache_dir_for(cache_root: Path, key: str) -> Path:
     return Path(cache_root) / key
 
@@ -156,16 +198,19 @@ def lookup(cache_root: Path, key: str) -> Path | None:
 def write_cache(
     cache_root: Path,
     key: str,
-    splits: Mapping[str, SplitArrays],
+    splits: Mapping[str, SplitArrays | StreamedSplit],
     *,
     seq_len: int,
     packing: bool,
     pad_id: int,
     eos_id: int | None,
     extra_meta: Mapping[str, Any] | None = None,
+    extra_files: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``splits`` under ``<cache_root>/<key>`` atomically; returns the directory.
 
+    ``extra_files``: text files written beside the arrays (``{name: text}``, e.g. a prompt method's
+    records with the columns its rewards read), read back with :func:`read_extra_file`.
     Built in a temporary sibling folder and renamed into place. If another process finished
     the same key first, its copy is kept (same key, same content) and ours is discarded.
     """
@@ -182,11 +227,18 @@ def write_cache(
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=cache_root))
     try:
         for name, split in splits.items():
+            if isinstance(split, StreamedSplit):
+                split.write(tmp, name)
+                continue
             for array_name in ARRAY_NAMES:
                 array = np.ascontiguousarray(getattr(split, array_name), dtype=np.int32)
                 np.save(tmp / f"{name}.{array_name}.npy", array, allow_pickle=False)
             for array_name, array in split.extra.items():
                 np.save(tmp / f"{name}.{array_name}.npy", np.ascontiguousarray(array, dtype=np.int32), allow_pickle=False)
+        for file_name, text in (extra_files or {}).items():
+            if "/" in file_name or file_name in (META_FILE,) or file_name.endswith(".npy"):
+                raise ValueError(f"extra file {file_name!r}: a plain name beside the arrays, not one of theirs")
+            (tmp / file_name).write_text(text, encoding="utf-8")
         meta = {
             **dict(extra_meta or {}),
             "version": CACHE_VERSION,
@@ -197,6 +249,7 @@ def write_cache(
             "eos_id": None if eos_id is None else int(eos_id),
             "splits": {name: split.stats() for name, split in splits.items()},
             "extra_arrays": sorted({array_name for split in splits.values() for array_name in split.extra}),
+            "extra_files": sorted(extra_files or {}),
         }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
         os.chmod(tmp, 0o777 & ~current_umask())
@@ -224,6 +277,11 @@ def read_meta(cache_dir: Path) -> dict[str, Any]:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def read_extra_file(cache_dir: Path, name: str) -> str:
+    """A text file :func:`write_cache` wrote beside the arrays (``extra_files``)."""
+    return (Path(cache_dir) / name).read_text(encoding="utf-8")
 
 
 @dataclass

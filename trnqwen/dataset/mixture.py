@@ -102,7 +102,24 @@ def resolve_parts(dataset: Optional[str], datasets: list[dict[str, Any]], *, spl
             what = "weight" if sized is weighted else "records"
             raise UsageError(f"[[datasets]]: {missing} has no {what}, the others do",
                              hint=f"give every dataset a {what} (or none)")
-    return [_part(entry, split, fmt) for entry in entries]
+    parts = [_part(entry, split, fmt) for entry in entries]
+    check_kinds([(part.name, part.format) for part in parts])  # declared types: refused before anything is read
+    return parts
+
+
+def check_kinds(formats: list[tuple[str, Optional[str]]]) -> None:
+    """Text records (every token trained) and conversations (only the answers) are not mixed in
+    one run: refused, naming one dataset of each (``formats``: (name, format or None) per dataset)."""
+    text = next((name for name, fmt in formats if fmt == "text"), None)
+    chat = next(((name, fmt) for name, fmt in formats if fmt not in (None, "text")), None)
+    if text is None or chat is None:
+        return
+    raise UsageError(
+        f"the datasets mix text records ({text}: every token trained) and conversations ({chat[0]}, {chat[1]}: "
+        "only the answers trained), which one run does not train together",
+        hint="train them in separate runs (continued pre-training first, then the chat fine-tune), "
+        "or write the text as prompt/completion records",
+    )
 
 
 def _part(entry: dict[str, Any], split: str, fmt: Optional[str]) -> Part:
@@ -146,7 +163,17 @@ def hold_out(n: int, fraction: float, seed: int, name: str = "") -> tuple[np.nda
     return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
-Reader = Callable[[Source, Optional[str]], tuple[list[Any], str, int]]
+# (units, format, records read); units: a list, or how many there are when the caller keeps them
+# itself (bounded-memory preparation keeps its documents on disk: trnqwen.dataset.bounded)
+Reader = Callable[[Source, Optional[str]], tuple[Union[list[Any], int], str, int]]
+
+
+def _add(units: list[Any], got: Union[list[Any], int]) -> int:
+    """Keep ``got`` (a list of units) in ``units``; how many it is (a count is only counted)."""
+    if isinstance(got, int):
+        return got
+    units += got
+    return len(got)
 
 
 def load_parts(parts: list[Part], val_source: Optional[Source], read: Reader, *, forced: Optional[str],
@@ -154,34 +181,39 @@ def load_parts(parts: list[Part], val_source: Optional[Source], read: Reader, *,
     """Read every part with ``read`` (records -> units, format, count) and split each into training
     and validation units (the module's rule)."""
     units: list[Any] = []
+    total = 0  # units so far (kept in ``units``, or by the caller)
     part_of: list[np.ndarray] = []
     train: list[np.ndarray] = []
     val: list[np.ndarray] = []
     formats, read_counts = [], []
     for i, part in enumerate(parts):
         got, fmt, n_read = read(part.source, part.format or forced)
-        base = len(units)
-        units += got
+        check_kinds([(p.name, f) for p, f in zip(parts, formats)] + [(part.name, fmt)])  # before the next is read
+        base = total
+        n_got = _add(units, got)
+        total += n_got
         formats.append(fmt)
-        part_of.append(np.full(len(got), i, dtype=np.int64))
+        part_of.append(np.full(n_got, i, dtype=np.int64))
         if part.val_source is not None:
             held, _, n_held = read(part.val_source, fmt)
-            units += held
+            n_val = _add(units, held)
+            total += n_val
             n_read += n_held
-            part_of.append(np.full(len(held), i, dtype=np.int64))
-            train.append(base + np.arange(len(got)))
-            val.append(base + len(got) + np.arange(len(held)))
+            part_of.append(np.full(n_val, i, dtype=np.int64))
+            train.append(base + np.arange(n_got))
+            val.append(base + n_got + np.arange(n_val))
         else:
             fraction = part.val_split if isinstance(part.val_split, float) else (0.0 if val_source else val_split)
-            t, v = hold_out(len(got), fraction, seed, part.name if len(parts) > 1 else "")
+            t, v = hold_out(n_got, fraction, seed, part.name if len(parts) > 1 else "")
             train.append(base + t)
             val.append(base + v)
         read_counts.append(n_read)
     if val_source is not None:
         held, _, n_held = read(val_source, formats[0])
-        val.append(len(units) + np.arange(len(held)))
-        part_of.append(np.full(len(held), -1, dtype=np.int64))
-        units += held
+        n_val = _add(units, held)
+        val.append(total + np.arange(n_val))
+        part_of.append(np.full(n_val, -1, dtype=np.int64))
+        total += n_val
         read_counts.append(n_held)
     return Loaded(units=units, part_of=np.concatenate(part_of), train_idx=np.concatenate(train),
                   val_idx=np.concatenate(val), formats=formats, records=sum(read_counts), read=read_counts)

@@ -17,10 +17,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from trnqwen.dataset import cache, mixture
+from trnqwen.dataset import bounded, cache, mixture
 from trnqwen.dataset.formats import FORMATS, Example, detect_format, normalise
 from trnqwen.dataset.mapping import mapping_from, mapping_settings
-from trnqwen.dataset.sources import Source, resolve_source
+from trnqwen.dataset.sources import Record, Source, resolve_source
 from trnqwen.dataset.template import ChatTemplate, resolve_template, template_context
 from trnqwen.errors import UsageError
 from trnqwen.fsutil import expand_user
@@ -114,9 +114,10 @@ class PreparedData:
 
 
 def prepare_dataset(cfg: Any, assets_dir: Optional[Path] = None, *, cache_root: Optional[Path] = None,
-                    pair_methods: tuple[str, ...] = ()) -> PreparedData:
+                    pair_methods: tuple[str, ...] = (), progress: Optional[bounded.Progress] = None) -> PreparedData:
     """Tokenize ``cfg.dataset`` with the snapshot in ``assets_dir`` into the cache (or reuse it).
-    ``pair_methods``: the methods that train on pairs, for the hints (the caller asks the registry)."""
+    ``pair_methods``: the methods that train on pairs, for the hints (the caller asks the registry);
+    ``progress``: see :func:`prepare`."""
     settings = cfg if isinstance(cfg, DataSettings) else DataSettings.from_config(cfg)
     if pair_methods:
         settings = replace(settings, pair_methods=tuple(pair_methods))
@@ -133,10 +134,14 @@ def prepare_dataset(cfg: Any, assets_dir: Optional[Path] = None, *, cache_root: 
                 f"no tokenizer in {assets_dir}: the data is tokenized with the model's own tokenizer and template",
                 hint=f"trnqwen fetch {model} first, or point --assets at the model's snapshot",
             )
-    return prepare(settings, Path(assets_dir), Path(cache_root))
+    return prepare(settings, Path(assets_dir), Path(cache_root), progress=progress)
 
 
-def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> PreparedData:
+def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path, *, bounded_memory: Optional[bool] = None,
+            progress: Optional[bounded.Progress] = None) -> PreparedData:
+    """The cache for ``settings`` (see the module).  ``bounded_memory``: keep the documents on disk
+    while preparing (trnqwen.dataset.bounded; the same cache); None = when the data is large.
+    ``progress``: told (bytes read, bytes in all) as bounded preparation reads."""
     from trnqwen.dataset import chat
 
     _check_settings(settings)
@@ -169,11 +174,10 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path) -> Prepa
 
         directory, report = preference.write_pairs(settings, assets_dir, cache_root, key, parts, val_source, template)
         return PreparedData(directory, key, False, {**report, "warnings": warnings})
+    if bounded.wanted(parts, val_source) if bounded_memory is None else bounded_memory:
+        return _prepare_bounded(settings, parts, val_source, assets_dir, cache_root, key, warnings, template, progress)
     loaded = mixture.load_parts(parts, val_source, lambda source, fmt: _examples(source, settings, fmt),
                                 forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed)
-    if len({ex.text is None for ex in loaded.units}) > 1:
-        raise UsageError(f"the datasets mix text records and conversations ({loaded.format})",
-                         hint="train text and chat data in separate runs, or write the text as prompt/completion")
     context = template_context(settings.enable_thinking)
     tokenizer = chat.load_tokenizer(assets_dir, template, context)
     texts, spans = chat.render(tokenizer, loaded.units, train_on_inputs=settings.train_on_inputs, context=context)
@@ -324,20 +328,25 @@ def pair_method_flags(names: tuple[str, ...]) -> str:
     return flags[0] if len(flags) == 1 else ", ".join(flags[:-1]) + " or " + flags[-1]
 
 
-def _examples(source: Source, settings: DataSettings, forced: Optional[str] = None) -> tuple[list[Example], str, int]:
+def _detect(source: Source, first: Optional[Record], settings: DataSettings, forced: Optional[str] = None) -> str:
+    """The format of ``source`` from its first record (``forced`` wins); no records, or a preference
+    pair in a supervised run, refused."""
     forced = forced or settings.dataset_format
-    records = source.records()
-    if not records:
+    if first is None:
         raise UsageError(f"dataset {source.name} has no records", hint="point --dataset at data with records in it")
-    first = records[0].data
-    if isinstance(first, dict) and "chosen" in first and "rejected" in first and forced in (None, "auto"):
+    if isinstance(first.data, dict) and "chosen" in first.data and "rejected" in first.data and forced in (None, "auto"):
         raise UsageError(
-            f"{records[0].where}: a preference pair (chosen/rejected), but this run is supervised "
+            f"{first.where}: a preference pair (chosen/rejected), but this run is supervised "
             f"(--method {settings.method})",
             hint=f"train on pairs with {pair_method_flags(settings.pair_methods)} (docs/preference.md), "
                  "or give chat records",
         )
-    fmt = forced if forced not in (None, "auto") else detect_format(records[0], columns=source.columns)
+    return forced if forced not in (None, "auto") else detect_format(first, columns=source.columns)
+
+
+def _examples(source: Source, settings: DataSettings, forced: Optional[str] = None) -> tuple[list[Example], str, int]:
+    records = source.records()
+    fmt = _detect(source, records[0] if records else None, settings, forced)
     return normalise(records, fmt), fmt, len(records)
 
 
@@ -348,36 +357,104 @@ def _pack_and_write(settings, docs, loaded: mixture.Loaded, parts: list[mixture.
     fitted = packing.fit_documents(docs, settings.seq_len, settings.long_conversations)
     kept = np.zeros(len(docs), dtype=bool)
     kept[fitted.keep] = True
-    train_docs = mixture.select(parts, loaded, loaded.train_idx[kept[loaded.train_idx]], fitted.targets, settings.seed)
-    val_docs = loaded.val_idx[kept[loaded.val_idx]]
-    name = _name(parts)
-    if not len(train_docs):
-        raise UsageError(
-            f"dataset {name}: no trained tokens left in any record within --seq-len {settings.seq_len}",
-            hint="raise --seq-len, or use --long-conversations truncate with shorter prompts",
-        )
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    build = dict(seq_len=settings.seq_len, packing=settings.packing, pad_id=int(pad_id),
-                 strategy=settings.packing_strategy, seed=settings.seed)
+    train_docs, val_docs = _chosen(settings, loaded, parts, kept, fitted.targets)
+    build = _build(settings, tokenizer)
     splits = {"train": packing.build_rows(docs, fitted, train_docs, **build)}
     if len(val_docs):
         splits["val"] = packing.build_rows(docs, fitted, val_docs, **build)
-    elif len(loaded.val_idx):
+    seq_len = settings.seq_len
+    fit = {
+        "kept": int(len(fitted.keep)),
+        "dropped": int(sum(len(v) for v in fitted.dropped.values())),
+        "dropped_reasons": {reason: len(v) for reason, v in fitted.dropped.items()},
+        "truncated": len(fitted.truncated),
+        "problems": packing.fit_problems("record", f"longer than {seq_len} tokens truncated to {seq_len}",
+                                         fitted.truncated, fitted.dropped, lambda i: loaded.units[i].where),
+        "sample": _sample(docs, int(train_docs[0]), seq_len),
+    }
+    return _finish(settings, loaded, parts, splits, train_docs, len(val_docs), np.minimum(docs.lengths, seq_len),
+                   fitted.targets, fit, tokenizer, cache_root, key, warnings, template)
+
+
+def _chosen(settings, loaded: mixture.Loaded, parts, kept: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(training documents, the mixture's choice; validation documents) of those ``kept`` after fitting."""
+    train_docs = mixture.select(parts, loaded, loaded.train_idx[kept[loaded.train_idx]], targets, settings.seed)
+    val_docs = loaded.val_idx[kept[loaded.val_idx]]
+    if not len(train_docs):
+        raise UsageError(
+            f"dataset {_name(parts)}: no trained tokens left in any record within --seq-len {settings.seq_len}",
+            hint="raise --seq-len, or use --long-conversations truncate with shorter prompts",
+        )
+    if not len(val_docs) and len(loaded.val_idx):
         raise UsageError("every validation record was dropped", hint="raise --seq-len or pick other validation data")
-    report = _report(settings, loaded.format, loaded.records, docs, loaded.units, fitted, splits, train_docs, len(val_docs),
-                     tokenizer)
-    tokens = np.minimum(docs.lengths, settings.seq_len)
-    report.update(mixture.report(parts, loaded, train_docs, tokens, fitted.targets, packing=settings.packing,
+    return train_docs, val_docs
+
+
+def _build(settings, tokenizer) -> dict[str, Any]:
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return dict(seq_len=settings.seq_len, packing=settings.packing, pad_id=int(pad_id),
+                strategy=settings.packing_strategy, seed=settings.seed)
+
+
+def _finish(settings, loaded: mixture.Loaded, parts, splits, train_docs, n_val: int, tokens: np.ndarray,
+            targets: np.ndarray, fit: dict[str, Any], tokenizer, cache_root, key, warnings,
+            template: Optional[ChatTemplate]) -> PreparedData:
+    """The report and the cache, for rows built in memory or block by block (trnqwen.dataset.bounded)."""
+    name = _name(parts)
+    report = _report(settings, loaded.format, loaded.records, splits, train_docs, n_val, fit)
+    report.update(mixture.report(parts, loaded, train_docs, tokens, targets, packing=settings.packing,
                                  strategy=settings.packing_strategy, seq_len=settings.seq_len, template=template))
     report["warnings"] = warnings
     report["source"] = name
+    pad_id = _build(settings, tokenizer)["pad_id"]
     directory = cache.write_cache(
-        cache_root, key, splits, seq_len=settings.seq_len, packing=settings.packing, pad_id=int(pad_id),
+        cache_root, key, splits, seq_len=settings.seq_len, packing=settings.packing, pad_id=pad_id,
         eos_id=tokenizer.convert_tokens_to_ids(_eos_token(tokenizer)),
         extra_meta={"format": loaded.format, "source": name, "report": report,
                     "settings": {**settings.__dict__}, "chat_template": template.text if template else None},
     )
     return PreparedData(directory, key, False, report)
+
+
+def _prepare_bounded(settings, parts, val_source, assets_dir, cache_root, key, warnings, template,
+                     progress: Optional[bounded.Progress]) -> PreparedData:
+    """``prepare`` for data larger than memory: the same cache, its documents kept on disk (bounded.py)."""
+    from trnqwen.dataset import chat
+
+    context = template_context(settings.enable_thinking)
+    tokenizer = chat.load_tokenizer(assets_dir, template, context)
+    folder = bounded.scratch(cache_root, key)
+    try:
+        store = bounded.DocStore(folder, settings.seq_len, settings.long_conversations)
+        loaded = bounded.read_documents(
+            parts, val_source, store, tokenizer=tokenizer, detect=lambda source, first, fmt: _detect(source, first, settings, fmt),
+            forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed,
+            train_on_inputs=settings.train_on_inputs, context=context, progress=progress)
+        bounds, cut, targets, kept = store.arrays()
+        train_docs, val_docs = _chosen(settings, loaded, parts, kept, targets)
+        build = _build(settings, tokenizer)
+        splits = {"train": bounded.split_rows(store, bounds, cut, targets, train_docs, **build)}
+        if len(val_docs):
+            splits["val"] = bounded.split_rows(store, bounds, cut, targets, val_docs, **build)
+        seq_len = settings.seq_len
+        # the sample: the first training record, read and tokenized again
+        d = int(train_docs[0])
+        i = int(loaded.part_of[d])
+        record = bounded.nth_record(parts[i].source, d - int(np.argmax(loaded.part_of == i)))
+        texts, spans = chat.render(tokenizer, normalise([record], loaded.formats[i]),
+                                   train_on_inputs=settings.train_on_inputs, context=context)
+        fit = {
+            "kept": int(kept.sum()),
+            "dropped": int(sum(store.dropped_counts().values())),
+            "dropped_reasons": store.dropped_counts(),
+            "truncated": int(store.truncated[0]),
+            "problems": store.problems("record", f"longer than {seq_len} tokens truncated to {seq_len}"),
+            "sample": _sample(chat.tokenize(tokenizer, texts, spans), 0, seq_len),
+        }
+        return _finish(settings, loaded, parts, splits, train_docs, len(val_docs), np.minimum(np.diff(bounds), seq_len),
+                       targets, fit, tokenizer, cache_root, key, warnings, template)
+    finally:
+        bounded.remove(folder)
 
 
 def _eos_token(tokenizer) -> str:
@@ -386,22 +463,17 @@ def _eos_token(tokenizer) -> str:
     return end_of_turn(tokenizer)
 
 
-def _report(settings, fmt, n_records, docs, examples, fitted, splits, train_docs, n_val, tokenizer) -> dict[str, Any]:
+def _report(settings, fmt, n_records, splits, train_docs, n_val, fit: dict[str, Any]) -> dict[str, Any]:
     train = splits["train"].stats()
     seq_len = settings.seq_len
-    from trnqwen.dataset.packing import fit_problems
-
-    problems = fit_problems("record", f"longer than {seq_len} tokens truncated to {seq_len}", fitted.truncated,
-                            fitted.dropped, lambda i: examples[i].where)
-    dropped = sum(len(v) for v in fitted.dropped.values())
     val = splits["val"].stats() if "val" in splits else {"sequences": 0, "tokens": 0, "trained_tokens": 0, "padding_tokens": 0}
     return {
         "format": fmt,
         "records": int(n_records),
-        "kept": int(len(fitted.keep)),
-        "dropped": int(dropped),
-        "dropped_reasons": {reason: len(v) for reason, v in fitted.dropped.items()},
-        "truncated": len(fitted.truncated),
+        "kept": fit["kept"],
+        "dropped": fit["dropped"],
+        "dropped_reasons": fit["dropped_reasons"],
+        "truncated": fit["truncated"],
         "tokens": train["tokens"],
         "trained_tokens": train["trained_tokens"],
         "sequences": train["sequences"],
@@ -414,12 +486,12 @@ def _report(settings, fmt, n_records, docs, examples, fitted, splits, train_docs
         "val_tokens": val["tokens"],
         "val_trained_tokens": val["trained_tokens"],
         "val_padding_fraction": round(val["padding_tokens"] / max(1, val["sequences"] * seq_len), 4),
-        "problems": problems,
-        "sample": _sample(docs, fitted, int(train_docs[0]), tokenizer, seq_len),
+        "problems": fit["problems"],
+        "sample": fit["sample"],
     }
 
 
-def _sample(docs, fitted, d: int, tokenizer, seq_len: int) -> dict[str, Any]:
+def _sample(docs, d: int, seq_len: int) -> dict[str, Any]:
     """The first training document as text, with the character spans that are trained.
 
     A token counts as trained when it is a target (the model predicts it); a truncated document

@@ -14,7 +14,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from trnqwen.dataset.cache import ContentKey
 from trnqwen.dataset.mapping import Mapping
@@ -43,6 +43,7 @@ class Source:
     skipped: list[str] = field(default_factory=list)  # what a folder held that is not read, and why
     mapping: Mapping | None = None  # the dataset's own names -> trnqwen's (trnqwen.dataset.mapping)
     first_raw: Any = field(default=None, repr=False)  # the first record as read, before its mapping (the report)
+    bytes_read: int = field(default=0, repr=False)  # how far iter_records has read (a progress bar)
     _hub_dataset: Any = field(default=None, repr=False)
 
     def add_to_key(self, key: ContentKey, label: str) -> None:
@@ -62,6 +63,37 @@ class Source:
             return records
         self.first_raw = records[0].data
         return [Record(self.mapping.apply(r.data, r.where), r.where) for r in records]
+
+    def iter_records(self) -> Iterator[Record]:
+        """The records of :meth:`records`, one at a time: a ``.jsonl`` file is read line by line
+        (memory bounded by one line, not the file); other files as a whole."""
+        first = True
+        for record in self._iter():
+            if self.mapping is None:
+                yield record
+                continue
+            if first:
+                self.first_raw, first = record.data, False
+            yield Record(self.mapping.apply(record.data, record.where), record.where)
+
+    def size_bytes(self) -> int:
+        """The local files' total size (0 for a Hub dataset): what a progress bar counts."""
+        return sum(path.stat().st_size for path in self.files)
+
+    def _iter(self) -> Iterator[Record]:
+        self.bytes_read = 0
+        if self.hub_name:
+            yield from self._read()
+            return
+        done = 0
+        for path in self.files:
+            kind = SUFFIXES[path.suffix.lower()]
+            if kind == "jsonl":
+                yield from _stream_jsonl(path, lambda offset: setattr(self, "bytes_read", done + offset))
+            else:
+                yield from _READERS[kind](self, path)
+            done += path.stat().st_size
+            self.bytes_read = done
 
     def hub_dataset(self):
         if self._hub_dataset is None:
@@ -269,6 +301,43 @@ def _read_jsonl(source: Source, path: Path) -> list[Record]:
             _check_unicode(value, where)
         records.append(Record(value, where))
     return records
+
+
+def _stream_jsonl(path: Path, at: Callable[[int], None]) -> Iterator[Record]:
+    """:func:`_read_jsonl`, line by line from the file (the same records, the same errors); each
+    line is decoded and parsed on its own, so a 10 GB file needs one line's memory."""
+    offset, seen = 0, False
+    with path.open("rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            start, offset = offset, offset + len(raw)
+            at(offset)
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw, start = raw[len(codecs.BOM_UTF8):], start + len(codecs.BOM_UTF8)
+            try:
+                line = raw.decode("utf-8").removesuffix("\n")  # as split("\n") leaves it ("\r" kept)
+            except UnicodeDecodeError as exc:
+                raise UsageError(
+                    f"{path} line {number}: not UTF-8 text (byte {start + exc.start} of the file, {raw[exc.start:exc.start + 1]!r})",
+                    hint="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+                ) from None
+            if not line.strip():
+                continue
+            where = f"{path} line {number}"
+            try:
+                value = _parse(line, where)
+            except json.JSONDecodeError as exc:
+                if not seen and line.lstrip().startswith("[") and _whole_file_is(_read_text(path), list):
+                    raise _rename(path, "one JSON array of records", ".json") from None
+                raise UsageError(
+                    f"{where}: not valid JSON ({exc.msg}, column {exc.colno})",
+                    hint="each line of a .jsonl file must be one JSON object",
+                ) from None
+            if not seen and isinstance(value, list):
+                raise _rename(path, "a JSON array of records", ".json")
+            seen = True
+            if _has_surrogate_escape(line):
+                _check_unicode(value, where)
+            yield Record(value, where)
 
 
 def _rename(path: Path, what: str, suffix: str) -> UsageError:

@@ -83,24 +83,35 @@ def render_dataset_code(spec: DataSpec) -> tuple[list[str], list[str], str]:
     if spec.kind != "corpus":
         raise ValueError(f"no dataloader code for a {spec.kind!r} dataset (the token cache has its own)")
     imports = [
-        "from datasets import load_dataset",
-        "from torchtitan.hf_datasets import DatasetConfig",
-        "from torchtitan.hf_datasets.text_datasets import DATASETS, HuggingFaceTextDataLoader",
+        "from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader",
+        "from trnqwen.dataset.streamed import register_corpus",
     ]
     body = [
-        f"DATA_FILES = {spec.data_files!r}",
-        "",
-        "",
-        "def _load(path):",
-        "    # one document per blank-line-separated paragraph, not per line",
-        "    return load_dataset(\"text\", data_files=DATA_FILES, split=\"train\", sample_by=\"paragraph\")",
-        "",
-        "",
-        "def _text(sample):",
-        "    return sample[\"text\"]",
-        "",
-        "",
         "# torchtitan's own extension point for datasets: register under a name, select it by name.",
-        f"DATASETS[{DATASET_KEY!r}] = DatasetConfig(path={spec.source!r}, loader=_load, sample_processor=_text)",
+        f"register_corpus({spec.data_files!r}, {spec.source!r})",
     ]
     return imports, body, f"HuggingFaceTextDataLoader.Config(dataset={DATASET_KEY!r})"
+
+
+def register_corpus(data_files: list[str], source: str) -> str:
+    """Register the bundled plain-text corpus in torchtitan's ``DATASETS`` under :data:`DATASET_KEY`
+    (one document per blank-line-separated paragraph) and return that name.
+
+    The one definition of how the corpus is read: the torchtitan backends' generated config module
+    calls it, and the hf-trainer ranks too (they read the corpus through torchtitan's own
+    ``HuggingFaceTextDataset``), so every backend sees the same documents in the same order.
+    """
+    from datasets import load_dataset
+    from torchtitan.hf_datasets import DatasetConfig
+    from torchtitan.hf_datasets.text_datasets import DATASETS
+
+    files = list(data_files)
+
+    def load(path: str):
+        return load_dataset("text", data_files=files, split="train", sample_by="paragraph")
+
+    def text(sample: dict) -> str:
+        return sample["text"]
+
+    DATASETS[DATASET_KEY] = DatasetConfig(path=source, loader=load, sample_processor=text)
+    return DATASET_KEY

@@ -186,6 +186,14 @@ def eval_data(
             "no evaluation data: the checkpoint came from no recorded run",
             hint="pass --dataset D (a JSONL/Parquet file, a folder, a Hub dataset or a prepared dataset cache)",
         )
+    method = methods.find((run.record.config or {}).get("method"))
+    if method is not None and method.data == "prompts" and not method.eval_report:
+        raise UsageError(
+            f"run {run.run_id} is a --method {method.name} run: its data is prompts the model answers, with no answers "
+            "of their own to score, and trnqwen eval has no reward report for it yet",
+            hint=f"measure held-out prompts with the run's reward ({method.docs}), or pass --dataset D of chat data to "
+                 "compare the base's and the tuned model's loss on it",
+        )
     cache = run_cache(run)
     from trnqwen.dataset.cache import has_split
 

@@ -81,7 +81,29 @@ def plan_eval(
             f"--seq-len {seq_len} applies only with --dataset: the run's own validation split keeps the run's sequence length",
             hint="drop --seq-len, or pass --dataset FILE to score other data at another length",
         )
-    runs_dir = Path(runs_dir)
+    targets = plan_targets(checkpoints, runs_dir=Path(runs_dir), base=base, base_dir=base_dir)
+    data = eval_data(dataset, targets, seq_len=seq_len, data_cache_dir=data_cache_dir)
+    conversations: list[Conversation] = []
+    if generate:
+        require_chat_template(targets[0])
+        conversations = held_out_conversations(data, generate)
+        if not conversations:
+            raise UsageError(
+                f"--generate: {data.name} has no conversation with a prompt and a trained answer",
+                hint="--generate needs chat data (messages, ShareGPT, Alpaca, prompt/completion) trained on its answers",
+            )
+    record_run = next((t.run for t in targets if not t.is_base and t.run is not None), None)
+    return EvalPlan(
+        targets=targets, data=data, conversations=conversations, device_type=detect_device_type(device),
+        batch_size=batch_size, max_new_tokens=max_new_tokens, trust_remote_code=trust_remote_code,
+        record_dir=record_run.run_dir if record_run else None, own_split=dataset is None,
+        **scoring_method(data, record_run or next((t.run for t in targets if t.run is not None), None)),
+    )
+
+
+def plan_targets(checkpoints: Sequence[str], *, runs_dir: Path, base: Optional[bool],
+                 base_dir: Optional[Path]) -> list[EvalTarget]:
+    """The models to evaluate, the base first when there is one; all the same architecture."""
     if base_dir is not None and not (Path(base_dir) / "config.json").is_file():
         raise UsageError(f"--base-dir {base_dir}: no config.json there",
                          hint="--base-dir must be the base model's HF snapshot (trnqwen fetch <model> downloads it)")
@@ -101,24 +123,7 @@ def plan_eval(
     else:
         check_same_architecture(targets[0], targets[1:])
     unique_labels(targets)
-
-    data = eval_data(dataset, targets, seq_len=seq_len, data_cache_dir=data_cache_dir)
-    conversations: list[Conversation] = []
-    if generate:
-        require_chat_template(targets[0])
-        conversations = held_out_conversations(data, generate)
-        if not conversations:
-            raise UsageError(
-                f"--generate: {data.name} has no conversation with a prompt and a trained answer",
-                hint="--generate needs chat data (messages, ShareGPT, Alpaca, prompt/completion) trained on its answers",
-            )
-    record_run = next((t.run for t in targets if not t.is_base and t.run is not None), None)
-    return EvalPlan(
-        targets=targets, data=data, conversations=conversations, device_type=detect_device_type(device),
-        batch_size=batch_size, max_new_tokens=max_new_tokens, trust_remote_code=trust_remote_code,
-        record_dir=record_run.run_dir if record_run else None, own_split=dataset is None,
-        **scoring_method(data, record_run or next((t.run for t in targets if t.run is not None), None)),
-    )
+    return targets
 
 
 def scoring_method(data: EvalData, run: Optional[RunInfo]) -> dict[str, Any]:
@@ -259,14 +264,31 @@ def record(
     log_eval(Path(run_dir), results, step if isinstance(step, int) else None)
     if run is not None:
         log_eval_wandb(Path(run_dir), run.record.config or {}, results, step if isinstance(step, int) else None)
-    if folder is not None and run is not None and run.record.assets_dir:
-        from trnqwen.contract.peft_adapter import is_adapter_folder, read_adapter_config
-        from trnqwen.ckpt.model_folder import card_info, write_model_card
+    if folder is not None and run is not None:
+        rewrite_card(run, folder, results, report.dataset)
 
-        info = card_info(run.record, results, report.dataset)
-        if is_adapter_folder(folder):  # the card of a PEFT adapter stays one (library_name: peft)
-            info.adapter = read_adapter_config(folder)
-        write_model_card(folder, info)  # only replaces a card trnqwen wrote
+
+def rewrite_card(run: RunInfo, folder: Path, results: Optional[list[dict[str, Any]]] = None,
+                 dataset: Optional[str] = None) -> None:
+    """The export's model card again, from the run's record: the held-out table (``results``, else
+    the run's eval.json) and the benchmarks (its eval-harness.json); only a card trnqwen wrote."""
+    import json
+
+    from trnqwen.ckpt.model_folder import card_info, write_model_card
+    from trnqwen.contract.peft_adapter import is_adapter_folder, read_adapter_config
+
+    if not run.record.assets_dir:
+        return
+    if results is None:
+        try:
+            saved = json.loads((Path(run.run_dir) / EVAL_RECORD).read_text(encoding="utf-8"))
+            results, dataset = saved.get("results"), saved.get("dataset")
+        except (OSError, ValueError):
+            results = None
+    info = card_info(run.record, results, dataset)
+    if is_adapter_folder(folder):  # the card of a PEFT adapter stays one (library_name: peft)
+        info.adapter = read_adapter_config(folder)
+    write_model_card(folder, info)
 
 
 def run_eval(

@@ -122,25 +122,27 @@ def run_that_wrote(path: Path, runs_dir: Path) -> Optional[RunInfo]:
     return RunInfo(*found) if found is not None else None
 
 
-def resolve_target(arg: Optional[str], runs_dir: Path, *, cwd: Optional[Path] = None, base_dir: Optional[Path] = None) -> EvalTarget:
+def resolve_target(arg: Optional[str], runs_dir: Path, *, cwd: Optional[Path] = None, base_dir: Optional[Path] = None,
+                   base_flag: str = "--base-dir") -> EvalTarget:
     """One CHECKPOINT argument (None = the last run) -> the model folder to load (``base_dir``,
-    ``--base-dir``: the base a LoRA adapter is loaded onto).
+    ``--base-dir``: the base a LoRA adapter is loaded onto; ``base_flag``: what the calling command
+    calls that option, for its messages; ``trnqwen push`` resolves its RUN|FOLDER here too).
 
     Raises :class:`UsageError` (exit 2) for a path that does not exist and a run id that
     names no run.
     """
     cwd = Path(cwd or Path.cwd())
     if arg is None:
-        return _target_of_run(last_run(runs_dir), base_dir)
+        return _target_of_run(last_run(runs_dir), base_dir, base_flag)
     path = Path(arg).expanduser()
     if not path.is_absolute():
         path = cwd / path
     if path.is_dir() and (path / RUN_RECORD).is_file():
-        return _target_of_run(load_run(path), base_dir)
+        return _target_of_run(load_run(path), base_dir, base_flag)
     if path.exists():
-        return _target_of_folder(path, arg, run_that_wrote(path, runs_dir), base_dir)
+        return _target_of_folder(path, arg, run_that_wrote(path, runs_dir), base_dir, base_flag)
     if "/" not in arg and (runs_dir / arg / RUN_RECORD).is_file():
-        return _target_of_run(load_run(runs_dir / arg), base_dir)
+        return _target_of_run(load_run(runs_dir / arg), base_dir, base_flag)
     if "/" not in arg and not arg.startswith("."):
         raise UsageError(
             f"no checkpoint or run named {arg!r}: no such path, and no run {arg} under {runs_dir}",
@@ -149,17 +151,18 @@ def resolve_target(arg: Optional[str], runs_dir: Path, *, cwd: Optional[Path] = 
     raise UsageError(f"no such checkpoint: {arg}", hint="pass the export folder (checkpoint_<slug>_<hash6>_ft/hf/step-N) or a run id")
 
 
-def _target_of_run(run: RunInfo, base_dir: Optional[Path] = None) -> EvalTarget:
+def _target_of_run(run: RunInfo, base_dir: Optional[Path] = None, base_flag: str = "--base-dir") -> EvalTarget:
     export = run.export
     if export is None:
         raise UsageError(
             f"run {run.run_id} has no HF export (status: {run.record.status})",
             hint="fine-tune with --finetune (exports HF safetensors), or pass a checkpoint folder",
         )
-    return _target_of_folder(export, run.run_id, run, base_dir)
+    return _target_of_folder(export, run.run_id, run, base_dir, base_flag)
 
 
-def _target_of_folder(path: Path, label: str, run: Optional[RunInfo], base_dir: Optional[Path] = None) -> EvalTarget:
+def _target_of_folder(path: Path, label: str, run: Optional[RunInfo], base_dir: Optional[Path] = None,
+                      base_flag: str = "--base-dir") -> EvalTarget:
     from trnqwen.ckpt.layout import find_config, resolve_checkpoint
     from trnqwen.ckpt.verify_adapter import find_base_config, is_adapter
     from trnqwen.errors import TrnqwenError
@@ -175,7 +178,7 @@ def _target_of_folder(path: Path, label: str, run: Optional[RunInfo], base_dir: 
             ) from None
         raise
     if is_adapter(ckpt):  # base + adapter: the base is the run's assets, else adapter_config's base model
-        base = find_base_config(ckpt, base=base_dir, run_assets=run.assets if run else None, base_flag="--base-dir").path.parent
+        base = find_base_config(ckpt, base=base_dir, run_assets=run.assets if run else None, base_flag=base_flag).path.parent
         if run is not None and ckpt.step is not None and label == run.run_id:
             label = f"{run.run_id}/step-{ckpt.step}"
         return EvalTarget(label=f"{label} (LoRA adapter)", folder=base, config_dir=base, run=run, adapter=ckpt.root)

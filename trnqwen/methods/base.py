@@ -21,6 +21,10 @@ reader that needs it, with :func:`load`:
 * ``eval_report``: the module ``trnqwen eval`` scores this method's data with (``settings``, ``score``,
   ``numbers``, ``FIELDS``, ``SUMMARY_FIELDS``) and shows it by (``TABLE_COLUMNS``, ``table_note(settings)``);
 * ``quickstart``: the module of the quickstart's stage for this method;
+* ``prompts``: a method whose ``data`` is ``"prompts"`` (the model writes the answers: GRPO): the module
+  that turns its records into the token cache the ranks read, ``prepare(cfg, assets_dir) ->
+  PreparedData``, and previews them for ``trnqwen data``, ``preview(cfg, assets_dir) -> dict`` and
+  ``print_preview(report)``;
 * ``card``: the model card's section (``card(run_config: dict, eval: dict|None) -> str``);
 * ``examples``: the lines of the commands' ``--help`` examples that show the method
   (:class:`Example`: ``trnqwen train ... --method dpo``), so ``cli/`` never names a method.
@@ -34,7 +38,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-DataKind = Literal["chat", "preference"]
+DataKind = Literal["chat", "preference", "prompts"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class Example:
 class Method:
     name: str  # what --method takes
     help: str  # one line: what it trains on and what it optimises
-    data: DataKind  # the records it reads: chat (SFT formats) or preference (pairs)
+    data: DataKind  # the records it reads: chat (SFT formats), preference (pairs) or prompts (the model answers)
     settings: Optional[str] = None  # "module:Model", a pydantic sub-model of RunConfig's fields
     metrics: tuple[Metric, ...] = ()
     # default peak learning rate and why, for a full fine-tune and for LoRA (None: the generic rule)
@@ -76,6 +80,7 @@ class Method:
     eval_report: Optional[str] = None  # module: settings / score / numbers / FIELDS / TABLE_COLUMNS / table_note
     quickstart: Optional[str] = None  # module: STAGE, settings(chat_settings, ranks), judge_run(info, device)
     card: Optional[str] = None  # "module:function": the model card's section
+    prompts: Optional[str] = None  # module: prepare / preview / print_preview of a "prompts" method's data
     docs: str = ""  # the page that explains it
     examples: tuple[Example, ...] = ()  # its lines in the commands' --help examples
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Iterator, Optional
 
-from trnqwen.methods import dpo, orpo, sft
+from trnqwen.methods import dpo, grpo, orpo, sft
 from trnqwen.methods.base import Example, Method, load
 
 _METHODS: dict[str, Method] = {m.name: m for m in (
     sft.METHOD,
     dpo.METHOD,
     orpo.METHOD,
+    grpo.METHOD,
 )}
 DEFAULT = "sft"
 NAMES: tuple[str, ...] = tuple(_METHODS)  # the built-in methods (what RunConfig.method accepts)

@@ -25,12 +25,13 @@ snapshot is reused).  :func:`run_quickstart` is the library call; the CLI prints
 Core library: no typer; torch is only imported by the checks that need it.
 """
 
+from trnqwen.quickstart.progress import Progress  # noqa: F401
 from trnqwen.quickstart.report import SUMMARY_COLUMNS, compare_losses, summary_rows, write_loss_plot  # noqa: F401
 from trnqwen.quickstart.stages import (  # noqa: F401
     OVERRIDE_SKIPPED, check_override_ran, inspect_run, make_snapshot, override_example_dir, prepare_workdir,
     run_config, run_quickstart, stage_check_env, stage_fetch, train_run, verify_checkpoint,
 )
 from trnqwen.quickstart.types import (  # noqa: F401
-    DEFAULT_WORKDIR, FINETUNE_BACKENDS, MARKER, NEXT_COMMANDS, Progress, QuickstartResult, RunInfo, Stage, StageFailed,
+    DEFAULT_WORKDIR, FINETUNE_BACKENDS, MARKER, NEXT_COMMANDS, QuickstartResult, RunInfo, Stage, StageFailed,
     result_of,
 )

@@ -16,6 +16,7 @@ from trnqwen.constants import TINY_MODEL
 from trnqwen.errors import TrnqwenError, UsageError
 from trnqwen.evaluate.lifecycle import held_out_check, quickstart_chat_settings
 from trnqwen.quickstart import lanes
+from trnqwen.quickstart.progress import Progress
 from trnqwen.quickstart.report import _finite, _fmt, compare_losses, write_loss_plot
 from trnqwen.quickstart.types import (
     DEFAULT_FINETUNE_STEPS,
@@ -32,7 +33,6 @@ from trnqwen.quickstart.types import (
     PRETRAIN_BACKEND,
     PRETRAIN_LR,
     SUMMARY_FILE,
-    Progress,
     QuickstartResult,
     RunInfo,
     Stage,
@@ -130,6 +130,7 @@ def train_run(stage: str, info: RunInfo, cfg: Any, workdir: Path, progress: Prog
         errors = [f for f in plan.preflight.findings if f.severity == "error"]
         if errors:
             raise StageFailed(stage, "preflight: " + "; ".join(f.message for f in errors), hint=errors[0].hint)
+        progress.watch(stage, plan.log_path, steps=cfg.steps, live=status)  # how far it is, for the heartbeat
         if status:
             progress.note(f"{plan.nproc_per_node} rank(s), {cfg.steps} step(s), log {plan.log_path}")
 
@@ -524,6 +525,7 @@ def run_quickstart(
         attach_result(exc, result)
         raise
     finally:
+        prog.close()
         result.stages.sort(key=lambda st: canonical.index(st.name))  # lanes end in any order
         result.seconds = round(time.monotonic() - started, 1)
         for label, info in result.runs.items():

@@ -34,7 +34,6 @@ The spec, its flags, the strategy and the FLOPs formula are the launcher's too a
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -59,50 +58,6 @@ from trnqwen.contract.topology import topology
 SAFETENSORS_NAME = "model-00001-of-00001.safetensors"
 LOG_PREFIX = "[trnqwen-hf]"
 
-# --- data --------------------------------------------------------------------------------------
-
-
-def load_texts(spec: HFTrainerSpec, limit: int) -> list[str]:
-    """Up to ``limit`` training texts of a run without a token cache: the same data the other
-    backends stream.
-
-    ``spec.dataset`` is None (the model's default corpus: the tiny corpus for ``builtin:tiny-qwen3``,
-    else ``c4``) or a torchtitan-registered name (the spec refuses anything else), resolved by
-    :func:`trnqwen.dataset.streamed.resolve_dataset` and read with torchtitan's own loader and sample
-    processor, or ``datasets``' paragraph reader for the corpus (nothing cached).
-    """
-    from trnqwen.errors import TrnqwenError
-    from trnqwen.dataset.streamed import resolve_dataset
-
-    try:
-        data = resolve_dataset(spec.dataset, model_is_builtin=spec.model.startswith("builtin:"))
-    except TrnqwenError as exc:
-        raise SpecError(exc.message + (f" ({exc.hint})" if exc.hint else "")) from None
-    if data.kind == "titan":
-        from torchtitan.hf_datasets.text_datasets import DATASETS
-
-        entry = DATASETS[data.titan_name]
-        rows, to_text = entry.loader(entry.path), entry.sample_processor
-    else:
-        from datasets import load_dataset
-
-        rows = load_dataset("text", data_files=data.data_files, split="train", streaming=True, sample_by="paragraph")
-
-        def to_text(sample):
-            return sample["text"]
-
-    texts: list[str] = []
-    for sample in rows:
-        text = to_text(sample)
-        if text and text.strip():
-            texts.append(text)
-            if len(texts) >= limit:
-                break
-    if not texts:
-        raise SpecError(f"dataset {data.source} has no texts")
-    return texts
-
-
 # --- the run (everything below imports torch/transformers) -------------------------------------
 
 
@@ -120,34 +75,6 @@ def _has_distributed_config() -> bool:
     except ImportError:
         return False
     return True
-
-
-def _tokenize(tokenizer, texts: list[str], seq_len: int, min_rows: int):
-    """Fixed-shape examples: every row is exactly ``seq_len`` tokens (padding="max_length")."""
-    import torch
-
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    enc = tokenizer(texts, padding="max_length", truncation=True, max_length=seq_len, return_tensors="pt")
-    input_ids = enc["input_ids"]
-    attention_mask = enc["attention_mask"]
-    keep = attention_mask.sum(dim=1) > 1  # a row needs at least one next-token target
-    input_ids, attention_mask = input_ids[keep], attention_mask[keep]
-    if len(input_ids) == 0:
-        raise SpecError("the dataset tokenized to no usable rows")
-    if len(input_ids) < min_rows:  # cycle the data so one epoch covers every step (torchtitan loops too)
-        reps = math.ceil(min_rows / len(input_ids))
-        input_ids, attention_mask = input_ids.repeat(reps, 1), attention_mask.repeat(reps, 1)
-    labels = input_ids.masked_fill(attention_mask == 0, -100)
-
-    class FixedShapeDataset(torch.utils.data.Dataset):
-        def __len__(self):
-            return len(input_ids)
-
-        def __getitem__(self, i):
-            return {"input_ids": input_ids[i], "attention_mask": attention_mask[i], "labels": labels[i]}
-
-    return FixedShapeDataset()
 
 
 def _model_facts(model, seq_len: int) -> tuple[int, int]:
@@ -434,7 +361,7 @@ def run(spec: HFTrainerSpec) -> int:
         import torch_neuronx  # noqa: F401  (registers the `neuron` device with torch)
 
     import torch
-    from transformers import AutoTokenizer, PrinterCallback, Trainer, TrainingArguments
+    from transformers import PrinterCallback, Trainer, TrainingArguments
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_warning()
@@ -469,11 +396,14 @@ def run(spec: HFTrainerSpec) -> int:
             Trainer, batch_size=spec.local_batch_size, log_validation=log_validation)
         if method_hooks is not None:
             trainer_cls = method_hooks.trainer_class(trainer_cls, log_validation=log_validation)
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(spec.assets_dir, trust_remote_code=spec.trust_remote_code)
-        rows_needed = spec.steps * spec.local_batch_size * plan.grad_accum * plan.dp
-        texts = load_texts(spec, rows_needed)
-        train_dataset = _tokenize(tokenizer, texts, spec.seq_len, rows_needed)
+    else:  # a dataset torchtitan streams itself: its own reader, so the rows are the torchtitan backends'
+        from trnqwen.runtime import hf_trainer_data
+
+        train_dataset = hf_trainer_data.StreamedRows(
+            spec.dataset, assets_dir=spec.assets_dir, model_is_builtin=spec.model.startswith("builtin:"),
+            seq_len=spec.seq_len, rank=rank // plan.tp, world=plan.dp)
+        trainer_cls = hf_trainer_data.cache_trainer_class(
+            Trainer, batch_size=spec.local_batch_size, log_validation=log_validation)
 
     bf16_ok = spec.device == "neuron" or (spec.device == "cuda" and torch.cuda.is_bf16_supported())
     args_kwargs = training_arguments(spec, plan, bf16_supported=bf16_ok)

@@ -1,4 +1,5 @@
-"""The hf-trainer backend's data: trnqwen's tokenized cache, read exactly as torchtitan's ranks read it.
+"""The hf-trainer backend's data: trnqwen's tokenized cache, read exactly as torchtitan's ranks read it
+(and a dataset torchtitan streams itself, read by torchtitan's own reader: :class:`StreamedRows`).
 
 Same rows, same order, same sharding (:mod:`trnqwen.runtime.token_stream`), so from the same
 weights the Trainer's first step sees the batch native and hf-v5 see.  A batch is::
@@ -51,7 +52,37 @@ class CacheRows(torch.utils.data.IterableDataset):
             yield {"input_ids": input_ids, "position_ids": positions, "labels": labels, "shift_labels": labels}
 
 
-def rank_loader(dataset: CacheRows, batch_size: int) -> torch.utils.data.DataLoader:
+class StreamedRows(torch.utils.data.IterableDataset):
+    """One rank's rows of a dataset torchtitan streams itself (the model's default corpus, ``c4``...),
+    read by torchtitan's own ``HuggingFaceTextDataset``: the same documents, tokenized with its
+    tokenizer (BOS/EOS per document), packed back to back into ``seq_len`` rows, split over the
+    data-parallel ranks as the torchtitan backends' ranks split them.  ``positions`` restart at each
+    document, so transformers builds the block-causal mask torchtitan does.  (A torchtitan whose
+    rows carry no ``positions`` trains whole rows causally; they are then ``0..seq_len-1``.)"""
+
+    def __init__(self, dataset: Optional[str], *, assets_dir: str, model_is_builtin: bool, seq_len: int,
+                 rank: int, world: int) -> None:
+        from torchtitan.components.tokenizer import HuggingFaceTokenizer
+        from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
+
+        from trnqwen.dataset.streamed import register_corpus, resolve_dataset
+
+        data = resolve_dataset(dataset, model_is_builtin=model_is_builtin)
+        name = register_corpus(data.data_files, data.source) if data.kind == "corpus" else data.titan_name
+        self.seq_len = seq_len
+        self.rows = HuggingFaceTextDataset(
+            name, None, HuggingFaceTokenizer(tokenizer_path=assets_dir), seq_len=seq_len,
+            dp_rank=rank, dp_world_size=world, infinite=True)
+
+    def __iter__(self):
+        for sample, labels in self.rows:
+            positions = sample.get("positions")
+            if positions is None:
+                positions = torch.arange(self.seq_len, dtype=torch.long)
+            yield {"input_ids": sample["input"], "position_ids": positions, "labels": labels, "shift_labels": labels}
+
+
+def rank_loader(dataset: torch.utils.data.IterableDataset, batch_size: int) -> torch.utils.data.DataLoader:
     """A plain DataLoader: the rows are sharded already, so accelerate must not shard them again."""
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=0)
 

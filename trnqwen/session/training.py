@@ -7,7 +7,11 @@ quickstart alike:
 * ``--resume [RUN_ID|last|auto]`` continues a recorded run with its recorded config (and never
   together with ``--overwrite``, which deletes that run's checkpoints);
 * ``--dry-run`` / ``--export-config`` plan and show; a dry run that would not start fails;
-* a finished fine-tune is evaluated before/after on its validation split (in a child process).
+* a finished fine-tune is evaluated before/after on its validation split (in a child process);
+* ``--push-to-hub OWNER/NAME``: the repo id, the token and online mode are checked before the run
+  starts, and the export is pushed (:mod:`trnqwen.hub.push`: verified first) after it succeeded;
+  a failed push is raised after the run's own result is shown, with the ``trnqwen push`` line
+  that retries it.
 
 What is printed is the caller's: :class:`TrainHooks` are told as the run goes.  No typer here.
 """
@@ -19,7 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
 from trnqwen.config import ResolvedConfig, RunConfig
-from trnqwen.errors import CheckFailed, UsageError
+from trnqwen.errors import CheckFailed, TrnqwenError, UsageError
+from trnqwen.evaluate.harness import HarnessReport, HarnessTask
 from trnqwen.train.resume import RESUME_AUTO, ResumePoint
 from trnqwen.train.run import TrainOutcome, TrainPlan
 
@@ -39,6 +44,9 @@ class TrainRequest:
     cwd: Optional[Path] = None
     run_id: Optional[str] = None
     pythonpath: Sequence[Path] = ()
+    push_to_hub: Optional[str] = None  # OWNER/NAME: push the export there when the run succeeded
+    eval_tasks: Sequence[str] = ()  # lm-evaluation-harness tasks for the export and its base after the run
+    eval_fail_below: Sequence[str] = ()  # TASK=DELTA gates on those (trnqwen.evaluate.harness)
 
     @property
     def config(self) -> RunConfig:
@@ -72,6 +80,10 @@ class TrainSession:
     point: Optional[ResumePoint] = None  # the run continued (--resume)
     outcome: Optional[TrainOutcome] = None  # None: only shown (--dry-run, --export-config)
     validation: Optional[dict[str, Any]] = None  # the before/after line of a fine-tune
+    pushed: Optional[dict[str, Any]] = None  # --push-to-hub: what was pushed (trnqwen.hub.push.PushResult.as_dict)
+    push_error: Optional[TrnqwenError] = None  # --push-to-hub failed after the run succeeded
+    benchmarks: Optional[HarnessReport] = None  # --eval-tasks: the harness's scores, base and tuned
+    benchmark_error: Optional[TrnqwenError] = None  # --eval-fail-below breached (or the harness failed)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -90,12 +102,19 @@ class TrainSession:
             )
         if self.outcome is not None:
             self.outcome.raise_for_status()
+        if self.push_error is not None:
+            raise self.push_error
+        if self.benchmark_error is not None:
+            raise self.benchmark_error
 
 
 def run_training(request: TrainRequest, hooks: Optional[TrainHooks] = None) -> TrainSession:
     """Carry out one ``trnqwen train``: schedule it, show it, or run it (see the module doc)."""
     hooks = hooks or TrainHooks()
     cfg = request.config
+    if request.push_to_hub is not None:
+        check_push(request)
+    benchmark = check_benchmarks(request)
     if cfg.launcher != "local":  # SLURM / Kubernetes: every node runs `trnqwen train` itself
         return TrainSession(request, scheduled=schedule(request))
     if request.submit:
@@ -125,7 +144,88 @@ def run_training(request: TrainRequest, hooks: Optional[TrainHooks] = None) -> T
     session.outcome = execute(plan, echo=hooks.echo, status=hooks.status, note=hooks.warn, phase=hooks.phase)
     if request.evaluate:
         session.validation = evaluate_after(session.outcome, announce=hooks.phase)
+    if request.push_to_hub is not None:
+        session.pushed, session.push_error = push_after(session.outcome, request.push_to_hub, announce=hooks.phase)
+    if benchmark is not None:
+        session.benchmarks, session.benchmark_error = benchmark_after(session.outcome, *benchmark, announce=hooks.phase)
     return session
+
+
+def check_benchmarks(request: TrainRequest) -> Optional[tuple[list[HarnessTask], dict[str, float]]]:
+    """``--eval-tasks``/``--eval-fail-below``: checked before the run (tasks exist, run offline when
+    the Hub is off, gates name them); None when not asked for."""
+    if not request.eval_tasks:
+        if request.eval_fail_below:
+            raise UsageError("--eval-fail-below gates --eval-tasks", hint="add --eval-tasks NAME (e.g. trnqwen_calculator)")
+        return None
+    if request.config.launcher != "local":
+        raise UsageError(f"--eval-tasks with --launcher {request.config.launcher}: the nodes' jobs do not evaluate",
+                         hint="evaluate the export when the job has finished: trnqwen eval RUN_ID --tasks ...")
+    from trnqwen.evaluate.harness import check_request
+
+    return check_request(request.eval_tasks, request.eval_fail_below)
+
+
+def benchmark_after(outcome: TrainOutcome, tasks: list[HarnessTask], gates: dict[str, float],
+                    announce: Callable[[str], None] = _nothing) -> tuple[Optional[HarnessReport], Optional[TrnqwenError]]:
+    """A run that succeeded and exported, on node 0: its export and base through the harness.
+    Returns (the report, None) or (the report or None, the error to raise once the run's result is shown)."""
+    plan = outcome.plan
+    if outcome.exit_code != 0 or plan.config.node_rank != 0 or outcome.exported is None:
+        return None, None
+    from trnqwen.evaluate.harness import benchmark_run
+
+    announce(f"lm-evaluation-harness on the export and its base: {', '.join(t.name for t in tasks)} (--eval-tasks) ...")
+    retry = f"trnqwen eval {plan.run_dir} --tasks {','.join(t.name for t in tasks)}"
+    try:
+        report, failures = benchmark_run(plan.run_dir, tasks, gates, device=plan.config.device,
+                                         trust_remote_code=plan.config.trust_remote_code)
+    except TrnqwenError as exc:
+        return None, TrnqwenError(f"the run succeeded, but --eval-tasks failed: {exc.message}",
+                                  hint=f"{exc.hint + '; ' if exc.hint else ''}evaluate it again: {retry}", exit_code=exc.exit_code)
+    if failures:
+        return report, CheckFailed("the run succeeded, but --eval-fail-below: " + "; ".join(failures),
+                                   hint="the fine-tune lost more than allowed on these tasks against its base")
+    return report, None
+
+
+def check_push(request: TrainRequest) -> None:
+    """``--push-to-hub``: what can be checked before a run: a local launcher (a scheduler's nodes
+    get no such flag), the repo id, and (for a run that starts) online mode and a token."""
+    from trnqwen.hub.push import check_ready, check_repo_id
+
+    repo, launcher = request.push_to_hub or "", request.config.launcher
+    if launcher != "local":
+        raise UsageError(
+            f"--push-to-hub with --launcher {launcher}: the nodes' jobs do not push",
+            hint=f"drop it, and push the run's export when the job has finished: trnqwen push RUN_ID --repo {repo}",
+        )
+    if request.dry_run or request.export_config is not None:
+        check_repo_id(repo, flag="--push-to-hub")
+    else:
+        check_ready(repo, flag="--push-to-hub")
+
+
+def push_after(outcome: TrainOutcome, repo: str, announce: Callable[[str], None] = _nothing,
+               ) -> tuple[Optional[dict[str, Any]], Optional[TrnqwenError]]:
+    """A run that succeeded and exported, on node 0: its export pushed to ``repo`` (verified first).
+    Returns (what was pushed, None), or (None, the error to raise once the run's result is shown)."""
+    plan = outcome.plan
+    if outcome.exit_code != 0 or plan.config.node_rank != 0:
+        return None, None
+    retry = f"trnqwen push {outcome.exported} --repo {repo}" if outcome.exported is not None else f"trnqwen push --repo {repo}"
+    if outcome.exported is None:
+        return None, CheckFailed(f"the run exported no checkpoint, so nothing was pushed to {repo}",
+                                 hint="train with --finetune (it exports HF safetensors at the last step)")
+    from trnqwen.hub.push import push
+
+    announce(f"pushing {outcome.exported} to {repo} (--push-to-hub) ...")
+    try:
+        return push(str(outcome.exported), repo, cfg=plan.config).as_dict(), None
+    except TrnqwenError as exc:
+        hint = f"{exc.hint}; then push it again: {retry}" if exc.hint else f"push it again: {retry}"
+        return None, TrnqwenError(f"the run succeeded, but its export was not pushed: {exc.message}", hint=hint,
+                                  exit_code=exc.exit_code)
 
 
 def resume_point(request: TrainRequest) -> tuple[Union[ResolvedConfig, RunConfig], Optional[ResumePoint]]:

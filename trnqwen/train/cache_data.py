@@ -106,6 +106,8 @@ def prepare_rank_data(cfg: RunConfig, assets_dir: Path) -> Optional[tuple[DataSp
     it is; any other dataset the user names is tokenized once (or found in the cache) by
     :func:`trnqwen.dataset.prepare.prepare_dataset`, the code ``trnqwen data`` runs.
     """
+    if getattr(cfg, "data_kind", "chat") == "prompts":  # the method caches its own prompts (Method.prompts)
+        return _prompt_data(cfg, assets_dir)
     pairs = getattr(cfg, "data_kind", "chat") == "preference"  # its method reads pairs (trnqwen.methods.registry)
     if not pairs and not cfg.datasets and not reads_cache(cfg.dataset):
         return None
@@ -140,6 +142,21 @@ def prepare_rank_data(cfg: RunConfig, assets_dir: Path) -> Optional[tuple[DataSp
     check_run(data, seq_len=cfg.seq_len, val_every=cfg.val_every, from_cache=from_cache)
     spec = DataSpec(kind="cache", source=str(data_name(cfg)), data_files=[str(data.cache_dir)], notes=notes)
     return spec, data
+
+
+def _prompt_data(cfg: RunConfig, assets_dir: Path) -> tuple[DataSpec, RankData]:
+    """A prompt method's data (GRPO): its own module writes (or finds) the prompts' token cache."""
+    from trnqwen.assets import has_tokenizer
+    from trnqwen.methods.base import load
+
+    module = load(methods.of(cfg).prompts)
+    if not has_tokenizer(assets_dir):  # preflight reports the missing assets
+        data = RankData(cache_dir=Path("<tokenized-when-the-run-starts>"), seq_len=cfg.seq_len, train_rows=1)
+        return DataSpec(kind="cache", source=module.dataset_of(cfg),
+                        notes=[f"the prompts are tokenized when the run starts (no tokenizer in {assets_dir} yet)"]), data
+    data = module.prepare(cfg, assets_dir)
+    check_run(data, seq_len=cfg.seq_len, val_every=cfg.val_every)
+    return DataSpec(kind="cache", source=module.dataset_of(cfg), data_files=[str(data.cache_dir)]), data
 
 
 RECORDED = ("sources", "packing_strategy", "padding_fraction", "sequential_padding_fraction", "chat_template",

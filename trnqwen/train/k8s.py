@@ -94,7 +94,7 @@ def launch(
         "dry_run": dry_run,
         "submitted": False,
         "manifest_text": text,
-        "notes": k8s_pod.secret_notes(cfg),
+        "notes": k8s_pod.secret_notes(cfg) + k8s_pod.data_notes(cfg),
     }
     if dry_run:
         return info

@@ -81,9 +81,52 @@ def pod_paths(cfg: RunConfig, mount: str = SHARED_MOUNT) -> dict[str, str]:
         "compile_cache_dir": place(cfg.compile_cache_dir or Path(".trnqwen/neff-cache")),
     }
     out["checkpoint_dir"] = place(cfg.resolved_checkpoint_dir)  # resume points: every pod must see them
-    if cfg.dataset and not re.fullmatch(r"[\w.\-]+/[\w.\-]+", cfg.dataset) and ("/" in cfg.dataset or "." in cfg.dataset):
-        out["dataset"] = place(Path(cfg.dataset))  # a local file/folder: it must be on the volume too
+    # the data the run names on this machine must be on the volume too: the one dataset, the validation
+    # set, a template file, and every local dataset of a [[datasets]] mixture (Hub names stay names)
+    for name in ("dataset", "val_dataset", "chat_template"):
+        value = getattr(cfg, name, None)
+        if value and is_local(value):
+            out[name] = place(_checked(value, name.replace("_", "-")))
+    if getattr(cfg, "datasets", None):
+        out["datasets"] = [
+            {**entry.model_dump(mode="json"), "path": place(_checked(entry.path, "[[datasets]] path"))}
+            if is_local(entry.path) else entry.model_dump(mode="json")
+            for entry in cfg.datasets
+        ]
     return out
+
+
+_LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt", ".jinja")
+
+
+def is_local(name: str) -> bool:
+    """A path on this machine (it exists here, or is written as a path: ./x, /x, ~/x, x.jsonl), not a
+    Hub dataset name (org/name), a built-in template name (chatml) or a dataset torchtitan streams (c4)."""
+    return (Path(name).expanduser().exists() or name.startswith((".", "/", "~"))
+            or PurePosixPath(name).suffix.lower() in _LOCAL_SUFFIXES)
+
+
+def _checked(value: str, what: str) -> Path:
+    """A local path the pods can be given: relative (under the volume) or absolute (the image's or the
+    volume's own layout); one in this machine's home folder (~) cannot reach them."""
+    if value.startswith("~"):
+        raise UsageError(
+            f"{what} {value} is in this machine's home folder, which the pods do not see",
+            hint=f"copy it onto the shared volume and name it by its path there, relative to the volume's root "
+            f"(mounted at {SHARED_MOUNT} in the pods; ./data/x.jsonl is {SHARED_MOUNT}/data/x.jsonl)",
+        )
+    return Path(value)
+
+
+def data_notes(cfg: RunConfig, mount: str = SHARED_MOUNT) -> list[str]:
+    """Where the pods read the run's local data (nothing copies it there): one note naming every path."""
+    placed = pod_paths(cfg, mount)
+    local = [placed[name] for name in ("dataset", "val_dataset", "chat_template") if name in placed]
+    local += [entry["path"] for entry, own in zip(placed.get("datasets", []), cfg.datasets or []) if is_local(own.path)]
+    if not local:
+        return []
+    return [f"the pods read the run's data from the shared volume ({', '.join(local)}): copy it there before "
+            "the job starts (kubectl cp, or the volume's own sync)"]
 
 
 def lnc(cfg: RunConfig) -> int:

@@ -15,6 +15,7 @@ class LaunchResult:
     exit_code: int
     ended_by: str  # "completed" | "SIGINT" | "SIGTERM" | "rank failure" | "launch error"
     error: Optional[str] = None
+    error_hint: Optional[str] = None  # a usage error the ranks found (exit 2): what to do
     torchrun_returncode: Optional[int] = None
     wall_s: float = 0.0
     time_to_first_step_s: Optional[float] = None

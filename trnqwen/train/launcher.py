@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TextIO
 
 from trnqwen.contract.metrics_stream import PATH_ENV as METRICS_PATH_ENV
-from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, redact, redact_argv
+from trnqwen.contract.rank_errors import find_usage_error
+from trnqwen.errors import EXIT_FAILED, EXIT_SIGINT, EXIT_SIGTERM, EXIT_USAGE, redact, redact_argv
 from trnqwen.train import stop_requests
 from trnqwen.train.multinode import rendezvous_argv
 from trnqwen.train.launch_result import LaunchResult
@@ -444,6 +445,10 @@ def _run_supervised(
         result.ended_by = "rank failure"
         result.exit_code = EXIT_FAILED
         result.error = failure_cause(lines_seen + tail, rank_log_dir)
+        usage = find_usage_error(lines_seen + tail)  # a user's mistake the ranks found (a reward function)
+        if usage is not None:
+            result.exit_code = EXIT_USAGE
+            result.error, result.error_hint = usage
         if result.error is None:
             rc = proc.returncode
             how = f"killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals() else f"exit code {rc}"

@@ -19,6 +19,7 @@ contiguous, so a tensor-parallel group stays inside a node when TP divides the r
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -249,10 +250,16 @@ def config_env(cfg: RunConfig, *, overrides: Optional[Mapping[str, Any]] = None)
             continue
         if isinstance(value, bool):
             text = "true" if value else "false"
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, dict) for v in value):
+            # [[datasets]] tables: the JSON list their variable reads (unset keys left out)
+            text = json.dumps([{k: v for k, v in entry.items() if v is not None} for entry in value])
         elif isinstance(value, (list, tuple)):
             if not value:
                 continue
             text = ",".join(str(v) for v in value)
+        elif isinstance(value, dict):
+            # a mapping setting as its flag writes it: role=from,content=value; user=human,assistant=gpt,assistant=bot
+            text = ",".join(f"{k}={item}" for k, v in value.items() for item in (v if isinstance(v, list) else [v]))
         else:
             text = str(value)
         env[f"{ENV_PREFIX}{name.upper()}"] = text

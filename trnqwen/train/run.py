@@ -30,6 +30,7 @@ from trnqwen.errors import (
     EXIT_PREEMPTED_BEFORE_START,
     EXIT_SIGINT,
     EXIT_SIGTERM,
+    EXIT_USAGE,
     CheckFailed,
     EnvironmentProblem,
     TrnqwenError,
@@ -124,6 +125,8 @@ class TrainOutcome:
                 f"without one it starts over from step 1); the log so far is in {self.plan.log_path}",
                 exit_code=r.exit_code,
             )
+        if r.exit_code == EXIT_USAGE:  # a user's mistake the ranks found (contract/rank_errors.py)
+            raise UsageError(r.error or "a rank stopped on a usage error", hint=r.error_hint)
         removed = (self.record.extra.get("removed_incomplete_checkpoints") if self.record else None) or []
         cleaned = f"; removed the half-written checkpoint {', '.join(removed)}" if removed else ""
         if r.error and ("No space left on device" in r.error or "Errno 28" in r.error):

@@ -1,0 +1,154 @@
+"""Bounded-memory preparation (issue 37 item 5, trnqwen.dataset.bounded) writes the cache the
+in-memory path writes, byte for byte: records read one at a time, documents kept on disk, rows
+written block by block.  Chunks and blocks are made tiny here so that every boundary is crossed.
+How its memory behaves with the file's size is measured, not asserted: benchmarks/data_prep.py."""
+
+from __future__ import annotations
+
+import codecs
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.test_data_mapping import write_jsonl
+from tests.test_data_mixture import SHAREGPT_MAPPING, entry, mixed_lengths
+from trnqwen.dataset import bounded
+from trnqwen.dataset.cache import ARRAY_NAMES, open_split, read_meta
+from trnqwen.dataset.prepare import DataSettings, prepare
+from trnqwen.dataset.sources import resolve_source
+from trnqwen.errors import UsageError
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from trnqwen.fetch.builtin import write_tiny_qwen3
+
+    return write_tiny_qwen3(tmp_path_factory.mktemp("bounded") / "tiny-qwen3")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    from trnqwen.data import chat_recipe
+
+    folder = tmp_path_factory.mktemp("data")
+    chats = [json.loads(line) for line in chat_recipe.chat_path().read_text().splitlines()]
+    speakers = {"system": "system", "user": "human", "assistant": "gpt"}
+    sharegpt = [{"conversations": [{"from": speakers[m["role"]], "value": m["content"]} for m in r["messages"]]} for r in chats]
+    return {"chats": chat_recipe.chat_path(), "sharegpt": write_jsonl(folder / "sharegpt.jsonl", sharegpt),
+            "texts": write_jsonl(folder / "texts.jsonl", mixed_lengths(300))}
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    monkeypatch.setattr(bounded, "CHUNK_RECORDS", 37)
+    monkeypatch.setattr(bounded, "ROW_BLOCK_TOKENS", 1000)
+
+
+def _both(tmp_path, tiny, settings: DataSettings):
+    memory = prepare(settings, tiny, tmp_path / "in-memory", bounded_memory=False)
+    seen = []
+    disk = prepare(settings, tiny, tmp_path / "bounded", bounded_memory=True, progress=lambda done, total: seen.append((done, total)))
+    return memory, disk, seen
+
+
+CASES = {
+    "one chat file, validation": dict(seq_len=256, val_split=0.1),
+    "long conversations dropped, sequential": dict(seq_len=96, long_conversations="drop", packing_strategy="sequential"),
+    "truncated, one per row, inputs trained": dict(seq_len=96, packing=False, train_on_inputs=True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_same_cache_as_in_memory(tmp_path, tiny, data, small_pieces, case):
+    memory, disk, seen = _both(tmp_path, tiny, DataSettings(dataset=str(data["chats"]), **CASES[case]))
+    _same(memory, disk)
+    assert seen and seen[-1][0] == seen[-1][1] == data["chats"].stat().st_size
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen) and len(seen) > 2  # a chunk at a time
+
+
+def test_a_weighted_mixture_through_a_mapping_is_the_same_too(tmp_path, tiny, data, small_pieces):
+    settings = DataSettings(seq_len=128, val_split=0.05, datasets=[
+        entry(data["sharegpt"], weight=3, **SHAREGPT_MAPPING), entry(data["texts"], weight=1, type="prompt-completion")])
+    memory, disk, _ = _both(tmp_path, tiny, settings)
+    _same(memory, disk)
+    assert disk.report["problems"] and all(abs(s["share"] - w) < 0.01 for s, w in zip(disk.report["sources"], (0.75, 0.25)))
+    assert disk.report["mapping"][0]["before"] == memory.report["mapping"][0]["before"]
+
+
+def _same(memory, disk) -> None:
+    assert memory.key == disk.key and memory.cache_dir != disk.cache_dir
+    assert disk.report == memory.report
+    assert read_meta(disk.cache_dir)["splits"] == read_meta(memory.cache_dir)["splits"]
+    for split in read_meta(memory.cache_dir)["splits"]:
+        a, b = open_split(memory.cache_dir, split), open_split(disk.cache_dir, split)
+        for name in ARRAY_NAMES:
+            np.testing.assert_array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)), err_msg=f"{split}.{name}")
+    assert not [p for p in disk.cache_dir.parent.iterdir() if p.name.startswith(".")]  # the scratch files are gone
+
+
+@pytest.mark.parametrize("content", [
+    codecs.BOM_UTF8 + b'{"text": "a"}\r\n\n{"text": "b\xe2\x80\xa8c"}\n',  # BOM, CRLF, a blank line, U+2028 inside
+    b'{"text": "a"}\n{"text": "\xff"}\n',  # not UTF-8 on line 2
+    b'{"text": "a"}\n{"text": \n',  # not JSON on line 2
+    b'[{"text": "a"},\n {"text": "b"}]\n',  # one JSON array: rename to .json
+    b'["a", "b"]\n',
+    b'{"text": "\\ud800"}\n',  # a lone surrogate
+])
+def test_the_jsonl_stream_reads_what_the_whole_file_reader_reads(tmp_path, content):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(content)
+
+    def outcome(read):
+        try:
+            return [(r.data, r.where) for r in read()]
+        except UsageError as exc:
+            return f"{exc} | {exc.hint}"
+
+    source = resolve_source(str(path))
+    assert outcome(lambda: list(source.iter_records())) == outcome(source.records)
+
+
+def test_large_data_takes_the_bounded_path_by_itself(tmp_path, tiny, data, monkeypatch):
+    monkeypatch.setattr(bounded, "BOUNDED_FROM_BYTES", data["chats"].stat().st_size)
+    seen = []
+    prepare(DataSettings(dataset=str(data["chats"]), seq_len=256), tiny, tmp_path / "c", progress=lambda *a: seen.append(a))
+    assert seen  # only bounded preparation reports progress
+    monkeypatch.setattr(bounded, "BOUNDED_FROM_BYTES", data["chats"].stat().st_size + 1)
+    seen.clear()
+    prepare(DataSettings(dataset=str(data["chats"]), seq_len=512), tiny, tmp_path / "c", progress=lambda *a: seen.append(a))
+    assert not seen
+
+
+def test_the_progress_bar_shows_on_a_terminal_only_and_never_with_json():
+    import io
+
+    from rich.console import Console
+
+    from trnqwen import output
+
+    def shown(**kw) -> str:
+        buffer = io.StringIO()
+        con = Console(file=buffer, width=120, **kw)
+        with output.work_progress("Reading and tokenizing the dataset", con=con) as report:
+            for done in (0, 40 << 20, 100 << 20):
+                report(done, 100 << 20)
+        return buffer.getvalue()
+
+    bar = shown(force_terminal=True)
+    assert "Reading and tokenizing the dataset" in bar and "104.9 MB" in bar  # rich's decimal units
+    assert shown(force_terminal=False) == ""  # a log or a pipe
+    buffer = io.StringIO()
+    with output.work_progress("x", quiet=True, con=Console(file=buffer, force_terminal=True)) as report:
+        report(1, 2)
+    assert buffer.getvalue() == ""  # --json
+
+
+def test_trnqwen_data_json_stays_one_document_on_the_bounded_path(cli, in_tmp, tiny, data, monkeypatch):
+    monkeypatch.setattr(bounded, "BOUNDED_FROM_BYTES", 1)
+    r = cli("data", str(data["chats"]), "--model", "builtin:tiny-qwen3", "--assets", str(tiny), "--seq-len", "256",
+            "--data-cache-dir", str(in_tmp / "cache"), "--json")
+    assert r.code == 0, r.text
+    report = json.loads(r.out)
+    assert report["records"] == 300 and report["sample"]["trained_spans"] and r.err == ""
