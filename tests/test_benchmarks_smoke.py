@@ -173,6 +173,7 @@ MEASURED = {
     "torchtitan_releases": "installed",  # the installed release's API shape, read from its sources
     "lora": "ratios",  # LoRA / full: the kernel's peak RSS, s/step, adapter size
     "dpo": "ratios",  # DPO / SFT over the same trained tokens (present only when the check passed)
+    "harness": "ratio_trnqwen_vs_lm_eval",  # eval --tasks / lm_eval by hand, seconds per sample
 }
 # Extra arguments on top of the quick path: train_overhead runs two repeats here so the test sees
 # that the order alternates.
@@ -198,6 +199,8 @@ def test_each_benchmark_quick_path_runs_for_real(run_all, name):
         assert 0.05 < shapes["qwen3-4b"]["lm_head_share"] < 0.15  # about Qwen3-4B's tenth
     if name == "dpo":
         assert summary["same_tokens"] and summary["trained_tokens"]["sft"] == summary["trained_tokens"]["dpo"] > 0
+    if name == "harness":
+        assert summary["scores_agree"], summary  # the same score, through trnqwen and by hand
     if name == "lora":
         assert all(run["peak_rss_max_mib"] > 0 for run in summary["runs"].values()), summary
     if name == "torchtitan_releases":

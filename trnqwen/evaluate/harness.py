@@ -109,7 +109,7 @@ def builtin_task_config(name: str = BUILTIN_TASK) -> dict[str, Any]:
     if name == BUILTIN_GEN_TASK:
         return {
             **common, "task": name, "output_type": "generate_until", "doc_to_target": "{{choices[gold]}}",
-            "generation_kwargs": {"until": ["<|im_end|>", "\n"], "do_sample": False, "max_gen_toks": 32},
+            "generation_kwargs": {"until": ["<|im_end|>"], "do_sample": False, "max_gen_toks": 64},
             "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True,
                              "ignore_case": True, "ignore_punctuation": True}],
         }
