@@ -199,3 +199,76 @@ def test_transformers_serve_answers_as_greedy_generation_and_stops_on_ctrl_c(exp
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _plan(argv: list[str], port: int):
+    from trnqwen.serve.plan import ServePlan
+
+    return ServePlan(engine="transformers", argv=argv, env={}, host="127.0.0.1", port=port, model="m",
+                     served=Path("."), kind="model")
+
+
+def test_server_that_dies_before_answering_is_one_error_with_its_last_lines():
+    import sys
+
+    from trnqwen.serve.process import ServerDied, run_server
+
+    code = "import sys; print('loading the model'); print('RuntimeError: no weights here', flush=True); sys.exit(4)"
+    with pytest.raises(ServerDied) as info:
+        run_server(_plan([sys.executable, "-c", code], _free_port()), ready_timeout=60, handle_signals=False)
+    assert "exited with code 4 before it answered" in info.value.message
+    assert info.value.problems[-1] == "RuntimeError: no weights here"
+
+
+def test_server_that_never_answers_is_stopped_at_the_ready_timeout():
+    import sys
+
+    from trnqwen.serve.process import ServerDied, run_server
+
+    started = time.monotonic()
+    with pytest.raises(ServerDied, match="did not answer on http://127.0.0.1:.* within 2s"):
+        run_server(_plan([sys.executable, "-c", "import time; print('still loading', flush=True); time.sleep(60)"],
+                         _free_port()), ready_timeout=2, grace_s=5, handle_signals=False)
+    assert time.monotonic() - started < 20  # stopped, not waited for
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_transformers_serves_an_adapter_merged(exports, tmp_path):
+    """An adapter on transformers is served merged into its base (<adapter>.merged, written once),
+    and answers as greedy generation on that merged model does."""
+    from tests.lora_fixtures import make_adapter
+    from trnqwen.ckpt.generate import generate
+    from trnqwen.ckpt.layout import find_config, resolve_checkpoint
+
+    adapter = make_adapter(tmp_path / "lora" / "hf" / "step-2", exports["model"], rank=8, seed=1)
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([*TRNQWEN, "serve", str(adapter), "--base", str(exports["model"]), "--port", str(port),
+                             "--engine", "transformers"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    merged = adapter.with_name("step-2.merged")
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("try: curl"):
+                break
+        assert proc.poll() is None, proc.stderr.read()
+        messages = [{"role": "user", "content": "What is 2 plus 3?"}]
+        body = json.dumps({"model": str(merged), "messages": messages, "max_tokens": 12, "temperature": 0}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            answer = json.loads(resp.read())["choices"][0]["message"]["content"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+        err = proc.stderr.read()
+        assert f"-> {merged}" in err and "served merged" in err
+        assert (merged / "config.json").is_file()
+        prompt = "<|im_start|>user\nWhat is 2 plus 3?<|im_end|>\n<|im_start|>assistant\n"
+        ckpt = resolve_checkpoint(merged)
+        greedy = generate(ckpt, find_config(ckpt), prompt, max_new_tokens=12, device="cpu")
+        assert answer == greedy["completion"] and answer.strip(), (answer, greedy)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
