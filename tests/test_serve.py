@@ -65,7 +65,9 @@ def exports(tmp_path_factory) -> dict[str, Path]:
 def trn2(tmp_path) -> dict[str, str]:
     from tests.doubles.neuron import neuron_host
 
-    return neuron_host(tmp_path)
+    env = neuron_host(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env["PYTHONPATH"]])  # this checkout first, then the fake torch_neuronx
+    return env
 
 
 def _dry(*args: str, env: dict | None = None) -> dict:
@@ -124,8 +126,17 @@ def test_vllm_rules_unit(exports):
     assert (tensor_parallel(64, 64), tensor_parallel(64, 40), tensor_parallel(64, None), tensor_parallel(1, 16)) == (64, 40, 64, 1)
 
 
+def test_vllm_refusal_comes_before_the_install_check(exports):
+    """Without --dry-run and without vLLM: the adapter's broken rule (exit 1), not the missing engine (3)."""
+    r = run_subprocess("serve", str(exports["rank4"]), "--base", str(exports["base"]), "--engine", "vllm", timeout=120)
+    assert_clean_error(r, code=1, contains="LoRA rank 4 is not one vLLM accepts")
+
+
 def test_vllm_not_installed_exit_3(exports, trn2):
-    assert not (Path(os.sys.executable).parent / "vllm").exists()
+    import shutil
+
+    if shutil.which("vllm") or (Path(os.sys.executable).parent / "vllm").exists():
+        pytest.skip("vllm is installed here")
     r = run_subprocess("serve", str(exports["model"]), env=trn2, timeout=120)
     assert_clean_error(r, code=3, contains="vllm is not installed")
     assert "--engine transformers" in r.err
@@ -272,3 +283,20 @@ def test_transformers_serves_an_adapter_merged(exports, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_vllm_max_model_len_is_the_runs_seq_len(exports, trn2, tmp_path):
+    """Served by run id: --max-model-len is what the run trained on, not the model's 128 positions."""
+    from trnqwen.rundir import RunRecord
+
+    runs = tmp_path / ".trnqwen" / "runs"
+    (runs / "r1").mkdir(parents=True)
+    RunRecord(run_id="r1", run_dir=str(runs / "r1"), status="succeeded", config={"seq_len": 64},
+              checkpoint_dir=str(exports["wide"].parent), assets_dir=str(exports["wide"].parent.parent / "assets"),
+              extra={"exported": str(exports["wide"])}).save()
+    r = run_subprocess("serve", "r1", "--dry-run", "--json", env=trn2, cwd=tmp_path, timeout=120)
+    assert r.code == 0, r.text
+    doc = json.loads(r.out)
+    flag = dict(zip(doc["command"], doc["command"][1:]))
+    assert flag["--max-model-len"] == "64" and doc["command"][2] == str(exports["wide"])
+    assert "max model len 64: the run's seq_len (r1)" in doc["notes"]
