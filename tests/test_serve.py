@@ -300,3 +300,18 @@ def test_vllm_max_model_len_is_the_runs_seq_len(exports, trn2, tmp_path):
     flag = dict(zip(doc["command"], doc["command"][1:]))
     assert flag["--max-model-len"] == "64" and doc["command"][2] == str(exports["wide"])
     assert "max model len 64: the run's seq_len (r1)" in doc["notes"]
+
+
+def test_transformers_refuses_a_config_without_architectures_and_warns_of_no_chat_template(tmp_path):
+    from tests.ckpt_fixtures import make_case
+    from trnqwen.ckpt.model_folder import CardInfo, complete_export
+
+    ckpt, assets, _ = make_case(tmp_path / "bare", tokenizer=True)  # Qwen3Config() as is: no architectures
+    complete_export(ckpt / "step-3", assets, CardInfo(base_model="Qwen/Qwen3-0.6B", backend="native", steps=3))
+    r = run_subprocess("serve", str(ckpt / "step-3"), "--engine", "transformers", "--dry-run", timeout=120)
+    assert_clean_error(r, code=2, contains="names no architectures")
+
+    config = json.loads((ckpt / "step-3" / "config.json").read_text())
+    (ckpt / "step-3" / "config.json").write_text(json.dumps({**config, "architectures": QWEN3}))
+    r = run_subprocess("serve", str(ckpt / "step-3"), "--engine", "transformers", "--dry-run", timeout=120)
+    assert r.code == 0 and "has no chat template, so /v1/chat/completions fails" in r.err, r.text

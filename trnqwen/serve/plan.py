@@ -208,6 +208,26 @@ def plan_serve(arg: Optional[str], *, cfg: RunConfig, base: Optional[Path] = Non
     return _transformers_plan(target, cfg=cfg, host=host, port=port)
 
 
+def has_chat_template(folder: Path) -> bool:
+    """Whether the tokenizer in ``folder`` carries a chat template (chat_template.jinja, or
+    tokenizer_config.json's chat_template): /v1/chat/completions needs one."""
+    if (folder / "chat_template.jinja").is_file():
+        return True
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("chat_template"))
+
+
+def _template_note(target: EvalTarget) -> list[str]:
+    folder = target.tokenizer_dir
+    if has_chat_template(folder):
+        return []
+    return [f"warning: {folder} has no chat template, so /v1/chat/completions fails; /v1/completions works "
+            "(train with --chat-template chatml, or add chat_template.jinja to the export)"]
+
+
 def _model_config(target: EvalTarget) -> dict[str, Any]:
     try:
         return target.config
@@ -220,7 +240,7 @@ def _vllm_plan(target: EvalTarget, *, cfg: RunConfig, host: str, port: int, devi
     from trnqwen.contract.peft_adapter import read_adapter_config
 
     config = _model_config(target)
-    notes = []
+    notes = _template_note(target)
     heads = config.get("num_attention_heads")
     tp = tensor_parallel(cores, heads if isinstance(heads, int) else None)
     where = f"{cores} logical NeuronCores" if device_type == "neuron" else f"{cores} {device_type} device(s)"
@@ -267,10 +287,14 @@ def _vllm_plan(target: EvalTarget, *, cfg: RunConfig, host: str, port: int, devi
 def _transformers_plan(target: EvalTarget, *, cfg: RunConfig, host: str, port: int) -> ServePlan:
     from trnqwen.ckpt.merge import merged_path
 
-    notes = []
+    notes = _template_note(target)
     merge_needed = False
     kind = "model"
     served = target.folder
+    config = _model_config(target)
+    if not config.get("architectures"):  # transformers serve picks the model class from it (a TypeError without)
+        raise UsageError(f"{target.config_dir / 'config.json'} names no architectures: transformers serve cannot "
+                         "pick a model class", hint='add "architectures": ["Qwen3ForCausalLM"] to it (the base snapshot has it)')
     if target.adapter is not None:
         kind = "adapter"
         served = merged_path(target.adapter)
@@ -279,14 +303,9 @@ def _transformers_plan(target: EvalTarget, *, cfg: RunConfig, host: str, port: i
         else:
             merge_needed = True
             notes.append(f"the adapter is served merged into its base: written to {served} first (trnqwen merge)")
-    else:
-        config = _model_config(target)
-        if not config.get("architectures"):
-            raise UsageError(f"{target.config_dir / 'config.json'} names no architectures: transformers serve cannot "
-                             "pick a model class", hint='add "architectures": ["Qwen3ForCausalLM"] to it (the base snapshot has it)')
-        if target.config_dir != target.folder:
-            raise UsageError(f"{target.folder} holds weights only (its config.json is in {target.config_dir})",
-                             hint="serve the export a finished run wrote (hf/step-N: config, tokenizer and weights)")
+    elif target.config_dir != target.folder:
+        raise UsageError(f"{target.folder} holds weights only (its config.json is in {target.config_dir})",
+                         hint="serve the export a finished run wrote (hf/step-N: config, tokenizer and weights)")
     argv = [_engine_binary("transformers") or "transformers", "serve", str(served), "--host", host, "--port", str(port),
             "--device", "auto", "--log-level", "info"]
     if cfg.trust_remote_code:
