@@ -201,6 +201,18 @@ def test_transformers_serve_answers_as_greedy_generation_and_stops_on_ctrl_c(exp
         greedy = generate(ckpt, find_config(ckpt), prompt, max_new_tokens=12, device="cpu")
         assert greedy["error"] is None and greedy["completion"].strip()
         assert answer == greedy["completion"], (answer, greedy)
+        # eval --generate's own path: the run's prompt ids, left-padded, cut at end-of-turn, decoded and stripped
+        from trnqwen.evaluate import model as em
+        from trnqwen.evaluate.data import Conversation
+        from trnqwen.evaluate.targets import resolve_target
+
+        loaded = em.load_model(resolve_target(str(model), Path("runs")), "cpu")
+        ids = tokenizer(prompt)["input_ids"]
+        [eval_ids] = em.answer(loaded, [Conversation(prompt_ids=ids, reference_ids=[])], pad_id=tokenizer.eos_token_id,
+                               eos_ids=em.eos_ids_of(loaded, tokenizer), prompt_len=em.prompt_length(
+                                   [Conversation(prompt_ids=ids, reference_ids=[])]),
+                               max_new_tokens=12, batch_size=1, device_type="cpu")
+        assert answer == tokenizer.decode(eval_ids, skip_special_tokens=True).strip()
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 130

@@ -244,7 +244,9 @@ def _vllm_plan(target: EvalTarget, *, cfg: RunConfig, host: str, port: int, devi
     heads = config.get("num_attention_heads")
     tp = tensor_parallel(cores, heads if isinstance(heads, int) else None)
     where = f"{cores} logical NeuronCores" if device_type == "neuron" else f"{cores} {device_type} device(s)"
-    notes.append(f"tensor parallel {tp}: {where}" + (f", capped to divide {heads} attention heads" if tp != cores else ""))
+    notes.append(f"tensor parallel {tp}: {where}" + (f", capped to divide {heads} attention heads" if tp != cores else "")
+                 + ("" if device_type == "neuron" else "; no Neuron device here: run it on the Trainium host, where "
+                    "it spans the logical NeuronCores (64 on a trn2.48xlarge)"))
     seq_len = target.run.seq_len if target.run is not None else None
     if seq_len:
         max_len, why = seq_len, f"the run's seq_len ({target.run.run_id})"
