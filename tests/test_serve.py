@@ -240,7 +240,7 @@ def test_server_that_dies_before_answering_is_one_error_with_its_last_lines():
     with pytest.raises(ServerDied) as info:
         run_server(_plan([sys.executable, "-c", code], _free_port()), ready_timeout=60, handle_signals=False)
     assert "exited with code 4 before it answered" in info.value.message
-    assert info.value.problems[-1] == "RuntimeError: no weights here"
+    assert info.value.problems[-1] == "transformers| RuntimeError: no weights here"
 
 
 def test_server_that_never_answers_is_stopped_at_the_ready_timeout():

@@ -169,7 +169,7 @@ def _died(plan: ServePlan, message: str, tail: collections.deque[str]) -> Server
     exc = ServerDied(message + (": its last lines follow" if lines else " (it printed nothing)"),
                      hint=f"the command was: {plan.command_line()}")
     if lines:
-        exc.problems = [exc.message, *lines[-TAIL_LINES:]]
+        exc.problems = [exc.message, *(f"{plan.engine}| {line}" for line in lines[-TAIL_LINES:])]
     return exc
 
 
