@@ -327,3 +327,37 @@ def test_transformers_refuses_a_config_without_architectures_and_warns_of_no_cha
     (ckpt / "step-3" / "config.json").write_text(json.dumps({**config, "architectures": QWEN3}))
     r = run_subprocess("serve", str(ckpt / "step-3"), "--engine", "transformers", "--dry-run", timeout=120)
     assert r.code == 0 and "has no chat template, so /v1/chat/completions fails" in r.err, r.text
+
+
+def test_a_killed_trnqwen_takes_its_server_with_it(tmp_path):
+    """SIGKILL cannot be forwarded: the child is asked to die with its parent (PR_SET_PDEATHSIG)."""
+    import sys
+
+    marker = tmp_path / "child.pid"
+    code = (f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); "
+            "print('loading', flush=True); time.sleep(120)")
+    script = (f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+              "from pathlib import Path\nfrom trnqwen.serve.plan import ServePlan\nfrom trnqwen.serve.process import run_server\n"
+              f"run_server(ServePlan(engine='transformers', argv=[sys.executable, '-c', {code!r}], env={{}}, host='127.0.0.1', "
+              f"port={_free_port()}, model='m', served=Path('.'), kind='model'), ready_timeout=120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child = int(marker.read_text())
+        parent.kill()
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+            status = Path(f"/proc/{child}/status").read_text() if Path(f"/proc/{child}/status").exists() else ""
+            if "zombie" in status:
+                break
+            time.sleep(0.1)
+        status = Path(f"/proc/{child}/status").read_text() if Path(f"/proc/{child}/status").exists() else ""
+        assert not status or "zombie" in status, status[:200]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if marker.is_file() and Path(f"/proc/{marker.read_text()}").exists():
+            os.kill(int(marker.read_text()), signal.SIGKILL)  # the test failed: leave no sleeper behind

@@ -2,7 +2,8 @@
 
 * The child runs in its own session, so a Ctrl-C reaches trnqwen alone, which forwards it
   (SIGINT or SIGTERM, as received) and waits for the child to exit (SIGKILL after ``grace_s``):
-  no server outlives the command, and the exit code is 130/143 (:mod:`trnqwen.errors`).
+  no server outlives the command, and the exit code is 130/143 (:mod:`trnqwen.errors`).  A
+  trnqwen killed outright (SIGKILL) takes the child with it too (PR_SET_PDEATHSIG on Linux).
 * Until the endpoint answers, the child's output is kept (its last lines); ``GET /v1/models``
   (then ``/health``) is polled every half second.  A child that exits, or a ``ready_timeout``
   that passes first, is one error carrying those last lines.  Once ready, the child's lines
@@ -74,7 +75,7 @@ def run_server(plan: ServePlan, *, ready_timeout: float = 600.0, grace_s: float 
     try:
         try:
             proc = subprocess.Popen(plan.argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    errors="replace", bufsize=1, start_new_session=True)
+                                    errors="replace", bufsize=1, start_new_session=True, preexec_fn=_die_with_parent)
         except OSError as exc:
             raise EnvironmentProblem(f"cannot start {plan.argv[0]}: {exc.strerror or exc}", hint="is the engine installed?") from None
 
@@ -139,6 +140,19 @@ def prepare(plan: ServePlan, *, runs_dir: "os.PathLike[str] | str",
             on_merge(plan)
         merge(plan.adapter, runs_dir=Path(runs_dir), base=plan.base, out=plan.served)
         plan.merge_needed = False
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when trnqwen itself dies, even by SIGKILL (Linux's
+    PR_SET_PDEATHSIG), so a killed ``trnqwen serve`` leaves no server holding the port."""
+    import ctypes
+    import sys
+
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
 
 
 def _sleep_unless(received: list[int], seconds: float) -> None:
