@@ -135,6 +135,7 @@ JSON_FAILURES = {  # one failing call of every command that has --json: (argv, e
     "verify-ckpt": (["verify-ckpt", "nope"], 2, "no such path"),
     "merge": (["merge", "nope"], 2, "no such adapter folder"),
     "push": (["push", "--repo", "no-owner"], 2, "not a Hub repo id OWNER/NAME"),
+    "serve": (["serve", "nope", "--engine", "transformers"], 2, "no checkpoint or run named"),
     "eval": (["eval", "nope"], 2, "no checkpoint or run named"),
     "inspect-logs": (["inspect-logs", "binary.log"], 2, "does not look like a text log"),
     "quickstart": (["quickstart", "--device", "nope"], 2, "nope"),

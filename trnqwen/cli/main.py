@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify-ckpt": ("trnqwen.cli.verify_ckpt", "verify_ckpt"),
     "merge": ("trnqwen.cli.merge", "merge"),
     "push": ("trnqwen.cli.push", "push"),
+    "serve": ("trnqwen.cli.serve", "serve"),
     "eval": ("trnqwen.cli.eval", "eval_cmd"),
     "inspect-logs": ("trnqwen.cli.inspect_logs", "inspect_logs"),
     "quickstart": ("trnqwen.cli.quickstart", "quickstart"),
