@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[train,eval,dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[train,eval,serve,dev]'
 	@touch $(STAMP)
 
 venv: $(STAMP)  ## .venv with the trnqwen command in .venv/bin/
