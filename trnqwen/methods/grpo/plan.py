@@ -74,6 +74,7 @@ def hook_settings(cfg: RunConfig, assets_dir: Path, rank_data: RankData, rewards
         "room": cfg.seq_len - cfg.max_completion_length, "temperature": cfg.temperature, "top_p": cfg.top_p,
         "rewards": rewards, "scale_rewards": cfg.scale_rewards, "seed": cfg.seed,
         "log_completions": cfg.log_completions, "assets_dir": str(Path(assets_dir).absolute()),
+        "trust_remote_code": bool(cfg.trust_remote_code),
         "cache_dir": str(rank_data.cache_dir), "pad_id": int(rank_data.meta.get("pad_id", 0)),
     }
 

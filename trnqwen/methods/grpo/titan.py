@@ -195,7 +195,7 @@ class GRPOHook(TrainerHook):
         if not isinstance(trainer.loss_fn, GRPOLoss):
             return
         self.values = s = json.loads(trainer.loss_fn.config.settings)
-        self.tokenizer = AutoTokenizer.from_pretrained(s["assets_dir"])
+        self.tokenizer = AutoTokenizer.from_pretrained(s["assets_dir"], trust_remote_code=bool(s.get("trust_remote_code")))
         self.records = prompt_cache.read_records(s["cache_dir"])
         self.conversational = bool(self.records) and isinstance(self.records[0]["prompt"], list)
         self.rewards = RewardSet.build(parse_rewards(s["rewards"]),
