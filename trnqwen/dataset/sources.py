@@ -285,22 +285,28 @@ def _read_jsonl(source: Source, path: Path) -> list[Record]:
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
-        where = f"{path} line {number}"
-        try:
-            value = _parse(line, where)
-        except json.JSONDecodeError as exc:
-            if not records and line.lstrip().startswith("[") and _whole_file_is(text, list):
-                raise _rename(path, "one JSON array of records", ".json") from None
-            raise UsageError(
-                f"{where}: not valid JSON ({exc.msg}, column {exc.colno})",
-                hint="each line of a .jsonl file must be one JSON object",
-            ) from None
-        if not records and isinstance(value, list):
-            raise _rename(path, "a JSON array of records", ".json")
-        if _has_surrogate_escape(line):  # (a pair, or half of one: rare, so checked only then)
-            _check_unicode(value, where)
-        records.append(Record(value, where))
+        records.append(_line_record(path, line, number, first=not records, whole=lambda: text))
     return records
+
+
+def _line_record(path: Path, line: str, number: int, *, first: bool, whole: Callable[[], str]) -> Record:
+    """One .jsonl line as a record (``first``: no record before it; ``whole``: the file's text, read
+    only to tell a JSON array saved as .jsonl from a broken line)."""
+    where = f"{path} line {number}"
+    try:
+        value = _parse(line, where)
+    except json.JSONDecodeError as exc:
+        if first and line.lstrip().startswith("[") and _whole_file_is(whole(), list):
+            raise _rename(path, "one JSON array of records", ".json") from None
+        raise UsageError(
+            f"{where}: not valid JSON ({exc.msg}, column {exc.colno})",
+            hint="each line of a .jsonl file must be one JSON object",
+        ) from None
+    if first and isinstance(value, list):
+        raise _rename(path, "a JSON array of records", ".json")
+    if _has_surrogate_escape(line):  # (a pair, or half of one: rare, so checked only then)
+        _check_unicode(value, where)
+    return Record(value, where)
 
 
 def _stream_jsonl(path: Path, at: Callable[[int], None]) -> Iterator[Record]:
@@ -322,22 +328,8 @@ def _stream_jsonl(path: Path, at: Callable[[int], None]) -> Iterator[Record]:
                 ) from None
             if not line.strip():
                 continue
-            where = f"{path} line {number}"
-            try:
-                value = _parse(line, where)
-            except json.JSONDecodeError as exc:
-                if not seen and line.lstrip().startswith("[") and _whole_file_is(_read_text(path), list):
-                    raise _rename(path, "one JSON array of records", ".json") from None
-                raise UsageError(
-                    f"{where}: not valid JSON ({exc.msg}, column {exc.colno})",
-                    hint="each line of a .jsonl file must be one JSON object",
-                ) from None
-            if not seen and isinstance(value, list):
-                raise _rename(path, "a JSON array of records", ".json")
+            yield _line_record(path, line, number, first=not seen, whole=lambda: _read_text(path))
             seen = True
-            if _has_surrogate_escape(line):
-                _check_unicode(value, where)
-            yield Record(value, where)
 
 
 def _rename(path: Path, what: str, suffix: str) -> UsageError:
