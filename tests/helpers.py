@@ -102,3 +102,11 @@ def mounted_tmpfs(where: Path, options: str):
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def replace_weights(model, dest: Path) -> Path:
+    """Save ``model`` into the model folder ``dest`` in place of the weights (and index) it had."""
+    for old in Path(dest).glob("model*.safetensors*"):
+        old.unlink()
+    model.save_pretrained(dest)
+    return Path(dest)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_subprocess
+from tests.helpers import replace_weights, run_subprocess
 
 pytestmark = pytest.mark.slow
 
@@ -57,10 +57,7 @@ def _pretrain(tiny: Path, data: Path, dest: Path) -> Path:
         out.loss.backward()
         opt.step()
         opt.zero_grad()
-    for old in dest.glob("model*.safetensors*"):  # the random-init weights (and their index)
-        old.unlink()
-    model.save_pretrained(dest)
-    return dest
+    return replace_weights(model, dest)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_subprocess
+from tests.helpers import replace_weights, run_subprocess
 
 pytestmark = pytest.mark.slow
 
@@ -44,10 +44,7 @@ def _pretrained(root: Path) -> Path:
         model(**stacked).loss.backward()
         opt.step()
         opt.zero_grad()
-    for old in dest.glob("model*.safetensors*"):
-        old.unlink()
-    model.save_pretrained(dest)
-    return dest
+    return replace_weights(model, dest)
 
 
 def _losses(cwd: Path) -> dict[int, float]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_subprocess
+from tests.helpers import replace_weights, run_subprocess
 from trnqwen.errors import UsageError
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -100,10 +100,7 @@ def _tuned(base: Path, dest: Path, *, right: bool) -> Path:
         model(**batch, labels=labels).loss.backward()
         opt.step()
         opt.zero_grad()
-    for old in dest.glob("model*.safetensors*"):
-        old.unlink()
-    model.save_pretrained(dest)
-    return dest
+    return replace_weights(model, dest)
 
 
 def _own_accuracy(folder: Path) -> float:

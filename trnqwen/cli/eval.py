@@ -115,8 +115,9 @@ def eval_cmd(
     json_out: JsonOpt = False,
 ) -> None:
     """Evaluate checkpoints on held-out data."""
+    from trnqwen.errors import UsageError
+
     if tasks:
-        from trnqwen.errors import UsageError
         from trnqwen.evaluate.harness import run_tasks
 
         mixed = [flag for flag, on in (("--dataset", dataset), ("--generate", generate), ("--seq-len", seq_len)) if on]
@@ -127,8 +128,6 @@ def eval_cmd(
                   base_dir=base_dir, limit=limit, fail_below=fail_below or [], batch_size=batch_size, json_out=json_out)
         return
     if limit is not None or fail_below:
-        from trnqwen.errors import UsageError
-
         raise UsageError("--limit and --fail-below apply to --tasks", hint="add --tasks NAME (e.g. --tasks trnqwen_calculator)")
     from trnqwen.evaluate.run import run_eval
 

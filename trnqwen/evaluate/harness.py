@@ -406,7 +406,7 @@ def run_tasks(
 
     from trnqwen import output
     from trnqwen.config import resolve_config
-    from trnqwen.evaluate.run import detect_device_type, plan_targets
+    from trnqwen.evaluate.run import plan_targets
 
     if batch_size < 1:
         raise UsageError(f"--batch-size must be >= 1 (got {batch_size})")
@@ -423,19 +423,9 @@ def run_tasks(
         raise UsageError("--fail-below compares with the base model, and there is none here",
                          hint="name it with --base-dir DIR (or evaluate a run, whose base is known)")
     resolved_tasks = resolve_tasks(names)
-    device_type = detect_device_type(cfg.device)
     say = None if json_out or not sys.stderr.isatty() else output.info
-    report = run_harness(targets, resolved_tasks, device_type=device_type, batch_size=batch_size, limit=limit,
-                         trust_remote_code=cfg.trust_remote_code, say=say)
-    tuned = next((t for t in targets if not t.is_base and t.run is not None), None)
-    if tuned is not None:
-        try:
-            saved = record(tuned.run, report, folder=tuned.export)
-            if say is not None:
-                say(f"results saved to {saved}")
-        except OSError as exc:
-            output.warn(f"could not record the results in {tuned.run.run_dir}: {exc.strerror or exc}")
-    failures = gate_failures(report, gates)
+    report, failures = score_and_record(targets, resolved_tasks, gates, device=cfg.device, limit=limit,
+                                        batch_size=batch_size, trust_remote_code=cfg.trust_remote_code, say=say)
     if json_out:
         output.print_json({**report.to_json(), "ok": not failures, "gate_failures": failures})
     else:
@@ -454,14 +444,31 @@ def check_request(tasks: Sequence[str], fail_below: Sequence[str]) -> tuple[list
 
 def benchmark_run(run_dir: Path, tasks: Sequence[HarnessTask], gates: dict[str, float], *, device: str,
                   trust_remote_code: bool = False, batch_size: int = 4, say=None) -> tuple[HarnessReport, list[str]]:
-    """A finished run's export and its base through the harness (``train --eval-tasks``): recorded
-    and carded as ``trnqwen eval RUN --tasks`` does; returns the report and the gate's breaches."""
-    from trnqwen.evaluate.run import detect_device_type, plan_targets
+    """A finished run's export and its base through the harness (``train --eval-tasks``), as
+    ``trnqwen eval RUN --tasks`` does it; returns the report and the gate's breaches."""
+    from trnqwen.evaluate.run import plan_targets
 
     targets = plan_targets([str(run_dir)], runs_dir=Path(run_dir).parent, base=None, base_dir=None)
-    report = run_harness(targets, tasks, device_type=detect_device_type(device), batch_size=batch_size, limit=None,
+    return score_and_record(targets, tasks, gates, device=device, limit=None, batch_size=batch_size,
+                            trust_remote_code=trust_remote_code, say=say)
+
+
+def score_and_record(targets: Sequence[EvalTarget], tasks: Sequence[HarnessTask], gates: dict[str, float], *,
+                     device: str, limit: Optional[float], batch_size: int, trust_remote_code: bool,
+                     say=None) -> tuple[HarnessReport, list[str]]:
+    """Every target scored, the report recorded in the tuned run (a read-only run dir: a warning,
+    the results still returned), and the gate's breaches."""
+    from trnqwen import output
+    from trnqwen.evaluate.run import detect_device_type
+
+    report = run_harness(targets, tasks, device_type=detect_device_type(device), batch_size=batch_size, limit=limit,
                          trust_remote_code=trust_remote_code, say=say)
     tuned = next((t for t in targets if not t.is_base and t.run is not None), None)
     if tuned is not None:
-        record(tuned.run, report, folder=tuned.export)
+        try:
+            saved = record(tuned.run, report, folder=tuned.export)
+            if say is not None:
+                say(f"results saved to {saved}")
+        except OSError as exc:
+            output.warn(f"could not record the results in {tuned.run.run_dir}: {exc.strerror or exc}")
     return report, gate_failures(report, gates)
