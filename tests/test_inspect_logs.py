@@ -569,21 +569,6 @@ def test_cli_run_dir_and_default_last_run(cli, in_tmp):
     assert obj["summary"]["expected_layers"] == 8
 
 
-def test_structured_logs_and_world_size(cli, in_tmp):
-    runs = in_tmp / ".trnqwen" / "runs"
-    d = make_run(runs, "r2", run_log([5.0, 4.0, 3.0], rank=None), steps=3)
-    sl = d / "out" / "structured_logs"
-    sl.mkdir(parents=True)
-    for rank, last in ((0, 3), (1, 2)):
-        with open(sl / f"training.global_rank_{rank}.20261129-100000-ABCDEF.jsonl", "w") as fh:
-            for s in range(1, last + 1):
-                fh.write(json.dumps({"rank": rank, "step": s, "log_type": "event", "log_type_name": "step_end", "value": 12.5}) + "\n")
-    res = cli("inspect-logs", str(d), "--json")
-    obj = json.loads(res.out)
-    assert obj["world_size"] == 2
-    assert "structured-rank-behind" in [f["code"] for f in obj["findings"]]
-
-
 def test_stdin_subprocess():
     from tests.helpers import TRNQWEN, REPO_ROOT
     import subprocess

@@ -12,7 +12,6 @@ same, except ``recognized_lines``.
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 import random
 
@@ -302,42 +301,21 @@ def test_whole_column_numbers_equal_reading_each_token():
 
 
 @pytest.mark.parametrize("shape", [0, 3, 8])
-def test_steps_json_equals_dumping_the_rows(shape):
-    """report.steps_json (--json's steps written from the columns) against json.dumps of
-    step_rows: NaN losses, mfu N/A, restarts, and rows filled in from TensorBoard."""
+def test_json_steps_are_the_rows_with_nan_and_inf_named(shape):
+    """--json's steps (report.step_rows, built from the columns) are the rows read one by one, a
+    NaN/Inf value null and named in ``nonfinite``, a missing mfu null; valid JSON (no NaN)."""
     import json
 
-    from trnqwen.logs.report import step_rows, steps_json
+    from trnqwen.logs.report import step_rows
 
     log = parse_bytes(generate(shape + 40, **SHAPES[shape]), "x")
-    assert steps_json(log) == json.dumps(step_rows(log))
-    top = max(log.steps)
-    log.steps.add_filled([{"step": top + 2, "loss": 1.5, "tps": 3.0, "source": "tensorboard"},
-                          {"step": top + 3, "loss": float("inf"), "source": "tensorboard"}])
-    text = steps_json(log)
-    assert text == json.dumps(step_rows(log)) and '"source": "tensorboard"' in text
-    assert any(r.get("nonfinite") for r in json.loads(text))
-
-
-def test_steps_json_in_pieces_equals_dumping_the_rows():
-    """Past one piece of 16k rows: a NaN, an absent mfu and a filled-in row in each piece."""
-    import json
-
-    from trnqwen.logs.record import ParsedLog
-    from trnqwen.logs.report import StepRows, step_rows, steps_json
-
-    log = ParsedLog()
-    n = 40_000
-    steps = list(range(1, n + 1))
-    values = {name: [float(i % 97) + 0.25 for i in steps] for name in ("loss", "grad_norm", "memory_gib", "memory_pct",
-                                                                     "tflops", "lr")}
-    values["tps"] = [float(i) if i % 3 else i + 0.5 for i in steps]
-    values["mfu"] = [None if i % 5000 == 7 else 1.5 for i in steps]
-    values["loss"][20_000] = float("nan")
-    log.steps.extend(steps, [i * 8 for i in steps], values)
-    log.steps.add_filled([{"step": n + 1, "loss": 2.0, "source": "tensorboard"}])
-    want = json.dumps(step_rows(log))
-    assert steps_json(log) == want
-    out = io.StringIO()
-    StepRows(log).write(out)
-    assert out.getvalue() == want
+    want = []
+    for rec in log.steps.rows():
+        bad = {k: "nan" if math.isnan(v) else "inf" if v > 0 else "-inf"
+               for k, v in rec.items() if isinstance(v, float) and not math.isfinite(v)}
+        if bad:
+            rec = {**rec, **dict.fromkeys(bad), "nonfinite": bad, "line": rec["line"]}
+            rec["line"] = rec.pop("line")
+        want.append(rec)
+    rows = json.loads(json.dumps(step_rows(log), allow_nan=False))
+    assert rows == want and any("nonfinite" in r for r in rows) and any(r["mfu"] is None for r in rows)

@@ -120,9 +120,9 @@ def _run_inspect(inputs, json_out, csv_file, plot_file, strict, judge_kw) -> Non
     if json_out:
         if len(results) == 1:
             r = results[0]
-            report.write_json(report.payload(r.log, r.ctx, r.findings, stream=True))
+            report.write_json(report.payload(r.log, r.ctx, r.findings))
         else:
-            objs = [report.payload(r.log, r.ctx, r.findings, stream=True) for r in results]
+            objs = [report.payload(r.log, r.ctx, r.findings) for r in results]
             report.write_json({
                 "logs": objs,
                 "findings": [dict(f, source=o["source"]) for o in objs for f in o["findings"]],
@@ -275,7 +275,7 @@ def _run_follow(inp, json_out, csv_file, plot_file, strict, idle_timeout, judge_
         output.warn(f"stopped following: no new log line for {idle_timeout:g} s (--idle-timeout)")
     _write_files(result, csv_file, plot_file)
     if json_out:
-        report.write_json(report.payload(result.log, result.ctx, result.findings, stream=True))
+        report.write_json(report.payload(result.log, result.ctx, result.findings))
     else:
         report.render(result.log, result.ctx, result.findings)
     _finish([result], strict)

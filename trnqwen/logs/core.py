@@ -18,7 +18,7 @@ from trnqwen.logs.engine import CHUNK_SIZE, LogParser
 from trnqwen.logs.parse import parse_stream
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
-from trnqwen.logs.sources import LogInput, RunContext, fill_from_tensorboard, run_context
+from trnqwen.logs.sources import LogInput, RunContext, run_context
 from trnqwen.logs.stream import StreamSteps, read_into, run_method, stream_of
 
 
@@ -137,10 +137,6 @@ def inspect_input(inp: LogInput, *, expect_layers: Optional[int] = None, vocab_s
 def judge_log(log: ParsedLog, inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
               vocab_size: Optional[int] = None, finetune: Optional[bool] = None) -> Inspection:
     ctx = run_context(inp, expect_layers=expect_layers, vocab_size=vocab_size, finetune=finetune)
-    if ctx.structured and ctx.structured.get("world_size") and "mesh" not in log.world_size_hints:
-        log.world_size_hints.setdefault("structured_logs", ctx.structured["world_size"])
-    if ctx.tensorboard:
-        fill_from_tensorboard(log, ctx.tensorboard)
     ctx = with_identity(log, ctx)
     return Inspection(log=log, ctx=ctx, findings=judge(log, ctx))
 

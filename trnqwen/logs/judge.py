@@ -76,7 +76,6 @@ def judge(log: ParsedLog, ctx: Optional[RunContext] = None) -> list[Finding]:
         _check_crash,
         _check_stopped_early,
         _check_ranks,
-        _check_sidecars,
         _check_warnings,
     ):
         findings.extend(check(log, ctx))
@@ -631,55 +630,6 @@ def _check_ranks(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     return [Finding("warning", "rank-behind",
                     f"{len(behind)} rank(s) logged fewer steps than the others (step {top}); rank {worst[0]} stopped at step {worst[1][0]}",
                     [v[1] for _, v in sorted(behind.items())[:5]])]
-
-
-def _check_sidecars(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    out = []
-    st = ctx.structured
-    if st:
-        ws = st.get("world_size")
-        logged_ws = log.world_size_hints.get("mesh") or (max(log.ranks) + 1 if log.ranks else None)
-        if ws and logged_ws and ws != logged_ws:
-            out.append(Finding("warning", "world-size-mismatch",
-                               f"structured logs have {ws} rank file(s), the log suggests {logged_ws} ranks"))
-        done = {r: v["last_step"] for r, v in st.get("ranks", {}).items() if r >= 0 and v.get("last_step") is not None}
-        if done and log.steps:
-            last = max(log.steps)
-            top = max(done.values())
-            if top > last:
-                out.append(Finding("info", "structured-more-steps",
-                                   f"structured logs show step {top} finished, but the text log stops at step {last} (log cut off?)"))
-            lag = sorted(r for r, s in done.items() if s < top)
-            if lag:
-                out.append(Finding("warning", "structured-rank-behind",
-                                   f"structured logs: rank(s) {_layers_text(lag)} finished fewer steps than step {top}"))
-        for err in st.get("errors", [])[:3]:
-            out.append(Finding("info", "structured-error",
-                               f"structured log of rank {err['rank']}: {err['event']} failed at step {err['step']}: {err['message'] or 'no message'}"))
-    tb = ctx.tensorboard
-    if tb and tb.get("steps"):
-        mismatched = []
-        for step, rec in sorted(log.steps.items()):
-            if rec.get("source") == "tensorboard":
-                continue
-            t = tb["steps"].get(step, {})
-            if _finite(rec.get("loss")) and _finite(t.get("loss")) and abs(rec["loss"] - t["loss"]) > 1e-4 + 1e-4 * abs(t["loss"]):
-                mismatched.append(rec)
-        if mismatched:
-            s = mismatched[0]
-            out.append(Finding("warning", "tensorboard-mismatch",
-                               f"TensorBoard loss at step {s['step']} is {tb['steps'][s['step']]['loss']:.5f}, the log says {s['loss']:.5f}",
-                               [s["line"] for s in mismatched[:5]]))
-        filled = log.filled_steps
-        if filled:
-            out.append(Finding("info", "tensorboard-filled",
-                               f"{len(filled)} step(s) missing from the text log were filled in from TensorBoard (steps {_layers_text(filled)})"))
-        else:
-            out.append(Finding("info", "tensorboard-confirmed", f"TensorBoard scalars agree with the log for {len(tb['steps'])} step(s)")
-                       if not mismatched else Finding("info", "tensorboard-read", f"read TensorBoard scalars for {len(tb['steps'])} step(s)"))
-    elif tb and tb.get("error"):
-        out.append(Finding("info", "tensorboard-unreadable", f"TensorBoard events not read: {tb['error']}"))
-    return out
 
 
 def _check_warnings(log: ParsedLog, ctx: RunContext) -> list[Finding]:

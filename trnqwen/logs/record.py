@@ -82,12 +82,11 @@ class ParsedLog:
     torchrun_failure: dict = field(default_factory=dict)
     rank_last_step: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank -> (step, line)
     rank_high_memory: dict[int, dict] = field(default_factory=dict)  # rank -> {pct, gib, step, line}
-    filled_steps: list[int] = field(default_factory=list)  # steps added from TensorBoard (no log line)
 
     @property
     def world_size(self) -> Optional[int]:
         """Best evidence of the rank count: mesh/launcher lines, else the ranks seen."""
-        for key in ("mesh", "launcher", "structured_logs"):
+        for key in ("mesh", "launcher"):
             if key in self.world_size_hints:
                 return self.world_size_hints[key]
         if self.ranks:

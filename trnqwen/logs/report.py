@@ -54,13 +54,12 @@ def method_reports(log: ParsedLog, ctx: RunContext) -> Iterator[tuple[methods.Me
 
 
 def step_rows(log: ParsedLog) -> list[dict]:
-    """``--json`` steps: numbers or null (a NaN/Inf value is null plus ``nonfinite``
-    ``{"loss": "nan"}``), then the run's other values by name; ``line`` is the log line (null
-    when filled in from TensorBoard or read from the metrics stream)."""
+    """``--json`` steps, built from the columns: numbers or null (a NaN/Inf value is null plus
+    ``nonfinite`` ``{"loss": "nan"}``), then the run's other values by name; ``line`` is the log
+    line (null for a step of the metrics stream the text log lacks)."""
     t = log.steps
     t.compact()
     names, values = method_values(log)
-    fields = (*STEP_FIELDS, *names)
     cols = [t.step.tolist()]
     for name in STEP_FIELDS[1:]:
         col = t.cols[name].tolist()
@@ -69,12 +68,13 @@ def step_rows(log: ParsedLog) -> list[dict]:
         if name == "tps":
             col = [int(v) if isinstance(v, float) and v.is_integer() else v for v in col]
         cols.append(col)
-    for name in names:
-        cols.append([values.get(s, {}).get(name) for s in t.step])
+    cols += [[values.get(s, {}).get(name) for s in t.step] for name in names]
     cols.append([x or None for x in t.line.tolist()])
-    rows = [dict(zip((*fields, "line"), r)) for r in zip(*cols)]
-    for i in {*_nonfinite_rows(t, names, values), *t.source}:
-        rows[i] = _step_row(t, i, names, values)
+    rows = [dict(zip((*STEP_FIELDS, *names, "line"), r)) for r in zip(*cols)]
+    for i in _nonfinite_rows(t, names, values):  # few rows: the bad values null, named in nonfinite
+        row = rows[i]
+        bad = {k: _nonfinite(v) for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
+        row.update({k: None for k in bad}, nonfinite=bad, line=row.pop("line"))
     return rows
 
 
@@ -94,67 +94,6 @@ def _nonfinite_rows(t, names: tuple, values: dict) -> list[int]:
 
 def _nonfinite(x: float) -> str:
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-
-
-class StepRows:
-    """``--json``'s ``steps`` as :func:`write_json` writes it: numbers only, so not redacted."""
-
-    def __init__(self, log: ParsedLog):
-        self.log = log
-
-    def write(self, out) -> None:
-        for piece in steps_json(self.log, pieces=True):
-            out.write(piece)
-
-
-def steps_json(log: ParsedLog, *, pieces: bool = False):
-    """``json.dumps(step_rows(log))``, written from the columns (a row is one format string; a
-    float's JSON is its repr); the rows with a NaN/Inf value or a source as :func:`step_rows`.
-    ``pieces``: the text in pieces of 16k rows (less memory at once)."""
-    import json
-
-    names, _ = method_values(log)
-    if names:  # the run's other values by name
-        text = json.dumps(step_rows(log))
-        return [text] if pieces else text
-    t = log.steps
-    t.compact()
-    row = "{" + ", ".join(f"{json.dumps(k)}: %s" for k in (*STEP_FIELDS, "line")) + "}"
-    special = {*_nonfinite_rows(t, (), {}), *t.source}
-    out = []
-    for a in range(0, len(t.step), 1 << 14):
-        b = a + (1 << 14)
-        cols = [list(map(str, t.step[a:b]))]
-        for name in STEP_FIELDS[1:]:
-            col = ([str(int(v)) if v.is_integer() else repr(v) for v in t.cols[name][a:b]] if name == "tps"
-                   else list(map(float.__repr__, t.cols[name][a:b])))
-            for i in t.missing[name]:
-                if a <= i < b:
-                    col[i - a] = "null"
-            cols.append(col)
-        cols.append([str(x) if x else "null" for x in t.line[a:b]])
-        text = [row % r for r in zip(*cols)]
-        for i in special:
-            if a <= i < b:
-                text[i - a] = json.dumps(_step_row(t, i))
-        out.append((", " if a else "[") + ", ".join(text))
-    out = out or ["["]
-    out.append("]")
-    return out if pieces else "".join(out)
-
-
-def _step_row(t, i: int, names: tuple = (), values: Optional[dict] = None) -> dict:
-    """Row ``i`` as :func:`step_rows` writes it: a NaN/Inf value null, named in ``nonfinite``."""
-    row = {name: t.value(name, i) for name in STEP_FIELDS}
-    extra = (values or {}).get(t.step[i], {})
-    row.update((name, extra.get(name)) for name in names)
-    row["line"] = t.line[i] or None
-    bad = {k: _nonfinite(v) for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
-    if bad:
-        row.update({k: None for k in bad}, nonfinite=bad, line=row.pop("line"))
-    if i in t.source:
-        row["source"] = t.source[i]
-    return row
 
 
 def _identity(ctx: RunContext) -> Optional[dict]:
@@ -249,31 +188,15 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
 
 
 def write_json(obj: Any, out=None) -> None:
-    """Write ``obj`` as one JSON document to ``out`` (stdout), any :class:`StepRows` inside it
-    written as they are; everything but the step numbers is redacted."""
+    """Write ``obj`` as one JSON document to ``out`` (stdout), redacted (a token a log line
+    quoted never reaches the output)."""
     import json
     import sys
 
     from trnqwen.errors import redact
 
     out = out or sys.stdout
-    streams: list = []
-
-    def placeholder(o):
-        if isinstance(o, StepRows):
-            streams.append(o)
-            return f"\x00steps-{len(streams) - 1}\x00"
-        return str(o)
-
-    text = json.dumps(obj, default=placeholder)
-    pos = 0
-    for k, rows in enumerate(streams):
-        mark = json.dumps(f"\x00steps-{k}\x00")
-        at = text.index(mark, pos)
-        out.write(redact(text[pos:at]))
-        rows.write(out)
-        pos = at + len(mark)
-    out.write(redact(text[pos:]) + "\n")
+    out.write(redact(json.dumps(obj, default=str)) + "\n")
     out.flush()
 
 
@@ -287,15 +210,14 @@ def overrides(log: ParsedLog, ctx: RunContext) -> dict[str, dict]:
             for name in [*table, *(n for n in calls if n not in table)]}
 
 
-def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream: bool = False) -> dict:
-    """The ``--json`` object (``stream``: its ``steps`` a :class:`StepRows` for
-    :func:`write_json`, not a list)."""
+def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> dict:
+    """The ``--json`` object."""
     return {
         "source": log.source,
         "metrics_stream": log.metrics_stream,  # where steps and validations came from (None: the text log)
         "world_size": log.world_size,
         "model": log.model_name,
-        "steps": StepRows(log) if stream else step_rows(log),
+        "steps": step_rows(log),
         "resumes": [{"from_step": r["from_step"], "line": r["line"]} for r in log.resumes],
         "preempted": [{"step": p["step"], "signal": p["signal"], "line": p["line"]} for p in log.preempted],
         "validation": [{k: _num(v) for k, v in rec.items() if k != "line"} for rec in log.validations],
@@ -309,8 +231,6 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, stream:
         "summary": summarize(log, ctx, findings),
         "tracebacks": {str(r): {"first_root": t.get("first_root"), "last": t.get("last"), "count": t.get("count")}
                        for r, t in log.tracebacks.items()},
-        "structured_logs": {k: v for k, v in ctx.structured.items() if k != "step_ms"} if ctx.structured else None,
-        "tensorboard_steps": len(ctx.tensorboard.get("steps", {})) if ctx.tensorboard else 0,
         "evaluation": ctx.evaluation or None,  # trnqwen eval's eval.json
     }
 

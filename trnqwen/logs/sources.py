@@ -3,26 +3,22 @@
 * :func:`resolve_input` - a path, ``-`` (stdin) or a run directory -> :class:`LogInput`.
 * :func:`run_context` - facts the judge needs that the log may not say: configured steps,
   vocab size and layer count (from ``run.json`` and the model's ``config.json``), fine-tune or not.
-* :func:`read_structured_logs` / :func:`read_tensorboard` - torchtitan's per-rank JSONL trace
-  records (``<dump_folder>/structured_logs/``) and TensorBoard scalars, used to confirm or fill in
-  what the text log says.
+
+trnqwen's own runs keep their steps in the metrics stream (:mod:`trnqwen.logs.stream`), so the
+other structured files a run may leave (TensorBoard events, torchtitan's ``structured_logs``) are
+not read: they would be a second copy of what the stream and the text log already say.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from trnqwen.errors import UsageError
 from trnqwen.rundir import LOG_NAME, RUN_RECORD, RunRecord
-
-MAX_SIDECAR_FILES = 512
-MAX_JSONL_BYTES = 256 << 20  # per structured-log file
 
 
 @dataclass
@@ -53,8 +49,6 @@ class RunContext:
     finetune: Optional[bool] = None
     status: Optional[str] = None
     ended: bool = False
-    structured: dict = field(default_factory=dict)
-    tensorboard: dict = field(default_factory=dict)
     identity: Any = None  # trnqwen.logs.identity.ModelIdentity, once the log was read
     evaluation: dict = field(default_factory=dict)  # <run dir>/eval.json (trnqwen eval), when present
     # the run config's LoRA settings when it trained one: {rank, alpha, targets, backend}; None: not LoRA / unknown
@@ -147,7 +141,7 @@ def in_run_dir(record: RunRecord, run_dir: Path, value: str) -> Path:
 
 
 def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None, vocab_size: Optional[int] = None,
-                steps: Optional[int] = None, finetune: Optional[bool] = None, sidecars: bool = True) -> RunContext:
+                steps: Optional[int] = None, finetune: Optional[bool] = None) -> RunContext:
     """Gather what the judge needs; explicit arguments win over the run record."""
     ctx = RunContext()
     record = inp.record if inp is not None else None
@@ -181,14 +175,7 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
         (expect_layers, "--expect-layers"), (extra.get("num_layers"), "run.json"),
         (cfg.get("moe_layers") if cfg.get("backend") == "nki-moe" else None, "run config moe_layers"),
         (_cfg_get(model_cfg or {}, "num_hidden_layers"), found))
-    if sidecars and ctx.run_dir is not None:
-        roots = [ctx.run_dir]
-        dump = extra.get("dump_folder") or cfg.get("dump_folder")
-        if isinstance(dump, str) and dump:
-            d = Path(dump)
-            roots.append(d if d.is_absolute() else ctx.run_dir / d)
-        ctx.structured = read_structured_logs(roots)
-        ctx.tensorboard = read_tensorboard(roots)
+    if ctx.run_dir is not None:
         ctx.evaluation = read_evaluation(ctx.run_dir)
         if ctx.lora is not None and isinstance(extra.get("rank_log_dir"), str):
             from trnqwen.logs.lora import read_rank_logs
@@ -253,164 +240,3 @@ def _model_config(record: Optional[RunRecord], cfg: dict, run_dir: Optional[Path
         except (OSError, ValueError):
             continue
     return None, None
-
-
-# ---------------------------------------------------------------------------------------------
-# torchtitan's structured JSONL logs
-
-
-_RANK_FILE_RE = re.compile(r"\.global_rank_(\d+)\.")
-
-
-def _find(roots: list[Path], pattern: str, max_depth: int = 4) -> list[Path]:
-    found: list[Path] = []
-    seen: set = set()
-    for root in roots:
-        if not root.is_dir():
-            continue
-        for dirpath, dirnames, filenames in os.walk(root):
-            depth = len(Path(dirpath).relative_to(root).parts)
-            if depth >= max_depth:
-                dirnames[:] = []
-            # never wander into checkpoints (large, many files)
-            dirnames[:] = [d for d in dirnames if not d.startswith(("step-", "checkpoint", "sharded"))]
-            for name in filenames:
-                if re.fullmatch(pattern, name):
-                    p = Path(dirpath) / name
-                    key = p.resolve()
-                    if key not in seen:
-                        seen.add(key)
-                        found.append(p)
-                        if len(found) >= MAX_SIDECAR_FILES:
-                            return found
-    return found
-
-
-def read_structured_logs(roots: list[Path]) -> dict:
-    """Summarise ``structured_logs/*.global_rank_N.*.jsonl``: ranks, steps each rank finished,
-    step durations (rank 0) and ``*_error`` records.  Empty dict when there are none."""
-    files = [p for p in _find(roots, r".+\.global_rank_\d+\..+\.jsonl") if p.parent.name == "structured_logs"]
-    if not files:
-        return {}
-    ranks: dict[int, dict] = {}
-    step_ms: dict[int, float] = {}
-    errors: list[dict] = []
-    bad_lines = 0
-    for path in files:
-        m = _RANK_FILE_RE.search(path.name)
-        rank = int(m.group(1)) if m else -1
-        info = ranks.setdefault(rank, {"last_step": None, "steps_done": 0, "files": 0})
-        info["files"] += 1
-        try:
-            with open(path, "rb") as fh:
-                budget = MAX_JSONL_BYTES
-                for raw in fh:
-                    budget -= len(raw)
-                    if budget < 0:
-                        break
-                    if b"_end" not in raw and b"_error" not in raw:
-                        continue
-                    try:
-                        rec = json.loads(raw)
-                    except ValueError:
-                        bad_lines += 1
-                        continue
-                    if not isinstance(rec, dict):
-                        continue
-                    name = str(rec.get("log_type_name") or "")
-                    step = rec.get("step")
-                    if name == "step_end" and isinstance(step, int):
-                        info["steps_done"] += 1
-                        if info["last_step"] is None or step > info["last_step"]:
-                            info["last_step"] = step
-                        value = rec.get("value")
-                        if rank == 0 and isinstance(value, (int, float)) and math.isfinite(value):
-                            step_ms[step] = float(value)
-                    elif name.endswith("_error") and len(errors) < 50:
-                        errors.append({"rank": rank, "event": name[: -len("_error")], "step": step,
-                                       "message": str(rec.get("message") or "")[:500], "file": str(path)})
-        except OSError:
-            continue
-    return {
-        "files": len(files),
-        "ranks": {r: v for r, v in sorted(ranks.items())},
-        "world_size": len([r for r in ranks if r >= 0]) or None,
-        "step_ms": step_ms,
-        "errors": errors,
-        "bad_lines": bad_lines,
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# TensorBoard
-
-TB_TAGS = {
-    "loss_metrics/global_avg_loss": "loss",
-    "grad_norm": "grad_norm",
-    "throughput(tps)": "tps",
-    "tflops": "tflops",
-    "mfu(%)": "mfu",
-    "memory/max_reserved(GiB)": "memory_gib",
-    "memory/max_reserved(%)": "memory_pct",
-}
-
-
-def read_tensorboard(roots: list[Path]) -> dict:
-    """Step metrics from TensorBoard event files torchtitan wrote (``metrics.enable_tensorboard``):
-    ``{"files": n, "steps": {step: {field: value}}}``; empty when none or tensorboard is missing."""
-    files = _find(roots, r"events\.out\.tfevents\..+", max_depth=5)
-    if not files:
-        return {}
-    try:
-        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    except Exception:  # tensorboard not installed: nothing to confirm with
-        return {"files": len(files), "steps": {}, "error": "tensorboard is not installed"}
-    steps: dict[int, dict] = {}
-    errors = []
-    # rank 0's (or the only) writer: torchtitan writes one dir, or rank_N dirs with save_for_all_ranks
-    files.sort(key=lambda p: (0 if "rank_0" in str(p) or "rank_" not in str(p) else 1, str(p)))
-    for path in files:
-        if "rank_" in str(path) and "rank_0" not in str(path) and steps:
-            continue
-        try:
-            acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
-            acc.Reload()
-            tags = acc.Tags().get("scalars", [])
-            for tag in tags:
-                key = TB_TAGS.get(tag)
-                if key is None and "/" in tag:  # a run tag in front: "<tag>/<metric>"
-                    key = TB_TAGS.get(tag.split("/", 1)[1])
-                if key is None:
-                    continue
-                for ev in acc.Scalars(tag):
-                    steps.setdefault(int(ev.step), {})[key] = float(ev.value)
-        except Exception as exc:  # a corrupt or half-written event file
-            errors.append(f"{path}: {type(exc).__name__}: {exc}"[:300])
-    out: dict = {"files": len(files), "steps": steps}
-    if errors:
-        out["error"] = "; ".join(errors[:3])
-    return out
-
-
-def fill_from_tensorboard(log, tb: dict) -> list[int]:
-    """Add the steps TensorBoard has and the text log lacks (``"line": None``,
-    ``"source": "tensorboard"``); returns them (also kept in ``log.filled_steps``)."""
-    from trnqwen.contract.stepline import STEP_FIELDS
-
-    filled = []
-    recs: list[dict] = []
-    for step, values in sorted((tb or {}).get("steps", {}).items()):
-        if step in log.steps or "loss" not in values:
-            continue
-        rec = {name: values.get(name) for name in STEP_FIELDS}
-        rec["step"] = step
-        if isinstance(rec.get("tps"), float) and rec["tps"].is_integer():
-            rec["tps"] = int(rec["tps"])
-        rec["line"] = None
-        rec["source"] = "tensorboard"
-        recs.append(rec)
-        filled.append(step)
-    if recs:
-        log.steps.add_filled(recs)
-    log.filled_steps = filled
-    return filled

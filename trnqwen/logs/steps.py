@@ -28,14 +28,13 @@ def _tps(v: float):
 
 
 class StepTable(Mapping):
-    """step -> record (a dict with ``STEP_FIELDS``, ``line`` and, for filled-in steps, ``source``)."""
+    """step -> record (a dict with ``STEP_FIELDS`` and ``line``)."""
 
     def __init__(self) -> None:
         self.step = array("q")
-        self.line = array("q")  # 0: no log line (filled in from TensorBoard)
+        self.line = array("q")  # 0: no log line (a step of the metrics stream the text log lacks)
         self.cols: dict[str, array] = {name: array("d") for name in VALUE_FIELDS}
         self.missing: dict[str, set] = {name: set() for name in VALUE_FIELDS}
-        self.source: dict[int, str] = {}  # row -> where a row without a log line came from
         self._ordered = True  # steps strictly increasing, no duplicates
 
     # -- writing -------------------------------------------------------------------------------
@@ -45,8 +44,6 @@ class StepTable(Mapping):
         line = rec.get("line")
         self.extend([rec["step"]], [line if isinstance(line, int) and line > 0 else 0],
                     {name: [rec.get(name)] for name in VALUE_FIELDS})
-        if rec.get("source"):
-            self.source[len(self.step) - 1] = rec["source"]
 
     def extend(self, steps: list, lines: list, values: dict) -> None:
         """Many rows at once: equally long lists of each column (None: absent)."""
@@ -77,15 +74,7 @@ class StepTable(Mapping):
             col = self.cols[name]
             self.cols[name] = array("d", (col[i] for i in keep))
             self.missing[name] = {remap[i] for i in self.missing[name] if i in remap}
-        self.source = {remap[i]: v for i, v in self.source.items() if i in remap}
         self._ordered = True
-
-    def add_filled(self, recs: list[dict]) -> None:
-        """Steps that have no log line (``rec["source"]`` says where each came from)."""
-        for rec in recs:
-            self.append(rec)
-        self._ordered = False
-        self.compact()
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -102,8 +91,6 @@ class StepTable(Mapping):
         rec = {name: self.value(name, i) for name in STEP_FIELDS}
         line = self.line[i]
         rec["line"] = line or None
-        if i in self.source:
-            rec["source"] = self.source[i]
         return rec
 
     def index(self, step: int) -> Optional[int]:
