@@ -90,7 +90,7 @@ def chat_pieces(payloads: Iterable[str]) -> Iterator[str]:
                 yield delta["content"]
 
 
-def _error_text(doc: Any) -> str:
+def _error_text(doc: object) -> str:
     """The message an OpenAI-style (``{"error": {"message"}}``) or FastAPI (``{"detail"}``) error carries."""
     if isinstance(doc, dict):
         err = doc.get("error", doc.get("detail"))
