@@ -274,3 +274,19 @@ def test_an_export_without_a_chat_template_is_refused_before_it_loads(cli, tmp_p
     r = cli("chat", str(ckpt / "step-3"))
     assert_clean_error(r, code=2, contains="has no chat template")
     assert "loading" not in r.err
+
+
+def test_an_adapters_own_tokenizer_is_its_runs_chat_template(tmp_path):
+    """A run trained with --chat-template writes that template into the adapter export: chat renders with it."""
+    from tests.ckpt_fixtures import char_tokenizer
+    from trnqwen.chat.local import tokenizer_dir
+    from trnqwen.evaluate.targets import EvalTarget
+
+    base, adapter = tmp_path / "base", tmp_path / "adapter"
+    for folder in (base, adapter):
+        folder.mkdir()
+    char_tokenizer(base)
+    target = EvalTarget(label="a", folder=base, config_dir=base, adapter=adapter)
+    assert tokenizer_dir(target) == base
+    char_tokenizer(adapter)
+    assert tokenizer_dir(target) == adapter

@@ -224,3 +224,34 @@ def test_piped_questions_print_the_answers_alone(chat_model, tmp_path):
     assert proc.stdout == "".join(_shown(a) + "\n" for a in chat_model["answers"])
     assert "chatting with" in proc.stderr and "Traceback" not in proc.stderr
 
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_adapter_answers_on_its_base_as_peft_does(chat_model, tmp_path):
+    """A LoRA adapter export (no tokenizer of its own) is loaded on its base, as eval loads it: the
+    greedy answer is peft's own generation on the base + adapter, and not the base's answer."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.lora_fixtures import make_adapter
+    from trnqwen.chat.engines import open_engine
+    from trnqwen.chat.session import Sampling, assemble
+
+    model = chat_model["model"]
+    adapter = make_adapter(tmp_path / "lora" / "hf" / "step-2", model, rank=8, seed=1)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTIONS[0]}]
+    engine = open_engine(str(adapter), runs_dir=tmp_path / "runs", device="cpu")
+    assert engine.description.startswith(f"{adapter} (LoRA adapter)")
+    answer = assemble(engine.stream(messages, Sampling(temperature=0, max_new_tokens=MAX_NEW)))
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.bfloat16), str(adapter))
+    with torch.no_grad():
+        out = peft.generate(**ids, max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    expected = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert answer == expected and answer.strip(), (answer, expected)
+    assert answer != chat_model["answers"][0], "the adapter changed nothing: was it loaded?"
+
