@@ -290,3 +290,10 @@ def test_an_adapters_own_tokenizer_is_its_runs_chat_template(tmp_path):
     assert tokenizer_dir(target) == base
     char_tokenizer(adapter)
     assert tokenizer_dir(target) == adapter
+
+
+def test_a_note_is_printed_as_written_never_as_markup(capsys):
+    from trnqwen.chat.session import terminal_io
+
+    terminal_io().note("error: HTTP 404 at [/v1/models] ([bold]x[/bold])")
+    assert "error: HTTP 404 at [/v1/models] ([bold]x[/bold])" in capsys.readouterr().err

@@ -98,9 +98,11 @@ def terminal_io() -> ChatIO:
         sys.stdout.flush()
 
     def note(text: str) -> None:
+        from rich.markup import escape
+
         from trnqwen import output
 
-        output.info(text)
+        output.info(escape(text))  # a server's words or a path, never rich markup ("[/v1/models]")
 
     def read() -> str:
         try:

@@ -100,10 +100,11 @@ def chat(
     for w in resolved.warnings:
         output.warn(w)
     cfg = resolved.config
+    io = terminal_io()
     engine = open_engine(target, runs_dir=Path(cfg.runs_dir), endpoint=endpoint, model=model, base=base,
                          device=cfg.device, trust_remote_code=cfg.trust_remote_code,
-                         on_load=lambda t: output.info(f"loading {t.label} ..."))
-    output.info(f"chatting with {engine.description}; {COMMANDS_LINE}")
+                         on_load=lambda t: io.note(f"loading {t.label} ..."))
+    io.note(f"chatting with {engine.description}; {COMMANDS_LINE}")
     sampling = Sampling(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
                         enable_thinking=enable_thinking)
-    run_chat(engine, ChatSession(system=system), sampling, terminal_io())
+    run_chat(engine, ChatSession(system=system), sampling, io)
