@@ -163,8 +163,11 @@ def test_endpoint_url_forms_and_model_choice():
 class _Server:
     """A loopback OpenAI-style server: /v1/models and a streamed /v1/chat/completions (canned chunks)."""
 
-    def __init__(self, models: list[dict], chunks: list[str], status: int = 200):
+    def __init__(self, models: list[dict], chunks: list[str], status: int = 200, gate: threading.Event | None = None):
+        """``gate``: after the first chunk the server waits for it (the client must have the first
+        piece before the rest is sent); ``held`` says whether it was set in time."""
         self.requests: list[tuple[dict, dict]] = []
+        self.held: list[bool] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -193,10 +196,12 @@ class _Server:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-                for event in [*(f"data: {c}\n\n" for c in chunks), "data: [DONE]\n\n"]:
+                for i, event in enumerate([*(f"data: {c}\n\n" for c in chunks), "data: [DONE]\n\n"]):
                     data = event.encode()
                     self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                     self.wfile.flush()
+                    if i == 0 and gate is not None:
+                        outer.held.append(gate.wait(30))
                 self.wfile.write(b"0\r\n\r\n")
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -297,3 +302,18 @@ def test_a_note_is_printed_as_written_never_as_markup(capsys):
 
     terminal_io().note("error: HTTP 404 at [/v1/models] ([bold]x[/bold])")
     assert "error: HTTP 404 at [/v1/models] ([bold]x[/bold])" in capsys.readouterr().err
+
+
+def test_endpoint_pieces_arrive_before_the_answer_ends():
+    """The first piece is read while the server still holds the rest back (a client that waited for
+    the whole response would wait until the gate's timeout, and ``held`` would say False)."""
+    gate = threading.Event()
+    server = _Server([{"id": "m"}], [_chunk(content="first"), _chunk(content=" rest")], gate=gate)
+    try:
+        pieces = EndpointEngine(server.url, "m").stream([{"role": "user", "content": "hi"}], Sampling())
+        assert next(pieces) == "first"
+        gate.set()
+        assert list(pieces) == [" rest"] and server.held == [True]
+    finally:
+        gate.set()
+        server.close()
