@@ -44,6 +44,19 @@ def write_tokenizer(folder: Path, vocab_size: int = 96) -> None:
     fast.save_pretrained(str(folder))
 
 
+def char_tokenizer(folder: Path, vocab_size: int = 96) -> None:
+    """A character tokenizer that knows newline (the chat template's turns end with one)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = ["\n", *(chr(c) for c in range(32, 32 + vocab_size - 3))]
+    vocab = {"<unk>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>").save_pretrained(str(folder))
+
+
 def state_dict_of(config, seed: int = 0):
     """A real model's weights (bf16, tied head dropped as torchtitan's export drops it)."""
     import torch

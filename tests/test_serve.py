@@ -19,29 +19,16 @@ from tests.helpers import REPO_ROOT, TRNQWEN, assert_clean_error, run_subprocess
 QWEN3 = ["Qwen3ForCausalLM"]
 
 
-def _char_tokenizer(folder: Path, vocab_size: int = 96) -> None:
-    """A character tokenizer that knows newline (the chat template's turns end with one)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    chars = ["\n", *(chr(c) for c in range(32, 32 + vocab_size - 3))]
-    vocab = {"<unk>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>").save_pretrained(str(folder))
-
-
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory) -> dict[str, Path]:
-    from tests.ckpt_fixtures import make_case
+    from tests.ckpt_fixtures import char_tokenizer, make_case
     from tests.lora_fixtures import make_adapter, make_base
     from trnqwen.ckpt.model_folder import CardInfo, complete_export
     from trnqwen.dataset.template import BUILTIN, export_template
 
     root = tmp_path_factory.mktemp("serve")
     ckpt, assets, _ = make_case(root / "model", tied=False, architectures=QWEN3, seed=2)  # untied: greedy says more than its last input character
-    _char_tokenizer(assets)
+    char_tokenizer(assets)
     export_template(assets, BUILTIN["chatml"])
     model = ckpt / "step-3"
     complete_export(model, assets, CardInfo(base_model="Qwen/Qwen3-0.6B", backend="native", steps=3))

@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "merge": ("trnqwen.cli.merge", "merge"),
     "push": ("trnqwen.cli.push", "push"),
     "serve": ("trnqwen.cli.serve", "serve"),
+    "chat": ("trnqwen.cli.chat", "chat"),
     "eval": ("trnqwen.cli.eval", "eval_cmd"),
     "inspect-logs": ("trnqwen.cli.inspect_logs", "inspect_logs"),
     "quickstart": ("trnqwen.cli.quickstart", "quickstart"),
