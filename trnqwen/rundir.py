@@ -56,11 +56,13 @@ class RunRecord:
             entry["lost"] = [n for n in (RUN_RECORD, LOG_NAME) if n in set(entry["lost"]) | set(lost)]
         write_json_atomic(Path(self.run_dir) / RUN_RECORD, asdict(self))
         self._saved = True  # not a field: never written to run.json
+        if self.log_path and Path(self.log_path).exists():
+            self._log_seen = True  # a log can only be lost once it was there (the first saves precede it)
 
     def lost_files(self) -> list[str]:
         """run.json and train.log when they are gone from the run dir (someone deleted it)."""
         lost = [] if (Path(self.run_dir) / RUN_RECORD).is_file() else [RUN_RECORD]
-        if self.log_path and not Path(self.log_path).exists():
+        if self.log_path and getattr(self, "_log_seen", False) and not Path(self.log_path).exists():
             lost.append(LOG_NAME)
         return lost
 
@@ -72,6 +74,7 @@ class RunRecord:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         record = cls(**known)
         record._saved = True
+        record._log_seen = bool(record.log_path) and Path(record.log_path).exists()
         return record
 
 
