@@ -253,6 +253,7 @@ def test_real_finetune_run(e2e_runs, backend):
     assert run_dir is not None and str(run_dir) == summary["run_dir"]
     record = RunRecord.load(run_dir)
     assert record.status == "succeeded" and record.exit_code == 0 and record.backend == backend
+    assert "run_dir_lost" not in record.extra and "was deleted during the run" not in r.err  # nothing was deleted
     assert record.versions["torchtitan"] and record.versions["torch"]
     assert record.extra["summary"]["time_to_first_step_s"] > 0
     for name in ("train.log", "command.sh", "trnqwen_run_config.py"):
