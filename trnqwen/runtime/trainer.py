@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Iterable, Iterator, Optional
+from typing import Annotated, Any, Iterable, Optional
 
 import tyro
 from torchtitan.components.validate import Validator
@@ -45,7 +45,8 @@ HOOK_ORDER = (
     "checkpoint load: each hook.checkpoint_states(trainer) joins the saved state; world-size change skips "
     "data position + RNG + those per-rank states; HF base load skips LoRA adapter keys; "
     "RNG restored; then hook.after_checkpoint_load(trainer) (e.g. a reference pass)",
-    "the step's batches: torchtitan's batch generator passed through each hook.batches(trainer, batches) "
+    "the step's batches: the dataloader's passed through each hook.batches(trainer, batches), then torchtitan's "
+    "batch generator (tokens, data-loading time) "
     "(e.g. GRPO's rollout: prompts in, scored completion rows out, all of a step's before its first forward)",
     "each step's batch: hook.on_batch(trainer, input_dict, 'train') before torchtitan's post-processing "
     "(e.g. a method's batch fields taken out for its loss); the dataloader's iterator start leaves the RNG alone",
@@ -78,10 +79,11 @@ class TrainerHook:
     def on_batch(self, trainer: Trainer, input_dict: dict, mode: str) -> None:
         """Each batch before the forward (``mode``: ``"train"`` or ``"val"``); may take keys out."""
 
-    def batches(self, trainer: Trainer, batches: Iterator) -> Iterator:
-        """The training batches ``(input_dict, labels)`` (CPU tensors) as torchtitan's train step
-        takes them, ``gradient_accumulation_steps`` at its start (``trainer.step`` is the step's):
-        returns them, or the batches to train on instead."""
+    def batches(self, trainer: Trainer, batches: Iterable) -> Iterable:
+        """The dataloader's training batches ``(input_dict, labels)`` (CPU tensors), read by
+        torchtitan's train step ``gradient_accumulation_steps`` at its start (``trainer.step`` is the
+        step's): returns them, or the batches to train on instead (torchtitan counts their tokens
+        and the time each took to come as data loading)."""
         return batches
 
     def checkpoint_states(self, trainer: Trainer) -> dict[str, Any]:
@@ -147,10 +149,10 @@ class TrnqwenTrainerMixin:
         return super().post_dataloading_process(input_dict, labels)  # type: ignore[misc]
 
     def batch_generator(self, data_iterable):
-        batches = super().batch_generator(resume_state.rng_neutral(data_iterable))  # type: ignore[misc]
+        batches = resume_state.rng_neutral(data_iterable)
         for hook in self.hooks:
             batches = hook.batches(self, batches)
-        return batches
+        return super().batch_generator(batches)  # type: ignore[misc]
 
     def should_continue_training(self) -> bool:
         return not resume_state.preempted() and super().should_continue_training()  # type: ignore[misc]

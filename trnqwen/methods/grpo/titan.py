@@ -34,7 +34,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 import torch
 from torchtitan.components.loss import BaseLoss
@@ -255,17 +255,18 @@ class GRPOHook(TrainerHook):
 
     # --- each step's micro-batches ---------------------------------------------------------------
 
-    def batches(self, trainer: Trainer, batches: Iterator) -> Iterator:
+    def batches(self, trainer: Trainer, batches: Iterable) -> Iterable:
         if not isinstance(getattr(trainer, "loss_fn", None), GRPOLoss):
             return batches
         return self._rollout_batches(trainer, batches)
 
-    def _rollout_batches(self, trainer: Trainer, upstream: Iterator) -> Iterator:
+    def _rollout_batches(self, trainer: Trainer, prompt_batches: Iterable) -> Iterator:
         """Each step's micro-batches: at a step that samples (:meth:`Rollouts.due`) the step's prompt
         batches, all of them rolled out and scored before the first forward (TRL's generation batch:
         the advantages' "batch" statistics and dapo's token count span the whole step); at the others,
         the held rollout again (``num_iterations``), the prompt stream left where it is."""
         accumulation = max(1, int(getattr(trainer, "gradient_accumulation_steps", 1)))
+        upstream = iter(prompt_batches)
         while True:
             step = trainer.step
             if self.rollouts.due(step):
