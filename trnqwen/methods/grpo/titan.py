@@ -3,7 +3,9 @@
 The generated config module sets ``config.loss = grpo_loss_config(...)``, points the dataloader at
 :func:`titan_rows` (one prompt per row, from :mod:`trnqwen.methods.grpo.prompt_cache`) and passes
 :class:`GRPOHook` to trnqwen's trainer (``trnqwen_config(config, hooks=[GRPOHook(...)])``, the hook
-protocol of :mod:`trnqwen.runtime.trainer`).  Each training micro-batch, in ``on_batch``:
+protocol of :mod:`trnqwen.runtime.trainer`).  At each step that samples (every step; with
+``num_iterations`` N, steps 1, N + 1, ...), ``batches`` takes the step's prompt batches (one per
+gradient-accumulation micro-batch) from the dataloader before torchtitan's first forward, and for each:
 
 1. the rank's prompts (left-padded to the fixed room ``seq_len - max_completion_length``) get
    ``num_generations`` completions each from the current policy
@@ -14,10 +16,16 @@ protocol of :mod:`trnqwen.runtime.trainer`).  Each training micro-batch, in ``on
    update, with the ``[trnqwen] usage error:`` line naming it and the record (exit 2:
    :mod:`trnqwen.contract.rank_errors`);
 3. each group's rewards become advantages (:func:`~trnqwen.methods.grpo.loss.group_advantages`;
-   ``scale_rewards="batch"`` gathers every rank's rewards first);
+   ``scale_rewards="batch"`` gathers every rank's rewards of the whole step first);
 4. the batch becomes the prompt + completion rows (``[prompts x G, seq_len]``: the prompt, its
-   completion, then padding) and the loss (:class:`GRPOLoss`) gets each completion token's target
-   and its row's advantage: :func:`~trnqwen.methods.grpo.loss.policy_loss` on that forward.
+   completion, then padding), what torchtitan's train step reads instead of the prompts;
+5. with ``kl_beta`` > 0 the starting weights' log-probs of the completions, with ``num_iterations``
+   > 1 the sampling policy's (:mod:`trnqwen.methods.grpo.reference`: one no-grad forward each).
+
+The rollout is held (:mod:`trnqwen.methods.grpo.replay`, kept by checkpoints when it is reused) and
+handed out again at the steps that reuse it, the prompt stream left alone.  ``on_batch`` gives the
+loss (:class:`GRPOLoss`) each micro-batch's completion targets, advantages and those log-probs:
+:func:`~trnqwen.methods.grpo.loss.policy_loss` on that forward.
 
 ``step_values`` / ``log_lines``: reward mean/std, each function's mean, the share of groups with
 no signal, completion lengths and the share cut, kl, entropy, the clip ratio, rollout and update
