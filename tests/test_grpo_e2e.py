@@ -8,7 +8,10 @@
   base's) is above the starting weights' by :data:`MARGIN` (measured: base 0.0015, tuned 0.05-0.1);
 * a reward written for TRL, in a .py file of the user's (``f(prompts, completions, completion_ids,
   **columns)``), runs unchanged; one that raises stops the run with exit 2 and one line naming the
-  function and the record, before any update.
+  function and the record, before any update;
+* the update's knobs together (``--kl-beta``, ``--num-iterations 2``, ``--global-batch-size``: two
+  micro-batches a step), preempted between a rollout and its reuse and resumed: the KL and the clip
+  ratio are logged, and the resumed step trains on the checkpoint's rollout.
 """
 
 from __future__ import annotations
@@ -226,3 +229,38 @@ def test_lora_grpo_trains_the_adapter_and_exports_it(grpo_run):
     b = [t for name, t in weights.items() if "lora_B" in name]
     assert b and any(float(t.abs().sum()) > 0 for t in b)  # updated from B = 0
     assert all(bool(torch.isfinite(t).all()) for t in weights.values())
+
+
+def test_kl_beta_and_num_iterations_with_accumulation_resume_on_the_kept_rollout(grpo_run):
+    """--kl-beta 0.04 --num-iterations 2 --global-batch-size 8 (2 ranks x 2 prompts x 2 micro-batches):
+    step 1 samples (KL 0: the policy is the reference; ratio 1: nothing clipped), step 2 reuses it
+    (the same completions' values, no rollout time, KL > 0 and clipped tokens), step 3 samples again.
+    SIGTERM's drill after step 3, then ``--resume``: step 4 trains on the rollout the checkpoint kept
+    (step 3's completions, their old log-probs: clipped tokens again), step 5 samples against the
+    reference reloaded from the starting weights (KL > 0 on a fresh rollout: the reference is not the
+    policy).  (Measured: the resumed steps' losses and KL equal the uninterrupted run's to every
+    printed digit.)"""
+    from trnqwen.logs.parse import parse_step_line
+
+    cwd = grpo_run["root"] / "update"
+    cwd.mkdir()
+    args = [a if a != "4" else "2" for a in COMMON]  # --local-batch-size 2
+    stopped = run_subprocess("train", *args, "--assets", str(grpo_run["assets"]), "--steps", "5", "--lr", "1e-2",
+                             "--kl-beta", "0.04", "--num-iterations", "2", "--global-batch-size", "8", cwd=cwd,
+                             env={**grpo_run["env"], "TRNQWEN_FAULT_PREEMPT_AT_STEP": "3"}, timeout=600)
+    assert stopped.code == 138, stopped.text[-3000:]
+    resumed = run_subprocess("train", "--resume", cwd=cwd, env=grpo_run["env"], timeout=600)
+    assert resumed.code == 0, resumed.text[-3000:]
+    logs = sorted((cwd / ".trnqwen" / "runs").glob("*/train.log"))
+    lines = {k: v for log in logs for k, v in _grpo_lines(log.read_text()).items()}
+    losses = [m["loss"] for log in logs for m in map(parse_step_line, log.read_text().splitlines()) if m]
+    assert sorted(lines) == [1, 2, 3, 4, 5] and len(losses) == 5 and all(math.isfinite(x) for x in losses), (lines, losses)
+    assert all(math.isfinite(v) for x in lines.values() for v in x.values()), lines
+    assert lines[1]["completions"] == 2 * 2 * 4 * 2  # ranks x prompts x G x micro-batches
+    assert lines[1]["kl"] == 0.0 and lines[1]["clip_ratio"] == 0.0 and lines[3]["clip_ratio"] == 0.0, lines
+    for sampled, reused in ((1, 2), (3, 4)):
+        assert lines[reused]["rollout_s"] == 0.0 and lines[sampled]["rollout_s"] > 0, lines
+        assert lines[reused]["kl"] > 0 and lines[reused]["clip_ratio"] > 0, lines
+        for name in ("reward", "reward_std", "completion_length", "frac_reward_zero_std"):
+            assert lines[reused][name] == lines[sampled][name], (name, lines)
+    assert lines[5]["rollout_s"] > 0 and lines[5]["clip_ratio"] == 0.0 and lines[5]["kl"] > 0, lines

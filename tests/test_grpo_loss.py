@@ -8,7 +8,9 @@ loss (``_compute_loss``).  trnqwen's side takes the same token ids through the m
 logits and :mod:`trnqwen.methods.grpo.loss`.  Compared within 1e-5: advantages, loss, the
 gradient it gives every weight, and the logged kl / entropy / clip ratios.  The policy is moved
 off its starting weights after the rollout, so importance ratios (``num_iterations=2``), the KL to
-the reference (``beta > 0``) and clipping are all exercised.
+the reference (``beta > 0``) and clipping are all exercised; every loss type runs with both.  The
+reference is the ranks' own: the starting weights kept by
+:class:`~trnqwen.methods.grpo.reference.StartingWeights` and swapped into the moved model for one forward.
 
 The micro-batch/rank normalisers are checked on their own: a step split into micro-batches sums
 to the loss of the whole batch where TRL's objective is global (dapo, dr_grpo, grpo with equal
@@ -156,10 +158,10 @@ def _rewards():
 CASES = [
     dict(loss_type="grpo", scale_rewards="group", beta=0.0, num_iterations=1),
     dict(loss_type="grpo", scale_rewards="batch", beta=0.04, num_iterations=2),
-    dict(loss_type="dr_grpo", scale_rewards="none", beta=0.0, num_iterations=2),
+    dict(loss_type="dr_grpo", scale_rewards="none", beta=0.04, num_iterations=2),
     dict(loss_type="dr_grpo", scale_rewards="group", beta=0.1, num_iterations=1),
-    dict(loss_type="dapo", scale_rewards="group", beta=0.0, num_iterations=2, epsilon_high=0.28),
-    dict(loss_type="dapo", scale_rewards="none", beta=0.04, num_iterations=1),
+    dict(loss_type="dapo", scale_rewards="group", beta=0.04, num_iterations=2, epsilon_high=0.28),
+    dict(loss_type="dapo", scale_rewards="none", beta=0.0, num_iterations=2),
     dict(loss_type="bnpo", scale_rewards="group", beta=0.0, num_iterations=1),
     dict(loss_type="bnpo", scale_rewards="batch", beta=0.04, num_iterations=2, epsilon=0.1, epsilon_high=0.3),
 ]
@@ -168,6 +170,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 def test_advantages_loss_gradient_and_metrics_equal_trls(tiny, batch, tmp_path, case):
     from trnqwen.methods.grpo.loss import group_advantages, policy_loss, reduce_metrics
+    from trnqwen.methods.grpo.reference import StartingWeights
 
     trainer = _trainer(tiny, batch, tmp_path, **case)
     model = trainer.model
@@ -177,9 +180,10 @@ def test_advantages_loss_gradient_and_metrics_equal_trls(tiny, batch, tmp_path, 
     inputs = [{"prompt": PROMPTS[i // G], "answer": str(i // G)} for i in range(2 * G)]
     out = trainer._generate_and_score_completions(inputs)
     assert ("old_per_token_logps" in out) == (case["num_iterations"] > 1)
-    # ... and trnqwen's side the same rollout, on the same starting weights
+    # ... and trnqwen's side the same rollout, on the same starting weights: the old policy's log-probs
+    # now, the starting weights kept (the ranks' StartingWeights) for the reference's
     old = _logps(model, prompt, prompt_mask, comp, comp_mask, grad=False)[0] if case["num_iterations"] > 1 else None
-    ref = _logps(model, prompt, prompt_mask, comp, comp_mask, grad=False)[0] if case["beta"] else None
+    starting = StartingWeights.capture(model) if case["beta"] else None
     adv = group_advantages(_rewards(), G, scale_rewards=case["scale_rewards"])
     assert torch.allclose(adv.advantages, out["advantages"], atol=1e-5, rtol=0), (adv.advantages, out["advantages"])
     assert adv.advantages[3] == 0  # the completion nobody scored moves nothing
@@ -187,6 +191,12 @@ def test_advantages_loss_gradient_and_metrics_equal_trls(tiny, batch, tmp_path, 
         assert adv.is_std_zero[4:].all() and not adv.is_std_zero[:4].any()
 
     _perturb(model)  # the policy has moved since the rollout: ratios != 1, KL > 0
+    ref = None
+    if starting is not None:  # the starting weights swapped in for the reference forward, the moved ones back after
+        moved = [p.detach().clone() for p in model.parameters()]
+        with starting.swapped_in():
+            ref = _logps(model, prompt, prompt_mask, comp, comp_mask, grad=False)[0]
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), moved))
 
     model.zero_grad()
     trl_loss = trainer._compute_loss(model, out)
@@ -210,6 +220,8 @@ def test_advantages_loss_gradient_and_metrics_equal_trls(tiny, batch, tmp_path, 
     for name in ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean") + (
             ("kl",) if case["beta"] else ()):
         assert abs(ours[name] - trl_metrics[name]) < 1e-5, (name, ours[name], trl_metrics[name])
+    if case["beta"]:
+        assert ours["kl"] > 0  # the reference is the starting weights, not the moved policy
     if case["num_iterations"] > 1:
         assert ours["clip_ratio/region_mean"] > 0  # the perturbation clips some tokens: the clip path ran
         assert abs(torch.nan_to_num(terms.seq_clip_high).max().item() - trl_metrics["clip_ratio/high_max"]) < 1e-5

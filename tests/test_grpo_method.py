@@ -79,9 +79,7 @@ def test_train_without_a_reward_for_your_dataset_is_a_usage_error(tiny, tmp_path
 
 @pytest.mark.parametrize("change, says", [
     ({"backend": "hf-trainer"}, "--backend native or hf-v5"),
-    ({"kl_beta": 0.04}, "--kl-beta"),
     ({"val_every": 5, "val_split": 0.1}, "--val-every"),
-    ({"global_batch_size": 16}, "--global-batch-size"),
     ({"epsilon": 0.2, "epsilon_high": 0.1}, "--epsilon-high"),
     ({"seq_len": 16}, "no room"),
     ({"reward": ["no_such_module_xyz:f"]}, "cannot import no_such_module_xyz"),
@@ -106,6 +104,12 @@ def test_the_plan_renders_the_loss_rows_and_hook(tiny, tmp_path):
     assert "grpo_loss_config(loss_type='dapo'" in text and "titan_rows" in text, text
     assert planned.hooks == ["GRPOHook()"] and planned.settings["room"] == 48
     assert planned.settings["rewards"] == ["trnqwen.methods.grpo.task:number"]  # the bundled task's
+    assert "beta=0.0," in text and planned.settings["num_iterations"] == 1
+    # the KL term, rollouts reused and gradient accumulation are planned, not refused
+    tuned = plan(_cfg(kl_beta=0.04, num_iterations=2, global_batch_size=16), tiny, data, device_type="cpu",
+                 dp_degree=2, steps=2, validates=False)
+    assert "beta=0.04," in "\n".join(tuned.config_lines) and tuned.settings["num_iterations"] == 2
+    assert "KL to the starting weights x 0.04" in tuned.note and "trained on for 2 steps" in tuned.note
 
 
 def test_the_prompt_cache_rows_give_back_each_prompt_and_its_record(tiny, tmp_path):
@@ -271,6 +275,14 @@ def _hook_on_a_batch(tiny, tmp_path, **overrides):
     return hook, trainer, model, input_dict
 
 
+def _through_hook(hook, trainer, input_dict) -> dict:
+    """The prompt batch through the hook as torchtitan's train step takes it: the batches the hook
+    hands on instead (the rollout's rows), then ``on_batch`` (the loss staged)."""
+    batch, _labels = next(iter(hook.batches(trainer, iter([(input_dict, None)]))))
+    hook.on_batch(trainer, batch, "train")
+    return batch
+
+
 @pytest.mark.parametrize("scale", ["group", "batch"])
 def test_the_hook_turns_prompts_into_scored_completion_rows(tiny, tmp_path, scale, monkeypatch):
     import torch
@@ -279,7 +291,7 @@ def test_the_hook_turns_prompts_into_scored_completion_rows(tiny, tmp_path, scal
     monkeypatch.chdir(tmp_path)  # a reward with signal in (nearly) every group: the first token's id mod 7
     hook, trainer, model, input_dict = _hook_on_a_batch(tiny, tmp_path / "cache", scale_rewards=scale,
                                                         reward=["my_rewards.py:first_token"])
-    hook.on_batch(trainer, input_dict, "train")
+    input_dict = _through_hook(hook, trainer, input_dict)
     assert set(input_dict) == {"input", "positions"}  # the prompt fields never reach the model
     assert input_dict["input"].shape == (8, 64)  # 2 prompts x G 4, one seq_len row each
     staged = trainer.loss_fn.staged
@@ -301,7 +313,7 @@ def test_a_failing_reward_stops_the_hook_with_the_usage_error_lines(tiny, tmp_pa
     monkeypatch.chdir(tmp_path)
     hook, trainer, _model, input_dict = _hook_on_a_batch(tiny, tmp_path / "cache", reward=["my_rewards.py:broken"])
     with pytest.raises(SystemExit) as stop:
-        hook.on_batch(trainer, input_dict, "train")
+        _through_hook(hook, trainer, input_dict)
     assert stop.value.code == 2
     out = capsys.readouterr().out.splitlines()
     error = [line for line in out if line.startswith("[trnqwen] usage error: reward function 'broken'")]

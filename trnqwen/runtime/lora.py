@@ -39,10 +39,16 @@ if TYPE_CHECKING:
 
 _state: dict[str, Any] = {"spec": None, "backend": None, "exported": 0}
 ADAPTER_KEY = re.compile(r"(^|\.)(lora_a|lora_b|lora_A|lora_B)(\.|$)")
+B_KEY = re.compile(r"(^|\.)(lora_b|lora_B)(\.|$)")
 
 
 def is_adapter_key(name: str) -> bool:
     return ADAPTER_KEY.search(name) is not None
+
+
+def is_b_key(name: str) -> bool:
+    """An adapter's B matrix (zero at the start: with every B zeroed the model is its base)."""
+    return B_KEY.search(name) is not None
 
 
 def _log(message: str) -> None:

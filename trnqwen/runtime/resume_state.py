@@ -226,14 +226,16 @@ def rng_neutral(data_iterable: Iterable) -> Iterable:
     return _RngNeutralIterable(data_iterable)
 
 
-def skip_on_world_change(checkpoint_id: str, load_step: int, states: dict, excluded: list) -> list[str]:
-    """The per-rank states a checkpoint saved by another world size cannot restore (logged once)."""
+def skip_on_world_change(checkpoint_id: str, load_step: int, states: dict, excluded: list,
+                         per_rank: Iterable[str] = ()) -> list[str]:
+    """The per-rank states a checkpoint saved by another world size cannot restore (logged once):
+    the data position, the RNG and ``per_rank`` (a trainer hook's)."""
     import torch.distributed.checkpoint  # noqa: F401  (FileSystemReader)
 
     saved = saved_world_size(checkpoint_id)
     if saved is None or saved == _world():
         return []
-    skip = [k for k in ("dataloader", RNG_KEY) if k in states and k not in excluded]
+    skip = [k for k in ("dataloader", RNG_KEY, *per_rank) if k in states and k not in excluded]
     if _rank() == 0:
         _log(
             f"{RESHARD_MARK} step {load_step} was saved by {saved} rank(s), resuming on {_world()}: "

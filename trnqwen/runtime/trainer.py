@@ -42,8 +42,12 @@ HOOK_ORDER = (
     "MoE: the first grouped GEMM of each rank logs the [MoE] line (runtime.qwen3_native)",
     "metrics processor, validator and checkpointer get the trainer's hooks; hook.on_init(trainer)",
     # train(): torchtitan's loop
-    "checkpoint load: world-size change skips data position + RNG; HF base load skips LoRA adapter keys; "
+    "checkpoint load: each hook.checkpoint_states(trainer) joins the saved state; world-size change skips "
+    "data position + RNG + those per-rank states; HF base load skips LoRA adapter keys; "
     "RNG restored; then hook.after_checkpoint_load(trainer) (e.g. a reference pass)",
+    "the step's batches: the dataloader's passed through each hook.batches(trainer, batches), then torchtitan's "
+    "batch generator (tokens, data-loading time) "
+    "(e.g. GRPO's rollout: prompts in, scored completion rows out, all of a step's before its first forward)",
     "each step's batch: hook.on_batch(trainer, input_dict, 'train') before torchtitan's post-processing "
     "(e.g. a method's batch fields taken out for its loss); the dataloader's iterator start leaves the RNG alone",
     "each logged step: hook.step_values(trainer, 'train') on every rank -> TensorBoard/W&B, torchtitan's "
@@ -74,6 +78,18 @@ class TrainerHook:
 
     def on_batch(self, trainer: Trainer, input_dict: dict, mode: str) -> None:
         """Each batch before the forward (``mode``: ``"train"`` or ``"val"``); may take keys out."""
+
+    def batches(self, trainer: Trainer, batches: Iterable) -> Iterable:
+        """The dataloader's training batches ``(input_dict, labels)`` (CPU tensors), read by
+        torchtitan's train step ``gradient_accumulation_steps`` at its start (``trainer.step`` is the
+        step's): returns them, or the batches to train on instead (torchtitan counts their tokens
+        and the time each took to come as data loading)."""
+        return batches
+
+    def checkpoint_states(self, trainer: Trainer) -> dict[str, Any]:
+        """DCP ``Stateful`` objects a checkpoint keeps beside the model (asked at the checkpoint load,
+        after ``on_init``): per-rank state, skipped when the world size changed."""
+        return {}
 
     def step_values(self, trainer: Trainer, mode: str) -> dict[str, float]:
         """Called on EVERY rank at each logged step or validation: the values, summed over ranks
@@ -133,7 +149,10 @@ class TrnqwenTrainerMixin:
         return super().post_dataloading_process(input_dict, labels)  # type: ignore[misc]
 
     def batch_generator(self, data_iterable):
-        return super().batch_generator(resume_state.rng_neutral(data_iterable))  # type: ignore[misc]
+        batches = resume_state.rng_neutral(data_iterable)
+        for hook in self.hooks:
+            batches = hook.batches(self, batches)
+        return super().batch_generator(batches)  # type: ignore[misc]
 
     def should_continue_training(self) -> bool:
         return not resume_state.preempted() and super().should_continue_training()  # type: ignore[misc]

@@ -9,7 +9,9 @@ order is :data:`trnqwen.runtime.trainer.HOOK_ORDER`):
 * ``dcp_load``: loading the published HF base, the LoRA adapters keep their init (their keys are not
   asked of a checkpoint that has none);
 * ``_load``: a checkpoint written by another world size skips the data position and RNG (one line);
-* ``load``: then every attached trainer hook's ``after_checkpoint_load`` (e.g. a reference pass);
+* ``load``: first every attached trainer hook's ``checkpoint_states`` join the saved state (per-rank:
+  skipped with the RNG on a world-size change), then, after the load, its ``after_checkpoint_load``
+  (e.g. a reference pass);
 * ``save``: the fault drill (:data:`~trnqwen.runtime.resume_state.FAULT_ENV`), torchtitan's save,
   then the ranks agree whether a preemption signal came: if so, a resumable checkpoint of this
   step (if not already saved) and the ``[trnqwen] preempted:`` line; the loop then stops;
@@ -41,12 +43,18 @@ class TrnqwenCheckpointManager(TrainerAttached, CheckpointManager):
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
+        self.per_rank_states: tuple[str, ...] = ()  # the trainer hooks' states (checkpoint_states)
         if self.enable:
             self.states[RNG_KEY] = RankRNG(resume_state.rank())
 
     # --- load -----------------------------------------------------------------------------------
 
     def load(self, step: int = -1) -> bool:
+        if self.enable:
+            for hook in self.hooks:
+                extra = hook.checkpoint_states(self.trainer)
+                self.states.update(extra)
+                self.per_rank_states = (*self.per_rank_states, *extra)
         loaded = super().load(step)
         for hook in self.hooks:
             hook.after_checkpoint_load(self.trainer)
@@ -57,6 +65,7 @@ class TrnqwenCheckpointManager(TrainerAttached, CheckpointManager):
         if load_step > 0:
             skip = resume_state.skip_on_world_change(
                 self._create_checkpoint_id(load_step), load_step, self.states, self.exclude_from_loading,
+                per_rank=self.per_rank_states,
             )
             if skip:
                 self.exclude_from_loading = [*self.exclude_from_loading, *skip]

@@ -7,7 +7,7 @@ and takes the clipped-surrogate step on the prompt + completion forward.  Everyt
 this folder (docs/rl.md):
 
 * ``settings``: num_generations, max_completion_length, temperature, top_p, reward, loss_type,
-  epsilon, epsilon_high, kl_beta, scale_rewards, log_completions;
+  epsilon, epsilon_high, kl_beta, num_iterations, scale_rewards, log_completions;
 * ``data``: TRL's prompt records (a string or messages, other columns kept for the rewards);
   ``prompt_cache``: them as the token cache the ranks read, and ``trnqwen data``'s preview;
 * ``generate``: the rollouts (one small interface; the in-process generator with a KV cache);
@@ -15,6 +15,8 @@ this folder (docs/rl.md):
 * ``loss``: advantages and the clipped surrogate (TRL's arithmetic);
 * ``plan``: refusals and the torchtitan config module's lines;
 * ``titan``: the torchtitan ranks' loss and trainer hook (rollout, rewards, advantages, values);
+  ``reference``: the starting weights' and the sampling policy's log-probs (kl_beta, num_iterations);
+  ``replay``: the rollout reused for num_iterations steps (kept by checkpoints);
 * ``log_lines``: the ``[GRPO]`` lines (written by the ranks, read by inspect-logs);
 * ``judge``: the judge's rules (reward flat, groups without signal, completions cut, reward failure);
 * ``task``: the bundled verifiable task's reward (``trnqwen/data/tiny_sums``).

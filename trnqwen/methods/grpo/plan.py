@@ -41,15 +41,9 @@ def check(cfg: RunConfig) -> None:
     if cfg.backend not in BACKENDS:
         raise UsageError(f"--method grpo runs on --backend {' or '.join(BACKENDS)} for now, not {cfg.backend}",
                          hint="use --backend native (hf-trainer and nki-moe come next: docs/rl.md)")
-    if cfg.kl_beta:
-        raise UsageError(f"--kl-beta {cfg.kl_beta:g}: the KL term needs the starting weights' log-probs, which GRPO "
-                         "does not compute yet", hint="drop --kl-beta (0, TRL's default)")
     if cfg.val_every:
         raise UsageError("--val-every has no GRPO validation yet (a held-out reward)",
                          hint="drop --val-every; measure held-out prompts after training (docs/rl.md)")
-    if cfg.global_batch_size:
-        raise UsageError("--global-batch-size (gradient accumulation) is not wired for GRPO yet: each micro-batch's "
-                         "rollout is its own", hint="drop --global-batch-size; --local-batch-size sets the prompts per rank")
     if cfg.tp != 1:
         raise UsageError("--method grpo runs with --tp 1 for now", hint="drop --tp")
     if cfg.seq_len <= cfg.max_completion_length:
@@ -73,6 +67,7 @@ def hook_settings(cfg: RunConfig, assets_dir: Path, rank_data: RankData, rewards
         "num_generations": cfg.num_generations, "max_completion_length": cfg.max_completion_length,
         "room": cfg.seq_len - cfg.max_completion_length, "temperature": cfg.temperature, "top_p": cfg.top_p,
         "rewards": rewards, "scale_rewards": cfg.scale_rewards, "seed": cfg.seed,
+        "num_iterations": cfg.num_iterations, "kl_beta": cfg.kl_beta,
         "log_completions": cfg.log_completions, "assets_dir": str(Path(assets_dir).absolute()),
         "trust_remote_code": bool(cfg.trust_remote_code),
         "cache_dir": str(rank_data.cache_dir), "pad_id": int(rank_data.meta.get("pad_id", 0)),
@@ -97,12 +92,14 @@ def plan(cfg: RunConfig, assets_dir: Path, rank_data: Optional[RankData], *, dev
         "# scores them with the reward functions, and the loss is the clipped surrogate on their group advantages.",
         f"config.loss = grpo_loss_config(loss_type={cfg.loss_type!r}, epsilon={cfg.epsilon!r}, "
         f"epsilon_high={eps_high!r}, temperature={cfg.temperature!r}, max_completion_length={cfg.max_completion_length!r},",
-        f"    settings={settings!r})",
+        f"    beta={cfg.kl_beta!r}, settings={settings!r})",
         f"config.dataloader.rows = {ROWS!r}",
     ]
     return MethodPlan(
         method=NAME, imports=list(IMPORTS), config_lines=lines, hooks=["GRPOHook()"], settings=settings,
         note=(f"GRPO: {cfg.num_generations} completions per prompt (at most {cfg.max_completion_length} tokens, "
               f"temperature {cfg.temperature:g}), rewards {', '.join(rewards)}; {cfg.loss_type} loss, epsilon "
-              f"{cfg.epsilon:g}/{eps_high:g}, advantages scaled by the {cfg.scale_rewards} std"),
+              f"{cfg.epsilon:g}/{eps_high:g}, advantages scaled by the {cfg.scale_rewards} std"
+              + (f", KL to the starting weights x {cfg.kl_beta:g}" if cfg.kl_beta else "")
+              + (f", each rollout trained on for {cfg.num_iterations} steps" if cfg.num_iterations > 1 else "")),
     )

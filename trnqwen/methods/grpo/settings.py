@@ -68,7 +68,14 @@ class GrpoSettings(BaseModel):
     )
     kl_beta: float = setting(
         0.0, ge=0.0, le=100.0, allow_inf_nan=False, panel="Method",
-        help="GRPO: weight of the KL to the starting weights (TRL's beta); 0, TRL's default, is the only value for now.",
+        help="GRPO: weight of the KL to the starting weights (TRL's beta; 0, its default: no KL term and no "
+        "reference forward). The reference is the starting weights swapped into the model for one forward per "
+        "rollout (LoRA: the adapter switched off), no second model.",
+    )
+    num_iterations: int = setting(
+        1, ge=1, le=1024, panel="Method",
+        help="GRPO: optimizer steps on each rollout (TRL's num_iterations, mu): the importance ratio to the "
+        "sampling policy's log-probs is clipped by --epsilon; the prompts are read once per mu steps.",
     )
     scale_rewards: ScaleRewards = setting(
         "group", panel="Method",

@@ -3,7 +3,9 @@
 The generated config module sets ``config.loss = grpo_loss_config(...)``, points the dataloader at
 :func:`titan_rows` (one prompt per row, from :mod:`trnqwen.methods.grpo.prompt_cache`) and passes
 :class:`GRPOHook` to trnqwen's trainer (``trnqwen_config(config, hooks=[GRPOHook(...)])``, the hook
-protocol of :mod:`trnqwen.runtime.trainer`).  Each training micro-batch, in ``on_batch``:
+protocol of :mod:`trnqwen.runtime.trainer`).  At each step that samples (every step; with
+``num_iterations`` N, steps 1, N + 1, ...), ``batches`` takes the step's prompt batches (one per
+gradient-accumulation micro-batch) from the dataloader before torchtitan's first forward, and for each:
 
 1. the rank's prompts (left-padded to the fixed room ``seq_len - max_completion_length``) get
    ``num_generations`` completions each from the current policy
@@ -14,10 +16,16 @@ protocol of :mod:`trnqwen.runtime.trainer`).  Each training micro-batch, in ``on
    update, with the ``[trnqwen] usage error:`` line naming it and the record (exit 2:
    :mod:`trnqwen.contract.rank_errors`);
 3. each group's rewards become advantages (:func:`~trnqwen.methods.grpo.loss.group_advantages`;
-   ``scale_rewards="batch"`` gathers every rank's rewards first);
+   ``scale_rewards="batch"`` gathers every rank's rewards of the whole step first);
 4. the batch becomes the prompt + completion rows (``[prompts x G, seq_len]``: the prompt, its
-   completion, then padding) and the loss (:class:`GRPOLoss`) gets each completion token's target
-   and its row's advantage: :func:`~trnqwen.methods.grpo.loss.policy_loss` on that forward.
+   completion, then padding), what torchtitan's train step reads instead of the prompts;
+5. with ``kl_beta`` > 0 the starting weights' log-probs of the completions, with ``num_iterations``
+   > 1 the sampling policy's (:mod:`trnqwen.methods.grpo.reference`: one no-grad forward each).
+
+The rollout is held (:mod:`trnqwen.methods.grpo.replay`, kept by checkpoints when it is reused) and
+handed out again at the steps that reuse it, the prompt stream left alone.  ``on_batch`` gives the
+loss (:class:`GRPOLoss`) each micro-batch's completion targets, advantages and those log-probs:
+:func:`~trnqwen.methods.grpo.loss.policy_loss` on that forward.
 
 ``step_values`` / ``log_lines``: reward mean/std, each function's mean, the share of groups with
 no signal, completion lengths and the share cut, kl, entropy, the clip ratio, rollout and update
@@ -34,7 +42,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 import torch
 from torchtitan.components.loss import BaseLoss
@@ -43,14 +51,17 @@ from torchtitan.config import CompileConfig
 from trnqwen.contract import metrics_stream
 from trnqwen.methods.grpo import loss as arith
 from trnqwen.methods.grpo.log_lines import format_line
+from trnqwen.methods.grpo.reference import StartingWeights, completion_logps
+from trnqwen.methods.grpo.replay import Rollouts, RolloutState, Staged
 from trnqwen.runtime.trainer import TrainerHook
 
 if TYPE_CHECKING:
     from torchtitan.trainer import Trainer
 
 IGNORE_INDEX = -100
-KEYS = ("grpo_row", "grpo_prompt_mask")  # what a GRPO batch carries beside input/positions
+KEYS = ("grpo_row", "grpo_prompt_mask")  # what a GRPO prompt batch carries beside input/positions
 COMPLETIONS_FILE = "completions.jsonl"  # --log-completions: in the run directory
+ROLLOUT_KEY = "grpo_rollout"  # the checkpoint's state of the rollout being reused (num_iterations > 1)
 
 
 def titan_rows(dataset):
@@ -103,6 +114,8 @@ class GRPOLoss(BaseLoss):
         epsilon_high: float = 0.2
         temperature: float = 1.0
         max_completion_length: int = 64
+        beta: float = 0.0
+        """The KL term's weight (``--kl-beta``, TRL's ``beta``): the rollout then carries the reference's log-probs."""
         settings: str = "{}"
         """The hook's settings, JSON (:func:`trnqwen.methods.grpo.plan.hook_settings`): the rollout, the rewards, the data."""
 
@@ -112,11 +125,14 @@ class GRPOLoss(BaseLoss):
         self.staged: Optional[dict[str, Any]] = None
         self.sums: Optional[torch.Tensor] = None  # [SUMS..., tokens, clipped-token count]
 
-    def stage(self, *, targets: torch.Tensor, advantages: torch.Tensor, global_tokens: float, micro_batches: int) -> None:
+    def stage(self, *, targets: torch.Tensor, advantages: torch.Tensor, global_tokens: float, micro_batches: int,
+              old_logps: Optional[torch.Tensor] = None, ref_logps: Optional[torch.Tensor] = None) -> None:
         """The next forward's rollout: each completion token's target (-100 elsewhere), each row's
-        advantage, the step's completion tokens over every rank (dapo) and its micro-batches (the rest)."""
+        advantage, the step's completion tokens over every rank (dapo) and its micro-batches (the rest);
+        the sampling policy's log-probs (``num_iterations`` > 1) and the reference's (``beta`` > 0),
+        ``[rows, seq_len]`` aligned with ``targets``."""
         self.staged = {"targets": targets, "advantages": advantages, "global_tokens": global_tokens,
-                       "micro_batches": micro_batches}
+                       "micro_batches": micro_batches, "old_logps": old_logps, "ref_logps": ref_logps}
 
     def __call__(self, pred, labels, global_valid_tokens=None, **kwargs):
         del labels, global_valid_tokens, kwargs
@@ -128,8 +144,10 @@ class GRPOLoss(BaseLoss):
         # torchtitan's labels are shifted already: logits at t score the target at t
         logps, entropy = arith.token_logps(pred, targets.clamp(min=0), temperature=c.temperature)
         mask = (targets != IGNORE_INDEX).to(logps.dtype)
+        old, ref = (batch[k].to(logps.device) if batch.get(k) is not None else None for k in ("old_logps", "ref_logps"))
         terms = arith.policy_loss(
-            logps, batch["advantages"].to(logps.device), mask, loss_type=c.loss_type, epsilon=c.epsilon,
+            logps, batch["advantages"].to(logps.device), mask, loss_type=c.loss_type, old_logps=old, ref_logps=ref,
+            beta=c.beta, epsilon=c.epsilon,
             epsilon_high=c.epsilon_high, entropy=entropy, micro_batches=batch["micro_batches"],
             global_tokens=batch["global_tokens"], max_completion_length=c.max_completion_length,
         )
@@ -143,10 +161,11 @@ class GRPOLoss(BaseLoss):
 
 
 def grpo_loss_config(*, loss_type: str, epsilon: float, epsilon_high: float, temperature: float,
-                     max_completion_length: int, settings: dict[str, Any]) -> GRPOLoss.Config:
+                     max_completion_length: int, settings: dict[str, Any], beta: float = 0.0) -> GRPOLoss.Config:
     """The loss config for the generated module (its :class:`GRPOHook` goes in ``config.hooks``)."""
     return GRPOLoss.Config(loss_type=loss_type, epsilon=epsilon, epsilon_high=epsilon_high, temperature=temperature,
-                           max_completion_length=max_completion_length, settings=json.dumps(settings, sort_keys=True))
+                           max_completion_length=max_completion_length, beta=beta,
+                           settings=json.dumps(settings, sort_keys=True))
 
 
 def _dist():
@@ -175,8 +194,8 @@ class GRPOHook(TrainerHook):
         # no parameters: tyro (torchtitan's config parser) rebuilds each hook from its constructor's
         # defaults; the settings ride on the loss config (GRPOLoss.Config.settings), read in on_init
         self.values: dict[str, Any] = {}
-        self.micro = 0
-        self.step_seen = -1
+        self.rollouts = Rollouts()
+        self.starting: Optional[StartingWeights] = None  # kl_beta > 0: the reference's weights
         self.rows: list[torch.Tensor] = []  # each micro-batch's gathered per-completion values, this step
         self.rollout_s = 0.0
         self.update_from: Optional[float] = None
@@ -219,23 +238,118 @@ class GRPOHook(TrainerHook):
                                       top_p=s["top_p"], prompt_bucket=s["room"]),
             pad_id=self.pad_id, eos_ids=sorted(eos), seed=int(s["seed"]), rank=self.rank, kind="hf" if hf else "titan",
         )
+        self.rollouts = Rollouts(int(s.get("num_iterations", 1)))
         self.completions_path = None
         stream = os.environ.get(metrics_stream.PATH_ENV)  # the run directory's metrics.jsonl (rank 0 writes it)
         if s.get("log_completions") and self.rank == 0 and stream:
             self.completions_path = os.path.join(os.path.dirname(stream), COMPLETIONS_FILE)
 
-    # --- each micro-batch -----------------------------------------------------------------------
+    def after_checkpoint_load(self, trainer: Trainer) -> None:
+        """``kl_beta`` > 0: the reference's weights, the model's now at step 0 (a resumed run: reloaded)."""
+        if not isinstance(trainer.loss_fn, GRPOLoss) or not trainer.loss_fn.config.beta:
+            return
+        model = trainer.model_parts[0]
+        self.starting = StartingWeights.capture(model) if trainer.step == 0 else StartingWeights.reload(model, trainer)
+
+    def checkpoint_states(self, trainer: Trainer) -> dict[str, Any]:
+        """``num_iterations`` > 1: the rollout being reused, kept by a checkpoint (a resumed run goes on with it)."""
+        if not isinstance(trainer.loss_fn, GRPOLoss) or self.rollouts.num_iterations == 1:
+            return {}
+        rows = int(trainer.config.training.local_batch_size) * int(self.values["num_generations"])
+        return {ROLLOUT_KEY: RolloutState(
+            self.rollouts, rank=self.rank, micro_batches=max(1, int(getattr(trainer, "gradient_accumulation_steps", 1))),
+            rows=rows, seq_len=int(trainer.config.training.seq_len), world_rows=self.world * rows,
+            width=len(self.rewards.names) + 4)}
+
+    # --- each step's micro-batches ---------------------------------------------------------------
+
+    def batches(self, trainer: Trainer, batches: Iterable) -> Iterable:
+        if not isinstance(getattr(trainer, "loss_fn", None), GRPOLoss):
+            return batches
+        return self._rollout_batches(trainer, batches)
+
+    def _rollout_batches(self, trainer: Trainer, prompt_batches: Iterable) -> Iterator:
+        """Each step's micro-batches: at a step that samples (:meth:`Rollouts.due`) the step's prompt
+        batches, all of them rolled out and scored before the first forward (TRL's generation batch:
+        the advantages' "batch" statistics and dapo's token count span the whole step); at the others,
+        the held rollout again (``num_iterations``), the prompt stream left where it is."""
+        accumulation = max(1, int(getattr(trainer, "gradient_accumulation_steps", 1)))
+        upstream = iter(prompt_batches)
+        while True:
+            step = trainer.step
+            if self.rollouts.due(step):
+                fetched = []
+                for _ in range(accumulation):
+                    try:
+                        fetched.append(next(upstream))
+                    except StopIteration:
+                        return
+                began = time.perf_counter()
+                self.rollouts.fill(step, self._rollout(trainer, [batch for batch, _labels in fetched]))
+                self.rollout_s += time.perf_counter() - began
+            self.update_from = time.perf_counter()
+            for micro, item in enumerate(self.rollouts.items):
+                self.rows.append(item.rows)
+                yield item.batch(micro)
 
     def on_batch(self, trainer: Trainer, input_dict: dict, mode: str) -> None:
-        if "grpo_row" not in input_dict:
+        if "grpo_micro" not in input_dict:
             return
-        rows = input_dict.pop("grpo_row").cpu()
-        prompt_mask = input_dict.pop("grpo_prompt_mask").cpu()
+        micro = int(input_dict.pop("grpo_micro"))
         if mode != "train" or not isinstance(trainer.loss_fn, GRPOLoss):
             return
-        began = time.perf_counter()
-        if trainer.step != self.step_seen:
-            self.step_seen, self.micro = trainer.step, 0
+        item = self.rollouts.items[micro]
+        trainer.loss_fn.stage(targets=item.targets, advantages=item.advantages, global_tokens=self.rollouts.tokens,
+                              micro_batches=self.world * len(self.rollouts.items), old_logps=item.old_logps,
+                              ref_logps=item.ref_logps)
+
+    def _rollout(self, trainer: Trainer, prompt_batches: list[dict]) -> list[Staged]:
+        """The step's prompt batches (one per micro-batch) as scored completion rows for the loss:
+        completions sampled, rewarded, advantages (groups; "batch": over the whole step, every rank),
+        then, with ``num_iterations`` > 1 or ``kl_beta`` > 0, the old policy's and the reference's log-probs."""
+        s = self.values
+        g = int(s["num_generations"])
+        parts = [self._sample(trainer, batch, micro) for micro, batch in enumerate(prompt_batches)]
+        if s["scale_rewards"] == "batch":
+            every = torch.cat([part["gathered"][:, -3] for part in parts])
+            adv_all = arith.group_advantages(every, g, scale_rewards="batch")
+            n, width = parts[0]["local"].shape[0], parts[0]["gathered"].shape[0]
+            for m, part in enumerate(parts):
+                mine = adv_all.advantages[m * width:(m + 1) * width]
+                part["advantages"] = mine[self.rank * n:(self.rank + 1) * n]
+                part["zero_std"] = adv_all.is_std_zero[m * width:(m + 1) * width]
+        else:
+            for part in parts:
+                adv = arith.group_advantages(part["local"][:, -3], g, scale_rewards=s["scale_rewards"])
+                part["advantages"] = adv.advantages
+                part["zero_std"] = _gather_rows(adv.is_std_zero.float()[:, None])[:, 0].bool()
+        items = []
+        for part in parts:
+            seq, targets = part["seq"], part["targets"]
+            global_tokens = torch.tensor([float((targets != IGNORE_INDEX).sum())])
+            dist = _dist()
+            if dist is not None and self.world > 1:
+                dist.all_reduce(global_tokens)
+            items.append(Staged(seq=seq, targets=targets, advantages=part["advantages"],
+                                rows=torch.cat([part["gathered"], part["zero_std"].float()[:, None]], dim=1),
+                                tokens=float(global_tokens)))
+            self._keep_completions(trainer.step, part["records"], part["completions"], part["local"][:, -3],
+                                   part["advantages"])
+        temperature = float(s["temperature"])
+        if self.starting is not None:  # the reference first: the swap leaves the trained weights as they were
+            with self.starting.swapped_in():
+                for item in items:
+                    item.ref_logps = completion_logps(trainer, item.seq, item.targets, temperature=temperature)
+        if self.rollouts.num_iterations > 1:
+            for item in items:
+                item.old_logps = completion_logps(trainer, item.seq, item.targets, temperature=temperature)
+        return items
+
+    def _sample(self, trainer: Trainer, input_dict: dict, micro: int) -> dict[str, Any]:
+        """One micro-batch's prompts: completions sampled (seeded by seed, step, rank, micro-batch),
+        scored, every rank's per-completion values gathered, the prompt + completion rows made."""
+        rows = input_dict.pop("grpo_row").cpu()
+        prompt_mask = input_dict.pop("grpo_prompt_mask").cpu()
         s = self.values
         g, room = int(s["num_generations"]), int(s["room"])
         ids = input_dict["input"].cpu()
@@ -246,44 +360,17 @@ class GRPOHook(TrainerHook):
         for i, n in enumerate(lengths.tolist()):
             left[i, room - n:] = ids[i, :n]
             left_mask[i, room - n:] = 1
-        rollout = self.generator.generate_padded(left, left_mask, num_generations=g, step=trainer.step, micro=self.micro)
-        self.micro += 1
+        rollout = self.generator.generate_padded(left, left_mask, num_generations=g, step=trainer.step, micro=micro)
         completions = rollout.completion_lists()
         records = [self.records[int(r)] for r in rows.tolist() for _ in range(g)]
         scores = self._score(trainer, records, completions)
-        totals = scores.total
         # every rank's completions: rewards (for "batch" scaling and the step's values), lengths, cut
-        lengths_c = rollout.completion_lengths.float()
-        local = torch.cat([scores.per_func, totals[:, None], lengths_c[:, None],
+        local = torch.cat([scores.per_func, scores.total[:, None], rollout.completion_lengths.float()[:, None],
                            rollout.is_truncated.float()[:, None]], dim=1)
-        gathered = _gather_rows(local)
-        if s["scale_rewards"] == "batch":
-            adv_all = arith.group_advantages(gathered[:, -3], g, scale_rewards="batch")
-            n = local.shape[0]
-            advantages = adv_all.advantages[self.rank * n:(self.rank + 1) * n]
-            zero_std = adv_all.is_std_zero
-        else:
-            adv = arith.group_advantages(totals, g, scale_rewards=s["scale_rewards"])
-            advantages = adv.advantages
-            zero_std = _gather_rows(adv.is_std_zero.float()[:, None])[:, 0].bool()
-        self.rows.append(torch.cat([gathered, zero_std.float()[:, None]], dim=1))
         prompts = [ids[i, : int(n)] for i, n in enumerate(lengths.tolist())]
         seq, targets = completion_rows(prompts, completions, g, seq_len, self.pad_id)
-        n_rows = seq.shape[0]
-        tokens = float((targets != IGNORE_INDEX).sum())
-        global_tokens = torch.tensor([tokens])
-        dist = _dist()
-        if dist is not None and self.world > 1:
-            dist.all_reduce(global_tokens)
-        device = input_dict["input"].device
-        input_dict["input"] = seq.to(device)
-        input_dict["positions"] = torch.arange(seq_len, dtype=torch.long).expand(n_rows, seq_len).contiguous().to(device)
-        trainer.loss_fn.stage(targets=targets, advantages=advantages, global_tokens=float(global_tokens),
-                              micro_batches=self.world * max(1, int(getattr(trainer, "gradient_accumulation_steps", 1))))
-        self._keep_completions(trainer.step, records, completions, totals, advantages)
-        now = time.perf_counter()
-        self.rollout_s += now - began
-        self.update_from = now
+        return {"local": local, "gathered": _gather_rows(local), "seq": seq, "targets": targets, "records": records,
+                "completions": completions}
 
     def _score(self, trainer: Trainer, records: list[dict], completions: list[list[int]]):
         """The rewards of this rank's completions; a reward function's failure stops every rank
