@@ -271,13 +271,15 @@ def output_type(task: HarnessTask) -> Optional[str]:
     return kind if isinstance(kind, str) else None
 
 
-def task_manager(include: Sequence[Path] = ()):
+def task_manager(include: Sequence[Path] = (), *, defaults: bool = True):
+    """The harness's ``TaskManager``; ``defaults=False`` skips indexing its own ~13,000 task YAML
+    files (most of a small evaluation's time: trnqwen's own tasks are configs and need no index)."""
     try:
         from lm_eval.tasks import TaskManager
     except ImportError:
         raise EnvironmentProblem("--tasks needs lm-evaluation-harness, which is not installed", hint=INSTALL_HINT) from None
     paths = sorted({str(p) for p in include})
-    return TaskManager(include_path=paths or None)
+    return TaskManager(include_path=paths or None, include_defaults=defaults)
 
 
 def parse_fail_below(values: Sequence[str], tasks: Sequence[str]) -> dict[str, float]:
@@ -348,7 +350,9 @@ def simple_evaluate(lm, tasks: Sequence[HarnessTask], *, limit: Optional[float],
 
     # its notes on being handed a loaded model (what trnqwen does on purpose) are not the user's business
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
-    manager = task_manager([t.yaml.parent for t in tasks if t.yaml is not None])
+    # the harness's own task index only when a task is named or given as a file (it may name others)
+    manager = task_manager([t.yaml.parent for t in tasks if t.yaml is not None],
+                           defaults=any(t.config is None for t in tasks))
     with without_git_noise():
         out = lm_eval.simple_evaluate(
             model=lm, tasks=[t.config if t.config is not None else t.name for t in tasks], limit=limit,
