@@ -22,6 +22,7 @@ score generative tasks through a running OpenAI-compatible server instead (:mod:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -272,14 +273,22 @@ def output_type(task: HarnessTask) -> Optional[str]:
 
 
 def task_manager(include: Sequence[Path] = (), *, defaults: bool = True):
-    """The harness's ``TaskManager``; ``defaults=False`` skips indexing its own ~13,000 task YAML
-    files (most of a small evaluation's time: trnqwen's own tasks are configs and need no index)."""
+    """The harness's ``TaskManager``, built once per process for the same folders (the index of the
+    harness's own ~13,000 task YAML files takes seconds; checking the tasks, then scoring the base
+    and the tuned model, would build it three times); ``defaults=False`` skips that index (trnqwen's
+    own tasks are configs and need none)."""
     try:
-        from lm_eval.tasks import TaskManager
+        import lm_eval.tasks  # noqa: F401
     except ImportError:
         raise EnvironmentProblem("--tasks needs lm-evaluation-harness, which is not installed", hint=INSTALL_HINT) from None
-    paths = sorted({str(p) for p in include})
-    return TaskManager(include_path=paths or None, include_defaults=defaults)
+    return _task_manager(tuple(sorted({str(p) for p in include})), defaults)
+
+
+@functools.lru_cache(maxsize=4)
+def _task_manager(paths: tuple[str, ...], defaults: bool):
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(paths) or None, include_defaults=defaults)
 
 
 def parse_fail_below(values: Sequence[str], tasks: Sequence[str]) -> dict[str, float]:
