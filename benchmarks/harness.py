@@ -9,7 +9,9 @@ Both are whole processes, timed from start to exit, in the same run, in alternat
 
 The task is trnqwen's own ``trnqwen_calculator`` (written out as a YAML file for the baseline, the
 same config trnqwen builds), offline, on the built-in tiny Qwen3.  Reported: seconds per sample of
-each, the ratio trnqwen / harness (goal, issue 36: at most 1.05), and whether the two scores agree.
+each, the ratio trnqwen / harness (goal, issue 36: at most 1.05), the same ratio of CPU seconds (user +
+sys of each process tree: steadier than the wall clock on a shared machine), and whether the two
+scores agree.
 
     .venv/bin/python benchmarks/harness.py [--limit 40] [--repeats 2] [--batch-size 4] [--json]
 """
@@ -53,31 +55,41 @@ def prepare(work: Path) -> tuple[Path, Path]:
     return model, tasks
 
 
-def run_harness_by_hand(model: Path, tasks: Path, out: Path, *, limit: int, batch_size: int) -> tuple[float, float]:
-    """(seconds, acc) of lm_eval's own CLI."""
+def _run(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float, float]:
+    """(the finished process, wall seconds, CPU seconds: user + sys of it and its children, the
+    kernel's count, which a loaded machine disturbs far less than the wall clock)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=str(WORK))
+    seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return proc, seconds, cpu
+
+
+def run_harness_by_hand(model: Path, tasks: Path, out: Path, *, limit: int, batch_size: int) -> tuple[float, float, float]:
+    """(seconds, CPU seconds, acc) of lm_eval's own CLI."""
     cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={model},dtype=float32",
            "--tasks", TASK, "--include_path", str(tasks), "--apply_chat_template", "--device", "cpu",
            "--batch_size", str(batch_size), "--limit", str(limit), "--output_path", str(out)]
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=str(WORK))
-    seconds = time.perf_counter() - started
+    proc, seconds, cpu = _run(cmd)
     if proc.returncode != 0:
         raise SystemExit(f"lm_eval failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     result = max(out.rglob("results*.json"), key=lambda p: p.stat().st_mtime)
-    return seconds, json.loads(result.read_text())["results"][TASK]["acc,none"]
+    return seconds, cpu, json.loads(result.read_text())["results"][TASK]["acc,none"]
 
 
-def run_trnqwen(model: Path, *, limit: int, batch_size: int) -> tuple[float, float]:
-    """(seconds, acc) of ``trnqwen eval --tasks``."""
+def run_trnqwen(model: Path, *, limit: int, batch_size: int) -> tuple[float, float, float]:
+    """(seconds, CPU seconds, acc) of ``trnqwen eval --tasks``."""
     cmd = [sys.executable, "-m", "trnqwen", "eval", str(model), "--no-base", "--tasks", TASK, "--limit", str(limit),
            "--batch-size", str(batch_size), "--device", "cpu", "--json"]
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=str(WORK))
-    seconds = time.perf_counter() - started
+    proc, seconds, cpu = _run(cmd)
     if proc.returncode != 0:
         raise SystemExit(f"trnqwen eval failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     report = json.loads(proc.stdout)
-    return seconds, report["results"][0]["scores"][TASK]["value"]
+    return seconds, cpu, report["results"][0]["scores"][TASK]["value"]
 
 
 def main(argv=None) -> int:
@@ -90,19 +102,22 @@ def main(argv=None) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     model, tasks = prepare(WORK)
     times: dict[str, list[float]] = {"lm_eval": [], "trnqwen": []}
+    cpus: dict[str, list[float]] = {"lm_eval": [], "trnqwen": []}
     scores: dict[str, float] = {}
     for i in range(args.repeats):  # alternate which goes first, so neither always gets the warm cache
         order = ("lm_eval", "trnqwen") if i % 2 == 0 else ("trnqwen", "lm_eval")
         for name in order:
             if name == "lm_eval":
-                seconds, acc = run_harness_by_hand(model, tasks, WORK / "lm_eval_out", limit=args.limit,
-                                                   batch_size=args.batch_size)
+                seconds, cpu, acc = run_harness_by_hand(model, tasks, WORK / "lm_eval_out", limit=args.limit,
+                                                        batch_size=args.batch_size)
             else:
-                seconds, acc = run_trnqwen(model, limit=args.limit, batch_size=args.batch_size)
+                seconds, cpu, acc = run_trnqwen(model, limit=args.limit, batch_size=args.batch_size)
             times[name].append(seconds)
+            cpus[name].append(cpu)
             scores[name] = acc
-            print(f"{name:8s} {seconds:7.2f} s  acc {acc:.4f}", file=sys.stderr)
+            print(f"{name:8s} {seconds:7.2f} s  ({cpu:6.2f} s CPU)  acc {acc:.4f}", file=sys.stderr)
     per_sample = {k: statistics.median(v) / args.limit for k, v in times.items()}
+    cpu = {k: statistics.median(v) for k, v in cpus.items()}
     summary = {
         "benchmark": "harness",
         "task": TASK,
@@ -110,11 +125,14 @@ def main(argv=None) -> int:
         "repeats": args.repeats,
         "seconds_per_sample": {k: round(v, 4) for k, v in per_sample.items()},
         "ratio_trnqwen_vs_lm_eval": round(per_sample["trnqwen"] / per_sample["lm_eval"], 3),
+        "cpu_seconds": {k: round(v, 2) for k, v in cpu.items()},
+        "cpu_ratio_trnqwen_vs_lm_eval": round(cpu["trnqwen"] / cpu["lm_eval"], 3),
         "scores": scores,
         "scores_agree": abs(scores["trnqwen"] - scores["lm_eval"]) < 1e-9,
     }
     print(f"trnqwen {per_sample['trnqwen']:.3f} s/sample vs lm_eval {per_sample['lm_eval']:.3f} s/sample: "
-          f"{summary['ratio_trnqwen_vs_lm_eval']:.3f}x (goal <= 1.05); scores agree: {summary['scores_agree']}",
+          f"{summary['ratio_trnqwen_vs_lm_eval']:.3f}x (goal <= 1.05), CPU {summary['cpu_ratio_trnqwen_vs_lm_eval']:.3f}x; "
+          f"scores agree: {summary['scores_agree']}",
           file=sys.stderr)
     if args.json:
         print(json.dumps(summary))

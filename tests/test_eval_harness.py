@@ -160,7 +160,7 @@ def test_base_and_two_tunes_side_by_side_and_the_gate(models, tmp_path):
     assert bad["delta_vs_base"]["trnqwen_calculator"] < -0.05, report  # it learned wrong ones
     # greedy answers, compared whole (the tiny model writes none exactly yet: 0.0 for all three, measured)
     gen = {x["label"]: x["scores"]["trnqwen_calculator_gen"] for x in report["results"]}
-    assert all(g["metric"] == "exact_match" and g["samples"] == LIMIT and 0 <= g["value"] <= 1 for g in gen.values()), gen
+    assert all(g["metric"] == "exact_match,stripped" and g["samples"] == LIMIT and 0 <= g["value"] <= 1 for g in gen.values()), gen
     (failure,) = report["gate_failures"]
     assert failure.startswith(bad["label"] + " trnqwen_calculator") and "allowed -0.0500" in failure
     assert "--fail-below:" in r.err and bad["label"] in r.err

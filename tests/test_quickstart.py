@@ -109,6 +109,15 @@ def test_quickstart_chat_stage_lowers_held_out_loss_and_answers(quickstart_run):
     # answers are shown only when a person can tell them apart
     assert ("base '" in ev["line"]) == answers_tell_apart(base, tuned), ev["line"]
     assert ("answers not shown" in ev["line"]) != answers_tell_apart(base, tuned), ev["line"]
+    # the bundled harness task, base and tuned, through `trnqwen eval RUN --tasks` (recorded in the run)
+    bench = ev["benchmarks"]
+    assert (bench["task"], bench["limit"], bench["metric"]) == ("trnqwen_calculator", 8, "acc"), bench
+    assert all(0 <= bench[k] <= 1 for k in ("before", "after"))
+    harness = json.loads((run_dir / "eval-harness.json").read_text())
+    assert [r["is_base"] for r in harness["results"]] == [True, False] and harness["limit"] == 8
+    assert [r["scores"]["trnqwen_calculator"]["value"] for r in harness["results"]] == [bench["before"], bench["after"]]
+    stage = next(s for s in summary["stages"] if s["name"] == "chat fine-tune")
+    assert stage["detail"].endswith(bench["line"]) and "trnqwen_calculator acc" in stage["detail"]
 
 
 @pytest.mark.parametrize("base, tuned, shown", [

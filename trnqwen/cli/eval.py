@@ -7,6 +7,7 @@ Examples:
   trnqwen eval ./checkpoint_qwen3_4b_ft/step-100 --dataset held_out.jsonl --no-base
   trnqwen eval ./adapter --base-dir assets/hf/Qwen3-4B-Instruct-2507   # a LoRA adapter away from its run
   trnqwen eval --tasks trnqwen_calculator,gsm8k --limit 100 --fail-below gsm8k=-0.02   # harness benchmarks
+  trnqwen eval RUN_ID --tasks trnqwen_calculator_gen --endpoint http://127.0.0.1:8000   # through trnqwen serve
 """
 
 from __future__ import annotations
@@ -32,9 +33,13 @@ Examples:
   trnqwen eval RUN_ID --tasks gsm8k,ifeval --limit 200 --fail-below gsm8k=-0.02   # a gate for CI
   trnqwen eval --tasks ./my_task.yaml                                           # a task file, local data
 
+  # generative tasks through OpenAI-compatible servers (trnqwen serve, vLLM): only what is given is scored
+  trnqwen eval RUN_ID --tasks trnqwen_calculator_gen --endpoint http://127.0.0.1:8000
+  trnqwen eval RUN_ID --tasks gsm8k --endpoint http://tuned:8000 --base-endpoint http://base:8000
+
 Exit 0 ok, 1 a --fail-below gate failed, 2 usage error (no such checkpoint, run or task, architecture
-mismatch, no trained tokens, --generate without a chat template, a task that downloads while offline),
-3 lm-evaluation-harness not installed.
+mismatch, no trained tokens, --generate without a chat template, a task that downloads while offline,
+a log-likelihood task through an endpoint), 3 lm-evaluation-harness not installed or no server at an endpoint.
 """
 
 
@@ -110,6 +115,26 @@ def eval_cmd(
             show_default=False,
         ),
     ] = None,
+    endpoint: Annotated[
+        Optional[str],
+        typer.Option(
+            "--endpoint",
+            help="With --tasks: score the model through this OpenAI-compatible server (trnqwen serve's, vLLM's) "
+            "instead of loading it: /v1/chat/completions, greedy, generative tasks only. CHECKPOINT names what "
+            "it serves (its tokenizer, the run the results go to).",
+            metavar="URL",
+            show_default=False,
+        ),
+    ] = None,
+    base_endpoint: Annotated[
+        Optional[str],
+        typer.Option(
+            "--base-endpoint",
+            help="With --endpoint: score the base model through this server too (without it, no base is scored).",
+            metavar="URL",
+            show_default=False,
+        ),
+    ] = None,
     device: DeviceOpt = None,
     config_file: ConfigFileOpt = None,
     json_out: JsonOpt = False,
@@ -125,10 +150,14 @@ def eval_cmd(
             raise UsageError(f"--tasks runs harness benchmarks; {', '.join(mixed)} belong to the held-out evaluation",
                              hint="run them as two commands")
         run_tasks(checkpoints or [], tasks=tasks, run_flags=given(device=device), config_file=config_file, base=base,
-                  base_dir=base_dir, limit=limit, fail_below=fail_below or [], batch_size=batch_size, json_out=json_out)
+                  base_dir=base_dir, limit=limit, fail_below=fail_below or [], batch_size=batch_size, json_out=json_out,
+                  endpoint=endpoint, base_endpoint=base_endpoint)
         return
     if limit is not None or fail_below:
         raise UsageError("--limit and --fail-below apply to --tasks", hint="add --tasks NAME (e.g. --tasks trnqwen_calculator)")
+    if endpoint or base_endpoint:
+        raise UsageError("--endpoint and --base-endpoint score harness tasks through a server",
+                         hint="add --tasks NAME (e.g. --tasks trnqwen_calculator_gen)")
     from trnqwen.evaluate.run import run_eval
 
     run_eval(

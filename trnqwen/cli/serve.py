@@ -4,6 +4,7 @@ Examples:
   trnqwen serve                                            # the last run's export
   trnqwen serve RUN_ID --port 8080
   trnqwen serve ./checkpoint_qwen3_4b_ft/hf/step-500 --engine vllm --dry-run --json
+  trnqwen serve RUN_ID --k8s serve.yaml --image IMAGE      # a Deployment + Service for EKS (vLLM Neuron)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ Examples:
   trnqwen serve                                  # the last run's export
   trnqwen serve RUN_ID --port 8080
   trnqwen serve ./checkpoint_qwen3_4b_ft/hf/step-500 --engine vllm --dry-run
+  trnqwen serve RUN_ID --k8s manifests/ --image <registry>/<vllm-neuron-image>:<tag>   # EKS
 
 The engine is vLLM Neuron (`vllm serve`) where a Neuron device is present, transformers' own
 `transformers serve` elsewhere (pip install 'trnqwen[serve]'). With vllm: tensor parallel over the
@@ -30,6 +32,9 @@ logical NeuronCores, --max-model-len from the run's seq_len, an adapter through 
 projections only, no modules_to_save, no DoRA), the compile cache in VLLM_CACHE_ROOT. With
 transformers an adapter is served merged into its base (<adapter>.merged, written once).
 Waits until the endpoint answers, prints its URL and a curl line; Ctrl-C stops the server.
+--k8s FILE|DIR writes the vLLM Neuron server as a Kubernetes Deployment + Service instead (the model
+folder on the shared PVC at /shared, Neuron devices for its tensor parallel, probes on /health) and
+prints the kubectl lines to apply and reach it; nothing starts here.
 Exit 0 (server exited cleanly), 1 the adapter breaks a vLLM rule or the server died, 2 usage error,
 3 the engine is not installed or the port is taken, 130/143 stopped by SIGINT/SIGTERM.
 """
@@ -67,6 +72,17 @@ def serve(
         float, typer.Option("--ready-timeout", metavar="SECONDS", help="How long to wait for the endpoint to answer.", min=1)
     ] = 1800.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the command (after every check) and start nothing.")] = False,
+    k8s: Annotated[
+        Optional[Path],
+        typer.Option("--k8s", metavar="FILE|DIR",
+                     help="Write a Kubernetes Deployment + Service running vLLM Neuron for this export (DIR: "
+                     "DIR/serve.yaml) instead of serving here.", show_default=False),
+    ] = None,
+    image: Annotated[
+        Optional[str],
+        typer.Option("--image", help="With --k8s: the container image with vLLM Neuron (an AWS Neuron vLLM DLC). "
+                     "[default: image in trnqwen.toml]", show_default=False),
+    ] = None,
     config_file: ConfigFileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -77,11 +93,15 @@ def serve(
     from trnqwen.config import resolve_config
     from trnqwen.serve.plan import plan_serve
 
-    resolved = resolve_config({}, config_file=config_file,
-                              uses={"runs_dir", "assets_dir", "trust_remote_code", "model", "compile_cache_dir"})
+    resolved = resolve_config({}, config_file=config_file, uses={"runs_dir", "assets_dir", "trust_remote_code", "model",
+                                                                 "compile_cache_dir", "image", "lnc"})
     for w in resolved.warnings:
         output.warn(w)
     cfg = resolved.config
+    if k8s is not None:
+        _write_k8s(target, cfg, base=base, engine=engine, port=port, out=k8s, image=image, ready_timeout=ready_timeout,
+                   json_out=json_out)
+        return
     plan = plan_serve(target, cfg=cfg, base=base, engine=engine.strip().lower() if engine else None, host=host, port=port)
     if dry_run:
         if json_out:
@@ -116,3 +136,26 @@ def serve(
     code = run_server(plan, ready_timeout=ready_timeout, on_ready=ready, log=log)
     if code:
         raise typer.Exit(code)
+
+
+def _write_k8s(target, cfg, *, base, engine, port, out, image, ready_timeout, json_out) -> None:
+    """--k8s: the vLLM plan for a Trainium node, written as a Deployment + Service."""
+    from trnqwen import output
+    from trnqwen.errors import UsageError
+    from trnqwen.serve.k8s import NODE_LOGICAL_CORES, write
+    from trnqwen.serve.plan import plan_serve
+
+    if engine and engine.strip().lower() != "vllm":
+        raise UsageError("--k8s writes the vLLM Neuron server's manifest", hint="drop --engine (or say --engine vllm)")
+    plan = plan_serve(target, cfg=cfg, base=base, engine="vllm", host="0.0.0.0", port=port, device_type="neuron",
+                      cores=NODE_LOGICAL_CORES)
+    info = write(plan, cfg, out, image=image, ready_timeout_s=ready_timeout)
+    if json_out:
+        output.print_json({"ok": True, **info})
+        return
+    for note in info["notes"]:
+        output.info(note)
+    output.result(f"wrote {info['manifest']} ({' + '.join(info['kinds'])} {info['name']}, image {info['image']})")
+    output.result(f"apply:  {info['apply']}")
+    output.result(f"wait:   {info['wait']}")
+    output.result(f"reach:  {info['port_forward']}  # then {info['url']}/v1, model {info['model']}")

@@ -16,11 +16,13 @@ A task whose data must be downloaded is refused in one line when the Hub is offl
 tokenizer with a chat template) are scored through their template, and the report says so.
 ``--fail-below TASK=DELTA`` is a gate: the tuned model may not lose more than ``-DELTA`` on
 ``TASK`` against the base (exit 1).  Results go to ``<run dir>/eval-harness.json``; the run's own
-``eval.json`` (its held-out loss) is never touched.
+``eval.json`` (its held-out loss) is never touched.  ``--endpoint URL`` (and ``--base-endpoint``)
+score generative tasks through a running OpenAI-compatible server instead (:mod:`.endpoint`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -30,6 +32,7 @@ from typing import Any, Optional, Sequence
 
 from trnqwen.errors import CheckFailed, EnvironmentProblem, UsageError
 from trnqwen.ckpt.model_folder import HARNESS_RECORD
+from trnqwen.evaluate.endpoint import Endpoint
 from trnqwen.evaluate.targets import EvalTarget, RunInfo
 
 BUILTIN_TASK = "trnqwen_calculator"
@@ -62,6 +65,8 @@ class HarnessResult:
     is_base: bool
     scores: dict[str, TaskScore] = field(default_factory=dict)
     seconds: float = 0.0
+    endpoint: Optional[str] = None  # scored through this server (--endpoint), not loaded here
+    answers: dict[str, list[str]] = field(default_factory=dict)  # generative tasks' answers in doc order (--json)
 
 
 @dataclass
@@ -82,11 +87,14 @@ class HarnessReport:
             return {}
         return {t: s.value - base.scores[t].value for t, s in result.scores.items() if t in base.scores}
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "tasks": self.tasks, "limit": self.limit, "chat_template": self.chat_template,
-            "results": [{**asdict(r), "delta_vs_base": self.deltas(r) or None} for r in self.results],
-        }
+    def to_json(self, *, answers: bool = True) -> dict[str, Any]:
+        results = []
+        for r in self.results:
+            entry = {**asdict(r), "delta_vs_base": self.deltas(r) or None}
+            if not answers or not r.answers:
+                entry.pop("answers")
+            results.append(entry)
+        return {"tasks": self.tasks, "limit": self.limit, "chat_template": self.chat_template, "results": results}
 
 
 # --- tasks -----------------------------------------------------------------------------------------
@@ -95,8 +103,8 @@ class HarnessReport:
 def builtin_task_config(name: str = BUILTIN_TASK) -> dict[str, Any]:
     """trnqwen's own tasks as harness task configs (their data file is in the package):
     ``trnqwen_calculator`` scores the right sentence's log-likelihood among four (``acc``);
-    ``trnqwen_calculator_gen`` asks for the answer greedily and compares it whole (``exact_match``),
-    which is what a chat endpoint can be scored on."""
+    ``trnqwen_calculator_gen`` asks for the answer greedily and compares it whole, whitespace around it
+    aside (``exact_match,stripped``), which is what a chat endpoint can be scored on."""
     from trnqwen.data.harness_recipe import task_path
 
     common = {
@@ -110,6 +118,9 @@ def builtin_task_config(name: str = BUILTIN_TASK) -> dict[str, Any]:
         return {
             **common, "task": name, "output_type": "generate_until", "doc_to_target": "{{choices[gold]}}",
             "generation_kwargs": {"until": ["<|im_end|>"], "do_sample": False, "max_gen_toks": 64},
+            # the answer without surrounding whitespace: an OpenAI-compatible server may drop the
+            # leading newlines a model writes (transformers serve does), the in-process model keeps them
+            "filter_list": [{"name": "stripped", "filter": [{"function": "remove_whitespace"}, {"function": "take_first"}]}],
             "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True,
                              "ignore_case": True, "ignore_punctuation": True}],
         }
@@ -237,13 +248,47 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def task_manager(include: Sequence[Path] = ()):
+def output_type(task: HarnessTask) -> Optional[str]:
+    """The task's ``output_type`` where it can be read without loading the task (trnqwen's own, a
+    task YAML file, a named harness task; the base files they include followed); None when unknown
+    (a group, a type set by code)."""
+    if task.config is not None:
+        return task.config.get("output_type")
+    if task.yaml is not None:
+        cfg, path = _read_yaml(task.yaml), task.yaml
+    else:
+        manager = task_manager()
+        entry = getattr(manager, "task_index", {}).get(task.name)
+        cfg, path = dict(getattr(entry, "cfg", None) or {}), getattr(entry, "yaml_path", None)
+        if isinstance(cfg.get("task"), list):
+            return None  # a group: its members decide
+    while "output_type" not in cfg and cfg.get("include") and path is not None:
+        path = Path(path).parent / str(cfg.pop("include"))
+        try:
+            cfg = {**_read_yaml(path), **cfg}
+        except OSError:
+            return None
+    kind = cfg.get("output_type")
+    return kind if isinstance(kind, str) else None
+
+
+def task_manager(include: Sequence[Path] = (), *, defaults: bool = True):
+    """The harness's ``TaskManager``, built once per process for the same folders (the index of the
+    harness's own ~13,000 task YAML files takes seconds; checking the tasks, then scoring the base
+    and the tuned model, would build it three times); ``defaults=False`` skips that index (trnqwen's
+    own tasks are configs and need none)."""
     try:
-        from lm_eval.tasks import TaskManager
+        import lm_eval.tasks  # noqa: F401
     except ImportError:
         raise EnvironmentProblem("--tasks needs lm-evaluation-harness, which is not installed", hint=INSTALL_HINT) from None
-    paths = sorted({str(p) for p in include})
-    return TaskManager(include_path=paths or None)
+    return _task_manager(tuple(sorted({str(p) for p in include})), defaults)
+
+
+@functools.lru_cache(maxsize=4)
+def _task_manager(paths: tuple[str, ...], defaults: bool):
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(paths) or None, include_defaults=defaults)
 
 
 def parse_fail_below(values: Sequence[str], tasks: Sequence[str]) -> dict[str, float]:
@@ -288,49 +333,102 @@ def task_scores(results: dict[str, dict[str, Any]], names: Sequence[str], sample
     return scores
 
 
-def evaluate_model(model, tokenizer, tasks: Sequence[HarnessTask], *, limit: Optional[float], batch_size: int,
-                   device: str, chat_template: bool, seed: int = 1234) -> dict[str, TaskScore]:
-    """One loaded model through the harness's ``simple_evaluate``."""
+def task_answers(samples: dict[str, list[dict[str, Any]]], names: Sequence[str]) -> dict[str, list[str]]:
+    """Each generative task's answers (the harness's responses after its first filter) in document
+    order; none for a log-likelihood task (its responses are numbers per choice)."""
+    out = {}
+    for name in names:
+        rows = samples.get(name) or []
+        first_filter = rows[0].get("filter") if rows else None
+        rows = sorted((r for r in rows if r.get("filter") == first_filter), key=lambda r: r.get("doc_id", 0))
+        texts = [r.get("filtered_resps") for r in rows]
+        if texts and all(isinstance(t, list) and len(t) == 1 and isinstance(t[0], str) for t in texts):
+            out[name] = [t[0] for t in texts]
+    return out
+
+
+def simple_evaluate(lm, tasks: Sequence[HarnessTask], *, limit: Optional[float], chat_template: bool,
+                    answers: bool = False, seed: int = 1234) -> tuple[dict[str, TaskScore], dict[str, list[str]]]:
+    """``lm`` (the harness's own model object: in-process ``HFLM`` or an endpoint's) through the
+    harness's ``simple_evaluate``: the scores, and with ``answers`` the generative tasks' answers."""
     import logging
 
     import lm_eval
-    from lm_eval.models.huggingface import HFLM
+
+    from trnqwen.evaluate.stderr_filter import without_git_noise
 
     # its notes on being handed a loaded model (what trnqwen does on purpose) are not the user's business
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device)
-    manager = task_manager([t.yaml.parent for t in tasks if t.yaml is not None])
-    out = lm_eval.simple_evaluate(
-        model=lm, tasks=[t.config if t.config is not None else t.name for t in tasks], limit=limit,
-        apply_chat_template=chat_template, task_manager=manager, log_samples=False, bootstrap_iters=1000,
-        random_seed=0, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed, verbosity="ERROR",
-    )
+    # the harness's own task index only when a task is named or given as a file (it may name others)
+    manager = task_manager([t.yaml.parent for t in tasks if t.yaml is not None],
+                           defaults=any(t.config is None for t in tasks))
+    with without_git_noise():
+        out = lm_eval.simple_evaluate(
+            model=lm, tasks=[t.config if t.config is not None else t.name for t in tasks], limit=limit,
+            apply_chat_template=chat_template, task_manager=manager, log_samples=answers, bootstrap_iters=1000,
+            random_seed=0, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed, verbosity="ERROR",
+        )
     if not out:
         raise CheckFailed("the harness returned no results")
-    return task_scores(out.get("results", {}), [t.name for t in tasks], out.get("n-samples", {}))
+    names = [t.name for t in tasks]
+    return (task_scores(out.get("results", {}), names, out.get("n-samples", {})),
+            task_answers(out.get("samples") or {}, names) if answers else {})
+
+
+def evaluate_model(model, tokenizer, tasks: Sequence[HarnessTask], *, limit: Optional[float], batch_size: int,
+                   device: str, chat_template: bool, answers: bool = False,
+                   seed: int = 1234) -> tuple[dict[str, TaskScore], dict[str, list[str]]]:
+    """One loaded model through the harness's own ``HFLM`` wrapper and ``simple_evaluate``."""
+    from lm_eval.models.huggingface import HFLM
+
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device)
+    return simple_evaluate(lm, tasks, limit=limit, chat_template=chat_template, answers=answers, seed=seed)
+
+
+def evaluate_endpoint(endpoint: Endpoint, target: EvalTarget, tasks: Sequence[HarnessTask], *, limit: Optional[float],
+                      chat_template: bool, answers: bool = False, trust_remote_code: bool = False,
+                      seed: int = 1234) -> tuple[dict[str, TaskScore], dict[str, list[str]]]:
+    """One served model through the harness's own ``local-chat-completions`` model (:mod:`.endpoint`)."""
+    from trnqwen.evaluate.endpoint import chat_model, loglikelihood_refused
+
+    lm = chat_model(endpoint, target.tokenizer_dir, trust_remote_code=trust_remote_code)
+    try:
+        return simple_evaluate(lm, tasks, limit=limit, chat_template=chat_template, answers=answers, seed=seed)
+    except NotImplementedError as exc:
+        raise loglikelihood_refused(exc, endpoint.url) from None
 
 
 def run_harness(targets: Sequence[EvalTarget], tasks: Sequence[HarnessTask], *, device_type: str,
                 batch_size: int, limit: Optional[float], trust_remote_code: bool = False,
-                say=None) -> HarnessReport:
-    """Each model in turn: load (as ``trnqwen eval`` does), score every task, free."""
+                endpoints: Optional[dict[str, Endpoint]] = None, answers: bool = False, say=None) -> HarnessReport:
+    """Each model in turn: load (as ``trnqwen eval`` does), score every task, free; a target with an
+    endpoint (by label) is scored through it instead."""
     from transformers import AutoTokenizer
 
     from trnqwen.evaluate import model as m
 
+    endpoints = endpoints or {}
     tokenizer = AutoTokenizer.from_pretrained(str(targets[0].tokenizer_dir), trust_remote_code=trust_remote_code)
     report = HarnessReport(tasks=[t.name for t in tasks], limit=limit, chat_template=bool(getattr(tokenizer, "chat_template", None)))
     for target in targets:
         started = time.perf_counter()
-        model = m.load_model(target, device_type, trust_remote_code=trust_remote_code)
-        scores = evaluate_model(model, tokenizer, tasks, limit=limit, batch_size=batch_size,
-                                device="cpu" if device_type == "cpu" else device_type, chat_template=report.chat_template)
-        del model
-        m.release_memory()
-        result = HarnessResult(target.label, target.is_base, scores, round(time.perf_counter() - started, 1))
+        endpoint = endpoints.get(target.label)
+        if endpoint is not None:
+            scores, texts = evaluate_endpoint(endpoint, target, tasks, limit=limit, chat_template=report.chat_template,
+                                              answers=answers, trust_remote_code=trust_remote_code)
+        else:
+            model = m.load_model(target, device_type, trust_remote_code=trust_remote_code)
+            scores, texts = evaluate_model(model, tokenizer, tasks, limit=limit, batch_size=batch_size,
+                                           device="cpu" if device_type == "cpu" else device_type,
+                                           chat_template=report.chat_template, answers=answers)
+            del model
+            m.release_memory()
+        result = HarnessResult(target.label, target.is_base, scores, round(time.perf_counter() - started, 1),
+                               endpoint=endpoint.url if endpoint is not None else None, answers=texts)
         report.results.append(result)
         if say is not None:
-            say(f"{target.label}: " + ", ".join(f"{s.task} {s.metric} {s.value:.4f}" for s in scores.values())
+            say(f"{target.label}" + (f" via {endpoint.url}" if endpoint is not None else "") + ": "
+                + ", ".join(f"{s.task} {s.metric} {s.value:.4f}" for s in scores.values())
                 + f" ({result.seconds:.1f}s)")
     return report
 
@@ -352,7 +450,7 @@ def record(run: RunInfo, report: HarnessReport, *, folder: Optional[Path]) -> Pa
     from trnqwen.fsutil import write_json_atomic
 
     path = Path(run.run_dir) / HARNESS_RECORD
-    write_json_atomic(path, {**report.to_json(), "step": run.record.steps, "evaluated_at": time.time()})
+    write_json_atomic(path, {**report.to_json(answers=False), "step": run.record.steps, "evaluated_at": time.time()})
     if folder is not None:
         rewrite_card(run, folder)
     return path
@@ -369,7 +467,8 @@ def render(report: HarnessReport) -> None:
     table.add_column("task")
     table.add_column("metric")
     for result in report.results:
-        table.add_column(result.label + (" (base)" if result.is_base else ""), justify="right")
+        table.add_column(result.label + (" (base)" if result.is_base else "")
+                         + (f" via {result.endpoint}" if result.endpoint else ""), justify="right")
     if report.base is not None:
         table.add_column("delta", justify="right")
     for task in report.tasks:
@@ -399,9 +498,12 @@ def run_tasks(
     fail_below: Sequence[str] = (),
     batch_size: int = 4,
     json_out: bool = False,
+    endpoint: Optional[str] = None,
+    base_endpoint: Optional[str] = None,
 ) -> HarnessReport:
-    """The whole ``eval --tasks``: config -> models and tasks checked -> each model scored -> table or
-    JSON -> record -> the ``--fail-below`` gate (exit 1 after the results are out)."""
+    """The whole ``eval --tasks``: config -> models and tasks checked -> each model scored (loaded here,
+    or through ``endpoint``/``base_endpoint``) -> table or JSON -> record -> the ``--fail-below`` gate
+    (exit 1 after the results are out)."""
     import sys
 
     from trnqwen import output
@@ -418,14 +520,31 @@ def run_tasks(
     cfg = resolved.config
     names = split_tasks(tasks)
     gates = parse_fail_below(fail_below, names)
-    targets = plan_targets(checkpoints, runs_dir=Path(cfg.runs_dir), base=base, base_dir=base_dir)
-    if gates and not any(t.is_base for t in targets):
-        raise UsageError("--fail-below compares with the base model, and there is none here",
-                         hint="name it with --base-dir DIR (or evaluate a run, whose base is known)")
-    resolved_tasks = resolve_tasks(names)
+    if base_endpoint is not None and endpoint is None:
+        raise UsageError("--base-endpoint goes with --endpoint (the tuned model's server)",
+                         hint="pass --endpoint URL too; only what is given is scored through a server")
+    endpoints: dict[str, Endpoint] = {}
+    if endpoint is not None:
+        from trnqwen.evaluate import endpoint as ep
+
+        if gates and base_endpoint is None:
+            raise UsageError("--fail-below compares with the base model, and no --base-endpoint scores it",
+                             hint="serve the base too and pass --base-endpoint URL")
+        resolved_tasks = resolve_tasks(names)
+        ep.require_generative([(t.name, output_type(t)) for t in resolved_tasks], "--endpoint")
+        targets, endpoints = ep.plan(checkpoints, runs_dir=Path(cfg.runs_dir), base=base, base_dir=base_dir,
+                                     endpoint=endpoint, base_endpoint=base_endpoint,
+                                     trust_remote_code=cfg.trust_remote_code)
+    else:
+        targets = plan_targets(checkpoints, runs_dir=Path(cfg.runs_dir), base=base, base_dir=base_dir)
+        if gates and not any(t.is_base for t in targets):
+            raise UsageError("--fail-below compares with the base model, and there is none here",
+                             hint="name it with --base-dir DIR (or evaluate a run, whose base is known)")
+        resolved_tasks = resolve_tasks(names)
     say = None if json_out or not sys.stderr.isatty() else output.info
     report, failures = score_and_record(targets, resolved_tasks, gates, device=cfg.device, limit=limit,
-                                        batch_size=batch_size, trust_remote_code=cfg.trust_remote_code, say=say)
+                                        batch_size=batch_size, trust_remote_code=cfg.trust_remote_code,
+                                        endpoints=endpoints, answers=json_out, say=say)
     if json_out:
         output.print_json({**report.to_json(), "ok": not failures, "gate_failures": failures})
     else:
@@ -455,14 +574,16 @@ def benchmark_run(run_dir: Path, tasks: Sequence[HarnessTask], gates: dict[str, 
 
 def score_and_record(targets: Sequence[EvalTarget], tasks: Sequence[HarnessTask], gates: dict[str, float], *,
                      device: str, limit: Optional[float], batch_size: int, trust_remote_code: bool,
+                     endpoints: Optional[dict[str, Endpoint]] = None, answers: bool = False,
                      say=None) -> tuple[HarnessReport, list[str]]:
     """Every target scored, the report recorded in the tuned run (a read-only run dir: a warning,
     the results still returned), and the gate's breaches."""
     from trnqwen import output
     from trnqwen.evaluate.run import detect_device_type
 
-    report = run_harness(targets, tasks, device_type=detect_device_type(device), batch_size=batch_size, limit=limit,
-                         trust_remote_code=trust_remote_code, say=say)
+    device_type = "cpu" if endpoints and all(t.label in endpoints for t in targets) else detect_device_type(device)
+    report = run_harness(targets, tasks, device_type=device_type, batch_size=batch_size, limit=limit,
+                         trust_remote_code=trust_remote_code, endpoints=endpoints, answers=answers, say=say)
     tuned = next((t for t in targets if not t.is_base and t.run is not None), None)
     if tuned is not None:
         try:

@@ -145,3 +145,42 @@ def quickstart_chat_settings(workdir: Path) -> dict[str, Any]:
     steps = 12
     return {"steps": steps, "lr": 2e-3, "dataset": str(chat_path()), "val_split": 0.1, "val_every": steps,
             "data_cache_dir": Path(workdir) / "data-cache"}
+
+
+QUICKSTART_TASK = "trnqwen_calculator"  # offline, in the package: the harness on the quickstart's chat model
+QUICKSTART_TASK_LIMIT = 8
+
+
+def harness_before_after(run_dir: Path, *, device: str = "auto", task: str = QUICKSTART_TASK,
+                         limit: int = QUICKSTART_TASK_LIMIT, threads: Optional[int] = 1,
+                         timeout: float = EVAL_TIMEOUT_S) -> dict[str, Any]:
+    """The quickstart's harness check: ``trnqwen eval RUN --tasks TASK --limit N --json`` in a child
+    (as :func:`validation_before_after`), base and tuned.  ``{"task", "limit", "metric", "before",
+    "after", "line"}``; ``{"skipped", "line"}`` without lm-evaluation-harness; ``{"error", "line"}``
+    when the command failed."""
+    import importlib.util
+
+    if importlib.util.find_spec("lm_eval") is None:
+        return {"skipped": "lm-evaluation-harness is not installed",
+                "line": f"{task}: not run (pip install 'trnqwen[eval]' for lm-evaluation-harness)"}
+    argv = [sys.executable, "-m", "trnqwen", "eval", str(run_dir), "--tasks", task, "--limit", str(limit),
+            "--json", "--device", device]
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": "timed out", "line": f"{task}: eval --tasks timed out after {timeout:.0f}s"}
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("Error: ")
+        return {"error": why, "line": f"{task}: eval --tasks failed ({why}); try `trnqwen eval {run_dir} --tasks {task}`"}
+    doc = json.loads(proc.stdout)
+    scores = {r["label"]: r["scores"][task] for r in doc["results"] if task in r["scores"]}
+    base = next((r["scores"][task] for r in doc["results"] if r["is_base"] and task in r["scores"]), None)
+    tuned = next((r["scores"][task] for r in doc["results"] if not r["is_base"] and task in r["scores"]), None)
+    if base is None or tuned is None:
+        return {"error": "no base and tuned scores", "line": f"{task}: eval --tasks gave {sorted(scores)}"}
+    return {"task": task, "limit": limit, "metric": tuned["metric"], "before": base["value"], "after": tuned["value"],
+            "line": f"{task} {tuned['metric']} {base['value']:.3f} -> {tuned['value']:.3f} on {limit} questions "
+                    "(lm-evaluation-harness)"}

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from trnqwen.assets import INDEX_NAME
 from trnqwen.constants import TINY_MODEL
-from trnqwen.errors import TrnqwenError, UsageError
-from trnqwen.evaluate.lifecycle import held_out_check, quickstart_chat_settings
+from trnqwen.errors import CheckFailed, TrnqwenError, UsageError
+from trnqwen.evaluate.lifecycle import QUICKSTART_TASK, harness_before_after, held_out_check, quickstart_chat_settings
 from trnqwen.quickstart import lanes
 from trnqwen.quickstart.progress import Progress
 from trnqwen.quickstart.report import _finite, _fmt, compare_losses, write_loss_plot
@@ -452,7 +452,10 @@ def run_quickstart(
             inspect_run(chat)
             chat.verify = verify_checkpoint("chat fine-tune", Path(chat.checkpoint_dir), pretrained, round_trip=device == "cpu")
             result.evaluation = held_out_check(Path(chat.run_dir), device=device)
-            return result.evaluation["line"]
+            bench = result.evaluation["benchmarks"] = harness_before_after(Path(chat.run_dir), device=device)
+            if "error" in bench:
+                raise CheckFailed(bench["line"], hint=f"trnqwen eval {chat.run_dir} --tasks {QUICKSTART_TASK}")
+            return f"{result.evaluation['line']}; {bench['line']}"
 
         lo = result.runs["lora"] = RunInfo(label="lora", backend=PRETRAIN_BACKEND, finetune=True, steps=chat_settings["steps"], nproc_per_node=ft_ranks)
         lo_cfg = run_config(**{**common, **lora_stage.lora_settings(chat_settings)}, assets_dir=pretrained, backend=PRETRAIN_BACKEND,
@@ -465,7 +468,8 @@ def run_quickstart(
             lo.verify = result.lora["merged_verify"]  # the adapter's merged folder, verified like any export
             return line
 
-        lane_stage("chat fine-tune", f"bundled chat set, {chat.steps} steps, held-out loss and one answer before/after", chat_finetune)
+        lane_stage("chat fine-tune", f"bundled chat set, {chat.steps} steps, held-out loss, one answer and "
+                   f"{QUICKSTART_TASK} (eval --tasks) before/after", chat_finetune)
         lane_stage(lora_stage.STAGE, f"the chat set again as a rank-{lora_stage.LORA_RANK} LoRA adapter, merged", lora_finetune)
         from trnqwen.evaluate.lifecycle import validation_before_after
 
