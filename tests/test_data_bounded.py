@@ -46,10 +46,11 @@ def small_pieces(monkeypatch):
     monkeypatch.setattr(bounded, "ROW_BLOCK_TOKENS", 1000)
 
 
-def _both(tmp_path, tiny, settings: DataSettings):
+def _both(tmp_path, tiny, settings: DataSettings, workers: int = 1):
     memory = prepare(settings, tiny, tmp_path / "in-memory", bounded_memory=False)
     seen = []
-    disk = prepare(settings, tiny, tmp_path / "bounded", bounded_memory=True, progress=lambda done, total: seen.append((done, total)))
+    disk = prepare(settings, tiny, tmp_path / "bounded", bounded_memory=True, workers=workers,
+                   progress=lambda done, total: seen.append((done, total)))
     return memory, disk, seen
 
 
@@ -60,9 +61,10 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_same_cache_as_in_memory(tmp_path, tiny, data, small_pieces, case):
-    memory, disk, seen = _both(tmp_path, tiny, DataSettings(dataset=str(data["chats"]), **CASES[case]))
+def test_the_same_cache_as_in_memory(tmp_path, tiny, data, small_pieces, case, workers):
+    memory, disk, seen = _both(tmp_path, tiny, DataSettings(dataset=str(data["chats"]), **CASES[case]), workers)
     _same(memory, disk)
     assert seen and seen[-1][0] == seen[-1][1] == data["chats"].stat().st_size
     assert [done for done, _ in seen] == sorted(done for done, _ in seen) and len(seen) > 2  # a chunk at a time
@@ -71,7 +73,7 @@ def test_the_same_cache_as_in_memory(tmp_path, tiny, data, small_pieces, case):
 def test_a_weighted_mixture_through_a_mapping_is_the_same_too(tmp_path, tiny, data, small_pieces):
     settings = DataSettings(seq_len=128, val_split=0.05, datasets=[
         entry(data["sharegpt"], weight=3, **SHAREGPT_MAPPING), entry(data["texts"], weight=1, type="prompt-completion")])
-    memory, disk, _ = _both(tmp_path, tiny, settings)
+    memory, disk, _ = _both(tmp_path, tiny, settings, workers=2)
     _same(memory, disk)
     assert disk.report["problems"] and all(abs(s["share"] - w) < 0.01 for s, w in zip(disk.report["sources"], (0.75, 0.25)))
     assert disk.report["mapping"][0]["before"] == memory.report["mapping"][0]["before"]

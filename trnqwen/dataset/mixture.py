@@ -295,12 +295,12 @@ def report(parts: list[Part], loaded: Loaded, train_units: np.ndarray, tokens: n
     """The data report's keys on the sources (each one's share of the trained tokens), their mappings,
     the packing (and the padding sequential packing would leave) and the chat template.
     ``tokens[u]``: a unit's tokens (a pair's: both sides)."""
-    from trnqwen.dataset.bestfit import next_fit_rows, padding_fraction
+    from trnqwen.dataset.bestfit import next_fit_count, padding_fraction
 
     sequential = None
     if packing and strategy != "sequential":
         lengths = tokens[train_units]
-        sequential = round(padding_fraction(lengths, next_fit_rows(lengths, seq_len)[0], seq_len), 4)
+        sequential = round(padding_fraction(lengths, next_fit_count(lengths, seq_len), seq_len), 4)
     return {
         "sources": part_report(parts, loaded, train_units, tokens, trained),
         "mapping": [_mapping_sample(part.source) for part in parts if part.source.mapping is not None],
