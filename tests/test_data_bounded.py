@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -154,3 +155,51 @@ def test_trnqwen_data_json_stays_one_document_on_the_bounded_path(cli, in_tmp, t
     assert r.code == 0, r.text
     report = json.loads(r.out)
     assert report["records"] == 300 and report["sample"]["trained_spans"] and r.err == ""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_refused_record_is_named_before_a_later_unreadable_line_with_any_number_of_workers(tmp_path, tiny, small_pieces,
+                                                                                           workers):
+    lines = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]})
+             for i in range(200)]
+    lines[80] = json.dumps({"messages": [{"role": "wizard", "content": "?"}]})  # refused by the format (3rd chunk)
+    lines[190] = '{"messages": '  # not JSON, read (by this process) before the 3rd chunk comes back
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UsageError) as refused:
+        prepare(DataSettings(dataset=str(path), seq_len=128), tiny, tmp_path / "c", bounded_memory=True, workers=workers)
+    assert "line 81" in str(refused.value) and refused.value.hint
+    assert not [p for p in (tmp_path / "c").iterdir() if p.name.startswith(".")]  # the scratch files are gone
+
+
+def test_the_per_document_numbers_are_fixed_width_memory_maps_not_lists(tmp_path, tiny, data, small_pieces, monkeypatch):
+    """Memory flat in the file's size: what DocStore keeps per document lives in scratch files, read
+    back as maps; only counts and each problem's first record stay in the process."""
+    from trnqwen.dataset.template import template_context
+
+    from trnqwen.dataset import chat
+
+    class Seen(bounded.Encoder):  # where each chunk was encoded (the workers are forked: they know tmp_path)
+        def __call__(self, records, fmt):
+            with open(tmp_path / "pids", "a") as fh:
+                fh.write(f"{os.getpid()}\n")
+            return super().__call__(records, fmt)
+
+    tokenizer = chat.load_tokenizer(tiny)
+    (tmp_path / "store").mkdir()
+    store = bounded.DocStore(tmp_path / "store")
+    encoder = Seen(tokenizer, 96, "drop", False, template_context(None))
+    source = resolve_source(str(data["chats"]))
+    bounded.read_documents([bounded.mixture.Part(source)], None, store, encoder, detect=lambda s, r, f: "messages",
+                           forced=None, val_split=0.0, seed=0, workers=2)
+    assert store.count == 300 and not any(isinstance(v, (list, np.ndarray)) and len(v) >= store.count // 37
+                                          for v in vars(store).values())
+    bounds, cut, targets, kept = store.arrays()
+    for array in (bounds, cut, targets, kept):
+        assert isinstance(array, np.memmap) and not array.flags.writeable
+    assert bounds.dtype == np.int64 and cut.dtype == targets.dtype == np.int32 and kept.dtype == bool
+    assert len(bounds) == 301 and bounds[-1] == store.tokens and kept.sum() == 300 - store.dropped_counts().get(
+        "longer than 96 tokens", 0) - store.dropped_counts().get("no trained tokens within 96 tokens", 0)
+    pids = (tmp_path / "pids").read_text().split()
+    assert len(pids) == 9 and os.getpid() not in map(int, pids) and len(set(pids)) <= 2  # 300 records, 37 a chunk
+    assert {p.name for p in (tmp_path / "store").iterdir()} >= {"ids.bin", "trained.bin", "lengths.bin", "cut.bin", "targets.bin"}
