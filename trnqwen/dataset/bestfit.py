@@ -74,7 +74,7 @@ def best_fit_rows(lengths: np.ndarray, seq_len: int, seed: int) -> tuple[np.ndar
     tree = _RoomTree(seq_len)
     room_of: list[int] = []
     row_of = np.empty(n, dtype=dtype)
-    order = np.argsort(-lengths.astype(np.int64), kind="stable")
+    order = np.argsort(-lengths, kind="stable")  # lengths are signed (int32 or int64)
     for lo in range(0, n, _STEP):
         picked = order[lo:lo + _STEP]
         made = []

@@ -27,6 +27,7 @@ after every chunk.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -203,11 +204,14 @@ class _Pipeline:
         if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
             # a forked child of a process that has used the tokenizer's own threads turns them off
             # and says so on stderr unless TOKENIZERS_PARALLELISM is set: set while forking only
+            # (and gc.freeze: a worker's collections then leave the parent's objects alone, their pages shared)
             before = os.environ.get("TOKENIZERS_PARALLELISM")
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
+            gc.freeze()
             try:
                 self.pool = multiprocessing.get_context("fork").Pool(workers, _start_worker, (encoder,))
             finally:
+                gc.unfreeze()
                 if before is None:
                     os.environ.pop("TOKENIZERS_PARALLELISM", None)
                 else:
