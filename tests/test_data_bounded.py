@@ -203,3 +203,27 @@ def test_the_per_document_numbers_are_fixed_width_memory_maps_not_lists(tmp_path
     pids = (tmp_path / "pids").read_text().split()
     assert len(pids) == 9 and os.getpid() not in map(int, pids) and len(set(pids)) <= 2  # 300 records, 37 a chunk
     assert {p.name for p in (tmp_path / "store").iterdir()} >= {"ids.bin", "trained.bin", "lengths.bin", "cut.bin", "targets.bin"}
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_trnqwen_train_shows_the_preparations_progress_bar_as_data_does(cli, in_tmp, tiny, data, monkeypatch, json_out):
+    """The bar `trnqwen data` shows, through `trnqwen train` (its dry run prepares the cache too):
+    on a terminal (stderr made one here), nothing with --json."""
+    import io
+
+    from rich.console import Console
+
+    from trnqwen import output
+
+    monkeypatch.setattr(bounded, "BOUNDED_FROM_BYTES", 1)
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, width=120)
+    monkeypatch.setattr(output, "work_progress", lambda description, quiet=False, con=None, _real=output.work_progress:
+                        _real(description, quiet=quiet, con=terminal))
+    r = cli("train", "--model", "builtin:tiny-qwen3", "--device", "cpu", "--assets", str(tiny), "--dataset",
+            str(data["chats"]), "--seq-len", "256", "--data-cache-dir", str(in_tmp / "cache"), "--dry-run",
+            *(["--json"] if json_out else []))
+    assert r.code == 0, r.text
+    shown = screen.getvalue()
+    size = f"{data['chats'].stat().st_size / 1000:.1f}/{data['chats'].stat().st_size / 1000:.1f} kB"  # rich: decimal units
+    assert ("Reading and tokenizing the dataset" in shown) != json_out and (size in shown) != json_out, shown
