@@ -18,11 +18,11 @@ through this module instead, with the same rendering, masking, fitting and packi
   the scratch files one by one (``pread``: a mapping would hold every page a block touches).
 
 What still grows with the record count is a few fixed-width numbers per *training* document
-while the rows are assigned (the best-fit sort order, each document's row and column: about 20
-bytes a document), not the records, texts or tokens.  The cache is byte for byte the one the
-in-memory path writes, with any number of workers (tests/test_data_bounded.py), so the choice
-between the two is only about memory.  A progress callback hears (bytes read, bytes in all)
-after every chunk.
+while the rows are assigned (which documents train, the best-fit sort order, each one's row and
+column: about 40 bytes a document), not the records, texts or tokens.  The cache is byte for
+byte the one the in-memory path writes, with any number of workers (tests/test_data_bounded.py),
+so the choice between the two is only about memory.  A progress callback hears (bytes read,
+bytes in all) after every chunk.
 """
 
 from __future__ import annotations
@@ -34,13 +34,16 @@ import tempfile
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import numpy as np
 
 from trnqwen.dataset import mixture
 from trnqwen.dataset.cache import IGNORE_INDEX, StreamedSplit
 from trnqwen.dataset.sources import Record, Source
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 CHUNK_RECORDS = 2048
 MAX_WORKERS = 8  # one parent reads the records and writes the tokens: more workers than this wait on it
@@ -91,7 +94,7 @@ class Chunk:
 class Encoder:
     """Records of one format -> a :class:`Chunk` (``normalise``, ``render``, ``tokenize``, ``fit_documents``)."""
 
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     seq_len: int
     policy: str
     train_on_inputs: bool
