@@ -187,6 +187,9 @@ _WORKER: dict[str, Encoder] = {}  # in a worker process: its encoder (inherited 
 
 
 def _start_worker(encoder: Encoder) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it ends the pool): no worker tracebacks
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the workers are the parallelism
     _WORKER["encoder"] = encoder
 
