@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -88,29 +89,48 @@ def _prepare(assets: Path, conversations, seq_len: int, work: Path) -> float:
     return time.perf_counter() - start
 
 
+def _rollup(pid: int) -> dict[str, int]:
+    """A process's Rss, Pss and Pss_Anon in bytes (/proc/PID/smaps_rollup; Pss counts a page shared
+    by n processes, such as a forked worker's copy of its parent, as 1/n in each)."""
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as fh:
+        for line in fh:
+            name, _, rest = line.partition(":")
+            if name in ("Rss", "Pss", "Pss_Anon"):
+                out[name] = int(rest.split()[0]) * 1024
+    return out
+
+
 class _PeakMemory:
-    """The largest resident memory of this process and its workers together, sampled every 20 ms
-    (``ru_maxrss`` would not do: Linux keeps it across the exec that started this process)."""
+    """The largest memory of this process and its workers together, sampled every 20 ms (``ru_maxrss``
+    would not do: Linux keeps it across the exec that started this process): resident (``rss``: a
+    page shared by a forked worker and its parent counted in each), proportional (``pss``: counted
+    once) and its anonymous part (``anon``: not file pages, which the kernel can drop or write back:
+    a memory-mapped scratch file's pages are in ``pss``, not in ``anon``)."""
+
+    KEYS = {"rss": "Rss", "pss": "Pss", "anon": "Pss_Anon"}
 
     def __init__(self) -> None:
         import threading
 
         import psutil
 
-        self.peak, self._stop = 0, threading.Event()
+        self.peak = dict.fromkeys(self.KEYS, 0)
+        self._stop = threading.Event()
         self._me = psutil.Process()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        import psutil
-
-        total = 0
+        total = dict.fromkeys(self.KEYS, 0)
         for proc in [self._me, *self._me.children(recursive=True)]:
             try:
-                total += proc.memory_info().rss
-            except psutil.Error:
-                pass
-        self.peak = max(self.peak, total)
+                rollup = _rollup(proc.pid)
+            except OSError:
+                continue
+            for key, name in self.KEYS.items():
+                total[key] += rollup.get(name, 0)
+        for key in self.KEYS:
+            self.peak[key] = max(self.peak[key], total[key])
 
     def _run(self) -> None:
         while not self._stop.wait(0.02):
@@ -118,6 +138,7 @@ class _PeakMemory:
 
     def __enter__(self) -> "_PeakMemory":
         self._sample()
+        self.start = dict(self.peak)
         self._thread.start()
         return self
 
@@ -127,37 +148,38 @@ class _PeakMemory:
         self._sample()
 
 
-def _child(mode: str, assets: Path, data: Path, seq_len: int, num_proc: int, work: Path) -> None:
+def _child(mode: str, assets: Path, data: Path, seq_len: int, num_proc: int, work: Path, workers) -> None:
     """One measured job in this (fresh) process, its libraries imported first; prints {"seconds",
-    "peak_mb", "start_mb"} as JSON (start: resident memory before the job, its libraries loaded)."""
+    "peak": {rss, pss, anon}, "start": {...}} in MB as JSON (start: before the job, its libraries loaded)."""
     import datasets
-    import psutil
     from transformers import AutoTokenizer
 
     import trnqwen.dataset.chat  # noqa: F401  (what prepare imports: loaded before the start is read)
     from trnqwen.dataset.prepare import DataSettings, prepare
 
     datasets.disable_caching()
-    start_mb = psutil.Process().memory_info().rss / 2**20
     with _PeakMemory() as memory:
         start = time.perf_counter()
         if mode.startswith("prepare"):
             bounded = {"prepare": None, "prepare-in-memory": False, "prepare-bounded": True}[mode]
             prepare(DataSettings(dataset=str(data), seq_len=seq_len), assets, work / f"cache-{time.time_ns()}",
-                    bounded_memory=bounded)
+                    bounded_memory=bounded, workers=workers)
         else:
             tokenizer = AutoTokenizer.from_pretrained(str(assets), trust_remote_code=False)
             table = datasets.load_dataset("json", data_files=str(data), split="train", cache_dir=str(work / "hf-cache"))
             table.map(lambda r: dict(tokenizer.apply_chat_template(r["messages"], tokenize=True, return_dict=True)),
                       remove_columns=table.column_names, num_proc=num_proc if num_proc > 1 else None)
         seconds = time.perf_counter() - start
-    print(json.dumps({"seconds": seconds, "peak_mb": memory.peak / 2**20, "start_mb": start_mb}))
+    mb = {key: round(value / 2**20, 1) for key, value in memory.peak.items()}
+    print(json.dumps({"seconds": seconds, "peak": mb, "start": {k: round(v / 2**20, 1) for k, v in memory.start.items()},
+                      "peak_mb": mb["rss"], "start_mb": round(memory.start["rss"] / 2**20, 1)}))
 
 
-def _measure(mode: str, assets: Path, data: Path, seq_len: int, num_proc: int, work: Path) -> dict:
+def _measure(mode: str, assets: Path, data: Path, seq_len: int, num_proc: int, work: Path, workers=None) -> dict:
     out = subprocess.run(
         [sys.executable, __file__, "--child", mode, "--assets", str(assets), "--data", str(data), "--seq-len",
-         str(seq_len), "--num-proc", str(num_proc), "--work", str(work)],
+         str(seq_len), "--num-proc", str(num_proc), "--work", str(work)]
+        + (["--workers", str(workers)] if workers is not None else []),
         capture_output=True, text=True, check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -192,21 +214,30 @@ def _scaling(sizes: list[float], modes: list[str], args) -> None:
         for size in sizes:
             data = work / f"chats-{size:g}mb.jsonl"
             records = _write_jsonl(data, size)
-            got = {mode: _measure(mode, assets, data, args.seq_len, args.num_proc, work) for mode in modes}
-            rows.append({"mb": round(data.stat().st_size / 2**20, 1), "records": records, **got})
+            started = time.time()
+            got = {mode: _measure(mode, assets, data, args.seq_len, args.num_proc, work, args.workers) for mode in modes}
+            load = os.getloadavg()
+            rows.append({"mb": round(data.stat().st_size / 2**20, 1), "records": records, **got,
+                         "minutes": round((time.time() - started) / 60, 1), "load_after": [round(x, 1) for x in load]})
             data.unlink()
             for cache in work.glob("cache-*"):
                 import shutil
 
                 shutil.rmtree(cache)
-    print(f"{'JSONL':>10} {'records':>9}  " + "  ".join(f"{m:>34}" for m in modes))
+    print("time, then peak memory of the process and its workers: PSS (anonymous part) [resident, pages shared "
+          "by a forked worker counted in each]; growth over the start in brackets")
     for row in rows:
-        cells = [f"{row[m]['seconds']:7.1f} s peak {row[m]['peak_mb']:7.0f} MB (+{row[m]['peak_mb'] - row[m]['start_mb']:6.0f})"
-                 for m in modes]
-        print(f"{row['mb']:7.1f} MB {row['records']:9,}  " + "  ".join(f"{c:>34}" for c in cells))
+        print(f"{row['mb']:7.1f} MB {row['records']:9,} records (load after: {row['load_after']})")
+        for m in modes:
+            r = row[m]
+            grow = {k: r["peak"][k] - r["start"][k] for k in r["peak"]}
+            print(f"  {m:>18}: {r['seconds']:8.1f} s  PSS {r['peak']['pss']:6.0f} MB (+{grow['pss']:.0f})"
+                  f"  anon {r['peak']['anon']:6.0f} MB (+{grow['anon']:.0f})  [RSS {r['peak']['rss']:6.0f} MB]")
+        if "datasets-map" in row and "prepare-bounded" in row:
+            print(f"  bounded is x{row['datasets-map']['seconds'] / row['prepare-bounded']['seconds']:.2f} faster than datasets.map")
     if args.json:
         print(json.dumps({"benchmark": "data_prep_scaling", "seq_len": args.seq_len, "num_proc": args.num_proc,
-                          "rows": rows}))
+                          "workers": args.workers, "rows": rows}))
 
 
 def main() -> None:
@@ -219,13 +250,14 @@ def main() -> None:
     ap.add_argument("--num-proc", type=int, default=2, help="datasets.map's worker processes (the comparison)")
     ap.add_argument("--sizes-mb", help="memory vs file size: JSONL sizes in MB, comma-separated (e.g. 10,40)")
     ap.add_argument("--modes", default=",".join(SCALING_MODES), help="with --sizes-mb: which of them to run")
+    ap.add_argument("--workers", type=int, help="prepare's worker processes (default: the CPUs)")
     ap.add_argument("--child", choices=("prepare", "prepare-in-memory", "prepare-bounded", "datasets-map"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        _child(args.child, args.assets, args.data, args.seq_len, args.num_proc, args.work)
+        _child(args.child, args.assets, args.data, args.seq_len, args.num_proc, args.work, args.workers)
         return
     if args.sizes_mb:
         _scaling([float(x) for x in args.sizes_mb.split(",")], args.modes.split(","), args)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -46,10 +47,11 @@ def small_pieces(monkeypatch):
     monkeypatch.setattr(bounded, "ROW_BLOCK_TOKENS", 1000)
 
 
-def _both(tmp_path, tiny, settings: DataSettings):
+def _both(tmp_path, tiny, settings: DataSettings, workers: int = 1):
     memory = prepare(settings, tiny, tmp_path / "in-memory", bounded_memory=False)
     seen = []
-    disk = prepare(settings, tiny, tmp_path / "bounded", bounded_memory=True, progress=lambda done, total: seen.append((done, total)))
+    disk = prepare(settings, tiny, tmp_path / "bounded", bounded_memory=True, workers=workers,
+                   progress=lambda done, total: seen.append((done, total)))
     return memory, disk, seen
 
 
@@ -60,9 +62,10 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_same_cache_as_in_memory(tmp_path, tiny, data, small_pieces, case):
-    memory, disk, seen = _both(tmp_path, tiny, DataSettings(dataset=str(data["chats"]), **CASES[case]))
+def test_the_same_cache_as_in_memory(tmp_path, tiny, data, small_pieces, case, workers):
+    memory, disk, seen = _both(tmp_path, tiny, DataSettings(dataset=str(data["chats"]), **CASES[case]), workers)
     _same(memory, disk)
     assert seen and seen[-1][0] == seen[-1][1] == data["chats"].stat().st_size
     assert [done for done, _ in seen] == sorted(done for done, _ in seen) and len(seen) > 2  # a chunk at a time
@@ -71,7 +74,7 @@ def test_the_same_cache_as_in_memory(tmp_path, tiny, data, small_pieces, case):
 def test_a_weighted_mixture_through_a_mapping_is_the_same_too(tmp_path, tiny, data, small_pieces):
     settings = DataSettings(seq_len=128, val_split=0.05, datasets=[
         entry(data["sharegpt"], weight=3, **SHAREGPT_MAPPING), entry(data["texts"], weight=1, type="prompt-completion")])
-    memory, disk, _ = _both(tmp_path, tiny, settings)
+    memory, disk, _ = _both(tmp_path, tiny, settings, workers=2)
     _same(memory, disk)
     assert disk.report["problems"] and all(abs(s["share"] - w) < 0.01 for s, w in zip(disk.report["sources"], (0.75, 0.25)))
     assert disk.report["mapping"][0]["before"] == memory.report["mapping"][0]["before"]
@@ -152,3 +155,75 @@ def test_trnqwen_data_json_stays_one_document_on_the_bounded_path(cli, in_tmp, t
     assert r.code == 0, r.text
     report = json.loads(r.out)
     assert report["records"] == 300 and report["sample"]["trained_spans"] and r.err == ""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_refused_record_is_named_before_a_later_unreadable_line_with_any_number_of_workers(tmp_path, tiny, small_pieces,
+                                                                                           workers):
+    lines = [json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]})
+             for i in range(200)]
+    lines[80] = json.dumps({"messages": [{"role": "wizard", "content": "?"}]})  # refused by the format (3rd chunk)
+    lines[190] = '{"messages": '  # not JSON, read (by this process) before the 3rd chunk comes back
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UsageError) as refused:
+        prepare(DataSettings(dataset=str(path), seq_len=128), tiny, tmp_path / "c", bounded_memory=True, workers=workers)
+    assert "line 81" in str(refused.value) and refused.value.hint
+    assert not [p for p in (tmp_path / "c").iterdir() if p.name.startswith(".")]  # the scratch files are gone
+
+
+def test_the_per_document_numbers_are_fixed_width_memory_maps_not_lists(tmp_path, tiny, data, small_pieces, monkeypatch):
+    """Memory flat in the file's size: what DocStore keeps per document lives in scratch files, read
+    back as maps; only counts and each problem's first record stay in the process."""
+    from trnqwen.dataset.template import template_context
+
+    from trnqwen.dataset import chat
+
+    class Seen(bounded.Encoder):  # where each chunk was encoded (the workers are forked: they know tmp_path)
+        def __call__(self, records, fmt):
+            with open(tmp_path / "pids", "a") as fh:
+                fh.write(f"{os.getpid()}\n")
+            return super().__call__(records, fmt)
+
+    tokenizer = chat.load_tokenizer(tiny)
+    (tmp_path / "store").mkdir()
+    store = bounded.DocStore(tmp_path / "store")
+    encoder = Seen(tokenizer, 96, "drop", False, template_context(None))
+    source = resolve_source(str(data["chats"]))
+    bounded.read_documents([bounded.mixture.Part(source)], None, store, encoder, detect=lambda s, r, f: "messages",
+                           forced=None, val_split=0.0, seed=0, workers=2)
+    assert store.count == 300 and not any(isinstance(v, (list, np.ndarray)) and len(v) >= store.count // 37
+                                          for v in vars(store).values())
+    bounds, cut, targets, kept = store.arrays()
+    for array in (bounds, cut, targets, kept):
+        assert isinstance(array, np.memmap) and not array.flags.writeable
+    assert bounds.dtype == np.int64 and cut.dtype == targets.dtype == np.int32 and kept.dtype == bool
+    assert len(bounds) == 301 and bounds[-1] == store.tokens and kept.sum() == 300 - store.dropped_counts().get(
+        "longer than 96 tokens", 0) - store.dropped_counts().get("no trained tokens within 96 tokens", 0)
+    pids = (tmp_path / "pids").read_text().split()
+    assert len(pids) == 9 and os.getpid() not in map(int, pids) and len(set(pids)) <= 2  # 300 records, 37 a chunk
+    assert {p.name for p in (tmp_path / "store").iterdir()} >= {"ids.bin", "trained.bin", "lengths.bin", "cut.bin", "targets.bin"}
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_trnqwen_train_shows_the_preparations_progress_bar_as_data_does(cli, in_tmp, tiny, data, monkeypatch, json_out):
+    """The bar `trnqwen data` shows, through `trnqwen train` (its dry run prepares the cache too):
+    on a terminal (stderr made one here), nothing with --json."""
+    import io
+
+    from rich.console import Console
+
+    from trnqwen import output
+
+    monkeypatch.setattr(bounded, "BOUNDED_FROM_BYTES", 1)
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, width=120)
+    monkeypatch.setattr(output, "work_progress", lambda description, quiet=False, con=None, _real=output.work_progress:
+                        _real(description, quiet=quiet, con=terminal))
+    r = cli("train", "--model", "builtin:tiny-qwen3", "--device", "cpu", "--assets", str(tiny), "--dataset",
+            str(data["chats"]), "--seq-len", "256", "--data-cache-dir", str(in_tmp / "cache"), "--dry-run",
+            *(["--json"] if json_out else []))
+    assert r.code == 0, r.text
+    shown = screen.getvalue()
+    size = f"{data['chats'].stat().st_size / 1000:.1f}/{data['chats'].stat().st_size / 1000:.1f} kB"  # rich: decimal units
+    assert ("Reading and tokenizing the dataset" in shown) != json_out and (size in shown) != json_out, shown

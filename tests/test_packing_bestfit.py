@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tests.test_data_mapping import write_jsonl
 from tests.test_data_mixture import mixed_lengths
-from trnqwen.dataset.bestfit import best_fit_rows, next_fit_rows, padding_fraction
+from trnqwen.dataset.bestfit import best_fit_rows, next_fit_count, next_fit_rows, padding_fraction
 from trnqwen.dataset.prepare import DataSettings, prepare
 
 
@@ -68,8 +68,9 @@ def test_the_row_order_is_drawn_from_the_seed():
 def test_a_known_instance_packs_without_padding():
     rows, cols = best_fit_rows(np.array([5, 3, 2, 5, 3, 2]), 10, 0)
     assert fills(np.array([5, 3, 2, 5, 3, 2]), rows) == [10, 10]
-    assert padding_fraction(np.array([5, 3, 2, 5, 3, 2]), rows, 10) == 0.0
+    assert padding_fraction(np.array([5, 3, 2, 5, 3, 2]), int(rows.max()) + 1, 10) == 0.0
     assert int(next_fit_rows(np.array([5, 3, 2, 5, 3, 2]), 10)[0].max()) + 1 == 2  # (this order suits next-fit too)
+    assert next_fit_count(np.array([5, 3, 2, 5, 3, 2]), 10) == 2 and next_fit_count(np.array([6, 6, 4, 4]), 10) == 3
     rows, _ = best_fit_rows(np.array([6, 6, 4, 4]), 10, 0)
     assert fills(np.array([6, 6, 4, 4]), rows) == [10, 10] and next_fit_rows(np.array([6, 6, 4, 4]), 10)[0].max() == 2
 

@@ -169,6 +169,8 @@ def train(
         starting=(lambda plan, point: None) if json_out else _announce,
         echo=sys.stderr.write if show_log else None,
         phase=output.info,  # on stderr, like the status line: never in --json's stdout
+        # the bar `trnqwen data` shows while it reads (a terminal only; nothing with --json)
+        data_progress=lambda: output.work_progress("Reading and tokenizing the dataset", quiet=json_out),
     )
     session = run_training(request, hooks)
     if session.scheduled is not None:

@@ -6,27 +6,35 @@ through this module instead, with the same rendering, masking, fitting and packi
 
 * records are read one at a time (``Source.iter_records``: a ``.jsonl`` file line by line) and
   taken :data:`CHUNK_RECORDS` at a time through ``chat.render``, ``chat.tokenize`` and
-  ``packing.fit_documents``;
-* each chunk's token ids and trained flags go to two scratch files beside the cache
-  (:class:`DocStore`); only per-document numbers stay in memory (length, trained targets, which
-  dataset, later its row: about a hundred bytes a record), and the first record of each problem;
+  ``packing.fit_documents`` (:class:`Encoder`), by ``workers`` processes (forked, so each has the
+  tokenizer already; at most two chunks per worker in flight, taken back in file order);
+* each chunk's token ids and trained flags go to two scratch files beside the cache, and its
+  per-document numbers (length, length after fitting, trained targets) to three more
+  (:class:`DocStore`): what stays in memory is counts and the first record of each problem;
+  the numbers are read back as memory maps (:meth:`DocStore.arrays`), fixed-width, never lists;
 * the mixture's choice and the rows are computed from those numbers (``mixture.select``,
   ``packing.assign_rows``: the same calls as in memory), and the rows are written to the cache
   :data:`ROW_BLOCK_TOKENS` at a time (``cache.StreamedSplit``), each block's documents read from
   the scratch files one by one (``pread``: a mapping would hold every page a block touches).
 
-The cache is byte for byte the one the in-memory path writes (tests/test_data_bounded.py), so the
-choice between the two is only about memory.  A progress callback hears (bytes read, bytes in all)
-after every chunk.
+What still grows with the record count is a few fixed-width numbers per *training* document
+while the rows are assigned (which documents train, the best-fit sort order, each one's row and
+column: about 40 bytes a document), not the records, texts or tokens.  The cache is byte for
+byte the one the in-memory path writes, with any number of workers (tests/test_data_bounded.py),
+so the choice between the two is only about memory.  A progress callback hears (bytes read,
+bytes in all) after every chunk.
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import shutil
 import tempfile
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -34,12 +42,26 @@ from trnqwen.dataset import mixture
 from trnqwen.dataset.cache import IGNORE_INDEX, StreamedSplit
 from trnqwen.dataset.sources import Record, Source
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 CHUNK_RECORDS = 2048
+MAX_WORKERS = 8  # one parent reads the records and writes the tokens: more workers than this wait on it
 BOUNDED_FROM_BYTES = 64 << 20  # local data of this size or more is prepared in bounded memory
 ROW_BLOCK_TOKENS = 1 << 20  # rows written per block: its arrays and temporaries are what the rows cost (~60 MB)
 Progress = Callable[[int, int], None]  # (bytes read, bytes in all)
 # (source, its first record, the forced format or None) -> its format (refusals included): prepare's rule
 Detect = Callable[[Source, Record, Optional[str]], str]
+_PER_DOC = ("lengths", "cut", "targets")  # int32 per document, in read order
+
+
+def default_workers() -> int:
+    """The CPUs this process may use, up to :data:`MAX_WORKERS`."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_WORKERS))
 
 
 def sources_of(parts: list[mixture.Part], val_source: Optional[Source]) -> list[Source]:
@@ -54,16 +76,53 @@ def wanted(parts: list[mixture.Part], val_source: Optional[Source]) -> bool:
 
 
 @dataclass
-class DocStore:
-    """Every document's tokens on disk, in read order; per document in memory: its token count,
-    its count after fitting (0 = dropped), its trained targets; the first record of each problem."""
+class Chunk:
+    """One chunk of documents encoded and fitted (what a worker sends back): flat token ids and
+    trained flags, per document its length, its length after fitting (0 = dropped) and its
+    trained targets; what fitting cut or dropped as (count, first record's where)."""
 
-    folder: Path
+    ids: np.ndarray
+    trained: np.ndarray
+    lengths: np.ndarray
+    cut: np.ndarray
+    targets: np.ndarray
+    truncated: tuple[int, Optional[str]]
+    dropped: dict[str, tuple[int, str]]
+
+
+@dataclass
+class Encoder:
+    """Records of one format -> a :class:`Chunk` (``normalise``, ``render``, ``tokenize``, ``fit_documents``)."""
+
+    tokenizer: PreTrainedTokenizerBase
     seq_len: int
     policy: str
-    lengths: list[np.ndarray] = field(default_factory=list)
-    cut: list[np.ndarray] = field(default_factory=list)
-    targets: list[np.ndarray] = field(default_factory=list)
+    train_on_inputs: bool
+    context: dict[str, Any]
+
+    def __call__(self, records: list[Record], fmt: str) -> Chunk:
+        from trnqwen.dataset import chat
+        from trnqwen.dataset.formats import normalise
+        from trnqwen.dataset.packing import fit_documents
+
+        examples = normalise(records, fmt)
+        texts, spans = chat.render(self.tokenizer, examples, train_on_inputs=self.train_on_inputs, context=self.context)
+        docs = chat.tokenize(self.tokenizer, texts, spans)
+        fitted = fit_documents(docs, self.seq_len, self.policy)
+        cut = np.zeros(len(docs), dtype=np.int32)
+        cut[fitted.keep] = fitted.lengths
+        return Chunk(ids=np.ascontiguousarray(docs.ids, dtype=np.int32), trained=docs.trained.astype(np.uint8),
+                     lengths=docs.lengths.astype(np.int32), cut=cut, targets=fitted.targets.astype(np.int32),
+                     truncated=(len(fitted.truncated), examples[fitted.truncated[0]].where if fitted.truncated else None),
+                     dropped={reason: (len(i), examples[i[0]].where) for reason, i in fitted.dropped.items()})
+
+
+@dataclass
+class DocStore:
+    """Every document's tokens and per-document numbers on disk, in read order (see the module);
+    in memory: counts, and the first record of each problem."""
+
+    folder: Path
     count: int = 0
     tokens: int = 0
     truncated: list[Any] = field(default_factory=lambda: [0, None])  # [count, first record's where]
@@ -71,40 +130,44 @@ class DocStore:
 
     def __post_init__(self) -> None:
         self.ids_path, self.trained_path = self.folder / "ids.bin", self.folder / "trained.bin"
-        self._ids, self._trained = self.ids_path.open("wb"), self.trained_path.open("wb")
+        self._files = {name: (self.folder / f"{name}.bin").open("wb") for name in ("ids", "trained", *_PER_DOC)}
 
-    def add(self, docs, wheres: list[str]) -> None:
-        from trnqwen.dataset.packing import fit_documents
-
-        fitted = fit_documents(docs, self.seq_len, self.policy)
-        self._ids.write(np.ascontiguousarray(docs.ids, dtype=np.int32).tobytes())
-        self._trained.write(np.ascontiguousarray(docs.trained, dtype=np.uint8).tobytes())
-        cut = np.zeros(len(docs), dtype=np.int64)
-        cut[fitted.keep] = fitted.lengths
-        self.lengths.append(docs.lengths.astype(np.int64))
-        self.cut.append(cut)
-        self.targets.append(fitted.targets.astype(np.int64))
-        if fitted.truncated:
-            self.truncated = [self.truncated[0] + len(fitted.truncated), self.truncated[1] or wheres[fitted.truncated[0]]]
-        for reason, indices in fitted.dropped.items():
-            seen = self.dropped.setdefault(reason, [0, wheres[indices[0]]])
-            seen[0] += len(indices)
-        self.count += len(docs)
-        self.tokens += len(docs.ids)
+    def add(self, chunk: Chunk) -> None:
+        for name in ("ids", "trained", *_PER_DOC):
+            self._files[name].write(getattr(chunk, name).tobytes())
+        count, first = chunk.truncated
+        if count:
+            self.truncated = [self.truncated[0] + count, self.truncated[1] or first]
+        for reason, (count, first) in chunk.dropped.items():
+            seen = self.dropped.setdefault(reason, [0, first])
+            seen[0] += count
+        self.count += len(chunk.lengths)
+        self.tokens += len(chunk.ids)
 
     def close(self) -> None:
-        self._ids.close()
-        self._trained.close()
+        for fh in self._files.values():
+            fh.close()
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(bounds [count + 1], cut lengths, trained targets, kept) over every document."""
-        def joined(parts: list[np.ndarray]) -> np.ndarray:
-            return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        """(bounds [count + 1] int64, cut lengths, trained targets, kept) over every document, as
+        read-only memory maps of the scratch files (kept: cut > 0, a bool map)."""
+        per_doc = {name: self._map(f"{name}.bin", np.int32, self.count) for name in _PER_DOC}
+        bounds = np.lib.format.open_memmap(self.folder / "bounds.npy", mode="w+", dtype=np.int64, shape=(self.count + 1,))
+        kept = np.lib.format.open_memmap(self.folder / "kept.npy", mode="w+", dtype=bool, shape=(self.count,))
+        bounds[0], step = 0, 1 << 20
+        for lo in range(0, self.count, step):  # a slice at a time: no whole-set temporary
+            np.cumsum(per_doc["lengths"][lo:lo + step], dtype=np.int64, out=bounds[lo + 1:lo + 1 + step])
+            bounds[lo + 1:lo + 1 + step] += bounds[lo]
+            np.greater(per_doc["cut"][lo:lo + step], 0, out=kept[lo:lo + step])
+        bounds.flush()
+        kept.flush()
+        return (np.load(self.folder / "bounds.npy", mmap_mode="r"), per_doc["cut"], per_doc["targets"],
+                np.load(self.folder / "kept.npy", mmap_mode="r"))
 
-        lengths, cut = joined(self.lengths), joined(self.cut)
-        bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=bounds[1:])
-        return bounds, cut, joined(self.targets), cut > 0
+    def _map(self, name: str, dtype, count: int) -> np.ndarray:
+        if not count:
+            return np.zeros(0, dtype=dtype)
+        return np.memmap(self.folder / name, dtype=dtype, mode="r", shape=(count,))
 
     def problems(self, noun: str, cut_what: str) -> list[str]:
         """The report's lines, worded as ``packing.fit_problems`` words them (its reasons in its order)."""
@@ -120,47 +183,117 @@ class DocStore:
         return {reason: self.dropped[reason][0] for reason in sorted(self.dropped, key=lambda r: not r.startswith("longer"))}
 
 
-def read_documents(parts: list[mixture.Part], val_source: Optional[Source], store: DocStore, *, tokenizer,
-                   detect: Detect, forced: Optional[str], val_split: float, seed: int, train_on_inputs: bool,
-                   context: dict[str, Any], progress: Optional[Progress] = None) -> mixture.Loaded:
-    """Every source's documents into ``store``, split and counted as ``mixture.load_parts`` does."""
-    from trnqwen.dataset import chat
-    from trnqwen.dataset.formats import normalise
+_WORKER: dict[str, Encoder] = {}  # in a worker process: its encoder (inherited through fork)
 
+
+def _start_worker(encoder: Encoder) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it ends the pool): no worker tracebacks
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the workers are the parallelism
+    _WORKER["encoder"] = encoder
+
+
+def _encode_in_worker(records: list[Record], fmt: str) -> Chunk:
+    return _WORKER["encoder"](records, fmt)
+
+
+class _Pipeline:
+    """Chunks encoded by ``workers`` processes (or in this one), taken back in the order given."""
+
+    def __init__(self, encoder: Encoder, workers: int, store: DocStore) -> None:
+        import multiprocessing
+
+        self.encoder, self.store, self.pool, self.failed = encoder, store, None, False
+        self.pending: deque = deque()
+        self.window = 2 * workers
+        if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+            # a forked child of a process that has used the tokenizer's own threads turns them off
+            # and says so on stderr unless TOKENIZERS_PARALLELISM is set: set while forking only
+            # (and gc.freeze: a worker's collections then leave the parent's objects alone, their pages shared)
+            before = os.environ.get("TOKENIZERS_PARALLELISM")
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+            gc.freeze()
+            try:
+                self.pool = multiprocessing.get_context("fork").Pool(workers, _start_worker, (encoder,))
+            finally:
+                gc.unfreeze()
+                if before is None:
+                    os.environ.pop("TOKENIZERS_PARALLELISM", None)
+                else:
+                    os.environ["TOKENIZERS_PARALLELISM"] = before
+
+    def submit(self, records: list[Record], fmt: str, after: Callable[[], None]) -> None:
+        """Encode ``records``; ``after`` runs once they are stored (in order)."""
+        if self.pool is None:
+            self.store.add(self.encoder(records, fmt))
+            after()
+            return
+        self.pending.append((self.pool.apply_async(_encode_in_worker, (records, fmt)), after))
+        while len(self.pending) >= self.window:
+            self._take()
+
+    def drain(self) -> None:
+        while self.pending:
+            self._take()
+
+    def _take(self) -> None:
+        result, after = self.pending.popleft()
+        try:
+            chunk = result.get()
+        except BaseException:  # a worker's error (a bad record), in file order: the later chunks are not waited for
+            self.failed = True
+            self.pending.clear()
+            raise
+        self.store.add(chunk)
+        after()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
+def read_documents(parts: list[mixture.Part], val_source: Optional[Source], store: DocStore, encoder: Encoder, *,
+                   detect: Detect, forced: Optional[str], val_split: float, seed: int, workers: int = 1,
+                   progress: Optional[Progress] = None) -> mixture.Loaded:
+    """Every source's documents into ``store``, split and counted as ``mixture.load_parts`` does."""
     sources = sources_of(parts, val_source)
     total_bytes = sum(s.size_bytes() for s in sources)
     done_before = [0]
+    pipeline = _Pipeline(encoder, workers, store)
+
+    def told(done: int) -> Callable[[], None]:
+        return (lambda: progress(done, total_bytes)) if progress is not None else (lambda: None)
 
     def read(source: Source, fmt: Optional[str]) -> tuple[int, str, int]:
         n, chunk, chosen = 0, [], None
-        for record in source.iter_records():
+        try:
+            for record in source.iter_records():
+                if chosen is None:
+                    chosen = detect(source, record, fmt)
+                chunk.append(record)
+                if len(chunk) == CHUNK_RECORDS:
+                    pipeline.submit(chunk, chosen, told(done_before[0] + source.bytes_read))
+                    n, chunk = n + len(chunk), []
             if chosen is None:
-                chosen = detect(source, record, fmt)
-            chunk.append(record)
-            if len(chunk) == CHUNK_RECORDS:
-                n += _flush(chunk, chosen)
-                chunk = []
-                if progress is not None:
-                    progress(done_before[0] + source.bytes_read, total_bytes)
-        if chosen is None:
-            detect(source, None, fmt)  # no records: refused there
-        n += _flush(chunk, chosen)
+                detect(source, None, fmt)  # no records: refused there
+            if chunk:
+                pipeline.submit(chunk, chosen, lambda: None)
+                n += len(chunk)
+        except BaseException:
+            if not pipeline.failed:
+                pipeline.drain()  # a record the workers refuse comes before a later line that is unreadable
+            raise
+        pipeline.drain()
         done_before[0] += source.size_bytes()
-        if progress is not None:
-            progress(done_before[0], total_bytes)
+        told(done_before[0])()
         return n, chosen, n
-
-    def _flush(chunk: list[Record], fmt: str) -> int:
-        if not chunk:
-            return 0
-        examples = normalise(chunk, fmt)
-        texts, spans = chat.render(tokenizer, examples, train_on_inputs=train_on_inputs, context=context)
-        store.add(chat.tokenize(tokenizer, texts, spans), [ex.where for ex in examples])
-        return len(chunk)
 
     try:
         return mixture.load_parts(parts, val_source, read, forced=forced, val_split=val_split, seed=seed)
     finally:
+        pipeline.close()
         store.close()
 
 
@@ -174,12 +307,14 @@ def split_rows(store: DocStore, bounds: np.ndarray, cut: np.ndarray, targets: np
     n_rows = int(rows.max()) + 1 if len(rows) else 0
 
     def blocks() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        order = np.lexsort((cols, rows))
-        row_sorted = rows[order]
+        # documents by row, each row's in their order (= by column: a row's columns grow in that order)
+        order = np.argsort(rows, kind="stable")
+        row_start = np.zeros(n_rows + 1, dtype=np.int64)
+        np.cumsum(np.bincount(rows, minlength=n_rows), out=row_start[1:])
         per_block = max(1, ROW_BLOCK_TOKENS // seq_len)
         for r0 in range(0, n_rows, per_block):
             r1 = min(n_rows, r0 + per_block)
-            lo, hi = np.searchsorted(row_sorted, [r0, r1])
+            lo, hi = row_start[r0], row_start[r1]
             yield _block(store, bounds, doc_indices[order[lo:hi]], lengths[order[lo:hi]], rows[order[lo:hi]] - r0,
                          cols[order[lo:hi]], r1 - r0, seq_len, pad_id)
 
@@ -191,8 +326,6 @@ def _block(store: DocStore, bounds, docs, lengths, rows, cols, n_rows: int, seq_
     """Rows ``[0, n_rows)`` of one block (``build_rows``' arithmetic), each document's tokens read
     from the scratch files with ``pread``: a block's documents lie all over the files (best-fit rows
     are in a seeded order), and a mapping would bring every page it touches into this process."""
-    import os
-
     owner = np.repeat(np.arange(len(lengths)), lengths)
     position = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     input_ids = np.full((n_rows, seq_len), pad_id, dtype=np.int32)

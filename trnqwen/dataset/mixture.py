@@ -59,7 +59,7 @@ class Loaded:
     """Every part's units (examples or pairs) read, one list, and which part and split each is in."""
 
     units: list[Any]
-    part_of: np.ndarray  # per unit: its part, or -1 for --val-dataset's
+    part_of: np.ndarray  # per unit: its part, or -1 for --val-dataset's (int16: a few bytes a unit, for large data)
     train_idx: np.ndarray
     val_idx: np.ndarray
     formats: list[str]  # per part
@@ -193,13 +193,13 @@ def load_parts(parts: list[Part], val_source: Optional[Source], read: Reader, *,
         n_got = _add(units, got)
         total += n_got
         formats.append(fmt)
-        part_of.append(np.full(n_got, i, dtype=np.int64))
+        part_of.append(np.full(n_got, i, dtype=np.int16))
         if part.val_source is not None:
             held, _, n_held = read(part.val_source, fmt)
             n_val = _add(units, held)
             total += n_val
             n_read += n_held
-            part_of.append(np.full(n_val, i, dtype=np.int64))
+            part_of.append(np.full(n_val, i, dtype=np.int16))
             train.append(base + np.arange(n_got))
             val.append(base + n_got + np.arange(n_val))
         else:
@@ -212,7 +212,7 @@ def load_parts(parts: list[Part], val_source: Optional[Source], read: Reader, *,
         held, _, n_held = read(val_source, formats[0])
         n_val = _add(units, held)
         val.append(total + np.arange(n_val))
-        part_of.append(np.full(n_val, -1, dtype=np.int64))
+        part_of.append(np.full(n_val, -1, dtype=np.int16))
         total += n_val
         read_counts.append(n_held)
     return Loaded(units=units, part_of=np.concatenate(part_of), train_idx=np.concatenate(train),
@@ -295,12 +295,12 @@ def report(parts: list[Part], loaded: Loaded, train_units: np.ndarray, tokens: n
     """The data report's keys on the sources (each one's share of the trained tokens), their mappings,
     the packing (and the padding sequential packing would leave) and the chat template.
     ``tokens[u]``: a unit's tokens (a pair's: both sides)."""
-    from trnqwen.dataset.bestfit import next_fit_rows, padding_fraction
+    from trnqwen.dataset.bestfit import next_fit_count, padding_fraction
 
     sequential = None
     if packing and strategy != "sequential":
         lengths = tokens[train_units]
-        sequential = round(padding_fraction(lengths, next_fit_rows(lengths, seq_len)[0], seq_len), 4)
+        sequential = round(padding_fraction(lengths, next_fit_count(lengths, seq_len), seq_len), 4)
     return {
         "sources": part_report(parts, loaded, train_units, tokens, trained),
         "mapping": [_mapping_sample(part.source) for part in parts if part.source.mapping is not None],

@@ -138,10 +138,11 @@ def prepare_dataset(cfg: Any, assets_dir: Optional[Path] = None, *, cache_root: 
 
 
 def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path, *, bounded_memory: Optional[bool] = None,
-            progress: Optional[bounded.Progress] = None) -> PreparedData:
+            progress: Optional[bounded.Progress] = None, workers: Optional[int] = None) -> PreparedData:
     """The cache for ``settings`` (see the module).  ``bounded_memory``: keep the documents on disk
     while preparing (trnqwen.dataset.bounded; the same cache); None = when the data is large.
-    ``progress``: told (bytes read, bytes in all) as bounded preparation reads."""
+    ``progress``: told (bytes read, bytes in all) as bounded preparation reads; ``workers``: the
+    processes it renders and tokenizes with (None = the CPUs, up to bounded.MAX_WORKERS; the same cache)."""
     from trnqwen.dataset import chat
 
     _check_settings(settings)
@@ -175,7 +176,8 @@ def prepare(settings: DataSettings, assets_dir: Path, cache_root: Path, *, bound
         directory, report = preference.write_pairs(settings, assets_dir, cache_root, key, parts, val_source, template)
         return PreparedData(directory, key, False, {**report, "warnings": warnings})
     if bounded.wanted(parts, val_source) if bounded_memory is None else bounded_memory:
-        return _prepare_bounded(settings, parts, val_source, assets_dir, cache_root, key, warnings, template, progress)
+        return _prepare_bounded(settings, parts, val_source, assets_dir, cache_root, key, warnings, template, progress,
+                                workers)
     loaded = mixture.load_parts(parts, val_source, lambda source, fmt: _examples(source, settings, fmt),
                                 forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed)
     context = template_context(settings.enable_thinking)
@@ -417,7 +419,7 @@ def _finish(settings, loaded: mixture.Loaded, parts, splits, train_docs, n_val: 
 
 
 def _prepare_bounded(settings, parts, val_source, assets_dir, cache_root, key, warnings, template,
-                     progress: Optional[bounded.Progress]) -> PreparedData:
+                     progress: Optional[bounded.Progress], workers: Optional[int]) -> PreparedData:
     """``prepare`` for data larger than memory: the same cache, its documents kept on disk (bounded.py)."""
     from trnqwen.dataset import chat
 
@@ -425,11 +427,13 @@ def _prepare_bounded(settings, parts, val_source, assets_dir, cache_root, key, w
     tokenizer = chat.load_tokenizer(assets_dir, template, context)
     folder = bounded.scratch(cache_root, key)
     try:
-        store = bounded.DocStore(folder, settings.seq_len, settings.long_conversations)
+        store = bounded.DocStore(folder)
+        encoder = bounded.Encoder(tokenizer, settings.seq_len, settings.long_conversations, settings.train_on_inputs,
+                                  context)
         loaded = bounded.read_documents(
-            parts, val_source, store, tokenizer=tokenizer, detect=lambda source, first, fmt: _detect(source, first, settings, fmt),
+            parts, val_source, store, encoder, detect=lambda source, first, fmt: _detect(source, first, settings, fmt),
             forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed,
-            train_on_inputs=settings.train_on_inputs, context=context, progress=progress)
+            workers=bounded.default_workers() if workers is None else workers, progress=progress)
         bounds, cut, targets, kept = store.arrays()
         train_docs, val_docs = _chosen(settings, loaded, parts, kept, targets)
         build = _build(settings, tokenizer)
@@ -444,15 +448,17 @@ def _prepare_bounded(settings, parts, val_source, assets_dir, cache_root, key, w
         texts, spans = chat.render(tokenizer, normalise([record], loaded.formats[i]),
                                    train_on_inputs=settings.train_on_inputs, context=context)
         fit = {
-            "kept": int(kept.sum()),
+            "kept": int(np.count_nonzero(kept)),
             "dropped": int(sum(store.dropped_counts().values())),
             "dropped_reasons": store.dropped_counts(),
             "truncated": int(store.truncated[0]),
             "problems": store.problems("record", f"longer than {seq_len} tokens truncated to {seq_len}"),
             "sample": _sample(chat.tokenize(tokenizer, texts, spans), 0, seq_len),
         }
-        return _finish(settings, loaded, parts, splits, train_docs, len(val_docs), np.minimum(np.diff(bounds), seq_len),
-                       targets, fit, tokenizer, cache_root, key, warnings, template)
+        # a document's tokens within seq_len: the report reads them for the chosen (kept) documents
+        # only, whose cut length is just that
+        return _finish(settings, loaded, parts, splits, train_docs, len(val_docs), cut, targets, fit, tokenizer,
+                       cache_root, key, warnings, template)
     finally:
         bounded.remove(folder)
 

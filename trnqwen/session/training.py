@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 from trnqwen.config import ResolvedConfig, RunConfig
 from trnqwen.errors import CheckFailed, TrnqwenError, UsageError
 from trnqwen.evaluate.harness import HarnessReport, HarnessTask
+from trnqwen.train.cache_data import DataProgress
 from trnqwen.train.resume import RESUME_AUTO, ResumePoint
 from trnqwen.train.run import TrainOutcome, TrainPlan
 
@@ -68,6 +69,7 @@ class TrainHooks:
     status: bool = True  # the live status line
     # what takes a while after the ranks exit (a --merge, the closing eval), as it starts
     phase: Callable[[str], None] = _nothing
+    data_progress: Optional[DataProgress] = None  # shown while the dataset is read and tokenized (a bar)
 
 
 @dataclass
@@ -131,7 +133,7 @@ def run_training(request: TrainRequest, hooks: Optional[TrainHooks] = None) -> T
     show_only = request.dry_run or request.export_config is not None
     plan = plan_train(
         resolved, extra_args=request.extra_args, dry_run=show_only, resume=point, overwrite=request.overwrite,
-        cwd=request.cwd, run_id=request.run_id, pythonpath=request.pythonpath,
+        cwd=request.cwd, run_id=request.run_id, pythonpath=request.pythonpath, data_progress=hooks.data_progress,
     )
     session = TrainSession(request, plan=plan, point=point)
     if request.export_config is not None:  # --dry-run changes nothing: it only checks the file name

@@ -14,8 +14,9 @@ All three read the same rows in the same order (:mod:`trnqwen.runtime.token_stre
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from trnqwen.config import RunConfig
 from trnqwen.dataset.cache import RankData
@@ -25,6 +26,12 @@ from trnqwen.methods import registry as methods
 from trnqwen.titan_compat import TitanAPI
 
 TITAN_LOADER_IMPORT = "from trnqwen.runtime.titan_data import TokenCacheDataLoader"
+# opens a progress display around the data's preparation, yielding its (bytes read, bytes in all) callback
+DataProgress = Callable[[], AbstractContextManager[Optional[Callable[[int, int], None]]]]
+
+
+def _no_progress() -> AbstractContextManager[None]:
+    return nullcontext(None)
 
 
 def check_run(data: RankData, *, seq_len: int, val_every: Optional[int], from_cache: bool = False) -> None:
@@ -99,12 +106,14 @@ def data_name(cfg: RunConfig) -> Optional[str]:
     return cfg.dataset or (" + ".join(entry.path for entry in cfg.datasets) if cfg.datasets else None)
 
 
-def prepare_rank_data(cfg: RunConfig, assets_dir: Path) -> Optional[tuple[DataSpec, RankData]]:
+def prepare_rank_data(cfg: RunConfig, assets_dir: Path,
+                      progress: Optional[DataProgress] = None) -> Optional[tuple[DataSpec, RankData]]:
     """(DataSpec, RankData) when the run reads a token cache, else None.
 
     Runs in the launcher before any rank starts: ``--dataset`` naming a prepared cache is used as
     it is; any other dataset the user names is tokenized once (or found in the cache) by
-    :func:`trnqwen.dataset.prepare.prepare_dataset`, the code ``trnqwen data`` runs.
+    :func:`trnqwen.dataset.prepare.prepare_dataset`, the code ``trnqwen data`` runs; ``progress``
+    (the CLI's bar, as ``trnqwen data`` shows it) is opened around that preparation only.
     """
     if getattr(cfg, "data_kind", "chat") == "prompts":  # the method caches its own prompts (Method.prompts)
         return _prompt_data(cfg, assets_dir)
@@ -135,7 +144,8 @@ def prepare_rank_data(cfg: RunConfig, assets_dir: Path) -> Optional[tuple[DataSp
             data = RankData(cache_dir=Path("<tokenized-when-the-run-starts>"), seq_len=cfg.seq_len, train_rows=1,
                             val_rows=1 if cfg.val_every else 0)
             return DataSpec(kind="cache", source=str(data_name(cfg)), notes=notes), data
-        prepared = prepare_dataset(cfg, assets_dir, pair_methods=methods.names_for_data("preference"))
+        with (progress or _no_progress)() as report:
+            prepared = prepare_dataset(cfg, assets_dir, pair_methods=methods.names_for_data("preference"), progress=report)
         data = RankData.from_cache(prepared.cache_dir)
         notes += _report_notes(prepared.report)
     from_cache = path is not None and is_prepared_cache(path)

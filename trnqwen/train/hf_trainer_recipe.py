@@ -34,6 +34,7 @@ from trnqwen.train.topology import plan_topology
 
 if TYPE_CHECKING:
     from trnqwen.config import RunConfig
+    from trnqwen.train.cache_data import DataProgress
     from trnqwen.env.device import DeviceInfo
 
 ENTRY_MODULE = "trnqwen.runtime.hf_trainer"
@@ -179,6 +180,7 @@ def build_hf_trainer_job(
     *,
     topology: Optional[Topology] = None,
     check_runtime: bool = True,
+    data_progress: Optional[DataProgress] = None,
 ) -> TrainJob:
     """A TrainJob running :mod:`trnqwen.runtime.hf_trainer` under torchrun for ``cfg`` on ``device``.
 
@@ -223,7 +225,7 @@ def build_hf_trainer_job(
     assets_dir = Path(cfg.resolved_assets_dir).expanduser().absolute()
     from trnqwen.train.cache_data import prepare_rank_data
 
-    prepared = prepare_rank_data(cfg, assets_dir)
+    prepared = prepare_rank_data(cfg, assets_dir, data_progress)
     rank_data = prepared[1] if prepared is not None else None
     dataset, data_notes, data_source = _dataset_arg(cfg, rank_data)
     if prepared is not None:

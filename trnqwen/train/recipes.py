@@ -43,7 +43,7 @@ from trnqwen.train.memory import count_params  # one parameter formula for both
 from trnqwen.methods.base import MethodPlan
 from trnqwen.methods.planning import plan_method
 from trnqwen.dataset.cache import RankData
-from trnqwen.train.cache_data import prepare_rank_data, streamed_data, titan_dataloader_code
+from trnqwen.train.cache_data import DataProgress, prepare_rank_data, streamed_data, titan_dataloader_code
 from trnqwen.dataset.streamed import DataSpec, render_dataset_code
 from trnqwen.train.job import TrainJob
 from trnqwen.train.schedule import Schedule, plan_schedule
@@ -99,8 +99,10 @@ def build_job(
     *,
     topology: Optional[Topology] = None,
     check_runtime: bool = True,
+    data_progress: Optional[DataProgress] = None,
 ) -> TrainJob:
-    """The TrainJob for ``cfg`` on ``device`` (``topology``: the plan's, else worked out here).
+    """The TrainJob for ``cfg`` on ``device`` (``topology``: the plan's, else worked out here;
+    ``data_progress``: shown while the dataset is prepared, cache_data.prepare_rank_data).
 
     ``check_runtime=False`` (``--dry-run`` / ``--export-config``) only generates text: missing
     torchtitan-neuron is then a note, not an error.  Missing or broken assets never stop the
@@ -109,8 +111,9 @@ def build_job(
     if cfg.backend == "hf-trainer":  # no torchtitan config module: trnqwen's Trainer entry point
         from trnqwen.train.hf_trainer_recipe import build_hf_trainer_job
 
-        return build_hf_trainer_job(cfg, device, run_dir, topology=topology, check_runtime=check_runtime)
-    plan = make_plan(cfg, device, run_dir, topology=topology, check_runtime=check_runtime)
+        return build_hf_trainer_job(cfg, device, run_dir, topology=topology, check_runtime=check_runtime,
+                                    data_progress=data_progress)
+    plan = make_plan(cfg, device, run_dir, topology=topology, check_runtime=check_runtime, data_progress=data_progress)
     text = _render(plan)
     fn = CONFIG_FNS[cfg.backend]
     entry_args = ["--module", CONFIG_MODULE, "--config", fn]
@@ -173,6 +176,7 @@ def make_plan(
     *,
     topology: Optional[Topology] = None,
     check_runtime: bool,
+    data_progress: Optional[DataProgress] = None,
 ) -> Plan:
     if cfg.backend == "hf-trainer":
         raise UsageError(
@@ -187,7 +191,7 @@ def make_plan(
         _check_nki_moe_available(check_runtime, notes)
     assets_dir = cfg.resolved_assets_dir.expanduser().absolute()
     hf_config = read_config_json(assets_dir)  # missing or broken assets: preflight reports them
-    prepared = prepare_rank_data(cfg, assets_dir)
+    prepared = prepare_rank_data(cfg, assets_dir, data_progress)
     data, rank_data = prepared if prepared is not None else (streamed_data(cfg, api=api), None)
     topology = topology or plan_topology(cfg, device)  # its problems are preflight's to report
     # Resumable checkpoints always; whether this folder may be used is the launcher's check

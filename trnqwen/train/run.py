@@ -50,7 +50,7 @@ from trnqwen.train.launch_result import LaunchResult
 from trnqwen.train.plan import TrainPlan
 from trnqwen.train.preflight import ERROR, INFO, WARNING, Finding, preflight
 from trnqwen.train.recipes import build_job
-from trnqwen.train.cache_data import data_record
+from trnqwen.train.cache_data import DataProgress, data_record
 from trnqwen.train.status import StatusLine
 from trnqwen.train.resume import ResumePoint, refuse_changed_data, refuse_other_device, resume_command
 from trnqwen.train.schedule import Schedule
@@ -177,12 +177,14 @@ def plan_train(
     resume: Optional[ResumePoint] = None,
     overwrite: bool = False,
     pythonpath: Sequence[Path] = (),
+    data_progress: Optional[DataProgress] = None,
 ) -> TrainPlan:
     """Resolve the device and ranks, build the job, the argv and the env, and run preflight.
 
     Nothing is created on disk.  The plan's ``run_dir`` is where :func:`execute` will put the run.
     ``pythonpath`` folders go first on the ranks' ``PYTHONPATH`` (where an ``--override-imports``
-    module lives), so preflight looks for the module exactly where the ranks will.
+    module lives), so preflight looks for the module exactly where the ranks will.  ``data_progress``:
+    a progress display opened while the dataset is prepared (the CLI's bar; cache_data.DataProgress).
     """
     if resume is not None:  # the run's own config, folder and working directory
         resolved, cwd, run_id = resume.resolved, resume.cwd, resume.run_id
@@ -209,7 +211,7 @@ def plan_train(
         cfg = cfg.model_copy(update={"checkpoint_dir": default_checkpoint_dir(base_model, cfg.finetune)})
         sources = {**sources, "checkpoint_dir": f"named after the model in --assets ({base_model})"}
     with _no_device_backend_autoload(device):
-        job = build_job(cfg, device, run_dir, topology=topo, check_runtime=not dry_run)
+        job = build_job(cfg, device, run_dir, topology=topo, check_runtime=not dry_run, data_progress=data_progress)
     if resume is not None:
         refuse_changed_data(resume, job.dataset_cache)
     if job.schedule is not None:  # the counted steps and the chosen LR: what run.json, resume and the status line see
