@@ -41,7 +41,8 @@ def judge_run(info: RunInfo, *, device: str, fail: Callable[..., Exception],
     StageFailed) when the held-out mean reward did not rise by :data:`MARGIN`;
     ``before_after(run_dir, device=...)`` is eval's before/after of the run."""
     StageFailed = fail
-    got = before_after(Path(info.run_dir or ""), device=device)
+    # the tiny model answers fastest on one thread (two on 2 shared cores spin more than they decode)
+    got = before_after(Path(info.run_dir or ""), device=device, threads=1)
     if got is None or "error" in got or "reward" not in got:
         raise StageFailed(STAGE, got["line"] if got else f"run {info.run_dir} has no held-out prompts to evaluate")
     reward = got["reward"]
