@@ -643,13 +643,13 @@ def test_a_grpo_run_is_scored_on_held_out_prompts_with_its_rewards(run_work, cli
     run["extra"]["dataset_cache"] = str(prompts.cache_dir)
     (run_dir / "run.json").write_text(json.dumps(run))
     assert_clean_error(cli("eval"), code=2, contains="has no validation split")
-    got = cli("eval", "--dataset", str(heldout), "--json")
+    got = cli("eval", "--dataset", str(heldout), "--generate", "2", "--json")  # 2 answers side by side (default 3)
     assert got.code == 0, got.text
     doc = json.loads(got.out)
     assert doc["method"] == "grpo" and doc["rewards"] == ["trnqwen.methods.grpo.task:number"], doc
     base, tuned = doc["results"]
     assert base["prompts"] == tuned["prompts"] == 16 and base["loss"] is None and base["reward_vs_base"] is None
     assert math.isfinite(tuned["mean_reward"]) and tuned["reward_vs_base"] is not None and "pass_at_1" in tuned
-    assert len(doc["generations"]) == 3 and set(doc["generations"][0]["answers"]) == {"base", tuned["checkpoint"]}
+    assert len(doc["generations"]) == 2 and set(doc["generations"][0]["answers"]) == {"base", tuned["checkpoint"]}
     assert doc["generations"][0]["reference"] == "30"
     assert not (run_dir / "eval.json").exists() and list(run_dir.glob("eval-heldout*.json"))
