@@ -11,7 +11,6 @@ event files; on other data (``--dataset``) only to ``<run dir>/eval-<data>-<hash
 
 from __future__ import annotations
 
-import math
 import re
 import sys
 import time
@@ -187,7 +186,8 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
             numbers = scorer.numbers(scores, None if target.is_base else base_scores, plan.method_settings)
             own = scorer.loss(scores) if hasattr(scorer, "loss") else scores.chosen_loss()  # prompts: no loss of their own
             result = (m.LossResult(tokens=own.tokens, loss_sum=own.loss_sum) if own is not None
-                      else m.LossResult(tokens=scorer.completion_tokens(scores), loss_sum=float("nan")))
+                      else m.LossResult(tokens=scorer.completion_tokens(scores), loss_sum=0.0))
+            has_loss = own is not None
             base_scores = scores if target.is_base else base_scores
             if plan.answers:
                 for n, (prompt, reference, text) in enumerate(scorer.answers(scores, plan.answers)):
@@ -196,6 +196,7 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
                     shown[n][2][target.label] = text
         else:
             result = m.score(model, plan.data, batch_size=plan.batch_size, static_shapes=plan.device_type == "neuron")
+            has_loss = True
         if plan.conversations:
             pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else plan.data.pad_id
             generated = m.answer(
@@ -207,12 +208,11 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
                 slot[target.label] = tokenizer.decode(ids, skip_special_tokens=True).strip()
         del model  # the last reference: base and tuned never sit in memory together
         m.release_memory()
-        has_loss = math.isfinite(result.loss_sum)
         report.results.append(EvalResult(target.label, result.tokens, result.loss if has_loss else None,
                                          result.perplexity if has_loss else None, preference=numbers))
         if say is not None:
             what = f"loss {result.loss:.4f} on {result.tokens:,} tokens"
-            if numbers is not None and hasattr(scorer, "say"):
+            if numbers is not None and hasattr(scorer, "say"):  # its own line (held-out prompts: no loss)
                 what = scorer.say(numbers)
             elif numbers is not None:
                 what = (f"preference accuracy {numbers['preference_accuracy']:.4f}, margin {numbers['margin']:+.4f}, "
