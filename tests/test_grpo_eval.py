@@ -148,6 +148,14 @@ def test_the_table_summary_before_after_and_card_say_reward_and_pass_at_1():
     assert rows[1][:5] == ["run/step-12", "16", "1.2500", "0.1250", "+1.2000"] and rows[0][4] == ""
     kept = eval_report.before_after(as_json["results"][0], as_json["results"][1])
     assert kept["reward_before"] == 0.05 and kept["pass_after"] == 0.125 and kept["line"] == line
+    from rich.console import Console
+
+    from trnqwen.logs.report import render_evaluation
+
+    console = Console(record=True, width=200)
+    render_evaluation(as_json, console=console)  # inspect-logs' held-out table of the run
+    shown = console.export_text()
+    assert "mean reward" in shown and "pass@1" in shown and "1.2500" in shown and "perplexity" not in shown, shown
     section = "\n".join(card.card(as_json["results"], "held out", lambda v: None if v is None else f"{v:.4f}"))
     assert "## Held-out prompts (`trnqwen eval` on held out)" in section
     assert "| run/step-12 | 16 | 1.2500 | 0.1250 | +1.2000 |" in section
