@@ -46,8 +46,7 @@ def check(cfg: RunConfig) -> None:
                          "does not compute yet", hint="drop --kl-beta (0, TRL's default)")
     if cfg.val_every:
         raise UsageError("--val-every has no GRPO validation yet (a held-out reward)",
-                         hint="drop --val-every; the run's closing eval (trnqwen eval RUN) scores its held-out prompts "
-                              "(docs/rl.md)")
+                         hint="drop --val-every; measure held-out prompts after training (docs/rl.md)")
     if cfg.global_batch_size:
         raise UsageError("--global-batch-size (gradient accumulation) is not wired for GRPO yet: each micro-batch's "
                          "rollout is its own", hint="drop --global-batch-size; --local-batch-size sets the prompts per rank")
