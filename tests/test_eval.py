@@ -623,10 +623,33 @@ def test_a_rebuilt_validation_split_that_differs_from_the_recorded_one_is_refuse
     assert explicit.code == 0, explicit.text
 
 
-def test_a_grpo_run_without_a_dataset_is_refused_naming_the_method(run_work, cli):
-    """A GRPO run's data is prompts: nothing of their own to score a loss on (no reward report yet)."""
+def test_a_grpo_run_is_scored_on_held_out_prompts_with_its_rewards(run_work, cli, tiny):
+    """A GRPO run's data is prompts: without held-out prompts eval says how to get some; with
+    ``--dataset`` prompts each model answers them and the run's reward scores the answers (its own
+    file beside the run, never its eval.json)."""
+    from trnqwen.config import RunConfig
+    from trnqwen.data.sums_recipe import HELDOUT_NAME, sums_path
+    from trnqwen.methods.grpo import prompt_cache
+
     work, run_dir, _export = run_work
+    mine, heldout = work / "prompts.jsonl", work / "heldout.jsonl"
+    mine.write_text(sums_path().read_text())
+    heldout.write_text(sums_path(HELDOUT_NAME).read_text())
+    cfg = RunConfig(method="grpo", model="builtin:tiny-qwen3", seq_len=64, max_completion_length=16, dataset=str(mine),
+                    reward=["trnqwen.methods.grpo.task:number"])
+    prompts = prompt_cache.prepare(cfg, tiny, cache_root=work / "prompt-cache")
     run = json.loads((run_dir / "run.json").read_text())
-    run["config"]["method"] = "grpo"
+    run["config"].update(cfg.model_dump(mode="json"))
+    run["extra"]["dataset_cache"] = str(prompts.cache_dir)
     (run_dir / "run.json").write_text(json.dumps(run))
-    assert_clean_error(cli("eval"), code=2, contains="--method grpo run")
+    assert_clean_error(cli("eval"), code=2, contains="has no validation split")
+    got = cli("eval", "--dataset", str(heldout), "--generate", "2", "--json")  # 2 answers side by side (default 3)
+    assert got.code == 0, got.text
+    doc = json.loads(got.out)
+    assert doc["method"] == "grpo" and doc["rewards"] == ["trnqwen.methods.grpo.task:number"], doc
+    base, tuned = doc["results"]
+    assert base["prompts"] == tuned["prompts"] == 16 and base["loss"] is None and base["reward_vs_base"] is None
+    assert math.isfinite(tuned["mean_reward"]) and tuned["reward_vs_base"] is not None and "pass_at_1" in tuned
+    assert len(doc["generations"]) == 2 and set(doc["generations"][0]["answers"]) == {"base", tuned["checkpoint"]}
+    assert doc["generations"][0]["reference"] == "30"
+    assert not (run_dir / "eval.json").exists() and list(run_dir.glob("eval-heldout*.json"))

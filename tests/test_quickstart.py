@@ -41,7 +41,7 @@ def test_quickstart_runs_every_stage(quickstart_run):
         "check-env", "fetch", "pre-train", "snapshot",
         "train --finetune (native)", "train --finetune (hf-v5)", "train --finetune (hf-trainer)", "override",
         "verify-ckpt (native)", "verify-ckpt (hf-v5)", "verify-ckpt (hf-trainer)", "inspect-logs", "chat fine-tune",
-        "LoRA fine-tune", "DPO",
+        "LoRA fine-tune", "DPO", "GRPO",
     ]
     assert all(s["ok"] for s in summary["stages"]), summary["stages"]
     # progress went to stderr, stage by stage, numbered as they start (lanes run two at a time:
@@ -61,7 +61,7 @@ def test_quickstart_finetunes_start_far_below_random_init(quickstart_run):
     result, _ = quickstart_run
     summary = json.loads(result.out)
     runs = summary["runs"]
-    assert set(runs) == {"pretrain", "native", "hf-v5", "hf-trainer", "override", "chat", "lora", "dpo"}
+    assert set(runs) == {"pretrain", "native", "hf-v5", "hf-trainer", "override", "chat", "lora", "dpo", "grpo"}
     pre = runs["pretrain"]
     assert pre["finetune"] is False and len(pre["losses"]) == PRETRAIN_STEPS
     vocab = json.loads((Path(summary["files"]["assets"]) / "config.json").read_text())["vocab_size"]
@@ -161,6 +161,24 @@ def test_quickstart_dpo_stage_starts_at_ln2_and_raises_held_out_preference_accur
 
 
 @pytest.mark.slow
+def test_quickstart_grpo_stage_raises_the_held_out_reward(quickstart_run):
+    """The GRPO stage: `trnqwen eval` on the run (the bundled held-out prompts, greedy answers) says
+    the tuned model earns a clearly higher mean reward than its starting point; the line says both."""
+    from trnqwen.methods.grpo.quickstart import MARGIN
+
+    result, _ = quickstart_run
+    summary = json.loads(result.out)
+    grpo, run = summary["grpo"], summary["runs"]["grpo"]
+    assert grpo["prompts"] == 16 and grpo["reward_after"] >= grpo["reward_before"] + MARGIN, grpo
+    run_dir = Path(run["run_dir"])
+    assert json.loads((run_dir / "run.json").read_text())["config"]["method"] == "grpo"
+    saved = json.loads((run_dir / "eval.json").read_text())
+    assert [r["mean_reward"] for r in saved["results"]] == [grpo["reward_before"], grpo["reward_after"]]
+    stage = next(s for s in summary["stages"] if s["name"] == "GRPO")
+    assert stage["ok"] and f"base {grpo['reward_before']:.3f} -> tuned {grpo['reward_after']:.3f}" in stage["detail"]
+
+
+@pytest.mark.slow
 def test_quickstart_checkpoints_and_files(quickstart_run):
     from safetensors import safe_open
 
@@ -190,7 +208,7 @@ def test_quickstart_checkpoints_and_files(quickstart_run):
         if run["finetune"]:
             assert record["config"]["finetune"] is True
             assert Path(record["assets_dir"]) == snapshot
-            if label == "dpo":  # judged by its step-1 loss and held-out accuracy (the DPO stage's test)
+            if label in ("dpo", "grpo"):  # judged by their held-out numbers (the method stages' tests)
                 continue
             v = run["verify"]
             assert v["ok"] is True and v["scanned"] is True and v["nonfinite_tensors"] == 0

@@ -9,7 +9,9 @@ pipeline the launcher uses, so its masks and packing are the training ones too.
 Generation prompts come from the same rows: a document's last trained span is its last answer;
 the tokens before it are the conversation up to its last user turn, already rendered with the
 chat template and ending in the assistant header.  The cache of a method that trains on
-preference pairs also carries each row's ``segments``: that method's ``eval_report`` scores its pairs.  numpy only.
+preference pairs also carries each row's ``segments``: that method's ``eval_report`` scores its pairs;
+the cache of a method that trains on prompts (GRPO) holds one prompt per row, which its
+``eval_report`` has each model answer.  numpy only.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class EvalData:
     split: Any = None
     segments: Any = None
     pairs_per_row: int = 0
+    split_name: str = ""  # the cache split the rows are ("val", "train")
+    tokenizer_dir: Optional[Path] = None  # the models' tokenizer (eval sets it): a method's scorer may decode with it
 
     @property
     def is_preference(self) -> bool:
@@ -102,6 +106,8 @@ def from_cache(cache_dir: Path, split: str, name: str) -> EvalData:
         data.method = method.name
         data.split, data.segments = tokens, tokens.extra[SEGMENTS]
         data.pairs_per_row = int((tokens.meta.get("pairs_per_row") or {}).get(split, 1))
+    elif method is not None and method.data == "prompts":  # prompts the models answer (the method's eval_report)
+        data.method, data.split, data.split_name = method.name, tokens, split
     return require_trained_tokens(data)
 
 
@@ -179,6 +185,14 @@ def eval_data(
         settings.update(dataset=dataset, val_split=0.0, val_dataset=None)
         if seq_len or not settings.get("seq_len"):
             settings["seq_len"] = seq_len or 2048
+        method = methods.of(settings)
+        if method.data == "prompts" and method.prompts:  # the run's prompts: the method's own cache of them
+            from types import SimpleNamespace
+
+            root = data_cache_dir or settings.get("data_cache_dir")
+            prepared = methods.load(method.prompts).prepare(SimpleNamespace(**settings), targets[0].tokenizer_dir,
+                                                           Path(root) if root else None)
+            return from_cache(prepared.cache_dir, "train", name=dataset)
         cache = _prepare(settings, targets[0].tokenizer_dir, data_cache_dir or settings.get("data_cache_dir"))
         return from_cache(cache, "train", name=dataset)
     if run is None:

@@ -1,6 +1,7 @@
 """The fine-tune's last line: validation loss before (the base model) and after (the export);
 for a run of a method that trains on preference pairs, held-out preference accuracy and margin
-before and after, and the loss on the chosen answers (:func:`trnqwen.evaluate.report.preference_line`).
+before and after, and the loss on the chosen answers (:func:`trnqwen.evaluate.report.preference_line`);
+for a GRPO run, the held-out prompts' mean reward and pass@1 before and after.
 
 ``trnqwen train --finetune`` calls :func:`validation_before_after` when the run has a validation
 split.  It runs ``trnqwen eval <run dir> --json`` in a child process, because the launcher never
@@ -47,7 +48,9 @@ def validation_before_after(
     ``threads``: the eval's CPU threads (OMP_NUM_THREADS), torch's default when None.  On
     preference pairs ``before``/``after`` are the chosen-answer losses, and ``preference`` holds
     ``{"pairs", "accuracy_before", "accuracy_after", "margin_before", "margin_after"}`` plus the
-    method's own summary fields (its ``eval_report.SUMMARY_FIELDS``: reward accuracy, margin, loss)."""
+    method's own summary fields (its ``eval_report.SUMMARY_FIELDS``: reward accuracy, margin, loss).
+    On held-out prompts (GRPO) ``before``/``after`` are None and ``reward`` holds the method's
+    ``eval_report.before_after``: ``{"prompts", "reward_before", "reward_after", "pass_before", "pass_after"}``."""
     if not has_validation(run_dir):
         return None
     argv = [sys.executable, "-m", "trnqwen", "eval", str(run_dir), "--json", "--device", device]
@@ -75,16 +78,19 @@ def validation_before_after(
         "after": after["loss"],
         "tokens": after["tokens"],
         "generations": doc.get("generations", []),
-        "line": (
-            f"validation loss before {base['loss']:.4f} -> after {after['loss']:.4f} "
-            f"({after['loss'] - base['loss']:+.4f}) on {after['tokens']:,} held-out tokens"
-        ),
     }
     method = methods.find(doc["method"]) if doc.get("method") else None
-    if method is not None and method.data == "preference" and method.eval_report:
+    scorer = methods.load(method.eval_report) if method is not None and method.eval_report else None
+    if scorer is not None and hasattr(scorer, "before_after"):  # the method's own numbers (held-out prompts' reward)
+        got["reward"] = scorer.before_after(base, after)
+        got["line"] = got["reward"].pop("line")
+        return got
+    got["line"] = (f"validation loss before {base['loss']:.4f} -> after {after['loss']:.4f} "
+                   f"({after['loss'] - base['loss']:+.4f}) on {after['tokens']:,} held-out tokens")
+    if scorer is not None and method.data == "preference":
         from trnqwen.evaluate.report import preference_line
 
-        summary = methods.load(method.eval_report).SUMMARY_FIELDS
+        summary = scorer.SUMMARY_FIELDS
         got["line"] = preference_line(base, after)
         got["preference"] = {
             "pairs": after.get("pairs"),

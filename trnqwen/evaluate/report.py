@@ -10,6 +10,12 @@ On preference pairs (the cache of a method that trains on them) the object also 
 those of the chosen answers, and each result adds ``pairs``, ``preference_accuracy``, ``margin``
 and the method's own fields against the base as reference (``null`` for the base itself): the
 method's ``eval_report`` module says which (``trnqwen/methods/<name>/eval_report.py``).
+
+On held-out prompts (a GRPO run: the models answer them, the run's rewards score the answers)
+``loss``/``perplexity`` are ``null`` (the prompts carry no answers of their own), ``tokens`` are
+the tokens the model wrote, each result adds the method's fields (``prompts``, ``mean_reward``,
+``pass_at_1``...) and ``generations`` hold a few prompts with each model's answer; the method's
+``eval_report`` also gives the table and the summary line (its ``table``, ``summary_line``).
 """
 
 from __future__ import annotations
@@ -35,8 +41,8 @@ def other_data_record(name: str) -> str:
 class EvalResult:
     checkpoint: str
     tokens: int
-    loss: float
-    perplexity: float
+    loss: Optional[float]  # None: data with no answers of its own to score (held-out prompts)
+    perplexity: Optional[float]
     delta_vs_base: Optional[float] = None
     preference: Optional[dict[str, Any]] = None  # preference pairs: the method's eval_report FIELDS
 
@@ -44,8 +50,8 @@ class EvalResult:
         out = {
             "checkpoint": self.checkpoint,
             "tokens": self.tokens,
-            "loss": round(self.loss, 6),
-            "perplexity": round(self.perplexity, 4) if math.isfinite(self.perplexity) else None,
+            "loss": None if self.loss is None else round(self.loss, 6),
+            "perplexity": round(self.perplexity, 4) if self.perplexity is not None and math.isfinite(self.perplexity) else None,
             "delta_vs_base": None if self.delta_vs_base is None else round(self.delta_vs_base, 6),
         }
         for name, value in (self.preference or {}).items():
@@ -101,6 +107,9 @@ class EvalReport:
             return None
         last = tuned[-1]
         if self.method is not None:
+            own = _scorer(self.method)
+            if hasattr(own, "summary_line"):
+                return own.summary_line(base.to_json(), last.to_json())
             return preference_line(base.to_json(), last.to_json())
         return (
             f"validation loss {base.loss:.4f} -> {last.loss:.4f} ({last.loss - base.loss:+.4f}, "
@@ -122,6 +131,13 @@ def preference_line(base: dict[str, Any], tuned: dict[str, Any]) -> str:
         f"{line}; chosen-answer loss before {_num(base.get('loss'))} -> after {_num(tuned.get('loss'))} "
         f"on {tuned.get('pairs', 0):,} held-out pairs"
     )
+
+
+def _scorer(method: str):
+    """A method's ``eval_report`` module."""
+    from trnqwen.methods import registry
+
+    return registry.load(registry.get(method).eval_report)
 
 
 def _num(value: Any, spec: str = ".4f") -> str:
@@ -183,11 +199,15 @@ def _render_preference(report: EvalReport) -> None:
     """The table of a method's own data: the title's note and the method's columns are what its
     ``eval_report`` declares (``table_note(settings)``, ``TABLE_COLUMNS``)."""
     from trnqwen import output
-    from trnqwen.methods import registry
 
-    scorer = registry.load(registry.get(report.method).eval_report)
-    columns = tuple(scorer.TABLE_COLUMNS)
+    scorer = _scorer(report.method)
     note = scorer.table_note(report.method_settings or {})
+    if hasattr(scorer, "table"):  # a method whose table is its own (held-out prompts)
+        what, headers, rows = scorer.table([r.to_json() for r in report.results], report.method_settings or {})
+        output.table(f"{what[:1].upper()}{what[1:]} on {report.dataset}" + (f" ({note})" if note else ""), headers,
+                     [tuple(row) for row in rows])
+        return
+    columns = tuple(scorer.TABLE_COLUMNS)
     output.table(f"Held-out preference pairs on {report.dataset}" + (f" ({note})" if note else ""),
                  [*PREFERENCE_COLUMNS, *(header for header, _name, _spec in columns), *PREFERENCE_TAIL],
                  [tuple(preference_row(r.to_json(), columns)) for r in report.results])

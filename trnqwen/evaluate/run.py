@@ -52,6 +52,7 @@ class EvalPlan:
     # and the settings its numbers are computed with (the run's, else the defaults)
     method: Optional[str] = None
     method_settings: Optional[dict[str, Any]] = None
+    answers: int = 0  # a method that answers held-out prompts itself (its eval_report's ``answers``): how many to show
 
 
 def plan_eval(
@@ -83,8 +84,12 @@ def plan_eval(
         )
     targets = plan_targets(checkpoints, runs_dir=Path(runs_dir), base=base, base_dir=base_dir)
     data = eval_data(dataset, targets, seq_len=seq_len, data_cache_dir=data_cache_dir)
+    data.tokenizer_dir = targets[0].tokenizer_dir
+    record_run = next((t.run for t in targets if not t.is_base and t.run is not None), None)
+    scoring = scoring_method(data, record_run or next((t.run for t in targets if t.run is not None), None))
+    own_answers = bool(scoring) and hasattr(methods.load(methods.get(scoring["method"]).eval_report), "answers")
     conversations: list[Conversation] = []
-    if generate:
+    if generate and not own_answers:
         require_chat_template(targets[0])
         conversations = held_out_conversations(data, generate)
         if not conversations:
@@ -92,12 +97,11 @@ def plan_eval(
                 f"--generate: {data.name} has no conversation with a prompt and a trained answer",
                 hint="--generate needs chat data (messages, ShareGPT, Alpaca, prompt/completion) trained on its answers",
             )
-    record_run = next((t.run for t in targets if not t.is_base and t.run is not None), None)
     return EvalPlan(
         targets=targets, data=data, conversations=conversations, device_type=detect_device_type(device),
         batch_size=batch_size, max_new_tokens=max_new_tokens, trust_remote_code=trust_remote_code,
-        record_dir=record_run.run_dir if record_run else None, own_split=dataset is None,
-        **scoring_method(data, record_run or next((t.run for t in targets if t.run is not None), None)),
+        record_dir=record_run.run_dir if record_run else None, own_split=dataset is None, **scoring,
+        answers=(generate or methods.load(methods.get(scoring["method"]).eval_report).ANSWERS) if own_answers else 0,
     )
 
 
@@ -170,20 +174,29 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
     tokenizer = AutoTokenizer.from_pretrained(str(plan.targets[0].tokenizer_dir), trust_remote_code=plan.trust_remote_code) if plan.conversations else None
     prompt_len = m.prompt_length(plan.conversations) if plan.conversations else 0
     answers: list[dict[str, str]] = [{} for _ in plan.conversations]
-    base_pairs = None  # the base's log-probs per pair: the reference of the tuned models' rewards
+    base_scores = None  # the base's scores: the reference of the tuned models' numbers (rewards, reward_vs_base)
+    shown: list[tuple[str, str, dict[str, str]]] = []  # a method's own answers: (prompt, reference, {label: answer})
     for target in plan.targets:
         started = time.perf_counter()
         model = m.load_model(target, plan.device_type, trust_remote_code=plan.trust_remote_code)
         numbers = None
-        if scorer is not None:  # the method's own scores (held-out pairs: preference accuracy, rewards)
-            pairs = scorer.score(model, plan.data, batch_size=plan.batch_size, static_shapes=plan.device_type == "neuron",
-                                 head_chunk=m.HEAD_CHUNK)
-            numbers = scorer.numbers(pairs, None if target.is_base else base_pairs, plan.method_settings)
-            chosen = pairs.chosen_loss()
-            result = m.LossResult(tokens=chosen.tokens, loss_sum=chosen.loss_sum)
-            base_pairs = pairs if target.is_base else base_pairs
+        if scorer is not None:  # the method's own scores (held-out pairs, held-out prompts)
+            scores = scorer.score(model, plan.data, batch_size=plan.batch_size, static_shapes=plan.device_type == "neuron",
+                                  head_chunk=m.HEAD_CHUNK)
+            numbers = scorer.numbers(scores, None if target.is_base else base_scores, plan.method_settings)
+            own = scorer.loss(scores) if hasattr(scorer, "loss") else scores.chosen_loss()  # prompts: no loss of their own
+            result = (m.LossResult(tokens=own.tokens, loss_sum=own.loss_sum) if own is not None
+                      else m.LossResult(tokens=scorer.completion_tokens(scores), loss_sum=0.0))
+            has_loss = own is not None
+            base_scores = scores if target.is_base else base_scores
+            if plan.answers:
+                for n, (prompt, reference, text) in enumerate(scorer.answers(scores, plan.answers)):
+                    if n == len(shown):
+                        shown.append((prompt, reference, {}))
+                    shown[n][2][target.label] = text
         else:
             result = m.score(model, plan.data, batch_size=plan.batch_size, static_shapes=plan.device_type == "neuron")
+            has_loss = True
         if plan.conversations:
             pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else plan.data.pad_id
             generated = m.answer(
@@ -195,17 +208,23 @@ def execute(plan: EvalPlan, *, say: Optional[Callable[[str], None]] = None) -> E
                 slot[target.label] = tokenizer.decode(ids, skip_special_tokens=True).strip()
         del model  # the last reference: base and tuned never sit in memory together
         m.release_memory()
-        report.results.append(EvalResult(target.label, result.tokens, result.loss, result.perplexity, preference=numbers))
+        report.results.append(EvalResult(target.label, result.tokens, result.loss if has_loss else None,
+                                         result.perplexity if has_loss else None, preference=numbers))
         if say is not None:
             what = f"loss {result.loss:.4f} on {result.tokens:,} tokens"
-            if numbers is not None:
+            if numbers is not None and hasattr(scorer, "say"):  # its own line (held-out prompts: no loss)
+                what = scorer.say(numbers)
+            elif numbers is not None:
                 what = (f"preference accuracy {numbers['preference_accuracy']:.4f}, margin {numbers['margin']:+.4f}, "
                         f"chosen-answer {what}")
             say(f"{target.label}: {what} ({time.perf_counter() - started:.1f}s)")
     base = report.base
     for r in report.results:
-        if base is not None and r is not base:
+        if base is not None and r is not base and r.loss is not None and base.loss is not None:
             r.delta_vs_base = r.loss - base.loss
+    for prompt, reference, slot in shown:
+        report.generations.append(Generation(prompt=prompt, reference=reference, answers=slot,
+                                             conversation=[{"role": "user", "content": prompt}]))
     for conversation, slot in zip(plan.conversations, answers):
         prompt, turns = prompt_turns(tokenizer, conversation.prompt_ids)
         report.generations.append(

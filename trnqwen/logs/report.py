@@ -367,6 +367,15 @@ def render_evaluation(evaluation: dict, *, console=None, label: str = "") -> Non
     from trnqwen import output
 
     t = Table(title=f"held-out eval{label} on {_escape(str(evaluation.get('dataset')))}", title_justify="left")
+    own = _method_table(evaluation)
+    if own is not None:  # a method whose report is not a loss (GRPO's held-out prompts: reward, pass@1)
+        headers, rows = own
+        for col in headers:
+            t.add_column(col, justify="left" if col == "checkpoint" else "right")
+        for row in rows:
+            t.add_row(*(_escape(str(cell)) for cell in row))
+        (console or output.console(stderr=False)).print(t)
+        return
     for col in ("checkpoint", "tokens", "loss", "perplexity", "vs base"):
         t.add_column(col, justify="left" if col == "checkpoint" else "right")
     for r in evaluation.get("results", []):
@@ -374,6 +383,18 @@ def render_evaluation(evaluation: dict, *, console=None, label: str = "") -> Non
         t.add_row(_escape(str(r.get("checkpoint"))), _fmt(r.get("tokens"), ","), _fmt(r.get("loss"), ".4f"),
                   _fmt(r.get("perplexity"), ",.2f"), "" if delta is None else f"{delta:+.4f}")
     (console or output.console(stderr=False)).print(t)
+
+
+def _method_table(evaluation: dict) -> Optional[tuple[list[str], list[list[str]]]]:
+    """(headers, rows) of an eval.json whose method tables its own report (its eval_report's ``table``), else None."""
+    from trnqwen.methods import registry
+
+    method = registry.find(evaluation.get("method")) if evaluation.get("method") else None
+    scorer = registry.load(method.eval_report) if method is not None and method.eval_report else None
+    if scorer is None or not hasattr(scorer, "table"):
+        return None
+    _what, headers, rows = scorer.table(evaluation.get("results", []), evaluation)
+    return headers, rows
 
 
 def _escape(text: str) -> str:

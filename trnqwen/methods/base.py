@@ -20,6 +20,10 @@ reader that needs it, with :func:`load`:
   method's run) and ``rows(facts) -> [(what, text)]`` (the table's rows);
 * ``eval_report``: the module ``trnqwen eval`` scores this method's data with (``settings``, ``score``,
   ``numbers``, ``FIELDS``, ``SUMMARY_FIELDS``) and shows it by (``TABLE_COLUMNS``, ``table_note(settings)``);
+  a method whose data has no answers to score (GRPO's prompts: the models answer them) also gives
+  ``loss(scores) -> None``, ``completion_tokens(scores)``, ``answers(scores, n)`` and ``ANSWERS``
+  (answers side by side), ``say(row)``, ``summary_line(base, tuned)``, ``table(rows, settings)`` and
+  ``before_after(base, tuned)`` (the fine-tune's last line); without them, the preference report's;
 * ``quickstart``: the module of the quickstart's stage for this method;
 * ``prompts``: a method whose ``data`` is ``"prompts"`` (the model writes the answers: GRPO): the module
   that turns its records into the token cache the ranks read, ``prepare(cfg, assets_dir) ->

@@ -82,7 +82,8 @@ def rank_env(cfg: RunConfig, run_dir: Optional[Path]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in os.environ}
 
 
-PREFERENCE_SCALARS = ("preference_accuracy", "margin", "reward_accuracy", "reward_margin")
+PREFERENCE_SCALARS = ("preference_accuracy", "margin", "reward_accuracy", "reward_margin",
+                      "mean_reward", "pass_at_1")  # a method's own held-out numbers (pairs; GRPO's prompts)
 
 
 def log_eval(run_dir: Path, results: list[dict[str, Any]], step: Optional[int]) -> Optional[Path]:
@@ -98,7 +99,8 @@ def log_eval(run_dir: Path, results: list[dict[str, Any]], step: Optional[int]) 
     try:
         for r in results:
             name = str(r["checkpoint"]).replace("/", "_")
-            writer.add_scalar(f"eval/{name}/loss", r["loss"], global_step=step or 0)
+            if r.get("loss") is not None:  # held-out prompts have no loss
+                writer.add_scalar(f"eval/{name}/loss", r["loss"], global_step=step or 0)
             if r.get("perplexity") is not None:
                 writer.add_scalar(f"eval/{name}/perplexity", r["perplexity"], global_step=step or 0)
             for field in PREFERENCE_SCALARS:  # a preference method's held-out pairs
@@ -121,7 +123,8 @@ def log_eval_wandb(run_dir: Path, run_config: dict[str, Any], results: list[dict
         resume="allow", dir=str(run_dir), settings=wandb.Settings(silent=True),
     )
     try:
-        metrics: dict[str, Any] = {f"eval/{str(r['checkpoint']).replace('/', '_')}/loss": r["loss"] for r in results}
+        metrics: dict[str, Any] = {f"eval/{str(r['checkpoint']).replace('/', '_')}/loss": r["loss"] for r in results
+                                   if r.get("loss") is not None}
         metrics.update({f"eval/{str(r['checkpoint']).replace('/', '_')}/{field}": r[field]
                         for r in results for field in PREFERENCE_SCALARS if r.get(field) is not None})
         if step is not None:  # W&B steps only grow: the training step it belongs to goes in as a value

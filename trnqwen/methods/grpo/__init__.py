@@ -19,7 +19,9 @@ this folder (docs/rl.md):
   ``replay``: the rollout reused for num_iterations steps (kept by checkpoints);
 * ``log_lines``: the ``[GRPO]`` lines (written by the ranks, read by inspect-logs);
 * ``judge``: the judge's rules (reward flat, groups without signal, completions cut, reward failure);
-* ``task``: the bundled verifiable task's reward (``trnqwen/data/tiny_sums``).
+* ``task``: the bundled verifiable task's reward (``trnqwen/data/tiny_sums``);
+* ``eval_report``: what ``trnqwen eval`` reports on held-out prompts (mean reward, pass@1, answers);
+* ``card``: the model card's section; ``quickstart``: the quickstart's GRPO stage.
 """
 
 from trnqwen.methods.base import Example, Method, Metric
@@ -57,6 +59,9 @@ METHOD = Method(
     plan="trnqwen.methods.grpo.plan:plan",
     judge="trnqwen.methods.grpo.judge:rules",
     log_lines="trnqwen.methods.grpo.log_lines",
+    eval_report="trnqwen.methods.grpo.eval_report",
+    quickstart="trnqwen.methods.grpo.quickstart",
+    card="trnqwen.methods.grpo.card:card",
     prompts="trnqwen.methods.grpo.prompt_cache",
     docs="docs/rl.md",
     examples=(

@@ -19,6 +19,8 @@ Public API (names are stable; the rank integration builds on them):
   signature ``f(prompts=..., completions=..., completion_ids=..., **columns, trainer_state=...,
   log_extra=..., log_metric=...) -> list[float | None]`` and returns :class:`RewardScores`
   (per function ``[N, F]``, NaN for None; the weighted NaN-sum; what the functions logged);
+* :meth:`RewardSet.pass_thresholds`: which functions tell a right answer (a ``pass_threshold``
+  attribute on the function: ``accuracy`` 1.0), for ``trnqwen eval``'s pass@1;
 * :func:`total_reward`: the weighted NaN-sum again (after the caller gathers ``per_func`` from
   every rank), NaN where no function scored;
 * :func:`as_completions`: decoded texts in the shape TRL hands reward functions (a message list
@@ -150,6 +152,7 @@ def accuracy_reward(options: BuiltinOptions) -> Callable:
             rewards.append(float(verify(gold_parsed, answer)))
         return rewards
 
+    accuracy.pass_threshold = 1.0  # a verified answer: eval's pass@1 counts it (RewardSet.pass_thresholds)
     return accuracy
 
 
@@ -280,6 +283,16 @@ class RewardSet:
     @property
     def weights(self) -> list[float]:
         return [s.weight for s in self.specs]
+
+    def pass_thresholds(self) -> list[Optional[float]]:
+        """Per function, the value at or above which a completion is right (its ``pass_threshold``
+        attribute: the built-in ``accuracy`` and the bundled task's reward have 1.0), None for a
+        function that says nothing about right and wrong: what ``trnqwen eval``'s pass@1 counts."""
+        out = []
+        for func in self.functions:
+            value = getattr(func, "pass_threshold", None)
+            out.append(float(value) if isinstance(value, numbers.Real) else None)
+        return out
 
     def score(self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Sequence[Sequence[int]],
               columns: dict[str, Sequence[Any]], records: Sequence[str], *,
