@@ -78,7 +78,7 @@ def test_train_without_a_reward_for_your_dataset_is_a_usage_error(tiny, tmp_path
 
 
 @pytest.mark.parametrize("change, says", [
-    ({"backend": "hf-trainer"}, "--backend native or hf-v5"),
+    ({"backend": "nki-moe"}, "--backend native, hf-v5, hf-trainer for now"),
     ({"kl_beta": 0.04}, "--kl-beta"),
     ({"val_every": 5, "val_split": 0.1}, "--val-every"),
     ({"global_batch_size": 16}, "--global-batch-size"),
@@ -197,7 +197,8 @@ def test_the_loss_on_the_prompt_completion_rows_is_trls_on_the_rollout(tiny):
 
     from trnqwen.methods.grpo import loss as arith
     from trnqwen.methods.grpo.generate import InProcessGenerator, SamplingSettings
-    from trnqwen.methods.grpo.titan import GRPOLoss, completion_rows
+    from trnqwen.methods.grpo.rollout import completion_rows
+    from trnqwen.methods.grpo.titan import GRPOLoss
 
     tok = AutoTokenizer.from_pretrained(tiny)
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
