@@ -19,7 +19,7 @@ from trnqwen.errors import UsageError
 from trnqwen.methods.base import MethodPlan
 
 NAME = "grpo"
-BACKENDS = ("native", "hf-v5", "hf-trainer")  # (nki-moe: not yet)
+BACKENDS = ("native", "hf-v5", "hf-trainer")  # nki-moe: not yet (check()'s hint says why)
 IMPORTS = ["from trnqwen.methods.grpo.titan import GRPOHook, grpo_loss_config"]
 ROWS = "trnqwen.methods.grpo.titan:titan_rows"  # the torchtitan dataloader's row reader
 
@@ -42,7 +42,8 @@ def check(cfg: RunConfig) -> None:
     """Refuse what GRPO does not do here yet, with what to do instead."""
     if cfg.backend not in BACKENDS:
         raise UsageError(f"--method grpo runs on --backend {', '.join(BACKENDS)} for now, not {cfg.backend}",
-                         hint="use --backend native, hf-v5 or hf-trainer (docs/rl.md)")
+                         hint="nki-moe's kernels are not wired to the rollout's decoding (a forward per new token) yet: "
+                              "use --backend native for a Qwen3-MoE (docs/moe.md), or hf-v5 / hf-trainer (docs/rl.md)")
     if cfg.kl_beta:
         raise UsageError(f"--kl-beta {cfg.kl_beta:g}: the KL term needs the starting weights' log-probs, which GRPO "
                          "does not compute yet", hint="drop --kl-beta (0, TRL's default)")
