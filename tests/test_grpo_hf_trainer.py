@@ -65,9 +65,9 @@ def test_a_trainer_step_rolls_out_from_the_adapter_with_the_torchtitan_losss_gra
         batch["input_ids"], batch["grpo_prompt_mask"], batch["grpo_row"], step=1, micro_batches=1)
     titan = GRPOLoss(GRPOLoss.Config(loss_type="grpo", epsilon=cfg.epsilon, epsilon_high=cfg.epsilon,
                                      temperature=cfg.temperature, max_completion_length=16))
-    titan.stage(targets=staged.targets, advantages=staged.advantages, global_tokens=staged.global_tokens,
+    titan.stage(targets=staged.targets, advantages=staged.advantages, global_tokens=staged.tokens,
                 micro_batches=staged.micro_batches)
-    want, _ = titan(model(input_ids=staged.ids, position_ids=staged.positions, use_cache=False).logits, None)
+    want, _ = titan(model(input_ids=staged.seq, position_ids=staged.positions, use_cache=False).logits, None)
     want.backward()
     assert abs(float(loss) - float(want)) < 1e-6, (float(loss), float(want))
     for name, grad in grads.items():

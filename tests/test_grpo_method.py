@@ -79,6 +79,7 @@ def test_train_without_a_reward_for_your_dataset_is_a_usage_error(tiny, tmp_path
 
 @pytest.mark.parametrize("change, says", [
     ({"backend": "nki-moe"}, "--backend native, hf-v5, hf-trainer for now"),
+    ({"backend": "hf-trainer", "kl_beta": 0.04}, "hf-trainer takes no --kl-beta or --global-batch-size"),
     ({"kl_beta": 0.04}, "--kl-beta"),
     ({"val_every": 5, "val_split": 0.1}, "--val-every"),
     ({"global_batch_size": 16}, "--global-batch-size"),

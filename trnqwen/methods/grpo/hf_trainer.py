@@ -88,7 +88,7 @@ def grpo_trainer_class(trainer_cls: type, settings: dict[str, Any]) -> type:
                 inputs["input_ids"], inputs["grpo_prompt_mask"], inputs["grpo_row"], step=self.state.global_step + 1,
                 micro_batches=self._replicas() * max(1, int(self.args.gradient_accumulation_steps)))
             self.grpo_staged = staged
-            return super().training_step(model, {"input_ids": staged.ids, "position_ids": staged.positions},
+            return super().training_step(model, {"input_ids": staged.seq, "position_ids": staged.positions},
                                          num_items_in_batch)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -97,7 +97,7 @@ def grpo_trainer_class(trainer_cls: type, settings: dict[str, Any]) -> type:
                 raise RuntimeError("the GRPO loss ran without its rollout")
             out = model(**inputs, use_cache=False)
             loss, row = staged_loss(
-                out.logits, targets=staged.targets, advantages=staged.advantages, global_tokens=staged.global_tokens,
+                out.logits, targets=staged.targets, advantages=staged.advantages, global_tokens=staged.tokens,
                 micro_batches=staged.micro_batches, loss_type=str(settings["loss_type"]),
                 epsilon=float(settings["epsilon"]), epsilon_high=float(settings["epsilon_high"]),
                 temperature=float(settings["temperature"]), max_completion_length=int(settings["max_completion_length"]))

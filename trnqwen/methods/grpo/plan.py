@@ -44,6 +44,10 @@ def check(cfg: RunConfig) -> None:
         raise UsageError(f"--method grpo runs on --backend {', '.join(BACKENDS)} for now, not {cfg.backend}",
                          hint="nki-moe's kernels are not wired to the rollout's decoding (a forward per new token) yet: "
                               "use --backend native for a Qwen3-MoE (docs/moe.md), or hf-v5 / hf-trainer (docs/rl.md)")
+    if cfg.backend == "hf-trainer" and (cfg.kl_beta or cfg.global_batch_size):
+        # the reference's log-probs and a step's rollouts spanning its accumulation steps are the torchtitan hook's
+        raise UsageError("--method grpo on --backend hf-trainer takes no --kl-beta or --global-batch-size yet",
+                         hint="drop them (docs/rl.md)")
     if cfg.kl_beta:
         raise UsageError(f"--kl-beta {cfg.kl_beta:g}: the KL term needs the starting weights' log-probs, which GRPO "
                          "does not compute yet", hint="drop --kl-beta (0, TRL's default)")

@@ -86,26 +86,30 @@ def completion_rows(prompts: list[torch.Tensor], completions: list[list[int]], n
 class Staged:
     """One micro-batch's rollout as the forward and the loss take it."""
 
-    ids: torch.Tensor  # [prompts x G, seq_len] prompt + completion + padding
+    seq: torch.Tensor  # [prompts x G, seq_len] prompt + completion + padding
     positions: torch.Tensor  # [prompts x G, seq_len] 0 .. seq_len-1
     targets: torch.Tensor  # [prompts x G, seq_len] each completion token where its logits are, -100 elsewhere
     advantages: torch.Tensor  # [prompts x G]
-    global_tokens: float  # the step's completion tokens over every rank (dapo's normaliser)
+    tokens: float  # the step's completion tokens over every rank (dapo's normaliser)
     micro_batches: int  # micro-batches of the optimizer step over every rank (the other loss types')
 
 
 def staged_loss(pred: torch.Tensor, *, targets: torch.Tensor, advantages: torch.Tensor, global_tokens: float,
                 micro_batches: int, loss_type: str, epsilon: float, epsilon_high: float, temperature: float,
-                max_completion_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+                max_completion_length: int, old_logps: Optional[torch.Tensor] = None,
+                ref_logps: Optional[torch.Tensor] = None, beta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(loss, sums)``: this micro-batch's share of the step's loss on the staged rows' logits
     ``pred`` (shifted already: logits at t score the target at t), and its ``[SUMS..., tokens]``
-    row (what :meth:`GroupRollout.step_values` makes the kl, entropy and clip values of)."""
+    row (what :meth:`GroupRollout.step_values` makes the kl, entropy and clip values of).
+    ``old_logps`` / ``ref_logps`` (``[rows, seq_len]``, aligned with ``targets``): the sampling
+    policy's and the reference's, for :func:`~trnqwen.methods.grpo.loss.policy_loss` (None: on-policy, no KL)."""
     targets = targets.to(pred.device)
     logps, entropy = arith.token_logps(pred, targets.clamp(min=0), temperature=temperature)
     mask = (targets != IGNORE_INDEX).to(logps.dtype)
+    old, ref = (x.to(logps.device) if x is not None else None for x in (old_logps, ref_logps))
     terms = arith.policy_loss(
-        logps, advantages.to(logps.device), mask, loss_type=loss_type, epsilon=epsilon,
-        epsilon_high=epsilon_high, entropy=entropy, micro_batches=micro_batches,
+        logps, advantages.to(logps.device), mask, loss_type=loss_type, old_logps=old, ref_logps=ref, beta=beta,
+        epsilon=epsilon, epsilon_high=epsilon_high, entropy=entropy, micro_batches=micro_batches,
         global_tokens=global_tokens, max_completion_length=max_completion_length,
     )
     row = torch.stack([*(terms.sums[k].detach().float() for k in arith.SUMS), terms.tokens.float()])
@@ -221,8 +225,8 @@ class GroupRollout:
         if dist is not None and self.world > 1:
             dist.all_reduce(global_tokens)
         self._keep_completions(step, records, completions, totals, advantages)
-        staged = Staged(ids=seq, positions=torch.arange(seq_len, dtype=torch.long).expand(n_rows, seq_len).contiguous(),
-                        targets=targets, advantages=advantages, global_tokens=float(global_tokens),
+        staged = Staged(seq=seq, positions=torch.arange(seq_len, dtype=torch.long).expand(n_rows, seq_len).contiguous(),
+                        targets=targets, advantages=advantages, tokens=float(global_tokens),
                         micro_batches=micro_batches)
         now = time.perf_counter()
         self.rollout_s += now - began

@@ -133,10 +133,10 @@ class GRPOHook(TrainerHook):
         staged = self.rollout.micro_batch(input_dict["input"], prompt_mask, rows, step=trainer.step,
                                           micro_batches=micro_batches)
         device = input_dict["input"].device
-        input_dict["input"] = staged.ids.to(device)
+        input_dict["input"] = staged.seq.to(device)
         input_dict["positions"] = staged.positions.to(device)
         trainer.loss_fn.stage(targets=staged.targets, advantages=staged.advantages,
-                              global_tokens=staged.global_tokens, micro_batches=staged.micro_batches)
+                              global_tokens=staged.tokens, micro_batches=staged.micro_batches)
 
     # --- each logged step ---------------------------------------------------------------------
 
