@@ -25,7 +25,8 @@ Trainer (:mod:`trnqwen.methods.grpo.hf_trainer`).
 
 * :func:`staged_loss`: :func:`~trnqwen.methods.grpo.loss.policy_loss` on that forward's logits, and
   the sums its values are made of;
-* :meth:`~GroupRollout.step_values`: reward mean/std, each function's mean, the share of groups with
+* :meth:`~GroupRollout.training_on` (each step, the rollout it trains on: fresh or held) and
+  :meth:`~GroupRollout.step_values`: reward mean/std, each function's mean, the share of groups with
   no signal, completion lengths and the share cut, kl, entropy, the clip ratio, rollout and update
   seconds, over every rank (the metrics stream's ``grpo/...``, the ``[GRPO]`` line); with
   ``log_completions`` rank 0 appends that many prompt/completion/reward rows per step to
