@@ -78,7 +78,10 @@ def test_train_without_a_reward_for_your_dataset_is_a_usage_error(tiny, tmp_path
 
 
 @pytest.mark.parametrize("change, says", [
-    ({"backend": "hf-trainer"}, "--backend native or hf-v5"),
+    ({"backend": "nki-moe"}, "--backend native, hf-v5, hf-trainer for now"),
+    ({"backend": "hf-trainer", "kl_beta": 0.04}, "hf-trainer takes no --kl-beta, --num-iterations or --global-batch-size"),
+    ({"backend": "hf-trainer", "num_iterations": 2}, "hf-trainer takes no --kl-beta, --num-iterations"),
+    ({"backend": "hf-trainer", "global_batch_size": 16}, "--global-batch-size yet"),
     ({"val_every": 5, "val_split": 0.1}, "--val-every"),
     ({"epsilon": 0.2, "epsilon_high": 0.1}, "--epsilon-high"),
     ({"seq_len": 16}, "no room"),
@@ -201,7 +204,8 @@ def test_the_loss_on_the_prompt_completion_rows_is_trls_on_the_rollout(tiny):
 
     from trnqwen.methods.grpo import loss as arith
     from trnqwen.methods.grpo.generate import InProcessGenerator, SamplingSettings
-    from trnqwen.methods.grpo.titan import GRPOLoss, completion_rows
+    from trnqwen.methods.grpo.rollout import completion_rows
+    from trnqwen.methods.grpo.titan import GRPOLoss
 
     tok = AutoTokenizer.from_pretrained(tiny)
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()

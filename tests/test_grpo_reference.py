@@ -48,7 +48,8 @@ def test_a_lora_runs_reference_is_its_base_with_the_adapter_off(tiny, monkeypatc
 
 
 def test_the_reused_rollout_round_trips_through_a_checkpoints_state():
-    from trnqwen.methods.grpo.replay import Rollouts, RolloutState, Staged
+    from trnqwen.methods.grpo.replay import Rollouts, RolloutState
+    from trnqwen.methods.grpo.rollout import Staged
 
     gen = torch.Generator().manual_seed(0)
 

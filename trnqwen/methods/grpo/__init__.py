@@ -14,9 +14,12 @@ this folder (docs/rl.md):
 * ``rewards``: ``--reward``: the built-ins and your own functions (TRL's signature);
 * ``loss``: advantages and the clipped surrogate (TRL's arithmetic);
 * ``plan``: refusals and the torchtitan config module's lines;
-* ``titan``: the torchtitan ranks' loss and trainer hook (rollout, rewards, advantages, values);
+* ``rollout``: a step's rollout, rewards, advantages and rows, the loss on them, the step's values:
+  every backend's one copy;
+* ``titan``: the torchtitan ranks' loss and trainer hook (native, hf-v5);
   ``reference``: the starting weights' and the sampling policy's log-probs (kl_beta, num_iterations);
   ``replay``: the rollout reused for num_iterations steps (kept by checkpoints);
+* ``hf_trainer``: the Transformers Trainer's (hf-trainer);
 * ``log_lines``: the ``[GRPO]`` lines (written by the ranks, read by inspect-logs);
 * ``judge``: the judge's rules (reward flat, groups without signal, completions cut, reward failure);
 * ``task``: the bundled verifiable task's reward (``trnqwen/data/tiny_sums``);
@@ -57,6 +60,7 @@ METHOD = Method(
     lora_lr=(1e-5, "default for LoRA GRPO"),
     token_loss=False,  # a policy-gradient loss: near 0 by construction, not ln(vocab)
     plan="trnqwen.methods.grpo.plan:plan",
+    hf_trainer="trnqwen.methods.grpo.hf_trainer:GRPOHooks",
     judge="trnqwen.methods.grpo.judge:rules",
     log_lines="trnqwen.methods.grpo.log_lines",
     eval_report="trnqwen.methods.grpo.eval_report",

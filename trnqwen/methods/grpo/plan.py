@@ -3,7 +3,9 @@
 The plan checks the rewards before any rank starts (each ``--reward`` parsed, your functions
 imported: a typo or an import error is exit 2 here, not in the ranks), fixes the prompt room
 (``seq_len - max_completion_length``) and renders the torchtitan config module's lines: the loss,
-the dataloader's prompt rows and :class:`~trnqwen.methods.grpo.titan.GRPOHook` with its settings.
+the dataloader's prompt rows and :class:`~trnqwen.methods.grpo.titan.GRPOHook` with its settings;
+the hf-trainer ranks' :class:`~trnqwen.methods.grpo.hf_trainer.GRPOHooks` get the same settings
+and the loss's (``MethodPlan.settings``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from trnqwen.errors import UsageError
 from trnqwen.methods.base import MethodPlan
 
 NAME = "grpo"
-BACKENDS = ("native", "hf-v5")  # the torchtitan ranks' (hf-trainer and nki-moe: not yet)
+BACKENDS = ("native", "hf-v5", "hf-trainer")  # nki-moe: not yet (check()'s hint says why)
 IMPORTS = ["from trnqwen.methods.grpo.titan import GRPOHook, grpo_loss_config"]
 ROWS = "trnqwen.methods.grpo.titan:titan_rows"  # the torchtitan dataloader's row reader
 
@@ -39,8 +41,14 @@ def reward_values(cfg: RunConfig) -> list[str]:
 def check(cfg: RunConfig) -> None:
     """Refuse what GRPO does not do here yet, with what to do instead."""
     if cfg.backend not in BACKENDS:
-        raise UsageError(f"--method grpo runs on --backend {' or '.join(BACKENDS)} for now, not {cfg.backend}",
-                         hint="use --backend native (hf-trainer and nki-moe come next: docs/rl.md)")
+        raise UsageError(f"--method grpo runs on --backend {', '.join(BACKENDS)} for now, not {cfg.backend}",
+                         hint="nki-moe's kernels are not wired to the rollout's decoding (a forward per new token) yet: "
+                              "use --backend native for a Qwen3-MoE (docs/moe.md), or hf-v5 / hf-trainer (docs/rl.md)")
+    if cfg.backend == "hf-trainer" and (cfg.kl_beta or cfg.num_iterations > 1 or cfg.global_batch_size):
+        # the reference's log-probs, the rollout's reuse and a step's rollout spanning its accumulation steps
+        # are the torchtitan hook's (titan.py) for now
+        raise UsageError("--method grpo on --backend hf-trainer takes no --kl-beta, --num-iterations or "
+                         "--global-batch-size yet", hint="drop them, or use --backend native or hf-v5 (docs/rl.md)")
     if cfg.val_every:
         raise UsageError("--val-every has no GRPO validation yet (a held-out reward)",
                          hint="drop --val-every; measure held-out prompts after training (docs/rl.md)")
@@ -95,8 +103,10 @@ def plan(cfg: RunConfig, assets_dir: Path, rank_data: Optional[RankData], *, dev
         f"    beta={cfg.kl_beta!r}, settings={settings!r})",
         f"config.dataloader.rows = {ROWS!r}",
     ]
+    # the hf-trainer ranks' hooks get the loss's settings beside the rollout's (torchtitan's: the loss config)
+    loss = {"loss_type": cfg.loss_type, "epsilon": cfg.epsilon, "epsilon_high": eps_high}
     return MethodPlan(
-        method=NAME, imports=list(IMPORTS), config_lines=lines, hooks=["GRPOHook()"], settings=settings,
+        method=NAME, imports=list(IMPORTS), config_lines=lines, hooks=["GRPOHook()"], settings={**settings, **loss},
         note=(f"GRPO: {cfg.num_generations} completions per prompt (at most {cfg.max_completion_length} tokens, "
               f"temperature {cfg.temperature:g}), rewards {', '.join(rewards)}; {cfg.loss_type} loss, epsilon "
               f"{cfg.epsilon:g}/{eps_high:g}, advantages scaled by the {cfg.scale_rewards} std"

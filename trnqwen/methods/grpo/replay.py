@@ -4,8 +4,9 @@ TRL's ``GRPOTrainer`` generates a whole generation batch (every gradient-accumul
 an optimizer step) at once, then trains on it for ``num_iterations`` (mu) optimizer steps, importance
 ratios against the log-probs the policy had when it sampled them (``old_logps``, computed once at
 rollout time when mu > 1).  :class:`Rollouts` is that buffer: filled at steps ``1, mu + 1, 2 mu + 1,
-...`` (:meth:`Rollouts.due`), its micro-batches handed to the loss in order every step until the
-next fill.  While it is reused, the prompt stream is not read (TRL's sampler repeats the same
+...`` (:meth:`Rollouts.due`) with :meth:`~trnqwen.methods.grpo.rollout.GroupRollout.rollout`'s
+micro-batches (:class:`~trnqwen.methods.grpo.rollout.Staged`), handed to the loss in order every step
+until the next fill.  While it is reused, the prompt stream is not read (TRL's sampler repeats the same
 prompts for those steps): a run of S steps reads S / mu prompt batches.
 
 A checkpoint keeps the buffer (:class:`RolloutState`, a DCP ``Stateful`` of fixed-shape tensors
@@ -16,32 +17,11 @@ world size cannot restore a rank's buffer: the resumed run rolls out afresh at i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
-IGNORE_INDEX = -100
-
-
-@dataclass
-class Staged:
-    """One micro-batch of a rollout, ready for the loss (``R`` = prompts x G rows of ``S`` tokens)."""
-
-    seq: torch.Tensor  # [R, S] prompt, completion, padding
-    targets: torch.Tensor  # [R, S] the completion token input t predicts, -100 elsewhere
-    advantages: torch.Tensor  # [R]
-    rows: torch.Tensor  # [W x R, F + 4] every rank's per-completion values (rewards..., total, length, cut, zero std)
-    tokens: float  # completion tokens of this micro-batch over every rank
-    old_logps: Optional[torch.Tensor] = None  # [R, S] the sampling policy's (num_iterations > 1)
-    ref_logps: Optional[torch.Tensor] = None  # [R, S] the starting weights' (kl_beta > 0)
-
-    def batch(self, micro: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """torchtitan's ``(input_dict, labels)`` of this micro-batch: one document per row from
-        position 0 (the padding after it changes nothing before it), ``grpo_micro`` naming it."""
-        n_rows, seq_len = self.seq.shape
-        positions = torch.arange(seq_len, dtype=torch.long).expand(n_rows, seq_len).contiguous()
-        return {"input": self.seq.clone(), "positions": positions, "grpo_micro": torch.tensor(micro)}, self.targets.clone()
+from trnqwen.methods.grpo.rollout import IGNORE_INDEX, Staged
 
 
 class Rollouts:
