@@ -48,6 +48,7 @@ class EvalData:
     pairs_per_row: int = 0
     split_name: str = ""  # the cache split the rows are ("val", "train")
     tokenizer_dir: Optional[Path] = None  # the models' tokenizer (eval sets it): a method's scorer may decode with it
+    trust_remote_code: bool = False  # the run's setting, for a scorer that loads that tokenizer
 
     @property
     def is_preference(self) -> bool:

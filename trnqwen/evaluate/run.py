@@ -85,6 +85,7 @@ def plan_eval(
     targets = plan_targets(checkpoints, runs_dir=Path(runs_dir), base=base, base_dir=base_dir)
     data = eval_data(dataset, targets, seq_len=seq_len, data_cache_dir=data_cache_dir)
     data.tokenizer_dir = targets[0].tokenizer_dir
+    data.trust_remote_code = trust_remote_code
     record_run = next((t.run for t in targets if not t.is_base and t.run is not None), None)
     scoring = scoring_method(data, record_run or next((t.run for t in targets if t.run is not None), None))
     own_answers = bool(scoring) and hasattr(methods.load(methods.get(scoring["method"]).eval_report), "answers")

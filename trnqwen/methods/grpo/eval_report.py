@@ -96,7 +96,7 @@ def score(model, data: EvalData, *, batch_size: int, static_shapes: bool = False
     from trnqwen.methods.grpo import prompt_cache
     from trnqwen.methods.grpo.generate import InProcessGenerator, SamplingSettings
 
-    tokenizer = AutoTokenizer.from_pretrained(str(data.tokenizer_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(data.tokenizer_dir), trust_remote_code=data.trust_remote_code)
     records = prompt_cache.read_records(data.source, data.split_name)
     prompts = _prompt_ids(data)
     if len(records) != len(prompts):
@@ -169,7 +169,7 @@ def numbers(scores: HeldOutAnswers, reference: Optional[HeldOutAnswers], method_
     return out
 
 
-def _finite(value: Any) -> Optional[float]:
+def _finite(value: Optional[float]) -> Optional[float]:
     return float(value) if value is not None and math.isfinite(float(value)) else None
 
 
@@ -234,5 +234,5 @@ def before_after(base: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
             "pass_after": tuned.get("pass_at_1"), "line": summary_line(base, tuned)}
 
 
-def _num(value: Any, spec: str = ".4f") -> str:
+def _num(value: object, spec: str = ".4f") -> str:
     return "-" if not isinstance(value, (int, float)) or not math.isfinite(value) else format(value, spec)
