@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.trnqwen-installed
 PYTEST_ARGS ?=
 
-.PHONY: venv quickstart test test-fast bench docs lint clean
+.PHONY: venv quickstart test test-slow test-all bench docs lint clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,11 +17,13 @@ venv: $(STAMP)  ## .venv with the trnqwen command in .venv/bin/
 quickstart: venv  ## the whole lifecycle on the built-in tiny Qwen3, on this machine
 	$(BIN)/trnqwen quickstart
 
-test: venv  ## the full test suite (end-to-end torchrun runs included)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
-
-test-fast: venv  ## unit tests only, no torchrun
+test: venv  ## the test suite a change is checked with (everything not marked slow; 25 min on 2 cores busy with other work)
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow: venv  ## the end-to-end runs (real torchrun/torchtitan, the quickstart, benchmark quick paths; about 45 min in CI)
+	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+test-all: test test-slow  ## both, as CI runs them
 
 bench: venv  ## benchmarks (not part of make test); results in benchmarks/RESULTS.md
 	$(BIN)/python benchmarks/run_all.py
