@@ -291,16 +291,17 @@ def test_the_native_prefill_computes_the_lm_head_on_its_last_position_only(nativ
 
 
 def test_cpu_rollouts_run_with_their_own_thread_count_and_put_torchs_back(hf, tok, prompts):
-    """On the CPU a rollout runs with ``cpu_threads`` torch threads (1 by default; the path taken is
-    in the Rollout) and leaves torch's setting as it was; the draws do not depend on it."""
+    """On the CPU a rollout runs with ``cpu_threads`` torch threads when given (the count it ran
+    with is in the Rollout) and leaves torch's setting as it was; by default torch's own; the draws
+    do not depend on it."""
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        one = _gen(hf, tok, temperature=1.0).generate(prompts, num_generations=2, step=3)
-        assert one.threads == 1 and torch.get_num_threads() == 2
         mine = _gen(hf, tok, temperature=1.0)
-        mine.cpu_threads = None
-        two = mine.generate(prompts, num_generations=2, step=3)
+        mine.cpu_threads = 1
+        one = mine.generate(prompts, num_generations=2, step=3)
+        assert one.threads == 1 and torch.get_num_threads() == 2
+        two = _gen(hf, tok, temperature=1.0).generate(prompts, num_generations=2, step=3)
         assert two.threads == 2 and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -49,9 +49,9 @@ cache.  The numbers on the tiny model are in ``tests/test_grpo_generate.py``'s d
 
 **Less work, the same draws.** The prefill computes the LM head on its last position only (HF:
 ``logits_to_keep=1``; torchtitan: its ``_skip_lm_head``, then the head on the last hidden state),
-not ``[B, P, V]`` logits; on the CPU a rollout runs with ``cpu_threads`` torch threads (1 by default:
-decode steps are many small operations whose thread barriers cost more than they give on a shared
-CPU), the setting put back afterwards.  Each :class:`Rollout` says which paths ran
+not ``[B, P, V]`` logits.  On the CPU a rollout can run with its own torch thread count
+(``cpu_threads``; 1 wins by far on a CPU shared with other work, loses ~1.3x on a quiet one), the
+setting put back afterwards.  Each :class:`Rollout` says which paths ran
 (``cache_path``, ``prefill_head``, ``threads``).  ``benchmarks/grpo.py`` measures rollouts against
 TRL's ``GRPOTrainer`` generating with transformers.
 """
@@ -508,10 +508,12 @@ class InProcessGenerator:
     # HF models: each layer's keys/values in one buffer for the whole rollout (False: transformers'
     # own DynamicCache, which copies the cache at every new token)
     preallocate_cache: bool = True
-    # torch's intra-op threads during a rollout on the CPU (None: leave torch's setting).  A decode
-    # step is many small operations; on a CPU shared with other work, threads waiting at each one's
-    # barrier made rollouts 10-25x slower on this project's 2-core box (benchmarks/RESULTS.md, GRPO)
-    cpu_threads: Optional[int] = 1
+    # torch's intra-op threads during a rollout on the CPU (None: leave torch's setting, which the
+    # launcher makes cpu_count // ranks).  Measured on a 2-core box (benchmarks/RESULTS.md, GRPO): a
+    # decode step is many small operations, and on a CPU busy with other work 2 threads waiting at
+    # each one's barrier made rollouts 10-25x slower than 1; on a quiet CPU 2 threads were ~1.3x
+    # faster.  So it is the caller's choice (the benchmark and the tests pass 1), not a default.
+    cpu_threads: Optional[int] = None
     _eos: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
