@@ -66,6 +66,9 @@ BENCHES = [
     Bench("dpo", "DPO vs SFT over the same trained tokens (checked): trainer start to last step, s/step "
           "(Qwen3-0.6B-shaped LoRA; quick: tiny model full fine-tune, 8 pairs)", ["--lora"],
           ["--shape", "tiny", "--pairs", "8"]),
+    Bench("grpo", "GRPO steps vs TRL's GRPOTrainer generating with transformers (same model, prompts, G, lengths): "
+          "rollout tokens/s, step seconds, rollout/update split, peak RSS (small Qwen3-shaped model; quick: tiny, "
+          "1 repeat)", [], ["--quick"]),
     Bench("harness", "`trnqwen eval --tasks` vs lm-evaluation-harness's own CLI on the same model and task "
           "(trnqwen_calculator, tiny model, CPU): seconds per sample, scores must agree", [],
           ["--limit", "8", "--repeats", "1"]),

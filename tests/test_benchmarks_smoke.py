@@ -174,6 +174,7 @@ MEASURED = {
     "lora": "ratios",  # LoRA / full: the kernel's peak RSS, s/step, adapter size
     "dpo": "ratios",  # DPO / SFT over the same trained tokens (present only when the check passed)
     "harness": "ratio_trnqwen_vs_lm_eval",  # eval --tasks / lm_eval by hand, seconds per sample
+    "grpo": "ratios",  # trnqwen / TRL: rollout tokens/s, step seconds, peak RSS
 }
 # Extra arguments on top of the quick path: train_overhead runs two repeats here so the test sees
 # that the order alternates.
@@ -205,5 +206,11 @@ def test_each_benchmark_quick_path_runs_for_real(run_all, name):
         assert all(run["peak_rss_max_mib"] > 0 for run in summary["runs"].values()), summary
     if name == "torchtitan_releases":
         assert summary["installed"]["supported"] and "0.2.2" in summary["releases"] | summary["download_failed"]
+    if name == "grpo":
+        assert summary["same_prompts"] and not summary["failed"], summary
+        # the generator's fast paths ran, not a fallback
+        assert summary["trnqwen"]["rollout_paths"] == {"cache": "preallocated", "prefill_head": "last", "threads": 1}
+        for side in ("trnqwen", "trl"):
+            assert summary[side]["completion_tokens_per_step"] > 0 and summary[side]["peak_rss_mib"] > 0, summary
     if name == "train_overhead":
         assert summary["order"] == ["trnqwen then torchrun", "torchrun then trnqwen"], summary

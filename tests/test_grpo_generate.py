@@ -229,6 +229,85 @@ def test_refusals(hf, tok):
         InProcessGenerator(hf, SamplingSettings(8), pad_id=0, eos_ids=[1], kind="vllm")
 
 
+@pytest.mark.parametrize("settings", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)])
+def test_the_preallocated_cache_draws_what_transformers_cache_draws(hf, tok, prompts, settings):
+    """HF rollouts keep each layer's keys/values in one buffer ("preallocated", the default path,
+    asserted); transformers' own growing cache ("dynamic") gives bit-identical logits at every
+    step, so the same seeded draws."""
+    from trnqwen.methods.grpo.generate import _HFCached
+
+    fast = _gen(hf, tok, **settings).generate(prompts, num_generations=4, step=7)
+    slow = _gen(hf, tok, **settings)
+    slow.preallocate_cache = False
+    plain = slow.generate(prompts, num_generations=4, step=7)
+    assert (fast.cache_path, plain.cache_path) == ("preallocated", "dynamic")
+    assert torch.equal(fast.completion_ids, plain.completion_ids) and torch.equal(fast.completion_mask, plain.completion_mask)
+    assert fast.completion_mask.sum() > 2 * len(prompts) * 4  # completions of more than a token or two
+    # step by step: the same logits, bit for bit, through prefill, the groups' expansion and decoding
+    ids, mask = fast.prompt_ids[::4], fast.prompt_mask[::4]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    total = ids.shape[1] + 8
+    decoders = [_HFCached(hf, preallocate=True), _HFCached(hf, preallocate=False)]
+    with torch.no_grad():
+        logits = [d.start(ids, mask, positions, total) for d in decoders]
+        assert torch.equal(*logits)
+        for d in decoders:
+            d.expand(2)
+        for t in range(7):
+            tokens = torch.arange(ids.shape[0] * 2) * 37 + t * 5 + 10
+            logits = [d.step(tokens, t) for d in decoders]
+            assert torch.equal(*logits), t
+    assert decoders[0].cache.layers[0].keys.shape[-2] == ids.shape[1] + 7
+    assert [d.path for d in decoders] == ["preallocated", "dynamic"]
+
+
+def test_the_native_prefill_computes_the_lm_head_on_its_last_position_only(native, tok, prompts):
+    """torchtitan's decoder: the prefill's hidden states (its ``_skip_lm_head``), then the head on the
+    last position ("last", asserted): the logits of the whole head's last position, and the same
+    greedy and sampled completions as recompute (which runs the whole head)."""
+    from trnqwen.methods.grpo.generate import _TitanDecoder, pad_prompts
+
+    calls = []
+    handle = native.lm_head.register_forward_hook(lambda mod, args, out: calls.append(tuple(args[0].shape)))
+    try:
+        cached = _gen(native, tok, do_sample=False).generate(prompts, num_generations=2)
+    finally:
+        handle.remove()
+    full = _gen(native, tok, do_sample=False, kv_cache=False).generate(prompts, num_generations=2)
+    assert (cached.prefill_head, full.prefill_head) == ("last", "full")
+    assert calls[0] == (len(prompts), 1, native.lm_head.in_features)  # [rows, 1, dim]: the last position only
+    assert torch.equal(cached.completion_ids, full.completion_ids)
+    assert native._skip_lm_head is False  # put back
+    ids, mask = pad_prompts(prompts, tok.pad_token_id, 48)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    decoder = _TitanDecoder(native, cache=True)
+    with torch.no_grad(), decoder.installed(56):
+        last = decoder.start(ids, mask, positions, 56)
+    reference = _TitanDecoder(native, cache=False)
+    with torch.no_grad(), reference.installed(56):
+        whole = reference.start(ids, mask, positions, 56)
+    assert decoder.prefill_head == "last" and reference.prefill_head == "full"
+    assert torch.allclose(last, whole, atol=1e-5, rtol=0), (last - whole).abs().max()
+
+
+def test_cpu_rollouts_run_with_their_own_thread_count_and_put_torchs_back(hf, tok, prompts):
+    """On the CPU a rollout runs with ``cpu_threads`` torch threads when given (the count it ran
+    with is in the Rollout) and leaves torch's setting as it was; by default torch's own; the draws
+    do not depend on it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        mine = _gen(hf, tok, temperature=1.0)
+        mine.cpu_threads = 1
+        one = mine.generate(prompts, num_generations=2, step=3)
+        assert one.threads == 1 and torch.get_num_threads() == 2
+        two = _gen(hf, tok, temperature=1.0).generate(prompts, num_generations=2, step=3)
+        assert two.threads == 2 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one.completion_ids, two.completion_ids)
+
+
 @pytest.mark.parametrize("which", ["hf", "native"])
 def test_speed_of_the_cache(which, request, tok, prompts, capsys):
     """Cached decoding beats recompute (printed: new tokens per second, both ways)."""

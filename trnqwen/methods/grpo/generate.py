@@ -33,7 +33,10 @@ times, and Neuron wants fixed shapes: the decode loop runs ``max_completion_leng
 prefill, then one forward per new token) on every rank.  ``stop_early`` ends it sooner only when
 every row of every rank has ended (one ``all_reduce`` per step when ``torch.distributed`` runs).
 
-**Key-value cache.** HF models use transformers' own ``DynamicCache`` (``past_key_values``).
+**Key-value cache.** HF models use transformers' own ``DynamicCache`` (``past_key_values``), each
+full-attention layer's keys and values kept in one buffer allocated at the prefill for the whole
+rollout (``preallocate_cache``; transformers' layer concatenates the whole cache at every new
+token); the attention sees the same tensors either way, so the draws are the same (tested).
 torchtitan's native decoder has no cache, so the generator gives it one without touching its
 code: for the rollout, each attention's ``inner_attention`` submodule is swapped for
 :class:`_CachedAttention`, which receives q/k/v after the model's own projections, norms and RoPE,
@@ -43,6 +46,14 @@ False`` recomputes instead: every step runs the whole ``[B, P + C]`` buffer thro
 (fixed shape, no state), which costs about ``C / 2`` times the cached rollout's compute; it is kept
 as the reference the cache is tested against (greedy completions equal) and for engines with no
 cache.  The numbers on the tiny model are in ``tests/test_grpo_generate.py``'s docstring.
+
+**Less work, the same draws.** The prefill computes the LM head on its last position only (HF:
+``logits_to_keep=1``; torchtitan: its ``_skip_lm_head``, then the head on the last hidden state),
+not ``[B, P, V]`` logits.  On the CPU a rollout can run with its own torch thread count
+(``cpu_threads``; 1 wins by far on a CPU shared with other work, loses ~1.3x on a quiet one), the
+setting put back afterwards.  Each :class:`Rollout` says which paths ran
+(``cache_path``, ``prefill_head``, ``threads``).  ``benchmarks/grpo.py`` measures rollouts against
+TRL's ``GRPOTrainer`` generating with transformers.
 """
 
 from __future__ import annotations
@@ -76,6 +87,12 @@ class Rollout:
     is_truncated: torch.Tensor  # [B] bool: no end-of-turn token within C
     forwards: int = 0  # model calls made (the same on every rank)
     seconds: float = 0.0
+    # which paths ran (a fast path that can fall back says so): the key-value cache ("preallocated",
+    # "dynamic", "titan", "recompute"), the prefill's LM head ("last": the last position only, "full"),
+    # and torch's CPU threads during the rollout (None: not on the CPU)
+    cache_path: str = ""
+    prefill_head: str = ""
+    threads: Optional[int] = None
 
     def completion_lists(self) -> list[list[int]]:
         """Each completion's tokens, unpadded (TRL's ``completion_ids`` for reward functions)."""
@@ -130,7 +147,8 @@ def sample_tokens(logits: torch.Tensor, settings: SamplingSettings, generator: O
     logits = logits.float()
     if not settings.do_sample:
         return logits.argmax(-1)
-    logits = logits / settings.temperature
+    if settings.temperature != 1.0:  # x / 1.0 is x: the same draws without the copy
+        logits = logits / settings.temperature
     if 0 < settings.top_k < logits.shape[-1]:
         kth = torch.topk(logits, settings.top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -152,30 +170,88 @@ def _logits(out) -> torch.Tensor:
     return logits
 
 
-class _HFCached:
-    """An HF causal LM with its own ``DynamicCache``."""
+_GROWN_IN_PLACE = None
 
-    def __init__(self, model) -> None:
-        self.model = model
+
+def _grown_in_place_layer():
+    """transformers' ``DynamicLayer`` whose keys/values live in one buffer allocated at the prefill
+    for the whole rollout (``[B, H, capacity, D]``); ``keys``/``values`` are views of its filled
+    part, the very tensors ``torch.cat`` would have made, without copying the whole cache at every
+    new token (``C`` copies of a growing cache: quadratic in the completion length)."""
+    global _GROWN_IN_PLACE
+    if _GROWN_IN_PLACE is not None:
+        return _GROWN_IN_PLACE
+    from transformers.cache_utils import DynamicLayer
+
+    class GrownInPlace(DynamicLayer):
+        def __init__(self, capacity: int) -> None:
+            super().__init__()
+            self.capacity, self.filled = int(capacity), 0
+            self.k_buf = self.v_buf = None
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if self.k_buf is None:
+                self.lazy_initialization(key_states, value_states)
+                b, h, _, d = key_states.shape
+                self.k_buf = key_states.new_empty((b, h, self.capacity, d))
+                self.v_buf = value_states.new_empty((b, h, self.capacity, value_states.shape[-1]))
+            n = key_states.shape[-2]
+            if self.filled + n > self.capacity:
+                raise RuntimeError(f"the rollout's cache holds {self.capacity} positions, not {self.filled + n}")
+            self.k_buf[:, :, self.filled:self.filled + n] = key_states
+            self.v_buf[:, :, self.filled:self.filled + n] = value_states
+            self.filled += n
+            self.keys, self.values = self.k_buf[:, :, :self.filled], self.v_buf[:, :, :self.filled]
+            return self.keys, self.values
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if self.k_buf is not None:
+                self.k_buf = self.k_buf.repeat_interleave(repeats, dim=0)
+                self.v_buf = self.v_buf.repeat_interleave(repeats, dim=0)
+                self.keys, self.values = self.k_buf[:, :, :self.filled], self.v_buf[:, :, :self.filled]
+
+    _GROWN_IN_PLACE = GrownInPlace
+    return GrownInPlace
+
+
+class _HFCached:
+    """An HF causal LM with its own ``DynamicCache``, each full-attention layer's keys/values in a
+    buffer preallocated for the rollout (:func:`_grown_in_place_layer`; a layer of another kind,
+    e.g. a sliding window, keeps transformers' own: ``path`` says "dynamic" then).  The prefill
+    computes the LM head on its last position only (``logits_to_keep=1``)."""
+
+    prefill_head = "last"
+
+    def __init__(self, model, preallocate: bool = True) -> None:
+        self.model, self.preallocate = model, preallocate
+        self.path = "dynamic"
 
     def start(self, ids, mask, positions, total: int) -> torch.Tensor:
         from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
 
         self.cache = DynamicCache(config=self.model.config)
-        self.mask, self.lengths = mask, mask.sum(-1)
+        layers = getattr(self.cache, "layers", None) or []
+        if self.preallocate and layers and all(type(layer) is DynamicLayer for layer in layers):
+            grown = _grown_in_place_layer()
+            self.cache.layers = [grown(total) for _ in layers]
+            self.path = "preallocated"
+        b, p = mask.shape
+        # the attention mask for the whole rollout, each step a view of its first p + t + 1 columns
+        self.full_mask = torch.cat([mask, mask.new_ones(b, total - p)], 1)
+        self.p, self.lengths = p, mask.sum(-1)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
                          use_cache=True, logits_to_keep=1)
         return _logits(out)[:, -1]
 
     def expand(self, repeats: int) -> None:
         self.cache.batch_repeat_interleave(repeats)
-        self.mask = self.mask.repeat_interleave(repeats, 0)
+        self.full_mask = self.full_mask.repeat_interleave(repeats, 0)
         self.lengths = self.lengths.repeat_interleave(repeats, 0)
 
     def step(self, tokens, t: int) -> torch.Tensor:
-        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], 1)
-        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=(self.lengths + t)[:, None],
-                         past_key_values=self.cache, use_cache=True)
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.full_mask[:, :self.p + t + 1],
+                         position_ids=(self.lengths + t)[:, None], past_key_values=self.cache, use_cache=True)
         return _logits(out)[:, -1]
 
     def close(self) -> None:
@@ -184,6 +260,9 @@ class _HFCached:
 
 class _Recompute:
     """No cache: the whole ``[B, P + C]`` buffer through the model at every step (fixed shape)."""
+
+    path = "recompute"
+    prefill_head = "full"
 
     def __init__(self, forward) -> None:
         self.forward = forward  # (ids, mask, positions) -> logits [B, L, V]
@@ -255,6 +334,10 @@ class _CachedAttention(torch.nn.Module):
             self.v = self.v.repeat_interleave(repeats, 0)
 
 
+def _is_dtensor(x) -> bool:
+    return hasattr(x, "placements") and hasattr(x, "device_mesh")
+
+
 def _attention_modules(model) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(getattr(m, "inner_attention", None), torch.nn.Module)]
 
@@ -264,6 +347,8 @@ class _TitanDecoder:
 
     def __init__(self, model, cache: bool) -> None:
         self.model, self.cache = model, cache
+        self.path = "titan" if cache else "recompute"
+        self.prefill_head = "full"
 
     @contextlib.contextmanager
     def installed(self, total: int):
@@ -292,7 +377,28 @@ class _TitanDecoder:
             return self._full(p - 1)
         self.state.slot = 0
         self.state.mask = self._mask(torch.arange(p, device=ids.device), total)
-        return _logits(self.model(ids, positions))[:, -1]
+        return self._last_logits(ids, positions)
+
+    def _last_logits(self, ids, positions) -> torch.Tensor:
+        """The prefill's logits at its last position: the decoder's hidden states (its
+        ``_skip_lm_head``), then the LM head on the last position alone ("last": ``[B, V]`` instead
+        of ``[B, P, V]``); the whole head where the decoder has no such switch or the head is
+        tensor-parallel (DTensor weights or hidden states: "full")."""
+        model, head = self.model, getattr(self.model, "lm_head", None)
+        if not (hasattr(model, "_skip_lm_head") and isinstance(head, torch.nn.Module)):
+            self.prefill_head = "full"
+            return _logits(model(ids, positions))[:, -1]
+        was = model._skip_lm_head
+        model._skip_lm_head = True
+        try:
+            hidden = model(ids, positions)
+        finally:
+            model._skip_lm_head = was
+        if _is_dtensor(hidden) or any(_is_dtensor(w) for w in head.parameters()):
+            self.prefill_head = "full"
+            return _logits(head(hidden))[:, -1]
+        self.prefill_head = "last"
+        return _logits(head(hidden[:, -1:]))[:, -1]
 
     def expand(self, repeats: int) -> None:
         self.valid = self.valid.repeat_interleave(repeats, 0)
@@ -399,6 +505,15 @@ class InProcessGenerator:
     # with the HF model inside torchtitan's wrapper, whose root holds the embeddings and lm_head
     weights_root: Optional[torch.nn.Module] = None
     group: Optional[object] = None
+    # HF models: each layer's keys/values in one buffer for the whole rollout (False: transformers'
+    # own DynamicCache, which copies the cache at every new token)
+    preallocate_cache: bool = True
+    # torch's intra-op threads during a rollout on the CPU (None: leave torch's setting, which the
+    # launcher makes cpu_count // ranks).  Measured on a 2-core box (benchmarks/RESULTS.md, GRPO): a
+    # decode step is many small operations, and on a CPU busy with other work 2 threads waiting at
+    # each one's barrier made rollouts 10-25x slower than 1; on a quiet CPU 2 threads were ~1.3x
+    # faster.  So it is the caller's choice (the benchmark and the tests pass 1), not a default.
+    cpu_threads: Optional[int] = None
     _eos: torch.Tensor = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -424,7 +539,7 @@ class InProcessGenerator:
             with decoder.installed(total):
                 yield decoder
         else:
-            yield _HFCached(self.model) if self.kv_cache else _Recompute(_hf_forward(self.model))
+            yield _HFCached(self.model, self.preallocate_cache) if self.kv_cache else _Recompute(_hf_forward(self.model))
 
     def generate(self, prompts: Sequence[Sequence[int]], *, num_generations: int = 1, step: int = 0,
                  micro: int = 0) -> Rollout:
@@ -460,6 +575,10 @@ class InProcessGenerator:
         done = torch.zeros(rows, dtype=torch.bool)
         forwards = 0
         was_training = self.model.training
+        threads = torch.get_num_threads()
+        on_cpu = device.type == "cpu"
+        if on_cpu and self.cpu_threads is not None:
+            torch.set_num_threads(int(self.cpu_threads))
         self.model.eval()
         try:
             root = self.weights_root if self.weights_root is not None else self.model
@@ -480,8 +599,10 @@ class InProcessGenerator:
                     logits = decoder.step(tokens.to(device), t)
                     forwards += 1
                 decoder.close()
+                paths = (decoder.path, decoder.prefill_head, torch.get_num_threads() if on_cpu else None)
         finally:
             self.model.train(was_training)
+            torch.set_num_threads(threads)
         ended = torch.isin(out, self._eos)
         first_end = torch.where(ended.any(-1), ended.float().argmax(-1), torch.full((rows,), s.max_completion_length))
         completion_mask = (torch.arange(s.max_completion_length)[None] <= first_end[:, None]).long()
@@ -493,6 +614,9 @@ class InProcessGenerator:
             is_truncated=~ended.any(-1),
             forwards=forwards,
             seconds=time.perf_counter() - began,
+            cache_path=paths[0],
+            prefill_head=paths[1],
+            threads=paths[2],
         )
 
     def _all_done(self, done: torch.Tensor, device: torch.device) -> bool:
