@@ -53,43 +53,43 @@ def method_reports(log: ParsedLog, ctx: RunContext) -> Iterator[tuple[methods.Me
             yield method, methods.hook(method, "log_lines"), method_facts(log, ctx, method)
 
 
-def step_rows(log: ParsedLog) -> list[dict]:
-    """``--json`` steps, built from the columns: numbers or null (a NaN/Inf value is null plus
-    ``nonfinite`` ``{"loss": "nan"}``), then the run's other values by name; ``line`` is the log
-    line (null for a step of the metrics stream the text log lacks)."""
+def steps_json(log: ParsedLog) -> str:
+    """``--json``'s steps as JSON text, written from the columns: a row a step, numbers or null,
+    then the run's other values by name, then ``line`` (the log line; null for a step of the
+    metrics stream the text log lacks).  A row with a NaN/Inf value has it null and named in
+    ``nonfinite`` (``{"loss": "nan"}``): those few rows are written from a dict."""
+    import json
+
+    import numpy as np
+
     t = log.steps
     t.compact()
     names, values = method_values(log)
-    cols = [t.step.tolist()]
-    for name in STEP_FIELDS[1:]:
-        col = t.cols[name].tolist()
-        for i in t.missing[name]:
-            col[i] = None
-        if name == "tps":
-            col = [int(v) if isinstance(v, float) and v.is_integer() else v for v in col]
-        cols.append(col)
-    cols += [[values.get(s, {}).get(name) for s in t.step] for name in names]
-    cols.append([x or None for x in t.line.tolist()])
-    rows = [dict(zip((*STEP_FIELDS, *names, "line"), r)) for r in zip(*cols)]
-    for i in _nonfinite_rows(t, names, values):  # few rows: the bad values null, named in nonfinite
-        row = rows[i]
-        bad = {k: _nonfinite(v) for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
-        row.update({k: None for k in bad}, nonfinite=bad, line=row.pop("line"))
-    return rows
-
-
-def _nonfinite_rows(t, names: tuple, values: dict) -> list[int]:
-    """The rows with a NaN/Inf value (numpy on the columns: few rows have one)."""
-    import numpy as np
-
+    cols = [list(map(str, t.step))]
     bad = np.zeros(len(t.step), dtype=bool)
     for name in STEP_FIELDS[1:]:
+        col = t.cols[name].tolist()
+        col = [str(int(v)) if v.is_integer() else repr(v) for v in col] if name == "tps" else list(map(repr, col))
+        for i in t.missing[name]:
+            col[i] = "null"
+        cols.append(col)
         bad |= np.isinf(t.np(name)) | (np.isnan(t.np(name)) & t.present(name))
     rows = set(np.flatnonzero(bad).tolist())
-    if names:
-        rows.update(i for i, s in enumerate(t.step) for v in values.get(s, {}).values()
-                    if isinstance(v, float) and not math.isfinite(v))
-    return sorted(rows)
+    for name in names:
+        col = [values.get(s, {}).get(name) for s in t.step]
+        rows.update(i for i, v in enumerate(col) if isinstance(v, float) and not math.isfinite(v))
+        cols.append([repr(v) if type(v) in (float, int) else json.dumps(v, default=str) for v in col])
+    cols.append([str(x) if x else "null" for x in t.line])
+    template = "{" + ", ".join(json.dumps(k).replace("%", "%%") + ": %s" for k in (*STEP_FIELDS, *names, "line")) + "}"
+    text = [template % row for row in zip(*cols)]
+    for i in rows:
+        row = t.row(i)
+        line = row.pop("line")
+        row.update((k, values.get(t.step[i], {}).get(k)) for k in names)
+        nonfinite = {k: _nonfinite(v) for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
+        row.update(dict.fromkeys(nonfinite), nonfinite=nonfinite, line=line)
+        text[i] = json.dumps(row, default=str)
+    return "[" + ", ".join(text) + "]"
 
 
 def _nonfinite(x: float) -> str:
@@ -188,15 +188,15 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
 
 
 def write_json(obj: Any, out=None) -> None:
-    """Write ``obj`` as one JSON document to ``out`` (stdout), redacted (a token a log line
-    quoted never reaches the output)."""
+    """Write ``obj`` (or JSON text already made: :func:`json_text`'s) as one JSON document to
+    ``out`` (stdout), redacted (a token a log line quoted never reaches the output)."""
     import json
     import sys
 
     from trnqwen.errors import redact
 
     out = out or sys.stdout
-    out.write(redact(json.dumps(obj, default=str)) + "\n")
+    out.write(redact(obj if isinstance(obj, str) else json.dumps(obj, default=str)) + "\n")
     out.flush()
 
 
@@ -211,13 +211,24 @@ def overrides(log: ParsedLog, ctx: RunContext) -> dict[str, dict]:
 
 
 def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> dict:
-    """The ``--json`` object."""
-    return {
+    """The ``--json`` object (:func:`json_text` read back)."""
+    import json
+
+    return json.loads(json_text(log, ctx, findings))
+
+
+def json_text(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> str:
+    """The ``--json`` document; its steps are :func:`steps_json`'s text, put in place of the null
+    that stands for them (the first ``"steps": null``: the values before it are numbers or strings,
+    whose quotes JSON escapes)."""
+    import json
+
+    head, _, tail = json.dumps({
         "source": log.source,
         "metrics_stream": log.metrics_stream,  # where steps and validations came from (None: the text log)
         "world_size": log.world_size,
         "model": log.model_name,
-        "steps": step_rows(log),
+        "steps": None,
         "resumes": [{"from_step": r["from_step"], "line": r["line"]} for r in log.resumes],
         "preempted": [{"step": p["step"], "signal": p["signal"], "line": p["line"]} for p in log.preempted],
         "validation": [{k: _num(v) for k, v in rec.items() if k != "line"} for rec in log.validations],
@@ -232,7 +243,8 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> dict:
         "tracebacks": {str(r): {"first_root": t.get("first_root"), "last": t.get("last"), "count": t.get("count")}
                        for r, t in log.tracebacks.items()},
         "evaluation": ctx.evaluation or None,  # trnqwen eval's eval.json
-    }
+    }, default=str).partition('"steps": null')
+    return f'{head}"steps": {steps_json(log)}{tail}'
 
 
 # ---------------------------------------------------------------------------------------------
