@@ -349,8 +349,11 @@ class LogParser:
                 log.first_invalid_utf8_line = lineno
         rank, body = split_prefix(text)
         if rank is not None and rank not in log.ranks:
+            log.ranks.add(rank)
             pm = B_PREFIX_RE.match(raw)
-            self.note_rank(rank, pm.group(0) if pm is not None else None)
+            if pm is not None and rank not in self.rank_prefix:
+                self.rank_prefix[rank] = pm.group(0)
+                self._rank_of[pm.group(0)] = rank
         tb_open = self._tracebacks.is_open(rank)
         if not tb_open and "loss:" in body and "step:" in body and "validate step:" not in body:
             rec = parse_step_line(body)
@@ -493,7 +496,7 @@ class LogParser:
 
     def _is_primary(self, rank: Optional[int]) -> bool:
         if not self._primary_decided:
-            return rank is None or rank == 0 or rank == min((r for r in self.log.ranks), default=rank)
+            return rank is None or rank == 0 or rank == min(self.log.ranks, default=rank)
         return rank == self.log.primary_rank
 
     def _step(self, lineno: int, rank: Optional[int], rec: dict) -> None:
@@ -526,12 +529,6 @@ class LogParser:
         self._pending.clear()
         self._primary_decided = True
         self._primary_prefix = None if primary is None else self.rank_prefix.get(primary)
-
-    def note_rank(self, rank: int, prefix: Optional[bytes]) -> None:
-        self.log.ranks.add(rank)
-        if prefix and rank not in self.rank_prefix:
-            self.rank_prefix[rank] = bytes(prefix)
-            self._rank_of[bytes(prefix)] = rank
 
     def note_rank_step(self, rank: int, step: int, lineno: int) -> None:
         prev = self.log.rank_last_step.get(rank)

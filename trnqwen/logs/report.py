@@ -12,8 +12,8 @@ from typing import Any, Iterator, Optional
 
 from trnqwen.logs.lora import lora_json, lora_row
 from trnqwen.logs.judge import (
-    BASE_RANDOM_INIT, WEIGHTS_NOT_LOADED, Finding, configured_steps, method_facts, override_calls, override_table,
-    root_cause,
+    BASE_RANDOM_INIT, WEIGHTS_NOT_LOADED, Finding, configured_steps, layers_text, method_facts, override_calls,
+    override_table, root_cause,
 )
 from trnqwen.methods import registry as methods
 from trnqwen.logs.patterns import no_peak_flops
@@ -319,11 +319,11 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
     for name, e in overrides(log, ctx).items():
         parts = []
         if e["count"]:
-            per_layer = f"{e['count']} line(s), layers {_layers(e['layers'])}"
+            per_layer = f"{e['count']} line(s), layers {layers_text(e['layers']) or '-'}"
             if e["missing_layers"]:
-                per_layer += f", [red]missing {_layers(e['missing_layers'])}[/red]"
+                per_layer += f", [red]missing {layers_text(e['missing_layers'])}[/red]"
             if e["duplicate_layers"]:
-                per_layer += f", [red]duplicated {_layers(e['duplicate_layers'])}[/red]"
+                per_layer += f", [red]duplicated {layers_text(e['duplicate_layers'])}[/red]"
             parts.append(per_layer)
         if e["calls"] is None:
             parts.append("[yellow]calls not reported[/yellow]")
@@ -371,54 +371,34 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
 
 
 def render_evaluation(evaluation: dict, *, console=None, label: str = "") -> None:
-    """trnqwen eval's held-out results (eval.json) under the training summary."""
+    """trnqwen eval's held-out results (eval.json) under the training summary: a loss table, or
+    the table of the method's own report (its eval_report's ``table``: GRPO's reward, pass@1)."""
     if not evaluation:
         return
     from rich.table import Table
 
     from trnqwen import output
 
+    method = methods.find(evaluation.get("method")) if evaluation.get("method") else None
+    scorer = methods.load(method.eval_report) if method is not None and method.eval_report else None
+    if scorer is not None and hasattr(scorer, "table"):
+        _what, headers, rows = scorer.table(evaluation.get("results", []), evaluation)
+    else:
+        headers = ["checkpoint", "tokens", "loss", "perplexity", "vs base"]
+        rows = [[str(r.get("checkpoint")), _fmt(r.get("tokens"), ","), _fmt(r.get("loss"), ".4f"), _fmt(r.get("perplexity"), ",.2f"),
+                 "" if r.get("delta_vs_base") is None else f"{r['delta_vs_base']:+.4f}"] for r in evaluation.get("results", [])]
     t = Table(title=f"held-out eval{label} on {_escape(str(evaluation.get('dataset')))}", title_justify="left")
-    own = _method_table(evaluation)
-    if own is not None:  # a method whose report is not a loss (GRPO's held-out prompts: reward, pass@1)
-        headers, rows = own
-        for col in headers:
-            t.add_column(col, justify="left" if col == "checkpoint" else "right")
-        for row in rows:
-            t.add_row(*(_escape(str(cell)) for cell in row))
-        (console or output.console(stderr=False)).print(t)
-        return
-    for col in ("checkpoint", "tokens", "loss", "perplexity", "vs base"):
+    for col in headers:
         t.add_column(col, justify="left" if col == "checkpoint" else "right")
-    for r in evaluation.get("results", []):
-        delta = r.get("delta_vs_base")
-        t.add_row(_escape(str(r.get("checkpoint"))), _fmt(r.get("tokens"), ","), _fmt(r.get("loss"), ".4f"),
-                  _fmt(r.get("perplexity"), ",.2f"), "" if delta is None else f"{delta:+.4f}")
+    for row in rows:
+        t.add_row(*(_escape(str(cell)) for cell in row))
     (console or output.console(stderr=False)).print(t)
-
-
-def _method_table(evaluation: dict) -> Optional[tuple[list[str], list[list[str]]]]:
-    """(headers, rows) of an eval.json whose method tables its own report (its eval_report's ``table``), else None."""
-    from trnqwen.methods import registry
-
-    method = registry.find(evaluation.get("method")) if evaluation.get("method") else None
-    scorer = registry.load(method.eval_report) if method is not None and method.eval_report else None
-    if scorer is None or not hasattr(scorer, "table"):
-        return None
-    _what, headers, rows = scorer.table(evaluation.get("results", []), evaluation)
-    return headers, rows
 
 
 def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
-
-
-def _layers(layers: list[int]) -> str:
-    from trnqwen.logs.judge import _layers_text
-
-    return _layers_text(layers) or "-"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -448,23 +428,14 @@ def write_csv(log: ParsedLog, path: Path) -> None:
 
 
 def compare(a: ParsedLog, b: ParsedLog) -> dict:
-    steps = sorted(set(a.steps) | set(b.steps))
     rows = []
-    diffs = []
-    for st in steps:
-        ra, rb = a.steps.get(st), b.steps.get(st)
-        la = ra.get("loss") if ra else None
-        lb = rb.get("loss") if rb else None
-        d = None
-        if isinstance(la, (int, float)) and isinstance(lb, (int, float)) and math.isfinite(la) and math.isfinite(lb):
-            d = lb - la
-            diffs.append(d)
-        rows.append({
-            "step": st,
-            "loss_a": _num(la), "loss_b": _num(lb), "loss_diff": d,
-            "tps_a": ra.get("tps") if ra else None, "tps_b": rb.get("tps") if rb else None,
-            "memory_gib_a": ra.get("memory_gib") if ra else None, "memory_gib_b": rb.get("memory_gib") if rb else None,
-        })
+    for st in sorted(set(a.steps) | set(b.steps)):
+        ra, rb = (log.steps[st] if st in log.steps else {} for log in (a, b))
+        la, lb = ra.get("loss"), rb.get("loss")
+        both = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (la, lb))
+        rows.append({"step": st, "loss_a": _num(la), "loss_b": _num(lb), "loss_diff": lb - la if both else None,
+                     **{f"{k}_{side}": r.get(k) for k in ("tps", "memory_gib") for side, r in (("a", ra), ("b", rb))}})
+    diffs = [r["loss_diff"] for r in rows if r["loss_diff"] is not None]
     return {
         "a": a.source,
         "b": b.source,
