@@ -56,8 +56,9 @@ def method_reports(log: ParsedLog, ctx: RunContext) -> Iterator[tuple[methods.Me
 def steps_json(log: ParsedLog) -> str:
     """``--json``'s steps as JSON text, written from the columns: a row a step, numbers or null,
     then the run's other values by name, then ``line`` (the log line; null for a step of the
-    metrics stream the text log lacks).  A row with a NaN/Inf value has it null and named in
-    ``nonfinite`` (``{"loss": "nan"}``): those few rows are written from a dict."""
+    metrics stream the text log lacks); Python's repr of a number is JSON's.  A row with a NaN/Inf
+    value has it null and named in ``nonfinite`` (``{"loss": "nan"}``): those few rows are
+    written from a dict."""
     import json
 
     import numpy as np
@@ -69,7 +70,7 @@ def steps_json(log: ParsedLog) -> str:
     bad = np.zeros(len(t.step), dtype=bool)
     for name in STEP_FIELDS[1:]:
         col = t.cols[name].tolist()
-        col = [str(int(v)) if v.is_integer() else repr(v) for v in col] if name == "tps" else list(map(repr, col))
+        col = _reprs([int(v) if v.is_integer() else v for v in col] if name == "tps" else col)
         for i in t.missing[name]:
             col[i] = "null"
         cols.append(col)
@@ -81,7 +82,7 @@ def steps_json(log: ParsedLog) -> str:
         cols.append([repr(v) if type(v) in (float, int) else json.dumps(v, default=str) for v in col])
     cols.append([str(x) if x else "null" for x in t.line])
     template = "{" + ", ".join(json.dumps(k).replace("%", "%%") + ": %s" for k in (*STEP_FIELDS, *names, "line")) + "}"
-    text = [template % row for row in zip(*cols)]
+    text = list(map(template.__mod__, zip(*cols)))
     for i in rows:
         row = t.row(i)
         line = row.pop("line")
@@ -90,6 +91,15 @@ def steps_json(log: ParsedLog) -> str:
         row.update(dict.fromkeys(nonfinite), nonfinite=nonfinite, line=line)
         text[i] = json.dumps(row, default=str)
     return "[" + ", ".join(text) + "]"
+
+
+def _reprs(col: list) -> list[str]:
+    """repr of each number, each distinct one once where they repeat (memory, throughput, grad norm);
+    not with a zero among them (0.0 == -0.0, whose reprs differ)."""
+    distinct = set(col)
+    if 2 * len(distinct) > len(col) or 0 in distinct:
+        return list(map(repr, col))
+    return list(map({v: repr(v) for v in distinct}.__getitem__, col))
 
 
 def _nonfinite(x: float) -> str:
