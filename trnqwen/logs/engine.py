@@ -125,7 +125,7 @@ class LogParser:
         if last_nl < 0:
             self._carry += block
         else:
-            self._region(self._carry + block[:last_nl] if self._carry else block[:last_nl])
+            self._region(b"".join((self._carry, memoryview(block)[:last_nl])))  # one copy, not two
             self._carry = block[last_nl + 1:]
         if len(self._carry) > self.max_line:
             self._skipping = self._carry[: self.max_line]

@@ -69,8 +69,7 @@ def steps_json(log: ParsedLog) -> str:
     cols = [list(map(str, t.step))]
     bad = np.zeros(len(t.step), dtype=bool)
     for name in STEP_FIELDS[1:]:
-        col = t.cols[name].tolist()
-        col = _reprs([int(v) if v.is_integer() else v for v in col] if name == "tps" else col)
+        col = _reprs(t.cols[name].tolist(), whole_as_int=name == "tps")
         for i in t.missing[name]:
             col[i] = "null"
         cols.append(col)
@@ -80,7 +79,9 @@ def steps_json(log: ParsedLog) -> str:
         col = [values.get(s, {}).get(name) for s in t.step]
         rows.update(i for i, v in enumerate(col) if isinstance(v, float) and not math.isfinite(v))
         cols.append([repr(v) if type(v) in (float, int) else json.dumps(v, default=str) for v in col])
-    cols.append([str(x) if x else "null" for x in t.line])
+    cols.append(list(map(str, t.line)))
+    for i in np.flatnonzero(t.np("line") == 0).tolist():
+        cols[-1][i] = "null"
     template = "{" + ", ".join(json.dumps(k).replace("%", "%%") + ": %s" for k in (*STEP_FIELDS, *names, "line")) + "}"
     text = list(map(template.__mod__, zip(*cols)))
     for i in rows:
@@ -93,13 +94,15 @@ def steps_json(log: ParsedLog) -> str:
     return "[" + ", ".join(text) + "]"
 
 
-def _reprs(col: list) -> list[str]:
-    """repr of each number, each distinct one once where they repeat (memory, throughput, grad norm);
-    not with a zero among them (0.0 == -0.0, whose reprs differ)."""
+def _reprs(col: list, whole_as_int: bool = False) -> list[str]:
+    """repr of each number (``whole_as_int``: a whole one as an int), each distinct one once where
+    they repeat (memory, throughput, grad norm); not with a zero among them (0.0 == -0.0, whose
+    reprs differ)."""
+    text = (lambda v: repr(int(v)) if v.is_integer() else repr(v)) if whole_as_int else repr
     distinct = set(col)
     if 2 * len(distinct) > len(col) or 0 in distinct:
-        return list(map(repr, col))
-    return list(map({v: repr(v) for v in distinct}.__getitem__, col))
+        return list(map(text, col))
+    return list(map({v: text(v) for v in distinct}.__getitem__, col))
 
 
 def _nonfinite(x: float) -> str:
