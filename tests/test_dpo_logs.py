@@ -15,7 +15,7 @@ import pytest
 
 from trnqwen.methods.dpo import log_lines as dpo
 from trnqwen.logs.judge import judge
-from trnqwen.logs.report import step_rows
+from trnqwen.logs.report import steps_json
 from trnqwen.logs.parse import parse_text
 from trnqwen.logs.report import payload, render, write_csv
 from trnqwen.logs.sources import RunContext
@@ -153,7 +153,7 @@ def test_json_steps_and_validations_carry_the_dpo_values():
 def test_streamed_json_with_missing_and_nonfinite_dpo_values():
     log = parse_text(make_log().replace("margin: 0.060000", "margin: nan"))
     del log.method_lines["dpo"].steps[3]
-    rows = step_rows(log)
+    rows = json.loads(steps_json(log))
     assert rows[1]["margin"] is None and rows[1]["nonfinite"] == {"margin": "nan"}
     assert rows[2]["margin"] is None and "nonfinite" not in rows[2]
 

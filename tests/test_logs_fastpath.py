@@ -302,11 +302,11 @@ def test_whole_column_numbers_equal_reading_each_token():
 
 @pytest.mark.parametrize("shape", [0, 3, 8])
 def test_json_steps_are_the_rows_with_nan_and_inf_named(shape):
-    """--json's steps (report.step_rows, built from the columns) are the rows read one by one, a
+    """--json's steps (report.steps_json, written from the columns) are the rows read one by one, a
     NaN/Inf value null and named in ``nonfinite``, a missing mfu null; valid JSON (no NaN)."""
     import json
 
-    from trnqwen.logs.report import step_rows
+    from trnqwen.logs.report import steps_json
 
     log = parse_bytes(generate(shape + 40, **SHAPES[shape]), "x")
     want = []
@@ -317,5 +317,5 @@ def test_json_steps_are_the_rows_with_nan_and_inf_named(shape):
             rec = {**rec, **dict.fromkeys(bad), "nonfinite": bad, "line": rec["line"]}
             rec["line"] = rec.pop("line")
         want.append(rec)
-    rows = json.loads(json.dumps(step_rows(log), allow_nan=False))
+    rows = json.loads(steps_json(log), parse_constant=lambda c: pytest.fail(f"{c} in --json"))
     assert rows == want and any("nonfinite" in r for r in rows) and any(r["mfu"] is None for r in rows)

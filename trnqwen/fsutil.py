@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 
 def expand_user(path: "str | Path") -> Path:
@@ -35,19 +35,26 @@ def current_umask() -> int:
     return mask
 
 
-def write_text_atomic(path: Path, text: str, *, mode: int = 0o666) -> None:
-    """Write ``text`` to ``path`` via a temp file + rename; ``mode`` is masked by the umask."""
+def write_atomic(path: Path, write: Callable[[str], Any], *, mode: int = 0o666) -> Path:
+    """Make ``path`` by ``write(temp path)`` (a temp file beside it, with its suffix) and a rename;
+    ``mode`` is masked by the umask."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
+        write(tmp)
         os.chmod(tmp, mode & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
+
+
+def write_text_atomic(path: Path, text: str, *, mode: int = 0o666) -> None:
+    """Write ``text`` to ``path`` via a temp file + rename; ``mode`` is masked by the umask."""
+    write_atomic(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8", newline=""), mode=mode)
 
 
 def usual_modes(folder: Path) -> None:

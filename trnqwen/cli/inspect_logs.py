@@ -120,7 +120,7 @@ def _run_inspect(inputs, json_out, csv_file, plot_file, strict, judge_kw) -> Non
     if json_out:
         if len(results) == 1:
             r = results[0]
-            report.write_json(report.payload(r.log, r.ctx, r.findings))
+            report.write_json(report.json_text(r.log, r.ctx, r.findings))
         else:
             objs = [report.payload(r.log, r.ctx, r.findings) for r in results]
             report.write_json({
@@ -275,7 +275,7 @@ def _run_follow(inp, json_out, csv_file, plot_file, strict, idle_timeout, judge_
         output.warn(f"stopped following: no new log line for {idle_timeout:g} s (--idle-timeout)")
     _write_files(result, csv_file, plot_file)
     if json_out:
-        report.write_json(report.payload(result.log, result.ctx, result.findings))
+        report.write_json(report.json_text(result.log, result.ctx, result.findings))
     else:
         report.render(result.log, result.ctx, result.findings)
     _finish([result], strict)

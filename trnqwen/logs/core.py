@@ -123,14 +123,10 @@ def check_readable(log: ParsedLog, *, live: bool = False) -> None:
         )
 
 
-def _live(inp: Optional[LogInput]) -> bool:
-    rec = inp.record if inp is not None else None
-    return rec is not None and rec.status in ("created", "running") and rec.ended_at is None
-
-
 def inspect_input(inp: LogInput, *, expect_layers: Optional[int] = None, vocab_size: Optional[int] = None,
                   finetune: Optional[bool] = None, stdin: Optional[BinaryIO] = None) -> Inspection:
-    log = read_log(inp, stdin=stdin, live=_live(inp))
+    rec = inp.record
+    log = read_log(inp, stdin=stdin, live=rec is not None and rec.status in ("created", "running") and rec.ended_at is None)
     return judge_log(log, inp, expect_layers=expect_layers, vocab_size=vocab_size, finetune=finetune)
 
 
@@ -231,7 +227,8 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
             now = time.monotonic()
             if grew:
                 idle_since = now
-            if _record_ended(inp) or (inp.run_dir is None and _log_says_ended(parser.log)):
+            ended = parser.log.completed_line or parser.log.torchrun_failure.get("summary_line")  # a log without a record
+            if _record_ended(inp) or (inp.run_dir is None and ended):
                 # one last read for lines written just before the record was updated
                 if fh is not None:
                     _drain(fh, parser, chunk_size)
@@ -300,7 +297,3 @@ class _Emitter:
         for v in pending[k:]:
             self.on_validation(v)
         self.printed = max(self.printed, top)
-
-
-def _log_says_ended(log: ParsedLog) -> bool:
-    return bool(log.completed_line or log.torchrun_failure.get("summary_line"))

@@ -117,13 +117,8 @@ def identify(log: "ParsedLog") -> ModelIdentity:
                          num_layers=layers, layers_source=layers_src)
 
 
-# Vocabulary sizes of torchtitan's own model flavors (used when no config.json says otherwise).
-KNOWN_VOCAB = {
-    ("qwen3", "debug"): 2048,
-    ("qwen3", ""): 151936,
-    ("llama3", "debug"): 2048,
-    ("llama3", ""): 128256,
-}
+# The vocabulary of torchtitan's own model families' sized flavors (their debugmodel* flavors: 2048).
+FAMILY_VOCAB = {"qwen3": QWEN3_VOCAB, "llama3": 128256}
 _SIZED_FLAVOR_RE = re.compile(r"(?:^|[-_ ])\d+(?:\.\d+)?B(?:-A\d+(?:\.\d+)?B)?(?:$|[-_ ])", re.IGNORECASE)
 
 
@@ -132,18 +127,13 @@ def known_vocab(model_name: Optional[str], flavor: Optional[str]) -> Optional[in
     (flavors debugmodel* -> 2048, sized flavors -> the family's vocab); the HF backend names the
     checkpoint as the flavor (``Qwen3-4B-Instruct-2507``).  None for anything else (e.g. a
     custom ``tiny-qwen3``): then the vocab must come from config.json or --vocab-size."""
-    if not model_name:
-        return None
     text = f"{model_name} {flavor or ''}".lower()
-    fl = (flavor or "").lower()
-    for (family, kind), size in KNOWN_VOCAB.items():
-        if family not in text:
-            continue
-        if kind == "debug" and fl.startswith("debugmodel"):
-            return size
-        if kind == "" and _SIZED_FLAVOR_RE.search(flavor or ""):
-            return size
-    return None
+    family = next((f for f in FAMILY_VOCAB if f in text), None) if model_name else None
+    if family is None:
+        return None
+    if (flavor or "").lower().startswith("debugmodel"):
+        return 2048
+    return FAMILY_VOCAB[family] if _SIZED_FLAVOR_RE.search(flavor or "") else None
 
 
 def with_identity(log: "ParsedLog", ctx: "RunContext") -> "RunContext":

@@ -9,7 +9,9 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from collections import Counter
 from dataclasses import asdict, dataclass, field
+from itertools import groupby
 from typing import Optional
 
 from trnqwen.contract.override_calls import override_label
@@ -97,7 +99,7 @@ def method_facts(log: ParsedLog, ctx: RunContext, method: methods.Method) -> dic
     first = log.steps.row(0) if log.steps else None
     kept = log.method_lines.get(method.name)
     return {"first_step": {k: first[k] for k in ("step", "loss", "line")} if first else None,
-            "start_step": log.start_step, "lines": kept.facts() if kept else {"steps": {}, "notes": {}},
+            "start_step": log.start_step, "lines": {"steps": kept.steps if kept else {}, "notes": kept.notes if kept else {}},
             "validations": log.validations, "run_config": dict(ctx.run_config) if ctx.run_config else None}
 
 
@@ -257,34 +259,18 @@ def override_table(log: ParsedLog, num_layers: Optional[int]) -> dict[str, dict]
         else:
             entry["layers"].append(rec["layer"])
     for entry in table.values():
-        counts: dict[int, int] = {}
-        for layer in entry["layers"]:
-            counts[layer] = counts.get(layer, 0) + 1
+        counts = Counter(entry["layers"])
         entry["duplicate_layers"] = sorted(k for k, v in counts.items() if v > 1)
         entry["layers"] = sorted(counts)
-        if num_layers and entry["layers"]:
-            entry["missing_layers"] = sorted(set(range(num_layers)) - set(counts))
-        elif entry["layers"]:
-            # without a layer count, gaps inside the range seen are still missing
-            entry["missing_layers"] = sorted(set(range(max(counts) + 1)) - set(counts))
+        if counts:  # without a layer count, gaps inside the range seen are still missing
+            entry["missing_layers"] = sorted(set(range(num_layers or max(counts) + 1)) - set(counts))
     return table
 
 
-def _layers_text(layers: list[int]) -> str:
-    """[0,1,2,5,7,8] -> '0-2, 5, 7-8'."""
-    parts = []
-    start = prev = None
-    for x in layers:
-        if start is None:
-            start = prev = x
-        elif x == prev + 1:
-            prev = x
-        else:
-            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = x
-    if start is not None:
-        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
-    return ", ".join(parts)
+def layers_text(layers: list[int]) -> str:
+    """[0,1,2,5,7,8] -> '0-2, 5, 7-8' (runs of ``layers``, sorted)."""
+    runs = [[x for _, x in run] for _, run in groupby(enumerate(layers), lambda ix: ix[1] - ix[0])]
+    return ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _check_overrides(log: ParsedLog, ctx: RunContext) -> list[Finding]:
@@ -304,20 +290,20 @@ def _check_overrides(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         if entry["missing_layers"]:
             scope = f"of {n} layers ({ctx.layers_source})" if n else "inside the range of layers seen"
             out.append(Finding("error", "override-missing-layers",
-                               f"override {name} is missing on layer(s) {_layers_text(entry['missing_layers'])} {scope}",
+                               f"override {name} is missing on layer(s) {layers_text(entry['missing_layers'])} {scope}",
                                lines[:3]))
         if entry["duplicate_layers"]:
             dup_lines = [r["line"] for r in log.primary_overrides() if r["name"] == name and r["layer"] in set(entry["duplicate_layers"])]
             out.append(Finding("error", "override-duplicate-layers",
-                               f"override {name} was applied more than once on layer(s) {_layers_text(entry['duplicate_layers'])}",
+                               f"override {name} was applied more than once on layer(s) {layers_text(entry['duplicate_layers'])}",
                                dup_lines[:10]))
         if n and entry["layers"] and max(entry["layers"]) >= n:
             extra = [x for x in entry["layers"] if x >= n]
             out.append(Finding("warning", "override-extra-layers",
-                               f"override {name} names layer(s) {_layers_text(extra)} beyond the {n} layers expected ({ctx.layers_source})",
+                               f"override {name} names layer(s) {layers_text(extra)} beyond the {n} layers expected ({ctx.layers_source})",
                                lines[:3]))
         if not entry["missing_layers"] and not entry["duplicate_layers"]:
-            what = f"all {n} layers" if n else f"layers {_layers_text(entry['layers'])}"
+            what = f"all {n} layers" if n else f"layers {layers_text(entry['layers'])}"
             out.append(Finding("info", "override-ok", f"{override_label(name)}: exactly once on {what} ({entry['old']} -> {entry['new']})", lines[:1]))
     if not n:
         out.append(Finding("info", "layers-unknown",
@@ -335,7 +321,7 @@ def _check_overrides(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         base = len(log.primary_overrides())
         odd = sorted(r for r, c in counts.items() if c != base)
         out.append(Finding("warning", "override-rank-mismatch",
-                           f"rank(s) {_layers_text(odd)} logged a different number of [Override] lines than rank {log.primary_rank} ({base})",
+                           f"rank(s) {layers_text(odd)} logged a different number of [Override] lines than rank {log.primary_rank} ({base})",
                            [log.overrides[r][0]["line"] for r in odd[:3] if log.overrides[r]]))
     return out
 
@@ -481,7 +467,7 @@ def _check_memory(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         msg = f"device memory reached {v['pct']:.2f}% on rank {r} at step {v['step']}: near capacity (>{HIGH_MEMORY_PCT:g}%)"
     others = sorted(r for r in ranks if r != log.primary_rank)
     if others:
-        msg += f"; ranks above {HIGH_MEMORY_PCT:g}%: {_layers_text(others)}"
+        msg += f"; ranks above {HIGH_MEMORY_PCT:g}%: {layers_text(others)}"
         lines += [ranks[r]["line"] for r in others[:3]]
     return [Finding("warning", "memory-high", msg, sorted(set(x for x in lines if x is not None)))]
 

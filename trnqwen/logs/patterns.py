@@ -134,12 +134,7 @@ def _checkpoint(kind: str) -> Callable[["ParsedLog", "re.Match[str]", LineAt], N
             return
         ev: dict = {"kind": kind, "line": at.lineno, "text": m.string.strip()[:500]}
         gd = m.groupdict()
-        if gd.get("path"):
-            ev["path"] = gd["path"]
-        if gd.get("step"):
-            ev["step"] = int(gd["step"])
-        if gd.get("seconds"):
-            ev["seconds"] = float(gd["seconds"])
+        ev.update((key, kind(gd[key])) for key, kind in (("path", str), ("step", int), ("seconds", float)) if gd.get(key))
         log.checkpoint_events.append(ev)
 
     return store

@@ -5,12 +5,10 @@ of a method's own text lines) adds a panel of them, by name."""
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from trnqwen.fsutil import current_umask
+from trnqwen.fsutil import write_atomic
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 
@@ -223,20 +221,11 @@ def _mark_interruptions(log: ParsedLog, panels: list) -> None:
 
 
 def save_figure_atomic(fig, path: Path, dpi: int = 110) -> Path:
-    """Write a matplotlib figure to a temp file beside ``path`` and rename it (never half a PNG),
-    with the user's umask; the figure is closed either way."""
+    """Write a matplotlib figure atomically (:func:`trnqwen.fsutil.write_atomic`: never half a PNG);
+    the figure is closed either way."""
     import matplotlib.pyplot as plt
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix or ".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=dpi)
-        os.chmod(tmp, 0o666 & ~current_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi))
     finally:
         plt.close(fig)
-    return path

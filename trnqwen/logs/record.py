@@ -19,10 +19,6 @@ class MethodLines:
     steps: dict[int, dict] = field(default_factory=dict)
     notes: dict[str, dict] = field(default_factory=dict)
 
-    def facts(self) -> dict:
-        """As a method's hooks get it (plain data): ``{"steps": ..., "notes": ...}``."""
-        return {"steps": self.steps, "notes": self.notes}
-
 
 @dataclass
 class ParsedLog:

@@ -12,8 +12,8 @@ from typing import Any, Iterator, Optional
 
 from trnqwen.logs.lora import lora_json, lora_row
 from trnqwen.logs.judge import (
-    BASE_RANDOM_INIT, WEIGHTS_NOT_LOADED, Finding, configured_steps, method_facts, override_calls, override_table,
-    root_cause,
+    BASE_RANDOM_INIT, WEIGHTS_NOT_LOADED, Finding, configured_steps, layers_text, method_facts, override_calls,
+    override_table, root_cause,
 )
 from trnqwen.methods import registry as methods
 from trnqwen.logs.patterns import no_peak_flops
@@ -53,43 +53,56 @@ def method_reports(log: ParsedLog, ctx: RunContext) -> Iterator[tuple[methods.Me
             yield method, methods.hook(method, "log_lines"), method_facts(log, ctx, method)
 
 
-def step_rows(log: ParsedLog) -> list[dict]:
-    """``--json`` steps, built from the columns: numbers or null (a NaN/Inf value is null plus
-    ``nonfinite`` ``{"loss": "nan"}``), then the run's other values by name; ``line`` is the log
-    line (null for a step of the metrics stream the text log lacks)."""
+def steps_json(log: ParsedLog) -> str:
+    """``--json``'s steps as JSON text, written from the columns: a row a step, numbers or null,
+    then the run's other values by name, then ``line`` (the log line; null for a step of the
+    metrics stream the text log lacks); Python's repr of a number is JSON's.  A row with a NaN/Inf
+    value has it null and named in ``nonfinite`` (``{"loss": "nan"}``): those few rows are
+    written from a dict."""
+    import json
+
+    import numpy as np
+
     t = log.steps
     t.compact()
     names, values = method_values(log)
-    cols = [t.step.tolist()]
-    for name in STEP_FIELDS[1:]:
-        col = t.cols[name].tolist()
-        for i in t.missing[name]:
-            col[i] = None
-        if name == "tps":
-            col = [int(v) if isinstance(v, float) and v.is_integer() else v for v in col]
-        cols.append(col)
-    cols += [[values.get(s, {}).get(name) for s in t.step] for name in names]
-    cols.append([x or None for x in t.line.tolist()])
-    rows = [dict(zip((*STEP_FIELDS, *names, "line"), r)) for r in zip(*cols)]
-    for i in _nonfinite_rows(t, names, values):  # few rows: the bad values null, named in nonfinite
-        row = rows[i]
-        bad = {k: _nonfinite(v) for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
-        row.update({k: None for k in bad}, nonfinite=bad, line=row.pop("line"))
-    return rows
-
-
-def _nonfinite_rows(t, names: tuple, values: dict) -> list[int]:
-    """The rows with a NaN/Inf value (numpy on the columns: few rows have one)."""
-    import numpy as np
-
+    cols = [list(map(str, t.step))]
     bad = np.zeros(len(t.step), dtype=bool)
     for name in STEP_FIELDS[1:]:
+        col = _reprs(t.cols[name].tolist(), whole_as_int=name == "tps")
+        for i in t.missing[name]:
+            col[i] = "null"
+        cols.append(col)
         bad |= np.isinf(t.np(name)) | (np.isnan(t.np(name)) & t.present(name))
     rows = set(np.flatnonzero(bad).tolist())
-    if names:
-        rows.update(i for i, s in enumerate(t.step) for v in values.get(s, {}).values()
-                    if isinstance(v, float) and not math.isfinite(v))
-    return sorted(rows)
+    for name in names:
+        col = [values.get(s, {}).get(name) for s in t.step]
+        rows.update(i for i, v in enumerate(col) if isinstance(v, float) and not math.isfinite(v))
+        cols.append([repr(v) if type(v) in (float, int) else json.dumps(v, default=str) for v in col])
+    cols.append(list(map(str, t.line)))
+    for i in np.flatnonzero(t.np("line") == 0).tolist():
+        cols[-1][i] = "null"
+    template = "{" + ", ".join(json.dumps(k).replace("%", "%%") + ": %s" for k in (*STEP_FIELDS, *names, "line")) + "}"
+    text = list(map(template.__mod__, zip(*cols)))
+    for i in rows:
+        row = t.row(i)
+        line = row.pop("line")
+        row.update((k, values.get(t.step[i], {}).get(k)) for k in names)
+        nonfinite = {k: _nonfinite(v) for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)}
+        row.update(dict.fromkeys(nonfinite), nonfinite=nonfinite, line=line)
+        text[i] = json.dumps(row, default=str)
+    return "[" + ", ".join(text) + "]"
+
+
+def _reprs(col: list, whole_as_int: bool = False) -> list[str]:
+    """repr of each number (``whole_as_int``: a whole one as an int), each distinct one once where
+    they repeat (memory, throughput, grad norm); not with a zero among them (0.0 == -0.0, whose
+    reprs differ)."""
+    text = (lambda v: repr(int(v)) if v.is_integer() else repr(v)) if whole_as_int else repr
+    distinct = set(col)
+    if 2 * len(distinct) > len(col) or 0 in distinct:
+        return list(map(text, col))
+    return list(map({v: text(v) for v in distinct}.__getitem__, col))
 
 
 def _nonfinite(x: float) -> str:
@@ -188,15 +201,15 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
 
 
 def write_json(obj: Any, out=None) -> None:
-    """Write ``obj`` as one JSON document to ``out`` (stdout), redacted (a token a log line
-    quoted never reaches the output)."""
+    """Write ``obj`` (or JSON text already made: :func:`json_text`'s) as one JSON document to
+    ``out`` (stdout), redacted (a token a log line quoted never reaches the output)."""
     import json
     import sys
 
     from trnqwen.errors import redact
 
     out = out or sys.stdout
-    out.write(redact(json.dumps(obj, default=str)) + "\n")
+    out.write(redact(obj if isinstance(obj, str) else json.dumps(obj, default=str)) + "\n")
     out.flush()
 
 
@@ -211,13 +224,24 @@ def overrides(log: ParsedLog, ctx: RunContext) -> dict[str, dict]:
 
 
 def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> dict:
-    """The ``--json`` object."""
-    return {
+    """The ``--json`` object (:func:`json_text` read back)."""
+    import json
+
+    return json.loads(json_text(log, ctx, findings))
+
+
+def json_text(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> str:
+    """The ``--json`` document; its steps are :func:`steps_json`'s text, put in place of the null
+    that stands for them (the first ``"steps": null``: the values before it are numbers or strings,
+    whose quotes JSON escapes)."""
+    import json
+
+    head, _, tail = json.dumps({
         "source": log.source,
         "metrics_stream": log.metrics_stream,  # where steps and validations came from (None: the text log)
         "world_size": log.world_size,
         "model": log.model_name,
-        "steps": step_rows(log),
+        "steps": None,
         "resumes": [{"from_step": r["from_step"], "line": r["line"]} for r in log.resumes],
         "preempted": [{"step": p["step"], "signal": p["signal"], "line": p["line"]} for p in log.preempted],
         "validation": [{k: _num(v) for k, v in rec.items() if k != "line"} for rec in log.validations],
@@ -232,7 +256,8 @@ def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> dict:
         "tracebacks": {str(r): {"first_root": t.get("first_root"), "last": t.get("last"), "count": t.get("count")}
                        for r, t in log.tracebacks.items()},
         "evaluation": ctx.evaluation or None,  # trnqwen eval's eval.json
-    }
+    }, default=str).partition('"steps": null')
+    return f'{head}"steps": {steps_json(log)}{tail}'
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,11 +332,11 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
     for name, e in overrides(log, ctx).items():
         parts = []
         if e["count"]:
-            per_layer = f"{e['count']} line(s), layers {_layers(e['layers'])}"
+            per_layer = f"{e['count']} line(s), layers {layers_text(e['layers']) or '-'}"
             if e["missing_layers"]:
-                per_layer += f", [red]missing {_layers(e['missing_layers'])}[/red]"
+                per_layer += f", [red]missing {layers_text(e['missing_layers'])}[/red]"
             if e["duplicate_layers"]:
-                per_layer += f", [red]duplicated {_layers(e['duplicate_layers'])}[/red]"
+                per_layer += f", [red]duplicated {layers_text(e['duplicate_layers'])}[/red]"
             parts.append(per_layer)
         if e["calls"] is None:
             parts.append("[yellow]calls not reported[/yellow]")
@@ -359,54 +384,34 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
 
 
 def render_evaluation(evaluation: dict, *, console=None, label: str = "") -> None:
-    """trnqwen eval's held-out results (eval.json) under the training summary."""
+    """trnqwen eval's held-out results (eval.json) under the training summary: a loss table, or
+    the table of the method's own report (its eval_report's ``table``: GRPO's reward, pass@1)."""
     if not evaluation:
         return
     from rich.table import Table
 
     from trnqwen import output
 
+    method = methods.find(evaluation.get("method")) if evaluation.get("method") else None
+    scorer = methods.load(method.eval_report) if method is not None and method.eval_report else None
+    if scorer is not None and hasattr(scorer, "table"):
+        _what, headers, rows = scorer.table(evaluation.get("results", []), evaluation)
+    else:
+        headers = ["checkpoint", "tokens", "loss", "perplexity", "vs base"]
+        rows = [[str(r.get("checkpoint")), _fmt(r.get("tokens"), ","), _fmt(r.get("loss"), ".4f"), _fmt(r.get("perplexity"), ",.2f"),
+                 "" if r.get("delta_vs_base") is None else f"{r['delta_vs_base']:+.4f}"] for r in evaluation.get("results", [])]
     t = Table(title=f"held-out eval{label} on {_escape(str(evaluation.get('dataset')))}", title_justify="left")
-    own = _method_table(evaluation)
-    if own is not None:  # a method whose report is not a loss (GRPO's held-out prompts: reward, pass@1)
-        headers, rows = own
-        for col in headers:
-            t.add_column(col, justify="left" if col == "checkpoint" else "right")
-        for row in rows:
-            t.add_row(*(_escape(str(cell)) for cell in row))
-        (console or output.console(stderr=False)).print(t)
-        return
-    for col in ("checkpoint", "tokens", "loss", "perplexity", "vs base"):
+    for col in headers:
         t.add_column(col, justify="left" if col == "checkpoint" else "right")
-    for r in evaluation.get("results", []):
-        delta = r.get("delta_vs_base")
-        t.add_row(_escape(str(r.get("checkpoint"))), _fmt(r.get("tokens"), ","), _fmt(r.get("loss"), ".4f"),
-                  _fmt(r.get("perplexity"), ",.2f"), "" if delta is None else f"{delta:+.4f}")
+    for row in rows:
+        t.add_row(*(_escape(str(cell)) for cell in row))
     (console or output.console(stderr=False)).print(t)
-
-
-def _method_table(evaluation: dict) -> Optional[tuple[list[str], list[list[str]]]]:
-    """(headers, rows) of an eval.json whose method tables its own report (its eval_report's ``table``), else None."""
-    from trnqwen.methods import registry
-
-    method = registry.find(evaluation.get("method")) if evaluation.get("method") else None
-    scorer = registry.load(method.eval_report) if method is not None and method.eval_report else None
-    if scorer is None or not hasattr(scorer, "table"):
-        return None
-    _what, headers, rows = scorer.table(evaluation.get("results", []), evaluation)
-    return headers, rows
 
 
 def _escape(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
-
-
-def _layers(layers: list[int]) -> str:
-    from trnqwen.logs.judge import _layers_text
-
-    return _layers_text(layers) or "-"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,23 +441,14 @@ def write_csv(log: ParsedLog, path: Path) -> None:
 
 
 def compare(a: ParsedLog, b: ParsedLog) -> dict:
-    steps = sorted(set(a.steps) | set(b.steps))
     rows = []
-    diffs = []
-    for st in steps:
-        ra, rb = a.steps.get(st), b.steps.get(st)
-        la = ra.get("loss") if ra else None
-        lb = rb.get("loss") if rb else None
-        d = None
-        if isinstance(la, (int, float)) and isinstance(lb, (int, float)) and math.isfinite(la) and math.isfinite(lb):
-            d = lb - la
-            diffs.append(d)
-        rows.append({
-            "step": st,
-            "loss_a": _num(la), "loss_b": _num(lb), "loss_diff": d,
-            "tps_a": ra.get("tps") if ra else None, "tps_b": rb.get("tps") if rb else None,
-            "memory_gib_a": ra.get("memory_gib") if ra else None, "memory_gib_b": rb.get("memory_gib") if rb else None,
-        })
+    for st in sorted(set(a.steps) | set(b.steps)):
+        ra, rb = (log.steps[st] if st in log.steps else {} for log in (a, b))
+        la, lb = ra.get("loss"), rb.get("loss")
+        both = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (la, lb))
+        rows.append({"step": st, "loss_a": _num(la), "loss_b": _num(lb), "loss_diff": lb - la if both else None,
+                     **{f"{k}_{side}": r.get(k) for k in ("tps", "memory_gib") for side, r in (("a", ra), ("b", rb))}})
+    diffs = [r["loss_diff"] for r in rows if r["loss_diff"] is not None]
     return {
         "a": a.source,
         "b": b.source,
