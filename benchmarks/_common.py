@@ -35,3 +35,14 @@ def load_note(before: float, after: float) -> dict:
                  + ("busy (more runnable tasks than CPUs): wall times include waiting for a core; compare ratios"
                     if busy else "quiet enough for absolute numbers")),
     }
+
+
+def finish(summary: dict, *, load_before: float, json_out: bool, failed: bool) -> int:
+    """A comparison benchmark's ending: the load note added, the one JSON summary line printed
+    (``--json``, what run_all.py reads), exit 1 when a side failed."""
+    import json
+
+    summary.update(load_note(load_before, os.getloadavg()[0]))
+    if json_out:
+        print(json.dumps(summary))
+    return 1 if failed else 0

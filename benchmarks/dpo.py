@@ -42,7 +42,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from _common import load_note  # noqa: E402
+from _common import finish  # noqa: E402
 from lora import make_assets, measured_run, peak_mib  # noqa: E402
 
 
@@ -154,10 +154,7 @@ def main() -> int:
             }
             print("ratios DPO / SFT: " + ", ".join(f"{k} {v}" for k, v in summary["ratios"].items())
                   + " (goal: reference_plus_training_vs_sft <= 2.2)")
-        summary.update(load_note(load_before, os.getloadavg()[0]))
-        if args.json:
-            print(json.dumps(summary))
-        return 1 if failed else 0
+        return finish(summary, load_before=load_before, json_out=args.json, failed=failed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

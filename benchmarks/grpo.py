@@ -45,7 +45,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from _common import load_note  # noqa: E402
+from _common import finish  # noqa: E402
 
 SMALL = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=4, head_dim=64)
@@ -318,10 +318,7 @@ def main() -> int:
             }, target_rollout_ratio=1.0)
             print("trnqwen / TRL: " + ", ".join(f"{k} {v}" for k, v in summary["ratios"].items())
                   + " (goal: rollout_tokens_per_s_vs_trl >= 1.0)")
-        summary.update(load_note(load_before, os.getloadavg()[0]))
-        if args.json:
-            print(json.dumps(summary))
-        return 1 if failed else 0
+        return finish(summary, load_before=load_before, json_out=args.json, failed=failed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -39,7 +39,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from _common import load_note, logged_at  # noqa: E402
+from _common import finish, logged_at  # noqa: E402
 
 QWEN3_06B = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
                  intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=40960,
@@ -246,10 +246,7 @@ def main() -> int:
                 "adapter_vs_base": round(adapter_bytes / base_bytes, 4),
             }
             print("ratios LoRA / full: " + ", ".join(f"{k} {v}" for k, v in summary["ratios"].items()))
-        summary.update(load_note(load_before, os.getloadavg()[0]))
-        if args.json:
-            print(json.dumps(summary))
-        return 1 if failed else 0
+        return finish(summary, load_before=load_before, json_out=args.json, failed=failed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
