@@ -110,7 +110,8 @@ def side_trnqwen(args, assets: Path, work: Path) -> dict:
                     num_generations=args.generations, temperature=1.0, loss_type="dapo", seed=0)
     data = prompt_cache.prepare(cfg, assets, cache_root=work / "trnqwen-cache")
     settings = hook_settings(cfg, assets, data, [REWARD])
-    model = AutoModelForCausalLM.from_pretrained(assets, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(assets, dtype=torch.float32, use_safetensors=True,
+                                                 trust_remote_code=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     group = GroupRollout(settings, model=model, kind="hf")
     split = open_split(data.cache_dir, "train")
@@ -162,14 +163,15 @@ def side_trl(args, assets: Path, work: Path) -> dict:
     from trnqwen.methods.grpo.task import number
 
     records = [json.loads(line) for line in (work / "prompts.jsonl").read_text().splitlines()]
-    tok = AutoTokenizer.from_pretrained(assets)
+    tok = AutoTokenizer.from_pretrained(assets, trust_remote_code=False)
     g = args.generations
     config = GRPOConfig(output_dir=str(work / "trl-out"), report_to="none", use_cpu=True, bf16=False,
                         per_device_train_batch_size=len(records) * g, num_generations=g,
                         max_completion_length=args.completion_length, temperature=1.0, top_p=1.0, loss_type="dapo",
                         beta=0.0, learning_rate=LR, max_steps=args.steps + 1, logging_steps=1, save_strategy="no",
                         seed=0, disable_tqdm=True)
-    model = AutoModelForCausalLM.from_pretrained(assets, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(assets, dtype=torch.float32, use_safetensors=True,
+                                                 trust_remote_code=False)
     trainer = GRPOTrainer(model=model, reward_funcs=[number], args=config, processing_class=tok,
                           train_dataset=Dataset.from_list(records))
     gen, rollout, prompts = [], [], []
@@ -281,7 +283,7 @@ def main() -> int:
         (work / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(assets)
+        tok = AutoTokenizer.from_pretrained(assets, trust_remote_code=False)
         rendered = [tok.apply_chat_template(r["prompt"], tokenize=True, add_generation_prompt=True) for r in records]
         longest = max(len(x["input_ids"] if hasattr(x, "keys") else x) for x in rendered)
         args.room = longest  # trnqwen pads prompts to the room; TRL to the longest prompt: the same here
