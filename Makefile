@@ -17,7 +17,7 @@ venv: $(STAMP)  ## .venv with the trnqwen command in .venv/bin/
 quickstart: venv  ## the whole lifecycle on the built-in tiny Qwen3, on this machine
 	$(BIN)/trnqwen quickstart
 
-test: venv  ## the test suite a change is checked with (everything not marked slow; 25 min on 2 cores busy with other work)
+test: venv  ## the test suite a change is checked with (everything not marked slow: 5 min on 2 quiet cores, 25 when busy)
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 test-slow: venv  ## the end-to-end runs (real torchrun/torchtitan, the quickstart, benchmark quick paths; about 45 min in CI)
