@@ -59,6 +59,7 @@ TRL's ``GRPOTrainer`` generating with transformers.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
@@ -170,17 +171,12 @@ def _logits(out) -> torch.Tensor:
     return logits
 
 
-_GROWN_IN_PLACE = None
-
-
+@functools.cache
 def _grown_in_place_layer():
     """transformers' ``DynamicLayer`` whose keys/values live in one buffer allocated at the prefill
     for the whole rollout (``[B, H, capacity, D]``); ``keys``/``values`` are views of its filled
     part, the very tensors ``torch.cat`` would have made, without copying the whole cache at every
     new token (``C`` copies of a growing cache: quadratic in the completion length)."""
-    global _GROWN_IN_PLACE
-    if _GROWN_IN_PLACE is not None:
-        return _GROWN_IN_PLACE
     from transformers.cache_utils import DynamicLayer
 
     class GrownInPlace(DynamicLayer):
@@ -210,7 +206,6 @@ def _grown_in_place_layer():
                 self.v_buf = self.v_buf.repeat_interleave(repeats, dim=0)
                 self.keys, self.values = self.k_buf[:, :, :self.filled], self.v_buf[:, :, :self.filled]
 
-    _GROWN_IN_PLACE = GrownInPlace
     return GrownInPlace
 
 
