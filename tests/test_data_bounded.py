@@ -80,6 +80,19 @@ def test_a_weighted_mixture_through_a_mapping_is_the_same_too(tmp_path, tiny, da
     assert disk.report["mapping"][0]["before"] == memory.report["mapping"][0]["before"]
 
 
+def test_a_folder_of_jsonl_files_is_the_same_too(tmp_path, tiny, data, small_pieces):
+    """Lines go to the workers unparsed, file by file: each file's first record checked here, the
+    blank lines (leading ones too) skipped, the records counted from what the workers send back."""
+    lines = data["chats"].read_text().splitlines()
+    folder = tmp_path / "chats"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text("\n".join(lines[:100]) + "\n")
+    (folder / "b.jsonl").write_text("\n \n\u3000\n" + "\n".join(lines[100:]) + "\n\n")
+    memory, disk, _ = _both(tmp_path, tiny, DataSettings(dataset=str(folder), seq_len=256, val_split=0.1), workers=2)
+    _same(memory, disk)
+    assert disk.report["records"] == 300
+
+
 def _same(memory, disk) -> None:
     assert memory.key == disk.key and memory.cache_dir != disk.cache_dir
     assert disk.report == memory.report
@@ -98,6 +111,7 @@ def _same(memory, disk) -> None:
     b'[{"text": "a"},\n {"text": "b"}]\n',  # one JSON array: rename to .json
     b'["a", "b"]\n',
     b'{"text": "\\ud800"}\n',  # a lone surrogate
+    b'\n\xe3\x80\x80\n{"text": "a"}\n \t\n\x1c\n{"text": "b"}',  # blank lines, ASCII or not (U+3000, U+001C), no last newline
 ])
 def test_the_jsonl_stream_reads_what_the_whole_file_reader_reads(tmp_path, content):
     path = tmp_path / "data.jsonl"
@@ -111,6 +125,8 @@ def test_the_jsonl_stream_reads_what_the_whole_file_reader_reads(tmp_path, conte
 
     source = resolve_source(str(path))
     assert outcome(lambda: list(source.iter_records())) == outcome(source.records)
+    for size in (1, 2):  # the lines a worker is sent, parsed there: the same records, the same errors
+        assert outcome(lambda: [r for _, lines in source.line_chunks(size) for r in lines.records()]) == outcome(source.records)
 
 
 def test_large_data_takes_the_bounded_path_by_itself(tmp_path, tiny, data, monkeypatch):

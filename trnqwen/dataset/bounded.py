@@ -4,10 +4,13 @@
 (about 14 KB per short conversation).  For a large dataset (:func:`wanted`) it reads the records
 through this module instead, with the same rendering, masking, fitting and packing:
 
-* records are read one at a time (``Source.iter_records``: a ``.jsonl`` file line by line) and
-  taken :data:`CHUNK_RECORDS` at a time through ``chat.render``, ``chat.tokenize`` and
-  ``packing.fit_documents`` (:class:`Encoder`), by ``workers`` processes (forked, so each has the
-  tokenizer already; at most two chunks per worker in flight, taken back in file order);
+* records are read one at a time and taken :data:`CHUNK_RECORDS` at a time through
+  ``chat.render``, ``chat.tokenize`` and ``packing.fit_documents`` (:class:`Encoder`), by
+  ``workers`` processes (forked, so each has the tokenizer already; at most two chunks per worker
+  in flight, taken back in file order).  A ``.jsonl`` file's lines go to the workers as bytes
+  (``Source.line_chunks``) and are parsed there: this process only splits the lines (and reads
+  each file's first record, for its format), where parsing every record and pickling its objects
+  to a worker made it the bottleneck; other files are read as records (``Source.iter_records``);
 * each chunk's token ids and trained flags go to two scratch files beside the cache, and its
   per-document numbers (length, length after fitting, trained targets) to three more
   (:class:`DocStore`): what stays in memory is counts and the first record of each problem;
@@ -40,7 +43,7 @@ import numpy as np
 
 from trnqwen.dataset import mixture
 from trnqwen.dataset.cache import IGNORE_INDEX, StreamedSplit
-from trnqwen.dataset.sources import Record, Source
+from trnqwen.dataset.sources import LineChunk, Record, Source
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -194,8 +197,12 @@ def _start_worker(encoder: Encoder) -> None:
     _WORKER["encoder"] = encoder
 
 
-def _encode_in_worker(records: list[Record], fmt: str) -> Chunk:
-    return _WORKER["encoder"](records, fmt)
+def _records(records: list[Record] | LineChunk) -> list[Record]:
+    return records.records() if isinstance(records, LineChunk) else records
+
+
+def _encode_in_worker(records: list[Record] | LineChunk, fmt: str) -> Chunk:
+    return _WORKER["encoder"](_records(records), fmt)
 
 
 class _Pipeline:
@@ -223,10 +230,11 @@ class _Pipeline:
                 else:
                     os.environ["TOKENIZERS_PARALLELISM"] = before
 
-    def submit(self, records: list[Record], fmt: str, after: Callable[[], None]) -> None:
-        """Encode ``records``; ``after`` runs once they are stored (in order)."""
+    def submit(self, records: list[Record] | LineChunk, fmt: str, after: Callable[[], None]) -> None:
+        """Encode ``records`` (a :class:`LineChunk`: parsed where it is encoded); ``after`` runs once
+        they are stored (in order)."""
         if self.pool is None:
-            self.store.add(self.encoder(records, fmt))
+            self.store.add(self.encoder(_records(records), fmt))
             after()
             return
         self.pending.append((self.pool.apply_async(_encode_in_worker, (records, fmt)), after))
@@ -267,6 +275,8 @@ def read_documents(parts: list[mixture.Part], val_source: Optional[Source], stor
         return (lambda: progress(done, total_bytes)) if progress is not None else (lambda: None)
 
     def read(source: Source, fmt: Optional[str]) -> tuple[int, str, int]:
+        if source.streams_lines():
+            return read_lines(source, fmt)
         n, chunk, chosen = 0, [], None
         try:
             for record in source.iter_records():
@@ -288,6 +298,27 @@ def read_documents(parts: list[mixture.Part], val_source: Optional[Source], stor
         pipeline.drain()
         done_before[0] += source.size_bytes()
         told(done_before[0])()
+        return n, chosen, n
+
+    def read_lines(source: Source, fmt: Optional[str]) -> tuple[int, str, int]:
+        # .jsonl lines go to the workers as bytes, parsed there: this process only splits lines
+        # (parsed JSON would cost it the parsing and the pickling of every record's objects)
+        before, chosen = store.count, None
+        try:
+            for first, lines in source.line_chunks(CHUNK_RECORDS):
+                if first is not None:
+                    chosen = detect(source, first, fmt)
+                pipeline.submit(lines, chosen, told(done_before[0] + source.bytes_read))
+            if chosen is None:
+                detect(source, None, fmt)  # no records: refused there
+        except BaseException:
+            if not pipeline.failed:
+                pipeline.drain()  # a record the workers refuse comes before a later line that is unreadable
+            raise
+        pipeline.drain()
+        done_before[0] += source.size_bytes()
+        told(done_before[0])()
+        n = store.count - before  # the records (the workers skip the lines that hold none)
         return n, chosen, n
 
     try:
@@ -327,12 +358,19 @@ def _block(store: DocStore, bounds, docs, lengths, rows, cols, n_rows: int, seq_
     from the scratch files with ``pread``: a block's documents lie all over the files (best-fit rows
     are in a seeded order), and a mapping would bring every page it touches into this process."""
     owner = np.repeat(np.arange(len(lengths)), lengths)
-    position = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    doc_start = np.cumsum(lengths) - lengths  # where each document's tokens start among the block's
+    position = np.arange(int(lengths.sum())) - np.repeat(doc_start, lengths)
     input_ids = np.full((n_rows, seq_len), pad_id, dtype=np.int32)
     label_rows = np.full((n_rows, seq_len), IGNORE_INDEX, dtype=np.int32)
     fill = np.zeros(n_rows, dtype=np.int64)
     np.maximum.at(fill, rows, cols + lengths)
     positions = np.maximum(np.arange(seq_len)[None, :] - fill[:, None], 0).astype(np.int32)
+    # Every packing (packing.assign_rows) lays a row's documents side by side from column 0, and they
+    # come by row, then column: so the block's tokens in that order are each row's first ``fill``
+    # positions, row after row, placed by one boolean mask (far cheaper than a scatter by row and column)
+    row_start = np.cumsum(fill) - fill  # where each row's tokens start among the block's
+    if int(fill.sum()) != len(position) or not np.all(cols == doc_start - row_start[rows]):
+        raise ValueError("a block's documents are not side by side from column 0, row after row")
     if len(owner):
         starts, counts = bounds[docs].tolist(), lengths.tolist()  # a document's kept tokens: all its labels need
         with store.ids_path.open("rb") as ids_file, store.trained_path.open("rb") as trained_file:
@@ -343,10 +381,10 @@ def _block(store: DocStore, bounds, docs, lengths, rows, cols, n_rows: int, seq_
         nxt = np.minimum(src + 1, len(ids) - 1)
         is_last = position == lengths[owner] - 1
         labels = np.where(~is_last & (trained[nxt] != 0), ids[nxt], IGNORE_INDEX)
-        dst_row, dst_col = rows[owner], cols[owner] + position
-        input_ids[dst_row, dst_col] = ids
-        label_rows[dst_row, dst_col] = labels
-        positions[dst_row, dst_col] = position
+        where = np.arange(seq_len)[None, :] < fill[:, None]
+        input_ids[where] = ids
+        label_rows[where] = labels
+        positions[where] = position
     return input_ids, label_rows, positions
 
 

@@ -76,6 +76,54 @@ class Source:
                 self.first_raw, first = record.data, False
             yield Record(self.mapping.apply(record.data, record.where), record.where)
 
+    def streams_lines(self) -> bool:
+        """Whether every file is ``.jsonl`` (local): :meth:`line_chunks` can read it."""
+        return not self.hub_name and all(SUFFIXES[path.suffix.lower()] == "jsonl" for path in self.files)
+
+    def line_chunks(self, size: int) -> Iterator[tuple[Record | None, LineChunk]]:
+        """The records of :meth:`iter_records` (:meth:`streams_lines` sources), ``size`` lines at a time,
+        not yet decoded or parsed (:class:`LineChunk`: what a worker process is cheaply sent, and
+        parses); with each chunk the source's first record when the chunk holds it, else None.  Each
+        file's first record is read here too, so a file that is one JSON array is refused here, as
+        :meth:`iter_records` refuses it."""
+        self.bytes_read, done, found = 0, 0, False
+        first: Record | None = None  # the source's first record, until a chunk has carried it
+        for path in self.files:
+            lines: list[bytes] = []
+            numbers: list[int] = []
+            starts: list[int] = []
+            offset, seen = 0, False
+            with path.open("rb") as fh:
+                for number, raw in enumerate(fh, start=1):
+                    start, offset = offset, offset + len(raw)
+                    self.bytes_read = done + offset
+                    if number == 1 and raw.startswith(codecs.BOM_UTF8):
+                        raw, start = raw[len(codecs.BOM_UTF8):], start + len(codecs.BOM_UTF8)
+                    if raw.isspace() or not raw:
+                        continue  # blank (ASCII): one the worker would skip (other blank lines it skips itself)
+                    if not seen:
+                        line = _decode_line(path, raw, number, start)
+                        if not line.strip():
+                            continue
+                        record = _line_record(path, line, number, first=True, whole=lambda: _read_text(path))
+                        if not found:
+                            if self.mapping is not None:
+                                self.first_raw = record.data
+                                record = Record(self.mapping.apply(record.data, record.where), record.where)
+                            first, found = record, True
+                        seen = True
+                    lines.append(raw)
+                    numbers.append(number)
+                    starts.append(start)
+                    if len(lines) == size:
+                        yield first, LineChunk(path, self.mapping, numbers, starts, lines)
+                        first, lines, numbers, starts = None, [], [], []
+            if lines:
+                yield first, LineChunk(path, self.mapping, numbers, starts, lines)
+                first = None
+            done += path.stat().st_size
+            self.bytes_read = done
+
     def size_bytes(self) -> int:
         """The local files' total size (0 for a Hub dataset): what a progress bar counts."""
         return sum(path.stat().st_size for path in self.files)
@@ -309,6 +357,42 @@ def _line_record(path: Path, line: str, number: int, *, first: bool, whole: Call
     return Record(value, where)
 
 
+@dataclass
+class LineChunk:
+    """Lines of one ``.jsonl`` file as bytes (:meth:`Source.line_chunks`): its 1-based line numbers and
+    byte offsets name a bad one.  :meth:`records` decodes and parses them as :func:`_stream_jsonl`
+    does (the same records, the same errors), where they are used."""
+
+    path: Path
+    mapping: Mapping | None
+    numbers: list[int]
+    starts: list[int]
+    lines: list[bytes]
+
+    def records(self) -> list[Record]:
+        out = []
+        for raw, number, start in zip(self.lines, self.numbers, self.starts):
+            line = _decode_line(self.path, raw, number, start)
+            if not line.strip():
+                continue
+            record = _line_record(self.path, line, number, first=False, whole=lambda: "")
+            if self.mapping is not None:
+                record = Record(self.mapping.apply(record.data, record.where), record.where)
+            out.append(record)
+        return out
+
+
+def _decode_line(path: Path, raw: bytes, number: int, start: int) -> str:
+    """One line's bytes (``start``: its offset in the file) as text, as ``split("\\n")`` leaves it ("\\r" kept)."""
+    try:
+        return raw.decode("utf-8").removesuffix("\n")
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"{path} line {number}: not UTF-8 text (byte {start + exc.start} of the file, {raw[exc.start:exc.start + 1]!r})",
+            hint="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+        ) from None
+
+
 def _stream_jsonl(path: Path, at: Callable[[int], None]) -> Iterator[Record]:
     """:func:`_read_jsonl`, line by line from the file (the same records, the same errors); each
     line is decoded and parsed on its own, so a 10 GB file needs one line's memory."""
@@ -319,13 +403,7 @@ def _stream_jsonl(path: Path, at: Callable[[int], None]) -> Iterator[Record]:
             at(offset)
             if number == 1 and raw.startswith(codecs.BOM_UTF8):
                 raw, start = raw[len(codecs.BOM_UTF8):], start + len(codecs.BOM_UTF8)
-            try:
-                line = raw.decode("utf-8").removesuffix("\n")  # as split("\n") leaves it ("\r" kept)
-            except UnicodeDecodeError as exc:
-                raise UsageError(
-                    f"{path} line {number}: not UTF-8 text (byte {start + exc.start} of the file, {raw[exc.start:exc.start + 1]!r})",
-                    hint="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
-                ) from None
+            line = _decode_line(path, raw, number, start)
             if not line.strip():
                 continue
             yield _line_record(path, line, number, first=not seen, whole=lambda: _read_text(path))
