@@ -125,6 +125,35 @@ def test_cache_and_recompute_give_the_same_greedy_completions(which, request, to
     assert cached.forwards == full.forwards
 
 
+def test_a_qwen3_moe_decoder_rolls_out_with_the_cache_as_without_it():
+    """GRPO on a Qwen3-MoE (native, and nki-moe, whose ranks run torchtitan's decoder with
+    torchtitan-neuron's experts): the native decoder's cache swap leaves the routed experts alone;
+    cached and recomputed greedy completions are the same, and every forward ran through the experts."""
+    from trnqwen.methods.grpo.generate import InProcessGenerator, SamplingSettings
+    from trnqwen.runtime.qwen3_native import qwen3_model_spec
+
+    torch.manual_seed(0)
+    spec = qwen3_model_spec(name="moe", dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=128,
+                            vocab_size=512, tied=False, rope_theta=1e6, max_seq_len=256, num_experts=4, top_k=2,
+                            moe_ffn_dim=32)
+    model = spec.model.build()
+    model.init_weights()
+    calls = []
+    for layer in model.layers.values():
+        layer.moe.register_forward_hook(lambda *_: calls.append(1))
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
+    out = {}
+    for kv_cache in (True, False):
+        calls.clear()
+        generator = InProcessGenerator(model, SamplingSettings(max_completion_length=8, do_sample=False, prompt_bucket=8),
+                                       pad_id=0, eos_ids=[511], kv_cache=kv_cache)
+        out[kv_cache] = generator.generate(prompts, num_generations=2)
+        assert len(calls) == 2 * out[kv_cache].forwards  # both MoE layers at every forward
+    assert (out[True].cache_path, out[False].cache_path) == ("titan", "recompute")
+    assert torch.equal(out[True].completion_ids, out[False].completion_ids)
+    assert len({tuple(r) for r in out[True].completion_ids.tolist()}) == 2  # two prompts, two greedy answers
+
+
 def test_native_and_transformers_agree(hf, native, tok, prompts):
     own = [m.inner_attention for m in native.modules() if hasattr(m, "inner_attention")]
     a = _gen(hf, tok, do_sample=False).generate(prompts, step=0)
@@ -259,6 +288,42 @@ def test_the_preallocated_cache_draws_what_transformers_cache_draws(hf, tok, pro
             assert torch.equal(*logits), t
     assert decoders[0].cache.layers[0].keys.shape[-2] == ids.shape[1] + 7
     assert [d.path for d in decoders] == ["preallocated", "dynamic"]
+
+
+@pytest.mark.parametrize("settings", [dict(do_sample=False), dict(temperature=0.7, top_p=0.9)])
+def test_fixed_shapes_attend_the_whole_buffer_and_draw_what_the_growing_cache_draws(hf, tok, prompts, settings):
+    """On Neuron every new shape is a new graph: the HF decoder's "static" path (fixed_shapes, the
+    default off the CPU and CUDA) attends over the whole [rows, P + C] buffer at every step, the
+    slots not written yet masked, so its key/value shapes never change; its logits equal the
+    growing cache's to float rounding and its completions (greedy and seeded) are the same."""
+    from trnqwen.methods.grpo.generate import _HFCached
+
+    fixed = _gen(hf, tok, **settings)
+    fixed.fixed_shapes = True
+    got = fixed.generate(prompts, num_generations=3, step=5)
+    want = _gen(hf, tok, **settings).generate(prompts, num_generations=3, step=5)
+    assert (got.cache_path, want.cache_path) == ("static", "preallocated")
+    assert torch.equal(got.completion_ids, want.completion_ids) and torch.equal(got.completion_mask, want.completion_mask)
+    assert got.forwards == want.forwards and got.completion_mask.sum() > 2 * len(prompts) * 3
+    # step by step: one key/value shape throughout, the logits those of the growing view
+    ids, mask = want.prompt_ids[::3], want.prompt_mask[::3]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    total = ids.shape[1] + 8
+    decoders = [_HFCached(hf, fixed=True), _HFCached(hf)]
+    with torch.no_grad():
+        logits = [d.start(ids, mask, positions, total) for d in decoders]
+        torch.testing.assert_close(*logits, rtol=1e-5, atol=1e-5)
+        for d in decoders:
+            d.expand(2)
+        shapes = set()
+        for t in range(7):
+            tokens = torch.arange(ids.shape[0] * 2) * 37 + t * 5 + 10
+            logits = [d.step(tokens, t) for d in decoders]
+            torch.testing.assert_close(*logits, rtol=1e-5, atol=1e-5)
+            shapes.add((tuple(decoders[0].cache.layers[0].keys.shape), tuple(decoders[0].full_mask.shape)))
+    assert shapes == {((ids.shape[0] * 2, hf.config.num_key_value_heads, total, hf.config.head_dim),
+                       (ids.shape[0] * 2, total))}
+    assert decoders[1].cache.layers[0].keys.shape[-2] == ids.shape[1] + 7  # the growing view's
 
 
 def test_the_native_prefill_computes_the_lm_head_on_its_last_position_only(native, tok, prompts):

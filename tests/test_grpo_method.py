@@ -78,7 +78,6 @@ def test_train_without_a_reward_for_your_dataset_is_a_usage_error(tiny, tmp_path
 
 
 @pytest.mark.parametrize("change, says", [
-    ({"backend": "nki-moe"}, "--backend native, hf-v5, hf-trainer for now"),
     ({"backend": "hf-trainer", "kl_beta": 0.04}, "hf-trainer takes no --kl-beta, --num-iterations or --global-batch-size"),
     ({"backend": "hf-trainer", "num_iterations": 2}, "hf-trainer takes no --kl-beta, --num-iterations"),
     ({"backend": "hf-trainer", "global_batch_size": 16}, "--global-batch-size yet"),
@@ -113,6 +112,44 @@ def test_the_plan_renders_the_loss_rows_and_hook(tiny, tmp_path):
                  dp_degree=2, steps=2, validates=False)
     assert "beta=0.04," in "\n".join(tuned.config_lines) and tuned.settings["num_iterations"] == 2
     assert "KL to the starting weights x 0.04" in tuned.note and "trained on for 2 steps" in tuned.note
+
+
+def test_on_neuron_the_plan_says_which_graphs_a_step_compiles(tiny, tmp_path):
+    """Every shape is fixed (prompts padded to the room, completions to the maximum, the decoding's
+    keys/values one buffer), so the preflight can name each graph: prefill, decode, update, and the
+    no-grad log-prob forward only when the KL term or rollout reuse needs it; a CPU plan says nothing of it."""
+    from trnqwen.methods.grpo import prompt_cache
+    from trnqwen.methods.grpo.plan import compiled_shapes, plan
+
+    cfg = _cfg(local_batch_size=2, num_generations=4)
+    data = prompt_cache.prepare(cfg, tiny, cache_root=tmp_path)
+    on_neuron = plan(cfg, tiny, data, device_type="neuron", dp_degree=64, steps=2, validates=False).note
+    assert "GRPO compiles 3 graphs once (fixed shapes): prefill [2, 48], decode [8, 1] over [8, 64], update [8, 64]" in on_neuron
+    assert "compiles" not in plan(cfg, tiny, data, device_type="cpu", dp_degree=2, steps=2, validates=False).note
+    for extra in ({"kl_beta": 0.04}, {"num_iterations": 2}):
+        shapes = compiled_shapes(_cfg(local_batch_size=2, num_generations=4, **extra))
+        assert [name for name, _ in shapes] == ["prefill", "decode", "update", "log-probs"] and shapes[-1][1] == (8, 64)
+
+
+def test_nki_moe_plans_grpo_into_torchtitan_neurons_config(tmp_path, neuron_double):
+    """nki-moe's ranks run torchtitan's trainer on torchtitan-neuron's Qwen3-MoE (here its test
+    double, on torchtitan's own MoE config): the generated module carries GRPO's loss, prompt rows
+    and hook as on native, and the preflight names the graphs a Neuron run compiles."""
+    from tests.moe_fixtures import write_tiny_moe
+    from tests.test_recipes import TRN2, load_config
+    from trnqwen.methods.grpo.titan import GRPOLoss
+    from trnqwen.train.recipes import build_job
+
+    assets = write_tiny_moe(tmp_path / "tiny-moe")
+    cfg = _cfg(backend="nki-moe", model="tiny-moe", assets_dir=assets, moe_layers=2, num_experts=8, top_k=2)
+    job = build_job(cfg, TRN2, None, check_runtime=False)
+    assert "GRPOHook()" in job.config_module_text and "titan_rows" in job.config_module_text
+    config = load_config(job.config_module_text, job.config_fn, tmp_path)
+    assert neuron_double.CALLS[-1]["flavor"] == "30B-A3B" and len(config.model_spec.model.layers) == 2
+    assert isinstance(config.loss, GRPOLoss.Config) and config.loss.loss_type == "dapo"
+    assert [type(h).__name__ for h in config.hooks][-1] == "GRPOHook"
+    assert config.dataloader.rows == "trnqwen.methods.grpo.titan:titan_rows"
+    assert any("GRPO compiles 3 graphs once" in note for note in job.notes), job.notes
 
 
 def test_the_prompt_cache_rows_give_back_each_prompt_and_its_record(tiny, tmp_path):

@@ -89,7 +89,8 @@ class Rollout:
     forwards: int = 0  # model calls made (the same on every rank)
     seconds: float = 0.0
     # which paths ran (a fast path that can fall back says so): the key-value cache ("preallocated",
-    # "dynamic", "titan", "recompute"), the prefill's LM head ("last": the last position only, "full"),
+    # "dynamic", "static": one shape every step, "titan", "recompute"), the prefill's LM head ("last":
+    # the last position only, "full"),
     # and torch's CPU threads during the rollout (None: not on the CPU)
     cache_path: str = ""
     prefill_head: str = ""
@@ -209,16 +210,36 @@ def _grown_in_place_layer():
     return GrownInPlace
 
 
+@functools.cache
+def _fixed_shape_layer():
+    """transformers' ``StaticLayer`` (keys/values ``[B, H, capacity, D]`` from the prefill on, the
+    attention over all of them with the padding mask hiding the slots not written yet: one shape at
+    every new token, so a Neuron run compiles one decode graph, not one per token), whose batch can
+    grow after the prefill: a prompt's state repeated for its generations."""
+    from transformers.cache_utils import StaticLayer
+
+    class FixedShape(StaticLayer):
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if self.is_initialized:
+                self.keys = self.keys.repeat_interleave(repeats, dim=0)
+                self.values = self.values.repeat_interleave(repeats, dim=0)
+                self.batch_size = self.keys.shape[0]
+
+    return FixedShape
+
+
 class _HFCached:
     """An HF causal LM with its own ``DynamicCache``, each full-attention layer's keys/values in a
     buffer preallocated for the rollout (:func:`_grown_in_place_layer`; a layer of another kind,
-    e.g. a sliding window, keeps transformers' own: ``path`` says "dynamic" then).  The prefill
-    computes the LM head on its last position only (``logits_to_keep=1``)."""
+    e.g. a sliding window, keeps transformers' own: ``path`` says "dynamic" then).  ``fixed``: every
+    forward attends over the whole buffer (:func:`_fixed_shape_layer`, ``path`` "static"), the
+    shapes Neuron compiles once.  The prefill computes the LM head on its last position only
+    (``logits_to_keep=1``)."""
 
     prefill_head = "last"
 
-    def __init__(self, model, preallocate: bool = True) -> None:
-        self.model, self.preallocate = model, preallocate
+    def __init__(self, model, preallocate: bool = True, fixed: bool = False) -> None:
+        self.model, self.preallocate, self.fixed = model, preallocate, fixed
         self.path = "dynamic"
 
     def start(self, ids, mask, positions, total: int) -> torch.Tensor:
@@ -227,16 +248,28 @@ class _HFCached:
 
         self.cache = DynamicCache(config=self.model.config)
         layers = getattr(self.cache, "layers", None) or []
-        if self.preallocate and layers and all(type(layer) is DynamicLayer for layer in layers):
-            grown = _grown_in_place_layer()
-            self.cache.layers = [grown(total) for _ in layers]
-            self.path = "preallocated"
+        plain = bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
         b, p = mask.shape
-        # the attention mask for the whole rollout, each step a view of its first p + t + 1 columns
-        self.full_mask = torch.cat([mask, mask.new_ones(b, total - p)], 1)
         self.p, self.lengths = p, mask.sum(-1)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self.cache,
-                         use_cache=True, logits_to_keep=1)
+        if self.fixed:
+            if not plain:  # a sliding window or another kind: no fixed-shape form here
+                raise ValueError("fixed shapes need full-attention layers only; this model's cache has others")
+            fixed = _fixed_shape_layer()
+            self.cache.layers = [fixed(total) for _ in layers]
+            self.path = "static"
+            # the whole rollout's mask, one shape: the prompt now, each new token's slot set before its step
+            self.full_mask = torch.cat([mask, mask.new_zeros(b, total - p)], 1)
+            prefill_mask = self.full_mask
+        else:
+            if self.preallocate and plain:
+                grown = _grown_in_place_layer()
+                self.cache.layers = [grown(total) for _ in layers]
+                self.path = "preallocated"
+            # the attention mask for the whole rollout, each step a view of its first p + t + 1 columns
+            self.full_mask = torch.cat([mask, mask.new_ones(b, total - p)], 1)
+            prefill_mask = mask
+        out = self.model(input_ids=ids, attention_mask=prefill_mask, position_ids=positions,
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         return _logits(out)[:, -1]
 
     def expand(self, repeats: int) -> None:
@@ -245,8 +278,13 @@ class _HFCached:
         self.lengths = self.lengths.repeat_interleave(repeats, 0)
 
     def step(self, tokens, t: int) -> torch.Tensor:
-        out = self.model(input_ids=tokens[:, None], attention_mask=self.full_mask[:, :self.p + t + 1],
-                         position_ids=(self.lengths + t)[:, None], past_key_values=self.cache, use_cache=True)
+        if self.fixed:
+            self.full_mask[:, self.p + t] = 1
+            mask = self.full_mask
+        else:
+            mask = self.full_mask[:, :self.p + t + 1]
+        out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=(self.lengths + t)[:, None],
+                         past_key_values=self.cache, use_cache=True)
         return _logits(out)[:, -1]
 
     def close(self) -> None:
@@ -503,6 +541,10 @@ class InProcessGenerator:
     # HF models: each layer's keys/values in one buffer for the whole rollout (False: transformers'
     # own DynamicCache, which copies the cache at every new token)
     preallocate_cache: bool = True
+    # HF models: one shape at every decoding step (the whole buffer attended, masked: "static"), what a
+    # Neuron run needs to compile once; None: on any device but the CPU and CUDA (which keep the
+    # growing view, less work per token).  torchtitan's decoder has fixed shapes either way.
+    fixed_shapes: Optional[bool] = None
     # torch's intra-op threads during a rollout on the CPU (None: leave torch's setting, which the
     # launcher makes cpu_count // ranks).  Measured on a 2-core box (benchmarks/RESULTS.md, GRPO): a
     # decode step is many small operations, and on a CPU busy with other work 2 threads waiting at
@@ -534,7 +576,8 @@ class InProcessGenerator:
             with decoder.installed(total):
                 yield decoder
         else:
-            yield _HFCached(self.model, self.preallocate_cache) if self.kv_cache else _Recompute(_hf_forward(self.model))
+            fixed = self.fixed_shapes if self.fixed_shapes is not None else self._device().type not in ("cpu", "cuda")
+            yield _HFCached(self.model, self.preallocate_cache, fixed) if self.kv_cache else _Recompute(_hf_forward(self.model))
 
     def generate(self, prompts: Sequence[Sequence[int]], *, num_generations: int = 1, step: int = 0,
                  micro: int = 0) -> Rollout:

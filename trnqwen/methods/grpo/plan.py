@@ -19,7 +19,7 @@ from trnqwen.errors import UsageError
 from trnqwen.methods.base import MethodPlan
 
 NAME = "grpo"
-BACKENDS = ("native", "hf-v5", "hf-trainer")  # nki-moe: not yet (check()'s hint says why)
+BACKENDS = ("native", "hf-v5", "nki-moe", "hf-trainer")
 IMPORTS = ["from trnqwen.methods.grpo.titan import GRPOHook, grpo_loss_config"]
 ROWS = "trnqwen.methods.grpo.titan:titan_rows"  # the torchtitan dataloader's row reader
 
@@ -41,9 +41,8 @@ def reward_values(cfg: RunConfig) -> list[str]:
 def check(cfg: RunConfig) -> None:
     """Refuse what GRPO does not do here yet, with what to do instead."""
     if cfg.backend not in BACKENDS:
-        raise UsageError(f"--method grpo runs on --backend {', '.join(BACKENDS)} for now, not {cfg.backend}",
-                         hint="nki-moe's kernels are not wired to the rollout's decoding (a forward per new token) yet: "
-                              "use --backend native for a Qwen3-MoE (docs/moe.md), or hf-v5 / hf-trainer (docs/rl.md)")
+        raise UsageError(f"--method grpo runs on --backend {', '.join(BACKENDS)}, not {cfg.backend}",
+                         hint="pick one of those (docs/rl.md)")
     if cfg.backend == "hf-trainer" and (cfg.kl_beta or cfg.num_iterations > 1 or cfg.global_batch_size):
         # the reference's log-probs, the rollout's reuse and a step's rollout spanning its accumulation steps
         # are the torchtitan hook's (titan.py) for now
@@ -69,6 +68,30 @@ def check_rewards(values: list[str], cfg: RunConfig) -> None:
     RewardSet.build(parse_rewards(values), BuiltinOptions(max_completion_length=cfg.max_completion_length))
 
 
+def compiled_shapes(cfg: RunConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """What a GRPO step runs the model on, each a graph Neuron compiles once (every shape is fixed:
+    prompts padded to the room, completions to the maximum, the decoding's keys and values a
+    ``[rows, seq_len]`` buffer): the prompts' prefill, one new token per row over the buffer, the
+    update's forward and backward, and a no-grad forward for the reference's or the sampling
+    policy's log-probs when ``--kl-beta`` or ``--num-iterations`` asks for them."""
+    prompts, room = cfg.local_batch_size, cfg.seq_len - cfg.max_completion_length
+    rows = prompts * cfg.num_generations
+    shapes = [("prefill", (prompts, room)), ("decode", (rows, 1)), ("update", (rows, cfg.seq_len))]
+    if cfg.kl_beta or cfg.num_iterations > 1:
+        shapes.append(("log-probs", (rows, cfg.seq_len)))
+    return shapes
+
+
+def graphs_note(cfg: RunConfig) -> str:
+    """The preflight's line on compilation: how many graphs, of which shapes."""
+    shapes = compiled_shapes(cfg)
+    parts = []
+    for name, shape in shapes:
+        over = f" over [{shape[0]}, {cfg.seq_len}]" if name == "decode" else ""  # the keys/values it attends
+        parts.append(f"{name} [{', '.join(map(str, shape))}]{over}")
+    return f"GRPO compiles {len(shapes)} graphs once (fixed shapes): {', '.join(parts)}"
+
+
 def hook_settings(cfg: RunConfig, assets_dir: Path, rank_data: RankData, rewards: list[str]) -> dict[str, Any]:
     """What :class:`~trnqwen.methods.grpo.titan.GRPOHook` is built with (plain values)."""
     return {
@@ -85,7 +108,7 @@ def hook_settings(cfg: RunConfig, assets_dir: Path, rank_data: RankData, rewards
 def plan(cfg: RunConfig, assets_dir: Path, rank_data: Optional[RankData], *, device_type: str, dp_degree: int, steps: int,
          validates: bool) -> Optional[MethodPlan]:
     """The plan of a GRPO run (refusals raise); None without its prompt cache (nothing to plan yet)."""
-    del device_type, dp_degree, steps, validates
+    del dp_degree, steps, validates
     if getattr(cfg, "method", None) != NAME:
         return None
     check(cfg)
@@ -111,5 +134,6 @@ def plan(cfg: RunConfig, assets_dir: Path, rank_data: Optional[RankData], *, dev
               f"temperature {cfg.temperature:g}), rewards {', '.join(rewards)}; {cfg.loss_type} loss, epsilon "
               f"{cfg.epsilon:g}/{eps_high:g}, advantages scaled by the {cfg.scale_rewards} std"
               + (f", KL to the starting weights x {cfg.kl_beta:g}" if cfg.kl_beta else "")
-              + (f", each rollout trained on for {cfg.num_iterations} steps" if cfg.num_iterations > 1 else "")),
+              + (f", each rollout trained on for {cfg.num_iterations} steps" if cfg.num_iterations > 1 else "")
+              + (f"; {graphs_note(cfg)}" if device_type == "neuron" else "")),
     )
