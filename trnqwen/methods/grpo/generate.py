@@ -33,7 +33,7 @@ times, and Neuron wants fixed shapes: the decode loop runs ``max_completion_leng
 prefill, then one forward per new token) on every rank.  ``stop_early`` ends it sooner only when
 every row of every rank has ended (one ``all_reduce`` per step when ``torch.distributed`` runs).
 
-**Key-value cache.** HF models use transformers' own ``DynamicCache`` (``past_key_values``), each
+**Key-value cache.** HF models use transformers' own ``DynamicCache`` (its ``cache`` argument), each
 full-attention layer's keys and values kept in one buffer allocated at the prefill for the whole
 rollout (``preallocate_cache``; transformers' layer concatenates the whole cache at every new
 token); the attention sees the same tensors either way, so the draws are the same (tested).
@@ -228,6 +228,15 @@ def _fixed_shape_layer():
     return FixedShape
 
 
+@functools.cache
+def _cache_keyword(model_type: type) -> str:
+    """The keyword an HF model's forward takes its cache by: ``cache`` from transformers 5.2x on
+    (``past_key_values`` deprecated, gone in 5.40), ``past_key_values`` before."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model_type.forward).parameters else "past_key_values"
+
+
 class _HFCached:
     """An HF causal LM with its own ``DynamicCache``, each full-attention layer's keys/values in a
     buffer preallocated for the rollout (:func:`_grown_in_place_layer`; a layer of another kind,
@@ -269,7 +278,7 @@ class _HFCached:
             self.full_mask = torch.cat([mask, mask.new_ones(b, total - p)], 1)
             prefill_mask = mask
         out = self.model(input_ids=ids, attention_mask=prefill_mask, position_ids=positions,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+                         **{_cache_keyword(type(self.model)): self.cache}, use_cache=True, logits_to_keep=1)
         return _logits(out)[:, -1]
 
     def expand(self, repeats: int) -> None:
@@ -284,7 +293,7 @@ class _HFCached:
         else:
             mask = self.full_mask[:, :self.p + t + 1]
         out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=(self.lengths + t)[:, None],
-                         past_key_values=self.cache, use_cache=True)
+                         **{_cache_keyword(type(self.model)): self.cache}, use_cache=True)
         return _logits(out)[:, -1]
 
     def close(self) -> None:
