@@ -326,6 +326,35 @@ def test_fixed_shapes_attend_the_whole_buffer_and_draw_what_the_growing_cache_dr
     assert decoders[1].cache.layers[0].keys.shape[-2] == ids.shape[1] + 7  # the growing view's
 
 
+@pytest.mark.parametrize("which", ["hf", "native"])
+def test_a_compiled_model_traces_a_rollout_in_two_graphs(which, request, tiny, tok):
+    """What Neuron needs, checked with torch.compile on the CPU (``dynamic=False``: a new shape or a
+    new constant is a new graph, as a new shape is a new NEFF on Neuron): a fixed-shape rollout
+    traces its prefill and its decoding step once each, however many tokens it draws (HF: the
+    "static" path; native: the cache's slots handed over as a tensor).  transformers' growing view
+    traces one graph per forward: the count can fail."""
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32) if which == "hf" else build_native(tiny)
+    model.forward = torch.compile(model.forward, backend="eager", dynamic=False)
+    runs = [(True, 6)] + ([(False, 3)] if which == "hf" else [])
+    try:
+        for fixed, tokens in runs:
+            dynamo.reset()
+            counters.clear()
+            generator = _gen(model, tok, do_sample=False, max_completion_length=tokens, stop_early=False)
+            generator.fixed_shapes = fixed
+            out = generator.generate([[5, 6, 7, 8], [9, 10]], num_generations=2)
+            assert out.forwards == tokens and out.cache_path == {"hf": "static" if fixed else "preallocated",
+                                                                 "native": "titan"}[which]
+            assert counters["stats"]["unique_graphs"] == (2 if fixed else tokens), (fixed, dict(counters["stats"]))
+    finally:
+        dynamo.reset()
+
+
 def test_the_native_prefill_computes_the_lm_head_on_its_last_position_only(native, tok, prompts):
     """torchtitan's decoder: the prefill's hidden states (its ``_skip_lm_head``), then the head on the
     last position ("last", asserted): the logits of the whole head's last position, and the same

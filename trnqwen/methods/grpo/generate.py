@@ -338,14 +338,16 @@ class _CacheState:
 
     def __init__(self, total: int, cache: bool) -> None:
         self.total, self.cache = total, cache
-        self.slot = 0  # where this call's tokens go in the buffer
+        # where this call's tokens go in the buffer: a tensor, not an int, so a compiled forward sees
+        # one input of one shape at every new token instead of a new constant (a recompile) each time
+        self.slots: Optional[torch.Tensor] = None
         self.mask: Optional[torch.Tensor] = None  # [B, 1, L, S] bool: which keys each query sees
 
 
 class _CachedAttention(torch.nn.Module):
     """Stands in for a torchtitan attention's ``inner_attention`` during a rollout: q/k/v come
     ``[B, L, N, H]`` after projections, q/k norms and RoPE; k/v go to this layer's buffer at the
-    state's slot and the queries attend over the buffer with the state's mask (SDPA)."""
+    state's slots and the queries attend over the buffer with the state's mask (SDPA)."""
 
     def __init__(self, state: _CacheState) -> None:
         super().__init__()
@@ -361,8 +363,8 @@ class _CachedAttention(torch.nn.Module):
             if self.k is None:  # the prefill (each rollout installs fresh layers)
                 shape = (k.shape[0], st.total, k.shape[2], k.shape[3])
                 self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)
-            self.k[:, st.slot: st.slot + k.shape[1]] = k
-            self.v[:, st.slot: st.slot + v.shape[1]] = v
+            self.k.index_copy_(1, st.slots, k)
+            self.v.index_copy_(1, st.slots, v)
             keys, values = self.k, self.v
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=st.mask, scale=scale,
@@ -417,8 +419,8 @@ class _TitanDecoder:
         if not self.cache:
             self.ids = torch.cat([ids, ids.new_zeros(b, total - p)], 1)
             return self._full(p - 1)
-        self.state.slot = 0
-        self.state.mask = self._mask(torch.arange(p, device=ids.device), total)
+        self.state.slots = torch.arange(p, device=ids.device)
+        self.state.mask = self._mask(self.state.slots, total)
         return self._last_logits(ids, positions)
 
     def _last_logits(self, ids, positions) -> torch.Tensor:
@@ -457,8 +459,8 @@ class _TitanDecoder:
         if not self.cache:
             self.ids[:, at] = tokens.to(self.ids.device)
             return self._full(at)
-        self.state.slot = at
-        self.state.mask = self._mask(torch.tensor([at], device=tokens.device), self.state.total)
+        self.state.slots = torch.tensor([at], device=self.valid.device)
+        self.state.mask = self._mask(self.state.slots, self.state.total)
         positions = (self.lengths + t)[:, None]
         return _logits(self.model(tokens[:, None].to(self.valid.device), positions))[:, -1]
 
