@@ -2,7 +2,7 @@
 2-rank run against native's: ``test_grpo_e2e.py``).
 
 * the hooks' rows are the prompt cache's (prompt, mask, row; no labels: the Trainer counts no items);
-* one ``training_step`` under ``--lora`` (peft's model, as ``runtime/hf_trainer_lora.attach`` makes
+* one ``training_step`` under ``--lora`` (peft's model, as ``adapters/lora/hf_trainer.attach`` makes
   it) rolls out from base + adapter, and its gradients are the torchtitan loss's
   (:class:`~trnqwen.methods.grpo.titan.GRPOLoss`) on the same rollout: the adapters' B get a
   gradient, the base none; the step's values and ``[GRPO]`` line follow.
@@ -28,7 +28,7 @@ def test_a_trainer_step_rolls_out_from_the_adapter_with_the_torchtitan_losss_gra
     from trnqwen.methods.grpo.plan import plan
     from trnqwen.methods.grpo.rollout import GroupRollout
     from trnqwen.methods.grpo.titan import GRPOLoss
-    from trnqwen.runtime import hf_trainer_lora
+    from trnqwen.adapters.lora import hf_trainer as hf_trainer_lora
     from trnqwen.runtime.hf_trainer_data import cache_trainer_class, rank_loader
 
     (tmp_path / "my_rewards.py").write_text(MY_REWARDS)

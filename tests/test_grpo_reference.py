@@ -22,7 +22,8 @@ def test_a_lora_runs_reference_is_its_base_with_the_adapter_off(tiny, monkeypatc
 
     from trnqwen.contract.lora import LoraSpec
     from trnqwen.methods.grpo.reference import StartingWeights
-    from trnqwen.runtime import lora
+    from trnqwen.adapters.lora import titan as lora
+    from trnqwen.contract.peft_adapter import is_adapter_key
 
     spec = LoraSpec(rank=4, alpha=8.0, dropout=0.0, targets=("q_proj", "v_proj"), seed=0, base_model="tiny")
     monkeypatch.setitem(lora._state, "spec", spec)
@@ -34,7 +35,7 @@ def test_a_lora_runs_reference_is_its_base_with_the_adapter_off(tiny, monkeypatc
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if lora.is_adapter_key(name):
+            if is_adapter_key(name):
                 p.copy_(torch.randn(p.shape, generator=gen))  # a trained adapter: B far from its zero start
         tuned = model(input_ids=ids).logits
     assert (tuned - base).abs().max() > 1e-2

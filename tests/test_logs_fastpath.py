@@ -113,7 +113,7 @@ def generate(seed: int, *, ranks: int, steps: int, colour: bool, every_rank: boo
             elif x < 0.050 and r in (None, 0):
                 emit(r, f"x{E}[0mstep: {step}  loss: 1.0")  # another layout: the regex path
             elif x < 0.052:
-                emit(r, _lora_line(r, step))  # a [LoRA] line (trnqwen.train.lora) after the primary rank is known
+                emit(r, _lora_line(r, step))  # a [LoRA] line (trnqwen.contract.lora.log_line) after the primary rank is known
             elif x < 0.06 and near_capacity and r:  # another rank's validation at the highest memory: not a step
                 emit(r, f"validate step: {step}  loss: {loss:7.4f}  memory: 24.00GiB(99.99%)  tps: 1,000")
         if oddities and not crashed and ranks > 1 and step == (2 * steps) // 3:

@@ -17,7 +17,7 @@ from trnqwen.contract import peft_adapter
 from trnqwen.config import RunConfig
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.contract import lora as contract_lora
-from trnqwen.train import lora
+from trnqwen.adapters.lora import plan as lora
 
 ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -209,7 +209,7 @@ def tiny_hf_model(tmp_path_factory) -> Path:
 def test_hf_injection_and_init_give_peft_names_and_the_shared_init(tiny_hf_model):
     import torch
 
-    from trnqwen.runtime import lora as runtime_lora
+    from trnqwen.adapters.lora import titan as runtime_lora
 
     spec = _spec(("q_proj", "v_proj", "down_proj"))
     model = _load_hf(tiny_hf_model)
@@ -239,7 +239,7 @@ def test_torchtitans_sharding_pass_gives_the_injected_adapters_torchtitans_lora_
     from torchtitan.experiments.transformers_modeling_backend.module_conversion import convert_hf_to_module
     from torchtitan.models.common.decoder_sharding import dense_param_placement
 
-    from trnqwen.runtime import lora as runtime_lora
+    from trnqwen.adapters.lora import titan as runtime_lora
 
     hf = _load_hf(tiny_hf_model)
     runtime_lora.inject_hf_adapters(hf, _spec(ALL))
@@ -267,7 +267,7 @@ def test_torchtitan_lora_with_dropout_and_the_shared_init():
     """torchtitan's converter on a non-fused Qwen3, trnqwen's dropout, A from (seed, HF name)."""
     import torch
 
-    from trnqwen.runtime import lora as runtime_lora
+    from trnqwen.adapters.lora import titan as runtime_lora
     from trnqwen.runtime.qwen3_native import qwen3_model_spec
 
     spec = _spec(ALL, dropout=0.5)
@@ -299,7 +299,7 @@ def test_torchtitan_lora_with_dropout_and_the_shared_init():
 def test_a_trainable_base_parameter_stops_the_run_before_step_one():
     import torch
 
-    from trnqwen.runtime import lora as runtime_lora
+    from trnqwen.adapters.lora import titan as runtime_lora
 
     class Tiny(torch.nn.Module):
         def __init__(self):
@@ -373,6 +373,22 @@ def test_merge_refuses_a_base_it_was_not_trained_on_and_leaves_nothing(tiny_hf_m
 # --- planning through the CLI ---------------------------------------------------------------------
 
 
+def test_the_lora_trainer_hook_keeps_adapters_out_of_the_base_load_and_exports_the_adapter(monkeypatch):
+    """runtime's checkpointer never imports the adapter: it asks its hooks (hf_load_state, hf_export)."""
+    from trnqwen.adapters.lora import titan
+
+    hook = titan.LoraHook()
+    state = {"layers.0.attention.wq.weight": 1, "layers.0.attention.wq.lora_a.weight": 2,
+             "layers.0.attention.wq.lora_b.weight": 3}
+    monkeypatch.setitem(titan._state, "spec", None)
+    assert hook.hf_load_state(state) == state and hook.hf_export(None, "ck/hf/step-3") is False
+    monkeypatch.setitem(titan._state, "spec", _spec())
+    assert hook.hf_load_state(state) == {"layers.0.attention.wq.weight": 1}
+    written = []
+    monkeypatch.setattr(titan, "export_adapter", lambda manager, folder: written.append(folder))
+    assert hook.hf_export(None, "ck/hf/step-3") is True and written == ["ck/hf/step-3"]
+
+
 def test_dry_run_renders_lora_into_the_config_module(tmp_path):
     from trnqwen.fetch.builtin import write_tiny_qwen3
 
@@ -384,6 +400,9 @@ def test_dry_run_renders_lora_into_the_config_module(tmp_path):
     doc = json.loads(native.out)
     text = doc["config_module_text"] if "config_module_text" in doc else json.dumps(doc)
     assert "fuse_qkv=False" in text and "attach_lora(config" in text and "backend='native'" in text
+    # LoRA's trainer hook (the base loaded without adapter keys, the adapter as the export) joins the config's
+    assert "from trnqwen.adapters.lora.titan import LoraHook, attach_lora" in text
+    assert "hooks=[LoraHook()]" in text
     assert any("LoRA rank 8" in n for n in json.dumps(doc).split('"'))
     hf = run_subprocess(*common, "--backend", "hf-v5", cwd=tmp_path)
     assert hf.code == 0 and "backend='hf-v5'" in hf.out

@@ -23,6 +23,7 @@ import pytest
 
 from tests.helpers import run_subprocess
 from trnqwen.contract.hf_trainer_spec import HFTrainerSpec, SpecError, spec_from_argv, spec_to_argv
+from trnqwen.adapters.lora.plan import HF_TRAINER_MODULE
 from trnqwen.contract.lora import LOG_LINE_RE, LoraSpec
 
 SPEC = LoraSpec(rank=4, alpha=8.0, dropout=0.0, targets=("q_proj", "v_proj", "down_proj"), seed=7,
@@ -42,16 +43,17 @@ def _spec(**over) -> HFTrainerSpec:
 
 
 def test_the_lora_spec_travels_to_the_ranks_as_flags():
-    spec = _spec(lora=SPEC.to_json())
+    spec = _spec(lora=SPEC.to_json(), lora_module=HF_TRAINER_MODULE)
     back = spec_from_argv(spec_to_argv(spec))
-    assert back == spec and back.lora_spec() == SPEC
+    assert back == spec and back.lora_spec() == SPEC and back.lora_module == HF_TRAINER_MODULE
     assert _spec().lora_spec() is None
 
 
 @pytest.mark.parametrize("over, words", [
-    (dict(lora="{not json"), "LoRA spec as JSON"),
-    (dict(lora=json.dumps({"rank": 4})), "LoRA spec as JSON"),
-    (dict(lora=SPEC.to_json(), tp=2), "--tp 1 only"),
+    (dict(lora="{not json", lora_module=HF_TRAINER_MODULE), "LoRA spec as JSON"),
+    (dict(lora=json.dumps({"rank": 4}), lora_module=HF_TRAINER_MODULE), "LoRA spec as JSON"),
+    (dict(lora=SPEC.to_json(), lora_module=HF_TRAINER_MODULE, tp=2), "--tp 1 only"),
+    (dict(lora=SPEC.to_json()), "lora needs lora_module"),  # the ranks import the adapter's code by name
 ])
 def test_bad_lora_specs_are_refused(over, words):
     with pytest.raises(SpecError, match=words):
@@ -78,6 +80,7 @@ def test_recipe_passes_the_lora_spec_and_says_what_is_trained(tmp_path):
 
     job = build_hf_trainer_job(_cfg(tmp_path), DeviceInfo(type="cpu", count=1), tmp_path / "run")
     lora = spec_from_argv(job.entry_args).lora_spec()
+    assert spec_from_argv(job.entry_args).lora_module == HF_TRAINER_MODULE
     assert lora == LoraSpec(rank=8, alpha=16.0, dropout=0.0, targets=("q_proj", "v_proj"), seed=5,
                             base_model="builtin:tiny-qwen3")
     note = next(n for n in job.notes if n.startswith("LoRA rank 8"))
@@ -134,7 +137,7 @@ def test_attach_initialises_every_adapter_from_the_seed_and_module_name(tiny):
     import torch
 
     from trnqwen.contract.peft_adapter import adapter_init
-    from trnqwen.runtime import hf_trainer_lora as hl
+    from trnqwen.adapters.lora import hf_trainer as hl
 
     model, initialised = hl.attach(_base(tiny), SPEC)
     modules = list(hl.adapter_modules(model))
@@ -157,7 +160,7 @@ def test_attach_initialises_every_adapter_from_the_seed_and_module_name(tiny):
 def test_check_trainable_logs_full_counts_and_refuses_a_trainable_base(tiny):
     import torch
 
-    from trnqwen.runtime import hf_trainer_lora as hl
+    from trnqwen.adapters.lora import hf_trainer as hl
 
     model, initialised = hl.attach(_base(tiny), ALL)
     adapters = [p for p in model.parameters() if p.requires_grad]
@@ -182,7 +185,7 @@ def test_the_callback_stops_before_step_1_when_the_base_is_trainable(tiny, tmp_p
     import torch
     from transformers import Trainer, TrainingArguments
 
-    from trnqwen.runtime import hf_trainer_lora as hl
+    from trnqwen.adapters.lora import hf_trainer as hl
 
     model, initialised = hl.attach(_base(tiny), ALL)
     model.get_input_embeddings().weight.requires_grad_(True)  # what the check is there to catch
@@ -202,7 +205,7 @@ def test_export_writes_the_peft_adapter_with_the_other_backends_key_names(tiny, 
     import torch
     from safetensors.torch import load_file
 
-    from trnqwen.runtime import hf_trainer_lora as hl
+    from trnqwen.adapters.lora import hf_trainer as hl
 
     model, _ = hl.attach(_base(tiny), SPEC)
     with torch.no_grad():

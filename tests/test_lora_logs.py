@@ -8,7 +8,7 @@ import json
 
 from tests.lora_fixtures import ALL, make_base
 from trnqwen.logs.judge import judge
-from trnqwen.logs.lora import lora_json
+from trnqwen.adapters.lora.readers import lora_json
 from trnqwen.logs.parse import parse_text
 from trnqwen.logs.sources import RunContext
 from trnqwen.contract.stepline import format_step_line

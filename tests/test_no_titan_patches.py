@@ -7,7 +7,7 @@ a torchtitan *class* (``Trainer.train = ...``, ``metrics.MetricsProcessor.log = 
 (``hf_sharding._set_layer_sharding_configs = ...``, ``setattr(loss_module, "build_cross_entropy_loss", ...)``),
 outside ``runtime/cpu*.py``, the shims that make torchtitan run on a CPU at all (each patch there
 carries its reason).  trnqwen's additions are subclasses chosen by torchtitan's config
-(``trnqwen.runtime.trainer``) or its own classes' behaviour (``runtime/lora.py``'s ``LoraLinear``
+(``trnqwen.runtime.trainer``) or its own classes' behaviour (``adapters/lora/titan.py``'s ``LoraLinear``
 derives its adapters' sharding when torchtitan's pass sets its own) instead.
 """
 

@@ -117,7 +117,7 @@ class _RunFields(BaseModel):
         42, ge=0, help="Random seed: the random init, LoRA's adapters, the --val-split hold-out and each epoch's data "
         "order (torchtitan's debug.seed, the Trainer's seed); recorded in run.json, kept by --resume.", panel="Schedule",
     )
-    # --- LoRA (trnqwen.train.lora: targets; runtime.lora: in the ranks; contract.peft_adapter: the PEFT adapter) ---
+    # --- LoRA (trnqwen.adapters.lora: plan, ranks, readers; contract.peft_adapter: the PEFT adapter) ---
     lora: bool = setting(
         False, help="Train a LoRA adapter on the frozen base; the export is a PEFT adapter folder.", panel="LoRA",
     )

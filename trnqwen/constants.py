@@ -10,6 +10,6 @@ CONFIG_FILE_NAME = "trnqwen.toml"
 
 
 # LoRA targets, by their Hugging Face module names (the names peft, vLLM and users use);
-# "all-linear" means all seven (never lm_head or the MoE router).  trnqwen.train.lora maps them.
+# "all-linear" means all seven (never lm_head or the MoE router).  trnqwen.adapters.lora.plan maps them.
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LORA_ALL_LINEAR = "all-linear"

@@ -70,6 +70,7 @@ class HFTrainerSpec:
     strategy: str = "auto"  # auto | ddp | distributed-config
     report_to: str = ""  # comma-separated Trainer report_to ("tensorboard,wandb"): --tensorboard / --wandb
     lora: Optional[str] = None  # a trnqwen.contract.lora.LoraSpec as JSON (targets already this backend's): train a LoRA adapter
+    lora_module: Optional[str] = None  # the module the ranks train it with (attach / callback / export), by dotted path
     method: str = "sft"  # the training method (trnqwen.methods.registry)
     method_hooks: Optional[str] = None  # its hf-trainer hooks, "module:Class" (loaded by the ranks; None = supervised)
     method_settings: Optional[str] = None  # JSON: what the hooks are built with (the method's plan settings)
@@ -104,6 +105,8 @@ class HFTrainerSpec:
                 problems.append(f"lora must be a LoRA spec as JSON (trnqwen.contract.lora.LoraSpec): {exc}")
             if self.tp > 1:
                 problems.append(LORA_TP_PROBLEM)
+            if not self.lora_module:
+                problems.append("lora needs lora_module (the ranks' LoRA code, a module's dotted path)")
         if self.method_hooks is not None and not self.cache_dir:
             problems.append(f"method {self.method} needs cache_dir (its token cache)")
         if not streams_itself(self.dataset):

@@ -1,6 +1,6 @@
 """LoRA's contract: the spec the launcher hands the ranks, and the ``[LoRA]`` line they log.
 
-The launcher plans the adapter (:mod:`trnqwen.train.lora`: targets per backend, refusals) and
+The launcher plans the adapter (:mod:`trnqwen.adapters.lora.plan`: targets per backend, refusals) and
 hands the ranks a :class:`LoraSpec` (JSON in the generated config module, or the hf-trainer
 spec); every rank logs one :func:`log_line` before step 1 and the log judge reads it back with
 :func:`read_log_line`.  Both sides count adapter parameters with :func:`adapter_params`.  The PEFT

@@ -32,6 +32,10 @@ from trnqwen.assets import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from trnqwen.contract.lora import LoraSpec
 from trnqwen.fsutil import current_umask
 
+# An adapter's parameters in a model's state dict: torchtitan's lora_a/lora_b, peft's (and
+# trnqwen's hf-v5 LoraLinear's) lora_A/lora_B.
+ADAPTER_KEY = re.compile(r"(^|\.)(lora_a|lora_b|lora_A|lora_B)(\.|$)")
+B_KEY = re.compile(r"(^|\.)(lora_b|lora_B)(\.|$)")
 PEFT_PREFIX = "base_model.model."
 PEFT_KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.default)?\.weight$")
 
@@ -49,6 +53,15 @@ _TITAN_TO_HF = [
 # Wrappers that appear in module paths after activation checkpointing / compile / FSDP.
 _WRAPPERS = re.compile(r"(^|\.)(_checkpoint_wrapped_module|_orig_mod|_fsdp_wrapped_module)(?=\.|$)")
 FUSED_QKV = ".self_attn.qkv_proj"
+
+
+def is_adapter_key(name: str) -> bool:
+    return ADAPTER_KEY.search(name) is not None
+
+
+def is_b_key(name: str) -> bool:
+    """An adapter's B matrix (zero at the start: with every B zeroed the model is its base)."""
+    return B_KEY.search(name) is not None
 
 
 def clean_fqn(fqn: str) -> str:

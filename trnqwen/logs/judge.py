@@ -17,7 +17,7 @@ from typing import Optional
 from trnqwen.contract.override_calls import override_label
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
 from trnqwen.logs.identity import with_identity
-from trnqwen.logs.lora import check_lora
+from trnqwen.adapters.lora.readers import check_lora
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.sources import RunContext
 from trnqwen.methods import registry as methods

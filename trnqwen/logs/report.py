@@ -10,7 +10,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator, Optional
 
-from trnqwen.logs.lora import lora_json, lora_row
+from trnqwen.adapters.lora.readers import lora_json, lora_row
 from trnqwen.logs.judge import (
     BASE_RANDOM_INIT, WEIGHTS_NOT_LOADED, Finding, configured_steps, layers_text, method_facts, override_calls,
     override_table, root_cause,

@@ -166,7 +166,9 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
 
         ctx.base_random_init = declares_random_init(model_cfg_path.parent)
     if cfg.get("lora"):
-        ctx.lora = _lora_settings(cfg)
+        from trnqwen.adapters.lora.readers import configured
+
+        ctx.lora = configured(cfg)
     ctx.run_config = cfg or None
     found = str(model_cfg_path)  # explicit facts first, then run.json's, then the base model's config.json
     ctx.vocab_size, ctx.vocab_source = _first((vocab_size, "--vocab-size"), (extra.get("vocab_size"), "run.json"),
@@ -178,24 +180,10 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
     if ctx.run_dir is not None:
         ctx.evaluation = read_evaluation(ctx.run_dir)
         if ctx.lora is not None and isinstance(extra.get("rank_log_dir"), str):
-            from trnqwen.logs.lora import read_rank_logs
+            from trnqwen.adapters.lora.readers import read_rank_logs
 
             ctx.rank_lora = read_rank_logs(in_run_dir(record, ctx.run_dir, extra["rank_log_dir"]))
     return ctx
-
-
-def _lora_settings(cfg: dict) -> dict:
-    """What the run config says the adapter is (as trnqwen.train.lora.spec_from_config reads it)."""
-    from trnqwen.constants import LORA_ALL_LINEAR
-    from trnqwen.contract.lora import targets_of
-
-    rank = cfg.get("lora_rank")
-    alpha = cfg.get("lora_alpha")
-    if alpha is None and _pos_int(rank):
-        alpha = 2.0 * int(rank)
-    targets = cfg.get("lora_targets") or LORA_ALL_LINEAR
-    return {"rank": int(rank) if _pos_int(rank) else None, "alpha": alpha,
-            "targets": list(targets_of(str(targets))), "backend": cfg.get("backend")}
 
 
 def read_evaluation(run_dir: Path) -> dict:

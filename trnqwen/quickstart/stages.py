@@ -325,7 +325,7 @@ def run_quickstart(
         runs_dir=runs_dir, warmup=1, seed=42,
     )
 
-    from trnqwen.quickstart import lora_stage
+    from trnqwen.adapters.lora import quickstart as lora_stage  # LoRA's stage (its folder)
 
     def stage(name: str, what: str, fn: Callable[[], Any], skipped: Optional[str] = None, lane: bool = False) -> Any:
         prog.start(name, what)
@@ -464,7 +464,10 @@ def run_quickstart(
         def lora_finetune() -> str:
             train_run(lora_stage.STAGE, lo, lo_cfg, workdir, prog, status=False, run_id=run_id(lo_cfg))
             inspect_run(lo)
-            line, result.lora = lora_stage.judge_lora_run(lo, pretrained, verify_checkpoint)
+            from trnqwen.ckpt.merge import merged_path
+
+            line, result.lora = lora_stage.judge_lora_run(lo.log, lo.exported, pretrained, verify=verify_checkpoint,
+                                                          fail=StageFailed, merged_path=merged_path)
             lo.verify = result.lora["merged_verify"]  # the adapter's merged folder, verified like any export
             return line
 

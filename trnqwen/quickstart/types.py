@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from trnqwen.adapters.lora import quickstart as lora_quickstart
 from trnqwen.errors import CheckFailed
 
 DEFAULT_WORKDIR = Path("trnqwen-quickstart")
@@ -28,7 +29,7 @@ MIN_PRETRAIN_DROP = 0.5
 SUMMARY_FILE = "summary.json"
 PLOT_FILE = "loss.png"
 
-LORA_STAGE = "LoRA fine-tune"
+LORA_STAGE = lora_quickstart.STAGE
 
 
 def method_stage_names() -> list[str]:
@@ -139,7 +140,7 @@ class QuickstartResult:
     runs: dict[str, RunInfo] = field(default_factory=dict)
     comparison: dict[str, Any] = field(default_factory=dict)
     evaluation: dict[str, Any] = field(default_factory=dict)  # the chat stage's held-out loss and answers
-    lora: dict[str, Any] = field(default_factory=dict)  # the LoRA stage's numbers (trnqwen.quickstart.lora_stage)
+    lora: dict[str, Any] = field(default_factory=dict)  # the LoRA stage's numbers (trnqwen.adapters.lora.quickstart)
     methods: dict[str, dict[str, Any]] = field(default_factory=dict)  # a method's stage numbers, by method name
     files: dict[str, str] = field(default_factory=dict)
     next_commands: list[str] = field(default_factory=lambda: list(NEXT_COMMANDS))

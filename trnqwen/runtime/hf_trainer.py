@@ -441,10 +441,11 @@ def run(spec: HFTrainerSpec) -> int:
     lora = spec.lora_spec()
     callbacks = [recorder]
     if lora is not None:  # peft on the loaded model; the [LoRA] line and check before step 1
-        from trnqwen.runtime import hf_trainer_lora
+        import importlib
 
-        model, initialised = hf_trainer_lora.attach(model, lora)
-        callbacks.append(hf_trainer_lora.callback(lora, initialised=initialised, rank=rank, log=_log))
+        lora_code = importlib.import_module(spec.lora_module)  # by the spec's name: runtime never imports adapters/
+        model, initialised = lora_code.attach(model, lora)
+        callbacks.append(lora_code.callback(lora, initialised=initialised, rank=rank, log=_log))
 
     if method_hooks is not None:  # what the method does before step 1 (e.g. reference log-probs)
         method_hooks.before_train(spec, model, rank=rank // plan.tp, world=plan.dp, replicas=plan.tp,
@@ -487,8 +488,8 @@ def run(spec: HFTrainerSpec) -> int:
         trained = trainer.model
         trained = getattr(trained, "module", trained)
         if lora is not None:  # the PEFT adapter, not the base model
-            written = hf_trainer_lora.export(trained, lora, dest, rank=rank,
-                                             dtype=checkpoint_dtype(read_config_json(Path(spec.assets_dir))))
+            written = lora_code.export(trained, lora, dest, rank=rank,
+                                       dtype=checkpoint_dtype(read_config_json(Path(spec.assets_dir))))
             if rank == 0:
                 _log(f"{LOG_MARK} exported a PEFT adapter: {len(written or [])} tensors to {dest}")
         else:

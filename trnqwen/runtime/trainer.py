@@ -13,9 +13,10 @@ into the same values under trnqwen's classes, so that ``build()`` makes
 * :class:`~trnqwen.runtime.trainer_metrics.TrnqwenMetricsProcessor` (``config.metrics``),
 * :class:`TrnqwenValidator` (``config.validator``).
 
-Trainer hooks (:class:`TrainerHook`) are what a training method adds in the ranks (a
-preference method's: its batch fields, a pass before step 1, its values); the generated module imports them and passes them in
-``config.hooks``, so this package never imports a method.
+Trainer hooks (:class:`TrainerHook`) are what a training method or an adapter adds in the ranks (a
+preference method's: its batch fields, a pass before step 1, its values; LoRA's: the HF base loaded
+without adapter keys, the adapter as the HF export); the generated module imports them and passes them in
+``config.hooks``, so this package never imports a method or an adapter.
 
 The order of everything trnqwen adds, in one place (:data:`HOOK_ORDER`).
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Iterable, Optional
 
 import tyro
 from torchtitan.components.validate import Validator
@@ -32,6 +33,9 @@ from torchtitan.trainer import Trainer
 
 from trnqwen.runtime import resume_state
 from trnqwen.runtime.trainer_parts import TrainerAttached, as_trnqwen_config, same_values
+
+if TYPE_CHECKING:
+    from torchtitan.components.checkpointer.dcp import CheckpointManager
 
 HOOK_ORDER = (
     # building (TrnqwenTrainer.__init__)
@@ -43,7 +47,8 @@ HOOK_ORDER = (
     "metrics processor, validator and checkpointer get the trainer's hooks; hook.on_init(trainer)",
     # train(): torchtitan's loop
     "checkpoint load: each hook.checkpoint_states(trainer) joins the saved state; world-size change skips "
-    "data position + RNG + those per-rank states; HF base load skips LoRA adapter keys; "
+    "data position + RNG + those per-rank states; HF base load asks each hook.hf_load_state (LoRA: its "
+    "adapter keys skipped); "
     "RNG restored; then hook.after_checkpoint_load(trainer) (e.g. a reference pass)",
     "the step's batches: the dataloader's passed through each hook.batches(trainer, batches), then torchtitan's "
     "batch generator (tokens, data-loading time) "
@@ -52,8 +57,8 @@ HOOK_ORDER = (
     "(e.g. a method's batch fields taken out for its loss); the dataloader's iterator start leaves the RNG alone",
     "each logged step: hook.step_values(trainer, 'train') on every rank -> TensorBoard/W&B, torchtitan's "
     "step line + '  lr: <value>', hook.log_lines (a method's own line), rank 0's metrics-stream 'step' record",
-    "checkpoint save: fault drill, torchtitan's save (last step: resume point + HF export beside it; "
-    "LoRA: the PEFT adapter), then preemption agreed by all ranks -> resumable save, the preempted line, stop",
+    "checkpoint save: fault drill, torchtitan's save (last step: resume point + HF export beside it, "
+    "unless a hook.hf_export writes it: LoRA's PEFT adapter), then preemption agreed by all ranks -> resumable save, the preempted line, stop",
     "validation: hook.on_batch(..., 'val') per batch, then step_values(trainer, 'val') -> validate line, "
     "hook.log_lines, the 'validation' record",
     "loop condition: stops after the step a preemption signal was agreed at",
@@ -61,7 +66,7 @@ HOOK_ORDER = (
 
 
 class TrainerHook:
-    """What a training method adds inside torchtitan ranks; every method is optional.
+    """What a training method (or an adapter) adds inside torchtitan ranks; every method is optional.
 
     ``name`` prefixes the hook's values (``<name>/<value>``: TensorBoard, the metrics stream);
     ``method = True`` says the hook is the run's training method (the stream's header names it).
@@ -75,6 +80,16 @@ class TrainerHook:
 
     def after_checkpoint_load(self, trainer: Trainer) -> None:
         """Right after the checkpoint load at the start of ``train()`` (also with checkpoints off)."""
+
+    def hf_load_state(self, state_dict: dict) -> dict:
+        """The state dict a load of published HF weights fills (the base's initial load, a reference
+        reloaded from it): ``state_dict``, or less (LoRA: without its adapters, which the base lacks)."""
+        return state_dict
+
+    def hf_export(self, checkpointer: CheckpointManager, checkpoint_id: str) -> bool:
+        """True when the hook wrote the HF export at ``checkpoint_id`` itself (LoRA: the PEFT adapter
+        folder); False: torchtitan's own ``to_hf`` save writes it."""
+        return False
 
     def on_batch(self, trainer: Trainer, input_dict: dict, mode: str) -> None:
         """Each batch before the forward (``mode``: ``"train"`` or ``"val"``); may take keys out."""

@@ -6,8 +6,8 @@ in ``Trainer.__init__`` makes this class.  What it adds, in this order within on
 order is :data:`trnqwen.runtime.trainer.HOOK_ORDER`):
 
 * ``__init__``: this rank's RNG joins the saved state (:class:`trnqwen.runtime.resume_state.RankRNG`);
-* ``dcp_load``: loading the published HF base, the LoRA adapters keep their init (their keys are not
-  asked of a checkpoint that has none);
+* ``dcp_load``: loading the published HF base, each trainer hook may leave keys out
+  (``hf_load_state``: LoRA's adapters keep their init, the base has no such keys);
 * ``_load``: a checkpoint written by another world size skips the data position and RNG (one line);
 * ``load``: first every attached trainer hook's ``checkpoint_states`` join the saved state (per-rank:
   skipped with the RNG on a world-size change), then, after the load, its ``after_checkpoint_load``
@@ -17,7 +17,8 @@ order is :data:`trnqwen.runtime.trainer.HOOK_ORDER`):
   step (if not already saved) and the ``[trnqwen] preempted:`` line; the loop then stops;
 * ``_save_last_step``: the last step is saved resumable in ``<root>/resume`` *and* exported to
   ``<root>/hf/step-N`` (never among the resume points);
-* ``dcp_save``: a LoRA run's HF export is the PEFT adapter folder, not the merged model.
+* ``dcp_save``: a trainer hook may write the HF export itself (``hf_export``: a LoRA run's is the
+  PEFT adapter folder, not the base model).
 
 Only ranks import this (torch and torchtitan at module level).
 """
@@ -35,7 +36,7 @@ from trnqwen.runtime.trainer_parts import TrainerAttached, as_trnqwen_config
 
 
 class TrnqwenCheckpointManager(TrainerAttached, CheckpointManager):
-    """torchtitan's DCP checkpointer with trnqwen's resume, preemption and LoRA rules (module doc)."""
+    """torchtitan's DCP checkpointer with trnqwen's resume and preemption rules and its hooks' (module doc)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
@@ -72,20 +73,16 @@ class TrnqwenCheckpointManager(TrainerAttached, CheckpointManager):
         return super()._load(step)
 
     def dcp_load(self, state_dict, checkpoint_id, from_hf, from_quantized):
-        if from_hf:  # the published base has no adapter keys: load the base, keep the adapters' init
-            from trnqwen.runtime import lora
-
-            state_dict = lora.without_adapters(state_dict)
+        if from_hf:  # e.g. the published base has no adapter keys: load the base, keep the adapters' init
+            for hook in self.hooks:
+                state_dict = hook.hf_load_state(state_dict)
         return super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
 
     # --- save -----------------------------------------------------------------------------------
 
     def dcp_save(self, state_dict, checkpoint_id, *args, to_hf: bool = False, **kwargs):
-        if to_hf:
-            from trnqwen.runtime import lora
-
-            if lora.active():
-                return lora.export_adapter(self, checkpoint_id)
+        if to_hf and any(hook.hf_export(self, checkpoint_id) for hook in self.hooks):
+            return None  # a hook wrote it (LoRA: the PEFT adapter)
         return super().dcp_save(state_dict, checkpoint_id, *args, to_hf=to_hf, **kwargs)
 
     def _full_save(self, step: int) -> str:

@@ -24,7 +24,8 @@ from trnqwen.contract import lora as contract_lora
 from trnqwen.methods import registry as methods
 from trnqwen.methods.base import MethodPlan
 from trnqwen.methods.planning import plan_method
-from trnqwen.train import lora, tracking
+from trnqwen.adapters.lora import plan as lora
+from trnqwen.train import tracking
 from trnqwen.contract.hf_trainer_spec import LORA_TP_PROBLEM, HFTrainerSpec, SpecError, choose_strategy, spec_to_argv
 from trnqwen.train.job import TrainJob
 from trnqwen.dataset.cache import RankData
@@ -89,7 +90,7 @@ def _lora_plan(cfg: RunConfig, hf_config: Optional[dict[str, Any]]) -> tuple[Opt
     """(the LoRA spec the ranks train, with this backend's targets; the plan note), or (None, None).
 
     peft adapts any subset of the targets on a dense model; a Qwen3-MoE's routed experts are not
-    Linear layers (trnqwen.train.lora.backend_targets says what is in reach)."""
+    Linear layers (trnqwen.adapters.lora.plan.backend_targets says what is in reach)."""
     spec = lora.spec_from_config(cfg)
     if spec is None:
         return None, None
@@ -167,6 +168,7 @@ def build_hf_trainer_spec(
         trust_remote_code=cfg.trust_remote_code,
         report_to=",".join(tracking.report_to(cfg)),
         lora=lora_spec.to_json() if lora_spec is not None else None,
+        lora_module=lora.HF_TRAINER_MODULE if lora_spec is not None else None,
         method=cfg.method,
         method_hooks=methods.get(cfg.method).hf_trainer if method_plan is not None else None,
         method_settings=json.dumps(method_plan.settings) if method_plan is not None else None,

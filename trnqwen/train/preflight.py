@@ -394,44 +394,23 @@ def check_memory(
 
 def _lora_trainable(cfg: RunConfig, dims: FlavorDims) -> Optional[int]:
     """The adapters' parameter count for a LoRA run (the frozen base has no grads or AdamW state)."""
-    from trnqwen.contract import lora as contract_lora
-    from trnqwen.train import lora
+    from trnqwen.adapters.lora import plan as lora
 
-    spec = lora.spec_from_config(cfg)
-    if spec is None:
-        return None
-    try:
-        targets = lora.backend_targets(spec, cfg.backend, moe=bool(dims.num_experts))
-    except UsageError:
-        return None  # the recipe refuses the targets with the reason
-    return contract_lora.adapter_params(dims, spec, targets)
+    return lora.trainable(cfg, dims)
 
 
 def check_lora(report: PreflightReport, cfg: RunConfig, hf_config: Optional[dict[str, Any]] = None) -> None:
-    from trnqwen.contract import lora as contract_lora
-    from trnqwen.train import lora
+    """LoRA's own problems (:func:`trnqwen.adapters.lora.plan.preflight`) in the report."""
+    from trnqwen.adapters.lora import plan as lora
 
     if not cfg.lora:
         return
     try:
         dims = _dims_for(cfg, hf_config) if hf_config else None
-        spec = lora.spec_from_config(cfg)
-        targets = lora.backend_targets(spec, cfg.backend, moe=bool(dims.num_experts)) if dims and spec else ()
-    except (KeyError, TypeError, ValueError, UsageError):
-        targets = ()  # the memory check and the recipe report a config.json or target set they cannot read
-    too_small = contract_lora.rank_above_size(dims, cfg.lora_rank, tuple(targets)) if targets else {}
-    if too_small:
-        most = min(min(shape) for shape in too_small.values())
-        layers = ", ".join(f"{t} ({i} -> {o})" for t, (i, o) in too_small.items())
-        report.add(ERROR, "lora", f"--lora-rank {cfg.lora_rank} is above the size of {layers}: an update of such a "
-                   f"layer has rank {most} at most, the rest of the adapter would be parameters that add nothing",
-                   f"use --lora-rank {most} or less, or leave {', '.join(too_small)} out of --lora-targets")
-    warning = contract_lora.vllm_rank_warning(cfg.lora_rank)
-    if warning:
-        report.add(WARNING, "lora", warning, "use --lora-rank 8, 16, 32 or 64 to serve it with vLLM")
-    if not cfg.finetune:
-        report.add(WARNING, "lora", "LoRA without --finetune trains adapters on a randomly initialised base",
-                   "add --finetune to adapt the published weights")
+    except (KeyError, TypeError, ValueError):
+        dims = None  # the memory check reports a config.json it cannot read
+    for severity, problem, fix in lora.preflight(cfg, dims):
+        report.add(ERROR if severity == "error" else WARNING, "lora", problem, fix)
 
 
 def _against(report: PreflightReport, check: str, need: int, capacity: Optional[int], text: str, fix: str) -> None:

@@ -18,7 +18,7 @@ Each backend builds its config the way the published recipe does by hand
 
 Every module ends with ``return trnqwen_config(config, hooks=[...], backend=...)``: the same values under
 trnqwen's Trainer, checkpointer, metrics processor and validator (torchtitan's classes extended
-through its config: :mod:`trnqwen.runtime.trainer`), with the method's trainer hooks.
+through its config: :mod:`trnqwen.runtime.trainer`), with the adapter's and the method's trainer hooks.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from trnqwen.errors import EnvironmentProblem, UsageError
 from trnqwen import titan_compat as compat
 from trnqwen.contract import lora as contract_lora
 from trnqwen.contract import checkpoint_layout as checkpoints
-from trnqwen.train import lora, tracking
+from trnqwen.adapters.lora import plan as lora
+from trnqwen.train import tracking
 from trnqwen.train.memory import count_params  # one parameter formula for both
 from trnqwen.methods.base import MethodPlan
 from trnqwen.methods.planning import plan_method
@@ -79,7 +80,7 @@ class Plan:
     dims: Optional[compat.FlavorDims] = None
     rank_data: Optional[RankData] = None  # the token cache the ranks read (datasets the user names)
     lora: Optional[contract_lora.LoraSpec] = None
-    lora_targets: tuple[str, ...] = ()  # the HF targets this backend adapts (trnqwen.train.lora)
+    lora_targets: tuple[str, ...] = ()  # the HF targets this backend adapts (trnqwen.adapters.lora.plan)
     method: Optional[MethodPlan] = None  # the training method's plan (trnqwen.methods: None for SFT)
     schedule: Optional[Schedule] = None  # steps, LR curve, optimizer: resolved once (train/schedule.py)
     notes: list[str] = field(default_factory=list)
@@ -440,10 +441,12 @@ def _render(plan: Plan) -> str:
 
     body.append(f"config.hf_assets_path = {assets!r}")
     if plan.lora is not None:
-        lora_imports, lora_lines = lora.render_attach_lines(plan.lora, backend=cfg.backend, targets=plan.lora_targets)
+        lora_imports, lora_lines, lora_hooks = lora.render_attach_lines(plan.lora, backend=cfg.backend,
+                                                                        targets=plan.lora_targets)
         for line in lora_imports:
             imp(line)
         body += lora_lines
+        hooks += lora_hooks  # LoRA's: the base loaded without adapter keys, the adapter as the HF export
     if plan.rank_data is not None:
         data_imports, data_lines = titan_dataloader_code(
             plan.rank_data, seed=cfg.seed, val_every=sched.val_every, dp_degree=plan.topology.dp,

@@ -572,12 +572,13 @@ def _execute(
 
         record.extra["export_files"] = complete_run_export(record, exported)
         if plan.config.lora and result.exit_code == 0:  # the adapter, never the base; --merge beside it
-            from trnqwen.train.lora import finish_export
+            from trnqwen.adapters.lora.plan import finish_export
+            from trnqwen.ckpt.merge import merge_in_child
 
             record.save()  # the merge (a child process) reads the run's facts for its model card
             if plan.config.merge:
                 phase(f"merging the adapter into the base model (--merge) beside {exported.name} ...")
-            failure = finish_export(plan.config, exported, Path(record.assets_dir), record.extra)
+            failure = finish_export(plan.config, exported, Path(record.assets_dir), record.extra, merge=merge_in_child)
             if failure is not None:
                 _fail(result, record, *failure)
     if result.exit_code == 0 and plan.config.resolved_export_hf and plan.job.checkpoint_dir and exported is None:

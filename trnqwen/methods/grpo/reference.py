@@ -59,10 +59,11 @@ class StartingWeights:
     @classmethod
     def capture(cls, model: torch.nn.Module) -> StartingWeights:
         """This rank's starting values, now: LoRA's B matrices (zero), else every trainable parameter."""
-        from trnqwen.runtime import lora
+        from trnqwen.adapters.lora import titan as lora
+        from trnqwen.contract.peft_adapter import is_b_key
 
         if lora.active():
-            params = [p for name, p in model.named_parameters() if lora.is_b_key(name)]
+            params = [p for name, p in model.named_parameters() if is_b_key(name)]
             if not params:
                 raise RuntimeError("the GRPO reference found no LoRA B matrix to switch off")
             return cls(model, params, [None] * len(params))
@@ -75,7 +76,7 @@ class StartingWeights:
     def reload(cls, model: torch.nn.Module, trainer: Trainer) -> StartingWeights:
         """A resumed run's: LoRA as :meth:`capture`; a full fine-tune's from the checkpoint step 0
         loaded (torchtitan's initial load, again), the trained weights put back after."""
-        from trnqwen.runtime import lora
+        from trnqwen.adapters.lora import titan as lora
 
         if lora.active():
             return cls.capture(model)

@@ -1,6 +1,7 @@
 """LoRA inside the ranks of the torchtitan backends (native, hf-v5, nki-moe).
 
-The generated config module calls :func:`attach_lora` (trnqwen.train.lora renders the call), which
+The generated config module calls :func:`attach_lora` and passes :class:`LoraHook` to
+``trnqwen_config`` (:mod:`trnqwen.adapters.lora.plan` renders both), which
 
 * **native / nki-moe**: rewrites the model config with torchtitan's own ``LoRAConverter``
   (adapters ``lora_a``/``lora_b`` on the target Linear configs, every other module frozen);
@@ -16,7 +17,8 @@ The generated config module calls :func:`attach_lora` (trnqwen.train.lora render
 * wraps ``post_optimizer_build_fn`` to prove what the optimizer updates: one ``[LoRA]`` line per
   rank (``trainable N of M parameters (P%)``), and a stop before step 1 when anything but the
   adapters is trainable;
-* tells trnqwen's checkpointer (:mod:`trnqwen.runtime.trainer_checkpoint`, chosen by the config):
+* through :class:`LoraHook`, a trainer hook, tells trnqwen's checkpointer
+  (:mod:`trnqwen.runtime.trainer_checkpoint`, chosen by the config; it never imports this module):
   the initial HF load skips adapter keys (:func:`without_adapters`: the base checkpoint has none),
   and the HF export at the last step is the PEFT adapter (:func:`export_adapter`,
   :mod:`trnqwen.contract.peft_adapter`) instead of the base model, which torchtitan's Qwen3 ``to_hf`` would
@@ -28,27 +30,17 @@ Resumable checkpoints (DCP) keep base + adapters + optimizer state, so ``--resum
 from __future__ import annotations
 
 import os
-import re
 from typing import TYPE_CHECKING, Any, Optional
 
-from trnqwen.contract.peft_adapter import adapter_init, clean_fqn, hf_module_of_titan
 from trnqwen.contract.lora import LOG_MARK, LoraSpec, log_line, titan_target_names
+from trnqwen.contract.peft_adapter import adapter_init, clean_fqn, hf_module_of_titan, is_adapter_key
+from trnqwen.runtime.trainer import TrainerHook
 
 if TYPE_CHECKING:
+    from torchtitan.components.checkpointer.dcp import CheckpointManager
     from torchtitan.protocols.sharding import ShardingConfig
 
 _state: dict[str, Any] = {"spec": None, "backend": None, "exported": 0}
-ADAPTER_KEY = re.compile(r"(^|\.)(lora_a|lora_b|lora_A|lora_B)(\.|$)")
-B_KEY = re.compile(r"(^|\.)(lora_b|lora_B)(\.|$)")
-
-
-def is_adapter_key(name: str) -> bool:
-    return ADAPTER_KEY.search(name) is not None
-
-
-def is_b_key(name: str) -> bool:
-    """An adapter's B matrix (zero at the start: with every B zeroed the model is its base)."""
-    return B_KEY.search(name) is not None
 
 
 def _log(message: str) -> None:
@@ -281,7 +273,7 @@ def report_trainable(optimizers: Any, model_parts: list, spec: LoraSpec) -> None
 
 def without_adapters(state_dict: dict) -> dict:
     """The state dict to ask of the published HF base: it has no adapter keys, so the adapters keep
-    their init (trnqwen's checkpointer, :mod:`trnqwen.runtime.trainer_checkpoint`, calls this)."""
+    their init (:meth:`LoraHook.hf_load_state`, asked by trnqwen's checkpointer)."""
     return {k: v for k, v in state_dict.items() if not is_adapter_key(k)}
 
 
@@ -290,7 +282,7 @@ def active() -> bool:
     return _state["spec"] is not None
 
 
-def export_adapter(manager: Any, folder: str) -> None:
+def export_adapter(manager: CheckpointManager, folder: str) -> None:
     """Gather the adapters (full tensors, fp32) and write the PEFT folder on rank 0."""
     import torch
     import torch.distributed as dist
@@ -325,4 +317,21 @@ def _fused_dims(model: Any) -> Optional[tuple[int, int, int]]:
     return None
 
 
-__all__ = ["attach_lora", "inject_hf_adapters", "initialise_adapters", "freeze_base", "is_adapter_key", "export_adapter"]
+class LoraHook(TrainerHook):
+    """LoRA's part in trnqwen's checkpointer, passed by the generated config module beside
+    :func:`attach_lora`: the published base loads without adapter keys, and the last step's HF
+    export is the PEFT adapter folder."""
+
+    name = "lora"
+
+    def hf_load_state(self, state_dict: dict) -> dict:
+        return without_adapters(state_dict) if active() else state_dict
+
+    def hf_export(self, checkpointer: CheckpointManager, checkpoint_id: str) -> bool:
+        if not active():
+            return False
+        export_adapter(checkpointer, checkpoint_id)
+        return True
+
+
+__all__ = ["attach_lora", "LoraHook", "inject_hf_adapters", "initialise_adapters", "freeze_base", "export_adapter", "active"]

@@ -1,4 +1,8 @@
-"""The ``[LoRA]`` line in the log judge: did the run train only its adapters?
+"""The ``[LoRA]`` line in inspect-logs and its judge: did the run train only its adapters?
+
+inspect-logs imports these readers (``logs/`` sits above ``adapters/``); they read the parsed log
+and the run's context through :class:`LoraLog` and :class:`LoraContext`, what ``logs.record.ParsedLog``
+and ``logs.sources.RunContext`` hold, so this module imports nothing of ``logs/``.
 
 Every rank of a LoRA run logs one line before step 1 (:func:`trnqwen.contract.lora.log_line`,
 read back by :func:`~trnqwen.contract.lora.read_log_line` into ``ParsedLog.lora``).  The judge reads it back:
@@ -17,18 +21,42 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Optional, Protocol
 
-from trnqwen.contract.lora import LOG_MARK, read_log_line
+from trnqwen.constants import LORA_ALL_LINEAR
+from trnqwen.contract.lora import LOG_MARK, read_log_line, targets_of
 
-from trnqwen.logs.record import first_rank
 
-if TYPE_CHECKING:
-    from trnqwen.logs.record import ParsedLog
+class LoraLog(Protocol):
+    """What the readers ask of a parsed log (``trnqwen.logs.record.ParsedLog``)."""
+
+    primary_rank: Optional[int]
+    lora: dict[Optional[int], dict]  # process rank (None: unprefixed) -> its [LoRA] line read back
+
+
+class LoraContext(Protocol):
+    """What they ask of the run's context (``trnqwen.logs.sources.RunContext``)."""
+
+    lora: Optional[dict]  # the run config's adapter (:func:`configured`); None: not a LoRA run
+    rank_lora: dict  # rank -> its [LoRA] line from the run's per-rank logs (:func:`read_rank_logs`)
+    model_config: Optional[dict]  # the base's config.json
 
 _SETTINGS = ("trainable", "total", "rank", "alpha", "dropout", "adapters", "targets", "initialised")
 RANK_FILE_BYTES = 16 << 20  # the line comes before step 1: the head of each per-rank log is enough
 _NEEDLE = f"{LOG_MARK} trainable".encode()
+
+
+def configured(run_config: dict) -> dict:
+    """What the run config says the adapter is (as :func:`trnqwen.adapters.lora.plan.spec_from_config`
+    reads it): {rank, alpha, targets, backend}."""
+    rank = run_config.get("lora_rank")
+    ranked = isinstance(rank, int) and not isinstance(rank, bool) and rank > 0
+    alpha = run_config.get("lora_alpha")
+    if alpha is None and ranked:
+        alpha = 2.0 * int(rank)
+    targets = run_config.get("lora_targets") or LORA_ALL_LINEAR
+    return {"rank": int(rank) if ranked else None, "alpha": alpha,
+            "targets": list(targets_of(str(targets))), "backend": run_config.get("backend")}
 
 
 def read_rank_logs(rank_log_dir: Optional[Path]) -> dict[int, dict]:
@@ -58,17 +86,19 @@ def read_rank_logs(rank_log_dir: Optional[Path]) -> dict[int, dict]:
     return found
 
 
-def per_rank(log: "ParsedLog", ctx: Any) -> dict:
+def per_rank(log: LoraLog, ctx: LoraContext) -> dict:
     """The ranks' ``[LoRA]`` records: the per-rank logs of the run, then the log's own lines."""
     return {**(ctx.rank_lora or {}), **log.lora}
 
 
-def primary_line(log: "ParsedLog") -> Optional[dict]:
-    """The primary rank's ``[LoRA]`` record (else the lowest rank's)."""
-    return log.lora.get(log.primary_rank if log.primary_rank in log.lora else first_rank(log.lora))
+def primary_line(log: LoraLog) -> Optional[dict]:
+    """The primary rank's ``[LoRA]`` record (else the lowest rank's, the unprefixed stream first)."""
+    if log.primary_rank in log.lora:
+        return log.lora[log.primary_rank]
+    return log.lora.get(min(log.lora, key=lambda r: -1 if r is None else r, default=None))
 
 
-def expected_trainable(rec: dict, ctx: Any) -> Optional[int]:
+def expected_trainable(rec: dict, ctx: LoraContext) -> Optional[int]:
     """Adapter parameters the base's config.json implies for the line's rank and targets (None when
     the config is unknown, or the model was cut by the recipe: nki-moe)."""
     cfg = ctx.model_config
@@ -85,7 +115,7 @@ def expected_trainable(rec: dict, ctx: Any) -> Optional[int]:
     return adapter_params(dims, SimpleNamespace(rank=rec["rank"]), tuple(rec["targets"]))
 
 
-def lora_json(log: "ParsedLog", ctx: Any) -> Optional[dict]:
+def lora_json(log: LoraLog, ctx: LoraContext) -> Optional[dict]:
     """``--json``'s ``lora`` key: the primary rank's line, the ranks that logged one, the expected
     trainable count and the run config's settings; None for a run that is not LoRA."""
     rec = primary_line(log)
@@ -100,7 +130,7 @@ def lora_json(log: "ParsedLog", ctx: Any) -> Optional[dict]:
     }
 
 
-def check_lora(log: "ParsedLog", ctx: Any) -> list[tuple]:
+def check_lora(log: LoraLog, ctx: LoraContext) -> list[tuple]:
     """(severity, code, message[, lines]) of every LoRA finding (:mod:`trnqwen.logs.judge` makes them
     its ``Finding``; it imports this module)."""
     rec = primary_line(log)
@@ -147,7 +177,7 @@ def check_lora(log: "ParsedLog", ctx: Any) -> list[tuple]:
     return out
 
 
-def _differ(per_rank: dict[Any, dict]) -> Optional[str]:
+def _differ(per_rank: dict[Optional[int], dict]) -> Optional[str]:
     if len(per_rank) < 2:
         return None
     keys = [k for k in _SETTINGS if len({repr(rec[k]) for rec in per_rank.values()}) > 1]
@@ -158,7 +188,7 @@ def _differ(per_rank: dict[Any, dict]) -> Optional[str]:
     return f"{', '.join(keys)} ({shown})"
 
 
-def lora_row(log: "ParsedLog", ctx: Any) -> Optional[str]:
+def lora_row(log: LoraLog, ctx: LoraContext) -> Optional[str]:
     """The human table's ``LoRA`` row."""
     rec = primary_line(log)
     if rec is None:

@@ -1,5 +1,9 @@
 """LoRA inside the ranks of the ``hf-trainer`` backend: peft on the Transformers model.
 
+The hf-trainer spec names this module (``lora_module``, set by :mod:`trnqwen.adapters.lora.plan`);
+:mod:`trnqwen.runtime.hf_trainer` imports it by that name and calls :func:`attach`, :func:`callback`
+and :func:`export` (the ranks never import ``trnqwen.adapters`` by name).
+
 As the Neuron docs' TRL + PEFT tutorial does, the adapters come from peft itself:
 ``get_peft_model(model, LoraConfig(r, lora_alpha, lora_dropout, target_modules=<HF names>))`` on the
 loaded model (sharded at load by ``DistributedConfig`` or not).  Then trnqwen's own parts:
@@ -25,9 +29,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterator, Optional
 
-from trnqwen.contract.peft_adapter import PEFT_PREFIX, adapter_init, clean_fqn
-from trnqwen.runtime.lora import is_adapter_key
 from trnqwen.contract.lora import LOG_MARK, LoraSpec, log_line
+from trnqwen.contract.peft_adapter import PEFT_PREFIX, adapter_init, clean_fqn, is_adapter_key
 
 ADAPTER_NAME = "default"  # peft's name for the one adapter get_peft_model adds
 

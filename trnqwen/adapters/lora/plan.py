@@ -17,22 +17,26 @@ something the user did not ask for):
   out of reach and ``all-linear`` means attention only there (the plan says so).
 
 The spec (:class:`trnqwen.contract.lora.LoraSpec`, with the ``[LoRA]`` line the ranks log)
-travels to the ranks as JSON inside the generated config module (:func:`render_attach_lines`),
-so a hand re-run of that module trains the same adapter.
+travels to the ranks as JSON inside the generated config module (:func:`render_attach_lines`: the
+``attach_lora`` call and :class:`~trnqwen.adapters.lora.titan.LoraHook`), so a hand re-run of that
+module trains the same adapter; the hf-trainer spec carries it beside :data:`HF_TRAINER_MODULE`.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from trnqwen.assets import base_identity
 from trnqwen.config import RunConfig
 from trnqwen.constants import LORA_TARGETS
-from trnqwen.contract.lora import LoraSpec, targets_of
+from trnqwen.contract.lora import LoraSpec, adapter_params, rank_above_size, targets_of, vllm_rank_warning
 from trnqwen.errors import UsageError
+from trnqwen.titan_compat import FlavorDims
 
+# the hf-trainer ranks' LoRA code (the spec's lora_module): imported by name, runtime/ never imports adapters/
+HF_TRAINER_MODULE = "trnqwen.adapters.lora.hf_trainer"
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 
@@ -81,6 +85,45 @@ def backend_targets(spec: LoraSpec, backend: str, *, moe: bool = False) -> tuple
     return targets
 
 
+def trainable(cfg: RunConfig, dims: FlavorDims) -> Optional[int]:
+    """The adapters' parameter count for ``cfg``'s LoRA run on a base of ``dims`` (None: not a LoRA
+    run, or targets the backend refuses: the recipe says why)."""
+    spec = spec_from_config(cfg)
+    if spec is None:
+        return None
+    try:
+        targets = backend_targets(spec, cfg.backend, moe=bool(dims.num_experts))
+    except UsageError:
+        return None
+    return adapter_params(dims, spec, targets)
+
+
+def preflight(cfg: RunConfig, dims: Optional[FlavorDims]) -> list[tuple[str, str, str]]:
+    """(severity ``error``/``warning``, problem, fix) of a LoRA run's settings, for the preflight
+    report: a rank above a target's size, a rank vLLM does not serve, a randomly initialised base.
+    ``dims``: the base's (None: config.json unread; the memory check says so)."""
+    out: list[tuple[str, str, str]] = []
+    try:
+        spec = spec_from_config(cfg)
+        targets = backend_targets(spec, cfg.backend, moe=bool(dims.num_experts)) if dims and spec else ()
+    except UsageError:
+        targets = ()  # the recipe refuses the target set with the reason
+    too_small = rank_above_size(dims, cfg.lora_rank, tuple(targets)) if dims and targets else {}
+    if too_small:
+        most = min(min(shape) for shape in too_small.values())
+        layers = ", ".join(f"{t} ({i} -> {o})" for t, (i, o) in too_small.items())
+        out.append(("error", f"--lora-rank {cfg.lora_rank} is above the size of {layers}: an update of such a "
+                    f"layer has rank {most} at most, the rest of the adapter would be parameters that add nothing",
+                    f"use --lora-rank {most} or less, or leave {', '.join(too_small)} out of --lora-targets"))
+    warning = vllm_rank_warning(cfg.lora_rank)
+    if warning:
+        out.append(("warning", warning, "use --lora-rank 8, 16, 32 or 64 to serve it with vLLM"))
+    if not cfg.finetune:
+        out.append(("warning", "LoRA without --finetune trains adapters on a randomly initialised base",
+                    "add --finetune to adapt the published weights"))
+    return out
+
+
 def plan_note(spec: LoraSpec, targets: tuple[str, ...], *, backend: str, trainable: Optional[int],
               total: Optional[int]) -> str:
     total = total + trainable if trainable and total else total  # as the ranks count: base + adapters
@@ -93,33 +136,36 @@ def plan_note(spec: LoraSpec, targets: tuple[str, ...], *, backend: str, trainab
     )
 
 
-def finish_export(cfg: RunConfig, exported: Path, assets_dir: Path, extra: dict) -> Optional[tuple[str, str]]:
+def finish_export(cfg: RunConfig, exported: Path, assets_dir: Path, extra: dict, *,
+                  merge: Callable[[Path, Path], dict]) -> Optional[tuple[str, str]]:
     """After a LoRA run: its export must be the adapter (a base-model export would be the base,
-    unchanged); ``--merge`` writes the merged folder beside it in a child process (the launcher
-    never imports torch), recorded in ``extra["merged"]``.  (ended_by, error) when either fails."""
+    unchanged); ``--merge`` writes the merged folder beside it with ``merge(adapter, base)`` (the
+    launcher hands in ``ckpt.merge.merge_in_child``: a child process, the launcher never imports
+    torch), recorded in ``extra["merged"]``.  (ended_by, error) when either fails."""
     from trnqwen.contract.peft_adapter import is_adapter_folder
 
     if not is_adapter_folder(exported):
         return "no adapter", f"a LoRA run exported {exported} without its adapter (no adapter_config.json)"
     if cfg.merge:
-        from trnqwen.ckpt.merge import merge_in_child
-
-        merged = extra["merged"] = merge_in_child(exported, assets_dir)
+        merged = extra["merged"] = merge(exported, assets_dir)
         if "error" in merged:
             return "merge failed", f"the adapter was exported to {exported}, but merging it failed: {merged['error']}"
     return None
 
 
-def render_attach_lines(spec: LoraSpec, *, backend: str, targets: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """(imports, body lines) for the generated config module: attach LoRA to the config."""
+def render_attach_lines(spec: LoraSpec, *, backend: str,
+                        targets: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
+    """(imports, body lines, trainer hooks) for the generated config module: attach LoRA to the
+    config; its hook (``LoraHook()``) joins ``trnqwen_config(config, hooks=[...])``."""
     spec = LoraSpec(**{**asdict(spec), "targets": targets})
     return (
-        ["from trnqwen.runtime.lora import attach_lora"],
+        ["from trnqwen.adapters.lora.titan import LoraHook, attach_lora"],
         [
-            f"# LoRA (trnqwen.train.lora): frozen base, adapters on {','.join(targets)}; the export is a PEFT adapter",
+            f"# LoRA (trnqwen.adapters.lora): frozen base, adapters on {','.join(targets)}; the export is a PEFT adapter",
             f"attach_lora(config, {spec.to_json()!r}, backend={backend!r})",
         ],
+        ["LoraHook()"],  # the base loaded without adapter keys; the HF export is the adapter
     )
 
 
-__all__ = ["spec_from_config", "backend_targets", "plan_note", "render_attach_lines", "finish_export"]
+__all__ = ["spec_from_config", "backend_targets", "trainable", "preflight", "plan_note", "render_attach_lines", "finish_export", "HF_TRAINER_MODULE"]
