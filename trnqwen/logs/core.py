@@ -156,12 +156,9 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
     emitter = _Emitter(on_step, on_validation)
     if inp.is_stdin:
         parser = LogParser(inp.label)
-        stream = sys.stdin.buffer
+        read = getattr(sys.stdin.buffer, "read1", sys.stdin.buffer.read)
         try:
-            while True:
-                block = stream.read1(chunk_size) if hasattr(stream, "read1") else stream.read(chunk_size)
-                if not block:
-                    break
+            while block := read(chunk_size):
                 parser.feed(block)
                 emitter.emit(parser.log, parser.current_steps())
         except KeyboardInterrupt:
