@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from trnqwen.cli._base_options import ConfigFileOpt, JsonOpt, user_paths  # not _options: no pydantic for a log path
+
+if TYPE_CHECKING:
+    from trnqwen.logs.record import ParsedLog
 
 HELP = "Read a torchtitan training log (file, run dir, stdin; default: the last run) and judge the run."
 EPILOG = """\
@@ -243,7 +246,7 @@ def _run_compare(a_inp, b_inp, json_out, csv_file, plot_file, judge_kw) -> None:
         _render_compare(cmp)
 
 
-def _compare(a, b) -> dict:
+def _compare(a: "ParsedLog", b: "ParsedLog") -> dict:
     """--compare: per-step losses side by side and their difference (like torchtitan's loss comparison)."""
     rows = []
     for st in sorted(set(a.steps) | set(b.steps)):
@@ -259,7 +262,7 @@ def _compare(a, b) -> dict:
             "identical": bool(diffs) and all(d == 0 for d in diffs)}
 
 
-def _finite(x):
+def _finite(x: Optional[float]) -> Optional[float]:
     """JSON-safe: NaN/Inf become None."""
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
