@@ -12,12 +12,16 @@ Examples:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from trnqwen.cli._base_options import ConfigFileOpt, JsonOpt, user_paths  # not _options: no pydantic for a log path
+
+if TYPE_CHECKING:
+    from trnqwen.logs.record import ParsedLog
 
 HELP = "Read a torchtitan training log (file, run dir, stdin; default: the last run) and judge the run."
 EPILOG = """\
@@ -210,7 +214,7 @@ def _run_compare(a_inp, b_inp, json_out, csv_file, plot_file, judge_kw) -> None:
 
     a = core.inspect_input(a_inp, **judge_kw)
     b = core.inspect_input(b_inp, **judge_kw)
-    cmp = report.compare(a.log, b.log)
+    cmp = _compare(a.log, b.log)
     cmp["evaluation"] = {"a": a.ctx.evaluation or None, "b": b.ctx.evaluation or None}  # trnqwen eval, when run
     if csv_file is not None:
         import csv
@@ -239,7 +243,55 @@ def _run_compare(a_inp, b_inp, json_out, csv_file, plot_file, judge_kw) -> None:
         cmp["findings"] = [dict(f.as_dict(), source="a") for f in a.findings] + [dict(f.as_dict(), source="b") for f in b.findings]
         output.print_json(cmp)
     else:
-        report.render_compare(cmp)
+        _render_compare(cmp)
+
+
+def _compare(a: "ParsedLog", b: "ParsedLog") -> dict:
+    """--compare: per-step losses side by side and their difference (like torchtitan's loss comparison)."""
+    rows = []
+    for st in sorted(set(a.steps) | set(b.steps)):
+        ra, rb = (log.steps[st] if st in log.steps else {} for log in (a, b))
+        la, lb = ra.get("loss"), rb.get("loss")
+        both = all(isinstance(x, (int, float)) and math.isfinite(x) for x in (la, lb))
+        rows.append({"step": st, "loss_a": _finite(la), "loss_b": _finite(lb), "loss_diff": lb - la if both else None,
+                     **{f"{k}_{side}": r.get(k) for k in ("tps", "memory_gib") for side, r in (("a", ra), ("b", rb))}})
+    diffs = [r["loss_diff"] for r in rows if r["loss_diff"] is not None]
+    return {"a": a.source, "b": b.source, "steps": rows, "common_steps": len(diffs),
+            "max_abs_loss_diff": max((abs(d) for d in diffs), default=None),
+            "mean_loss_diff": sum(diffs) / len(diffs) if diffs else None,
+            "identical": bool(diffs) and all(d == 0 for d in diffs)}
+
+
+def _finite(x: Optional[float]) -> Optional[float]:
+    """JSON-safe: NaN/Inf become None."""
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def _render_compare(cmp: dict) -> None:
+    from rich.table import Table
+
+    from trnqwen import output
+    from trnqwen.logs.report import render_evaluation
+
+    con = output.console(stderr=False)
+    t = Table(title=f"compare: A = {cmp['a']}   B = {cmp['b']}", title_justify="left")
+    for col in ("step", "loss A", "loss B", "B - A", "tps A", "tps B", "mem A GiB", "mem B GiB"):
+        t.add_column(col, justify="right")
+    for r in cmp["steps"]:
+        d = r["loss_diff"]
+        dtxt = "-" if d is None else f"{d:+.5f}"
+        if d is not None and abs(d) > 1e-3:
+            dtxt = f"[yellow]{dtxt}[/yellow]"
+        t.add_row(str(r["step"]), _f(r["loss_a"], ".5f"), _f(r["loss_b"], ".5f"), dtxt,
+                  _f(r["tps_a"], ","), _f(r["tps_b"], ","), _f(r["memory_gib_a"], ".2f"), _f(r["memory_gib_b"], ".2f"))
+    con.print(t)
+    if cmp["common_steps"]:
+        verdict = "identical losses" if cmp["identical"] else f"max |B - A| = {cmp['max_abs_loss_diff']:.6f}, mean B - A = {cmp['mean_loss_diff']:+.6f}"
+        con.print(f"{cmp['common_steps']} common step(s): {verdict}")
+    else:
+        con.print("no step is in both logs")
+    for side in ("a", "b"):
+        render_evaluation((cmp.get("evaluation") or {}).get(side) or {}, console=con, label=f" ({side.upper()})")
 
 
 def _run_follow(inp, json_out, csv_file, plot_file, strict, idle_timeout, judge_kw) -> None:

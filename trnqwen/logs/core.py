@@ -33,39 +33,30 @@ class Inspection:
         return any(f.severity == "error" for f in self.findings)
 
 
-# compressed logs: magic bytes -> (name, opener); zstd has no reader in the standard library
-_COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
-_ZSTD = b"\x28\xb5\x2f\xfd"
+# compressed logs: magic bytes -> (name, the standard library module that reads it); zstd has none
+_COMPRESSED = {b"\x1f\x8b": ("gzip", "gzip"), b"BZh": ("bzip2", "bz2"), b"\xfd7zXZ\x00": ("xz", "lzma"),
+               b"\x28\xb5\x2f\xfd": ("zstd", None)}
 
 
-def _compression(head: bytes) -> Optional[str]:
-    for magic, name in _COMPRESSED.items():
-        if head.startswith(magic):
-            return name
-    if head.startswith(_ZSTD):
+def _compression(head: bytes) -> Optional[tuple[str, Optional[str]]]:
+    found = next((kind for magic, kind in _COMPRESSED.items() if head.startswith(magic)), None)
+    if found is not None and found[1] is None:
         raise UsageError("the log is zstd-compressed, which trnqwen cannot read", hint="decompress it first: zstd -d FILE.zst")
-    return None
-
-
-def _decompressing(raw: BinaryIO, kind: str) -> BinaryIO:
-    import bz2
-    import gzip
-    import lzma
-
-    return {"gzip": lambda: gzip.GzipFile(fileobj=raw), "bzip2": lambda: bz2.BZ2File(raw),
-            "xz": lambda: lzma.LZMAFile(raw)}[kind]()
+    return found
 
 
 def _read(stream: BinaryIO, label: str, chunk_size: int) -> ParsedLog:
     """Parse a log stream to its end (bounded memory, one process), gzip/bzip2/xz decompressed as
     it is read."""
+    import importlib
     import lzma
     import zlib
 
     kind = None
     try:
-        kind = _compression(stream.peek(6)[:6]) if hasattr(stream, "peek") else None
-        return parse_stream(_decompressing(stream, kind) if kind else stream, label, chunk_size=chunk_size)
+        found = _compression(stream.peek(6)[:6]) if hasattr(stream, "peek") else None
+        kind = found and found[0]
+        return parse_stream(importlib.import_module(found[1]).open(stream) if found else stream, label, chunk_size=chunk_size)
     except EOFError:
         raise UsageError(f"{label} is a cut-off {kind} file (it ends before its end-of-stream marker)",
                          hint="copy the whole file again, or pass the uncompressed log") from None
@@ -165,12 +156,9 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
     emitter = _Emitter(on_step, on_validation)
     if inp.is_stdin:
         parser = LogParser(inp.label)
-        stream = sys.stdin.buffer
+        read = getattr(sys.stdin.buffer, "read1", sys.stdin.buffer.read)
         try:
-            while True:
-                block = stream.read1(chunk_size) if hasattr(stream, "read1") else stream.read(chunk_size)
-                if not block:
-                    break
+            while block := read(chunk_size):
                 parser.feed(block)
                 emitter.emit(parser.log, parser.current_steps())
         except KeyboardInterrupt:
@@ -187,7 +175,7 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
     except OSError:
         kind = None
     if kind:
-        raise UsageError(f"{inp.label} is {kind}-compressed: a compressed log does not grow", hint="drop --follow to read it")
+        raise UsageError(f"{inp.label} is {kind[0]}-compressed: a compressed log does not grow", hint="drop --follow to read it")
     parser = LogParser(inp.label)
     stream = StreamSteps(run_method(inp.record))  # the run's metrics stream, once it has one
     reader = None

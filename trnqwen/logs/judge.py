@@ -310,12 +310,10 @@ def _check_overrides(log: ParsedLog, ctx: RunContext) -> list[Finding]:
                            "the model's layer count is unknown, so missing layers at the end can't be seen (pass --expect-layers N)"))
     # "Applied N override(s)" against the lines seen, per rank
     primary = log.primary_rank if log.primary_rank in log.applied else next(iter(log.applied), None)
-    if primary in log.applied:
-        total_lines = len(log.overrides.get(primary, []))
-        for count, line in log.applied[primary][-1:]:
-            if count != total_lines:
-                out.append(Finding("warning", "override-count-mismatch",
-                                   f"torchtitan says it applied {count} override(s), but {total_lines} [Override] line(s) were logged", [line]))
+    for count, line in log.applied.get(primary, [])[-1:]:
+        if count != len(log.overrides.get(primary, [])):
+            out.append(Finding("warning", "override-count-mismatch", f"torchtitan says it applied {count} override(s), "
+                               f"but {len(log.overrides.get(primary, []))} [Override] line(s) were logged", [line]))
     counts = {r: len(v) for r, v in log.overrides.items() if r is not None}
     if len(set(counts.values())) > 1:
         base = len(log.primary_overrides())

@@ -148,10 +148,18 @@ def _mesh(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.world_size_hints["mesh"] = size
 
 
-def _trainer(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
-    log.trainer.update({k: int(v) for k, v in m.groupdict().items() if v is not None})
+def _keep(name: str, value: Callable[["re.Match[str]", LineAt], object], *, primary: bool = False, first: bool = False):
+    """A store that sets the log's ``name`` to ``value(match, at)``; ``primary``: only from the primary
+    rank; ``first``: only while it is unset (a resumed log keeps its first attempt's)."""
+    def store(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+        if (at.primary or not primary) and not (first and getattr(log, name)):
+            setattr(log, name, value(m, at))
+
+    return store
 
 
+def _launcher_world(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    log.world_size_hints.setdefault("launcher", int(m.group(1)))
 
 
 def _model_size(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
@@ -176,36 +184,6 @@ def _model_args(log: "ParsedLog", text: str) -> None:
     n = _LAYERS_ARG_RE.search(text)
     if n is not None:
         log.num_layers = log.num_layers or int(n.group(1))
-
-
-def _job(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
-    log.job_description = log.job_description or m.group(1).strip()[:300]
-
-
-def _version(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
-    log.torchtitan_version = m.group("version")
-
-
-def _starts(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
-    if at.primary and log.start_step is None:  # the first attempt's: a resumed log still holds its step 1
-        log.start_step = int(m.group(1))
-
-
-def _completed(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
-    if at.primary:
-        log.completed_line = at.lineno
-
-
-def _peak_flops(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
-    log.trainer.setdefault("peak_flops", to_number(m.group(1)))
-
-
-def _compiled(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
-    log.compiled_line = log.compiled_line or at.lineno
-
-
-def _launcher_world(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
-    log.world_size_hints.setdefault("launcher", int(m.group(1)))
 
 
 def _override_calls(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
@@ -296,22 +274,28 @@ _OWN_LINES: tuple[LinePattern, ...] = (
     LinePattern("trainer", re.compile(
         r"Trainer is initialized with local batch size (?P<local_batch>\d+), global batch size (?P<global_batch>-?\d+), "
         r"gradient accumulation steps (?P<grad_accum>\d+), sequence length (?P<seq_len>\d+), total steps (?P<steps>\d+)"
-        r"(?: \(warmup (?P<warmup>\d+)\))?"), _trainer, ("Trainer is initialized",)),
+        r"(?: \(warmup (?P<warmup>\d+)\))?"),
+        lambda log, m, at: log.trainer.update({k: int(v) for k, v in m.groupdict().items() if v is not None}), ("Trainer is initialized",)),
     # "Building qwen3 4B", "Building qwen3 4B with Qwen3ModelArgs(...)"; torchtitan 0.2.x: "Building qwen3
     # 4Bwith {" (model args as JSON on the following lines, read by the "vocab" pattern)
     LinePattern("model", re.compile(r"^\s*Building (?P<name>[\w.\-/]+) (?P<flavor>[\w.\-]+)(?:\s*$| ?with (?P<args>.*)$)"),
                 _building, ("Building ",)),
-    LinePattern("job", re.compile(r"Starting job: (.+)$"), _job, ("Starting job: ",)),
+    LinePattern("job", re.compile(r"Starting job: (.+)$"), _keep("job_description", lambda m, at: m.group(1).strip()[:300], first=True),
+                ("Starting job: ",)),
     LinePattern("vocab", _VOCAB_ARG_RE, lambda log, m, at: _model_args(log, m.string), ("vocab",), True),
     LinePattern("layers", _LAYERS_ARG_RE, lambda log, m, at: _model_args(log, m.string), ("n_layers", "num_layers")),
     LinePattern("model-size", re.compile(r"Model (?P<name>\S+) (?P<flavor>\S+) size: (?P<params>[\d,]+) total parameters"), _model_size, (" total parameters",)),
-    LinePattern("torchtitan-version", re.compile(r"torchtitan version: (?P<version>\S+)"), _version, ("torchtitan version: ",)),
-    LinePattern("start-step", re.compile(r"Training starts at step (\d+)"), _starts, ("Training starts at step ",)),
-    LinePattern("completed", re.compile(r"Training completed"), _completed, ("Training completed",)),
+    LinePattern("torchtitan-version", re.compile(r"torchtitan version: (?P<version>\S+)"),
+                _keep("torchtitan_version", lambda m, at: m.group("version")), ("torchtitan version: ",)),
+    LinePattern("start-step", re.compile(r"Training starts at step (\d+)"),
+                _keep("start_step", lambda m, at: int(m.group(1)), primary=True, first=True), ("Training starts at step ",)),
+    LinePattern("completed", re.compile(r"Training completed"), _keep("completed_line", lambda m, at: at.lineno, primary=True),
+                ("Training completed",)),
     # torchtitan's torch.compile lines (distributed/compile.py, components/loss.py), the Neuron compiler's
-    LinePattern("compiled", re.compile(r"with torch\.compile|Compiler status PASS|neuronx-cc compil"), _compiled,
-                ("torch.compile", "Compiler status", "neuronx-cc")),
-    LinePattern("peak-flops", re.compile(r"Peak FLOPS used for computing MFU: (\S+)"), _peak_flops, ("Peak FLOPS used",)),
+    LinePattern("compiled", re.compile(r"with torch\.compile|Compiler status PASS|neuronx-cc compil"),
+                _keep("compiled_line", lambda m, at: at.lineno, first=True), ("torch.compile", "Compiler status", "neuronx-cc")),
+    LinePattern("peak-flops", re.compile(r"Peak FLOPS used for computing MFU: (\S+)"),
+                lambda log, m, at: log.trainer.setdefault("peak_flops", to_number(m.group(1))), ("Peak FLOPS used",)),
     LinePattern("override-calls", CALLS_RE, _override_calls, (CALLS_TAG,)),
     LinePattern("lora", LORA_RE, _lora, (LORA_TAG,)),
 )

@@ -143,21 +143,15 @@ def in_run_dir(record: RunRecord, run_dir: Path, value: str) -> Path:
 def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None, vocab_size: Optional[int] = None,
                 steps: Optional[int] = None, finetune: Optional[bool] = None) -> RunContext:
     """Gather what the judge needs; explicit arguments win over the run record."""
-    ctx = RunContext()
     record = inp.record if inp is not None else None
-    ctx.run_dir = inp.run_dir if inp is not None else None
-    ctx.record = record
+    ctx = RunContext(run_dir=inp.run_dir if inp is not None else None, record=record)
     cfg: dict[str, Any] = dict(record.config) if record is not None and isinstance(record.config, dict) else {}
     extra: dict[str, Any] = dict(record.extra) if record is not None and isinstance(record.extra, dict) else {}
     if record is not None:
         ctx.status = record.status
         ctx.ended = record.status not in ("created", "running") or record.ended_at is not None
     ctx.configured_steps = _first((steps, "flag"), (record.steps if record else None, "run.json"), (cfg.get("steps"), "run config"))[0]
-    # fine-tune?
-    if finetune is not None:
-        ctx.finetune = finetune
-    elif "finetune" in cfg:
-        ctx.finetune = bool(cfg.get("finetune"))
+    ctx.finetune = finetune if finetune is not None else bool(cfg["finetune"]) if "finetune" in cfg else None
     # model config.json
     model_cfg, model_cfg_path = _model_config(record, cfg, ctx.run_dir)
     ctx.model_config = model_cfg
@@ -212,19 +206,16 @@ def _cfg_get(cfg: dict, key: str) -> Any:
 
 
 def _model_config(record: Optional[RunRecord], cfg: dict, run_dir: Optional[Path]) -> tuple[Optional[dict], Optional[Path]]:
-    candidates = []
+    """The base model's config.json (run.json's assets folder, else the run config's), and its path."""
+    from trnqwen.assets import CONFIG_NAME, read_config_json
+
     for value in (record.assets_dir if record is not None else None, cfg.get("assets_dir")):
-        if value:
-            candidates.append(in_run_dir(record, run_dir, str(value)) if record is not None and run_dir is not None else Path(str(value)))
-    for base in candidates:
+        if not value:
+            continue
+        base = in_run_dir(record, run_dir, str(value)) if record is not None and run_dir is not None else Path(str(value))
         if not base.is_absolute() and run_dir is not None and not base.exists():
             base = run_dir / base
-        path = base / "config.json"
-        try:
-            if path.is_file() and path.stat().st_size < (4 << 20):
-                data = json.loads(path.read_text(encoding="utf-8"))
-                if isinstance(data, dict):
-                    return data, path
-        except (OSError, ValueError):
-            continue
+        data = read_config_json(base)
+        if data is not None:
+            return data, base / CONFIG_NAME
     return None, None
