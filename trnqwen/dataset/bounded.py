@@ -91,6 +91,7 @@ class Chunk:
     targets: np.ndarray
     truncated: tuple[int, Optional[str]]
     dropped: dict[str, tuple[int, str]]
+    renders: tuple[int, int] = (0, 0)  # chat-template renders pasted from role skeletons, rendered by jinja (skeleton.py)
 
 
 @dataclass
@@ -104,20 +105,23 @@ class Encoder:
     context: dict[str, Any]
 
     def __call__(self, records: list[Record], fmt: str) -> Chunk:
-        from trnqwen.dataset import chat
+        from trnqwen.dataset import chat, skeleton
         from trnqwen.dataset.formats import normalise
         from trnqwen.dataset.packing import fit_documents
 
+        pasted, rendered = skeleton.COUNTS.totals()
         examples = normalise(records, fmt)
         texts, spans = chat.render(self.tokenizer, examples, train_on_inputs=self.train_on_inputs, context=self.context)
         docs = chat.tokenize(self.tokenizer, texts, spans)
         fitted = fit_documents(docs, self.seq_len, self.policy)
         cut = np.zeros(len(docs), dtype=np.int32)
         cut[fitted.keep] = fitted.lengths
+        after = skeleton.COUNTS.totals()
         return Chunk(ids=np.ascontiguousarray(docs.ids, dtype=np.int32), trained=docs.trained.astype(np.uint8),
                      lengths=docs.lengths.astype(np.int32), cut=cut, targets=fitted.targets.astype(np.int32),
                      truncated=(len(fitted.truncated), examples[fitted.truncated[0]].where if fitted.truncated else None),
-                     dropped={reason: (len(i), examples[i[0]].where) for reason, i in fitted.dropped.items()})
+                     dropped={reason: (len(i), examples[i[0]].where) for reason, i in fitted.dropped.items()},
+                     renders=(after[0] - pasted, after[1] - rendered))
 
 
 @dataclass
@@ -130,6 +134,7 @@ class DocStore:
     tokens: int = 0
     truncated: list[Any] = field(default_factory=lambda: [0, None])  # [count, first record's where]
     dropped: dict[str, list[Any]] = field(default_factory=dict)  # reason -> [count, first record's where]
+    renders: list[int] = field(default_factory=lambda: [0, 0])  # Chunk.renders, summed
 
     def __post_init__(self) -> None:
         self.ids_path, self.trained_path = self.folder / "ids.bin", self.folder / "trained.bin"
@@ -146,6 +151,7 @@ class DocStore:
             seen[0] += count
         self.count += len(chunk.lengths)
         self.tokens += len(chunk.ids)
+        self.renders = [self.renders[0] + chunk.renders[0], self.renders[1] + chunk.renders[1]]
 
     def close(self) -> None:
         for fh in self._files.values():

@@ -24,7 +24,9 @@ the whole conversation's rendering (thinking templates rewrite earlier turns), s
 is checked for every turn of every conversation, and a conversation that breaks it stops the run
 with its record named: a silently wrong mask is never produced.
 
-Rendering uses transformers' compiled template in batches; ``encode.py`` turns the
+Rendering uses transformers' compiled template in batches, or, for a template that provably
+only pastes the messages' contents, one skeleton per role sequence (``skeleton.py``: the same
+texts without a jinja render per conversation); ``encode.py`` turns the
 texts and spans into token ids and trained flags.
 """
 
@@ -37,6 +39,7 @@ from typing import Any, Optional
 from trnqwen.dataset.encode import TokenizedDocs, tokenize  # noqa: F401  (the pipeline's next step)
 from trnqwen.assets import TOKENIZER_FILES, has_tokenizer
 from trnqwen.dataset.formats import Example
+from trnqwen.dataset.skeleton import Skeletons
 from trnqwen.errors import EnvironmentProblem, UsageError
 
 END_OF_TURN = "<|im_end|>"
@@ -151,6 +154,10 @@ def check_special_tokens(tokenizer, examples: list[Example]) -> None:
     if not specials:
         return
     pattern = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
+    if not any("\x00" in s for s in specials):  # one search of every content, "\x00" between them: none found, none there
+        joined = "\x00".join(message["content"] for example in examples for message in example.messages or ())
+        if not pattern.search(joined):
+            return
     for example in examples:
         for i, message in enumerate(example.messages or (), start=1):
             found = pattern.search(message["content"])
@@ -186,12 +193,11 @@ def _check_tools_rendered(example: Example, text: str) -> None:
 
 
 def _answer_span(example: Example, m: int, full: str, prefix: str, marker: str, before: list[tuple[int, int]]) -> tuple[int, int]:
-    turn = sum(1 for msg in example.messages[: m + 1] if msg["role"] == "assistant")
     hint = ("use a template that renders earlier turns the same way whatever follows them "
             "(e.g. the model's non-thinking template), or --train-on-inputs")
     if not full.startswith(prefix) or (before and len(prefix) < before[-1][1]):
         raise UsageError(
-            f"{example.where}: the chat template renders assistant turn {turn} differently inside the "
+            f"{example.where}: the chat template renders assistant turn {_turn(example, m)} differently inside the "
             "whole conversation than after its own prefix, so its answer cannot be located exactly",
             hint=hint,
         )
@@ -199,28 +205,33 @@ def _answer_span(example: Example, m: int, full: str, prefix: str, marker: str, 
     end = full.find(marker, start)
     if end < 0:
         raise UsageError(
-            f"{example.where}: assistant turn {turn} is not closed by {marker} in the rendered template",
+            f"{example.where}: assistant turn {_turn(example, m)} is not closed by {marker} in the rendered template",
             hint="the model's chat template must end each turn with its end-of-turn token",
         )
     end += len(marker)
     visible = example.messages[m]["content"].split("</think>")[-1].strip()
     if visible and visible not in full[start:end]:
         raise UsageError(
-            f"{example.where}: assistant turn {turn}'s text is not where the template's prefix says it is",
+            f"{example.where}: assistant turn {_turn(example, m)}'s text is not where the template's prefix says it is",
             hint=hint,
         )
     return start, end
 
 
+def _turn(example: Example, m: int) -> int:
+    """Which assistant turn (1-based) message ``m`` is (an error's wording)."""
+    return sum(1 for msg in example.messages[: m + 1] if msg["role"] == "assistant")
+
+
 def _render_batched(tokenizer, conversations: list, examples: list[Example], *, generation_prompt: bool,
                     context: dict[str, Any]) -> list[str]:
-    render_many = _batch_renderer(tokenizer, context)
+    skeletons = Skeletons(tokenizer.get_chat_template(), _batch_renderer(tokenizer, context))
     out: list[str] = []
     for lo in range(0, len(conversations), _BATCH):
         chunk = conversations[lo : lo + _BATCH]
         chunk_examples = examples[lo : lo + _BATCH]
         try:
-            out.extend(render_many(chunk, generation_prompt, [ex.tools for ex in chunk_examples]))
+            out.extend(skeletons.render(chunk, generation_prompt, [ex.tools for ex in chunk_examples]))
         except Exception:  # find the record that breaks the template, one by one
             for conversation, example in zip(chunk, chunk_examples):
                 out.append(_render_one(tokenizer, conversation, example, generation_prompt, context))

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
 
 import numpy as np
 
 _CHECKED_DOCS = 32
+_first = itemgetter(0)
 
 
 @dataclass
@@ -59,7 +62,7 @@ def tokenize(tokenizer, texts: list[str], spans: list[list[tuple[int, int]]]) ->
 def _trained(texts, spans, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Put every document on one global character axis so one searchsorted serves them all."""
     text_base = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts)), out=text_base[1:])
+    np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), out=text_base[1:])
     global_starts = starts + np.repeat(text_base[:-1], lengths)
     flat = np.array([(text_base[d] + s, text_base[d] + e) for d, doc in enumerate(spans) for s, e in doc],
                     dtype=np.int64).reshape(-1, 2)
@@ -94,43 +97,42 @@ def _by_pieces(tokenizer, backend, texts: list[str]):
     splitter, special_ids = _splitter(tokenizer)
     if splitter is None or not texts:
         return None, None, None
-    piece_index: dict[str, int] = {}
-    seg_piece: list[int] = []  # per segment: index into the piece table
-    seg_char: list[int] = []  # per segment: where it starts in its document
-    doc_segments = np.zeros(len(texts), dtype=np.int64)
-    for d, text in enumerate(texts):
-        position = 0
-        parts = splitter.split(text)
-        for part in parts:
-            if part:
-                seg_piece.append(piece_index.setdefault(part, len(piece_index)))
-                seg_char.append(position)
-                position += len(part)
-        doc_segments[d] = sum(1 for p in parts if p)
+    # every document's non-empty parts (pieces between added tokens, and the added tokens), in order
+    split = [list(filter(None, splitter.split(text))) for text in texts]
+    doc_segments = np.fromiter(map(len, split), dtype=np.int64, count=len(texts))
+    if not np.all(doc_segments > 0):  # an empty document: let the plain path handle it
+        return None, None, None
+    segments = list(chain.from_iterable(split))
+    piece_index = {piece: k for k, piece in enumerate(dict.fromkeys(segments))}  # distinct, first seen first
+    seg_piece_a = np.fromiter(map(piece_index.__getitem__, segments), dtype=np.int64, count=len(segments))
+    seg_chars = np.fromiter(map(len, segments), dtype=np.int64, count=len(segments))
+    seg_end = np.cumsum(seg_chars)
+    first_seg = np.cumsum(doc_segments) - doc_segments
+    # where each segment starts in its document: its start on one axis of all of them, less its document's
+    seg_char = seg_end - seg_chars - np.repeat(seg_end[first_seg] - seg_chars[first_seg], doc_segments)
     pieces = list(piece_index)
     plain = [p for p in pieces if p not in special_ids]
-    encoded = dict(zip(plain, backend.encode_batch(plain, add_special_tokens=False)))
-    table_ids, table_starts, table_len = [], [], np.zeros(len(pieces), dtype=np.int64)
-    for k, piece in enumerate(pieces):
-        if piece in special_ids:
-            table_ids.append([special_ids[piece]])
+    encodings = iter(backend.encode_batch(plain, add_special_tokens=False))
+    table_ids, table_starts = [], []
+    for piece in pieces:
+        special = special_ids.get(piece)
+        if special is not None:
+            table_ids.append([special])
             table_starts.append([0])
         else:
-            table_ids.append(encoded[piece].ids)
-            table_starts.append([s for s, _ in encoded[piece].offsets])
-        table_len[k] = len(table_ids[-1])
-    flat_ids = np.fromiter((i for row in table_ids for i in row), dtype=np.int32, count=int(table_len.sum()))
-    flat_starts = np.fromiter((s for row in table_starts for s in row), dtype=np.int64, count=len(flat_ids))
+            encoding = next(encodings)
+            table_ids.append(encoding.ids)
+            table_starts.append(list(map(_first, encoding.offsets)))
+    table_len = np.fromiter(map(len, table_ids), dtype=np.int64, count=len(pieces))
+    flat_ids = np.fromiter(chain.from_iterable(table_ids), dtype=np.int32, count=int(table_len.sum()))
+    flat_starts = np.fromiter(chain.from_iterable(table_starts), dtype=np.int64, count=len(flat_ids))
     table_off = np.cumsum(table_len) - table_len
     # Gather: segment s contributes table rows [table_off[p], +table_len[p]) of its piece p.
-    seg_piece_a = np.asarray(seg_piece, dtype=np.int64)
     seg_len = table_len[seg_piece_a]
     within = np.arange(int(seg_len.sum())) - np.repeat(np.cumsum(seg_len) - seg_len, seg_len)
     src = np.repeat(table_off[seg_piece_a], seg_len) + within
     ids = flat_ids[src]
-    starts = flat_starts[src] + np.repeat(np.asarray(seg_char, dtype=np.int64), seg_len)
-    if not np.all(doc_segments > 0):  # an empty document: let the plain path handle it
-        return None, None, None
+    starts = flat_starts[src] + np.repeat(seg_char, seg_len)
     lengths = np.add.reduceat(seg_len, np.cumsum(doc_segments) - doc_segments)
     if not _same_as_whole(backend, texts, ids, lengths):
         return None, None, None

@@ -22,6 +22,7 @@ from trnqwen.errors import UsageError
 
 FORMATS = ("messages", "sharegpt", "alpaca", "prompt-completion", "text")
 ROLES = ("system", "user", "assistant", "tool")
+_PLAIN_ROLES = ("system", "user", "assistant")  # a message of these with only role and non-blank content is taken as is
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
 # Field(s) that identify each format, in detection order.
 _SIGNATURES = (
@@ -107,7 +108,7 @@ def _text(record: Record, value: Any, what: str, *, allow_empty: bool = False) -
 def _check_conversation(record: Record, messages: list[dict[str, Any]], untrained: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     if not any(m["role"] == "assistant" for m in messages):
         raise _bad(record, "conversation has no assistant turn (nothing to learn from)")
-    if all(i in untrained for i, m in enumerate(messages) if m["role"] == "assistant"):
+    if untrained and all(i in untrained for i, m in enumerate(messages) if m["role"] == "assistant"):
         raise _bad(record, 'every assistant turn has "weight": 0 (nothing to learn from)')
     if messages[0]["role"] == "assistant":
         raise _bad(record, "conversation starts with an assistant turn", "put the user's turn (or a system prompt) first")
@@ -126,6 +127,11 @@ def _messages(record: Record) -> Example:
         raise _bad(record, f"'tools' must be a list of objects, not {_type(tools)}")
     messages, untrained = [], []
     for i, message in enumerate(raw, start=1):
+        if type(message) is dict and len(message) == 2:  # the common case, {role, content}: what the checks below pass as is
+            role, content = message.get("role"), message.get("content")
+            if type(role) is str and role in _PLAIN_ROLES and type(content) is str and content and not content.isspace():
+                messages.append({"role": role, "content": content})
+                continue
         if not isinstance(message, dict):
             raise _bad(record, f"message {i} must be an object, not {_type(message)}")
         role = message.get("role")

@@ -11,6 +11,7 @@ Every record dropped or cut is counted with its reason in the report: nothing va
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
@@ -25,6 +26,7 @@ from trnqwen.dataset.template import ChatTemplate, resolve_template, template_co
 from trnqwen.errors import UsageError
 from trnqwen.fsutil import expand_user
 
+_log = logging.getLogger(__name__)
 # Bump when the rendering/masking/packing rules change, so old caches are not reused.
 PIPELINE_VERSION = 3  # 2: "weight": 0, tools and tool turns (issue 28); a .txt BOM dropped; 3: best-fit packing
 REPORT_KEYS = (
@@ -434,6 +436,7 @@ def _prepare_bounded(settings, parts, val_source, assets_dir, cache_root, key, w
             parts, val_source, store, encoder, detect=lambda source, first, fmt: _detect(source, first, settings, fmt),
             forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed,
             workers=bounded.default_workers() if workers is None else workers, progress=progress)
+        _log.info("chat template: %d renders pasted from role skeletons, %d rendered by jinja", *store.renders)
         bounds, cut, targets, kept = store.arrays()
         train_docs, val_docs = _chosen(settings, loaded, parts, kept, targets)
         build = _build(settings, tokenizer)

@@ -294,9 +294,21 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
+_SCAN = json.JSONDecoder().scan_once  # what json.loads reads a value with, less its whitespace checks
+
+
 def _parse(text: str, where: str) -> Any:
-    """One JSON value; too deep a nesting is the record's fault, named."""
+    """One JSON value; too deep a nesting is the record's fault, named.  An object with nothing around
+    it (a .jsonl line) is scanned from its first to its last character, as ``json.loads`` would
+    scan it; anything else, or a scan that fails, goes through ``json.loads`` (its value, its error)."""
     try:
+        if text[:1] == "{" and text[-1:] == "}":
+            try:
+                value, end = _SCAN(text, 0)
+            except (StopIteration, ValueError):
+                end = -1
+            if end == len(text):
+                return value
         return json.loads(text)
     except RecursionError:
         raise UsageError(f"{where}: nested too deeply to read as JSON", hint="flatten or remove that record") from None
@@ -373,7 +385,7 @@ class LineChunk:
         out = []
         for raw, number, start in zip(self.lines, self.numbers, self.starts):
             line = _decode_line(self.path, raw, number, start)
-            if not line.strip():
+            if not line or line.isspace():
                 continue
             record = _line_record(self.path, line, number, first=False, whole=lambda: "")
             if self.mapping is not None:
