@@ -134,7 +134,7 @@ def measured_run(argv: list[str], *, cwd: Path, env: dict) -> dict:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     stamps, tail, last_step_at, ready = [], [], None, None
     assert proc.stdout is not None

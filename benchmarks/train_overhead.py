@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from trnqwen.logs.parse import parse_step_line  # noqa: E402
+from trnqwen.contract.stepline import parse_step_line  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import load_note, logged_at  # noqa: E402

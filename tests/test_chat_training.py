@@ -93,7 +93,7 @@ def _log(cwd: Path) -> str:
 
 
 def _steps(cwd: Path) -> dict[int, dict]:
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     return {m["step"]: m for m in map(parse_step_line, _log(cwd).splitlines()) if m}
 
@@ -103,7 +103,7 @@ def _losses(cwd: Path) -> dict[int, float]:
 
 
 def _validations(cwd: Path) -> dict[int, float]:
-    from trnqwen.logs.parse import parse_validation_line
+    from trnqwen.contract.stepline import parse_validation_line
 
     return {m["step"]: m["loss"] for m in map(parse_validation_line, _log(cwd).splitlines()) if m}
 

@@ -142,7 +142,7 @@ def test_bare_module_imports_expand_to_registered_overrides(tmp_path, monkeypatc
 )
 def test_override_log_lines_of_both_shapes(line, name, fqn):
     """Both torchtitan shapes of the ``[Override]`` line are read by the log parser that runs."""
-    from trnqwen.logs.parse import parse_override_line
+    from trnqwen.logs.patterns import parse_override_line
 
     parsed = parse_override_line(line)
     assert parsed is not None and parsed["name"] == name and parsed["fqn"] == fqn

@@ -63,7 +63,7 @@ type = "prompt-completion"
 
 
 def _losses(result) -> dict[int, float]:
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     log = (Path(json.loads(result.out)["run_dir"]) / "train.log").read_text()
     return {m["step"]: m["loss"] for m in map(parse_step_line, log.splitlines()) if m}

@@ -58,7 +58,7 @@ def _log(cwd: Path) -> str:
 
 
 def _losses(cwd: Path) -> dict[int, float]:
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     return {m["step"]: m["loss"] for m in map(parse_step_line, _log(cwd).splitlines()) if m}
 

@@ -325,7 +325,7 @@ def baseline_run(tmp_path_factory, tiny_assets):
 
 
 def _calls_lines(log_path) -> list[dict]:
-    from trnqwen.logs.parse import strip_ansi
+    from trnqwen.contract.stepline import strip_ansi
     from trnqwen.contract.override_calls import parse_calls_line
 
     lines = Path(log_path).read_text(errors="replace").splitlines()

@@ -97,7 +97,7 @@ def test_grpo_improves_the_heldout_reward_and_logs_every_value(grpo_run):
         assert values["kl"] == 0.0 and values["completions"] == 2 * 4 * 4, values  # 2 ranks x 4 prompts x G 4
         assert 0 < values["completion_length"] <= values["completion_length_max"] <= COMPLETION, values
         assert "rewards/number" in values, values
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     losses = [m["loss"] for m in map(parse_step_line, log.splitlines()) if m]
     assert len(losses) == STEPS and all(math.isfinite(x) for x in losses), losses
@@ -169,7 +169,7 @@ def test_a_reward_that_raises_stops_the_run_with_exit_2_naming_it_and_the_record
 def test_a_preempted_run_resumes_with_the_same_completions_and_losses(grpo_run):
     """SIGTERM's drill at step 4, then ``--resume``: steps 5-12 log the uninterrupted run's losses and
     rollout values (the same completions: sampling is seeded by seed, step and rank) to 1e-5."""
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     assert grpo_run["result"].code == 0
     cwd = grpo_run["root"] / "resume"
@@ -243,7 +243,7 @@ def test_kl_beta_and_num_iterations_with_accumulation_resume_on_the_kept_rollout
     reference reloaded from the starting weights (KL > 0 on a fresh rollout: the reference is not the
     policy).  (Measured: the resumed steps' losses and KL equal the uninterrupted run's to every
     printed digit.)"""
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     cwd = grpo_run["root"] / "update"
     cwd.mkdir()

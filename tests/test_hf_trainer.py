@@ -185,7 +185,7 @@ def test_step_line_is_torchtitans_format():
     ],
 )
 def test_inspect_logs_parser_reads_every_field(values):
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     line = "[rank0]:" + format_step_line(*values)
     got = parse_step_line(line)
@@ -222,7 +222,7 @@ def test_the_recorder_writes_a_record_per_step_with_the_methods_values_and_print
     """One record per logged step: the core values, the measured ones the trainer put in the logs
     and every logged ``<method>/<name>`` (an invented one too); the step line prints the same loss."""
     from trnqwen.contract.metrics_stream import STEP_CORE, read_stream
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
     from trnqwen.runtime.hf_trainer_metrics import metrics_trainer_class
 
     lines: list[str] = []
@@ -397,7 +397,7 @@ def torchrun_finetune(tiny_assets, tmp_path_factory):
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_finetune_logs_and_checkpoint(torchrun_finetune, tiny_assets):
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     proc, work, seconds = torchrun_finetune
     log = proc.stdout + proc.stderr
@@ -460,7 +460,7 @@ def test_single_process_random_init(tiny_assets, tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert "strategy single" in log and "world size: 1" in log and "fresh start" in log
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     assert [m["step"] for m in map(parse_step_line, log.splitlines()) if m] == [1, 2]
 
@@ -503,7 +503,7 @@ def test_trnqwen_train_hf_trainer_writes_the_metrics_stream(cli_finetune):
     """The launcher's run dir has rank 0's stream: one step record per step, each loss the step
     line's; run.json's summary and the status line come from it."""
     from trnqwen.contract.metrics_stream import STEP_CORE, read_stream
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
     from trnqwen.rundir import last_run_dir
 
     proc, work, _ = cli_finetune

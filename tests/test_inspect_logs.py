@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from trnqwen.logs.judge import judge, override_table
-from trnqwen.logs.parse import LogParser, parse_bytes, parse_override_line, parse_step_line, parse_text
+from trnqwen.contract.stepline import parse_step_line
+from trnqwen.logs.engine import LogParser
+from trnqwen.logs.parse import parse_bytes, parse_text
+from trnqwen.logs.patterns import parse_override_line
 from trnqwen.logs.sources import RunContext
 
 DATA = Path(__file__).parent / "data" / "logs"
@@ -76,7 +79,7 @@ def test_step_line_real_example_field_by_field():
             "memory_pct": 0.0, "tps": 108, "tflops": 0.03, "mfu": 0.01, "lr": None}
     assert parse_step_line(raw) == want
     # the whitespace-split fast path (not the regex fallback) takes torchtitan's exact layout
-    from trnqwen.logs.parse import _fast_step
+    from trnqwen.contract.stepline import fast_step as _fast_step
 
     assert _fast_step(raw, raw.find("step:")) == want
     assert _fast_step("mystep: 1", 2) is None and _fast_step("x\x1b[3;Xmstep: 1", 8) is None

@@ -59,7 +59,7 @@ def _run_dir(cwd: Path) -> Path:
 
 
 def _losses(cwd: Path) -> dict[int, float]:
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     text = (_run_dir(cwd) / "train.log").read_text()
     return {m["step"]: m["loss"] for m in map(parse_step_line, text.splitlines()) if m}

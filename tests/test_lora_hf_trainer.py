@@ -256,7 +256,7 @@ def _last(work: Path) -> Path:
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     text = (run_dir / "train.log").read_text(errors="replace")
     return {m["step"]: m["loss"] for m in map(parse_step_line, text.splitlines()) if m}

@@ -64,7 +64,7 @@ def _tensors(folder: Path) -> dict:
 
 
 def _step1(log: str) -> float:
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     losses = {m["step"]: m["loss"] for m in map(parse_step_line, log.splitlines()) if m}
     return losses[1]
@@ -220,7 +220,7 @@ def test_a_real_rate_moves_every_expert_and_router_and_lowers_the_loss(learning_
     assert all(f"{e}.{w}.weight" in still for e in unmoved_experts for w in ("gate_proj", "up_proj", "down_proj")), still
     learning_runs.setdefault("unmoved", {})[backend] = unmoved_experts
     assert len({frozenset(v) for v in learning_runs["unmoved"].values()}) == 1, learning_runs["unmoved"]
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     losses = {m["step"]: m["loss"] for m in map(parse_step_line, log.splitlines()) if m}
     assert sorted(losses) == list(range(1, LEARN_STEPS + 1)), losses

@@ -47,7 +47,7 @@ def _last(work: Path) -> Path:
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     log = run_dir / "train.log"
     text = log.read_text(errors="replace") if log.is_file() else ""

@@ -188,7 +188,7 @@ def test_a_preempted_job_requeues_itself(tmp_path, srun_rc, expect_rc, requeued)
 
 
 def _losses(log: Path) -> dict[int, float]:
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
 
     text = log.read_text(errors="replace") if log.is_file() else ""
     return {m["step"]: m["loss"] for m in map(parse_step_line, text.splitlines()) if m}

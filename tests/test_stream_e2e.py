@@ -23,7 +23,7 @@ def test_a_dpo_hf_trainer_runs_stream_has_the_dpo_values(tmp_path):
 
     from trnqwen.contract.metrics_stream import STEP_CORE, VALIDATION_CORE, read_stream
     from trnqwen.fetch.builtin import write_tiny_qwen3
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
     from trnqwen.rundir import last_run_dir
     from trnqwen.methods.dpo.loss import METRICS
 

@@ -242,7 +242,7 @@ def e2e_runs(tmp_path_factory, tiny_assets):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["native", "hf-v5"])
 def test_real_finetune_run(e2e_runs, backend):
-    from trnqwen.logs.parse import parse_step_line
+    from trnqwen.contract.stepline import parse_step_line
     from trnqwen.rundir import RunRecord, last_run_dir
 
     r, cwd, wall = e2e_runs[backend]

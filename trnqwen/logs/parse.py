@@ -18,10 +18,6 @@ from typing import BinaryIO
 from trnqwen.logs.engine import CHUNK_SIZE, MAX_LINE, LogParser
 from trnqwen.logs.record import ParsedLog
 
-# the names tests and scripts read from here, one import for a log's lines
-from trnqwen.logs.patterns import parse_override_line  # noqa: F401
-from trnqwen.contract.stepline import fast_step as _fast_step, parse_step_line, parse_validation_line, strip_ansi  # noqa: F401
-
 
 def parse_stream(stream: BinaryIO, source: str = "", *, chunk_size: int = CHUNK_SIZE, max_line: int = MAX_LINE) -> ParsedLog:
     """Parse a binary stream to the end in bounded memory."""
