@@ -20,9 +20,11 @@ through this module instead, with the same rendering, masking, fitting and packi
   :data:`ROW_BLOCK_TOKENS` at a time (``cache.StreamedSplit``), each block's documents read from
   the scratch files one by one (``pread``: a mapping would hold every page a block touches).
 
-What still grows with the record count is a few fixed-width numbers per *training* document
-while the rows are assigned (which documents train, the best-fit sort order, each one's row and
-column: about 40 bytes a document), not the records, texts or tokens.  The cache is byte for
+The rows' per-document arrays (lengths, rows, columns, the best-fit and by-row orders: counting
+sorts, no argsort) are memory maps in the scratch folder too (:meth:`DocStore.scratch_array`).
+What still grows with the record count in memory is the split's and the mixture's indices
+(``mixture.load_parts``/``select``: about 18 bytes a training document, int64 and int16) and a
+few numbers per *row*, not the records, texts or tokens.  The cache is byte for
 byte the one the in-memory path writes, with any number of workers (tests/test_data_bounded.py),
 so the choice between the two is only about memory.  A progress callback hears (bytes read,
 bytes in all) after every chunk.
