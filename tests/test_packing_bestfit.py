@@ -124,3 +124,13 @@ def test_the_same_data_and_seed_give_the_same_rows(tmp_path, tiny):
         np.testing.assert_array_equal(np.asarray(getattr(a.split(), name)), np.asarray(getattr(b.split(), name)))
     assert c.key != a.key and not np.array_equal(np.asarray(a.split().input_ids), np.asarray(c.split().input_ids))
     assert sorted(_documents(a)) == sorted(_documents(c))
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_counting_order_is_the_stable_argsort_across_its_slices(monkeypatch, descending):
+    from trnqwen.dataset import bestfit
+
+    monkeypatch.setattr(bestfit, "_STEP", 7)  # many slices, runs of one key across them
+    keys = np.random.default_rng(3).integers(0, 9, size=200).astype(np.int32)
+    out = bestfit.counting_order(keys, 9, np.empty(200, dtype=np.int32), descending=descending)
+    assert out.tolist() == np.argsort(-keys if descending else keys, kind="stable").tolist()

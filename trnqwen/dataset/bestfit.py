@@ -17,7 +17,15 @@ numpy only (the launcher and tests use it; no torch).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
+
+Alloc = Callable[[type, int], np.ndarray]  # (dtype, length) -> an array to fill: in memory, or a scratch file's map
+
+
+def in_memory(dtype: type, n: int) -> np.ndarray:
+    return np.empty(n, dtype=dtype)
 
 
 class _RoomTree:
@@ -62,10 +70,32 @@ class _RoomTree:
 _STEP = 1 << 16  # documents turned into Python ints at a time (a whole-set list costs ~36 bytes a document)
 
 
-def best_fit_rows(lengths: np.ndarray, seq_len: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def counting_order(keys: np.ndarray, n_keys: int, out: np.ndarray, *, descending: bool = False) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")`` (of ``-keys`` when ``descending``) for keys in
+    ``[0, n_keys)``, written into ``out`` a slice of :data:`_STEP` at a time: a counting sort, no
+    whole-set temporary (``out`` may be a memory map)."""
+    counts = np.zeros(n_keys, dtype=np.int64)
+    for lo in range(0, len(keys), _STEP):
+        counts += np.bincount(keys[lo:lo + _STEP], minlength=n_keys)
+    taken = counts[::-1] if descending else counts
+    free = np.cumsum(taken) - taken  # where each key's documents start in the order
+    free = free[::-1].copy() if descending else free
+    for lo in range(0, len(keys), _STEP):
+        chunk = np.asarray(keys[lo:lo + _STEP])
+        local = np.argsort(-chunk if descending else chunk, kind="stable")
+        ordered = chunk[local]
+        first = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])  # each run of one key
+        rank = np.arange(len(ordered)) - np.repeat(first, np.diff(np.r_[first, len(ordered)]))
+        out[free[ordered] + rank] = local + lo
+        free += np.bincount(chunk, minlength=n_keys)
+    return out
+
+
+def best_fit_rows(lengths: np.ndarray, seq_len: int, seed: int, alloc: Alloc = in_memory) -> tuple[np.ndarray, np.ndarray]:
     """(row, first column) of every document of ``lengths`` (each <= ``seq_len``), best-fit
     decreasing, rows in a seeded order, documents inside a row in their given order.
-    Besides the two results, memory per document is one sort order (no Python list of them all)."""
+    Per document: the two results and one sort order, each from ``alloc`` (memory maps in bounded
+    preparation), no Python list of them all."""
     lengths = np.asarray(lengths)
     n = len(lengths)
     if n and int(lengths.max()) > seq_len:
@@ -73,8 +103,8 @@ def best_fit_rows(lengths: np.ndarray, seq_len: int, seed: int) -> tuple[np.ndar
     dtype = np.int32 if n < 2**31 else np.int64
     tree = _RoomTree(seq_len)
     room_of: list[int] = []
-    row_of = np.empty(n, dtype=dtype)
-    order = np.argsort(-lengths, kind="stable")  # lengths are signed (int32 or int64)
+    row_of = alloc(dtype, n)
+    order = counting_order(lengths, seq_len + 1, alloc(dtype, n), descending=True)  # longest first, ties in order
     for lo in range(0, n, _STEP):
         picked = order[lo:lo + _STEP]
         made = []
@@ -92,14 +122,14 @@ def best_fit_rows(lengths: np.ndarray, seq_len: int, seed: int) -> tuple[np.ndar
     shuffled = np.random.default_rng(seed).permutation(len(room_of))
     place = np.empty(len(room_of), dtype=dtype)
     place[shuffled] = np.arange(len(room_of))  # creation row -> its place in the shuffled order
-    rows = np.take(place, row_of, out=row_of)
-    return rows, _columns(rows, lengths, len(room_of), dtype)
+    for lo in range(0, n, _STEP):
+        row_of[lo:lo + _STEP] = place[row_of[lo:lo + _STEP]]
+    return row_of, _columns(row_of, lengths, len(room_of), alloc(dtype, n))
 
 
-def _columns(rows: np.ndarray, lengths: np.ndarray, n_rows: int, dtype) -> np.ndarray:
+def _columns(rows: np.ndarray, lengths: np.ndarray, n_rows: int, cols: np.ndarray) -> np.ndarray:
     """Each document's first column: the documents of a row side by side in their given order."""
     fill = [0] * n_rows
-    cols = np.empty(len(rows), dtype=dtype)
     for lo in range(0, len(rows), _STEP):
         out = []
         for row, n in zip(rows[lo:lo + _STEP].tolist(), lengths[lo:lo + _STEP].tolist()):
@@ -109,11 +139,11 @@ def _columns(rows: np.ndarray, lengths: np.ndarray, n_rows: int, dtype) -> np.nd
     return cols
 
 
-def next_fit_rows(lengths: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+def next_fit_rows(lengths: np.ndarray, seq_len: int, alloc: Alloc = in_memory) -> tuple[np.ndarray, np.ndarray]:
     """(row, first column) of every document laid back to back in order: a new row when the next
     one does not fit (sequential packing)."""
-    rows = np.empty(len(lengths), dtype=np.int64)
-    cols = np.empty(len(lengths), dtype=np.int64)
+    rows = alloc(np.int64, len(lengths))
+    cols = alloc(np.int64, len(lengths))
     row, fill = 0, 0
     for lo in range(0, len(lengths), _STEP):
         for i, n in enumerate(np.asarray(lengths[lo:lo + _STEP]).tolist(), start=lo):

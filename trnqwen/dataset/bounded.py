@@ -20,9 +20,11 @@ through this module instead, with the same rendering, masking, fitting and packi
   :data:`ROW_BLOCK_TOKENS` at a time (``cache.StreamedSplit``), each block's documents read from
   the scratch files one by one (``pread``: a mapping would hold every page a block touches).
 
-What still grows with the record count is a few fixed-width numbers per *training* document
-while the rows are assigned (which documents train, the best-fit sort order, each one's row and
-column: about 40 bytes a document), not the records, texts or tokens.  The cache is byte for
+The rows' per-document arrays (lengths, rows, columns, the best-fit and by-row orders: counting
+sorts, no argsort) are memory maps in the scratch folder too (:meth:`DocStore.scratch_array`).
+What still grows with the record count in memory is the split's and the mixture's indices
+(``mixture.load_parts``/``select``: about 18 bytes a training document, int64 and int16) and a
+few numbers per *row*, not the records, texts or tokens.  The cache is byte for
 byte the one the in-memory path writes, with any number of workers (tests/test_data_bounded.py),
 so the choice between the two is only about memory.  A progress callback hears (bytes read,
 bytes in all) after every chunk.
@@ -135,6 +137,7 @@ class DocStore:
     truncated: list[Any] = field(default_factory=lambda: [0, None])  # [count, first record's where]
     dropped: dict[str, list[Any]] = field(default_factory=dict)  # reason -> [count, first record's where]
     renders: list[int] = field(default_factory=lambda: [0, 0])  # Chunk.renders, summed
+    arrays_made: int = 0  # scratch_array's files
 
     def __post_init__(self) -> None:
         self.ids_path, self.trained_path = self.folder / "ids.bin", self.folder / "trained.bin"
@@ -156,6 +159,14 @@ class DocStore:
     def close(self) -> None:
         for fh in self._files.values():
             fh.close()
+
+    def scratch_array(self, dtype: type, n: int) -> np.ndarray:
+        """A new array of ``n`` in the scratch folder (a memory map: its pages the kernel's to drop or write back)."""
+        self.arrays_made += 1
+        if not n:
+            return np.zeros(0, dtype=dtype)
+        return np.lib.format.open_memmap(self.folder / f"scratch-{self.arrays_made}.npy", mode="w+", dtype=dtype,
+                                         shape=(n,))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(bounds [count + 1] int64, cut lengths, trained targets, kept) over every document, as
@@ -336,27 +347,38 @@ def read_documents(parts: list[mixture.Part], val_source: Optional[Source], stor
 
 def split_rows(store: DocStore, bounds: np.ndarray, cut: np.ndarray, targets: np.ndarray, doc_indices: np.ndarray, *,
                seq_len: int, packing: bool, pad_id: int, strategy: str, seed: int) -> StreamedSplit:
-    """The split made of documents ``doc_indices`` as ``packing.build_rows`` makes it, written block by block."""
+    """The split made of documents ``doc_indices`` as ``packing.build_rows`` makes it, written block by
+    block; its per-document arrays (lengths, rows, columns, the orders) are memory maps in the
+    scratch folder, filled a slice at a time."""
+    from trnqwen.dataset.bestfit import counting_order
     from trnqwen.dataset.packing import assign_rows
 
-    lengths = cut[doc_indices]
-    rows, cols = assign_rows(lengths, seq_len, packing, strategy, seed)
+    n, step = len(doc_indices), 1 << 20
+    lengths = store.scratch_array(np.int32, n)
+    trained_tokens = 0
+    for lo in range(0, n, step):
+        picked = doc_indices[lo:lo + step]
+        lengths[lo:lo + step] = cut[picked]
+        trained_tokens += int(targets[picked].sum())
+    rows, cols = assign_rows(lengths, seq_len, packing, strategy, seed, store.scratch_array)
     n_rows = int(rows.max()) + 1 if len(rows) else 0
 
     def blocks() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         # documents by row, each row's in their order (= by column: a row's columns grow in that order)
-        order = np.argsort(rows, kind="stable")
+        order = counting_order(rows, n_rows, store.scratch_array(np.int32 if n < 2**31 else np.int64, n))
         row_start = np.zeros(n_rows + 1, dtype=np.int64)
-        np.cumsum(np.bincount(rows, minlength=n_rows), out=row_start[1:])
+        for lo in range(0, n, step):
+            row_start[1:] += np.bincount(rows[lo:lo + step], minlength=n_rows)
+        np.cumsum(row_start, out=row_start)
         per_block = max(1, ROW_BLOCK_TOKENS // seq_len)
         for r0 in range(0, n_rows, per_block):
             r1 = min(n_rows, r0 + per_block)
-            lo, hi = row_start[r0], row_start[r1]
-            yield _block(store, bounds, doc_indices[order[lo:hi]], lengths[order[lo:hi]], rows[order[lo:hi]] - r0,
-                         cols[order[lo:hi]], r1 - r0, seq_len, pad_id)
+            mine = order[row_start[r0]:row_start[r1]]
+            yield _block(store, bounds, doc_indices[mine], lengths[mine], rows[mine] - r0, cols[mine], r1 - r0, seq_len,
+                         pad_id)
 
-    return StreamedSplit(sequences=n_rows, seq_len=seq_len, documents=len(doc_indices), tokens=int(lengths.sum()),
-                         trained_tokens=int(targets[doc_indices].sum()), blocks=blocks)
+    return StreamedSplit(sequences=n_rows, seq_len=seq_len, documents=n, tokens=int(lengths.sum(dtype=np.int64)),
+                         trained_tokens=trained_tokens, blocks=blocks)
 
 
 def _block(store: DocStore, bounds, docs, lengths, rows, cols, n_rows: int, seq_len: int, pad_id: int):

@@ -205,8 +205,8 @@ def load_parts(parts: list[Part], val_source: Optional[Source], read: Reader, *,
         else:
             fraction = part.val_split if isinstance(part.val_split, float) else (0.0 if val_source else val_split)
             t, v = hold_out(n_got, fraction, seed, part.name if len(parts) > 1 else "")
-            train.append(base + t)
-            val.append(base + v)
+            train.append(base + t if base else t)  # (no copy of the first part's: large data is one part)
+            val.append(base + v if base else v)
         read_counts.append(n_read)
     if val_source is not None:
         held, _, n_held = read(val_source, formats[0])
@@ -215,8 +215,13 @@ def load_parts(parts: list[Part], val_source: Optional[Source], read: Reader, *,
         part_of.append(np.full(n_val, -1, dtype=np.int16))
         total += n_val
         read_counts.append(n_held)
-    return Loaded(units=units, part_of=np.concatenate(part_of), train_idx=np.concatenate(train),
-                  val_idx=np.concatenate(val), formats=formats, records=sum(read_counts), read=read_counts)
+    return Loaded(units=units, part_of=_joined(part_of), train_idx=_joined(train), val_idx=_joined(val),
+                  formats=formats, records=sum(read_counts), read=read_counts)
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """``np.concatenate(arrays)``, without its copy when there is one array (per unit: 8 bytes less)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def select(parts: list[Part], loaded: Loaded, kept: np.ndarray, trained: np.ndarray, seed: int) -> np.ndarray:
@@ -225,7 +230,8 @@ def select(parts: list[Part], loaded: Loaded, kept: np.ndarray, trained: np.ndar
     ``trained[u]`` each unit's trained tokens.  Parts in order, each part's units in their order."""
     chosen = []
     for i, part in enumerate(parts):
-        mine = kept[loaded.part_of[kept] == i]
+        # one part: every training unit is its own (no whole-set mask and copy to find them)
+        mine = kept if len(parts) == 1 else kept[loaded.part_of[kept] == i]
         if part.records is not None:
             chosen.append(_count(mine, part.records, _rng(seed, i)))
         else:
@@ -237,7 +243,7 @@ def select(parts: list[Part], loaded: Loaded, kept: np.ndarray, trained: np.ndar
             raise UsageError(f"dataset {empty} has no trained tokens left to mix", hint="check it with `trnqwen data`")
         scale = min(total / part.weight for total, part in zip(totals, parts))
         chosen = [_down_to(c, scale * part.weight, trained, _rng(seed, i)) for i, (c, part) in enumerate(zip(chosen, parts))]
-    return np.concatenate(chosen) if chosen else np.arange(0)
+    return _joined(chosen) if chosen else np.arange(0)
 
 
 def _rng(seed: int, part: int) -> np.random.Generator:

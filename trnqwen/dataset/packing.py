@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trnqwen.dataset.bestfit import best_fit_rows, next_fit_rows
+from trnqwen.dataset.bestfit import Alloc, best_fit_rows, in_memory, next_fit_rows
 from trnqwen.dataset.cache import IGNORE_INDEX, SplitArrays
 from trnqwen.dataset.encode import TokenizedDocs
 
@@ -91,13 +91,18 @@ def _targets_per_doc(docs: TokenizedDocs, lengths: np.ndarray) -> np.ndarray:
 
 
 def assign_rows(lengths: np.ndarray, seq_len: int, packing: bool, strategy: str = "sequential",
-                seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(row of each document, column where it starts): best-fit or next-fit packing, or one per row."""
+                seed: int = 0, alloc: Alloc = in_memory) -> tuple[np.ndarray, np.ndarray]:
+    """(row of each document, column where it starts): best-fit or next-fit packing, or one per row;
+    ``alloc(dtype, n)``: where the per-document arrays go (memory maps in bounded preparation)."""
     if not packing:
-        return np.arange(len(lengths)), np.zeros(len(lengths), dtype=np.int64)
+        rows, cols = alloc(np.int64, len(lengths)), alloc(np.int64, len(lengths))
+        for lo in range(0, len(lengths), 1 << 20):
+            rows[lo:lo + (1 << 20)] = np.arange(lo, min(lo + (1 << 20), len(lengths)))
+        cols[:] = 0
+        return rows, cols
     if strategy == "best-fit":
-        return best_fit_rows(lengths, seq_len, seed)
-    return next_fit_rows(lengths, seq_len)
+        return best_fit_rows(lengths, seq_len, seed, alloc)
+    return next_fit_rows(lengths, seq_len, alloc)
 
 
 def build_rows(
