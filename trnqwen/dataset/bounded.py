@@ -32,6 +32,8 @@ bytes in all) after every chunk.
 
 from __future__ import annotations
 
+import contextlib
+
 import gc
 import os
 import shutil
@@ -291,11 +293,24 @@ def read_documents(parts: list[mixture.Part], val_source: Optional[Source], stor
     def told(done: int) -> Callable[[], None]:
         return (lambda: progress(done, total_bytes)) if progress is not None else (lambda: None)
 
+    @contextlib.contextmanager
+    def submitting(source: Source):
+        """One source's chunks handed to the workers, all of them done before the next source."""
+        try:
+            yield
+        except BaseException:
+            if not pipeline.failed:
+                pipeline.drain()  # a record the workers refuse comes before a later line that is unreadable
+            raise
+        pipeline.drain()
+        done_before[0] += source.size_bytes()
+        told(done_before[0])()
+
     def read(source: Source, fmt: Optional[str]) -> tuple[int, str, int]:
         if source.streams_lines():
             return read_lines(source, fmt)
         n, chunk, chosen = 0, [], None
-        try:
+        with submitting(source):
             for record in source.iter_records():
                 if chosen is None:
                     chosen = detect(source, record, fmt)
@@ -308,33 +323,19 @@ def read_documents(parts: list[mixture.Part], val_source: Optional[Source], stor
             if chunk:
                 pipeline.submit(chunk, chosen, lambda: None)
                 n += len(chunk)
-        except BaseException:
-            if not pipeline.failed:
-                pipeline.drain()  # a record the workers refuse comes before a later line that is unreadable
-            raise
-        pipeline.drain()
-        done_before[0] += source.size_bytes()
-        told(done_before[0])()
         return n, chosen, n
 
     def read_lines(source: Source, fmt: Optional[str]) -> tuple[int, str, int]:
         # .jsonl lines go to the workers as bytes, parsed there: this process only splits lines
         # (parsed JSON would cost it the parsing and the pickling of every record's objects)
         before, chosen = store.count, None
-        try:
+        with submitting(source):
             for first, lines in source.line_chunks(CHUNK_RECORDS):
                 if first is not None:
                     chosen = detect(source, first, fmt)
                 pipeline.submit(lines, chosen, told(done_before[0] + source.bytes_read))
             if chosen is None:
                 detect(source, None, fmt)  # no records: refused there
-        except BaseException:
-            if not pipeline.failed:
-                pipeline.drain()  # a record the workers refuse comes before a later line that is unreadable
-            raise
-        pipeline.drain()
-        done_before[0] += source.size_bytes()
-        told(done_before[0])()
         n = store.count - before  # the records (the workers skip the lines that hold none)
         return n, chosen, n
 
