@@ -90,8 +90,7 @@ class Rollout:
     seconds: float = 0.0
     # which paths ran (a fast path that can fall back says so): the key-value cache ("preallocated",
     # "dynamic", "static": one shape every step, "titan", "recompute"), the prefill's LM head ("last":
-    # the last position only, "full"),
-    # and torch's CPU threads during the rollout (None: not on the CPU)
+    # the last position only, "full"), and torch's CPU threads during the rollout (None: not on the CPU)
     cache_path: str = ""
     prefill_head: str = ""
     threads: Optional[int] = None
@@ -256,6 +255,7 @@ class _HFCached:
         from transformers.cache_utils import DynamicLayer
 
         self.cache = DynamicCache(config=self.model.config)
+        self.cache_kw = {_cache_keyword(type(self.model)): self.cache}
         layers = getattr(self.cache, "layers", None) or []
         plain = bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
         b, p = mask.shape
@@ -278,7 +278,7 @@ class _HFCached:
             self.full_mask = torch.cat([mask, mask.new_ones(b, total - p)], 1)
             prefill_mask = mask
         out = self.model(input_ids=ids, attention_mask=prefill_mask, position_ids=positions,
-                         **{_cache_keyword(type(self.model)): self.cache}, use_cache=True, logits_to_keep=1)
+                         **self.cache_kw, use_cache=True, logits_to_keep=1)
         return _logits(out)[:, -1]
 
     def expand(self, repeats: int) -> None:
@@ -293,11 +293,11 @@ class _HFCached:
         else:
             mask = self.full_mask[:, :self.p + t + 1]
         out = self.model(input_ids=tokens[:, None], attention_mask=mask, position_ids=(self.lengths + t)[:, None],
-                         **{_cache_keyword(type(self.model)): self.cache}, use_cache=True)
+                         **self.cache_kw, use_cache=True)
         return _logits(out)[:, -1]
 
     def close(self) -> None:
-        self.cache = None
+        self.cache = self.cache_kw = None
 
 
 class _Recompute:
