@@ -14,6 +14,9 @@ from dataclasses import asdict, dataclass, field
 from itertools import groupby
 from typing import Optional
 
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
 from trnqwen.contract.override_calls import override_label
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog
 from trnqwen.logs.identity import with_identity
@@ -52,10 +55,6 @@ class Finding:
         return asdict(self)
 
 
-def _finite(x: Optional[float]) -> bool:
-    return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
-
-
 def judge(log: ParsedLog, ctx: Optional[RunContext] = None) -> list[Finding]:
     """All findings, errors first."""
     ctx = ctx or RunContext()
@@ -68,7 +67,7 @@ def judge(log: ParsedLog, ctx: Optional[RunContext] = None) -> list[Finding]:
         _check_weights_loaded,
         _check_overrides,
         _check_override_calls,
-        _check_lora,
+        check_lora,
         _check_methods,
         _check_nonfinite,
         _check_exploding,
@@ -80,17 +79,13 @@ def judge(log: ParsedLog, ctx: Optional[RunContext] = None) -> list[Finding]:
         _check_ranks,
         _check_warnings,
     ):
-        findings.extend(check(log, ctx))
+        findings.extend(f if isinstance(f, Finding) else Finding(*f) for f in check(log, ctx))
     order = {s: i for i, s in enumerate(SEVERITIES)}
     findings.sort(key=lambda f: (order.get(f.severity, 9), f.lines[0] if f.lines else 0))
     return findings
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def _check_lora(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    return [Finding(*fields) for fields in check_lora(log, ctx)]
 
 
 def method_facts(log: ParsedLog, ctx: RunContext, method: methods.Method) -> dict:
@@ -110,34 +105,29 @@ def run_method(log: ParsedLog, ctx: RunContext) -> Optional[methods.Method]:
     return logged or (methods.find(named) if named else None)
 
 
-def _check_methods(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+def _check_methods(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     """Each training method's own rules (``Method.judge``, e.g. a preference loss's step-1 value)."""
-    return [Finding(*fields) for method in methods.methods() if method.judge
+    return [fields for method in methods.methods() if method.judge
             for fields in methods.hook(method, "judge")(method_facts(log, ctx, method))]
 
 
 def _check_input(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    out = []
-    if log.ends_mid_line:
-        out.append(Finding("info", "truncated-line", f"the log ends mid-line (line {log.lines}): it was cut off or is still being written", [log.lines]))
-    if log.overlong_lines:
-        out.append(Finding("warning", "overlong-lines",
-                           f"{len(log.overlong_lines)} line(s) longer than the line cap were cut", log.overlong_lines[:10]))
-    if log.invalid_utf8_lines:
-        out.append(Finding("info", "invalid-utf8", f"{log.invalid_utf8_lines} line(s) are not valid UTF-8 (shown with replacement characters)",
-                           [log.first_invalid_utf8_line] if log.first_invalid_utf8_line else []))
-    for r in log.resumes:
-        out.append(Finding("info", "resumed", f"resumed from step {r['from_step']} at line {r['line']} (trnqwen train --resume): one run", [r["line"]]))
-    for p in _unresumed_preemptions(log):
-        out.append(Finding("warning", "preempted",
-                           f"preempted by {p['signal']} at step {p['step']}: a resumable checkpoint was saved; "
-                           "continue with `trnqwen train --resume`", [p["line"]]))
     restarts = unexplained_restarts(log)
-    if restarts:
-        out.append(Finding("warning", "restarted",
-                           f"the step counter went back {len(restarts)} time(s): the run restarted or resumed; the latest value of each step is kept",
-                           restarts[:10]))
-    return out
+    rules = [  # (whether it applies, then the finding's fields)
+        (log.ends_mid_line, "info", "truncated-line",
+         f"the log ends mid-line (line {log.lines}): it was cut off or is still being written", [log.lines]),
+        (log.overlong_lines, "warning", "overlong-lines",
+         f"{len(log.overlong_lines)} line(s) longer than the line cap were cut", log.overlong_lines[:10]),
+        (log.invalid_utf8_lines, "info", "invalid-utf8",
+         f"{log.invalid_utf8_lines} line(s) are not valid UTF-8 (shown with replacement characters)", [log.first_invalid_utf8_line]),
+        *((True, "info", "resumed", f"resumed from step {r['from_step']} at line {r['line']} (trnqwen train --resume): one run",
+           [r["line"]]) for r in log.resumes),
+        *((True, "warning", "preempted", f"preempted by {p['signal']} at step {p['step']}: a resumable checkpoint was saved; "
+           "continue with `trnqwen train --resume`", [p["line"]]) for p in _unresumed_preemptions(log)),
+        (restarts, "warning", "restarted", f"the step counter went back {len(restarts)} time(s): the run restarted or resumed; "
+         "the latest value of each step is kept", restarts[:10]),
+    ]
+    return [Finding(*fields) for applies, *fields in rules if applies]
 
 
 def _unresumed_preemptions(log: ParsedLog) -> list[dict]:
@@ -198,13 +188,11 @@ def _check_weights_loaded(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     if first["step"] != 1 or (log.start_step not in (None, 1)):
         return []  # resumed run: step 1 is not in this log
     loss = first["loss"]
-    if not _finite(loss):
+    if loss is None or not math.isfinite(loss):
         return []
     load_lines = [e["line"] for e in log.checkpoint_events if e["kind"] in ("load", "loaded")]
     fresh = [e["line"] for e in log.checkpoint_events if e["kind"] == "fresh"]
-    finetune = ctx.finetune
-    if finetune is None and load_lines:
-        finetune = True
+    finetune = True if ctx.finetune is None and load_lines else ctx.finetune
     ran = (f"; line {load_lines[0]} shows a checkpoint load ran, which is not proof the weights took"
            if load_lines else "")
     vocab, source = ctx.vocab_size, ctx.vocab_source or "run"
@@ -376,8 +364,6 @@ def _check_override_calls(log: ParsedLog, ctx: RunContext) -> list[Finding]:
 
 
 def _check_nonfinite(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    import numpy as np
-
     out = []
     t = log.steps
     for key, label in (("loss", "loss"), ("grad_norm", "grad norm")):
@@ -391,8 +377,6 @@ def _check_nonfinite(log: ParsedLog, ctx: RunContext) -> list[Finding]:
 
 
 def _check_exploding(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    import numpy as np
-
     t = log.steps
     rows, loss = t.finite("loss")
     if len(rows) < 2:
@@ -413,9 +397,6 @@ def _check_exploding(log: ParsedLog, ctx: RunContext) -> list[Finding]:
 def _rolling_medians(values, width: int, start: int):
     """median(values[max(0, i - width):i]) for i in start..len-1 (numpy; the short windows at
     the start as statistics.median computes them)."""
-    import numpy as np
-    from numpy.lib.stride_tricks import sliding_window_view
-
     n = len(values)
     head = [statistics.median(values[max(0, i - width):i].tolist()) for i in range(start, min(width, n))]
     tail = np.zeros(0)
@@ -427,8 +408,6 @@ def _rolling_medians(values, width: int, start: int):
 
 
 def _check_grad_spikes(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    import numpy as np
-
     t = log.steps
     rows, grad = t.finite("grad_norm")
     if len(rows) < 4:
@@ -446,8 +425,6 @@ def _check_grad_spikes(log: ParsedLog, ctx: RunContext) -> list[Finding]:
 
 
 def _check_memory(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    import numpy as np
-
     t = log.steps
     rows, pct = t.finite("memory_pct")
     high = rows[pct > HIGH_MEMORY_PCT]
@@ -471,8 +448,6 @@ def _check_memory(log: ParsedLog, ctx: RunContext) -> list[Finding]:
 
 
 def _check_throughput(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    import numpy as np
-
     t = log.steps
     rows, tps = t.finite("tps")
     # each process's first step (step 1, the one after each resume point) includes start-up and compilation
@@ -527,19 +502,16 @@ def _check_crash(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     out = []
     cause = root_cause(log)
     failure = log.torchrun_failure
+    record = ctx.record
     if cause is not None and log.preempted and "SignalException" in cause["text"]:
         return out  # torchrun relaying the preemption signal; the ranks saved (see "preempted")
+    lines = [cause["traceback_start"], cause["line"]] if cause is not None else []
     if cause is not None and _INTERRUPT.match(cause["text"]):
-        record = ctx.record
         how = record.ended_by if record is not None and record.ended_by in ("SIGINT", "SIGTERM", "SIGUSR1") else (
             _SIGNAL_NAMES.get(cause["text"].rstrip().rsplit(" ", 1)[-1], "SIGINT (Ctrl-C)"))
-        lines = [x for x in (cause.get("traceback_start"), cause["line"]) if x]
-        out.append(Finding("warning", "interrupted", f"the run was interrupted by {how}, not crashed "
-                           f"({len(log.steps)} step(s) logged)", lines))
-        return out
+        return [Finding("warning", "interrupted", f"the run was interrupted by {how}, not crashed ({len(log.steps)} step(s) logged)", lines)]
     if cause is not None:
         who = f"rank {cause['rank']}" if cause["rank"] is not None else "the launcher"
-        lines = [x for x in (cause.get("traceback_start"), cause["line"]) if x]
         msg = f"{who} crashed: {cause['text']}"
         if cause.get("final") and cause["final"] != cause["text"]:
             msg += f" (surfaced as: {cause['final']})"
@@ -556,7 +528,7 @@ def _check_crash(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         if isinstance(code, int) and code < 0:
             sig = {-9: " (SIGKILL: often the host's out-of-memory killer)", -15: " (SIGTERM)", -6: " (SIGABRT)", -11: " (SIGSEGV)"}.get(code, f" (signal {-code})")
         lines = [x for x in (failure.get("root_cause_line"), *(f["line"] for f in failure.get("failed", [])[:2])) if x]
-        found = ctx.record.error if ctx.record is not None and ctx.record.error and "no error message" not in ctx.record.error else None
+        found = record.error if record is not None and record.error and "no error message" not in record.error else None
         tail = f"; the launcher found: {found}" if found else "; no traceback in the log"
         out.append(Finding("error", "crash", f"rank {rank if rank is not None else '?'} exited with code {code}{sig}{tail}", lines))
     elif log.errors:
@@ -565,8 +537,8 @@ def _check_crash(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         out.append(Finding("error", "error-lines", f"{log.error_count} ERROR line(s); first from {who}: {first['text']}", [first["line"]]))
     if cause is not None and log.errors:
         out.append(Finding("info", "error-lines", f"{log.error_count} ERROR-level line(s) besides the traceback", [log.errors[0]["line"]]))
-    if ctx.record is not None and ctx.record.status == "failed" and not out:
-        out.append(Finding("error", "run-failed", f"the run record says it failed ({ctx.record.ended_by or 'no reason'}): {ctx.record.error or 'no root cause recorded'}"))
+    if record is not None and record.status == "failed" and not out:
+        out.append(Finding("error", "run-failed", f"the run record says it failed ({record.ended_by or 'no reason'}): {record.error or 'no root cause recorded'}"))
     return out
 
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from trnqwen.fsutil import write_atomic
+from trnqwen.logs.judge import run_method
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
-
-if TYPE_CHECKING:
-    from trnqwen.logs.sources import RunContext
+from trnqwen.logs.report import method_values
+from trnqwen.logs.sources import RunContext
 
 _DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt", ".csv", ".gz", ".zst")
 
@@ -21,8 +21,6 @@ _DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".txt", ".csv", ".gz", ".z
 def _value_series(log: ParsedLog, name: str, *, validation: bool = False) -> tuple[list[int], list[float]]:
     """One of the run's other values (:func:`trnqwen.logs.report.method_values`) by step
     (``validation``: of the validations)."""
-    from trnqwen.logs.report import method_values
-
     recs = [(v["step"], v) for v in log.validations] if validation else sorted(method_values(log)[1].items())
     pts = [(step, float(rec[name])) for step, rec in recs
            if isinstance(rec.get(name), (int, float)) and math.isfinite(rec[name])]
@@ -32,8 +30,6 @@ def _value_series(log: ParsedLog, name: str, *, validation: bool = False) -> tup
 def _plot_values(ax, run: ParsedLog, style: str, suffix: str) -> None:
     """Every other value of the run on ``ax`` (a preference method's rewards, margin, accuracy;
     any value its metrics stream has), validations as squares."""
-    from trnqwen.logs.report import method_values
-
     for name in method_values(run)[0]:
         x, y = _value_series(run, name)
         line, = ax.plot(x, y, style, marker="o" if len(x) <= 50 else None, ms=3, label=f"{name}{suffix}")
@@ -54,8 +50,6 @@ def run_plot_title(log: ParsedLog, ctx: Optional[RunContext] = None) -> str:
     ``ctx`` knows it: the model (the record's base model, the one actually trained, else the
     config's), the method its log or config names (``sft + LoRA r16``) and the dataset (a file by
     its name; the model's default corpus)."""
-    from trnqwen.logs.judge import run_method
-
     name = Path(ctx.run_dir).name if ctx is not None and ctx.run_dir is not None else (Path(log.source).name or log.source)
     if ctx is None:
         return name
@@ -98,12 +92,8 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    runs = [("A" if other is not None else None, log, "-")]
-    if other is not None:
-        runs.append(("B", other, "--"))
+    runs = [(None, log, "-")] if other is None else [("A", log, "-"), ("B", other, "--")]
     with_lr = any(_series(run, "lr")[0] for _, run, _ in runs)
-    from trnqwen.logs.report import method_values
-
     with_values = any(method_values(run)[0] for _, run, _ in runs)
     n_panels = 3 + with_lr + with_values
     fig, axes = plt.subplots(n_panels, 1, figsize=(11, 3 + 2 * n_panels), sharex=True, constrained_layout=True)
@@ -179,7 +169,6 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
         ax_values.axhline(0.0, color="grey", lw=0.8, alpha=0.5)
     for ax in panels:
         ax.grid(True, alpha=0.3)
-    for ax in panels:
         handles, labels = ax.get_legend_handles_labels()
         twin = {ax_tps: ax_mfu, ax_loss: ax_loss_other}.get(ax)
         if twin is not None:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterator, Optional
+
+import numpy as np
 
 from trnqwen.adapters.lora.readers import lora_json, lora_row
 from trnqwen.logs.judge import (
@@ -21,6 +25,7 @@ from trnqwen.logs.record import ParsedLog
 from trnqwen.contract.override_calls import override_label
 from trnqwen.contract.stepline import STEP_FIELDS
 from trnqwen.logs.sources import RunContext
+from trnqwen.errors import redact
 from trnqwen.fsutil import write_text_atomic
 
 
@@ -59,10 +64,6 @@ def steps_json(log: ParsedLog) -> str:
     metrics stream the text log lacks); Python's repr of a number is JSON's.  A row with a NaN/Inf
     value has it null and named in ``nonfinite`` (``{"loss": "nan"}``): those few rows are
     written from a dict."""
-    import json
-
-    import numpy as np
-
     t = log.steps
     t.compact()
     names, values = method_values(log)
@@ -119,8 +120,6 @@ def _identity(ctx: RunContext) -> Optional[dict]:
 
 def _column_mean(t, name: str, rows) -> Optional[float]:
     """Mean of the finite values of ``name`` in ``rows`` (Python's sum, as for a list)."""
-    import numpy as np
-
     values = t.np(name)[rows]
     values = values[np.isfinite(values)]
     return sum(values.tolist()) / len(values) if len(values) else None
@@ -129,18 +128,12 @@ def _column_mean(t, name: str, rows) -> Optional[float]:
 def weights_verdict(findings: list[Finding]) -> Optional[bool]:
     """Did the pretrained weights take, by the step-1 loss: True, False, or None (can't tell)."""
     codes = {f.code for f in findings}
-    if "weights-loaded" in codes:
-        return True
-    if WEIGHTS_NOT_LOADED in codes:
-        return False
-    return None
+    return True if "weights-loaded" in codes else False if WEIGHTS_NOT_LOADED in codes else None
 
 
 def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]] = None) -> dict:
     """The run in one flat dict.  ``warnings`` / ``errors`` count log lines; ``findings``
     counts the judge's findings by severity (given ``findings``)."""
-    import numpy as np
-
     t = log.steps
     n = len(t)
     rows, losses = t.finite("loss")
@@ -203,11 +196,6 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
 def write_json(obj: Any, out=None) -> None:
     """Write ``obj`` (or JSON text already made: :func:`json_text`'s) as one JSON document to
     ``out`` (stdout), redacted (a token a log line quoted never reaches the output)."""
-    import json
-    import sys
-
-    from trnqwen.errors import redact
-
     out = out or sys.stdout
     out.write(redact(obj if isinstance(obj, str) else json.dumps(obj, default=str)) + "\n")
     out.flush()
@@ -225,8 +213,6 @@ def overrides(log: ParsedLog, ctx: RunContext) -> dict[str, dict]:
 
 def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> dict:
     """The ``--json`` object (:func:`json_text` read back)."""
-    import json
-
     return json.loads(json_text(log, ctx, findings))
 
 
@@ -234,8 +220,6 @@ def json_text(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> str:
     """The ``--json`` document; its steps are :func:`steps_json`'s text, put in place of the null
     that stands for them (the first ``"steps": null``: the values before it are numbers or strings,
     whose quotes JSON escapes)."""
-    import json
-
     head, _, tail = json.dumps({
         "source": log.source,
         "metrics_stream": log.metrics_stream,  # where steps and validations came from (None: the text log)
@@ -279,10 +263,10 @@ SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=None) -> None:
     """The default rich summary (stdout)."""
+    from rich.markup import escape
     from rich.table import Table
 
     from trnqwen import output
-    from trnqwen.errors import redact
 
     con = console or output.console(stderr=False)
     s = summarize(log, ctx, findings)
@@ -297,7 +281,7 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
     if ident and (ident["vocab_size"] or ident["layers"]):
         facts = ", ".join(x for x in (f"vocab {ident['vocab_size']:,}" if ident["vocab_size"] else "",
                                       f"{ident['layers']} layers" if ident["layers"] else "") if x)
-        t.add_row("model identity", _escape(f"{ident['name']}: {facts} ({ident['vocab_source'] or ident['layers_source']})"))
+        t.add_row("model identity", escape(f"{ident['name']}: {facts} ({ident['vocab_source'] or ident['layers_source']})"))
     t.add_row("ranks", _fmt(s["world_size"]))
     steps_txt = f"{s['steps_logged']} logged"
     if s["first_step"] is not None:
@@ -347,22 +331,22 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
         t.add_row(override_label(name), redact("; ".join(parts)))
     lora = lora_row(log, ctx)
     if lora is not None:
-        t.add_row("LoRA", _escape(lora))
+        t.add_row("LoRA", escape(lora))
     elif ctx.lora:
         t.add_row("LoRA", "[yellow]configured, but no [LoRA] line logged[/yellow]")
     for _, hooks, facts in method_reports(log, ctx):
         for what, text in hooks.rows(facts):
-            t.add_row(what, _escape(redact(text)))
+            t.add_row(what, escape(redact(text)))
     if log.metrics_stream:  # every other value of the stream, by name
-        t.add_row("steps from", _escape(log.metrics_stream))
+        t.add_row("steps from", escape(log.metrics_stream))
         names = log.value_names
         last = next((log.values[s] for s in reversed(list(log.steps)) if s in log.values), None)
         if last:
-            t.add_row("values (last step)", _escape(", ".join(f"{k} {_fmt(last.get(k), '.4g')}" for k in names)))
+            t.add_row("values (last step)", escape(", ".join(f"{k} {_fmt(last.get(k), '.4g')}" for k in names)))
         val = log.validations[-1] if log.validations else {}
         extra = {k: v for k, v in val.items() if k not in ("step", "loss", "memory_gib", "memory_pct", "tps", "line")}
         if extra:
-            t.add_row("values (last validation)", _escape(", ".join(f"{k} {_fmt(v, '.4g')}" for k, v in extra.items())))
+            t.add_row("values (last validation)", escape(", ".join(f"{k} {_fmt(v, '.4g')}" for k, v in extra.items())))
     fc = s["findings"]
     t.add_row("findings: errors / warnings", f"{fc['error']} / {fc['warning']}")
     t.add_row("log lines: WARNING / ERROR", f"{s['warnings']} / {s['errors']}")
@@ -378,7 +362,7 @@ def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=
         for f in findings:
             style = SEVERITY_STYLE.get(f.severity, "")
             lines = ", ".join(str(x) for x in f.lines[:6]) + (" ..." if len(f.lines) > 6 else "")
-            ft.add_row(f"[{style}]{f.severity}[/{style}]", _escape(redact(f.message)), lines)
+            ft.add_row(f"[{style}]{f.severity}[/{style}]", escape(redact(f.message)), lines)
         con.print(ft)
     render_evaluation(ctx.evaluation, console=con)
 
@@ -388,6 +372,7 @@ def render_evaluation(evaluation: dict, *, console=None, label: str = "") -> Non
     the table of the method's own report (its eval_report's ``table``: GRPO's reward, pass@1)."""
     if not evaluation:
         return
+    from rich.markup import escape
     from rich.table import Table
 
     from trnqwen import output
@@ -400,18 +385,12 @@ def render_evaluation(evaluation: dict, *, console=None, label: str = "") -> Non
         headers = ["checkpoint", "tokens", "loss", "perplexity", "vs base"]
         rows = [[str(r.get("checkpoint")), _fmt(r.get("tokens"), ","), _fmt(r.get("loss"), ".4f"), _fmt(r.get("perplexity"), ",.2f"),
                  "" if r.get("delta_vs_base") is None else f"{r['delta_vs_base']:+.4f}"] for r in evaluation.get("results", [])]
-    t = Table(title=f"held-out eval{label} on {_escape(str(evaluation.get('dataset')))}", title_justify="left")
+    t = Table(title=f"held-out eval{label} on {escape(str(evaluation.get('dataset')))}", title_justify="left")
     for col in headers:
         t.add_column(col, justify="left" if col == "checkpoint" else "right")
     for row in rows:
-        t.add_row(*(_escape(str(cell)) for cell in row))
+        t.add_row(*(escape(str(cell)) for cell in row))
     (console or output.console(stderr=False)).print(t)
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -191,11 +191,7 @@ def read_evaluation(run_dir: Path) -> dict:
 
 def _first(*candidates: tuple[Any, str]) -> tuple[Optional[int], Optional[str]]:
     """The first positive whole number of the (value, where it came from) pairs, with its source."""
-    return next(((int(v), src) for v, src in candidates if _pos_int(v)), (None, None))
-
-
-def _pos_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return next(((v, src) for v, src in candidates if isinstance(v, int) and not isinstance(v, bool) and v > 0), (None, None))
 
 
 def _cfg_get(cfg: dict, key: str) -> Any:
