@@ -62,14 +62,13 @@ class ModelIdentity:
     layers_source: Optional[str] = None
 
 
-def _size_in(text: Optional[str]) -> Optional[KnownModel]:
-    if not text:
-        return None
-    for m in _REPO_RE.finditer(text):
-        size = m.group(1).lower()
-        if size in QWEN3_SIZES:
-            return QWEN3_SIZES[size]
-    return None
+def _size_in(evidence: list[tuple[Optional[str], str]]) -> tuple[Optional[KnownModel], Optional[str]]:
+    """The first known Qwen3 size the (text, where it is) pairs name, and where."""
+    for text, where in evidence:
+        for m in _REPO_RE.finditer(text or ""):
+            if m.group(1).lower() in QWEN3_SIZES:
+                return QWEN3_SIZES[m.group(1).lower()], where
+    return None, None
 
 
 def _size_from_params(params: Optional[int]) -> Optional[KnownModel]:
@@ -89,13 +88,7 @@ def identify(log: "ParsedLog") -> ModelIdentity:
         (log.job_description, f"the job description ({log.job_description})"),
         *((p, f"the checkpoint path {p}") for p in load_paths),
     ]
-    known = None
-    source = None
-    for text, where in evidence:
-        known = _size_in(text)
-        if known is not None:
-            source = where
-            break
+    known, source = _size_in(evidence)
     family = " ".join(x for x in (log.model_name, log.model_flavor, log.job_description, *load_paths) if x).lower()
     if known is None and "qwen3" in family and log.model_flavor and _SIZE_RE.match(log.model_flavor):
         known = QWEN3_SIZES.get(log.model_flavor.lower())

@@ -12,6 +12,7 @@ tries the table, in order, on every INFO-level or bare line that is not a step, 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -57,7 +58,6 @@ NO_REPLACEMENT_RE = re.compile(r"override\.imports=(?P<imports>.*?) produced no 
 # torchrun's failure summary ("Root Cause (first observed failure):" ... "rank : 1 (local_rank: 1)")
 TR_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)")
 TR_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
-TR_TRACE_RE = re.compile(r"^\s*traceback\s*:\s*(.*)$")
 FAILED_RE = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<rank>\d+)")
 EXC_LINE_RE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure|Fault)\b(?::.*)?$")
 TRACEBACK_START = "Traceback (most recent call last)"
@@ -142,10 +142,7 @@ def _checkpoint(kind: str) -> Callable[["ParsedLog", "re.Match[str]", LineAt], N
 
 def _mesh(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     dims = dict(re.findall(r"(\w+)=(-?\d+)", m.group("dims")))
-    size = 1
-    for key in ("pp", "dp_replicate", "dp_shard", "cp", "tp"):
-        size *= max(1, int(dims.get(key, 1)))
-    log.world_size_hints["mesh"] = size
+    log.world_size_hints["mesh"] = math.prod(max(1, int(dims.get(key, 1))) for key in ("pp", "dp_replicate", "dp_shard", "cp", "tp"))
 
 
 def _keep(name: str, value: Callable[["re.Match[str]", LineAt], object], *, primary: bool = False, first: bool = False):
@@ -189,9 +186,8 @@ def _model_args(log: "ParsedLog", text: str) -> None:
 def _override_calls(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     """``[OverrideCalls] NAME: calls=C fallbacks=F modules=M rank=R step=S[ reason: TEXT]``
     (:mod:`trnqwen.runtime.override_calls`), kept per override and rank (the line's own rank)."""
-    rec: dict = {k: int(m.group(k)) for k in ("calls", "fallbacks", "modules", "step")}
-    rec["reason"] = m.group("reason") or None
-    rec["line"] = at.lineno
+    rec = {**{k: int(m.group(k)) for k in ("calls", "fallbacks", "modules", "step")},
+           "reason": m.group("reason") or None, "line": at.lineno}
     log.override_calls.setdefault(m.group("name"), {})[int(m.group("rank"))] = rec
 
 

@@ -12,7 +12,6 @@ from trnqwen.logs.patterns import (
     HEADER_RE,
     TR_EXIT_RE,
     TR_RANK_RE,
-    TR_TRACE_RE,
     TRACEBACK_START,
 )
 from trnqwen.logs.record import ParsedLog
@@ -41,8 +40,6 @@ class Tracebacks:
         state["open"] = True
         state["indent"] = len(body) - len(body.lstrip())
         state["start"] = state.get("start") or lineno
-        state.setdefault("chain_start", lineno)
-        state["frames"] = 0
 
     def line(self, rank: Optional[int], body: str, lineno: int) -> bool:
         """Consume a line of ``rank``'s open traceback; False when the traceback ended before it
@@ -50,14 +47,8 @@ class Tracebacks:
         state = self._state[rank]
         stripped = body.strip()
         indent = len(body) - len(body.lstrip())
-        if not stripped:
-            return True
-        if stripped.startswith(TRACEBACK_START):
-            state["frames"] = 0
-            return True
-        if indent > state["indent"] or stripped.startswith(("File ", "^", "~")):
-            state["frames"] += 1
-            return True
+        if not stripped or indent > state["indent"] or stripped.startswith((TRACEBACK_START, "File ", "^", "~")):
+            return True  # a frame, or a chained traceback's first line
         if "[titan]" in body and HEADER_RE.search(body):
             self._close(rank, state, None, None)
             return False
@@ -102,17 +93,15 @@ class TorchrunSummary:
             return True
         if stripped.endswith(" FAILED") and not stripped.startswith("["):
             fail.setdefault("summary_line", lineno)
-            fail.setdefault("entrypoint", stripped[: -len(" FAILED")])
             return True
         if self._in_root_cause:
             if stripped.startswith("===="):
                 self._in_root_cause = False
                 return True
-            for regex, key, value in ((TR_RANK_RE, "root_cause_rank", int), (TR_EXIT_RE, "exitcode", int),
-                                      (TR_TRACE_RE, "traceback", lambda text: text[:500])):
+            for regex, key in ((TR_RANK_RE, "root_cause_rank"), (TR_EXIT_RE, "exitcode")):
                 m = regex.match(stripped)
                 if m is not None:
-                    fail[key] = value(m.group(1))
+                    fail[key] = int(m.group(1))
                     return True
             if EXC_LINE_RE.match(stripped):
                 fail["error"] = stripped[:500]
