@@ -389,7 +389,7 @@ class LogParser:
         w = PYWARN_RE.match(stripped)
         if w is not None:
             log.recognized_lines += 1
-            self._warning(lineno, rank, f"{w.group('cat')}: {w.group('msg')}")
+            self._warning(lineno, f"{w.group('cat')}: {w.group('msg')}")
             return
         if rank is None and self._torchrun.line(stripped, lineno):
             log.recognized_lines += 1
@@ -454,7 +454,7 @@ class LogParser:
             if m is not None and self._is_primary(rank):
                 log.override_no_match.append({"imports": m.group("imports"), "line": lineno})
             if not glog or not msg.strip().startswith("*****"):
-                self._warning(lineno, rank, msg)
+                self._warning(lineno, msg)
             if "Ran out of data" in msg and self._is_primary(rank):
                 log.ran_out_of_data_line = lineno
             return True
@@ -472,7 +472,7 @@ class LogParser:
         # Bare lines: only structured content counts as recognized.
         return known if level is None and not glog else True
 
-    def _warning(self, lineno: int, rank: Optional[int], msg: str) -> None:
+    def _warning(self, lineno: int, msg: str) -> None:
         log = self.log
         if not msg.strip():
             return
@@ -482,10 +482,8 @@ class LogParser:
         if entry is None:
             if len(log.warnings) >= MAX_KEPT:
                 return
-            entry = log.warnings[key] = {"text": msg.strip()[:500], "count": 0, "line": lineno, "ranks": set()}
+            entry = log.warnings[key] = {"text": msg.strip()[:500], "count": 0, "line": lineno}
         entry["count"] += 1
-        if rank is not None and len(entry["ranks"]) < 4096:
-            entry["ranks"].add(rank)
 
     def _error(self, lineno: int, rank: Optional[int], msg: str) -> None:
         log = self.log

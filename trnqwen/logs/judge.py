@@ -556,17 +556,14 @@ def _check_stopped_early(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         out.append(Finding("warning", "ran-out-of-data", f"the data ran out at step {last}: training stopped early",
                            [log.ran_out_of_data_line]))
     if target and last < target:
-        live = run_is_live(ctx)
-        preempted = _unresumed_preemptions(log)
-        if live:
+        if run_is_live(ctx):
             out.append(Finding("info", "in-progress", f"the run is still going: step {last} of {target}", [log.steps[last]["line"]]))
-        elif preempted:  # saved and resumable: the "preempted" warning says how to continue
+        elif _unresumed_preemptions(log):  # saved and resumable: the "preempted" warning says how to continue
             out.append(Finding("info", "stopped-early", f"the run stopped at step {last} of {target} configured steps "
                                "(preempted with a resumable checkpoint)", [log.steps[last]["line"]]))
         else:
-            why = ""
-            if ctx.record is not None and ctx.record.ended_by and ctx.record.ended_by != "completed":
-                why = f" (ended by {ctx.record.ended_by})"
+            ended_by = ctx.record.ended_by if ctx.record is not None else None
+            why = f" (ended by {ended_by})" if ended_by and ended_by != "completed" else ""
             out.append(Finding("error", "stopped-early", f"the run stopped at step {last} of {target} configured steps{why}",
                                [log.steps[last]["line"]]))
     elif target and last >= target and log.completed_line:

@@ -1,18 +1,9 @@
-"""Parse torchtitan logs: every line kind it prints, with or without ANSI colours and torchrun
-prefixes (``[rank0]:``, ``[default0]:``), ranks interleaved.
-
-:class:`~trnqwen.logs.engine.LogParser` is the streaming parser fed raw bytes (``feed`` /
-``close``) that builds a :class:`~trnqwen.logs.record.ParsedLog`; :func:`parse_stream`,
-:func:`parse_file`, :func:`parse_bytes` and :func:`parse_text` wrap it.
-
-Where things live: the step line's format in :mod:`trnqwen.contract.stepline`; every other line kind
-in :mod:`trnqwen.logs.patterns` (a new informational line is one row of ``_OWN_LINES`` there);
-the result in :mod:`trnqwen.logs.record`; the streaming engine in :mod:`trnqwen.logs.engine`,
-with crash tracking in :mod:`trnqwen.logs.tracebacks`.
-"""
+"""Parse a torchtitan log from a stream, a file, bytes or text: wrappers of the streaming parser
+(:class:`~trnqwen.logs.engine.LogParser`, which says where each line kind is read)."""
 
 from __future__ import annotations
 
+import io
 from typing import BinaryIO
 
 from trnqwen.logs.engine import CHUNK_SIZE, MAX_LINE, LogParser
@@ -30,10 +21,7 @@ def parse_stream(stream: BinaryIO, source: str = "", *, chunk_size: int = CHUNK_
 
 
 def parse_bytes(data: bytes, source: str = "<bytes>", *, chunk_size: int = CHUNK_SIZE, max_line: int = MAX_LINE) -> ParsedLog:
-    parser = LogParser(source, max_line=max_line)
-    for i in range(0, len(data), chunk_size):
-        parser.feed(data[i: i + chunk_size])
-    return parser.close()
+    return parse_stream(io.BytesIO(data), source, chunk_size=chunk_size, max_line=max_line)
 
 
 def parse_text(text: str, source: str = "<text>") -> ParsedLog:

@@ -149,24 +149,20 @@ def build_figure(log: ParsedLog, *, other: Optional[ParsedLog] = None, title: Op
     _mark_interruptions(log, panels)
     if log.compiled_line is not None and 1 in log.steps:
         ax_tps.axvspan(0.5, 1.5, color="grey", alpha=0.15, label="step 1 (compilation)")
-    ax_loss.set_ylabel("loss")
+    for ax, label in ((ax_loss, "loss"), (ax_grad, "grad norm"), (ax_tps, "tokens / s / device"), (ax_mfu, "MFU (%)"),
+                      (ax_lr, "learning rate"), (ax_values, "other values")):
+        if ax is not None:
+            ax.set_ylabel(label)
     if ax_loss_other is not None:
         kinds = dict.fromkeys("held-out loss" if ln.get_label().startswith("held-out") else "validation loss"
                               for ln in ax_loss_other.get_lines())
         ax_loss_other.set_ylabel(f"{' / '.join(kinds)}\n(another scale)")
-    ax_grad.set_ylabel("grad norm")
-    ax_tps.set_ylabel("tokens / s / device")
     if ax_mfu is not None:
-        ax_mfu.set_ylabel("MFU (%)")
         ax_mfu.set_ylim(bottom=0)  # an honest scale: a 0.1-point wobble should look like one
-    bottom = axes[-1]
-    bottom.set_xlabel("step")
-    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if ax_lr is not None:
-        ax_lr.set_ylabel("learning rate")
     if ax_values is not None:
-        ax_values.set_ylabel("other values")
         ax_values.axhline(0.0, color="grey", lw=0.8, alpha=0.5)
+    axes[-1].set_xlabel("step")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in panels:
         ax.grid(True, alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()

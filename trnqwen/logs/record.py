@@ -70,7 +70,7 @@ class ParsedLog:
     compiled_line: Optional[int] = None  # the first line saying something was compiled (step 1 then includes it)
     ran_out_of_data_line: Optional[int] = None
     checkpoint_events: list[dict] = field(default_factory=list)
-    warnings: dict[str, dict] = field(default_factory=dict)  # normalized -> {text, count, line, ranks}
+    warnings: dict[str, dict] = field(default_factory=dict)  # normalized -> {text, count, line}
     warning_count: int = 0
     errors: list[dict] = field(default_factory=list)  # ERROR-level lines {line, rank, text}
     error_count: int = 0
