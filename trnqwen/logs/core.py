@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Optional
 
+from trnqwen.contract.metrics_stream import StreamReader
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.logs.identity import with_identity
 from trnqwen.logs.judge import Finding, judge
@@ -20,6 +21,7 @@ from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.sources import LogInput, RunContext, run_context
 from trnqwen.logs.stream import StreamSteps, read_into, run_method, stream_of
+from trnqwen.rundir import RunRecord
 
 
 @dataclass
@@ -135,8 +137,6 @@ def judge_log(log: ParsedLog, inp: Optional[LogInput], *, expect_layers: Optiona
 def _record_ended(inp: LogInput) -> bool:
     if inp.run_dir is None:
         return False
-    from trnqwen.rundir import RunRecord
-
     try:
         rec = RunRecord.load(inp.run_dir)
     except Exception:  # being rewritten (atomic rename) or gone: try again next poll
@@ -179,7 +179,6 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
     parser = LogParser(inp.label)
     stream = StreamSteps(run_method(inp.record))  # the run's metrics stream, once it has one
     reader = None
-    pos = 0
     idle_since = time.monotonic()
     stalled: Optional[float] = None
     fh = None
@@ -190,20 +189,15 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
             grew = False
             if fh is not None:
                 try:
-                    size = os.fstat(fh.fileno()).st_size
+                    truncated = os.fstat(fh.fileno()).st_size < fh.tell()
                 except OSError:
-                    size = pos
-                if size < pos:  # truncated or replaced: start over
+                    truncated = False
+                if truncated:  # or replaced: start over
                     parser = LogParser(inp.label)
                     emitter = _Emitter(on_step, on_validation)
-                    pos = 0
                     fh.seek(0)
-                read = _drain(fh, parser, chunk_size)
-                pos += read
-                grew = bool(read)
+                grew = _drain(fh, parser, chunk_size) > 0
             if reader is None and stream_of(inp.run_dir) is not None:
-                from trnqwen.contract.metrics_stream import StreamReader
-
                 reader = StreamReader(stream_of(inp.run_dir))
             new = reader.poll() if reader is not None else []
             stream.add(new)
@@ -237,8 +231,7 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
         raise CheckFailed(f"{inp.label} stayed empty", hint="is the run writing to this file?")
     result = judge_log(log, inp, **judge_kw) if log.bytes_read or streamed else Inspection(log, run_context(inp), [])
     if stalled is not None:
-        last = max(log.steps) if log.steps else None
-        where = f"after step {last}" if last is not None else "before any step"
+        where = f"after step {max(log.steps)}" if log.steps else "before any step"
         result.findings.insert(0, Finding(
             "error", "stalled",
             f"no new log line for {stalled:.0f} s (--idle-timeout {idle_timeout_s:g}) {where}, and the run had not ended: "

@@ -18,11 +18,10 @@ import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-if TYPE_CHECKING:
-    from trnqwen.logs.record import ParsedLog
-    from trnqwen.logs.sources import RunContext
+from trnqwen.logs.record import ParsedLog
+from trnqwen.logs.sources import RunContext
 
 QWEN3_VOCAB = 151936
 
@@ -79,7 +78,7 @@ def _size_from_params(params: Optional[int]) -> Optional[KnownModel]:
     return best if abs(params / best.params - 1) <= 0.10 else None
 
 
-def identify(log: "ParsedLog") -> ModelIdentity:
+def identify(log: ParsedLog) -> ModelIdentity:
     """The model named by the log (see the module docstring for the evidence, strongest first)."""
     load_paths = [e["path"] for e in log.checkpoint_events if e.get("kind") == "load" and e.get("path")]
     evidence: list[tuple[Optional[str], str]] = [
@@ -129,7 +128,7 @@ def known_vocab(model_name: Optional[str], flavor: Optional[str]) -> Optional[in
     return FAMILY_VOCAB[family] if _SIZED_FLAVOR_RE.search(flavor or "") else None
 
 
-def with_identity(log: "ParsedLog", ctx: "RunContext") -> "RunContext":
+def with_identity(log: ParsedLog, ctx: RunContext) -> RunContext:
     """``ctx`` with the vocab size and layer count the log implies, where ctx has none."""
     ident = identify(log)
     changes: dict = {"identity": ident}

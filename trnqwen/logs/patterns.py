@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import compress
-from typing import TYPE_CHECKING, Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 from trnqwen.contract.lora import LOG_LINE_RE as LORA_RE
 from trnqwen.contract.lora import LOG_MARK as LORA_TAG
@@ -25,12 +25,9 @@ from trnqwen.contract.lora import read_log_line
 from trnqwen.contract.method_lines import MethodLine
 from trnqwen.contract.override_calls import CALLS_RE, CALLS_TAG
 from trnqwen.contract.stepline import strip_ansi, to_number
-from trnqwen.logs.record import MethodLines
+from trnqwen.logs.record import MethodLines, ParsedLog
 from trnqwen.methods import registry as methods
 from trnqwen.methods.base import load
-
-if TYPE_CHECKING:
-    from trnqwen.logs.record import ParsedLog
 
 # torchrun's per-rank prefix: "[{role}{idx}]:" (role "rank" with --role rank, else "default").
 PREFIX_RE = re.compile(r"\[([A-Za-z][A-Za-z_-]{0,31})(\d{1,6})\]:")
@@ -122,14 +119,14 @@ class LinePattern:
     it holds."""
 
     name: str
-    regex: "re.Pattern[str]"
-    store: Callable[["ParsedLog", "re.Match[str]", LineAt], Optional[bool]]
+    regex: re.Pattern[str]
+    store: Callable[[ParsedLog, re.Match[str], LineAt], Optional[bool]]
     needle: tuple[str, ...] = ()
     lower: bool = False
 
 
-def _checkpoint(kind: str) -> Callable[["ParsedLog", "re.Match[str]", LineAt], None]:
-    def store(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+def _checkpoint(kind: str) -> Callable[[ParsedLog, re.Match[str], LineAt], None]:
+    def store(log: ParsedLog, m: re.Match[str], at: LineAt) -> None:
         if not at.primary:
             return
         ev: dict = {"kind": kind, "line": at.lineno, "text": m.string.strip()[:500]}
@@ -140,32 +137,32 @@ def _checkpoint(kind: str) -> Callable[["ParsedLog", "re.Match[str]", LineAt], N
     return store
 
 
-def _mesh(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+def _mesh(log: ParsedLog, m: re.Match[str], at: LineAt) -> None:
     dims = dict(re.findall(r"(\w+)=(-?\d+)", m.group("dims")))
     log.world_size_hints["mesh"] = math.prod(max(1, int(dims.get(key, 1))) for key in ("pp", "dp_replicate", "dp_shard", "cp", "tp"))
 
 
-def _keep(name: str, value: Callable[["re.Match[str]", LineAt], object], *, primary: bool = False, first: bool = False):
+def _keep(name: str, value: Callable[[re.Match[str], LineAt], object], *, primary: bool = False, first: bool = False):
     """A store that sets the log's ``name`` to ``value(match, at)``; ``primary``: only from the primary
     rank; ``first``: only while it is unset (a resumed log keeps its first attempt's)."""
-    def store(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+    def store(log: ParsedLog, m: re.Match[str], at: LineAt) -> None:
         if (at.primary or not primary) and not (first and getattr(log, name)):
             setattr(log, name, value(m, at))
 
     return store
 
 
-def _launcher_world(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+def _launcher_world(log: ParsedLog, m: re.Match[str], at: LineAt) -> None:
     log.world_size_hints.setdefault("launcher", int(m.group(1)))
 
 
-def _model_size(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+def _model_size(log: ParsedLog, m: re.Match[str], at: LineAt) -> None:
     log.model_name = m.group("name")
     log.model_flavor = m.group("flavor")
     log.model_params = int(m.group("params").replace(",", ""))
 
 
-def _building(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> Optional[bool]:
+def _building(log: ParsedLog, m: re.Match[str], at: LineAt) -> Optional[bool]:
     if m.group("name") == "device":
         return False
     log.model_name = log.model_name or m.group("name")
@@ -174,7 +171,7 @@ def _building(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> Optional[bool
     return None
 
 
-def _model_args(log: "ParsedLog", text: str) -> None:
+def _model_args(log: ParsedLog, text: str) -> None:
     v = _VOCAB_ARG_RE.search(text)
     if v is not None:
         log.vocab_size = log.vocab_size or int(v.group(1))
@@ -183,7 +180,7 @@ def _model_args(log: "ParsedLog", text: str) -> None:
         log.num_layers = log.num_layers or int(n.group(1))
 
 
-def _override_calls(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+def _override_calls(log: ParsedLog, m: re.Match[str], at: LineAt) -> None:
     """``[OverrideCalls] NAME: calls=C fallbacks=F modules=M rank=R step=S[ reason: TEXT]``
     (:mod:`trnqwen.runtime.override_calls`), kept per override and rank (the line's own rank)."""
     rec = {**{k: int(m.group(k)) for k in ("calls", "fallbacks", "modules", "step")},
@@ -191,7 +188,7 @@ def _override_calls(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.override_calls.setdefault(m.group("name"), {})[int(m.group("rank"))] = rec
 
 
-def _lora(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
+def _lora(log: ParsedLog, m: re.Match[str], at: LineAt) -> None:
     """``[LoRA] trainable N of M parameters (P%), rank R, ... initialised K (rank X)``
     (:func:`trnqwen.contract.lora.log_line`), kept per process rank: the torchrun prefix's, else the
     line's own ``(rank X)``."""
@@ -199,7 +196,7 @@ def _lora(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> None:
     log.lora[at.rank if at.rank is not None else process] = {**rec, "line": at.lineno}
 
 
-def keep_method_line(log: "ParsedLog", method: str, line: MethodLine, lineno: int) -> None:
+def keep_method_line(log: ParsedLog, method: str, line: MethodLine, lineno: int) -> None:
     """One of a method's lines (the primary rank's): a step's values and a note go to
     ``log.method_lines[method]``; a validation's join the validation record of that step (the
     last one), else make one."""
@@ -217,8 +214,8 @@ def keep_method_line(log: "ParsedLog", method: str, line: MethodLine, lineno: in
         kept.notes[line.name] = {**line.values, "line": lineno}
 
 
-def _method_line(method: str, read: Callable[["re.Match[str]"], Optional[MethodLine]]):
-    def store(log: "ParsedLog", m: "re.Match[str]", at: LineAt) -> Optional[bool]:
+def _method_line(method: str, read: Callable[[re.Match[str]], Optional[MethodLine]]):
+    def store(log: ParsedLog, m: re.Match[str], at: LineAt) -> Optional[bool]:
         line = read(m)
         if line is None:
             return False
@@ -240,7 +237,7 @@ def _method_patterns(declared: tuple[tuple[str, str], ...]) -> tuple[LinePattern
 NO_PEAK_FLOPS_RE = re.compile(r"Peak flops undefined for: (.+?), fallback to")
 
 
-def no_peak_flops(log: "ParsedLog") -> Optional[str]:
+def no_peak_flops(log: ParsedLog) -> Optional[str]:
     """The device torchtitan knew no peak FLOPS for (``Peak flops undefined for: CPU (x86_64),
     fallback to A100``): its MFU is then against another device's peak and means nothing (0.00%
     on CPU).  None when the log does not say so."""
@@ -331,7 +328,7 @@ def info_table() -> InfoTable:
 INFO_LINES, _, SCREEN = info_table()  # the built-in methods' table
 
 
-def read_info_line(log: "ParsedLog", msg: str, at: LineAt, table: InfoTable) -> bool:
+def read_info_line(log: ParsedLog, msg: str, at: LineAt, table: InfoTable) -> bool:
     """Try ``table``'s patterns on one message; True when one of them took it."""
     lowered = msg.lower()
     held = list(compress(table.screen, map(lowered.__contains__, table.screen)))

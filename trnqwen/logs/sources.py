@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from trnqwen.adapters.lora.readers import configured, read_rank_logs
+from trnqwen.assets import CONFIG_NAME, declares_random_init, read_config_json
 from trnqwen.errors import UsageError
-from trnqwen.rundir import LOG_NAME, RUN_RECORD, RunRecord
+from trnqwen.rundir import LOG_NAME, RUN_RECORD, RunRecord, last_run_dir
 
 
 @dataclass
@@ -64,8 +66,6 @@ class RunContext:
 def resolve_input(arg: Optional[str], runs_dir: Optional[Path] = None) -> LogInput:
     """``-`` is stdin; a directory is a run dir (run.json + train.log) or holds train.log; None
     is the last run under ``runs_dir``."""
-    from trnqwen.rundir import last_run_dir
-
     if arg is None:
         last = last_run_dir(Path(runs_dir)) if runs_dir is not None and Path(runs_dir).is_dir() else None
         if last is None:
@@ -156,12 +156,8 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
     model_cfg, model_cfg_path = _model_config(record, cfg, ctx.run_dir)
     ctx.model_config = model_cfg
     if model_cfg_path is not None:
-        from trnqwen.assets import declares_random_init
-
         ctx.base_random_init = declares_random_init(model_cfg_path.parent)
     if cfg.get("lora"):
-        from trnqwen.adapters.lora.readers import configured
-
         ctx.lora = configured(cfg)
     ctx.run_config = cfg or None
     found = str(model_cfg_path)  # explicit facts first, then run.json's, then the base model's config.json
@@ -174,8 +170,6 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
     if ctx.run_dir is not None:
         ctx.evaluation = read_evaluation(ctx.run_dir)
         if ctx.lora is not None and isinstance(extra.get("rank_log_dir"), str):
-            from trnqwen.adapters.lora.readers import read_rank_logs
-
             ctx.rank_lora = read_rank_logs(in_run_dir(record, ctx.run_dir, extra["rank_log_dir"]))
     return ctx
 
@@ -203,8 +197,6 @@ def _cfg_get(cfg: dict, key: str) -> Any:
 
 def _model_config(record: Optional[RunRecord], cfg: dict, run_dir: Optional[Path]) -> tuple[Optional[dict], Optional[Path]]:
     """The base model's config.json (run.json's assets folder, else the run config's), and its path."""
-    from trnqwen.assets import CONFIG_NAME, read_config_json
-
     for value in (record.assets_dir if record is not None else None, cfg.get("assets_dir")):
         if not value:
             continue
