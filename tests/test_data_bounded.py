@@ -243,3 +243,27 @@ def test_trnqwen_train_shows_the_preparations_progress_bar_as_data_does(cli, in_
     shown = screen.getvalue()
     size = f"{data['chats'].stat().st_size / 1000:.1f}/{data['chats'].stat().st_size / 1000:.1f} kB"  # rich: decimal units
     assert ("Reading and tokenizing the dataset" in shown) != json_out and (size in shown) != json_out, shown
+
+
+def test_rows_written_by_several_processes_are_the_same_files(tmp_path, tiny, data, small_pieces, monkeypatch):
+    """With workers, each forked writer puts its blocks at their place in the cache's files
+    (cache.StreamedSplit.write_rows): the same bytes, header included, as the in-memory path."""
+    used = []
+    real = bounded._write_in_parallel
+    monkeypatch.setattr(bounded, "_write_in_parallel", lambda *a: used.append(len(a[1])) or real(*a))
+    memory, disk, _ = _both(tmp_path, tiny, DataSettings(dataset=str(data["chats"]), seq_len=128, val_split=0.1), workers=2)
+    assert used and max(used) > 2  # several blocks, shared out
+    files = sorted(p.name for p in memory.cache_dir.glob("*.npy"))
+    assert files == sorted(p.name for p in disk.cache_dir.glob("*.npy")) and len(files) == 6
+    for name in files:
+        assert (disk.cache_dir / name).read_bytes() == (memory.cache_dir / name).read_bytes(), name
+
+
+def test_a_writer_that_fails_leaves_no_cache_and_no_scratch(tmp_path, tiny, data, small_pieces, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("a block went wrong")
+
+    monkeypatch.setattr(bounded, "_block", broken)  # in the forked writers too
+    with pytest.raises(ValueError, match="a block went wrong"):
+        prepare(DataSettings(dataset=str(data["chats"]), seq_len=128), tiny, tmp_path / "c", bounded_memory=True, workers=2)
+    assert not list((tmp_path / "c").iterdir())  # no cache, no half-written folder, no scratch files

@@ -432,17 +432,18 @@ def _prepare_bounded(settings, parts, val_source, assets_dir, cache_root, key, w
         store = bounded.DocStore(folder)
         encoder = bounded.Encoder(tokenizer, settings.seq_len, settings.long_conversations, settings.train_on_inputs,
                                   context)
+        workers = bounded.default_workers() if workers is None else workers
         loaded = bounded.read_documents(
             parts, val_source, store, encoder, detect=lambda source, first, fmt: _detect(source, first, settings, fmt),
-            forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed,
-            workers=bounded.default_workers() if workers is None else workers, progress=progress)
+            forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed, workers=workers,
+            progress=progress)
         _log.info("chat template: %d renders pasted from role skeletons, %d rendered by jinja", *store.renders)
         bounds, cut, targets, kept = store.arrays()
         train_docs, val_docs = _chosen(settings, loaded, parts, kept, targets)
         build = _build(settings, tokenizer)
-        splits = {"train": bounded.split_rows(store, bounds, cut, targets, train_docs, **build)}
+        splits = {"train": bounded.split_rows(store, bounds, cut, targets, train_docs, workers=workers, **build)}
         if len(val_docs):
-            splits["val"] = bounded.split_rows(store, bounds, cut, targets, val_docs, **build)
+            splits["val"] = bounded.split_rows(store, bounds, cut, targets, val_docs, workers=workers, **build)
         seq_len = settings.seq_len
         # the sample: the first training record, read and tokenized again
         d = int(train_docs[0])
