@@ -351,7 +351,8 @@ def read_documents(parts: list[mixture.Part], val_source: Optional[Source], stor
         return n, chosen, n
 
     try:
-        return mixture.load_parts(parts, val_source, read, forced=forced, val_split=val_split, seed=seed)
+        return mixture.load_parts(parts, val_source, read, forced=forced, val_split=val_split, seed=seed,
+                                  alloc=store.scratch_array)
     finally:
         pipeline.close()
         store.close()
