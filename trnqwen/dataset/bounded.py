@@ -213,6 +213,10 @@ def _start_worker(encoder: Encoder) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it ends the pool): no worker tracebacks
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the workers are the parallelism
+    # a chunk makes ~100k short-lived objects that live until it is sent: automatic collections
+    # (every 700 allocations) kept traversing them, ~6-8% of a worker's time; one collection per
+    # chunk instead frees any cycles just as surely (memory: one chunk's garbage at most)
+    gc.disable()
     _WORKER["encoder"] = encoder
 
 
@@ -221,7 +225,10 @@ def _records(records: list[Record] | LineChunk) -> list[Record]:
 
 
 def _encode_in_worker(records: list[Record] | LineChunk, fmt: str) -> Chunk:
-    return _WORKER["encoder"](_records(records), fmt)
+    try:
+        return _WORKER["encoder"](_records(records), fmt)
+    finally:
+        gc.collect()
 
 
 def _can_fork() -> bool:
