@@ -18,13 +18,17 @@ through this module instead, with the same rendering, masking, fitting and packi
 * the mixture's choice and the rows are computed from those numbers (``mixture.select``,
   ``packing.assign_rows``: the same calls as in memory), and the rows are written to the cache
   :data:`ROW_BLOCK_TOKENS` at a time (``cache.StreamedSplit``), each block's documents read from
-  the scratch files one by one (``pread``: a mapping would hold every page a block touches).
+  the scratch files one by one (``pread``: a mapping would hold every page a block touches);
+  with workers, forked writers make the blocks and write each at its place in the cache's files
+  (``StreamedSplit.write_rows``), a block of ``ROW_BLOCK_TOKENS / workers`` each.
 
-The rows' per-document arrays (lengths, rows, columns, the best-fit and by-row orders: counting
-sorts, no argsort) are memory maps in the scratch folder too (:meth:`DocStore.scratch_array`).
-What still grows with the record count in memory is the split's and the mixture's indices
-(``mixture.load_parts``/``select``: about 18 bytes a training document, int64 and int16) and a
-few numbers per *row*, not the records, texts or tokens.  The cache is byte for
+The per-document arrays after reading (the split's indices from ``mixture.hold_out``/``load_parts``,
+int32 where the count allows; the chosen documents; lengths, rows, columns, the best-fit and by-row
+orders: counting sorts, no argsort) are memory maps in the scratch folder too
+(:meth:`DocStore.scratch_array`), filled a slice at a time, and the report's sums read them a slice
+at a time.  What still grows with the record count in memory is a few numbers per *row* (best-fit's
+room list, the row starts) and, for a mixture with weights or record counts, ``mixture.select``'s
+seeded permutations; not the records, texts, tokens or per-document numbers.  The cache is byte for
 byte the one the in-memory path writes, with any number of workers (tests/test_data_bounded.py),
 so the choice between the two is only about memory.  A progress callback hears (bytes read,
 bytes in all) after every chunk.

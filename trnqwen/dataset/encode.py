@@ -101,23 +101,54 @@ def _splitter(tokenizer):
 
 
 def _byte_lengths(backend) -> Optional[np.ndarray]:
-    """Bytes per token id when every token is byte-level BPE (one character a byte) and
-    ``encode_batch_fast`` exists; else None."""
+    """Bytes per token id when an ASCII piece's token starts are its tokens' byte lengths added up,
+    decided from the tokenizer's own description (:func:`_counts_bytes`); else None."""
     import json
 
     if id(backend) in _BYTE_LENGTHS:
         return _BYTE_LENGTHS[id(backend)][1]
     lengths = None
-    config = json.loads(backend.to_str())
-    model, pre = config.get("model") or {}, json.dumps(config.get("pre_tokenizer"))
-    if (hasattr(backend, "encode_batch_fast") and model.get("type") == "BPE" and not model.get("byte_fallback")
-            and '"ByteLevel"' in pre):
-        vocab = backend.get_vocab(with_added_tokens=False)
-        lengths = np.zeros(max(backend.get_vocab_size(with_added_tokens=True), max(vocab.values(), default=0) + 1), dtype=np.int64)
-        lengths[np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))] = np.fromiter(map(len, vocab), dtype=np.int64,
-                                                                                               count=len(vocab))
+    vocab = backend.get_vocab(with_added_tokens=False)
+    if hasattr(backend, "encode_batch_fast") and _counts_bytes(json.loads(backend.to_str()), vocab):
+        lengths = np.zeros(max(backend.get_vocab_size(with_added_tokens=True), max(vocab.values(), default=0) + 1),
+                           dtype=np.int64)
+        lengths[np.fromiter(vocab.values(), dtype=np.int64, count=len(vocab))] = np.fromiter(map(len, vocab),
+                                                                                               dtype=np.int64, count=len(vocab))
     _BYTE_LENGTHS[id(backend)] = (backend, lengths)
     return lengths
+
+
+_KEEPS_TEXT = {"Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"}  # Split behaviours that drop nothing
+
+
+def _counts_bytes(config: dict, vocab: dict[str, int]) -> bool:
+    """Whether a piece of ASCII text comes out of this tokenizer as tokens whose byte lengths add up
+    to where each starts: byte-level BPE (every vocabulary string one character a byte of ByteLevel's
+    alphabet, no prefixes or suffixes, no byte fallback), a normaliser that leaves ASCII alone, a
+    pre-tokenizer that only splits (no added prefix space), no trimmed offsets afterwards."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    def steps(node, key):
+        node = node or {}
+        return [s for n in node.get(key, []) for s in steps(n, key)] if node.get("type") == "Sequence" else [node] if node else []
+
+    model = config.get("model") or {}
+    if (model.get("type") != "BPE" or model.get("byte_fallback") or model.get("continuing_subword_prefix")
+            or model.get("end_of_word_suffix")):
+        return False
+    if any(n.get("type") not in ("NFC", "NFD", "NFKC", "NFKD") for n in steps(config.get("normalizer"), "normalizers")):
+        return False
+    pre = steps(config.get("pre_tokenizer"), "pretokenizers")
+    if not any(n.get("type") == "ByteLevel" for n in pre) or not all(
+            (n.get("type") == "ByteLevel" and not n.get("add_prefix_space"))
+            or (n.get("type") == "Split" and n.get("behavior") in _KEEPS_TEXT and not n.get("invert"))
+            or n.get("type") in ("Digits", "Punctuation") for n in pre):
+        return False
+    if not all(n.get("type") == "TemplateProcessing" or (n.get("type") == "ByteLevel" and not n.get("trim_offsets"))
+               for n in steps(config.get("post_processor"), "processors")):
+        return False
+    alphabet = set(ByteLevel.alphabet())
+    return all(alphabet.issuperset(token) for token in vocab)
 
 
 def _by_pieces(tokenizer, backend, texts: list[str], fast: bool = True):
