@@ -206,8 +206,10 @@ def test_the_per_document_numbers_are_fixed_width_memory_maps_not_lists(tmp_path
     store = bounded.DocStore(tmp_path / "store")
     encoder = Seen(tokenizer, 96, "drop", False, template_context(None))
     source = resolve_source(str(data["chats"]))
-    bounded.read_documents([bounded.mixture.Part(source)], None, store, encoder, detect=lambda s, r, f: "messages",
-                           forced=None, val_split=0.0, seed=0, workers=2)
+    loaded = bounded.read_documents([bounded.mixture.Part(source)], None, store, encoder,
+                                    detect=lambda s, r, f: "messages", forced=None, val_split=0.0, seed=0, workers=2)
+    for array in (loaded.part_of, loaded.train_idx):  # the split's per-document arrays: scratch maps too
+        assert isinstance(array, np.memmap) and len(array) == 300 and array.dtype in (np.int16, np.int32)
     assert store.count == 300 and not any(isinstance(v, (list, np.ndarray)) and len(v) >= store.count // 37
                                           for v in vars(store).values())
     bounds, cut, targets, kept = store.arrays()
@@ -243,3 +245,91 @@ def test_trnqwen_train_shows_the_preparations_progress_bar_as_data_does(cli, in_
     shown = screen.getvalue()
     size = f"{data['chats'].stat().st_size / 1000:.1f}/{data['chats'].stat().st_size / 1000:.1f} kB"  # rich: decimal units
     assert ("Reading and tokenizing the dataset" in shown) != json_out and (size in shown) != json_out, shown
+
+
+def test_rows_written_by_several_processes_are_the_same_files(tmp_path, tiny, data, small_pieces, monkeypatch):
+    """With workers, each forked writer puts its blocks at their place in the cache's files
+    (cache.StreamedSplit.write_rows): the same bytes, header included, as the in-memory path."""
+    used = []
+    real = bounded._write_in_parallel
+    monkeypatch.setattr(bounded, "_write_in_parallel", lambda *a: used.append(len(a[1])) or real(*a))
+    memory, disk, _ = _both(tmp_path, tiny, DataSettings(dataset=str(data["chats"]), seq_len=128, val_split=0.1), workers=2)
+    assert used and max(used) > 2  # several blocks, shared out
+    files = sorted(p.name for p in memory.cache_dir.glob("*.npy"))
+    assert files == sorted(p.name for p in disk.cache_dir.glob("*.npy")) and len(files) == 6
+    for name in files:
+        assert (disk.cache_dir / name).read_bytes() == (memory.cache_dir / name).read_bytes(), name
+
+
+def test_a_writer_that_fails_leaves_no_cache_and_no_scratch(tmp_path, tiny, data, small_pieces, monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("a block went wrong")
+
+    monkeypatch.setattr(bounded, "_block", broken)  # in the forked writers too
+    with pytest.raises(ValueError, match="a block went wrong"):
+        prepare(DataSettings(dataset=str(data["chats"]), seq_len=128), tiny, tmp_path / "c", bounded_memory=True, workers=2)
+    assert not list((tmp_path / "c").iterdir())  # no cache, no half-written folder, no scratch files
+
+
+def _scratch(folder: Path):
+    folder.mkdir(exist_ok=True)
+    return bounded.DocStore(folder).scratch_array
+
+
+@pytest.mark.parametrize("n,fraction,seed", [(10, 0.1, 0), (1000, 0.05, 3), (77, 0.5, 1), (5, 0.0, 0), (3_000_017, 0.02, 7)])
+def test_hold_out_in_scratch_maps_is_the_in_memory_split(tmp_path, n, fraction, seed):
+    """Bounded preparation holds out validation in int32 memory maps: ``rng.shuffle`` of an int32
+    ``arange`` draws what ``permutation(n)`` (int64) draws, so both splits are the same indices."""
+    if fraction:
+        rng_a, rng_b = np.random.default_rng(seed), np.random.default_rng(seed)
+        shuffled = np.arange(n, dtype=np.int32)
+        rng_b.shuffle(shuffled)
+        np.testing.assert_array_equal(shuffled, rng_a.permutation(n))
+    train, val = bounded.mixture.hold_out(n, fraction, seed, alloc=_scratch(tmp_path / "s"))
+    want_train, want_val = bounded.mixture.hold_out(n, fraction, seed)
+    assert train.dtype == np.int32 and isinstance(train, np.memmap) and val.dtype in (np.int32, np.int64)
+    np.testing.assert_array_equal(train, want_train)
+    np.testing.assert_array_equal(val, want_val)
+
+
+def test_the_sliced_index_helpers_are_their_whole_set_forms(tmp_path, monkeypatch):
+    mixture = bounded.mixture
+    monkeypatch.setattr(mixture, "_STEP", 7)  # every slice boundary crossed
+    rng = np.random.default_rng(0)
+    kept = rng.random(100) < 0.7
+    indices = np.sort(rng.choice(100, 60, replace=False))
+    values = rng.integers(0, 50, 100).astype(np.int32)
+    got = mixture.take_kept(indices, kept, _scratch(tmp_path / "s"))
+    np.testing.assert_array_equal(got, indices[kept[indices]])
+    np.testing.assert_array_equal(mixture.take_kept(indices, kept), indices[kept[indices]])
+    assert mixture.sum_at(values, indices) == int(values[indices].sum())
+    part_of = np.array([1] * 9 + [0] * 30 + [2] * 20, dtype=np.int16)
+    assert [mixture.first_of_part(part_of, i) for i in (0, 1, 2)] == [int(np.argmax(part_of == i)) for i in (0, 1, 2)]
+    from trnqwen.dataset.bestfit import next_fit_count
+
+    assert next_fit_count(values, 60, indices) == next_fit_count(values[indices], 60)
+    assert next_fit_count(values, 60, indices[:0]) == 0
+
+
+def test_load_parts_with_scratch_maps_gives_the_same_split(tmp_path):
+    """Several parts, one with its own validation source, one with --val-dataset: the arrays are the
+    in-memory ones (values), kept in the scratch folder."""
+    from trnqwen.dataset.mixture import Part, load_parts
+
+    class FakeSource:
+        def __init__(self, name, n):
+            self.name, self.n, self.hub_name, self.mapping = name, n, None, None
+
+    counts = {"a": 50, "b": 31, "b-val": 7, "v": 9}
+    parts = [Part(FakeSource("a", 0), val_split=0.2), Part(FakeSource("b", 0), val_source=FakeSource("b-val", 0))]
+
+    def read(source, fmt):
+        return counts[source.name], "messages", counts[source.name]
+
+    kwargs = dict(forced=None, val_split=0.1, seed=5)
+    memory = load_parts(parts, FakeSource("v", 0), read, **kwargs)
+    disk = load_parts(parts, FakeSource("v", 0), read, alloc=_scratch(tmp_path / "s"), **kwargs)
+    for name in ("part_of", "train_idx", "val_idx"):
+        np.testing.assert_array_equal(getattr(disk, name), getattr(memory, name), err_msg=name)
+        assert isinstance(getattr(disk, name), np.memmap), name
+    assert disk.read == memory.read and disk.records == memory.records

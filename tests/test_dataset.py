@@ -444,6 +444,63 @@ def test_piece_encoding_equals_whole_text_encoding(tokenizer):
     np.testing.assert_array_equal(lengths, whole_lengths)
 
 
+def test_ascii_pieces_starts_from_byte_lengths_are_rusts_offsets(tokenizer, monkeypatch):
+    """ASCII pieces skip Rust's offsets (encode_batch_fast): their starts, counted in bytes, are
+    the offsets encode_batch gives; a wrong count is caught by the sample and the chunk redone."""
+    import random
+
+    from trnqwen.dataset import encode
+
+    rng = random.Random(0)
+    alphabet = "ab xyz  \n\t\r0123456789.,;:!?'\"()[]{}-_=+*/\\<>|~`@#$%^&"
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 300))) for _ in range(200)]
+    texts = [f"<|im_start|>user\n{t}<|im_end|>\n<|im_start|>assistant\n{t[::-1]}<|im_end|>\n" for t in texts]
+    texts += ["caf\u00e9 \u4e2d\u6587 mixed with ascii<|im_end|>", "emoji \U0001f600 x<|im_end|>"]
+    backend = tokenizer.backend_tokenizer
+    assert encode._byte_lengths(backend) is not None  # the tiny tokenizer is byte-level BPE
+    whole = encode._whole(backend, texts)
+    fast = encode._by_pieces(tokenizer, backend, texts)
+    monkeypatch.setattr(encode, "_FAST", False)
+    slow = encode._by_pieces(tokenizer, backend, texts)
+    for got in (fast, slow):
+        for a, b in zip(got, whole):
+            np.testing.assert_array_equal(a, b)
+    monkeypatch.setattr(encode, "_FAST", True)
+    wrong = encode._byte_lengths(backend) + 1  # every start off: the sampled documents disagree
+    monkeypatch.setitem(encode._BYTE_LENGTHS, id(backend), (backend, wrong))
+    for a, b in zip(encode._by_pieces(tokenizer, backend, texts), whole):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_byte_counted_starts_only_for_tokenizers_that_keep_every_byte(tokenizer):
+    """Refused from the tokenizer's description: anything that adds, drops or trims characters, or a
+    vocabulary string that is not one character a byte."""
+    import copy
+
+    from trnqwen.dataset import encode
+
+    backend = tokenizer.backend_tokenizer
+    config, vocab = json.loads(backend.to_str()), backend.get_vocab(with_added_tokens=False)
+    assert encode._counts_bytes(config, vocab)
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    changes = [
+        ("model", lambda c: c["model"].update(byte_fallback=True)),
+        ("model", lambda c: c["model"].update(continuing_subword_prefix="##")),
+        ("normalizer", lambda c: c.update(normalizer={"type": "Sequence", "normalizers": [{"type": "NFC"}, {"type": "Lowercase"}]})),
+        ("prefix space", lambda c: c["pre_tokenizer"]["pretokenizers"][-1].update(add_prefix_space=True)),
+        ("dropped", lambda c: c["pre_tokenizer"]["pretokenizers"][0].update(behavior="Removed")),
+        ("whitespace", lambda c: c["pre_tokenizer"]["pretokenizers"].append({"type": "WhitespaceSplit"})),
+        ("trimmed", lambda c: c.update(post_processor={"type": "Sequence", "processors": [
+            {**byte_level, "trim_offsets": True}]})),
+    ]
+    for what, change in changes:
+        changed = copy.deepcopy(config)
+        change(changed)
+        assert not encode._counts_bytes(changed, vocab), what
+    assert encode._counts_bytes({**config, "post_processor": byte_level}, vocab)  # Qwen's own tokenizer.json
+    assert not encode._counts_bytes(config, {**vocab, "\u2581word": len(vocab)})  # a sentencepiece-style string
+
+
 def test_added_tokens_that_strip_spaces_fall_back_to_whole_text(tmp_path, tiny):
     snapshot = with_template(tiny, tmp_path / "lstrip", json.loads((tiny / "tokenizer_config.json").read_text())["chat_template"])
     cfg = json.loads((snapshot / "tokenizer_config.json").read_text())

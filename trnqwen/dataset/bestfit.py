@@ -154,15 +154,18 @@ def next_fit_rows(lengths: np.ndarray, seq_len: int, alloc: Alloc = in_memory) -
     return rows, cols
 
 
-def next_fit_count(lengths: np.ndarray, seq_len: int) -> int:
-    """How many rows :func:`next_fit_rows` makes, without making them (the report's comparison)."""
+def next_fit_count(lengths: np.ndarray, seq_len: int, indices: np.ndarray | None = None) -> int:
+    """How many rows :func:`next_fit_rows` makes, without making them (the report's comparison);
+    of ``lengths[indices]`` when given, read a slice at a time."""
     rows, fill = 0, 0
-    for lo in range(0, len(lengths), _STEP):
-        for n in np.asarray(lengths[lo:lo + _STEP]).tolist():
+    count = len(lengths) if indices is None else len(indices)
+    for lo in range(0, count, _STEP):
+        piece = lengths[lo:lo + _STEP] if indices is None else lengths[indices[lo:lo + _STEP]]
+        for n in np.asarray(piece).tolist():
             if fill + n > seq_len:
                 rows, fill = rows + 1, 0
             fill += n
-    return rows + 1 if len(lengths) else 0
+    return rows + 1 if count else 0
 
 
 def padding_fraction(lengths: np.ndarray, n_rows: int, seq_len: int) -> float:

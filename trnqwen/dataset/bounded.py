@@ -18,13 +18,17 @@ through this module instead, with the same rendering, masking, fitting and packi
 * the mixture's choice and the rows are computed from those numbers (``mixture.select``,
   ``packing.assign_rows``: the same calls as in memory), and the rows are written to the cache
   :data:`ROW_BLOCK_TOKENS` at a time (``cache.StreamedSplit``), each block's documents read from
-  the scratch files one by one (``pread``: a mapping would hold every page a block touches).
+  the scratch files one by one (``pread``: a mapping would hold every page a block touches);
+  with workers, forked writers make the blocks and write each at its place in the cache's files
+  (``StreamedSplit.write_rows``), a block of ``ROW_BLOCK_TOKENS / workers`` each.
 
-The rows' per-document arrays (lengths, rows, columns, the best-fit and by-row orders: counting
-sorts, no argsort) are memory maps in the scratch folder too (:meth:`DocStore.scratch_array`).
-What still grows with the record count in memory is the split's and the mixture's indices
-(``mixture.load_parts``/``select``: about 18 bytes a training document, int64 and int16) and a
-few numbers per *row*, not the records, texts or tokens.  The cache is byte for
+The per-document arrays after reading (the split's indices from ``mixture.hold_out``/``load_parts``,
+int32 where the count allows; the chosen documents; lengths, rows, columns, the best-fit and by-row
+orders: counting sorts, no argsort) are memory maps in the scratch folder too
+(:meth:`DocStore.scratch_array`), filled a slice at a time, and the report's sums read them a slice
+at a time.  What still grows with the record count in memory is a few numbers per *row* (best-fit's
+room list, the row starts) and, for a mixture with weights or record counts, ``mixture.select``'s
+seeded permutations; not the records, texts, tokens or per-document numbers.  The cache is byte for
 byte the one the in-memory path writes, with any number of workers (tests/test_data_bounded.py),
 so the choice between the two is only about memory.  A progress callback hears (bytes read,
 bytes in all) after every chunk.
@@ -213,6 +217,10 @@ def _start_worker(encoder: Encoder) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it ends the pool): no worker tracebacks
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the workers are the parallelism
+    # a chunk makes ~100k short-lived objects that live until it is sent: automatic collections
+    # (every 700 allocations) kept traversing them, ~6-8% of a worker's time; one collection per
+    # chunk instead frees any cycles just as surely (memory: one chunk's garbage at most)
+    gc.disable()
     _WORKER["encoder"] = encoder
 
 
@@ -221,33 +229,47 @@ def _records(records: list[Record] | LineChunk) -> list[Record]:
 
 
 def _encode_in_worker(records: list[Record] | LineChunk, fmt: str) -> Chunk:
-    return _WORKER["encoder"](_records(records), fmt)
+    try:
+        return _WORKER["encoder"](_records(records), fmt)
+    finally:
+        gc.collect()
+
+
+def _can_fork() -> bool:
+    import multiprocessing
+
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+def _forked_pool(workers: int, initializer: Callable[..., None], initargs: tuple):
+    """A pool of ``workers`` forked processes (they inherit this one's objects: the tokenizer, closures)."""
+    import multiprocessing
+
+    # a forked child of a process that has used the tokenizer's own threads turns them off
+    # and says so on stderr unless TOKENIZERS_PARALLELISM is set: set while forking only
+    # (and gc.freeze: a worker's collections then leave the parent's objects alone, their pages shared)
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    gc.freeze()
+    try:
+        return multiprocessing.get_context("fork").Pool(workers, initializer, initargs)
+    finally:
+        gc.unfreeze()
+        if before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
 
 
 class _Pipeline:
     """Chunks encoded by ``workers`` processes (or in this one), taken back in the order given."""
 
     def __init__(self, encoder: Encoder, workers: int, store: DocStore) -> None:
-        import multiprocessing
-
         self.encoder, self.store, self.pool, self.failed = encoder, store, None, False
         self.pending: deque = deque()
         self.window = 2 * workers
-        if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
-            # a forked child of a process that has used the tokenizer's own threads turns them off
-            # and says so on stderr unless TOKENIZERS_PARALLELISM is set: set while forking only
-            # (and gc.freeze: a worker's collections then leave the parent's objects alone, their pages shared)
-            before = os.environ.get("TOKENIZERS_PARALLELISM")
-            os.environ["TOKENIZERS_PARALLELISM"] = "false"
-            gc.freeze()
-            try:
-                self.pool = multiprocessing.get_context("fork").Pool(workers, _start_worker, (encoder,))
-            finally:
-                gc.unfreeze()
-                if before is None:
-                    os.environ.pop("TOKENIZERS_PARALLELISM", None)
-                else:
-                    os.environ["TOKENIZERS_PARALLELISM"] = before
+        if workers > 1 and _can_fork():
+            self.pool = _forked_pool(workers, _start_worker, (encoder,))
 
     def submit(self, records: list[Record] | LineChunk, fmt: str, after: Callable[[], None]) -> None:
         """Encode ``records`` (a :class:`LineChunk`: parsed where it is encoded); ``after`` runs once
@@ -340,17 +362,19 @@ def read_documents(parts: list[mixture.Part], val_source: Optional[Source], stor
         return n, chosen, n
 
     try:
-        return mixture.load_parts(parts, val_source, read, forced=forced, val_split=val_split, seed=seed)
+        return mixture.load_parts(parts, val_source, read, forced=forced, val_split=val_split, seed=seed,
+                                  alloc=store.scratch_array)
     finally:
         pipeline.close()
         store.close()
 
 
 def split_rows(store: DocStore, bounds: np.ndarray, cut: np.ndarray, targets: np.ndarray, doc_indices: np.ndarray, *,
-               seq_len: int, packing: bool, pad_id: int, strategy: str, seed: int) -> StreamedSplit:
+               seq_len: int, packing: bool, pad_id: int, strategy: str, seed: int, workers: int = 1) -> StreamedSplit:
     """The split made of documents ``doc_indices`` as ``packing.build_rows`` makes it, written block by
-    block; its per-document arrays (lengths, rows, columns, the orders) are memory maps in the
-    scratch folder, filled a slice at a time."""
+    block (by ``workers`` forked processes, each writing its blocks into the cache's files); its
+    per-document arrays (lengths, rows, columns, the orders) are memory maps in the scratch folder,
+    filled a slice at a time."""
     from trnqwen.dataset.bestfit import counting_order
     from trnqwen.dataset.packing import assign_rows
 
@@ -364,22 +388,73 @@ def split_rows(store: DocStore, bounds: np.ndarray, cut: np.ndarray, targets: np
     rows, cols = assign_rows(lengths, seq_len, packing, strategy, seed, store.scratch_array)
     n_rows = int(rows.max()) + 1 if len(rows) else 0
 
-    def blocks() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        # documents by row, each row's in their order (= by column: a row's columns grow in that order)
+    def by_row() -> Callable[[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """rows [r0, r1) -> their block: documents by row, each row's in their order (= by column: a
+        row's columns grow in that order)."""
         order = counting_order(rows, n_rows, store.scratch_array(np.int32 if n < 2**31 else np.int64, n))
         row_start = np.zeros(n_rows + 1, dtype=np.int64)
         for lo in range(0, n, step):
             row_start[1:] += np.bincount(rows[lo:lo + step], minlength=n_rows)
         np.cumsum(row_start, out=row_start)
-        per_block = max(1, ROW_BLOCK_TOKENS // seq_len)
-        for r0 in range(0, n_rows, per_block):
-            r1 = min(n_rows, r0 + per_block)
-            mine = order[row_start[r0]:row_start[r1]]
-            yield _block(store, bounds, doc_indices[mine], lengths[mine], rows[mine] - r0, cols[mine], r1 - r0, seq_len,
-                         pad_id)
 
+        def block(r0: int, r1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            mine = order[row_start[r0]:row_start[r1]]
+            return _block(store, bounds, doc_indices[mine], lengths[mine], rows[mine] - r0, cols[mine], r1 - r0,
+                          seq_len, pad_id)
+        return block
+
+    def ranges(per_block: int) -> list[tuple[int, int]]:
+        return [(r0, min(n_rows, r0 + per_block)) for r0 in range(0, n_rows, per_block)]
+
+    def blocks() -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        block = by_row()
+        for r0, r1 in ranges(max(1, ROW_BLOCK_TOKENS // seq_len)):
+            yield block(r0, r1)
+
+    def write_rows(paths: list[Path], start: int) -> int:
+        # each process a block at a time, of ROW_BLOCK_TOKENS / workers: the blocks' memory as one process's
+        return _write_in_parallel(by_row(), ranges(max(1, ROW_BLOCK_TOKENS // seq_len // workers)), paths,
+                                  start, seq_len, workers)
+
+    parallel = workers > 1 and n_rows > max(1, ROW_BLOCK_TOKENS // seq_len) and _can_fork()
     return StreamedSplit(sequences=n_rows, seq_len=seq_len, documents=n, tokens=int(lengths.sum(dtype=np.int64)),
-                         trained_tokens=trained_tokens, blocks=blocks)
+                         trained_tokens=trained_tokens, blocks=blocks, write_rows=write_rows if parallel else None)
+
+
+_WRITER: dict[str, Any] = {}  # in a writing process: (block, paths, start, seq_len), inherited through fork
+
+
+def _write_block(r0: int, r1: int) -> int:
+    """Rows [r0, r1) made and written at their place in each file (in a writing process)."""
+    block, paths, start, seq_len = _WRITER["job"]
+    if "fds" not in _WRITER:
+        _WRITER["fds"] = [os.open(path, os.O_WRONLY) for path in paths]
+    for fd, array in zip(_WRITER["fds"], block(r0, r1)):
+        data = memoryview(np.ascontiguousarray(array, dtype=np.int32)).cast("B")
+        offset = start + r0 * seq_len * 4
+        while len(data):
+            done = os.pwrite(fd, data, offset)
+            data, offset = data[done:], offset + done
+    return r1 - r0
+
+
+def _start_writer(job: tuple) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's (it ends the pool)
+    _WRITER.clear()
+    _WRITER["job"] = job
+
+
+def _write_in_parallel(block: Callable[[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]],
+                       ranges: list[tuple[int, int]], paths: list[Path], start: int, seq_len: int, workers: int) -> int:
+    """Every range's rows written by ``workers`` forked processes (the cache's ``write_rows``); the rows written."""
+    pool = _forked_pool(min(workers, len(ranges)), _start_writer, ((block, paths, start, seq_len),))
+    try:
+        return sum(pool.starmap(_write_block, ranges, chunksize=1))
+    finally:
+        pool.terminate()
+        pool.join()
 
 
 def _block(store: DocStore, bounds, docs, lengths, rows, cols, n_rows: int, seq_len: int, pad_id: int):

@@ -150,6 +150,9 @@ class StreamedSplit:
     trained_tokens: int
     blocks: Callable[[], Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]] = field(repr=False)
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    # or, instead of ``blocks``: (the three files in ARRAY_NAMES' order, where row 0 starts in each)
+    # -> rows written, each row ``r`` at ``start + r * seq_len * 4`` (int32, C order: several processes may write)
+    write_rows: Callable[[list[Path], int], int] | None = field(default=None, repr=False)
 
     def stats(self) -> dict[str, int]:
         return {"sequences": int(self.sequences), "documents": int(self.documents), "tokens": int(self.tokens),
@@ -168,7 +171,15 @@ class StreamedSplit:
                 np.lib.format.write_array_header_1_0(
                     fh, {"descr": np.dtype(np.int32).str, "fortran_order": False, "shape": (self.sequences, self.seq_len)})
             written = 0
-            for block in self.blocks():
+            if self.write_rows is not None:
+                starts = {fh.tell() for fh in files}
+                for fh in files:
+                    fh.flush()  # the headers on disk before the rows are written beside them
+                if len(starts) != 1:
+                    raise ValueError(f"{name}: headers of different lengths")
+                written = self.write_rows([folder / f"{name}.{array_name}.npy" for array_name in ARRAY_NAMES],
+                                          starts.pop())
+            for block in self.blocks() if self.write_rows is None else ():
                 for fh, array in zip(files, block):
                     fh.write(np.ascontiguousarray(array, dtype=np.int32).tobytes())
                 written += len(block[0])

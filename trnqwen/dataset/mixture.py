@@ -149,18 +149,84 @@ def _format(name: Optional[str], where: str = "") -> Optional[str]:
     return fmt
 
 
-def hold_out(n: int, fraction: float, seed: int, name: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """(training, validation) indices of ``n`` records with ``fraction`` held out (seeded, sorted)."""
+Alloc = Callable[[type, int], np.ndarray]  # (dtype, length) -> an array to fill (bestfit.Alloc: a scratch file's map)
+_STEP = 1 << 20  # indices handled a slice at a time where per-unit arrays are memory maps
+
+
+def hold_out(n: int, fraction: float, seed: int, name: str = "", alloc: Optional[Alloc] = None) -> tuple[np.ndarray, np.ndarray]:
+    """(training, validation) indices of ``n`` records with ``fraction`` held out (seeded, sorted).
+    ``alloc``: the same indices, int32 where ``n`` allows, in its arrays, filled a slice at a time
+    (bounded preparation: memory maps; the permutation is ``rng.shuffle`` of an ``arange`` of that
+    dtype, as ``permutation(n)`` is of an int64 one: the same draws, the same order)."""
     if not fraction:
-        return np.arange(n), np.arange(0)
+        return (np.arange(n), np.arange(0)) if alloc is None else (_arange(n, alloc), np.arange(0))
     n_val = max(1, round(n * fraction))
     if n_val >= n:
         raise UsageError(
             f"--val-split {fraction} leaves no training records out of {n}" + (f" in {name}" if name else ""),
             hint="use a smaller --val-split or more data",
         )
-    order = np.random.default_rng(seed).permutation(n)
-    return np.sort(order[n_val:]), np.sort(order[:n_val])
+    if alloc is None:
+        order = np.random.default_rng(seed).permutation(n)
+        return np.sort(order[n_val:]), np.sort(order[:n_val])
+    order = _arange(n, alloc)
+    np.random.default_rng(seed).shuffle(np.asarray(order))  # (a plain view: shuffle's fast path, in place)
+    held = alloc(bool, n)
+    held[:] = False
+    for lo in range(0, n_val, _STEP):
+        held[order[lo:min(lo + _STEP, n_val)]] = True
+    del order
+    # sorted(order[n_val:]) and sorted(order[:n_val]): the units left out of, and in, the held-out set, in order
+    return _where(held, False, n - n_val, alloc), _where(held, True, n_val, alloc)
+
+
+def _dtype(n: int) -> type:
+    return np.int32 if n < 2**31 else np.int64
+
+
+def _arange(n: int, alloc: Alloc, start: int = 0) -> np.ndarray:
+    out = alloc(_dtype(start + n), n)
+    for lo in range(0, n, _STEP):
+        out[lo:lo + _STEP] = np.arange(start + lo, start + min(n, lo + _STEP))
+    return out
+
+
+def _where(mask: np.ndarray, value: bool, count: int, alloc: Alloc) -> np.ndarray:
+    """``np.flatnonzero(mask == value)`` (``count`` of them) into ``alloc``'s array, a slice at a time."""
+    out, at = alloc(_dtype(len(mask)), count), 0
+    for lo in range(0, len(mask), _STEP):
+        found = np.flatnonzero(mask[lo:lo + _STEP] == value) + lo
+        out[at:at + len(found)] = found
+        at += len(found)
+    return out
+
+
+def take_kept(indices: np.ndarray, kept: np.ndarray, alloc: Optional[Alloc] = None) -> np.ndarray:
+    """``indices[kept[indices]]``; with ``alloc``, into its array, a slice at a time."""
+    if alloc is None:
+        return indices[kept[indices]]
+    count = sum(int(np.count_nonzero(kept[indices[lo:lo + _STEP]])) for lo in range(0, len(indices), _STEP))
+    out, at = alloc(_dtype(len(kept)), count), 0
+    for lo in range(0, len(indices), _STEP):
+        chunk = np.asarray(indices[lo:lo + _STEP])
+        found = chunk[kept[chunk]]
+        out[at:at + len(found)] = found
+        at += len(found)
+    return out
+
+
+def sum_at(values: np.ndarray, indices: np.ndarray) -> int:
+    """``values[indices].sum()`` (integers), a slice of ``indices`` at a time: no whole-set temporary."""
+    return sum(int(values[indices[lo:lo + _STEP]].sum()) for lo in range(0, len(indices), _STEP))
+
+
+def first_of_part(part_of: np.ndarray, part: int) -> int:
+    """``np.argmax(part_of == part)``: the first unit of ``part``, a slice at a time."""
+    for lo in range(0, len(part_of), _STEP):
+        found = np.flatnonzero(part_of[lo:lo + _STEP] == part)
+        if len(found):
+            return lo + int(found[0])
+    return 0
 
 
 # (units, format, records read); units: a list, or how many there are when the caller keeps them
@@ -177,9 +243,10 @@ def _add(units: list[Any], got: Union[list[Any], int]) -> int:
 
 
 def load_parts(parts: list[Part], val_source: Optional[Source], read: Reader, *, forced: Optional[str],
-               val_split: float, seed: int) -> Loaded:
+               val_split: float, seed: int, alloc: Optional[Alloc] = None) -> Loaded:
     """Read every part with ``read`` (records -> units, format, count) and split each into training
-    and validation units (the module's rule)."""
+    and validation units (the module's rule).  ``alloc``: where the per-unit arrays go (memory maps
+    in bounded preparation, filled a slice at a time; the same values)."""
     units: list[Any] = []
     total = 0  # units so far (kept in ``units``, or by the caller)
     part_of: list[np.ndarray] = []
@@ -193,35 +260,65 @@ def load_parts(parts: list[Part], val_source: Optional[Source], read: Reader, *,
         n_got = _add(units, got)
         total += n_got
         formats.append(fmt)
-        part_of.append(np.full(n_got, i, dtype=np.int16))
+        part_of.append(_full(n_got, i, alloc))
         if part.val_source is not None:
             held, _, n_held = read(part.val_source, fmt)
             n_val = _add(units, held)
             total += n_val
             n_read += n_held
-            part_of.append(np.full(n_val, i, dtype=np.int16))
-            train.append(base + np.arange(n_got))
-            val.append(base + n_got + np.arange(n_val))
+            part_of.append(_full(n_val, i, alloc))
+            train.append(base + np.arange(n_got) if alloc is None else _arange(n_got, alloc, base))
+            val.append(base + n_got + np.arange(n_val) if alloc is None else _arange(n_val, alloc, base + n_got))
         else:
             fraction = part.val_split if isinstance(part.val_split, float) else (0.0 if val_source else val_split)
-            t, v = hold_out(n_got, fraction, seed, part.name if len(parts) > 1 else "")
-            train.append(base + t if base else t)  # (no copy of the first part's: large data is one part)
-            val.append(base + v if base else v)
+            t, v = hold_out(n_got, fraction, seed, part.name if len(parts) > 1 else "", alloc)
+            train.append(_shifted(t, base, alloc))  # (no copy of the first part's: large data is one part)
+            val.append(_shifted(v, base, alloc))
         read_counts.append(n_read)
     if val_source is not None:
         held, _, n_held = read(val_source, formats[0])
         n_val = _add(units, held)
-        val.append(total + np.arange(n_val))
-        part_of.append(np.full(n_val, -1, dtype=np.int16))
+        val.append(total + np.arange(n_val) if alloc is None else _arange(n_val, alloc, total))
+        part_of.append(_full(n_val, -1, alloc))
         total += n_val
         read_counts.append(n_held)
-    return Loaded(units=units, part_of=_joined(part_of), train_idx=_joined(train), val_idx=_joined(val),
-                  formats=formats, records=sum(read_counts), read=read_counts)
+    return Loaded(units=units, part_of=_joined(part_of, alloc), train_idx=_joined(train, alloc),
+                  val_idx=_joined(val, alloc), formats=formats, records=sum(read_counts), read=read_counts)
 
 
-def _joined(arrays: list[np.ndarray]) -> np.ndarray:
-    """``np.concatenate(arrays)``, without its copy when there is one array (per unit: 8 bytes less)."""
-    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+def _full(n: int, part: int, alloc: Optional[Alloc]) -> np.ndarray:
+    if alloc is None:
+        return np.full(n, part, dtype=np.int16)
+    out = alloc(np.int16, n)
+    out[:] = part
+    return out
+
+
+def _shifted(indices: np.ndarray, base: int, alloc: Optional[Alloc]) -> np.ndarray:
+    """``base + indices`` (``indices`` itself when ``base`` is 0); with ``alloc``, a slice at a time."""
+    if not base:
+        return indices
+    if alloc is None:
+        return base + indices
+    out = alloc(_dtype(base + len(indices)), len(indices))
+    for lo in range(0, len(indices), _STEP):
+        out[lo:lo + _STEP] = indices[lo:lo + _STEP].astype(out.dtype) + base
+    return out
+
+
+def _joined(arrays: list[np.ndarray], alloc: Optional[Alloc] = None) -> np.ndarray:
+    """``np.concatenate(arrays)``, without its copy when there is one array (per unit: 8 bytes less);
+    with ``alloc``, into its array, a slice at a time."""
+    if len(arrays) == 1 or alloc is None:
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+    dtype = np.result_type(*arrays)
+    out, at = alloc(dtype, sum(len(a) for a in arrays)), 0
+    for array in arrays:
+        for lo in range(0, len(array), _STEP):
+            piece = array[lo:lo + _STEP]
+            out[at:at + len(piece)] = piece
+            at += len(piece)
+    return out
 
 
 def select(parts: list[Part], loaded: Loaded, kept: np.ndarray, trained: np.ndarray, seed: int) -> np.ndarray:
@@ -273,18 +370,23 @@ def _down_to(units: np.ndarray, target: float, trained: np.ndarray, rng: np.rand
 def part_report(parts: list[Part], loaded: Loaded, chosen: np.ndarray, tokens: np.ndarray,
                 trained: np.ndarray) -> list[dict[str, Any]]:
     """Per part: records read, training records, tokens, trained tokens and share of the trained tokens."""
-    total = float(trained[chosen].sum()) or 1.0
+    total = float(sum_at(trained, chosen)) or 1.0
     out = []
     for i, part in enumerate(parts):
-        mine = chosen[loaded.part_of[chosen] == i]
+        count, part_tokens, part_trained = 0, 0, 0
+        for lo in range(0, len(chosen), _STEP):  # a slice at a time: no whole-set temporaries
+            piece = np.asarray(chosen[lo:lo + _STEP])
+            mine = piece if len(parts) == 1 else piece[loaded.part_of[piece] == i]  # (training units: every one is part 0's)
+            count, part_tokens, part_trained = (count + len(mine), part_tokens + int(tokens[mine].sum()),
+                                                part_trained + int(trained[mine].sum()))
         entry: dict[str, Any] = {
             "source": part.name,
             "format": loaded.formats[i],
             "records": int(loaded.read[i]),
-            "train_records": int(len(mine)),
-            "tokens": int(tokens[mine].sum()),
-            "trained_tokens": int(trained[mine].sum()),
-            "share": round(float(trained[mine].sum()) / total, 4),
+            "train_records": count,
+            "tokens": part_tokens,
+            "trained_tokens": part_trained,
+            "share": round(float(part_trained) / total, 4),
         }
         if part.weight is not None:
             entry["weight"] = part.weight
@@ -301,12 +403,13 @@ def report(parts: list[Part], loaded: Loaded, train_units: np.ndarray, tokens: n
     """The data report's keys on the sources (each one's share of the trained tokens), their mappings,
     the packing (and the padding sequential packing would leave) and the chat template.
     ``tokens[u]``: a unit's tokens (a pair's: both sides)."""
-    from trnqwen.dataset.bestfit import next_fit_count, padding_fraction
+    from trnqwen.dataset.bestfit import next_fit_count
 
     sequential = None
     if packing and strategy != "sequential":
-        lengths = tokens[train_units]
-        sequential = round(padding_fraction(lengths, next_fit_count(lengths, seq_len), seq_len), 4)
+        # bestfit.padding_fraction of the chosen units' lengths, read a slice at a time
+        n_rows = next_fit_count(tokens, seq_len, train_units)
+        sequential = round(1.0 - float(sum_at(tokens, train_units)) / max(1, n_rows * seq_len), 4)
     return {
         "sources": part_report(parts, loaded, train_units, tokens, trained),
         "mapping": [_mapping_sample(part.source) for part in parts if part.source.mapping is not None],

@@ -380,10 +380,12 @@ def _pack_and_write(settings, docs, loaded: mixture.Loaded, parts: list[mixture.
                    fitted.targets, fit, tokenizer, cache_root, key, warnings, template)
 
 
-def _chosen(settings, loaded: mixture.Loaded, parts, kept: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(training documents, the mixture's choice; validation documents) of those ``kept`` after fitting."""
-    train_docs = mixture.select(parts, loaded, loaded.train_idx[kept[loaded.train_idx]], targets, settings.seed)
-    val_docs = loaded.val_idx[kept[loaded.val_idx]]
+def _chosen(settings, loaded: mixture.Loaded, parts, kept: np.ndarray, targets: np.ndarray,
+            alloc: Optional[mixture.Alloc] = None) -> tuple[np.ndarray, np.ndarray]:
+    """(training documents, the mixture's choice; validation documents) of those ``kept`` after fitting;
+    ``alloc``: where the kept indices go (bounded preparation's memory maps)."""
+    train_docs = mixture.select(parts, loaded, mixture.take_kept(loaded.train_idx, kept, alloc), targets, settings.seed)
+    val_docs = mixture.take_kept(loaded.val_idx, kept, alloc)
     if not len(train_docs):
         raise UsageError(
             f"dataset {_name(parts)}: no trained tokens left in any record within --seq-len {settings.seq_len}",
@@ -432,22 +434,23 @@ def _prepare_bounded(settings, parts, val_source, assets_dir, cache_root, key, w
         store = bounded.DocStore(folder)
         encoder = bounded.Encoder(tokenizer, settings.seq_len, settings.long_conversations, settings.train_on_inputs,
                                   context)
+        workers = bounded.default_workers() if workers is None else workers
         loaded = bounded.read_documents(
             parts, val_source, store, encoder, detect=lambda source, first, fmt: _detect(source, first, settings, fmt),
-            forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed,
-            workers=bounded.default_workers() if workers is None else workers, progress=progress)
+            forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed, workers=workers,
+            progress=progress)
         _log.info("chat template: %d renders pasted from role skeletons, %d rendered by jinja", *store.renders)
         bounds, cut, targets, kept = store.arrays()
-        train_docs, val_docs = _chosen(settings, loaded, parts, kept, targets)
+        train_docs, val_docs = _chosen(settings, loaded, parts, kept, targets, store.scratch_array)
         build = _build(settings, tokenizer)
-        splits = {"train": bounded.split_rows(store, bounds, cut, targets, train_docs, **build)}
+        splits = {"train": bounded.split_rows(store, bounds, cut, targets, train_docs, workers=workers, **build)}
         if len(val_docs):
-            splits["val"] = bounded.split_rows(store, bounds, cut, targets, val_docs, **build)
+            splits["val"] = bounded.split_rows(store, bounds, cut, targets, val_docs, workers=workers, **build)
         seq_len = settings.seq_len
         # the sample: the first training record, read and tokenized again
         d = int(train_docs[0])
         i = int(loaded.part_of[d])
-        record = bounded.nth_record(parts[i].source, d - int(np.argmax(loaded.part_of == i)))
+        record = bounded.nth_record(parts[i].source, d - mixture.first_of_part(loaded.part_of, i))
         texts, spans = chat.render(tokenizer, normalise([record], loaded.formats[i]),
                                    train_on_inputs=settings.train_on_inputs, context=context)
         fit = {
