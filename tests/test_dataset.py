@@ -459,7 +459,9 @@ def test_ascii_pieces_starts_from_byte_lengths_are_rusts_offsets(tokenizer, monk
     backend = tokenizer.backend_tokenizer
     assert encode._byte_lengths(backend) is not None  # the tiny tokenizer is byte-level BPE
     whole = encode._whole(backend, texts)
+    monkeypatch.setattr(encode, "STARTS", encode.StartCounts())
     fast = encode._by_pieces(tokenizer, backend, texts)
+    assert (encode.STARTS.counted, encode.STARTS.redone) == (1, 0)  # the byte-counted path ran
     monkeypatch.setattr(encode, "_FAST", False)
     slow = encode._by_pieces(tokenizer, backend, texts)
     for got in (fast, slow):
@@ -470,6 +472,7 @@ def test_ascii_pieces_starts_from_byte_lengths_are_rusts_offsets(tokenizer, monk
     monkeypatch.setitem(encode._BYTE_LENGTHS, id(backend), (backend, wrong))
     for a, b in zip(encode._by_pieces(tokenizer, backend, texts), whole):
         np.testing.assert_array_equal(a, b)
+    assert (encode.STARTS.counted, encode.STARTS.redone) == (1, 1)  # caught, counted, redone
 
 
 def test_byte_counted_starts_only_for_tokenizers_that_keep_every_byte(tokenizer):

@@ -18,6 +18,7 @@ too; any difference, and the chunk is encoded as before, offsets from Rust.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from itertools import chain
@@ -30,6 +31,19 @@ _CHECKED_DOCS = 32
 _first = itemgetter(0)
 _FAST = True  # ASCII pieces' offsets from the tokens' byte lengths (see the module); off: every offset from Rust
 _BYTE_LENGTHS: dict[int, tuple[object, Optional[np.ndarray]]] = {}  # id(backend) -> (backend, bytes per token id)
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class StartCounts:
+    """How the ASCII fast path went in this process: chunks whose starts were counted from byte
+    lengths, and chunks redone with Rust's offsets because the sampled documents disagreed."""
+
+    counted: int = 0
+    redone: int = 0
+
+
+STARTS = StartCounts()
 
 
 @dataclass
@@ -213,9 +227,15 @@ def _by_pieces(tokenizer, backend, texts: list[str], fast: bool = True):
     lengths = np.add.reduceat(seg_len, np.cumsum(doc_segments) - doc_segments)
     same = _same_as_whole(backend, texts, ids, lengths, starts if byte_lengths is not None else None)
     if same is None:  # starts counted in bytes differ from Rust's: this chunk as before
+        STARTS.redone += 1
+        if STARTS.redone == 1:
+            _log.warning("token starts counted from byte lengths differ from the tokenizer's offsets; "
+                         "such chunks are encoded again with the offsets")
         return _by_pieces(tokenizer, backend, texts, fast=False)
     if not same:
         return None, None, None
+    if byte_lengths is not None and any(by_bytes):
+        STARTS.counted += 1
     return ids, starts, lengths
 
 
