@@ -23,6 +23,8 @@ from trnqwen.contract.metrics_stream import Record, StreamReader
 from trnqwen.train.launch_result import LaunchResult
 from trnqwen.train.status import StatusLine
 
+FIRST_RECORD_WAIT_S = 2.0  # the most the first step line waits for its stream record
+
 
 class Progress:
     """Fills ``result.steps`` / ``result.validations`` / the step times and feeds the status line.
@@ -45,6 +47,7 @@ class Progress:
             except OSError:
                 pass
         self.from_stream = False
+        self._waited = False
         self._lock = threading.Lock()
 
     # -- the stream ---------------------------------------------------------------------------------
@@ -82,7 +85,17 @@ class Progress:
         has a record."""
         if "step:" not in line:
             return
-        self.poll()  # the writer flushes a step's record before its line is printed
+        self.poll()
+        if not self.from_stream and self.reader is not None and not self._waited:
+            # rank 0 writes a step's record just after printing its line (the record carries what
+            # torchtitan's log computes), so a loaded host can show the line first: wait for the
+            # first record a little, once, rather than show step 1 from the line and again from
+            # the stream.  A run whose ranks write no stream pays this once.
+            self._waited = True
+            deadline = time.monotonic() + FIRST_RECORD_WAIT_S
+            while not self.from_stream and time.monotonic() < deadline:
+                time.sleep(0.02)
+                self.poll()
         if self.from_stream:
             return
         from trnqwen.contract.stepline import parse_step_line, parse_validation_line
