@@ -56,6 +56,53 @@ def test_rows_are_best_fit_decreasing_and_never_overlap(case, seed):
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))  # back to back, padding only at the end
 
 
+def one_at_a_time(lengths: list[int], seq_len: int) -> tuple[list[int], list[int]]:
+    """(creation row, first column) of each document placed one at a time, longest first (ties in
+    order), into the least room that fits; among rows of equal room the one that got that room
+    last; a document of no tokens always opens a row."""
+    rooms: list[int] = []
+    since: list[int] = []  # when each row got its present room
+    rows = [0] * len(lengths)
+    for clock, d in enumerate(sorted(range(len(lengths)), key=lambda i: -lengths[i])):
+        need = lengths[d]
+        fits = [r for r in range(len(rooms)) if rooms[r] >= need] if need else []
+        row = min(fits, key=lambda r: (rooms[r], -since[r])) if fits else len(rooms)
+        if not fits:
+            rooms.append(seq_len)
+            since.append(0)
+        rooms[row] -= need
+        since[row] = clock
+        rows[d] = row
+    cols, fill = [], [0] * len(rooms)
+    for d, row in enumerate(rows):
+        cols.append(fill[row])
+        fill[row] += lengths[d]
+    return rows, cols
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 64).flatmap(lambda s: st.tuples(st.just(s), st.lists(st.integers(0, s), max_size=150))),
+       st.sampled_from([1 << 16, 5, 3]))
+def test_a_length_at_a_time_places_every_document_where_one_at_a_time_would(case, step):
+    """The batched placement (a row takes ``room // length`` documents at once) is the plain
+    algorithm's answer document for document, row order and columns included, also when the
+    work is cut into slices smaller than a length's documents."""
+    from trnqwen.dataset import bestfit
+
+    seq_len, lengths = case
+    saved = bestfit._STEP
+    bestfit._STEP = step
+    try:
+        rows, cols = best_fit_rows(np.array(lengths, dtype=np.int64), seq_len, 0)
+    finally:
+        bestfit._STEP = saved
+    want_rows, want_cols = one_at_a_time(lengths, seq_len)
+    n_rows = max(want_rows) + 1 if lengths else 0
+    place = np.empty(n_rows, dtype=np.int64)
+    place[np.random.default_rng(0).permutation(n_rows)] = np.arange(n_rows)
+    assert rows.tolist() == place[want_rows].tolist() and cols.tolist() == want_cols
+
+
 def test_the_row_order_is_drawn_from_the_seed():
     lengths = np.random.default_rng(3).integers(5, 200, size=400)
     a, b, c = (best_fit_rows(lengths, 256, seed)[0] for seed in (42, 42, 43))
