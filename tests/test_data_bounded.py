@@ -15,7 +15,7 @@ import pytest
 
 from tests.test_data_mapping import write_jsonl
 from tests.test_data_mixture import SHAREGPT_MAPPING, entry, mixed_lengths
-from trnqwen.dataset import bounded
+from trnqwen.dataset import bounded, sources
 from trnqwen.dataset.cache import ARRAY_NAMES, open_split, read_meta
 from trnqwen.dataset.prepare import DataSettings, prepare
 from trnqwen.dataset.sources import resolve_source
@@ -113,7 +113,7 @@ def _same(memory, disk) -> None:
     b'{"text": "\\ud800"}\n',  # a lone surrogate
     b'\n\xe3\x80\x80\n{"text": "a"}\n \t\n\x1c\n{"text": "b"}',  # blank lines, ASCII or not (U+3000, U+001C), no last newline
 ])
-def test_the_jsonl_stream_reads_what_the_whole_file_reader_reads(tmp_path, content):
+def test_the_jsonl_stream_reads_what_the_whole_file_reader_reads(tmp_path, content, monkeypatch):
     path = tmp_path / "data.jsonl"
     path.write_bytes(content)
 
@@ -125,8 +125,18 @@ def test_the_jsonl_stream_reads_what_the_whole_file_reader_reads(tmp_path, conte
 
     source = resolve_source(str(path))
     assert outcome(lambda: list(source.iter_records())) == outcome(source.records)
-    for size in (1, 2):  # the lines a worker is sent, parsed there: the same records, the same errors
+    for size, buffer in [(1, 1 << 20), (2, 1 << 20), (3, 5), (2, 1)]:  # the lines a worker is sent, parsed there:
+        monkeypatch.setattr(sources, "_BLOCK_BYTES", buffer)  # (lines ending in another read buffer than they start)
         assert outcome(lambda: [r for _, lines in source.line_chunks(size) for r in lines.records()]) == outcome(source.records)
+        if isinstance(outcome(source.records), list):
+            chunks = [c for _, c in source.line_chunks(size)]
+            assert [(c.start, c.length) for c in chunks] == list(zip(_starts(chunks), [c.length for c in chunks]))
+            assert sum(c.length for c in chunks) == len(content)  # every byte in one chunk, in order
+            assert all(c.number - 1 == content[:c.start].count(b"\n") for c in chunks)  # lines named as the file numbers them
+
+
+def _starts(chunks) -> list[int]:
+    return [sum(c.length for c in chunks[:i]) for i in range(len(chunks))]
 
 
 def test_large_data_takes_the_bounded_path_by_itself(tmp_path, tiny, data, monkeypatch):

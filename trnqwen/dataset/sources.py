@@ -82,44 +82,22 @@ class Source:
 
     def line_chunks(self, size: int) -> Iterator[tuple[Record | None, LineChunk]]:
         """The records of :meth:`iter_records` (:meth:`streams_lines` sources), ``size`` lines at a time,
-        not yet decoded or parsed (:class:`LineChunk`: what a worker process is cheaply sent, and
-        parses); with each chunk the source's first record when the chunk holds it, else None.  Each
-        file's first record is read here too, so a file that is one JSON array is refused here, as
-        :meth:`iter_records` refuses it."""
+        not yet read, decoded or parsed (:class:`LineChunk`: where they are in the file, what a worker
+        process is cheaply sent; it reads and parses them); with each chunk the source's first record
+        when the chunk holds it, else None.  Each file's first record is read here too, so a file
+        that is one JSON array is refused here, as :meth:`iter_records` refuses it."""
         self.bytes_read, done, found = 0, 0, False
         first: Record | None = None  # the source's first record, until a chunk has carried it
         for path in self.files:
-            lines: list[bytes] = []
-            numbers: list[int] = []
-            starts: list[int] = []
-            offset, seen = 0, False
-            with path.open("rb") as fh:
-                for number, raw in enumerate(fh, start=1):
-                    start, offset = offset, offset + len(raw)
-                    self.bytes_read = done + offset
-                    if number == 1 and raw.startswith(codecs.BOM_UTF8):
-                        raw, start = raw[len(codecs.BOM_UTF8):], start + len(codecs.BOM_UTF8)
-                    if raw.isspace() or not raw:
-                        continue  # blank (ASCII): one the worker would skip (other blank lines it skips itself)
-                    if not seen:
-                        line = _decode_line(path, raw, number, start)
-                        if not line.strip():
-                            continue
-                        record = _line_record(path, line, number, first=True, whole=lambda: _read_text(path))
-                        if not found:
-                            if self.mapping is not None:
-                                self.first_raw = record.data
-                                record = Record(self.mapping.apply(record.data, record.where), record.where)
-                            first, found = record, True
-                        seen = True
-                    lines.append(raw)
-                    numbers.append(number)
-                    starts.append(start)
-                    if len(lines) == size:
-                        yield first, LineChunk(path, self.mapping, numbers, starts, lines)
-                        first, lines, numbers, starts = None, [], [], []
-            if lines:
-                yield first, LineChunk(path, self.mapping, numbers, starts, lines)
+            record = _first_line_record(path)
+            if record is not None and not found:
+                if self.mapping is not None:
+                    self.first_raw = record.data
+                    record = Record(self.mapping.apply(record.data, record.where), record.where)
+                first, found = record, True
+            for start, length, number in _line_blocks(path, size) if record is not None else ():
+                self.bytes_read = done + start + length
+                yield first, LineChunk(path, self.mapping, start, length, number)
                 first = None
             done += path.stat().st_size
             self.bytes_read = done
@@ -369,22 +347,33 @@ def _line_record(path: Path, line: str, number: int, *, first: bool, whole: Call
     return Record(value, where)
 
 
-@dataclass
+@dataclass(frozen=True)
 class LineChunk:
-    """Lines of one ``.jsonl`` file as bytes (:meth:`Source.line_chunks`): its 1-based line numbers and
-    byte offsets name a bad one.  :meth:`records` decodes and parses them as :func:`_stream_jsonl`
-    does (the same records, the same errors), where they are used."""
+    """Lines of one ``.jsonl`` file, by place (:meth:`Source.line_chunks`): ``length`` bytes from
+    byte ``start``, the first of them line ``number`` (1-based), so a bad one is named.
+    :meth:`records` reads, decodes and parses them as :func:`_stream_jsonl` does (the same
+    records, the same errors), in the process that encodes them: the reading process only finds
+    where the lines end."""
 
     path: Path
     mapping: Mapping | None
-    numbers: list[int]
-    starts: list[int]
-    lines: list[bytes]
+    start: int
+    length: int
+    number: int
 
     def records(self) -> list[Record]:
-        out = []
-        for raw, number, start in zip(self.lines, self.numbers, self.starts):
-            line = _decode_line(self.path, raw, number, start)
+        with self.path.open("rb") as fh:
+            fh.seek(self.start)
+            data = fh.read(self.length)
+        lines = data.split(b"\n")
+        if data.endswith(b"\n"):
+            lines.pop()  # (what follows the last newline is no line)
+        out, start = [], self.start
+        for number, raw in enumerate(lines, start=self.number):
+            at, start = start, start + len(raw) + 1
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw, at = raw[len(codecs.BOM_UTF8):], at + len(codecs.BOM_UTF8)
+            line = _decode_line(self.path, raw, number, at)
             if not line or line.isspace():
                 continue
             record = _line_record(self.path, line, number, first=False, whole=lambda: "")
@@ -392,6 +381,34 @@ class LineChunk:
                 record = Record(self.mapping.apply(record.data, record.where), record.where)
             out.append(record)
         return out
+
+
+_BLOCK_BYTES = 8 << 20  # read at a time while finding where lines end
+
+
+def _first_line_record(path: Path) -> Record | None:
+    """The file's first record (None when it holds none), read as :func:`_stream_jsonl` reads it."""
+    return next(_stream_jsonl(path, lambda offset: None), None)
+
+
+def _line_blocks(path: Path, size: int) -> Iterator[tuple[int, int, int]]:
+    """(first byte, byte count, first line number) of each run of ``size`` lines of ``path``, the
+    last one shorter (and without a last newline when the file has none); found with numpy, a
+    buffer at a time, not line by line."""
+    import numpy as np
+
+    block, number, lines, offset = 0, 1, 0, 0  # the open block's start, first line, lines so far
+    with path.open("rb", buffering=0) as fh:
+        while buf := fh.read(_BLOCK_BYTES):
+            ends = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == 10) + (offset + 1)  # just past each newline
+            close = size - lines - 1  # the newline that closes the open block
+            for end in ends[close::size].tolist():
+                yield block, end - block, number
+                block, number = end, number + size
+            lines = (lines + len(ends)) % size
+            offset += len(buf)
+    if offset > block:
+        yield block, offset - block, number
 
 
 def _decode_line(path: Path, raw: bytes, number: int, start: int) -> str:
