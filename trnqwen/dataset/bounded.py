@@ -7,10 +7,12 @@ through this module instead, with the same rendering, masking, fitting and packi
 * records are read one at a time and taken :data:`CHUNK_RECORDS` at a time through
   ``chat.render``, ``chat.tokenize`` and ``packing.fit_documents`` (:class:`Encoder`), by
   ``workers`` processes (forked, so each has the tokenizer already; at most two chunks per worker
-  in flight, taken back in file order).  A ``.jsonl`` file's lines go to the workers as bytes
-  (``Source.line_chunks``) and are parsed there: this process only splits the lines (and reads
-  each file's first record, for its format), where parsing every record and pickling its objects
-  to a worker made it the bottleneck; other files are read as records (``Source.iter_records``);
+  in flight, taken back in file order).  A ``.jsonl`` file's lines go to the workers as their
+  place in the file (``Source.line_chunks``) and are read and parsed there: this process only
+  finds where each run of lines ends (numpy, a buffer at a time) and reads each file's first
+  record, for its format; parsing every record and pickling its objects to a worker made it the
+  bottleneck, and splitting the lines one by one cost it ~10 s a GB of the workers' cores; other
+  files are read as records (``Source.iter_records``);
 * each chunk's token ids and trained flags go to two scratch files beside the cache, and its
   per-document numbers (length, length after fitting, trained targets) to three more
   (:class:`DocStore`): what stays in memory is counts and the first record of each problem;
@@ -27,7 +29,7 @@ int32 where the count allows; the chosen documents; lengths, rows, columns, the 
 orders: counting sorts, no argsort) are memory maps in the scratch folder too
 (:meth:`DocStore.scratch_array`), filled a slice at a time, and the report's sums read them a slice
 at a time.  What still grows with the record count in memory is a few numbers per *row* (best-fit's
-room list, the row starts) and, for a mixture with weights or record counts, ``mixture.select``'s
+open rows by room, the row starts) and, for a mixture with weights or record counts, ``mixture.select``'s
 seeded permutations; not the records, texts, tokens or per-document numbers.  The cache is byte for
 byte the one the in-memory path writes, with any number of workers (tests/test_data_bounded.py),
 so the choice between the two is only about memory.  A progress callback hears (bytes read,
