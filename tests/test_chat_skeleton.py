@@ -121,3 +121,4 @@ def test_bounded_encoder_takes_the_fast_path_and_says_so(tokenizer):
     answers = sum(1 for m in chats for message in m if message["role"] == "assistant")
     chunk = bounded.Encoder(tokenizer, 512, "truncate", False, {})(records, "messages")
     assert chunk.renders == (len(chats) + answers, 0)  # each conversation and each answer's prefix, none by jinja
+    assert chunk.starts == (1, 0)  # its token starts counted from byte lengths (encode's ASCII fast path), none redone

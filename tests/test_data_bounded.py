@@ -71,6 +71,18 @@ def test_the_same_cache_as_in_memory(tmp_path, tiny, data, small_pieces, case, w
     assert [done for done, _ in seen] == sorted(done for done, _ in seen) and len(seen) > 2  # a chunk at a time
 
 
+def test_the_workers_fast_paths_are_summed_in_the_log(tmp_path, tiny, data, small_pieces, caplog):
+    """Each chunk's renders and token starts are counted in the worker that made it and summed
+    here: a fast path that fell back in a worker shows in the parent's log."""
+    import logging
+    import math
+
+    with caplog.at_level(logging.INFO, logger="trnqwen.dataset.prepare"):
+        prepare(DataSettings(dataset=str(data["chats"]), seq_len=256), tiny, tmp_path / "c", bounded_memory=True, workers=2)
+    chunks = math.ceil(len(data["chats"].read_text().splitlines()) / bounded.CHUNK_RECORDS)
+    assert f"token starts: {chunks} chunks counted from byte lengths, 0 redone with the tokenizer's offsets" in caplog.messages
+
+
 def test_a_weighted_mixture_through_a_mapping_is_the_same_too(tmp_path, tiny, data, small_pieces):
     settings = DataSettings(seq_len=128, val_split=0.05, datasets=[
         entry(data["sharegpt"], weight=3, **SHAREGPT_MAPPING), entry(data["texts"], weight=1, type="prompt-completion")])

@@ -102,6 +102,7 @@ class Chunk:
     truncated: tuple[int, Optional[str]]
     dropped: dict[str, tuple[int, str]]
     renders: tuple[int, int] = (0, 0)  # chat-template renders pasted from role skeletons, rendered by jinja (skeleton.py)
+    starts: tuple[int, int] = (0, 0)  # chunks whose token starts were counted from byte lengths, redone (encode.STARTS)
 
 
 @dataclass
@@ -119,7 +120,10 @@ class Encoder:
         from trnqwen.dataset.formats import normalise
         from trnqwen.dataset.packing import fit_documents
 
+        from trnqwen.dataset.encode import STARTS
+
         pasted, rendered = skeleton.COUNTS.totals()
+        counted, redone = STARTS.counted, STARTS.redone
         examples = normalise(records, fmt)
         texts, spans = chat.render(self.tokenizer, examples, train_on_inputs=self.train_on_inputs, context=self.context)
         docs = chat.tokenize(self.tokenizer, texts, spans)
@@ -131,7 +135,8 @@ class Encoder:
                      lengths=docs.lengths.astype(np.int32), cut=cut, targets=fitted.targets.astype(np.int32),
                      truncated=(len(fitted.truncated), examples[fitted.truncated[0]].where if fitted.truncated else None),
                      dropped={reason: (len(i), examples[i[0]].where) for reason, i in fitted.dropped.items()},
-                     renders=(after[0] - pasted, after[1] - rendered))
+                     renders=(after[0] - pasted, after[1] - rendered),
+                     starts=(STARTS.counted - counted, STARTS.redone - redone))
 
 
 @dataclass
@@ -145,6 +150,7 @@ class DocStore:
     truncated: list[Any] = field(default_factory=lambda: [0, None])  # [count, first record's where]
     dropped: dict[str, list[Any]] = field(default_factory=dict)  # reason -> [count, first record's where]
     renders: list[int] = field(default_factory=lambda: [0, 0])  # Chunk.renders, summed
+    starts: list[int] = field(default_factory=lambda: [0, 0])  # Chunk.starts, summed
     arrays_made: int = 0  # scratch_array's files
 
     def __post_init__(self) -> None:
@@ -163,6 +169,7 @@ class DocStore:
         self.count += len(chunk.lengths)
         self.tokens += len(chunk.ids)
         self.renders = [self.renders[0] + chunk.renders[0], self.renders[1] + chunk.renders[1]]
+        self.starts = [self.starts[0] + chunk.starts[0], self.starts[1] + chunk.starts[1]]
 
     def close(self) -> None:
         for fh in self._files.values():

@@ -440,6 +440,7 @@ def _prepare_bounded(settings, parts, val_source, assets_dir, cache_root, key, w
             forced=settings.dataset_format, val_split=settings.val_split, seed=settings.seed, workers=workers,
             progress=progress)
         _log.info("chat template: %d renders pasted from role skeletons, %d rendered by jinja", *store.renders)
+        _log.info("token starts: %d chunks counted from byte lengths, %d redone with the tokenizer's offsets", *store.starts)
         bounds, cut, targets, kept = store.arrays()
         train_docs, val_docs = _chosen(settings, loaded, parts, kept, targets, store.scratch_array)
         build = _build(settings, tokenizer)
