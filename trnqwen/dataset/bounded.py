@@ -19,8 +19,9 @@ through this module instead, with the same rendering, masking, fitting and packi
   the numbers are read back as memory maps (:meth:`DocStore.arrays`), fixed-width, never lists;
 * the mixture's choice and the rows are computed from those numbers (``mixture.select``,
   ``packing.assign_rows``: the same calls as in memory), and the rows are written to the cache
-  :data:`ROW_BLOCK_TOKENS` at a time (``cache.StreamedSplit``), each block's documents read from
-  the scratch files one by one (``pread``: a mapping would hold every page a block touches);
+  :data:`ROW_BLOCK_TOKENS` at a time (``cache.StreamedSplit``), each block's tokens gathered from
+  the scratch files through a mapping made and dropped every :data:`_GATHER_TOKENS` (a mapping of
+  a whole block would hold every page it touches; a ``pread`` per document cost ~2 us each);
   with workers, forked writers make the blocks and write each at its place in the cache's files
   (``StreamedSplit.write_rows``), a block of ``ROW_BLOCK_TOKENS / workers`` each.
 
@@ -467,38 +468,55 @@ def _write_in_parallel(block: Callable[[int, int], tuple[np.ndarray, np.ndarray,
 
 
 def _block(store: DocStore, bounds, docs, lengths, rows, cols, n_rows: int, seq_len: int, pad_id: int):
-    """Rows ``[0, n_rows)`` of one block (``build_rows``' arithmetic), each document's tokens read
-    from the scratch files with ``pread``: a block's documents lie all over the files (best-fit rows
-    are in a seeded order), and a mapping would bring every page it touches into this process."""
-    owner = np.repeat(np.arange(len(lengths)), lengths)
+    """Rows ``[0, n_rows)`` of one block (``build_rows``' arithmetic), the documents' tokens
+    gathered from the scratch files (:func:`_gather`)."""
+    total = int(lengths.sum())
     doc_start = np.cumsum(lengths) - lengths  # where each document's tokens start among the block's
-    position = np.arange(int(lengths.sum())) - np.repeat(doc_start, lengths)
+    position = np.arange(total) - np.repeat(doc_start, lengths)
     input_ids = np.full((n_rows, seq_len), pad_id, dtype=np.int32)
     label_rows = np.full((n_rows, seq_len), IGNORE_INDEX, dtype=np.int32)
     fill = np.zeros(n_rows, dtype=np.int64)
     np.maximum.at(fill, rows, cols + lengths)
-    positions = np.maximum(np.arange(seq_len)[None, :] - fill[:, None], 0).astype(np.int32)
+    positions = np.maximum(np.arange(seq_len, dtype=np.int32)[None, :] - fill.astype(np.int32)[:, None], 0)  # padding counts from 0
     # Every packing (packing.assign_rows) lays a row's documents side by side from column 0, and they
     # come by row, then column: so the block's tokens in that order are each row's first ``fill``
-    # positions, row after row, placed by one boolean mask (far cheaper than a scatter by row and column)
+    # positions, row after row (far cheaper to place than a scatter by row and column)
     row_start = np.cumsum(fill) - fill  # where each row's tokens start among the block's
-    if int(fill.sum()) != len(position) or not np.all(cols == doc_start - row_start[rows]):
+    if int(fill.sum()) != total or not np.all(cols == doc_start - row_start[rows]):
         raise ValueError("a block's documents are not side by side from column 0, row after row")
-    if len(owner):
-        starts, counts = bounds[docs].tolist(), lengths.tolist()  # a document's kept tokens: all its labels need
-        with store.ids_path.open("rb") as ids_file, store.trained_path.open("rb") as trained_file:
-            ids_fd, trained_fd = ids_file.fileno(), trained_file.fileno()
-            ids = np.frombuffer(b"".join(os.pread(ids_fd, 4 * n, 4 * s) for s, n in zip(starts, counts)), dtype=np.int32)
-            trained = np.frombuffer(b"".join(os.pread(trained_fd, n, s) for s, n in zip(starts, counts)), dtype=np.uint8)
-        src = np.arange(len(ids))
-        nxt = np.minimum(src + 1, len(ids) - 1)
-        is_last = position == lengths[owner] - 1
-        labels = np.where(~is_last & (trained[nxt] != 0), ids[nxt], IGNORE_INDEX)
-        where = np.arange(seq_len)[None, :] < fill[:, None]
-        input_ids[where] = ids
-        label_rows[where] = labels
-        positions[where] = position
+    if total:
+        at = np.repeat(bounds[docs] - doc_start, lengths) + np.arange(total)  # each token's place in the scratch files
+        ids = _gather(store.ids_path, np.int32, at)
+        trained = _gather(store.trained_path, np.uint8, at)
+        nxt_ids, nxt_trained = np.empty_like(ids), np.zeros_like(trained)  # the token after each (its label)
+        nxt_ids[:-1], nxt_trained[:-1] = ids[1:], trained[1:]
+        nxt_trained[(doc_start + lengths - 1)[lengths > 0]] = 0  # a document's last token predicts nothing
+        labels = np.where(nxt_trained != 0, nxt_ids, IGNORE_INDEX)
+        placed = np.arange(total) + np.repeat(np.arange(n_rows) * seq_len - row_start, fill)  # flat: row * seq_len + column
+        input_ids.reshape(-1)[placed] = ids
+        label_rows.reshape(-1)[placed] = labels
+        positions.reshape(-1)[placed] = position
     return input_ids, label_rows, positions
+
+
+_GATHER_TOKENS = 1 << 18  # tokens read through one mapping: the file pages it holds while mapped (~1 MB of ids' pages per 256)
+
+
+def _gather(path: Path, dtype: type, at: np.ndarray) -> np.ndarray:
+    """``path``'s values (a flat array of ``dtype``) at ``at``, through a read-only mapping made and
+    dropped every :data:`_GATHER_TOKENS`: one numpy gather instead of a ``pread`` per document
+    (~2 us each, 7 million at 1 GB), while the pages it brings into this process stay few (a
+    block's documents lie all over the file: best-fit rows are in a seeded order)."""
+    import mmap
+
+    out = np.empty(len(at), dtype=dtype)
+    with path.open("rb") as fh:
+        for lo in range(0, len(at), _GATHER_TOKENS):
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                values = np.frombuffer(mapped, dtype=dtype)
+                out[lo:lo + _GATHER_TOKENS] = values[at[lo:lo + _GATHER_TOKENS]]
+                del values  # (the mapping closes only when no array looks at it)
+    return out
 
 
 def scratch(cache_root: Path, key: str) -> Path:
