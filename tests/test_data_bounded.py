@@ -334,6 +334,46 @@ def test_the_sliced_index_helpers_are_their_whole_set_forms(tmp_path, monkeypatc
     assert next_fit_count(values, 60, indices[:0]) == 0
 
 
+@pytest.mark.parametrize("asked", [
+    dict(weights=(3, 1)), dict(weights=(1, 1, 2)), dict(records=(50, 400)), dict(records=(7, 3, 1000)), dict(records=(40,))])
+def test_the_mixture_choice_in_scratch_maps_is_the_in_memory_one(tmp_path, monkeypatch, asked):
+    """Weights and record counts (passes over a part that has fewer) pick the same units when every
+    per-unit array is a scratch map, shuffled in place, handled a slice at a time."""
+    from trnqwen.dataset.mixture import Loaded, Part, select
+
+    mixture = bounded.mixture
+    monkeypatch.setattr(mixture, "_STEP", 7)  # every slice boundary crossed
+    rng = np.random.default_rng(5)
+    shape = asked.get("weights") or asked["records"]
+    part_of = rng.integers(0, len(shape), 600).astype(np.int16)
+    trained = rng.integers(0, 40, 600).astype(np.int32)
+    kept = np.flatnonzero(rng.random(600) < 0.8)
+    parts = [Part(source=None, weight=asked["weights"][i] if "weights" in asked else None,
+                  records=asked["records"][i] if "records" in asked else None) for i in range(len(shape))]
+    loaded = Loaded(units=[], part_of=part_of, train_idx=kept, val_idx=kept[:0], formats=["messages"] * len(shape), records=600)
+    alloc = _scratch(tmp_path / "s")
+    before = len(list((tmp_path / "s").iterdir()))
+    got = select(parts, loaded, kept, trained, 42, alloc)
+    want = select(parts, loaded, kept, trained, 42)
+    np.testing.assert_array_equal(got, want)
+    assert len(want) and len(list((tmp_path / "s").iterdir())) > before  # (the per-unit arrays went to the scratch folder)
+
+
+@pytest.mark.parametrize("step", [1, 2, 5])
+def test_the_closest_trained_token_count_is_found_across_slices(tmp_path, monkeypatch, step):
+    """A weight's target met where the running sum crosses it, rounding to the nearer side, when the
+    crossing is at a slice's first unit too."""
+    mixture = bounded.mixture
+    units = np.arange(12, dtype=np.int32)
+    trained = np.random.default_rng(1).integers(1, 9, 12).astype(np.int32)
+    for target in np.arange(0.0, float(trained.sum()) + 2, 0.5):
+        want = mixture._down_to(units, target, trained, np.random.default_rng(3))
+        monkeypatch.setattr(mixture, "_STEP", step)
+        got = mixture._down_to(units, target, trained, np.random.default_rng(3), _scratch(tmp_path / "s"))
+        monkeypatch.setattr(mixture, "_STEP", 1 << 20)
+        np.testing.assert_array_equal(got, want, err_msg=f"target {target}")
+
+
 def test_load_parts_with_scratch_maps_gives_the_same_split(tmp_path):
     """Several parts, one with its own validation source, one with --val-dataset: the arrays are the
     in-memory ones (values), kept in the scratch folder."""

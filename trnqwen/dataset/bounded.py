@@ -26,12 +26,12 @@ through this module instead, with the same rendering, masking, fitting and packi
   (``StreamedSplit.write_rows``), a block of ``ROW_BLOCK_TOKENS / workers`` each.
 
 The per-document arrays after reading (the split's indices from ``mixture.hold_out``/``load_parts``,
-int32 where the count allows; the chosen documents; lengths, rows, columns, the best-fit and by-row
-orders: counting sorts, no argsort) are memory maps in the scratch folder too
+int32 where the count allows; the chosen documents, a mixture's seeded orders for its weights and
+record counts included, shuffled in place; lengths, rows, columns, the best-fit and by-row orders:
+counting sorts, no argsort) are memory maps in the scratch folder too
 (:meth:`DocStore.scratch_array`), filled a slice at a time, and the report's sums read them a slice
 at a time.  What still grows with the record count in memory is a few numbers per *row* (best-fit's
-open rows by room, the row starts) and, for a mixture with weights or record counts, ``mixture.select``'s
-seeded permutations; not the records, texts, tokens or per-document numbers.  The cache is byte for
+open rows by room, the row starts); not the records, texts, tokens or per-document numbers.  The cache is byte for
 byte the one the in-memory path writes, with any number of workers (tests/test_data_bounded.py),
 so the choice between the two is only about memory.  A progress callback hears (bytes read,
 bytes in all) after every chunk.

@@ -321,50 +321,93 @@ def _joined(arrays: list[np.ndarray], alloc: Optional[Alloc] = None) -> np.ndarr
     return out
 
 
-def select(parts: list[Part], loaded: Loaded, kept: np.ndarray, trained: np.ndarray, seed: int) -> np.ndarray:
+def select(parts: list[Part], loaded: Loaded, kept: np.ndarray, trained: np.ndarray, seed: int,
+           alloc: Optional[Alloc] = None) -> np.ndarray:
     """The training units to pack (indices into ``loaded.units``, a unit repeated where a record
     count asks for more than a part has): ``kept`` are the training units left after fitting,
-    ``trained[u]`` each unit's trained tokens.  Parts in order, each part's units in their order."""
+    ``trained[u]`` each unit's trained tokens.  Parts in order, each part's units in their order.
+    With ``alloc`` (bounded preparation) every per-unit array is one of its arrays, filled a slice
+    at a time, the seeded orders shuffled in place there: the same draws, the same choice."""
     chosen = []
     for i, part in enumerate(parts):
         # one part: every training unit is its own (no whole-set mask and copy to find them)
-        mine = kept if len(parts) == 1 else kept[loaded.part_of[kept] == i]
+        mine = kept if len(parts) == 1 else _of_part(kept, loaded.part_of, i, alloc)
         if part.records is not None:
-            chosen.append(_count(mine, part.records, _rng(seed, i)))
+            chosen.append(_count(mine, part.records, _rng(seed, i), alloc))
         else:
             chosen.append(mine)
     if parts and parts[0].weight is not None:
-        totals = [float(trained[c].sum()) for c in chosen]
+        totals = [float(sum_at(trained, c)) for c in chosen]
         if not all(totals):
             empty = parts[totals.index(0.0)].name
             raise UsageError(f"dataset {empty} has no trained tokens left to mix", hint="check it with `trnqwen data`")
         scale = min(total / part.weight for total, part in zip(totals, parts))
-        chosen = [_down_to(c, scale * part.weight, trained, _rng(seed, i)) for i, (c, part) in enumerate(zip(chosen, parts))]
-    return _joined(chosen) if chosen else np.arange(0)
+        chosen = [_down_to(c, scale * part.weight, trained, _rng(seed, i), alloc)
+                  for i, (c, part) in enumerate(zip(chosen, parts))]
+    return _joined(chosen, alloc) if chosen else np.arange(0)
 
 
 def _rng(seed: int, part: int) -> np.random.Generator:
     return np.random.default_rng([seed, part])
 
 
-def _count(units: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+def _of_part(units: np.ndarray, part_of: np.ndarray, part: int, alloc: Optional[Alloc]) -> np.ndarray:
+    """``units[part_of[units] == part]``; with ``alloc``, into its array, a slice at a time."""
+    if alloc is None:
+        return units[part_of[units] == part]
+    count = sum(int(np.count_nonzero(part_of[units[lo:lo + _STEP]] == part)) for lo in range(0, len(units), _STEP))
+    out, at = alloc(units.dtype, count), 0
+    for lo in range(0, len(units), _STEP):
+        piece = np.asarray(units[lo:lo + _STEP])
+        found = piece[part_of[piece] == part]
+        out[at:at + len(found)] = found
+        at += len(found)
+    return out
+
+
+def _shuffled(units: np.ndarray, rng: np.random.Generator, alloc: Optional[Alloc]) -> np.ndarray:
+    """``rng.permutation(units)``: with ``alloc``, a copy in its array shuffled in place (the same draws)."""
+    if alloc is None:
+        return rng.permutation(units)
+    out = alloc(units.dtype, len(units))
+    for lo in range(0, len(units), _STEP):
+        out[lo:lo + _STEP] = units[lo:lo + _STEP]
+    rng.shuffle(out)
+    return out
+
+
+def _count(units: np.ndarray, n: int, rng: np.random.Generator, alloc: Optional[Alloc] = None) -> np.ndarray:
     """``n`` of ``units``: a seeded choice, passes in new seeded orders when there are fewer."""
     if not len(units):
         return units
-    passes = [rng.permutation(units) for _ in range(-(-n // len(units)))]
-    return np.sort(np.concatenate(passes)[:n])
+    passes = [_shuffled(units, rng, alloc) for _ in range(-(-n // len(units)))]
+    if alloc is None:
+        return np.sort(np.concatenate(passes)[:n])
+    out = _joined(passes, alloc)[:n]
+    out.sort()
+    return out
 
 
-def _down_to(units: np.ndarray, target: float, trained: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def _down_to(units: np.ndarray, target: float, trained: np.ndarray, rng: np.random.Generator,
+             alloc: Optional[Alloc] = None) -> np.ndarray:
     """A seeded choice of ``units`` whose trained tokens come closest to ``target`` (all of them when short)."""
-    if float(trained[units].sum()) <= target + 0.5:
+    if float(sum_at(trained, units)) <= target + 0.5:
         return units
-    order = rng.permutation(units)
-    cumulative = np.cumsum(trained[order])
-    k = int(np.searchsorted(cumulative, target))  # the first k+1 reach the target
-    if k < len(order) and (k == 0 or cumulative[k] - target < target - cumulative[k - 1]):
+    order = _shuffled(units, rng, alloc)
+    # the first k+1 reach the target: k = searchsorted(cumsum(trained[order]), target), a slice at a time
+    k, reached, before, total = len(order), 0, 0, 0
+    for lo in range(0, len(order), _STEP):
+        cumulative = np.cumsum(trained[order[lo:lo + _STEP]], dtype=np.int64) + total
+        j = int(np.searchsorted(cumulative, target))
+        if j < len(cumulative):
+            k, reached, before = lo + j, int(cumulative[j]), int(cumulative[j - 1]) if j else total
+            break
+        total = int(cumulative[-1])
+    if k < len(order) and (k == 0 or reached - target < target - before):
         k += 1
-    return np.sort(order[:max(k, 1)])
+    out = order[:max(k, 1)]
+    out.sort()  # (order is this function's own array)
+    return out
 
 
 def part_report(parts: list[Part], loaded: Loaded, chosen: np.ndarray, tokens: np.ndarray,

@@ -384,7 +384,7 @@ def _chosen(settings, loaded: mixture.Loaded, parts, kept: np.ndarray, targets: 
             alloc: Optional[mixture.Alloc] = None) -> tuple[np.ndarray, np.ndarray]:
     """(training documents, the mixture's choice; validation documents) of those ``kept`` after fitting;
     ``alloc``: where the kept indices go (bounded preparation's memory maps)."""
-    train_docs = mixture.select(parts, loaded, mixture.take_kept(loaded.train_idx, kept, alloc), targets, settings.seed)
+    train_docs = mixture.select(parts, loaded, mixture.take_kept(loaded.train_idx, kept, alloc), targets, settings.seed, alloc)
     val_docs = mixture.take_kept(loaded.val_idx, kept, alloc)
     if not len(train_docs):
         raise UsageError(
