@@ -45,7 +45,6 @@ def data(tmp_path_factory) -> dict[str, Path]:
 def small_pieces(monkeypatch):
     monkeypatch.setattr(bounded, "CHUNK_RECORDS", 37)
     monkeypatch.setattr(bounded, "ROW_BLOCK_TOKENS", 1000)
-    monkeypatch.setattr(bounded, "_GATHER_TOKENS", 97)  # a block's tokens through several mappings
 
 
 def _both(tmp_path, tiny, settings: DataSettings, workers: int = 1):
