@@ -15,8 +15,7 @@ from trnqwen.contract.metrics_stream import StreamReader
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.logs.identity import with_identity
 from trnqwen.logs.judge import Finding, judge
-from trnqwen.logs.engine import CHUNK_SIZE, LogParser
-from trnqwen.logs.parse import parse_stream
+from trnqwen.logs.engine import CHUNK_SIZE, LogParser, parse
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.sources import LogInput, RunContext, run_context
@@ -58,7 +57,7 @@ def _read(stream: BinaryIO, label: str, chunk_size: int) -> ParsedLog:
     try:
         found = _compression(stream.peek(6)[:6]) if hasattr(stream, "peek") else None
         kind = found and found[0]
-        return parse_stream(importlib.import_module(found[1]).open(stream) if found else stream, label, chunk_size=chunk_size)
+        return parse(importlib.import_module(found[1]).open(stream) if found else stream, label, chunk_size=chunk_size)
     except EOFError:
         raise UsageError(f"{label} is a cut-off {kind} file (it ends before its end-of-stream marker)",
                          hint="copy the whole file again, or pass the uncompressed log") from None

@@ -18,10 +18,11 @@ kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
 
 from __future__ import annotations
 
+import io
 import re
 from itertools import compress, count, repeat
 from operator import lt
-from typing import Optional
+from typing import BinaryIO, Optional, Union
 
 from trnqwen.logs.patterns import (
     APPLIED_RE,
@@ -78,6 +79,19 @@ def _percents(tokens: tuple) -> list:
     if len(found) == len(tokens):
         return list(map(float, found))
     return [None if m.startswith(b"N/A") else float(m[: m.find(b"%")]) for m in tokens]
+
+
+def parse(data: Union[bytes, str, BinaryIO], source: str = "", *, chunk_size: int = CHUNK_SIZE,
+          max_line: int = MAX_LINE) -> ParsedLog:
+    """Parse a whole log (bytes, text, or a binary stream read to its end) in bounded memory."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    stream = io.BytesIO(data) if isinstance(data, bytes) else data
+    parser = LogParser(source, max_line=max_line)
+    read = (getattr(stream, "read1", None) if chunk_size < 65536 else None) or stream.read
+    while block := read(chunk_size):
+        parser.feed(block)
+    return parser.close()
 
 
 class LogParser:
