@@ -5,6 +5,7 @@ The CLI module only maps flags onto :func:`inspect_input` / :func:`follow`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -152,35 +153,20 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
     finished or failed, after ``idle_timeout_s`` with no new bytes (then the result has a
     ``stalled`` error finding), or on Ctrl-C (KeyboardInterrupt returns what was read).
     Memory stays bounded: the parser keeps per-step records, not lines."""
-    emitter = _Emitter(on_step, on_validation)
-    if inp.is_stdin:
-        parser = LogParser(inp.label)
-        read = getattr(sys.stdin.buffer, "read1", sys.stdin.buffer.read)
-        try:
-            while block := read(chunk_size):
-                parser.feed(block)
-                emitter.emit(parser.log, parser.current_steps())
-        except KeyboardInterrupt:
-            pass
-        log = parser.close()
-        emitter.emit(log, log.steps)
-        check_readable(log)
-        return judge_log(log, inp, **judge_kw)
-
-    path = inp.path
-    try:
-        with open(path, "rb") as probe:
+    path, stdin = inp.path, inp.is_stdin
+    kind = None
+    if not stdin:
+        with contextlib.suppress(OSError), open(path, "rb") as probe:
             kind = _compression(probe.read(6))
-    except OSError:
-        kind = None
     if kind:
         raise UsageError(f"{inp.label} is {kind[0]}-compressed: a compressed log does not grow", hint="drop --follow to read it")
+    emitter = _Emitter(on_step, on_validation)
     parser = LogParser(inp.label)
     stream = StreamSteps(run_method(inp.record))  # the run's metrics stream, once it has one
     reader = None
     idle_since = time.monotonic()
     stalled: Optional[float] = None
-    fh = None
+    fh = sys.stdin.buffer if stdin else None  # stdin: read to its end, each block's steps reported
     try:
         while True:
             if fh is None and path.exists():
@@ -188,14 +174,14 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
             grew = False
             if fh is not None:
                 try:
-                    truncated = os.fstat(fh.fileno()).st_size < fh.tell()
+                    truncated = not stdin and os.fstat(fh.fileno()).st_size < fh.tell()
                 except OSError:
                     truncated = False
                 if truncated:  # or replaced: start over
                     parser = LogParser(inp.label)
                     emitter = _Emitter(on_step, on_validation)
                     fh.seek(0)
-                grew = _drain(fh, parser, chunk_size) > 0
+                grew = _drain(fh, parser, chunk_size, (lambda: emitter.emit(parser.log, parser.current_steps())) if stdin else None) > 0
             if reader is None and stream_of(inp.run_dir) is not None:
                 reader = StreamReader(stream_of(inp.run_dir))
             new = reader.poll() if reader is not None else []
@@ -205,6 +191,8 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
                 emitter.emit(parser.log, stream.steps(), stream.validations())
             elif fh is not None:
                 emitter.emit(parser.log, parser.current_steps())
+            if stdin:  # at its end
+                break
             now = time.monotonic()
             if grew:
                 idle_since = now
@@ -221,12 +209,14 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
     except KeyboardInterrupt:
         pass
     finally:
-        if fh is not None:
+        if fh is not None and not stdin:
             fh.close()
     log = parser.close()
     streamed = read_into(log, inp.run_dir, inp.record)
     emitter.emit(log, log.steps)
-    if log.bytes_read == 0 and stalled is None and not streamed:
+    if stdin:
+        check_readable(log)
+    elif log.bytes_read == 0 and stalled is None and not streamed:
         raise CheckFailed(f"{inp.label} stayed empty", hint="is the run writing to this file?")
     result = judge_log(log, inp, **judge_kw) if log.bytes_read or streamed else Inspection(log, run_context(inp), [])
     if stalled is not None:
@@ -239,12 +229,15 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
     return result
 
 
-def _drain(fh: BinaryIO, parser: LogParser, chunk_size: int) -> int:
-    """Feed ``parser`` what ``fh`` has now; the bytes read."""
+def _drain(fh: BinaryIO, parser: LogParser, chunk_size: int, each: Optional[Callable[[], None]] = None) -> int:
+    """Feed ``parser`` what ``fh`` has now (``each`` after every block); the bytes read."""
     n = 0
-    while block := fh.read(chunk_size):
+    read = getattr(fh, "read1", fh.read)
+    while block := read(chunk_size):
         n += len(block)
         parser.feed(block)
+        if each is not None:
+            each()
     return n
 
 
