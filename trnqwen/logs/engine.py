@@ -25,22 +25,8 @@ from operator import lt
 from typing import BinaryIO, Optional, Union
 
 from trnqwen.logs.patterns import (
-    APPLIED_RE,
-    B_PREFIX_RE,
-    C10_RE,
-    FAILED_RE,
-    GLOG_LEVELS,
-    GLOG_RE,
-    HEADER_RE,
-    NO_REPLACEMENT_RE,
-    PYWARN_RE,
-    TRACEBACK_START,
-    LineAt,
-    info_table,
-    normalize,
-    parse_override_line,
-    read_info_line,
-    split_prefix,
+    APPLIED_RE, B_PREFIX_RE, C10_RE, FAILED_RE, GLOG_LEVELS, GLOG_RE, HEADER_RE, NO_REPLACEMENT_RE, PYWARN_RE, TRACEBACK_START,
+    LineAt, info_table, normalize, parse_override_line, read_info_line, split_prefix,
 )
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog, first_rank
 from trnqwen.contract.stepline import ANSI_RE, parse_step_line, parse_validation_line

@@ -19,9 +19,7 @@ from functools import lru_cache
 from itertools import compress
 from typing import Callable, NamedTuple, Optional
 
-from trnqwen.contract.lora import LOG_LINE_RE as LORA_RE
-from trnqwen.contract.lora import LOG_MARK as LORA_TAG
-from trnqwen.contract.lora import read_log_line
+from trnqwen.contract.lora import LOG_LINE_RE as LORA_RE, LOG_MARK as LORA_TAG, read_log_line
 from trnqwen.contract.method_lines import MethodLine
 from trnqwen.contract.override_calls import CALLS_RE, CALLS_TAG
 from trnqwen.contract.stepline import strip_ansi, to_number
@@ -81,14 +79,7 @@ def parse_override_line(line: str) -> Optional[dict]:
     if m is None:
         return None
     layer_m = LAYER_RE.search(m.group("fqn"))
-    return {
-        "name": m.group("name"),
-        "fqn": m.group("fqn"),
-        "old": m.group("old"),
-        "new": m.group("new"),
-        "kwargs": m.group("kwargs"),
-        "layer": int(layer_m.group(1)) if layer_m else None,
-    }
+    return {**m.groupdict(), "layer": int(layer_m.group(1)) if layer_m else None}
 
 
 def normalize(msg: str) -> str:

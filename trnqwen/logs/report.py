@@ -126,12 +126,6 @@ def _column_mean(t, name: str, rows) -> Optional[float]:
     return sum(values.tolist()) / len(values) if len(values) else None
 
 
-def weights_verdict(findings: list[Finding]) -> Optional[bool]:
-    """Did the pretrained weights take, by the step-1 loss: True, False, or None (can't tell)."""
-    codes = {f.code for f in findings}
-    return True if "weights-loaded" in codes else False if WEIGHTS_NOT_LOADED in codes else None
-
-
 def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]] = None) -> dict:
     """The run in one flat dict.  ``warnings`` / ``errors`` count log lines; ``findings``
     counts the judge's findings by severity (given ``findings``)."""
@@ -147,6 +141,7 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
     first_step = t.step[0] if n else None
     last_step = t.step[-1] if n else None
     no_peak = no_peak_flops(log)
+    codes = {f.code for f in findings or []}  # did the pretrained weights take, by the step-1 loss (None: can't tell)
     return {
         "source": log.source,
         "model": log.model_name,
@@ -178,7 +173,7 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
         "last_validation_loss": _num(log.validations[-1]["loss"]) if log.validations else None,
         # a load line shows that a load ran, not that the weights took: weights_loaded says that
         "checkpoint_loaded": any(e["kind"] in ("load", "loaded") for e in log.checkpoint_events),
-        "weights_loaded": weights_verdict(findings or []),
+        "weights_loaded": True if "weights-loaded" in codes else False if WEIGHTS_NOT_LOADED in codes else None,
         "model_identity": _identity(ctx),
         "checkpoint_saved": any(e["kind"] in ("save", "saved") for e in log.checkpoint_events),
         "warnings": log.warning_count,  # WARNING-level log lines

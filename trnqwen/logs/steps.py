@@ -145,6 +145,3 @@ class StepTable(Mapping):
     def __len__(self) -> int:
         self.compact()
         return len(self.step)
-
-    def __repr__(self) -> str:
-        return f"StepTable({len(self)} steps)"

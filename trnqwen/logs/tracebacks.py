@@ -7,13 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from trnqwen.logs.patterns import (
-    EXC_LINE_RE,
-    HEADER_RE,
-    TR_EXIT_RE,
-    TR_RANK_RE,
-    TRACEBACK_START,
-)
+from trnqwen.logs.patterns import EXC_LINE_RE, HEADER_RE, TR_EXIT_RE, TR_RANK_RE, TRACEBACK_START
 from trnqwen.logs.record import ParsedLog
 
 
@@ -30,8 +24,7 @@ class Tracebacks:
         return any(s.get("open") for s in self._state.values())
 
     def is_open(self, rank: Optional[int]) -> bool:
-        state = self._state.get(rank)
-        return state is not None and bool(state.get("open"))
+        return bool(self._state.get(rank, {}).get("open"))
 
     def open(self, rank: Optional[int], body: str, lineno: int) -> None:
         state = self._state.setdefault(rank, {"count": 0})
