@@ -62,14 +62,12 @@ def judge(log: ParsedLog, ctx: Optional[RunContext] = None) -> list[Finding]:
     ctx = ctx or RunContext()
     if ctx.identity is None:
         ctx = with_identity(log, ctx)
-    findings: list[Finding] = []
-    for check in (_check_input, _check_steps_present, _check_weights_loaded, _check_overrides, _check_override_calls, check_lora,
-                  _check_methods, _check_nonfinite, _check_exploding, _check_grad_spikes, _check_memory, _check_throughput,
-                  _check_crash, _check_stopped_early, _check_ranks, _check_warnings):
-        findings.extend(Finding(*fields) for fields in check(log, ctx))
+    checks = (_check_input, _check_steps_present, _check_weights_loaded, _check_overrides, _check_override_calls, check_lora,
+              _check_methods, _check_nonfinite, _check_exploding, _check_grad_spikes, _check_memory, _check_throughput,
+              _check_crash, _check_stopped_early, _check_ranks, _check_warnings)
     order = {s: i for i, s in enumerate(SEVERITIES)}
-    findings.sort(key=lambda f: (order.get(f.severity, 9), f.lines[0] if f.lines else 0))
-    return findings
+    return sorted((Finding(*fields) for check in checks for fields in check(log, ctx)),
+                  key=lambda f: (order.get(f.severity, 9), f.lines[0] if f.lines else 0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,11 +247,8 @@ def layers_text(layers: list[int]) -> str:
 
 
 def _check_overrides(log: ParsedLog, ctx: RunContext) -> list[tuple]:
-    out = []
-    for rec in log.override_no_match:
-        out.append(("error", "override-no-match",
-                    f"override.imports={rec['imports']} produced no replacements: its target/fqns match no config node",
-                    [rec["line"]]))
+    out = [("error", "override-no-match", f"override.imports={rec['imports']} produced no replacements: its target/fqns match "
+            "no config node", [rec["line"]]) for rec in log.override_no_match]
     table = override_table(log, ctx.num_layers)
     if not table:
         return out
@@ -338,26 +333,17 @@ def _check_override_calls(log: ParsedLog, ctx: RunContext) -> list[tuple]:
             out.append(("info", "override-ran",
                         f"{override_label(name)} ran its own code: {c['calls']} call(s) on {c['modules']} module(s), "
                         f"no fallback ({len(c['ranks'])} rank(s))", c["lines"][:1]))
-    if log.steps:
-        for name, entry in applied.items():
-            if name not in calls:
-                out.append(("warning", "override-unverified",
-                            f"override {name} was applied but logged no [OverrideCalls] line, so nothing shows "
-                            "its code ran (one [Override] line per layer proves only that it was installed)", entry["lines"][:1]))
-    return out
+    return out + [("warning", "override-unverified", f"override {name} was applied but logged no [OverrideCalls] line, so nothing "
+                   "shows its code ran (one [Override] line per layer proves only that it was installed)", entry["lines"][:1])
+                  for name, entry in applied.items() if log.steps and name not in calls]
 
 
 def _check_nonfinite(log: ParsedLog, ctx: RunContext) -> list[tuple]:
-    out = []
     t = log.steps
-    for key, label in (("loss", "loss"), ("grad_norm", "grad norm")):
-        bad = np.flatnonzero(~np.isfinite(t.np(key)) & t.present(key)).tolist()
-        if bad:
-            i = bad[0]
-            out.append(("error", f"nonfinite-{key.replace('_', '-')}",
-                        f"{label} is {t.value(key, i)} from step {t.step[i]} ({len(bad)} step(s) in all)",
-                        [t.line[j] or None for j in bad[:5]]))
-    return out
+    bad = {key: np.flatnonzero(~np.isfinite(t.np(key)) & t.present(key)).tolist() for key in ("loss", "grad_norm")}
+    return [("error", f"nonfinite-{key.replace('_', '-')}",
+             f"{key.replace('_', ' ')} is {t.value(key, rows[0])} from step {t.step[rows[0]]} ({len(rows)} step(s) in all)",
+             [t.line[j] or None for j in rows[:5]]) for key, rows in bad.items() if rows]
 
 
 def _check_exploding(log: ParsedLog, ctx: RunContext) -> list[tuple]:
@@ -503,13 +489,10 @@ def _check_crash(log: ParsedLog, ctx: RunContext) -> list[tuple]:
             msg += f"; {len(others)} other rank(s) also raised"
         out.append(("error", "crash", msg, lines))
     elif failure.get("exitcode") is not None or failure.get("failed"):
-        code = failure.get("exitcode")
-        if code is None:
-            code = failure["failed"][0]["exitcode"]
+        code = failure["exitcode"] if failure.get("exitcode") is not None else failure["failed"][0]["exitcode"]
         rank = failure.get("root_cause_rank")
-        sig = ""
-        if isinstance(code, int) and code < 0:
-            sig = {-9: " (SIGKILL: often the host's out-of-memory killer)", -15: " (SIGTERM)", -6: " (SIGABRT)", -11: " (SIGSEGV)"}.get(code, f" (signal {-code})")
+        sig = ({-9: " (SIGKILL: often the host's out-of-memory killer)", -15: " (SIGTERM)", -6: " (SIGABRT)", -11: " (SIGSEGV)"}
+               .get(code, f" (signal {-code})") if isinstance(code, int) and code < 0 else "")
         lines = [x for x in (failure.get("root_cause_line"), *(f["line"] for f in failure.get("failed", [])[:2])) if x]
         found = record.error if record is not None and record.error and "no error message" not in record.error else None
         tail = f"; the launcher found: {found}" if found else "; no traceback in the log"
