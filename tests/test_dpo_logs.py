@@ -17,7 +17,7 @@ from trnqwen.methods.dpo import log_lines as dpo
 from trnqwen.logs.judge import judge
 from trnqwen.logs.report import steps_json
 from trnqwen.logs.engine import parse
-from trnqwen.logs.report import payload, render, write_csv
+from trnqwen.logs.report import json_text, render, write_csv
 from trnqwen.logs.sources import RunContext
 from trnqwen.contract.stepline import STEP_FIELDS, format_step_line, parse_validation_line
 
@@ -127,7 +127,7 @@ def test_a_long_dpo_log_reads_the_same_in_any_chunking():
     got = parse(data, "x", chunk_size=4096)
     assert len(want.method_lines["dpo"].steps) == 2001 and len(want.validations) == 200
     assert got.method_lines == want.method_lines and got.validations == want.validations
-    assert got.step_list() == want.step_list()
+    assert list(got.steps.rows()) == list(want.steps.rows())
 
 
 # --- --json, --csv, table, plot ---------------------------------------------------------------
@@ -136,7 +136,7 @@ def test_a_long_dpo_log_reads_the_same_in_any_chunking():
 def test_json_steps_and_validations_carry_the_dpo_values():
     log = parse(make_log())
     findings = judge(log, RunContext())
-    data = payload(log, RunContext(), findings)
+    data = json.loads(json_text(log, RunContext(), findings))
     rows = data["steps"]
     assert list(rows[0]) == [*STEP_FIELDS, *dpo.FIELDS, "line"]
     assert [r["margin"] for r in rows] == [0.03, 0.06, 0.09, 0.12]
@@ -265,7 +265,7 @@ def test_a_run_without_dpo_lines_reads_as_before(tmp_path):
 
     log = parse(make_log(dpo_lines=False))
     assert not log.method_lines
-    data = payload(log, RunContext(), judge(log, RunContext()))
+    data = json.loads(json_text(log, RunContext(), judge(log, RunContext())))
     assert list(data["steps"][0]) == [*STEP_FIELDS, "line"] and data["dpo"] is None
     write_csv(log, tmp_path / "s.csv")
     assert (tmp_path / "s.csv").read_text().splitlines()[0] == ",".join([*STEP_FIELDS, "val_loss", "line"])

@@ -126,7 +126,7 @@ def test_override_line_both_eras():
 
 def test_recipe_era_fixture_field_by_field():
     log = parse((DATA / "recipe_era_qwen3_4b_finetune.log").read_bytes())
-    steps = log.step_list()
+    steps = list(log.steps.rows())
     assert [s["step"] for s in steps] == list(range(1, 11))
     assert steps[0] == {"step": 1, "loss": 6.54012, "grad_norm": 3.9, "memory_gib": 14.21, "memory_pct": 59.21,
                         "tps": 87, "tflops": 3.52, "mfu": None, "lr": None, "line": steps[0]["line"]}
@@ -170,8 +170,8 @@ def test_v030_two_ranks_overrides_missing_and_duplicate():
     log = parse((DATA / "v030_overrides_two_ranks.log").read_bytes())
     assert log.ranks == {0, 1} and log.world_size == 2 and log.primary_rank == 0
     assert log.model_name == "qwen3" and log.model_flavor == "debugmodel"
-    assert [s["loss"] for s in log.step_list()] == [7.72915, 7.4118, 6.95422]
-    assert [s["tps"] for s in log.step_list()] == [61, 1404, 1405]  # rank 0's own throughput
+    assert [s["loss"] for s in list(log.steps.rows())] == [7.72915, 7.4118, 6.95422]
+    assert [s["tps"] for s in list(log.steps.rows())] == [61, 1404, 1405]  # rank 0's own throughput
     assert log.rank_last_step == {0: (3, log.steps[3]["line"]), 1: (3, log.steps[3]["line"] + 1)}
     assert [n for n, _ in log.applied[0]] == [8]
     table = override_table(log, 8)
@@ -306,7 +306,7 @@ def test_fast_path_matches_line_by_line(chunk):
 
 def test_step_restart_is_noted():
     log = parse(run_log([5, 4, 3], completed=False) + run_log([5.1, 4.1, 3.1, 2.9]))
-    assert [s["loss"] for s in log.step_list()] == [5.1, 4.1, 3.1, 2.9]
+    assert [s["loss"] for s in list(log.steps.rows())] == [5.1, 4.1, 3.1, 2.9]
     assert find(judge(log), "restarted").lines == [log.steps[1]["line"]]
 
 
@@ -317,7 +317,7 @@ def test_non_utf8_truncated_and_overlong_lines():
     good = run_log([5, 4, 3]).encode()
     data = b"\xff\xfe garbage \x80\x81\n" + good + b"x" * 5000 + b"\n" + line(step_msg(4, 2.0)).encode()[:60]
     log = parse(data, "t", chunk_size=333, max_line=1024)
-    assert [s["step"] for s in log.step_list()] == [1, 2, 3]
+    assert [s["step"] for s in list(log.steps.rows())] == [1, 2, 3]
     assert log.invalid_utf8_lines == 1 and log.first_invalid_utf8_line == 1
     assert log.ends_mid_line and log.overlong_lines == [log.lines - 1]
     fs = codes(judge(log))
@@ -332,7 +332,7 @@ def test_huge_single_line_is_bounded():
         assert len(parser._carry) <= (1 << 16) and (parser._skipping is None or len(parser._skipping) <= 1 << 16)
     parser.feed(b"\n" + run_log([3.0, 2.0]).encode())
     log = parser.close()
-    assert log.overlong_lines == [1] and [s["loss"] for s in log.step_list()] == [3.0, 2.0]
+    assert log.overlong_lines == [1] and [s["loss"] for s in list(log.steps.rows())] == [3.0, 2.0]
 
 
 try:
@@ -354,9 +354,9 @@ if given is not None:
         data = b"".join(parts)
         log = parse(data, "h", chunk_size=chunk, max_line=128)
         judge(log)
-        from trnqwen.logs.report import payload, summarize
+        from trnqwen.logs.report import json_text, summarize
 
-        json.dumps(payload(log, RunContext(), judge(log)), allow_nan=False)
+        json.dumps(json.loads(json_text(log, RunContext(), judge(log))), allow_nan=False)
         summarize(log, RunContext())
 
     @settings(max_examples=150, deadline=None)
@@ -608,7 +608,7 @@ def test_follow_until_record_says_ended(tmp_path):
     result = follow(resolve_input(str(d)), on_step=seen.append, poll_s=0.02, idle_timeout_s=30)
     t.join()
     assert [s["step"] for s in seen] == [1, 2, 3, 4]
-    assert [s["loss"] for s in result.log.step_list()] == [7.0, 6.0, 5.0, 4.0]
+    assert [s["loss"] for s in list(result.log.steps.rows())] == [7.0, 6.0, 5.0, 4.0]
 
 
 def test_follow_idle_timeout_without_record(tmp_path):
@@ -628,7 +628,7 @@ def test_follow_idle_timeout_without_record(tmp_path):
 def test_real_hf_v5_log_field_by_field():
     log = parse((DATA / "real_hf_v5_tiny_2ranks_scratch.log").read_bytes())
     assert [(s["step"], s["loss"], s["grad_norm"], s["memory_gib"], s["memory_pct"], s["tps"], s["tflops"], s["mfu"])
-            for s in log.step_list()] == [
+            for s in list(log.steps.rows())] == [
         (1, 11.7298, 3.2278, 0.95, 4.02, 4, 0.0, 0.0),
         (2, 11.41225, 4.3722, 0.95, 4.04, 94, 0.0, 0.0),
         (3, 10.32682, 12.6232, 0.95, 4.04, 171, 0.0, 0.0),
@@ -646,8 +646,8 @@ def test_real_hf_v5_log_field_by_field():
 
 def test_real_native_finetune_log_overrides_and_checkpoint():
     log = parse((DATA / "real_native_tiny_2ranks_finetune.log").read_bytes())
-    assert [s["loss"] for s in log.step_list()] == [7.69166, 7.53281, 7.40945]
-    assert [s["tps"] for s in log.step_list()] == [7, 203, 233]
+    assert [s["loss"] for s in list(log.steps.rows())] == [7.69166, 7.53281, 7.40945]
+    assert [s["tps"] for s in list(log.steps.rows())] == [7, 203, 233]
     table = override_table(log, 4)
     entry = table["trnqwen.runtime.cpu_attention.cpu_dense_attention"]
     assert entry["count"] == 4 and entry["layers"] == [0, 1, 2, 3] and entry["missing_layers"] == []

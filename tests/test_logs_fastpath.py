@@ -150,7 +150,7 @@ def snapshot(log) -> dict:
         if f.name in ("recognized_lines", "source"):
             continue
         value = getattr(log, f.name)
-        out[f.name] = _plain(log.step_list() if f.name == "steps" else value)
+        out[f.name] = _plain(list(log.steps.rows()) if f.name == "steps" else value)
     return out
 
 
@@ -254,7 +254,7 @@ def test_benchmark_log_varies_every_column_as_real_runs_do():
         path = Path(tmp) / "x.log"
         mod.generate(path, ranks=2, steps=3000)
         log = parse(path.read_bytes(), str(path))
-    steps = log.step_list()[1:]
+    steps = list(log.steps.rows())[1:]
     for name in ("tps", "tflops", "mfu", "memory_gib", "memory_pct", "lr", "loss", "grad_norm"):
         assert len({s[name] for s in steps}) > 10, name
     assert max(s["memory_pct"] for s in steps) > 90 > min(s["memory_pct"] for s in steps)

@@ -179,7 +179,7 @@ def test_inspect_logs_reads_a_registered_methods_own_lines(dummy):
     from trnqwen.contract.stepline import format_step_line
     from trnqwen.logs.judge import judge
     from trnqwen.logs.engine import parse
-    from trnqwen.logs.report import payload, render
+    from trnqwen.logs.report import json_text, render
     from trnqwen.logs.sources import RunContext
 
     mod = sys.modules[MODULE]
@@ -198,7 +198,7 @@ def test_inspect_logs_reads_a_registered_methods_own_lines(dummy):
         msgs += [format_step_line(step, 1.0, 1.5, 0.94, 3.98, 400, 0.0, 0.0, lr=1e-3), f"[DUMMY] step: {step}  wiggle: {0.25 * step}"]
     log = parse("\n".join(f"[rank0]:[titan] 2026-12-01 18:37:43,702 - root - INFO - {m}" for m in msgs) + "\n")
     assert log.method_lines["dummy"].steps[2] == {"wiggle": 0.5, "line": 5}
-    data = payload(log, RunContext(), judge(log, RunContext()))
+    data = json.loads(json_text(log, RunContext(), judge(log, RunContext())))
     assert [r["wiggle"] for r in data["steps"]] == [0.25, 0.5]
     assert data["dummy"] == {"steps": 2, "notes": {"settings": {"temperature": 0.5, "line": 1}}} and data["dpo"] is None
     con = Console(file=io.StringIO(), width=200)

@@ -12,6 +12,7 @@ Examples:
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -126,7 +127,7 @@ def _run_inspect(inputs, json_out, csv_file, plot_file, strict, judge_kw) -> Non
             r = results[0]
             report.write_json(report.json_text(r.log, r.ctx, r.findings))
         else:
-            objs = [report.payload(r.log, r.ctx, r.findings) for r in results]
+            objs = [json.loads(report.json_text(r.log, r.ctx, r.findings)) for r in results]
             report.write_json({
                 "logs": objs,
                 "findings": [dict(f, source=o["source"]) for o in objs for f in o["findings"]],

@@ -90,10 +90,6 @@ class ParsedLog:
         return self.bytes_read > 0 and (self.nul_bytes > max(8, self.bytes_read // 1000) or (
             self.recognized_lines == 0 and self.invalid_utf8_lines > max(1, self.lines // 3)))
 
-    def step_list(self) -> list[dict]:
-        """One dict per step, in step order (small logs and tests; the judge reads columns)."""
-        return list(self.steps.rows())
-
     def primary_overrides(self) -> list[dict]:
         """The primary rank's ``[Override]`` records, else the lowest rank's."""
         return self.overrides.get(self.primary_rank if self.primary_rank in self.overrides else first_rank(self.overrides), [])

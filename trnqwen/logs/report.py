@@ -207,11 +207,6 @@ def overrides(log: ParsedLog, ctx: RunContext) -> dict[str, dict]:
             for name in [*table, *(n for n in calls if n not in table)]}
 
 
-def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> dict:
-    """The ``--json`` object (:func:`json_text` read back)."""
-    return json.loads(json_text(log, ctx, findings))
-
-
 def json_text(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> str:
     """The ``--json`` document; its steps are :func:`steps_json`'s text, put in place of the null
     that stands for them (the first ``"steps": null``: the values before it are numbers or strings,
