@@ -63,9 +63,7 @@ class StepTable(Mapping):
         """Keep the last row of each step, in step order."""
         if self._ordered:
             return
-        last: dict[int, int] = {}
-        for i, s in enumerate(self.step):
-            last[s] = i
+        last = {s: i for i, s in enumerate(self.step)}  # each step's last row
         keep = [last[s] for s in sorted(last)]
         remap = {old: new for new, old in enumerate(keep)}
         self.step = array("q", (self.step[i] for i in keep))
@@ -88,10 +86,7 @@ class StepTable(Mapping):
         return _tps(v) if name == "tps" else v
 
     def row(self, i: int) -> dict:
-        rec = {name: self.value(name, i) for name in STEP_FIELDS}
-        line = self.line[i]
-        rec["line"] = line or None
-        return rec
+        return {**{name: self.value(name, i) for name in STEP_FIELDS}, "line": self.line[i] or None}
 
     def index(self, step: int) -> Optional[int]:
         self.compact()
@@ -117,8 +112,7 @@ class StepTable(Mapping):
         import numpy as np
 
         mask = np.ones(len(self.step), dtype=bool)
-        if self.missing[name]:
-            mask[list(self.missing[name])] = False
+        mask[list(self.missing[name])] = False
         return mask
 
     def finite(self, name: str):
