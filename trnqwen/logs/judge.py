@@ -170,11 +170,9 @@ def _check_weights_loaded(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     if not log.steps or (method is not None and not method.token_loss):
         return []
     first = log.steps.row(0)
-    if first["step"] != 1 or (log.start_step not in (None, 1)):
-        return []  # resumed run: step 1 is not in this log
     loss = first["loss"]
-    if loss is None or not math.isfinite(loss):
-        return []
+    if first["step"] != 1 or log.start_step not in (None, 1) or loss is None or not math.isfinite(loss):
+        return []  # a resumed run (step 1 is not in this log), or no loss to judge
     load_lines = [e["line"] for e in log.checkpoint_events if e["kind"] in ("load", "loaded")]
     fresh = [e["line"] for e in log.checkpoint_events if e["kind"] == "fresh"]
     finetune = True if ctx.finetune is None and load_lines else ctx.finetune
@@ -193,11 +191,8 @@ def _check_weights_loaded(log: ParsedLog, ctx: RunContext) -> list[tuple]:
                  "(pass --vocab-size or inspect a run directory)", [first["line"]])]
     ln_v = math.log(vocab)
     if loss < RANDOM_INIT_FRACTION * ln_v:
-        if finetune:
-            return [("info", "weights-loaded",
-                     f"step-1 loss {loss:.4f} is well below ln(vocab {vocab}) = {ln_v:.2f}: the pretrained weights were used",
-                     [first["line"]])]
-        return []
+        return [("info", "weights-loaded", f"step-1 loss {loss:.4f} is well below ln(vocab {vocab}) = {ln_v:.2f}: the pretrained "
+                 "weights were used", [first["line"]])] if finetune else []
     known = ctx.identity.known if ctx.identity is not None else None
     level = f"step-1 loss {loss:.2f} is random-init level (ln {vocab} = {ln_v:.2f})"
     whence = f" [vocab from {source}]"
@@ -433,10 +428,9 @@ def _check_throughput(log: ParsedLog, ctx: RunContext) -> list[tuple]:
             i = int(rows[k + 2])
             text = (f"throughput fell to {t.value('tps', i):,} tps at step {t.step[i]} from about {b:,.0f} tps "
                     f"and stayed below {THROUGHPUT_DROP_RATIO:.0%} of it (each start's first step excluded: it includes compilation)")
-            if on_cpu(log):  # the cores are the host's: other processes (a cold start's) take them
-                return [("info", "throughput-collapse", text + "; on CPU throughput follows the host's load",
-                         [t.line[i] or None])]
-            return [("warning", "throughput-collapse", text, [t.line[i] or None])]
+            cpu = on_cpu(log)  # the cores are the host's: other processes (a cold start's) take them
+            return [("info" if cpu else "warning", "throughput-collapse",
+                     text + ("; on CPU throughput follows the host's load" if cpu else ""), [t.line[i] or None])]
     return []
 
 
