@@ -55,10 +55,7 @@ def run_plot_title(log: ParsedLog, ctx: Optional[RunContext] = None) -> str:
         return name
     cfg = ctx.run_config or {}
     extra = ctx.record.extra if ctx.record is not None and isinstance(ctx.record.extra, dict) else {}
-    facts = []
-    model = extra.get("base_model") or cfg.get("model")
-    if model:
-        facts.append(str(model))
+    facts = [str(model)] if (model := extra.get("base_model") or cfg.get("model")) else []
     method = run_method(log, ctx)
     method = method.name if method is not None else cfg.get("method")
     if method:

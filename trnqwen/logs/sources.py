@@ -154,12 +154,8 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
     ctx.finetune = finetune if finetune is not None else bool(cfg["finetune"]) if "finetune" in cfg else None
     # model config.json
     model_cfg, model_cfg_path = _model_config(record, cfg, ctx.run_dir)
-    ctx.model_config = model_cfg
-    if model_cfg_path is not None:
-        ctx.base_random_init = declares_random_init(model_cfg_path.parent)
-    if cfg.get("lora"):
-        ctx.lora = configured(cfg)
-    ctx.run_config = cfg or None
+    ctx.model_config, ctx.lora, ctx.run_config = model_cfg, configured(cfg) if cfg.get("lora") else None, cfg or None
+    ctx.base_random_init = model_cfg_path is not None and declares_random_init(model_cfg_path.parent)
     found = str(model_cfg_path)  # explicit facts first, then run.json's, then the base model's config.json
     ctx.vocab_size, ctx.vocab_source = _first((vocab_size, "--vocab-size"), (extra.get("vocab_size"), "run.json"),
                                               (_cfg_get(model_cfg or {}, "vocab_size"), found))
