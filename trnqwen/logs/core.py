@@ -135,13 +135,10 @@ def judge_log(log: ParsedLog, inp: Optional[LogInput], *, expect_layers: Optiona
 
 
 def _record_ended(inp: LogInput) -> bool:
-    if inp.run_dir is None:
-        return False
     try:
-        rec = RunRecord.load(inp.run_dir)
+        return inp.run_dir is not None and RunRecord.load(inp.run_dir).status not in ("created", "running")
     except Exception:  # being rewritten (atomic rename) or gone: try again next poll
         return False
-    return rec.status not in ("created", "running")
 
 
 def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.5, idle_timeout_s: float = 600.0,

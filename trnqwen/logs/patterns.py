@@ -148,9 +148,7 @@ def _launcher_world(log: ParsedLog, m: re.Match[str], at: LineAt) -> None:
 
 
 def _model_size(log: ParsedLog, m: re.Match[str], at: LineAt) -> None:
-    log.model_name = m.group("name")
-    log.model_flavor = m.group("flavor")
-    log.model_params = int(m.group("params").replace(",", ""))
+    log.model_name, log.model_flavor, log.model_params = m.group("name"), m.group("flavor"), int(m.group("params").replace(",", ""))
 
 
 def _building(log: ParsedLog, m: re.Match[str], at: LineAt) -> Optional[bool]:
@@ -163,11 +161,9 @@ def _building(log: ParsedLog, m: re.Match[str], at: LineAt) -> Optional[bool]:
 
 
 def _model_args(log: ParsedLog, text: str) -> None:
-    v = _VOCAB_ARG_RE.search(text)
-    if v is not None:
+    if v := _VOCAB_ARG_RE.search(text):
         log.vocab_size = log.vocab_size or int(v.group(1))
-    n = _LAYERS_ARG_RE.search(text)
-    if n is not None:
+    if n := _LAYERS_ARG_RE.search(text):
         log.num_layers = log.num_layers or int(n.group(1))
 
 

@@ -62,10 +62,8 @@ class Tracebacks:
         entry["count"] = state.get("count", 1)
         entry["start"] = entry["start"] or state.get("start")
         if text is not None:
-            rec = {"line": lineno, "text": text[:500]}
-            if entry["first_root"] is None:
-                entry["first_root"] = rec
-            entry["last"] = rec
+            entry["last"] = rec = {"line": lineno, "text": text[:500]}
+            entry["first_root"] = entry["first_root"] or rec
             self.log.recognized_lines += 1
 
 
