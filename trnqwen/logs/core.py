@@ -100,20 +100,15 @@ def check_readable(log: ParsedLog, *, live: bool = False) -> None:
     """Clear messages (usage errors: the input is not a log) for an empty, binary or foreign
     file; ``live`` (run.json says the run is starting or running): empty or not yet recognizable
     is fine, the judge says it is starting."""
-    if log.bytes_read == 0:
-        if live:
-            return
+    if log.bytes_read == 0 and not live:
         raise UsageError(f"{log.source} is empty", hint="the run may not have started yet; check the path or use --follow")
     if log.looks_binary:
-        raise UsageError(
-            f"{log.source} does not look like a text log ({log.nul_bytes} NUL bytes, {log.invalid_utf8_lines} non-UTF-8 line(s))",
-            hint="pass the training log (train.log or torchrun's output; .gz, .bz2 and .xz are read too), not a binary file",
-        )
+        raise UsageError(f"{log.source} does not look like a text log ({log.nul_bytes} NUL bytes, {log.invalid_utf8_lines} "
+                         "non-UTF-8 line(s))", hint="pass the training log (train.log or torchrun's output; .gz, .bz2 and .xz "
+                         "are read too), not a binary file")
     if log.recognized_lines == 0 and not live:
-        raise UsageError(
-            f"{log.source} has no torchtitan or torchrun log lines ({log.lines} line(s) read)",
-            hint="pass the output of a torchtitan run (e.g. <run dir>/train.log)",
-        )
+        raise UsageError(f"{log.source} has no torchtitan or torchrun log lines ({log.lines} line(s) read)",
+                         hint="pass the output of a torchtitan run (e.g. <run dir>/train.log)")
 
 
 def inspect_input(inp: LogInput, *, expect_layers: Optional[int] = None, vocab_size: Optional[int] = None,

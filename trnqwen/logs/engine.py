@@ -463,10 +463,8 @@ class LogParser:
             if glog:
                 fm = FAILED_RE.search(msg)
                 if fm is not None:
-                    fail = log.torchrun_failure
-                    fail.setdefault("failed", []).append(
-                        {"local_rank": int(fm.group("rank")), "exitcode": int(fm.group("code")), "line": lineno}
-                    )
+                    log.torchrun_failure.setdefault("failed", []).append(
+                        {"local_rank": int(fm.group("rank")), "exitcode": int(fm.group("code")), "line": lineno})
             return True
         known = read_info_line(log, msg, LineAt(lineno, rank, self._is_primary(rank)), self._info)
         # Bare lines: only structured content counts as recognized.

@@ -31,10 +31,8 @@ from trnqwen.methods.base import load
 PREFIX_RE = re.compile(r"\[([A-Za-z][A-Za-z_-]{0,31})(\d{1,6})\]:")
 B_PREFIX_RE = re.compile(rb"\[([A-Za-z][A-Za-z_-]{0,31})(\d{1,6})\]:")
 # torchtitan's logger format: "[titan] %(asctime)s - %(name)s - %(levelname)s - %(message)s".
-HEADER_RE = re.compile(
-    r"\[titan\]\s+(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)?)\s+-\s+(?P<logger>\S+)\s+-\s+"
-    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\s+-\s?(?P<msg>.*)$"
-)
+HEADER_RE = re.compile(r"\[titan\]\s+(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)?)\s+-\s+(?P<logger>\S+)\s+-\s+"
+                       r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\s+-\s?(?P<msg>.*)$")
 # glog-style lines from torch's C++ and torchrun ("W1129 09:54:40.879000 10898 file.py:982] msg").
 GLOG_RE = re.compile(r"(?P<level>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\s]+\] ?(?P<msg>.*)$")
 C10_RE = re.compile(r"\[(?P<level>[IWEF])\d{4} \d\d:\d\d:\d\d[^\]]*\] ?(?P<msg>.*)$")
@@ -43,9 +41,8 @@ PYWARN_RE = re.compile(r"\S+:\d+: (?P<cat>[A-Z]\w*Warning): (?P<msg>.*)$")
 
 # [Override] NAME: FQN OLD -> NEW[ with k=v, ...]  (NAME is nki_rope in the recipe era, the
 # factory's import path module.function in torchtitan 0.3.0)
-OVERRIDE_RE = re.compile(
-    r"\[Override\]\s+(?P<name>[^:\s]+):\s+(?P<fqn>\S+)\s+(?P<old>\S+)\s+->\s+(?P<new>\S+?)(?:\s+with\s+(?P<kwargs>.*))?\s*$"
-)
+OVERRIDE_RE = re.compile(r"\[Override\]\s+(?P<name>[^:\s]+):\s+(?P<fqn>\S+)\s+(?P<old>\S+)\s+->\s+(?P<new>\S+?)"
+                         r"(?:\s+with\s+(?P<kwargs>.*))?\s*$")
 APPLIED_RE = re.compile(r"Applied (\d+) override\(s\)")
 LAYER_RE = re.compile(r"(?:^|\.)layers(?:\.|\[)(\d+)\]?(?:\.|$)")
 NO_REPLACEMENT_RE = re.compile(r"override\.imports=(?P<imports>.*?) produced no replacements")

@@ -15,10 +15,8 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from trnqwen.adapters.lora.readers import lora_json, lora_row
-from trnqwen.logs.judge import (
-    BASE_RANDOM_INIT, WEIGHTS_NOT_LOADED, Finding, configured_steps, layers_text, method_facts, override_calls,
-    override_table, root_cause,
-)
+from trnqwen.logs.judge import (BASE_RANDOM_INIT, WEIGHTS_NOT_LOADED, Finding, configured_steps, layers_text, method_facts,
+                                override_calls, override_table, root_cause)
 from trnqwen.methods import registry as methods
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog

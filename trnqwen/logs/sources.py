@@ -69,11 +69,8 @@ def resolve_input(arg: Optional[str], runs_dir: Optional[Path] = None) -> LogInp
     if arg is None:
         last = last_run_dir(Path(runs_dir)) if runs_dir is not None and Path(runs_dir).is_dir() else None
         if last is None:
-            raise UsageError(
-                f"no log given and no run found under {runs_dir}",
-                hint="pass a log file or run directory (`trnqwen inspect-logs train.log`), "
-                "or run `trnqwen train` first",
-            )
+            raise UsageError(f"no log given and no run found under {runs_dir}",
+                             hint="pass a log file or run directory (`trnqwen inspect-logs train.log`), or run `trnqwen train` first")
         last = last.absolute()  # found, not typed: report where it is, whatever the working folder
         return _from_dir(last, str(last))
     if arg == "-":
@@ -98,9 +95,7 @@ def _from_dir(path: Path, label: str) -> LogInput:
         try:
             record = RunRecord.load(path)
         except (OSError, ValueError, TypeError) as exc:
-            raise UsageError(
-                f"{path / RUN_RECORD} is unreadable: {exc}", hint="pass the log file itself instead"
-            ) from None
+            raise UsageError(f"{path / RUN_RECORD} is unreadable: {exc}", hint="pass the log file itself instead") from None
     log_path = None
     if record is not None and record.log_path:
         candidate = in_run_dir(record, path, record.log_path)
@@ -108,10 +103,8 @@ def _from_dir(path: Path, label: str) -> LogInput:
             # still starting (data preparation, start-up): the launcher creates train.log when torchrun starts
             return LogInput(label=str(candidate), path=candidate, run_dir=path, record=record)
         if not candidate.is_file():
-            raise UsageError(
-                f"{label}: the run's log {candidate} is missing",
-                hint="was the run directory copied without its train.log? pass the log file itself",
-            )
+            raise UsageError(f"{label}: the run's log {candidate} is missing",
+                             hint="was the run directory copied without its train.log? pass the log file itself")
         log_path = candidate
     if log_path is None and (path / LOG_NAME).is_file():
         log_path = path / LOG_NAME
