@@ -239,8 +239,7 @@ class _Emitter:
 
     def __init__(self, on_step: Callable[[dict], None], on_validation: Optional[Callable[[dict], None]]):
         self.on_step, self.on_validation = on_step, on_validation
-        self.printed = 0
-        self.validations = 0
+        self.printed = self.validations = 0  # the last step reported, the validations reported
 
     def emit(self, log: ParsedLog, steps, validations: Optional[list] = None) -> None:
         vals = log.validations if validations is None else validations

@@ -185,9 +185,7 @@ def _other_scale(values: list[float], reference: list[float], factor: float = 3.
         return False
     a = sorted(abs(v) for v in values)[len(values) // 2]
     b = sorted(abs(v) for v in reference)[len(reference) // 2]
-    if min(a, b) <= 0:
-        return False
-    return max(a, b) / min(a, b) > factor
+    return min(a, b) > 0 and max(a, b) / min(a, b) > factor
 
 
 def _mark_interruptions(log: ParsedLog, panels: list) -> None:

@@ -30,9 +30,7 @@ class Tracebacks:
         state = self._state.setdefault(rank, {"count": 0})
         if not state.get("open"):
             state["count"] += 1
-        state["open"] = True
-        state["indent"] = len(body) - len(body.lstrip())
-        state["start"] = state.get("start") or lineno
+        state.update(open=True, indent=len(body) - len(body.lstrip()), start=state.get("start") or lineno)
 
     def line(self, rank: Optional[int], body: str, lineno: int) -> bool:
         """Consume a line of ``rank``'s open traceback; False when the traceback ended before it
