@@ -412,8 +412,7 @@ class LogParser:
             log.world_size_hints, log.ranks, log.rank_last_step = {}, set(), {}
             # the stopped attempt's end (torchrun's SignalException, a crash) was dealt with by resuming
             log.tracebacks, log.torchrun_failure, log.override_calls = {}, {}, {}
-            self._tracebacks = Tracebacks(log)
-            self._torchrun = TorchrunSummary(log)
+            self._tracebacks, self._torchrun = Tracebacks(log), TorchrunSummary(log)
         else:
             m = PREEMPTED_RE.search(body)
             if m is None or rank not in (None, 0):

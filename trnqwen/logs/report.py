@@ -134,7 +134,6 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
     mem_rows, mem = t.finite("memory_gib")
     peak = int(mem_rows[int(np.argmax(mem))]) if len(mem_rows) else None
     after_first = np.flatnonzero(t.np("step") > 1) if n > 1 else np.zeros(0, dtype=np.int64)
-    cause = root_cause(log)
     target = configured_steps(log, ctx)
     first_step = t.step[0] if n else None
     last_step = t.step[-1] if n else None
@@ -177,7 +176,7 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
         "warnings": log.warning_count,  # WARNING-level log lines
         "errors": log.error_count,  # ERROR-level log lines
         "findings": {sev: sum(1 for f in findings or [] if f.severity == sev) for sev in ("error", "warning", "info")},
-        "root_cause": cause,
+        "root_cause": root_cause(log),
         "lines": log.lines,
         "bytes": log.bytes_read,
         "vocab_size": ctx.vocab_size,

@@ -102,10 +102,8 @@ class StepTable(Mapping):
         import numpy as np
 
         self.compact()
-        if name in ("step", "line"):
-            return np.frombuffer(getattr(self, name), dtype=np.int64) if len(self.step) else np.zeros(0, np.int64)
-        col = self.cols[name]
-        return np.frombuffer(col, dtype=np.float64) if len(col) else np.zeros(0)
+        col, dtype = (getattr(self, name), np.int64) if name in ("step", "line") else (self.cols[name], np.float64)
+        return np.frombuffer(col, dtype=dtype) if len(col) else np.zeros(0, dtype)
 
     def present(self, name: str):
         """Boolean numpy mask: the value was logged (not absent / N/A)."""

@@ -88,8 +88,7 @@ class TorchrunSummary:
                 self._in_root_cause = False
                 return True
             for regex, key in ((TR_RANK_RE, "root_cause_rank"), (TR_EXIT_RE, "exitcode")):
-                m = regex.match(stripped)
-                if m is not None:
+                if m := regex.match(stripped):
                     fail[key] = int(m.group(1))
                     return True
             if EXC_LINE_RE.match(stripped):
