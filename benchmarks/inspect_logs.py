@@ -158,10 +158,11 @@ _CHATTER = (
 def _child(path: str) -> None:
     """Parse in a fresh process; print seconds and peak RSS."""
     sys.path.insert(0, str(REPO))
-    from trnqwen.logs.parse import parse_file
+    from trnqwen.logs.engine import parse
 
     t0 = time.perf_counter()
-    log = parse_file(path)
+    with open(path, "rb") as fh:
+        log = parse(fh, path)
     dt = time.perf_counter() - t0
     print(json.dumps({"seconds": dt, "steps": len(log.steps), "ranks": len(log.ranks), "lines": log.lines}))
 

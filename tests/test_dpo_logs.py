@@ -16,8 +16,8 @@ import pytest
 from trnqwen.methods.dpo import log_lines as dpo
 from trnqwen.logs.judge import judge
 from trnqwen.logs.report import steps_json
-from trnqwen.logs.parse import parse_text
-from trnqwen.logs.report import payload, render, write_csv
+from trnqwen.logs.engine import parse
+from trnqwen.logs.report import json_text, render, write_csv
 from trnqwen.logs.sources import RunContext
 from trnqwen.contract.stepline import STEP_FIELDS, format_step_line, parse_validation_line
 
@@ -72,7 +72,7 @@ def finding(findings, code):
 
 
 def test_dpo_step_and_validation_lines_are_read():
-    log = parse_text(make_log())
+    log = parse(make_log())
     kept = log.method_lines["dpo"]
     assert sorted(kept.steps) == [1, 2, 3, 4]
     rec = kept.steps[3]
@@ -97,12 +97,12 @@ def test_dpo_validate_line_is_not_a_validation_line_of_its_own():
 def test_a_validation_without_torchtitans_line_is_made_from_the_dpo_line():
     text = "\n".join([titan(format_step_line(1, 0.69315, 1, 1, 1, 1, 0, 0)),
                       titan(dpo.format_line(1, dpo_values(1, val=True), validate=True))]) + "\n"
-    (v,) = parse_text(text).validations
+    (v,) = parse(text).validations
     assert v["step"] == 1 and v["loss"] == pytest.approx(0.59) and v["margin"] == 0.03
 
 
 def test_reference_line_settings_round_trip():
-    log = parse_text(make_log(reference="reused", beta=0.25, loss_type="ipo"))
+    log = parse(make_log(reference="reused", beta=0.25, loss_type="ipo"))
     ref = log.method_lines["dpo"].notes["reference"]
     assert (ref["how"], ref["beta"], ref["loss_type"]) == ("reused", 0.25, "ipo")
     assert ref["detail"].startswith("for 6 train") and ref["detail"].endswith("/c/ref)")
@@ -111,33 +111,32 @@ def test_reference_line_settings_round_trip():
 
 def test_other_ranks_dpo_lines_are_ignored():
     text = make_log() + titan(dpo.format_line(2, {**dpo_values(2), "margin": 9.0}), rank=1) + "\n"
-    assert parse_text(text).method_lines["dpo"].steps[2]["margin"] == pytest.approx(0.06)
+    assert parse(text).method_lines["dpo"].steps[2]["margin"] == pytest.approx(0.06)
 
 
 def test_a_long_dpo_log_reads_the_same_in_any_chunking():
     """A long log (the [DPO] validate line has "loss:" and "step:"), read in small chunks: the
     result equals reading every line one by one."""
     from trnqwen.logs.engine import LogParser
-    from trnqwen.logs.parse import parse_bytes
 
     data = make_log(losses=[0.69315] + [0.5 + 0.001 * i for i in range(2000)], validate=range(10, 2001, 10)).encode()
     slow = LogParser("x")
     slow.summarize = False  # every line read one by one
     slow.feed(data)
     want = slow.close()
-    got = parse_bytes(data, "x", chunk_size=4096)
+    got = parse(data, "x", chunk_size=4096)
     assert len(want.method_lines["dpo"].steps) == 2001 and len(want.validations) == 200
     assert got.method_lines == want.method_lines and got.validations == want.validations
-    assert got.step_list() == want.step_list()
+    assert list(got.steps.rows()) == list(want.steps.rows())
 
 
 # --- --json, --csv, table, plot ---------------------------------------------------------------
 
 
 def test_json_steps_and_validations_carry_the_dpo_values():
-    log = parse_text(make_log())
+    log = parse(make_log())
     findings = judge(log, RunContext())
-    data = payload(log, RunContext(), findings)
+    data = json.loads(json_text(log, RunContext(), findings))
     rows = data["steps"]
     assert list(rows[0]) == [*STEP_FIELDS, *dpo.FIELDS, "line"]
     assert [r["margin"] for r in rows] == [0.03, 0.06, 0.09, 0.12]
@@ -151,7 +150,7 @@ def test_json_steps_and_validations_carry_the_dpo_values():
 
 
 def test_streamed_json_with_missing_and_nonfinite_dpo_values():
-    log = parse_text(make_log().replace("margin: 0.060000", "margin: nan"))
+    log = parse(make_log().replace("margin: 0.060000", "margin: nan"))
     del log.method_lines["dpo"].steps[3]
     rows = json.loads(steps_json(log))
     assert rows[1]["margin"] is None and rows[1]["nonfinite"] == {"margin": "nan"}
@@ -159,7 +158,7 @@ def test_streamed_json_with_missing_and_nonfinite_dpo_values():
 
 
 def test_csv_has_dpo_columns(tmp_path):
-    log = parse_text(make_log())
+    log = parse(make_log())
     write_csv(log, tmp_path / "s.csv")
     rows = list(csv.DictReader(io.StringIO((tmp_path / "s.csv").read_text())))
     assert [r["margin"] for r in rows] == ["0.03", "0.06", "0.09", "0.12"]
@@ -172,7 +171,7 @@ def test_csv_has_dpo_columns(tmp_path):
 def test_table_has_the_dpo_rows():
     from rich.console import Console
 
-    log = parse_text(make_log(beta=0.1, loss_type="sigmoid"))
+    log = parse(make_log(beta=0.1, loss_type="sigmoid"))
     con = Console(file=io.StringIO(), width=250)
     render(log, RunContext(), judge(log, RunContext()), console=con)
     text = con.file.getvalue()
@@ -190,8 +189,8 @@ def _png_size(path):
 def test_plot_has_a_dpo_panel(tmp_path):
     from trnqwen.logs.plot import write_plot
 
-    write_plot(parse_text(make_log()), tmp_path / "dpo.png")
-    write_plot(parse_text(make_log(dpo_lines=False)), tmp_path / "sft.png")
+    write_plot(parse(make_log()), tmp_path / "dpo.png")
+    write_plot(parse(make_log(dpo_lines=False)), tmp_path / "sft.png")
     (h_dpo, w_dpo), (h_sft, w_sft) = _png_size(tmp_path / "dpo.png"), _png_size(tmp_path / "sft.png")
     assert w_dpo == w_sft and h_dpo - h_sft == 2 * 110  # one more panel of 2 inches at 110 dpi
 
@@ -217,7 +216,7 @@ def test_dpo_loss_keeps_its_scale_beside_held_out_answer_loss():
 
     from trnqwen.logs.plot import build_figure
 
-    fig = build_figure(parse_text(make_log()), evaluations=HELD_OUT)
+    fig = build_figure(parse(make_log()), evaluations=HELD_OUT)
     main, twin = _loss_axes(fig)
     assert twin is not None and "another scale" in twin.get_ylabel()
     assert sorted(_ys(twin, "held-out")) == [7.55, 7.62] and _ys(main, "held-out") == []
@@ -228,7 +227,7 @@ def test_dpo_loss_keeps_its_scale_beside_held_out_answer_loss():
     assert "held-out base" in labels and "loss" in labels  # one legend for both axes
     plt.close(fig)
     # an SFT run's held-out loss is on the scale of its training loss: one axis, as before
-    fig = build_figure(parse_text(make_log(losses=(7.7, 7.4, 7.2, 7.0), validate=(), dpo_lines=False)), evaluations=HELD_OUT)
+    fig = build_figure(parse(make_log(losses=(7.7, 7.4, 7.2, 7.0), validate=(), dpo_lines=False)), evaluations=HELD_OUT)
     main, twin = _loss_axes(fig)
     assert twin is None and sorted(_ys(main, "held-out")) == [7.55, 7.62]
     plt.close(fig)
@@ -264,9 +263,9 @@ def test_plot_title_says_model_method_and_dataset(tmp_path):
 def test_a_run_without_dpo_lines_reads_as_before(tmp_path):
     from rich.console import Console
 
-    log = parse_text(make_log(dpo_lines=False))
+    log = parse(make_log(dpo_lines=False))
     assert not log.method_lines
-    data = payload(log, RunContext(), judge(log, RunContext()))
+    data = json.loads(json_text(log, RunContext(), judge(log, RunContext())))
     assert list(data["steps"][0]) == [*STEP_FIELDS, "line"] and data["dpo"] is None
     write_csv(log, tmp_path / "s.csv")
     assert (tmp_path / "s.csv").read_text().splitlines()[0] == ",".join([*STEP_FIELDS, "val_loss", "line"])
@@ -281,16 +280,16 @@ def test_a_run_without_dpo_lines_reads_as_before(tmp_path):
 def test_step1_at_ln2_passes_and_the_sft_random_init_check_stays_quiet():
     """With vocab 2, ln(vocab) is ln 2: the SFT check would call the weights untrained."""
     ctx = RunContext(vocab_size=2, vocab_source="test", finetune=True)
-    sft = judge(parse_text(make_log(dpo_lines=False)), ctx)
+    sft = judge(parse(make_log(dpo_lines=False)), ctx)
     assert "weights-not-loaded" in codes(sft, "error")
-    found = judge(parse_text(make_log()), RunContext(vocab_size=2, vocab_source="test", finetune=True))
+    found = judge(parse(make_log()), RunContext(vocab_size=2, vocab_source="test", finetune=True))
     assert not codes(found, "error") and not codes(found) & {"weights-not-loaded", "weights-loaded", "vocab-unknown"}
     ok = finding(found, "dpo-reference")
     assert ok.severity == "info" and "0.693150 = ln 2 = 0.693147" in ok.message and ok.lines == [3, 4]
 
 
 def test_step1_away_from_ln2_is_an_error():
-    found = judge(parse_text(make_log(losses=(0.70, 0.6)), ), RunContext(run_config={"method": "dpo", "beta": 0.1, "dpo_loss": "sigmoid"}))
+    found = judge(parse(make_log(losses=(0.70, 0.6)), ), RunContext(run_config={"method": "dpo", "beta": 0.1, "dpo_loss": "sigmoid"}))
     bad = finding(found, "dpo-reference-mismatch")
     assert bad.severity == "error"
     assert bad.message.startswith("step-1 DPO loss 0.700000, expected ln 2 = 0.693147: the reference log-probs do not "
@@ -299,36 +298,36 @@ def test_step1_away_from_ln2_is_an_error():
 
 def test_the_reference_lines_settings_decide_the_expected_loss():
     # ipo, beta 0.1: (1/(2 x 0.1))^2 = 25
-    found = judge(parse_text(make_log(losses=(25.0, 20.0), beta=0.1, loss_type="ipo")))
+    found = judge(parse(make_log(losses=(25.0, 20.0), beta=0.1, loss_type="ipo")))
     assert "dpo-reference" in codes(found, "info") and not codes(found, "error")
-    found = judge(parse_text(make_log(losses=(0.69315, 20.0), beta=0.1, loss_type="ipo")))
+    found = judge(parse(make_log(losses=(0.69315, 20.0), beta=0.1, loss_type="ipo")))
     bad = finding(found, "dpo-reference-mismatch")
     assert bad.severity == "error" and "expected (1/(2 beta))^2 = 25.000000 (ipo loss, beta 0.1)" in bad.message
 
 
 def test_the_run_config_gives_the_settings_when_the_line_does_not():
-    found = judge(parse_text(make_log(losses=(1.0, 0.9))), RunContext(run_config={"method": "dpo", "beta": 0.5, "dpo_loss": "ipo"}))
+    found = judge(parse(make_log(losses=(1.0, 0.9))), RunContext(run_config={"method": "dpo", "beta": 0.5, "dpo_loss": "ipo"}))
     assert "dpo-reference" in codes(found, "info") and not codes(found, "error")
 
 
 def test_unknown_settings_off_ln2_is_only_a_warning():
-    bad = finding(judge(parse_text(make_log(losses=(0.70, 0.6)))), "dpo-reference-mismatch")
+    bad = finding(judge(parse(make_log(losses=(0.70, 0.6)))), "dpo-reference-mismatch")
     assert bad.severity == "warning" and "sigmoid assumed" in bad.message
 
 
 def test_only_step_1_is_judged_and_not_on_a_resumed_run():
     # a resumed run's first logged step is not step 1
-    found = judge(parse_text(make_log(losses=(3.0, 2.0), start=5)), RunContext(run_config={"method": "dpo", "beta": 0.1, "dpo_loss": "sigmoid"}))
+    found = judge(parse(make_log(losses=(3.0, 2.0), start=5)), RunContext(run_config={"method": "dpo", "beta": 0.1, "dpo_loss": "sigmoid"}))
     assert not codes(found) & {"dpo-reference", "dpo-reference-mismatch"}
     # later steps may be anywhere
-    found = judge(parse_text(make_log(losses=(0.69315, 0.9, 1.1))))
+    found = judge(parse(make_log(losses=(0.69315, 0.9, 1.1))))
     assert "dpo-reference" in codes(found) and not codes(found, "error")
 
 
 def test_the_run_config_alone_marks_a_dpo_run():
     """No [DPO] line at all (a backend that prints none): method dpo in run.json still keeps the
     SFT judgement off and checks the step-1 loss."""
-    found = judge(parse_text(make_log(dpo_lines=False, losses=(0.8, 0.7))), RunContext(
+    found = judge(parse(make_log(dpo_lines=False, losses=(0.8, 0.7))), RunContext(
         vocab_size=2, vocab_source="test", finetune=True, run_config={"method": "dpo", "beta": 0.1, "dpo_loss": "sigmoid"}))
     assert codes(found, "error") == {"dpo-reference-mismatch"}
 

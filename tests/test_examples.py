@@ -351,7 +351,7 @@ def test_real_run_logs_the_override_exactly_once_per_layer(override_run):
     ok = [f for f in inspection.findings if f.code == "override-ok" and "torch_rope_override.torch_rope" in f.message]
     assert ok, [f.as_dict() for f in inspection.findings]
     assert not [f for f in inspection.findings if f.code.startswith("override-") and f.severity == "error"]
-    steps = inspection.log.step_list()
+    steps = list(inspection.log.steps.rows())
     assert [s["step"] for s in steps] == [1, 2]
 
 
@@ -390,7 +390,7 @@ def test_real_run_with_the_twin_trains_to_torchtitans_losses(override_run, basel
     losses = []
     for outcome, _work in (override_run, baseline_run):
         inspection = inspect_input(resolve_input(outcome["run_dir"]))
-        losses.append({s["step"]: s["loss"] for s in inspection.log.step_list()})
+        losses.append({s["step"]: s["loss"] for s in list(inspection.log.steps.rows())})
     assert sorted(losses[0]) == sorted(losses[1]) == [1, 2]
     assert all(abs(losses[0][k] - losses[1][k]) <= 1e-5 for k in losses[0]), losses
     # the baseline really ran without it

@@ -17,8 +17,7 @@ import pytest
 
 from trnqwen.logs.judge import judge, override_table
 from trnqwen.contract.stepline import parse_step_line
-from trnqwen.logs.engine import LogParser
-from trnqwen.logs.parse import parse_bytes, parse_text
+from trnqwen.logs.engine import LogParser, parse
 from trnqwen.logs.patterns import parse_override_line
 from trnqwen.logs.sources import RunContext
 
@@ -126,8 +125,8 @@ def test_override_line_both_eras():
 
 
 def test_recipe_era_fixture_field_by_field():
-    log = parse_bytes((DATA / "recipe_era_qwen3_4b_finetune.log").read_bytes())
-    steps = log.step_list()
+    log = parse((DATA / "recipe_era_qwen3_4b_finetune.log").read_bytes())
+    steps = list(log.steps.rows())
     assert [s["step"] for s in steps] == list(range(1, 11))
     assert steps[0] == {"step": 1, "loss": 6.54012, "grad_norm": 3.9, "memory_gib": 14.21, "memory_pct": 59.21,
                         "tps": 87, "tflops": 3.52, "mfu": None, "lr": None, "line": steps[0]["line"]}
@@ -154,13 +153,13 @@ def test_recipe_era_fixture_field_by_field():
 def test_recipe_random_init_loss_is_flagged():
     text = (DATA / "recipe_era_qwen3_4b_finetune.log").read_text().replace("loss:  6.54012", "loss: 12.43000")
     text = "".join(ln for ln in text.splitlines(True) if "heckpoint" not in ln and "safetensors" not in ln)
-    log = parse_text(text)
+    log = parse(text)
     f = find(judge(log, RunContext(vocab_size=151936, finetune=True)), "weights-not-loaded")
     assert f.severity == "error" and "12.43" in f.message and "11.93" in f.message
     assert f.lines == [log.steps[1]["line"]]
     # the same loss after "Finished loading the checkpoint": a load ran, but a published Qwen3's
     # weights would start near 6.54, so they did not take - still an error
-    log2 = parse_text((DATA / "recipe_era_qwen3_4b_finetune.log").read_text().replace("loss:  6.54012", "loss: 12.43000"))
+    log2 = parse((DATA / "recipe_era_qwen3_4b_finetune.log").read_text().replace("loss:  6.54012", "loss: 12.43000"))
     f2 = find(judge(log2, RunContext(vocab_size=151936)), "weights-not-loaded")
     assert f2.severity == "error" and "load ran" in f2.message
     # from scratch it is expected
@@ -168,11 +167,11 @@ def test_recipe_random_init_loss_is_flagged():
 
 
 def test_v030_two_ranks_overrides_missing_and_duplicate():
-    log = parse_bytes((DATA / "v030_overrides_two_ranks.log").read_bytes())
+    log = parse((DATA / "v030_overrides_two_ranks.log").read_bytes())
     assert log.ranks == {0, 1} and log.world_size == 2 and log.primary_rank == 0
     assert log.model_name == "qwen3" and log.model_flavor == "debugmodel"
-    assert [s["loss"] for s in log.step_list()] == [7.72915, 7.4118, 6.95422]
-    assert [s["tps"] for s in log.step_list()] == [61, 1404, 1405]  # rank 0's own throughput
+    assert [s["loss"] for s in list(log.steps.rows())] == [7.72915, 7.4118, 6.95422]
+    assert [s["tps"] for s in list(log.steps.rows())] == [61, 1404, 1405]  # rank 0's own throughput
     assert log.rank_last_step == {0: (3, log.steps[3]["line"]), 1: (3, log.steps[3]["line"] + 1)}
     assert [n for n, _ in log.applied[0]] == [8]
     table = override_table(log, 8)
@@ -190,7 +189,7 @@ def test_v030_two_ranks_overrides_missing_and_duplicate():
 
 
 def test_real_torchrun_crash_root_cause():
-    log = parse_bytes((DATA / "torchrun_crash_rank1.log").read_bytes())
+    log = parse((DATA / "torchrun_crash_rank1.log").read_bytes())
     tb = log.tracebacks[1]
     assert tb["first_root"] == {"line": 12, "text": "KeyError: 'missing_key'"}
     assert tb["last"] == {"line": 22, "text": "RuntimeError: rank 1 failed to load weights"}
@@ -204,59 +203,59 @@ def test_real_torchrun_crash_root_cause():
 
 
 def test_nonfinite_loss_and_grad():
-    log = parse_text(run_log([5.0, 4.0, float("nan"), float("nan")], grad=[1, 1, float("inf"), 1]))
+    log = parse(run_log([5.0, 4.0, float("nan"), float("nan")], grad=[1, 1, float("inf"), 1]))
     f = find(judge(log), "nonfinite-loss")
     assert f.severity == "error" and "from step 3" in f.message and f.lines == [log.steps[3]["line"], log.steps[4]["line"]]
     assert find(judge(log), "nonfinite-grad-norm").lines == [log.steps[3]["line"]]
 
 
 def test_exploding_loss():
-    log = parse_text(run_log([5.0, 4.0, 3.5, 9.0, 12.0]))
+    log = parse(run_log([5.0, 4.0, 3.5, 9.0, 12.0]))
     f = find(judge(log), "loss-exploding")
     assert f.severity == "error" and "step 4" in f.message and f.lines == [log.steps[4]["line"]]
-    assert "loss-exploding" not in codes(judge(parse_text(run_log([5.0, 4.0, 4.2, 3.9]))))
+    assert "loss-exploding" not in codes(judge(parse(run_log([5.0, 4.0, 4.2, 3.9]))))
 
 
 def test_grad_norm_spike():
-    log = parse_text(run_log([5, 4.9, 4.8, 4.7, 4.6, 4.5], grad=[1.0, 1.1, 0.9, 1.0, 25.0, 1.0]))
+    log = parse(run_log([5, 4.9, 4.8, 4.7, 4.6, 4.5], grad=[1.0, 1.1, 0.9, 1.0, 25.0, 1.0]))
     f = find(judge(log), "grad-norm-spike")
     assert "step 5" in f.message and f.lines == [log.steps[5]["line"]]
 
 
 def test_memory_near_capacity_primary_and_other_rank():
-    log = parse_text(run_log([5, 4, 3], pct=[50.0, 91.5, 60.0]))
+    log = parse(run_log([5, 4, 3], pct=[50.0, 91.5, 60.0]))
     f = find(judge(log), "memory-high")
     assert "91.50%" in f.message and f.lines == [log.steps[2]["line"]]
-    assert "memory-high" not in codes(judge(parse_text(run_log([5, 4, 3], pct=[50.0, 90.0, 60.0]))))
+    assert "memory-high" not in codes(judge(parse(run_log([5, 4, 3], pct=[50.0, 90.0, 60.0]))))
 
 
 def test_throughput_collapse_excludes_step1():
-    ok = parse_text(run_log([5, 4.9, 4.8, 4.7, 4.6], tps=[50, 1000, 1010, 990, 1005]))
+    ok = parse(run_log([5, 4.9, 4.8, 4.7, 4.6], tps=[50, 1000, 1010, 990, 1005]))
     assert "throughput-collapse" not in codes(judge(ok))  # a slow step 1 is compilation
-    bad = parse_text(run_log([5, 4.9, 4.8, 4.7, 4.6, 4.5], tps=[50, 1000, 1010, 990, 200, 190]))
+    bad = parse(run_log([5, 4.9, 4.8, 4.7, 4.6, 4.5], tps=[50, 1000, 1010, 990, 200, 190]))
     f = find(judge(bad), "throughput-collapse")
     assert "step 5" in f.message and f.lines == [bad.steps[5]["line"]]
 
 
 def test_stopped_before_configured_steps():
-    log = parse_text(run_log([5, 4, 3], total=10, completed=False))
+    log = parse(run_log([5, 4, 3], total=10, completed=False))
     f = find(judge(log), "stopped-early")
     assert f.severity == "error" and "step 3 of 10" in f.message and f.lines == [log.steps[3]["line"]]
-    done = parse_text(run_log([5, 4, 3], total=3))
+    done = parse(run_log([5, 4, 3], total=3))
     assert "stopped-early" not in codes(judge(done)) and "completed" in codes(judge(done))
     # configured steps from the run record when the log doesn't say
-    assert "stopped-early" in codes(judge(parse_text(run_log([5, 4], completed=False)), RunContext(configured_steps=5)))
+    assert "stopped-early" in codes(judge(parse(run_log([5, 4], completed=False)), RunContext(configured_steps=5)))
 
 
 def test_no_steps_and_error_lines():
-    log = parse_text(line("Building qwen3 debugmodel") + line("something broke", level="ERROR"))
+    log = parse(line("Building qwen3 debugmodel") + line("something broke", level="ERROR"))
     fs = judge(log)
     assert find(fs, "no-steps").severity == "error"
     assert find(fs, "error-lines").lines == [2]
 
 
 def test_override_no_match_warning():
-    log = parse_text(line("override.imports=['m.f'] produced no replacements. Check that the imported modules register "
+    log = parse(line("override.imports=['m.f'] produced no replacements. Check that the imported modules register "
                           "overrides whose `target` and `fqns` match nodes in the config tree.", level="WARNING")
                      + run_log([5, 4]))
     f = find(judge(log), "override-no-match")
@@ -293,7 +292,7 @@ def test_fast_path_matches_line_by_line(chunk):
     for i in range(0, len(data), 1 << 20):
         slow.feed(data[i:i + (1 << 20)])
     slow_log = slow.close()
-    fast_log = parse_bytes(data, "x", chunk_size=chunk)
+    fast_log = parse(data, "x", chunk_size=chunk)
     for attr in ("steps", "rank_last_step", "rank_high_memory", "ranks", "warnings", "warning_count", "overrides",
                  "tracebacks", "lines", "primary_rank", "model_name"):
         assert getattr(fast_log, attr) == getattr(slow_log, attr), attr
@@ -306,8 +305,8 @@ def test_fast_path_matches_line_by_line(chunk):
 
 
 def test_step_restart_is_noted():
-    log = parse_text(run_log([5, 4, 3], completed=False) + run_log([5.1, 4.1, 3.1, 2.9]))
-    assert [s["loss"] for s in log.step_list()] == [5.1, 4.1, 3.1, 2.9]
+    log = parse(run_log([5, 4, 3], completed=False) + run_log([5.1, 4.1, 3.1, 2.9]))
+    assert [s["loss"] for s in list(log.steps.rows())] == [5.1, 4.1, 3.1, 2.9]
     assert find(judge(log), "restarted").lines == [log.steps[1]["line"]]
 
 
@@ -317,8 +316,8 @@ def test_step_restart_is_noted():
 def test_non_utf8_truncated_and_overlong_lines():
     good = run_log([5, 4, 3]).encode()
     data = b"\xff\xfe garbage \x80\x81\n" + good + b"x" * 5000 + b"\n" + line(step_msg(4, 2.0)).encode()[:60]
-    log = parse_bytes(data, "t", chunk_size=333, max_line=1024)
-    assert [s["step"] for s in log.step_list()] == [1, 2, 3]
+    log = parse(data, "t", chunk_size=333, max_line=1024)
+    assert [s["step"] for s in list(log.steps.rows())] == [1, 2, 3]
     assert log.invalid_utf8_lines == 1 and log.first_invalid_utf8_line == 1
     assert log.ends_mid_line and log.overlong_lines == [log.lines - 1]
     fs = codes(judge(log))
@@ -333,7 +332,7 @@ def test_huge_single_line_is_bounded():
         assert len(parser._carry) <= (1 << 16) and (parser._skipping is None or len(parser._skipping) <= 1 << 16)
     parser.feed(b"\n" + run_log([3.0, 2.0]).encode())
     log = parser.close()
-    assert log.overlong_lines == [1] and [s["loss"] for s in log.step_list()] == [3.0, 2.0]
+    assert log.overlong_lines == [1] and [s["loss"] for s in list(log.steps.rows())] == [3.0, 2.0]
 
 
 try:
@@ -353,11 +352,11 @@ if given is not None:
            st.integers(min_value=1, max_value=200))
     def test_no_input_crashes_the_parser(parts, chunk):
         data = b"".join(parts)
-        log = parse_bytes(data, "h", chunk_size=chunk, max_line=128)
+        log = parse(data, "h", chunk_size=chunk, max_line=128)
         judge(log)
-        from trnqwen.logs.report import payload, summarize
+        from trnqwen.logs.report import json_text, summarize
 
-        json.dumps(payload(log, RunContext(), judge(log)), allow_nan=False)
+        json.dumps(json.loads(json_text(log, RunContext(), judge(log))), allow_nan=False)
         summarize(log, RunContext())
 
     @settings(max_examples=150, deadline=None)
@@ -444,7 +443,7 @@ def test_model_identity_evidence():
     from trnqwen.logs.identity import identify
 
     def ident(*lines):
-        return identify(parse_text("".join(f"[rank0]:[titan] 2026-06-01 10:00:00,000 - root - INFO - {ln}\n" for ln in lines)))
+        return identify(parse("".join(f"[rank0]:[titan] 2026-06-01 10:00:00,000 - root - INFO - {ln}\n" for ln in lines)))
 
     assert ident("Building qwen3 8B").known.layers == 36
     assert ident("Starting job: Qwen3-14B SFT").known.size == "14B"
@@ -457,16 +456,16 @@ def test_model_identity_evidence():
     text = ("[rank0]:[titan] 2026-02-20 10:00:00,000 - root - INFO - Starting job: my run\n"
             "[rank0]:[titan] 2026-02-20 10:00:01,000 - root - INFO - Building qwen3 customwith {\n"
             '[rank0]:  "dim": 64,\n[rank0]:  "n_layers": 3,\n[rank0]:  "vocab_size": 4096,\n[rank0]:}\n')
-    got = identify(parse_text(text))
+    got = identify(parse(text))
     assert (got.vocab_size, got.num_layers, got.name) == (4096, 3, "custom")
 
 
 def test_unknown_model_with_a_claimed_load_warns_above_ln_32000():
     text = (DATA / "real_native_tiny_2ranks_finetune.log").read_text()
-    log = parse_text(text.replace("loss:  7.69166", "loss: 10.90000"))
+    log = parse(text.replace("loss:  7.69166", "loss: 10.90000"))
     f = find(judge(log), "weights-maybe-not-loaded")
     assert f.severity == "warning" and "ln 32000 = 10.37" in f.message
-    assert find(judge(parse_text(text)), "vocab-unknown").severity == "info"  # 7.69 < ln(32000): can't tell
+    assert find(judge(parse(text)), "vocab-unknown").severity == "info"  # 7.69 < ln(32000): can't tell
 
 
 def test_cli_table_csv_plot(cli, tmp_path):
@@ -609,7 +608,7 @@ def test_follow_until_record_says_ended(tmp_path):
     result = follow(resolve_input(str(d)), on_step=seen.append, poll_s=0.02, idle_timeout_s=30)
     t.join()
     assert [s["step"] for s in seen] == [1, 2, 3, 4]
-    assert [s["loss"] for s in result.log.step_list()] == [7.0, 6.0, 5.0, 4.0]
+    assert [s["loss"] for s in list(result.log.steps.rows())] == [7.0, 6.0, 5.0, 4.0]
 
 
 def test_follow_idle_timeout_without_record(tmp_path):
@@ -627,9 +626,9 @@ def test_follow_idle_timeout_without_record(tmp_path):
 
 
 def test_real_hf_v5_log_field_by_field():
-    log = parse_bytes((DATA / "real_hf_v5_tiny_2ranks_scratch.log").read_bytes())
+    log = parse((DATA / "real_hf_v5_tiny_2ranks_scratch.log").read_bytes())
     assert [(s["step"], s["loss"], s["grad_norm"], s["memory_gib"], s["memory_pct"], s["tps"], s["tflops"], s["mfu"])
-            for s in log.step_list()] == [
+            for s in list(log.steps.rows())] == [
         (1, 11.7298, 3.2278, 0.95, 4.02, 4, 0.0, 0.0),
         (2, 11.41225, 4.3722, 0.95, 4.04, 94, 0.0, 0.0),
         (3, 10.32682, 12.6232, 0.95, 4.04, 171, 0.0, 0.0),
@@ -646,9 +645,9 @@ def test_real_hf_v5_log_field_by_field():
 
 
 def test_real_native_finetune_log_overrides_and_checkpoint():
-    log = parse_bytes((DATA / "real_native_tiny_2ranks_finetune.log").read_bytes())
-    assert [s["loss"] for s in log.step_list()] == [7.69166, 7.53281, 7.40945]
-    assert [s["tps"] for s in log.step_list()] == [7, 203, 233]
+    log = parse((DATA / "real_native_tiny_2ranks_finetune.log").read_bytes())
+    assert [s["loss"] for s in list(log.steps.rows())] == [7.69166, 7.53281, 7.40945]
+    assert [s["tps"] for s in list(log.steps.rows())] == [7, 203, 233]
     table = override_table(log, 4)
     entry = table["trnqwen.runtime.cpu_attention.cpu_dense_attention"]
     assert entry["count"] == 4 and entry["layers"] == [0, 1, 2, 3] and entry["missing_layers"] == []

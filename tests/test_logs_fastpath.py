@@ -17,8 +17,7 @@ import random
 
 import pytest
 
-from trnqwen.logs.engine import LogParser
-from trnqwen.logs.parse import parse_bytes
+from trnqwen.logs.engine import LogParser, parse
 from trnqwen.contract.stepline import format_step_line, lr_text
 
 E = "\x1b"
@@ -151,7 +150,7 @@ def snapshot(log) -> dict:
         if f.name in ("recognized_lines", "source"):
             continue
         value = getattr(log, f.name)
-        out[f.name] = _plain(log.step_list() if f.name == "steps" else value)
+        out[f.name] = _plain(list(log.steps.rows()) if f.name == "steps" else value)
     return out
 
 
@@ -184,7 +183,7 @@ SHAPES = [
 def test_fast_path_equals_reference(shape, chunk):
     data = generate(shape + 1, **SHAPES[shape])
     want = snapshot(reference(data))
-    got = snapshot(parse_bytes(data, "x", chunk_size=chunk))
+    got = snapshot(parse(data, "x", chunk_size=chunk))
     assert want["steps"], "the generated log has steps"
     for key in want:
         assert got[key] == want[key], key
@@ -201,7 +200,7 @@ def test_summary_is_taken_and_equal_on_the_exact_layout(monkeypatch):
     for lr in (False, True):  # torchtitan's own lines, and trnqwen's with the lr column
         read.clear()
         data = generate(9, ranks=8, steps=400, colour=True, every_rank=True, oddities=False, lr=lr)
-        got = parse_bytes(data, "x", chunk_size=1 << 16)
+        got = parse(data, "x", chunk_size=1 << 16)
         others = sum(1 for raw in read if b"step:" in raw and not raw.startswith(b"[rank0]:"))
         assert others < 400, others  # of 2,800 other ranks' step lines
         assert snapshot(got) == snapshot(reference(data))
@@ -230,7 +229,7 @@ def test_near_capacity_keeps_each_ranks_first_maximum(chunk):
     """A run near HBM capacity (most lines above 90%, equal maxima on a rank): each other rank's
     first highest line, as the reference reads it."""
     data = generate(91, ranks=8, steps=300, colour=True, every_rank=True, lr=True, near_capacity=True, oddities=False)
-    got = snapshot(parse_bytes(data, "x", chunk_size=chunk))
+    got = snapshot(parse(data, "x", chunk_size=chunk))
     assert got["rank_high_memory"] == snapshot(reference(data))["rank_high_memory"] and len(got["rank_high_memory"]) == 8
 
 
@@ -240,8 +239,6 @@ def test_benchmark_log_varies_every_column_as_real_runs_do():
     import importlib.util
     import sys
     from pathlib import Path
-
-    from trnqwen.logs.parse import parse_file
 
     here = Path(__file__).resolve().parent.parent / "benchmarks"
     sys.path.insert(0, str(here))
@@ -256,8 +253,8 @@ def test_benchmark_log_varies_every_column_as_real_runs_do():
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "x.log"
         mod.generate(path, ranks=2, steps=3000)
-        log = parse_file(path)
-    steps = log.step_list()[1:]
+        log = parse(path.read_bytes(), str(path))
+    steps = list(log.steps.rows())[1:]
     for name in ("tps", "tflops", "mfu", "memory_gib", "memory_pct", "lr", "loss", "grad_norm"):
         assert len({s[name] for s in steps}) > 10, name
     assert max(s["memory_pct"] for s in steps) > 90 > min(s["memory_pct"] for s in steps)
@@ -308,7 +305,7 @@ def test_json_steps_are_the_rows_with_nan_and_inf_named(shape):
 
     from trnqwen.logs.report import steps_json
 
-    log = parse_bytes(generate(shape + 40, **SHAPES[shape]), "x")
+    log = parse(generate(shape + 40, **SHAPES[shape]), "x")
     want = []
     for rec in log.steps.rows():
         bad = {k: "nan" if math.isnan(v) else "inf" if v > 0 else "-inf"

@@ -9,7 +9,7 @@ import json
 from tests.lora_fixtures import ALL, make_base
 from trnqwen.logs.judge import judge
 from trnqwen.adapters.lora.readers import lora_json
-from trnqwen.logs.parse import parse_text
+from trnqwen.logs.engine import parse
 from trnqwen.logs.sources import RunContext
 from trnqwen.contract.stepline import format_step_line
 from trnqwen.contract.lora import LoraSpec, log_line
@@ -53,7 +53,7 @@ def codes(findings, severity=None):
 
 
 def test_the_line_is_parsed_per_rank():
-    log = parse_text(make_log(2, lines={1: dict(trainable=7)}))
+    log = parse(make_log(2, lines={1: dict(trainable=7)}))
     assert sorted(log.lora) == [0, 1]
     rec = log.lora[0]
     assert rec["trainable"] == ADAPTER_PARAMS and rec["total"] == BASE_PARAMS + ADAPTER_PARAMS
@@ -64,12 +64,12 @@ def test_the_line_is_parsed_per_rank():
 
 def test_unprefixed_line_takes_its_own_rank():
     line = log_line(trainable=5, total=50, spec=SPEC, adapters=14, initialised=14, rank=3)
-    log = parse_text(f"[titan] 2026-12-01 10:00:00,000 - root - INFO - {line}\n")
+    log = parse(f"[titan] 2026-12-01 10:00:00,000 - root - INFO - {line}\n")
     assert list(log.lora) == [3]
 
 
 def test_adapters_only_is_reported(tmp_path):
-    log = parse_text(make_log(2))
+    log = parse(make_log(2))
     ctx = ctx_for(tmp_path)
     findings = judge(log, ctx)
     assert not codes(findings, "error") & {"lora-not-adapters", "lora-ranks-disagree", "lora-config-mismatch"}
@@ -82,7 +82,7 @@ def test_adapters_only_is_reported(tmp_path):
 
 def test_whole_model_trainable_is_an_error(tmp_path):
     total = BASE_PARAMS + ADAPTER_PARAMS
-    log = parse_text(make_log(2, lines={0: dict(trainable=total), 1: dict(trainable=total)}))
+    log = parse(make_log(2, lines={0: dict(trainable=total), 1: dict(trainable=total)}))
     findings = judge(log, ctx_for(tmp_path))
     err = next(f for f in findings if f.code == "lora-not-adapters")
     assert err.severity == "error" and "every parameter is trainable" in err.message and err.lines == [1]
@@ -91,31 +91,31 @@ def test_whole_model_trainable_is_an_error(tmp_path):
 def test_count_not_the_adapters_is_an_error(tmp_path):
     """Base norms left trainable: more than the adapters, less than everything."""
     n = ADAPTER_PARAMS + 4 * 32
-    log = parse_text(make_log(1, lines={0: dict(trainable=n)}))
+    log = parse(make_log(1, lines={0: dict(trainable=n)}))
     err = next(f for f in judge(log, ctx_for(tmp_path)) if f.code == "lora-not-adapters")
     assert f"{n:,} trainable" in err.message and f"{ADAPTER_PARAMS:,} parameters" in err.message
 
 
 def test_uninitialised_adapters_are_an_error(tmp_path):
-    log = parse_text(make_log(1, lines={0: dict(initialised=10)}))
+    log = parse(make_log(1, lines={0: dict(initialised=10)}))
     err = next(f for f in judge(log, ctx_for(tmp_path)) if f.code == "lora-not-adapters")
     assert "10 of 14 adapters were initialised" in err.message
 
 
 def test_ranks_disagree_is_an_error(tmp_path):
-    log = parse_text(make_log(2, lines={1: dict(trainable=ADAPTER_PARAMS + 64)}))
+    log = parse(make_log(2, lines={1: dict(trainable=ADAPTER_PARAMS + 64)}))
     err = next(f for f in judge(log, ctx_for(tmp_path)) if f.code == "lora-ranks-disagree")
     assert err.severity == "error" and "trainable" in err.message and err.lines == [1, 2]
 
 
 def test_line_not_the_run_config_is_an_error(tmp_path):
-    log = parse_text(make_log(1))
+    log = parse(make_log(1))
     err = next(f for f in judge(log, ctx_for(tmp_path, rank=16)) if f.code == "lora-config-mismatch")
     assert "rank 8 logged, 16 configured" in err.message
 
 
 def test_lora_run_without_the_line_warns(tmp_path):
-    log = parse_text(make_log(2, lines={0: dict(skip=True), 1: dict(skip=True)}))
+    log = parse(make_log(2, lines={0: dict(skip=True), 1: dict(skip=True)}))
     findings = judge(log, ctx_for(tmp_path))
     warn = next(f for f in findings if f.code == "lora-line-missing")
     assert warn.severity == "warning"

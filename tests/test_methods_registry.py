@@ -140,7 +140,7 @@ def test_evals_table_is_titled_and_columned_by_what_the_method_declares(dummy, c
 
 def test_the_judge_runs_the_methods_rules_and_trusts_its_loss(dummy):
     from trnqwen.logs.judge import judge
-    from trnqwen.logs.parse import parse_text
+    from trnqwen.logs.engine import parse
     from trnqwen.logs.sources import RunContext
     from trnqwen.contract.stepline import format_step_line
 
@@ -148,10 +148,10 @@ def test_the_judge_runs_the_methods_rules_and_trusts_its_loss(dummy):
         "Training starts at step 1", format_step_line(1, 11.9, 1.5, 0.94, 3.98, 400, 0.0, 0.0, lr=1e-3),
         "Training completed")) + "\n"
     ctx = RunContext(vocab_size=151936, vocab_source="test", finetune=True, run_config={"method": "dummy"})
-    found = {f.code: f for f in judge(parse_text(text), ctx)}
+    found = {f.code: f for f in judge(parse(text), ctx)}
     assert found["dummy-rule"].message == "dummy saw step 1"
     assert "weights-not-loaded" not in found  # its loss is not the next-token loss (token_loss=False)
-    sft = {f.code for f in judge(parse_text(text), RunContext(vocab_size=151936, vocab_source="test", finetune=True))}
+    sft = {f.code for f in judge(parse(text), RunContext(vocab_size=151936, vocab_source="test", finetune=True))}
     assert "weights-not-loaded" in sft and "dummy-rule" in sft  # the rules run for every log; this one always speaks
 
 
@@ -178,8 +178,8 @@ def test_inspect_logs_reads_a_registered_methods_own_lines(dummy):
     from trnqwen.contract.method_lines import LineReader, MethodLine
     from trnqwen.contract.stepline import format_step_line
     from trnqwen.logs.judge import judge
-    from trnqwen.logs.parse import parse_text
-    from trnqwen.logs.report import payload, render
+    from trnqwen.logs.engine import parse
+    from trnqwen.logs.report import json_text, render
     from trnqwen.logs.sources import RunContext
 
     mod = sys.modules[MODULE]
@@ -196,9 +196,9 @@ def test_inspect_logs_reads_a_registered_methods_own_lines(dummy):
     msgs = ["[DUMMY] temperature 0.5"]
     for step in (1, 2):
         msgs += [format_step_line(step, 1.0, 1.5, 0.94, 3.98, 400, 0.0, 0.0, lr=1e-3), f"[DUMMY] step: {step}  wiggle: {0.25 * step}"]
-    log = parse_text("\n".join(f"[rank0]:[titan] 2026-12-01 18:37:43,702 - root - INFO - {m}" for m in msgs) + "\n")
+    log = parse("\n".join(f"[rank0]:[titan] 2026-12-01 18:37:43,702 - root - INFO - {m}" for m in msgs) + "\n")
     assert log.method_lines["dummy"].steps[2] == {"wiggle": 0.5, "line": 5}
-    data = payload(log, RunContext(), judge(log, RunContext()))
+    data = json.loads(json_text(log, RunContext(), judge(log, RunContext())))
     assert [r["wiggle"] for r in data["steps"]] == [0.25, 0.5]
     assert data["dummy"] == {"steps": 2, "notes": {"settings": {"temperature": 0.5, "line": 1}}} and data["dpo"] is None
     con = Console(file=io.StringIO(), width=200)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 from functools import lru_cache
@@ -55,6 +56,12 @@ def info(message: str) -> None:
 
 def warn(message: str) -> None:
     console().print(f"[yellow]warning:[/yellow] {redact(message)}")
+
+
+def number(x: object, spec: str = ".4f", *, finite: bool = False) -> str:
+    """``x`` formatted by ``spec``, or "-" when it is not a number (None, text; ``finite``: NaN/Inf too)."""
+    ok = isinstance(x, (int, float)) and (not finite or math.isfinite(x))
+    return format(x, spec) if ok else "-"
 
 
 def table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]], *, stdout: bool = True) -> None:

@@ -12,6 +12,7 @@ Examples:
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from trnqwen.cli._base_options import ConfigFileOpt, JsonOpt, user_paths  # not _options: no pydantic for a log path
+from trnqwen.output import number
 
 if TYPE_CHECKING:
     from trnqwen.logs.record import ParsedLog
@@ -126,7 +128,7 @@ def _run_inspect(inputs, json_out, csv_file, plot_file, strict, judge_kw) -> Non
             r = results[0]
             report.write_json(report.json_text(r.log, r.ctx, r.findings))
         else:
-            objs = [report.payload(r.log, r.ctx, r.findings) for r in results]
+            objs = [json.loads(report.json_text(r.log, r.ctx, r.findings)) for r in results]
             report.write_json({
                 "logs": objs,
                 "findings": [dict(f, source=o["source"]) for o in objs for f in o["findings"]],
@@ -282,8 +284,8 @@ def _render_compare(cmp: dict) -> None:
         dtxt = "-" if d is None else f"{d:+.5f}"
         if d is not None and abs(d) > 1e-3:
             dtxt = f"[yellow]{dtxt}[/yellow]"
-        t.add_row(str(r["step"]), _f(r["loss_a"], ".5f"), _f(r["loss_b"], ".5f"), dtxt,
-                  _f(r["tps_a"], ","), _f(r["tps_b"], ","), _f(r["memory_gib_a"], ".2f"), _f(r["memory_gib_b"], ".2f"))
+        t.add_row(str(r["step"]), number(r["loss_a"], ".5f"), number(r["loss_b"], ".5f"), dtxt,
+                  number(r["tps_a"], ","), number(r["tps_b"], ","), number(r["memory_gib_a"], ".2f"), number(r["memory_gib_b"], ".2f"))
     con.print(t)
     if cmp["common_steps"]:
         verdict = "identical losses" if cmp["identical"] else f"max |B - A| = {cmp['max_abs_loss_diff']:.6f}, mean B - A = {cmp['mean_loss_diff']:+.6f}"
@@ -301,24 +303,24 @@ def _run_follow(inp, json_out, csv_file, plot_file, strict, idle_timeout, judge_
     con = output.console()  # live lines on stderr
 
     def on_step(s: dict) -> None:
-        parts = [f"step {s['step']:>5}", f"loss {_f(s.get('loss'), '.5f')}", f"grad {_f(s.get('grad_norm'), '.4f')}"]
+        parts = [f"step {s['step']:>5}", f"loss {number(s.get('loss'), '.5f')}", f"grad {number(s.get('grad_norm'), '.4f')}"]
         if s.get("memory_gib") is not None:
-            parts.append(f"mem {_f(s.get('memory_gib'), '.2f')}GiB({_f(s.get('memory_pct'), '.1f')}%)")
-        parts.append(f"tps {_f(s.get('tps'), ',')}")
+            parts.append(f"mem {number(s.get('memory_gib'), '.2f')}GiB({number(s.get('memory_pct'), '.1f')}%)")
+        parts.append(f"tps {number(s.get('tps'), ',')}")
         if s.get("mfu") is not None:
-            parts.append(f"mfu {_f(s.get('mfu'), '.2f')}%")
+            parts.append(f"mfu {number(s.get('mfu'), '.2f')}%")
         else:
             parts.append("mfu -")  # no peak FLOPS known for the device (CPU): torchtitan's 0.00% says nothing
         if s.get("lr") is not None:
-            parts.append(f"lr {_f(s.get('lr'), '.4g')}")
-        parts += [f"{k} {_f(v, '.4g')}" for k, v in s.items() if k not in _SHOWN and v is not None]  # by name
+            parts.append(f"lr {number(s.get('lr'), '.4g')}")
+        parts += [f"{k} {number(v, '.4g')}" for k, v in s.items() if k not in _SHOWN and v is not None]  # by name
         con.print("  ".join(parts), highlight=False)
 
     def on_validation(v: dict) -> None:
-        parts = [f"validation after step {v['step']}", f"loss {_f(v.get('loss'), '.5f')}"]
+        parts = [f"validation after step {v['step']}", f"loss {number(v.get('loss'), '.5f')}"]
         if v.get("tps") is not None:
-            parts.append(f"tps {_f(v.get('tps'), ',')}")
-        parts += [f"{k} {_f(x, '.4g')}" for k, x in v.items() if k not in _SHOWN and x is not None]
+            parts.append(f"tps {number(v.get('tps'), ',')}")
+        parts += [f"{k} {number(x, '.4g')}" for k, x in v.items() if k not in _SHOWN and x is not None]
         con.print("  ".join(parts), highlight=False)
 
     output.info(f"following {inp.label} (Ctrl-C to stop)")
@@ -335,12 +337,3 @@ def _run_follow(inp, json_out, csv_file, plot_file, strict, idle_timeout, judge_
 
 # what --follow's lines show by their own labels; any other value of a step is shown by its name
 _SHOWN = frozenset(("step", "loss", "grad_norm", "memory_gib", "memory_pct", "tps", "tflops", "mfu", "lr", "line", "source"))
-
-
-def _f(x, spec: str) -> str:
-    if x is None:
-        return "-"
-    try:
-        return format(x, spec)
-    except (TypeError, ValueError):
-        return str(x)

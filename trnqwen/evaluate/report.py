@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from trnqwen.output import number
+
 EVAL_RECORD = "eval.json"  # the run's own validation split, written into the run directory the tuned checkpoint came from
 
 
@@ -120,17 +122,15 @@ class EvalReport:
 def preference_line(base: dict[str, Any], tuned: dict[str, Any]) -> str:
     """The preference summary, from two JSON result rows: ``preference accuracy before 0.5000 -> after
     0.8000, margin ...; chosen-answer loss before ... -> after ...``."""
-    line = (
-        f"preference accuracy before {_num(base.get('preference_accuracy'))} -> after "
-        f"{_num(tuned.get('preference_accuracy'))}, margin {_num(base.get('margin'), '+.4f')} -> "
-        f"{_num(tuned.get('margin'), '+.4f')}"
-    )
+    def num(x: object, spec: str = ".4f") -> str:
+        return number(x, spec, finite=True)
+
+    line = (f"preference accuracy before {num(base.get('preference_accuracy'))} -> after "
+            f"{num(tuned.get('preference_accuracy'))}, margin {num(base.get('margin'), '+.4f')} -> {num(tuned.get('margin'), '+.4f')}")
     if tuned.get("reward_accuracy") is not None:
-        line += f" (reward accuracy {_num(tuned['reward_accuracy'])}, reward margin {_num(tuned['reward_margin'], '+.4f')})"
-    return (
-        f"{line}; chosen-answer loss before {_num(base.get('loss'))} -> after {_num(tuned.get('loss'))} "
-        f"on {tuned.get('pairs', 0):,} held-out pairs"
-    )
+        line += f" (reward accuracy {num(tuned['reward_accuracy'])}, reward margin {num(tuned['reward_margin'], '+.4f')})"
+    return (f"{line}; chosen-answer loss before {num(base.get('loss'))} -> after {num(tuned.get('loss'))} "
+            f"on {tuned.get('pairs', 0):,} held-out pairs")
 
 
 def _scorer(method: str):
@@ -138,10 +138,6 @@ def _scorer(method: str):
     from trnqwen.methods import registry
 
     return registry.load(registry.get(method).eval_report)
-
-
-def _num(value: Any, spec: str = ".4f") -> str:
-    return "-" if not isinstance(value, (int, float)) or not math.isfinite(value) else format(value, spec)
 
 
 def _ppl(value: float) -> str:
@@ -188,10 +184,10 @@ def preference_row(r: dict[str, Any], columns: tuple = ()) -> list[str]:
     """One JSON result row in table order: :data:`PREFERENCE_COLUMNS`, the method's ``columns``
     ((header, field, format) of its ``eval_report.TABLE_COLUMNS``; empty where None), :data:`PREFERENCE_TAIL`."""
     delta = r.get("delta_vs_base")
-    own = ["" if r.get(name) is None else _num(r.get(name), spec) for _header, name, spec in columns]
+    own = ["" if r.get(name) is None else number(r.get(name), spec, finite=True) for _header, name, spec in columns]
     return [
-        str(r.get("checkpoint")), f"{r.get('pairs', 0):,}", _num(r.get("preference_accuracy")), _num(r.get("margin"), "+.4f"),
-        *own, _num(r.get("loss")), "" if delta is None else f"{delta:+.4f}",
+        str(r.get("checkpoint")), f"{r.get('pairs', 0):,}", number(r.get("preference_accuracy"), finite=True),
+        number(r.get("margin"), "+.4f", finite=True), *own, number(r.get("loss"), finite=True), "" if delta is None else f"{delta:+.4f}",
     ]
 
 

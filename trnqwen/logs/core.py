@@ -5,6 +5,7 @@ The CLI module only maps flags onto :func:`inspect_input` / :func:`follow`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -15,8 +16,7 @@ from trnqwen.contract.metrics_stream import StreamReader
 from trnqwen.errors import CheckFailed, UsageError
 from trnqwen.logs.identity import with_identity
 from trnqwen.logs.judge import Finding, judge
-from trnqwen.logs.engine import CHUNK_SIZE, LogParser
-from trnqwen.logs.parse import parse_stream
+from trnqwen.logs.engine import CHUNK_SIZE, LogParser, parse
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
 from trnqwen.logs.sources import LogInput, RunContext, run_context
@@ -58,7 +58,7 @@ def _read(stream: BinaryIO, label: str, chunk_size: int) -> ParsedLog:
     try:
         found = _compression(stream.peek(6)[:6]) if hasattr(stream, "peek") else None
         kind = found and found[0]
-        return parse_stream(importlib.import_module(found[1]).open(stream) if found else stream, label, chunk_size=chunk_size)
+        return parse(importlib.import_module(found[1]).open(stream) if found else stream, label, chunk_size=chunk_size)
     except EOFError:
         raise UsageError(f"{label} is a cut-off {kind} file (it ends before its end-of-stream marker)",
                          hint="copy the whole file again, or pass the uncompressed log") from None
@@ -100,20 +100,15 @@ def check_readable(log: ParsedLog, *, live: bool = False) -> None:
     """Clear messages (usage errors: the input is not a log) for an empty, binary or foreign
     file; ``live`` (run.json says the run is starting or running): empty or not yet recognizable
     is fine, the judge says it is starting."""
-    if log.bytes_read == 0:
-        if live:
-            return
+    if log.bytes_read == 0 and not live:
         raise UsageError(f"{log.source} is empty", hint="the run may not have started yet; check the path or use --follow")
     if log.looks_binary:
-        raise UsageError(
-            f"{log.source} does not look like a text log ({log.nul_bytes} NUL bytes, {log.invalid_utf8_lines} non-UTF-8 line(s))",
-            hint="pass the training log (train.log or torchrun's output; .gz, .bz2 and .xz are read too), not a binary file",
-        )
+        raise UsageError(f"{log.source} does not look like a text log ({log.nul_bytes} NUL bytes, {log.invalid_utf8_lines} "
+                         "non-UTF-8 line(s))", hint="pass the training log (train.log or torchrun's output; .gz, .bz2 and .xz "
+                         "are read too), not a binary file")
     if log.recognized_lines == 0 and not live:
-        raise UsageError(
-            f"{log.source} has no torchtitan or torchrun log lines ({log.lines} line(s) read)",
-            hint="pass the output of a torchtitan run (e.g. <run dir>/train.log)",
-        )
+        raise UsageError(f"{log.source} has no torchtitan or torchrun log lines ({log.lines} line(s) read)",
+                         hint="pass the output of a torchtitan run (e.g. <run dir>/train.log)")
 
 
 def inspect_input(inp: LogInput, *, expect_layers: Optional[int] = None, vocab_size: Optional[int] = None,
@@ -135,13 +130,10 @@ def judge_log(log: ParsedLog, inp: Optional[LogInput], *, expect_layers: Optiona
 
 
 def _record_ended(inp: LogInput) -> bool:
-    if inp.run_dir is None:
-        return False
     try:
-        rec = RunRecord.load(inp.run_dir)
+        return inp.run_dir is not None and RunRecord.load(inp.run_dir).status not in ("created", "running")
     except Exception:  # being rewritten (atomic rename) or gone: try again next poll
         return False
-    return rec.status not in ("created", "running")
 
 
 def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.5, idle_timeout_s: float = 600.0,
@@ -153,35 +145,20 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
     finished or failed, after ``idle_timeout_s`` with no new bytes (then the result has a
     ``stalled`` error finding), or on Ctrl-C (KeyboardInterrupt returns what was read).
     Memory stays bounded: the parser keeps per-step records, not lines."""
-    emitter = _Emitter(on_step, on_validation)
-    if inp.is_stdin:
-        parser = LogParser(inp.label)
-        read = getattr(sys.stdin.buffer, "read1", sys.stdin.buffer.read)
-        try:
-            while block := read(chunk_size):
-                parser.feed(block)
-                emitter.emit(parser.log, parser.current_steps())
-        except KeyboardInterrupt:
-            pass
-        log = parser.close()
-        emitter.emit(log, log.steps)
-        check_readable(log)
-        return judge_log(log, inp, **judge_kw)
-
-    path = inp.path
-    try:
-        with open(path, "rb") as probe:
+    path, stdin = inp.path, inp.is_stdin
+    kind = None
+    if not stdin:
+        with contextlib.suppress(OSError), open(path, "rb") as probe:
             kind = _compression(probe.read(6))
-    except OSError:
-        kind = None
     if kind:
         raise UsageError(f"{inp.label} is {kind[0]}-compressed: a compressed log does not grow", hint="drop --follow to read it")
+    emitter = _Emitter(on_step, on_validation)
     parser = LogParser(inp.label)
     stream = StreamSteps(run_method(inp.record))  # the run's metrics stream, once it has one
     reader = None
     idle_since = time.monotonic()
     stalled: Optional[float] = None
-    fh = None
+    fh = sys.stdin.buffer if stdin else None  # stdin: read to its end, each block's steps reported
     try:
         while True:
             if fh is None and path.exists():
@@ -189,14 +166,14 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
             grew = False
             if fh is not None:
                 try:
-                    truncated = os.fstat(fh.fileno()).st_size < fh.tell()
+                    truncated = not stdin and os.fstat(fh.fileno()).st_size < fh.tell()
                 except OSError:
                     truncated = False
                 if truncated:  # or replaced: start over
                     parser = LogParser(inp.label)
                     emitter = _Emitter(on_step, on_validation)
                     fh.seek(0)
-                grew = _drain(fh, parser, chunk_size) > 0
+                grew = _drain(fh, parser, chunk_size, (lambda: emitter.emit(parser.log, parser.current_steps())) if stdin else None) > 0
             if reader is None and stream_of(inp.run_dir) is not None:
                 reader = StreamReader(stream_of(inp.run_dir))
             new = reader.poll() if reader is not None else []
@@ -206,6 +183,8 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
                 emitter.emit(parser.log, stream.steps(), stream.validations())
             elif fh is not None:
                 emitter.emit(parser.log, parser.current_steps())
+            if stdin:  # at its end
+                break
             now = time.monotonic()
             if grew:
                 idle_since = now
@@ -222,12 +201,14 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
     except KeyboardInterrupt:
         pass
     finally:
-        if fh is not None:
+        if fh is not None and not stdin:
             fh.close()
     log = parser.close()
     streamed = read_into(log, inp.run_dir, inp.record)
     emitter.emit(log, log.steps)
-    if log.bytes_read == 0 and stalled is None and not streamed:
+    if stdin:
+        check_readable(log)
+    elif log.bytes_read == 0 and stalled is None and not streamed:
         raise CheckFailed(f"{inp.label} stayed empty", hint="is the run writing to this file?")
     result = judge_log(log, inp, **judge_kw) if log.bytes_read or streamed else Inspection(log, run_context(inp), [])
     if stalled is not None:
@@ -240,12 +221,15 @@ def follow(inp: LogInput, *, on_step: Callable[[dict], None], poll_s: float = 0.
     return result
 
 
-def _drain(fh: BinaryIO, parser: LogParser, chunk_size: int) -> int:
-    """Feed ``parser`` what ``fh`` has now; the bytes read."""
+def _drain(fh: BinaryIO, parser: LogParser, chunk_size: int, each: Optional[Callable[[], None]] = None) -> int:
+    """Feed ``parser`` what ``fh`` has now (``each`` after every block); the bytes read."""
     n = 0
-    while block := fh.read(chunk_size):
+    read = getattr(fh, "read1", fh.read)
+    while block := read(chunk_size):
         n += len(block)
         parser.feed(block)
+        if each is not None:
+            each()
     return n
 
 
@@ -255,8 +239,7 @@ class _Emitter:
 
     def __init__(self, on_step: Callable[[dict], None], on_validation: Optional[Callable[[dict], None]]):
         self.on_step, self.on_validation = on_step, on_validation
-        self.printed = 0
-        self.validations = 0
+        self.printed = self.validations = 0  # the last step reported, the validations reported
 
     def emit(self, log: ParsedLog, steps, validations: Optional[list] = None) -> None:
         vals = log.validations if validations is None else validations

@@ -18,28 +18,15 @@ kind in :mod:`~trnqwen.logs.patterns`, tracebacks and torchrun's summary in
 
 from __future__ import annotations
 
+import io
 import re
 from itertools import compress, count, repeat
 from operator import lt
-from typing import Optional
+from typing import BinaryIO, Optional, Union
 
 from trnqwen.logs.patterns import (
-    APPLIED_RE,
-    B_PREFIX_RE,
-    C10_RE,
-    FAILED_RE,
-    GLOG_LEVELS,
-    GLOG_RE,
-    HEADER_RE,
-    NO_REPLACEMENT_RE,
-    PYWARN_RE,
-    TRACEBACK_START,
-    LineAt,
-    info_table,
-    normalize,
-    parse_override_line,
-    read_info_line,
-    split_prefix,
+    APPLIED_RE, B_PREFIX_RE, C10_RE, FAILED_RE, GLOG_LEVELS, GLOG_RE, HEADER_RE, NO_REPLACEMENT_RE, PYWARN_RE, TRACEBACK_START,
+    LineAt, info_table, normalize, parse_override_line, read_info_line, split_prefix,
 )
 from trnqwen.logs.record import HIGH_MEMORY_PCT, ParsedLog, first_rank
 from trnqwen.contract.stepline import ANSI_RE, parse_step_line, parse_validation_line
@@ -78,6 +65,19 @@ def _percents(tokens: tuple) -> list:
     if len(found) == len(tokens):
         return list(map(float, found))
     return [None if m.startswith(b"N/A") else float(m[: m.find(b"%")]) for m in tokens]
+
+
+def parse(data: Union[bytes, str, BinaryIO], source: str = "", *, chunk_size: int = CHUNK_SIZE,
+          max_line: int = MAX_LINE) -> ParsedLog:
+    """Parse a whole log (bytes, text, or a binary stream read to its end) in bounded memory."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    stream = io.BytesIO(data) if isinstance(data, bytes) else data
+    parser = LogParser(source, max_line=max_line)
+    read = (getattr(stream, "read1", None) if chunk_size < 65536 else None) or stream.read
+    while block := read(chunk_size):
+        parser.feed(block)
+    return parser.close()
 
 
 class LogParser:
@@ -412,8 +412,7 @@ class LogParser:
             log.world_size_hints, log.ranks, log.rank_last_step = {}, set(), {}
             # the stopped attempt's end (torchrun's SignalException, a crash) was dealt with by resuming
             log.tracebacks, log.torchrun_failure, log.override_calls = {}, {}, {}
-            self._tracebacks = Tracebacks(log)
-            self._torchrun = TorchrunSummary(log)
+            self._tracebacks, self._torchrun = Tracebacks(log), TorchrunSummary(log)
         else:
             m = PREEMPTED_RE.search(body)
             if m is None or rank not in (None, 0):
@@ -463,10 +462,8 @@ class LogParser:
             if glog:
                 fm = FAILED_RE.search(msg)
                 if fm is not None:
-                    fail = log.torchrun_failure
-                    fail.setdefault("failed", []).append(
-                        {"local_rank": int(fm.group("rank")), "exitcode": int(fm.group("code")), "line": lineno}
-                    )
+                    log.torchrun_failure.setdefault("failed", []).append(
+                        {"local_rank": int(fm.group("rank")), "exitcode": int(fm.group("code")), "line": lineno})
             return True
         known = read_info_line(log, msg, LineAt(lineno, rank, self._is_primary(rank)), self._info)
         # Bare lines: only structured content counts as recognized.

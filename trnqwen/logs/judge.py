@@ -1,7 +1,9 @@
 """Judge a parsed run: findings with a severity, a message and the log lines that show it.
 
 Every check is a small function of (:class:`~trnqwen.logs.record.ParsedLog`,
-:class:`~trnqwen.logs.sources.RunContext`) so each can be tested on a hand-written log.
+:class:`~trnqwen.logs.sources.RunContext`) so each can be tested on a hand-written log; each
+returns its findings' fields, (severity, code, message[, lines]), as the LoRA check and the
+methods' rules (which cannot import :class:`Finding`) do, and :func:`judge` makes them findings.
 """
 
 from __future__ import annotations
@@ -60,29 +62,12 @@ def judge(log: ParsedLog, ctx: Optional[RunContext] = None) -> list[Finding]:
     ctx = ctx or RunContext()
     if ctx.identity is None:
         ctx = with_identity(log, ctx)
-    findings: list[Finding] = []
-    for check in (
-        _check_input,
-        _check_steps_present,
-        _check_weights_loaded,
-        _check_overrides,
-        _check_override_calls,
-        check_lora,
-        _check_methods,
-        _check_nonfinite,
-        _check_exploding,
-        _check_grad_spikes,
-        _check_memory,
-        _check_throughput,
-        _check_crash,
-        _check_stopped_early,
-        _check_ranks,
-        _check_warnings,
-    ):
-        findings.extend(f if isinstance(f, Finding) else Finding(*f) for f in check(log, ctx))
+    checks = (_check_input, _check_steps_present, _check_weights_loaded, _check_overrides, _check_override_calls, check_lora,
+              _check_methods, _check_nonfinite, _check_exploding, _check_grad_spikes, _check_memory, _check_throughput,
+              _check_crash, _check_stopped_early, _check_ranks, _check_warnings)
     order = {s: i for i, s in enumerate(SEVERITIES)}
-    findings.sort(key=lambda f: (order.get(f.severity, 9), f.lines[0] if f.lines else 0))
-    return findings
+    return sorted((Finding(*fields) for check in checks for fields in check(log, ctx)),
+                  key=lambda f: (order.get(f.severity, 9), f.lines[0] if f.lines else 0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,7 +96,7 @@ def _check_methods(log: ParsedLog, ctx: RunContext) -> list[tuple]:
             for fields in methods.hook(method, "judge")(method_facts(log, ctx, method))]
 
 
-def _check_input(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+def _check_input(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     restarts = unexplained_restarts(log)
     rules = [  # (whether it applies, then the finding's fields)
         (log.ends_mid_line, "info", "truncated-line",
@@ -127,7 +112,7 @@ def _check_input(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         (restarts, "warning", "restarted", f"the step counter went back {len(restarts)} time(s): the run restarted or resumed; "
          "the latest value of each step is kept", restarts[:10]),
     ]
-    return [Finding(*fields) for applies, *fields in rules if applies]
+    return [tuple(fields) for applies, *fields in rules if applies]
 
 
 def _unresumed_preemptions(log: ParsedLog) -> list[dict]:
@@ -166,17 +151,17 @@ def run_is_live(ctx: RunContext) -> bool:
     return ctx.record is not None and ctx.record.status in ("running", "created") and not ctx.ended
 
 
-def _check_steps_present(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+def _check_steps_present(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     if log.steps:
         return []
     if run_is_live(ctx):  # still starting (ranks loading, compiling): nothing is wrong yet
         what = "no log line yet" if not log.bytes_read else "no step logged yet"
-        return [Finding("info", "starting", f"the run is still starting ({what}; run.json: {ctx.record.status}): "
-                        "watch it with `trnqwen inspect-logs --follow`")]
-    return [Finding("error", "no-steps", "no training step was logged (no `step: N  loss: ...` line)")]
+        return [("info", "starting", f"the run is still starting ({what}; run.json: {ctx.record.status}): "
+                 "watch it with `trnqwen inspect-logs --follow`")]
+    return [("error", "no-steps", "no training step was logged (no `step: N  loss: ...` line)")]
 
 
-def _check_weights_loaded(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+def _check_weights_loaded(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     """Step-1 loss against the random-init level ln(vocab): the model's identity comes from the
     run directory or the flags, else from the log itself (:mod:`trnqwen.logs.identity`).  Not for
     a run of a method whose loss is not the next-token loss (a preference loss: ln 2 at step 1),
@@ -185,11 +170,9 @@ def _check_weights_loaded(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     if not log.steps or (method is not None and not method.token_loss):
         return []
     first = log.steps.row(0)
-    if first["step"] != 1 or (log.start_step not in (None, 1)):
-        return []  # resumed run: step 1 is not in this log
     loss = first["loss"]
-    if loss is None or not math.isfinite(loss):
-        return []
+    if first["step"] != 1 or log.start_step not in (None, 1) or loss is None or not math.isfinite(loss):
+        return []  # a resumed run (step 1 is not in this log), or no loss to judge
     load_lines = [e["line"] for e in log.checkpoint_events if e["kind"] in ("load", "loaded")]
     fresh = [e["line"] for e in log.checkpoint_events if e["kind"] == "fresh"]
     finetune = True if ctx.finetune is None and load_lines else ctx.finetune
@@ -199,37 +182,34 @@ def _check_weights_loaded(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     if not vocab or vocab < 2:
         floor = math.log(UNKNOWN_VOCAB_FLOOR)
         if finetune and load_lines and not fresh and loss >= floor:
-            return [Finding("warning", "weights-maybe-not-loaded",
-                            f"step-1 loss {loss:.2f} is at or above ln {UNKNOWN_VOCAB_FLOOR} = {floor:.2f}, random-init level for "
-                            f"any common vocabulary{ran}; the log does not name the model (pass --vocab-size to check exactly)",
-                            [first["line"], *load_lines[:2]])]
-        return [Finding("info", "vocab-unknown",
-                        f"step-1 loss {loss:.4f}; vocab size unknown, so it can't be compared with a random-init loss "
-                        "(pass --vocab-size or inspect a run directory)", [first["line"]])]
+            return [("warning", "weights-maybe-not-loaded",
+                     f"step-1 loss {loss:.2f} is at or above ln {UNKNOWN_VOCAB_FLOOR} = {floor:.2f}, random-init level for "
+                     f"any common vocabulary{ran}; the log does not name the model (pass --vocab-size to check exactly)",
+                     [first["line"], *load_lines[:2]])]
+        return [("info", "vocab-unknown",
+                 f"step-1 loss {loss:.4f}; vocab size unknown, so it can't be compared with a random-init loss "
+                 "(pass --vocab-size or inspect a run directory)", [first["line"]])]
     ln_v = math.log(vocab)
     if loss < RANDOM_INIT_FRACTION * ln_v:
-        if finetune:
-            return [Finding("info", "weights-loaded",
-                            f"step-1 loss {loss:.4f} is well below ln(vocab {vocab}) = {ln_v:.2f}: the pretrained weights were used",
-                            [first["line"]])]
-        return []
+        return [("info", "weights-loaded", f"step-1 loss {loss:.4f} is well below ln(vocab {vocab}) = {ln_v:.2f}: the pretrained "
+                 "weights were used", [first["line"]])] if finetune else []
     known = ctx.identity.known if ctx.identity is not None else None
     level = f"step-1 loss {loss:.2f} is random-init level (ln {vocab} = {ln_v:.2f})"
     whence = f" [vocab from {source}]"
     if finetune:
         if ctx.base_random_init and not fresh:  # builtin:tiny-qwen3: its published weights are random by design
-            return [Finding("info", BASE_RANDOM_INIT,
-                            f"{level}, as expected: the base model's card says its weights are random by design "
-                            f"(builtin:tiny-qwen3), so the step-1 loss cannot show whether they were loaded{whence}",
-                            [first["line"], *load_lines[:2]])]
+            return [("info", BASE_RANDOM_INIT,
+                     f"{level}, as expected: the base model's card says its weights are random by design "
+                     f"(builtin:tiny-qwen3), so the step-1 loss cannot show whether they were loaded{whence}",
+                     [first["line"], *load_lines[:2]])]
         reference = (f"; loaded Qwen3-{known.size} starts near {known.loaded_step1_loss:.2f}"
                      if known is not None and known.loaded_step1_loss else "")
-        return [Finding("error", WEIGHTS_NOT_LOADED, f"weights were probably not loaded: {level}{reference}{ran}{whence}",
-                        [first["line"], *load_lines[:2], *fresh[:1]])]
+        return [("error", WEIGHTS_NOT_LOADED, f"weights were probably not loaded: {level}{reference}{ran}{whence}",
+                 [first["line"], *load_lines[:2], *fresh[:1]])]
     if finetune is False or fresh:
-        return [Finding("info", "from-scratch", f"{level}, as expected for a run from random init{whence}", [first["line"], *fresh[:1]])]
-    return [Finding("warning", "weights-maybe-not-loaded",
-                    f"{level}; if this run was meant to fine-tune, the weights were not loaded{whence}", [first["line"]])]
+        return [("info", "from-scratch", f"{level}, as expected for a run from random init{whence}", [first["line"], *fresh[:1]])]
+    return [("warning", "weights-maybe-not-loaded",
+             f"{level}; if this run was meant to fine-tune, the weights were not loaded{whence}", [first["line"]])]
 
 
 def override_table(log: ParsedLog, num_layers: Optional[int]) -> dict[str, dict]:
@@ -261,12 +241,9 @@ def layers_text(layers: list[int]) -> str:
     return ", ".join(f"{r[0]}" if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
-def _check_overrides(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    out = []
-    for rec in log.override_no_match:
-        out.append(Finding("error", "override-no-match",
-                           f"override.imports={rec['imports']} produced no replacements: its target/fqns match no config node",
-                           [rec["line"]]))
+def _check_overrides(log: ParsedLog, ctx: RunContext) -> list[tuple]:
+    out = [("error", "override-no-match", f"override.imports={rec['imports']} produced no replacements: its target/fqns match "
+            "no config node", [rec["line"]]) for rec in log.override_no_match]
     table = override_table(log, ctx.num_layers)
     if not table:
         return out
@@ -277,38 +254,37 @@ def _check_overrides(log: ParsedLog, ctx: RunContext) -> list[Finding]:
             continue
         if entry["missing_layers"]:
             scope = f"of {n} layers ({ctx.layers_source})" if n else "inside the range of layers seen"
-            out.append(Finding("error", "override-missing-layers",
-                               f"override {name} is missing on layer(s) {layers_text(entry['missing_layers'])} {scope}",
-                               lines[:3]))
+            out.append(("error", "override-missing-layers",
+                        f"override {name} is missing on layer(s) {layers_text(entry['missing_layers'])} {scope}", lines[:3]))
         if entry["duplicate_layers"]:
             dup_lines = [r["line"] for r in log.primary_overrides() if r["name"] == name and r["layer"] in set(entry["duplicate_layers"])]
-            out.append(Finding("error", "override-duplicate-layers",
-                               f"override {name} was applied more than once on layer(s) {layers_text(entry['duplicate_layers'])}",
-                               dup_lines[:10]))
+            out.append(("error", "override-duplicate-layers",
+                        f"override {name} was applied more than once on layer(s) {layers_text(entry['duplicate_layers'])}",
+                        dup_lines[:10]))
         if n and entry["layers"] and max(entry["layers"]) >= n:
             extra = [x for x in entry["layers"] if x >= n]
-            out.append(Finding("warning", "override-extra-layers",
-                               f"override {name} names layer(s) {layers_text(extra)} beyond the {n} layers expected ({ctx.layers_source})",
-                               lines[:3]))
+            out.append(("warning", "override-extra-layers",
+                        f"override {name} names layer(s) {layers_text(extra)} beyond the {n} layers expected ({ctx.layers_source})",
+                        lines[:3]))
         if not entry["missing_layers"] and not entry["duplicate_layers"]:
             what = f"all {n} layers" if n else f"layers {layers_text(entry['layers'])}"
-            out.append(Finding("info", "override-ok", f"{override_label(name)}: exactly once on {what} ({entry['old']} -> {entry['new']})", lines[:1]))
+            out.append(("info", "override-ok", f"{override_label(name)}: exactly once on {what} ({entry['old']} -> {entry['new']})", lines[:1]))
     if not n:
-        out.append(Finding("info", "layers-unknown",
-                           "the model's layer count is unknown, so missing layers at the end can't be seen (pass --expect-layers N)"))
+        out.append(("info", "layers-unknown",
+                    "the model's layer count is unknown, so missing layers at the end can't be seen (pass --expect-layers N)"))
     # "Applied N override(s)" against the lines seen, per rank
     primary = log.primary_rank if log.primary_rank in log.applied else next(iter(log.applied), None)
     for count, line in log.applied.get(primary, [])[-1:]:
         if count != len(log.overrides.get(primary, [])):
-            out.append(Finding("warning", "override-count-mismatch", f"torchtitan says it applied {count} override(s), "
-                               f"but {len(log.overrides.get(primary, []))} [Override] line(s) were logged", [line]))
+            out.append(("warning", "override-count-mismatch", f"torchtitan says it applied {count} override(s), "
+                        f"but {len(log.overrides.get(primary, []))} [Override] line(s) were logged", [line]))
     counts = {r: len(v) for r, v in log.overrides.items() if r is not None}
     if len(set(counts.values())) > 1:
         base = len(log.primary_overrides())
         odd = sorted(r for r, c in counts.items() if c != base)
-        out.append(Finding("warning", "override-rank-mismatch",
-                           f"rank(s) {layers_text(odd)} logged a different number of [Override] lines than rank {log.primary_rank} ({base})",
-                           [log.overrides[r][0]["line"] for r in odd[:3] if log.overrides[r]]))
+        out.append(("warning", "override-rank-mismatch",
+                    f"rank(s) {layers_text(odd)} logged a different number of [Override] lines than rank {log.primary_rank} ({base})",
+                    [log.overrides[r][0]["line"] for r in odd[:3] if log.overrides[r]]))
     return out
 
 
@@ -326,7 +302,7 @@ def override_calls(log: ParsedLog) -> dict[str, dict]:
     return out
 
 
-def _check_override_calls(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+def _check_override_calls(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     """An override is healthy only when its code ran: an ``[Override]`` line says it was put in
     place, its ``[OverrideCalls]`` line says how many calls ran it and how many fell back."""
     out = []
@@ -336,47 +312,36 @@ def _check_override_calls(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         where = f"{c['calls'] + c['fallbacks']} call(s) on {len(c['ranks'])} rank(s)"
         why = f": {c['reason']}" if c["reason"] else ""
         if c["calls"] == 0 and c["fallbacks"] == 0:
-            out.append(Finding("error", "override-never-ran",
-                               f"override {name} was installed but never called: its code did not run", c["lines"][:3]))
+            out.append(("error", "override-never-ran",
+                        f"override {name} was installed but never called: its code did not run", c["lines"][:3]))
         elif c["calls"] == 0:
-            out.append(Finding("error", "override-always-fell-back",
-                               f"override {name} fell back on every call ({where}): its own code never ran{why}",
-                               c["lines"][:3]))
+            out.append(("error", "override-always-fell-back",
+                        f"override {name} fell back on every call ({where}): its own code never ran{why}", c["lines"][:3]))
         elif c["fallbacks"]:
-            out.append(Finding("warning", "override-fallbacks",
-                               f"override {name} fell back on {c['fallbacks']} of {where}{why}", c["lines"][:3]))
+            out.append(("warning", "override-fallbacks",
+                        f"override {name} fell back on {c['fallbacks']} of {where}{why}", c["lines"][:3]))
         replaced = applied.get(name, {}).get("count", 0)
         if c["calls"] and replaced and c["modules"] < replaced:
-            out.append(Finding("warning", "override-idle-layers",
-                               f"override {name} ran on {c['modules']} module(s) of the {replaced} it replaced", c["lines"][:3]))
+            out.append(("warning", "override-idle-layers",
+                        f"override {name} ran on {c['modules']} module(s) of the {replaced} it replaced", c["lines"][:3]))
         elif c["calls"] and not c["fallbacks"]:
-            out.append(Finding("info", "override-ran",
-                               f"{override_label(name)} ran its own code: {c['calls']} call(s) on {c['modules']} module(s), "
-                               f"no fallback ({len(c['ranks'])} rank(s))", c["lines"][:1]))
-    if log.steps:
-        for name, entry in applied.items():
-            if name not in calls:
-                out.append(Finding("warning", "override-unverified",
-                                   f"override {name} was applied but logged no [OverrideCalls] line, so nothing shows "
-                                   "its code ran (one [Override] line per layer proves only that it was installed)",
-                                   entry["lines"][:1]))
-    return out
+            out.append(("info", "override-ran",
+                        f"{override_label(name)} ran its own code: {c['calls']} call(s) on {c['modules']} module(s), "
+                        f"no fallback ({len(c['ranks'])} rank(s))", c["lines"][:1]))
+    return out + [("warning", "override-unverified", f"override {name} was applied but logged no [OverrideCalls] line, so nothing "
+                   "shows its code ran (one [Override] line per layer proves only that it was installed)", entry["lines"][:1])
+                  for name, entry in applied.items() if log.steps and name not in calls]
 
 
-def _check_nonfinite(log: ParsedLog, ctx: RunContext) -> list[Finding]:
-    out = []
+def _check_nonfinite(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     t = log.steps
-    for key, label in (("loss", "loss"), ("grad_norm", "grad norm")):
-        bad = np.flatnonzero(~np.isfinite(t.np(key)) & t.present(key)).tolist()
-        if bad:
-            i = bad[0]
-            out.append(Finding("error", f"nonfinite-{key.replace('_', '-')}",
-                               f"{label} is {t.value(key, i)} from step {t.step[i]} ({len(bad)} step(s) in all)",
-                               [t.line[j] or None for j in bad[:5]]))
-    return out
+    bad = {key: np.flatnonzero(~np.isfinite(t.np(key)) & t.present(key)).tolist() for key in ("loss", "grad_norm")}
+    return [("error", f"nonfinite-{key.replace('_', '-')}",
+             f"{key.replace('_', ' ')} is {t.value(key, rows[0])} from step {t.step[rows[0]]} ({len(rows)} step(s) in all)",
+             [t.line[j] or None for j in rows[:5]]) for key, rows in bad.items() if rows]
 
 
-def _check_exploding(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+def _check_exploding(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     t = log.steps
     rows, loss = t.finite("loss")
     if len(rows) < 2:
@@ -389,9 +354,9 @@ def _check_exploding(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         return []
     k = int(hit[0]) + 1
     i = int(rows[k])
-    return [Finding("error", "loss-exploding",
-                    f"loss rose to {float(loss[k]):.4f} at step {t.step[i]} (first {first:.4f}, lowest so far {float(best[k - 1]):.4f}): "
-                    "training is diverging", [t.line[i] or None])]
+    return [("error", "loss-exploding",
+             f"loss rose to {float(loss[k]):.4f} at step {t.step[i]} (first {first:.4f}, lowest so far {float(best[k - 1]):.4f}): "
+             "training is diverging", [t.line[i] or None])]
 
 
 def _rolling_medians(values, width: int, start: int):
@@ -407,7 +372,7 @@ def _rolling_medians(values, width: int, start: int):
     return np.concatenate([np.asarray(head, dtype=np.float64), tail])
 
 
-def _check_grad_spikes(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+def _check_grad_spikes(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     t = log.steps
     rows, grad = t.finite("grad_norm")
     if len(rows) < 4:
@@ -418,13 +383,12 @@ def _check_grad_spikes(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         return []
     k = int(spike[0])
     i = int(rows[k + 3])
-    return [Finding("warning", "grad-norm-spike",
-                    f"grad norm spiked to {float(grad[k + 3]):.4g} at step {t.step[i]} (median of the steps before: {float(med[k]):.4g}); "
-                    f"{spike.size} spike(s) over {GRAD_SPIKE_RATIO:g}x",
-                    [t.line[int(rows[j + 3])] or None for j in spike[:5].tolist()])]
+    return [("warning", "grad-norm-spike",
+             f"grad norm spiked to {float(grad[k + 3]):.4g} at step {t.step[i]} (median of the steps before: {float(med[k]):.4g}); "
+             f"{spike.size} spike(s) over {GRAD_SPIKE_RATIO:g}x", [t.line[int(rows[j + 3])] or None for j in spike[:5].tolist()])]
 
 
-def _check_memory(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+def _check_memory(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     t = log.steps
     rows, pct = t.finite("memory_pct")
     high = rows[pct > HIGH_MEMORY_PCT]
@@ -444,10 +408,10 @@ def _check_memory(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     if others:
         msg += f"; ranks above {HIGH_MEMORY_PCT:g}%: {layers_text(others)}"
         lines += [ranks[r]["line"] for r in others[:3]]
-    return [Finding("warning", "memory-high", msg, sorted(set(x for x in lines if x is not None)))]
+    return [("warning", "memory-high", msg, sorted(set(x for x in lines if x is not None)))]
 
 
-def _check_throughput(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+def _check_throughput(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     t = log.steps
     rows, tps = t.finite("tps")
     # each process's first step (step 1, the one after each resume point) includes start-up and compilation
@@ -464,10 +428,9 @@ def _check_throughput(log: ParsedLog, ctx: RunContext) -> list[Finding]:
             i = int(rows[k + 2])
             text = (f"throughput fell to {t.value('tps', i):,} tps at step {t.step[i]} from about {b:,.0f} tps "
                     f"and stayed below {THROUGHPUT_DROP_RATIO:.0%} of it (each start's first step excluded: it includes compilation)")
-            if on_cpu(log):  # the cores are the host's: other processes (a cold start's) take them
-                return [Finding("info", "throughput-collapse", text + "; on CPU throughput follows the host's load",
-                                [t.line[i] or None])]
-            return [Finding("warning", "throughput-collapse", text, [t.line[i] or None])]
+            cpu = on_cpu(log)  # the cores are the host's: other processes (a cold start's) take them
+            return [("info" if cpu else "warning", "throughput-collapse",
+                     text + ("; on CPU throughput follows the host's load" if cpu else ""), [t.line[i] or None])]
     return []
 
 
@@ -498,7 +461,7 @@ _INTERRUPT = re.compile(r"^(KeyboardInterrupt\b|\S*SignalException: Process \d+ 
 _SIGNAL_NAMES = {"2": "SIGINT (Ctrl-C)", "10": "SIGUSR1", "15": "SIGTERM"}
 
 
-def _check_crash(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+def _check_crash(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     out = []
     cause = root_cause(log)
     failure = log.torchrun_failure
@@ -509,7 +472,7 @@ def _check_crash(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     if cause is not None and _INTERRUPT.match(cause["text"]):
         how = record.ended_by if record is not None and record.ended_by in ("SIGINT", "SIGTERM", "SIGUSR1") else (
             _SIGNAL_NAMES.get(cause["text"].rstrip().rsplit(" ", 1)[-1], "SIGINT (Ctrl-C)"))
-        return [Finding("warning", "interrupted", f"the run was interrupted by {how}, not crashed ({len(log.steps)} step(s) logged)", lines)]
+        return [("warning", "interrupted", f"the run was interrupted by {how}, not crashed ({len(log.steps)} step(s) logged)", lines)]
     if cause is not None:
         who = f"rank {cause['rank']}" if cause["rank"] is not None else "the launcher"
         msg = f"{who} crashed: {cause['text']}"
@@ -518,27 +481,24 @@ def _check_crash(log: ParsedLog, ctx: RunContext) -> list[Finding]:
         others = sorted(r for r, t in log.tracebacks.items() if r is not None and r != cause["rank"] and t.get("first_root"))
         if others:
             msg += f"; {len(others)} other rank(s) also raised"
-        out.append(Finding("error", "crash", msg, lines))
+        out.append(("error", "crash", msg, lines))
     elif failure.get("exitcode") is not None or failure.get("failed"):
-        code = failure.get("exitcode")
-        if code is None:
-            code = failure["failed"][0]["exitcode"]
+        code = failure["exitcode"] if failure.get("exitcode") is not None else failure["failed"][0]["exitcode"]
         rank = failure.get("root_cause_rank")
-        sig = ""
-        if isinstance(code, int) and code < 0:
-            sig = {-9: " (SIGKILL: often the host's out-of-memory killer)", -15: " (SIGTERM)", -6: " (SIGABRT)", -11: " (SIGSEGV)"}.get(code, f" (signal {-code})")
+        sig = ({-9: " (SIGKILL: often the host's out-of-memory killer)", -15: " (SIGTERM)", -6: " (SIGABRT)", -11: " (SIGSEGV)"}
+               .get(code, f" (signal {-code})") if isinstance(code, int) and code < 0 else "")
         lines = [x for x in (failure.get("root_cause_line"), *(f["line"] for f in failure.get("failed", [])[:2])) if x]
         found = record.error if record is not None and record.error and "no error message" not in record.error else None
         tail = f"; the launcher found: {found}" if found else "; no traceback in the log"
-        out.append(Finding("error", "crash", f"rank {rank if rank is not None else '?'} exited with code {code}{sig}{tail}", lines))
+        out.append(("error", "crash", f"rank {rank if rank is not None else '?'} exited with code {code}{sig}{tail}", lines))
     elif log.errors:
         first = log.errors[0]
         who = f"rank {first['rank']}" if first["rank"] is not None else "the log"
-        out.append(Finding("error", "error-lines", f"{log.error_count} ERROR line(s); first from {who}: {first['text']}", [first["line"]]))
+        out.append(("error", "error-lines", f"{log.error_count} ERROR line(s); first from {who}: {first['text']}", [first["line"]]))
     if cause is not None and log.errors:
-        out.append(Finding("info", "error-lines", f"{log.error_count} ERROR-level line(s) besides the traceback", [log.errors[0]["line"]]))
+        out.append(("info", "error-lines", f"{log.error_count} ERROR-level line(s) besides the traceback", [log.errors[0]["line"]]))
     if record is not None and record.status == "failed" and not out:
-        out.append(Finding("error", "run-failed", f"the run record says it failed ({record.ended_by or 'no reason'}): {record.error or 'no root cause recorded'}"))
+        out.append(("error", "run-failed", f"the run record says it failed ({record.ended_by or 'no reason'}): {record.error or 'no root cause recorded'}"))
     return out
 
 
@@ -546,32 +506,32 @@ def configured_steps(log: ParsedLog, ctx: RunContext) -> Optional[int]:
     return log.trainer.get("steps") or ctx.configured_steps
 
 
-def _check_stopped_early(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+def _check_stopped_early(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     if not log.steps:
         return []
     target = configured_steps(log, ctx)
     last = max(log.steps)
     out = []
     if log.ran_out_of_data_line:
-        out.append(Finding("warning", "ran-out-of-data", f"the data ran out at step {last}: training stopped early",
-                           [log.ran_out_of_data_line]))
+        out.append(("warning", "ran-out-of-data", f"the data ran out at step {last}: training stopped early",
+                    [log.ran_out_of_data_line]))
     if target and last < target:
         if run_is_live(ctx):
-            out.append(Finding("info", "in-progress", f"the run is still going: step {last} of {target}", [log.steps[last]["line"]]))
+            out.append(("info", "in-progress", f"the run is still going: step {last} of {target}", [log.steps[last]["line"]]))
         elif _unresumed_preemptions(log):  # saved and resumable: the "preempted" warning says how to continue
-            out.append(Finding("info", "stopped-early", f"the run stopped at step {last} of {target} configured steps "
-                               "(preempted with a resumable checkpoint)", [log.steps[last]["line"]]))
+            out.append(("info", "stopped-early", f"the run stopped at step {last} of {target} configured steps "
+                        "(preempted with a resumable checkpoint)", [log.steps[last]["line"]]))
         else:
             ended_by = ctx.record.ended_by if ctx.record is not None else None
             why = f" (ended by {ended_by})" if ended_by and ended_by != "completed" else ""
-            out.append(Finding("error", "stopped-early", f"the run stopped at step {last} of {target} configured steps{why}",
-                               [log.steps[last]["line"]]))
+            out.append(("error", "stopped-early", f"the run stopped at step {last} of {target} configured steps{why}",
+                        [log.steps[last]["line"]]))
     elif target and last >= target and log.completed_line:
-        out.append(Finding("info", "completed", f"training completed all {target} steps", [log.completed_line]))
+        out.append(("info", "completed", f"training completed all {target} steps", [log.completed_line]))
     return out
 
 
-def _check_ranks(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+def _check_ranks(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     if not log.steps or len(log.rank_last_step) < 2:
         return []
     top = max(s for s, _ in log.rank_last_step.values())
@@ -580,15 +540,15 @@ def _check_ranks(log: ParsedLog, ctx: RunContext) -> list[Finding]:
     if not behind:
         return []
     worst = min(behind.items(), key=lambda kv: kv[1][0])
-    return [Finding("warning", "rank-behind",
-                    f"{len(behind)} rank(s) logged fewer steps than the others (step {top}); rank {worst[0]} stopped at step {worst[1][0]}",
-                    [v[1] for _, v in sorted(behind.items())[:5]])]
+    return [("warning", "rank-behind",
+             f"{len(behind)} rank(s) logged fewer steps than the others (step {top}); rank {worst[0]} stopped at step {worst[1][0]}",
+             [v[1] for _, v in sorted(behind.items())[:5]])]
 
 
-def _check_warnings(log: ParsedLog, ctx: RunContext) -> list[Finding]:
+def _check_warnings(log: ParsedLog, ctx: RunContext) -> list[tuple]:
     if not log.warning_count:
         return []
     top = sorted(log.warnings.values(), key=lambda w: (-w["count"], w["line"]))[:3]
     shown = "; ".join(f"{w['text'][:120]} (x{w['count']})" for w in top)
-    return [Finding("info", "warnings", f"{log.warning_count} warning line(s), {len(log.warnings)} distinct; most frequent: {shown}",
-                    [w["line"] for w in top])]
+    return [("info", "warnings", f"{log.warning_count} warning line(s), {len(log.warnings)} distinct; most frequent: {shown}",
+             [w["line"] for w in top])]

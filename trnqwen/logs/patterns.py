@@ -19,9 +19,7 @@ from functools import lru_cache
 from itertools import compress
 from typing import Callable, NamedTuple, Optional
 
-from trnqwen.contract.lora import LOG_LINE_RE as LORA_RE
-from trnqwen.contract.lora import LOG_MARK as LORA_TAG
-from trnqwen.contract.lora import read_log_line
+from trnqwen.contract.lora import LOG_LINE_RE as LORA_RE, LOG_MARK as LORA_TAG, read_log_line
 from trnqwen.contract.method_lines import MethodLine
 from trnqwen.contract.override_calls import CALLS_RE, CALLS_TAG
 from trnqwen.contract.stepline import strip_ansi, to_number
@@ -33,10 +31,8 @@ from trnqwen.methods.base import load
 PREFIX_RE = re.compile(r"\[([A-Za-z][A-Za-z_-]{0,31})(\d{1,6})\]:")
 B_PREFIX_RE = re.compile(rb"\[([A-Za-z][A-Za-z_-]{0,31})(\d{1,6})\]:")
 # torchtitan's logger format: "[titan] %(asctime)s - %(name)s - %(levelname)s - %(message)s".
-HEADER_RE = re.compile(
-    r"\[titan\]\s+(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)?)\s+-\s+(?P<logger>\S+)\s+-\s+"
-    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\s+-\s?(?P<msg>.*)$"
-)
+HEADER_RE = re.compile(r"\[titan\]\s+(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)?)\s+-\s+(?P<logger>\S+)\s+-\s+"
+                       r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\s+-\s?(?P<msg>.*)$")
 # glog-style lines from torch's C++ and torchrun ("W1129 09:54:40.879000 10898 file.py:982] msg").
 GLOG_RE = re.compile(r"(?P<level>[IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [^\]\s]+\] ?(?P<msg>.*)$")
 C10_RE = re.compile(r"\[(?P<level>[IWEF])\d{4} \d\d:\d\d:\d\d[^\]]*\] ?(?P<msg>.*)$")
@@ -45,9 +41,8 @@ PYWARN_RE = re.compile(r"\S+:\d+: (?P<cat>[A-Z]\w*Warning): (?P<msg>.*)$")
 
 # [Override] NAME: FQN OLD -> NEW[ with k=v, ...]  (NAME is nki_rope in the recipe era, the
 # factory's import path module.function in torchtitan 0.3.0)
-OVERRIDE_RE = re.compile(
-    r"\[Override\]\s+(?P<name>[^:\s]+):\s+(?P<fqn>\S+)\s+(?P<old>\S+)\s+->\s+(?P<new>\S+?)(?:\s+with\s+(?P<kwargs>.*))?\s*$"
-)
+OVERRIDE_RE = re.compile(r"\[Override\]\s+(?P<name>[^:\s]+):\s+(?P<fqn>\S+)\s+(?P<old>\S+)\s+->\s+(?P<new>\S+?)"
+                         r"(?:\s+with\s+(?P<kwargs>.*))?\s*$")
 APPLIED_RE = re.compile(r"Applied (\d+) override\(s\)")
 LAYER_RE = re.compile(r"(?:^|\.)layers(?:\.|\[)(\d+)\]?(?:\.|$)")
 NO_REPLACEMENT_RE = re.compile(r"override\.imports=(?P<imports>.*?) produced no replacements")
@@ -81,14 +76,7 @@ def parse_override_line(line: str) -> Optional[dict]:
     if m is None:
         return None
     layer_m = LAYER_RE.search(m.group("fqn"))
-    return {
-        "name": m.group("name"),
-        "fqn": m.group("fqn"),
-        "old": m.group("old"),
-        "new": m.group("new"),
-        "kwargs": m.group("kwargs"),
-        "layer": int(layer_m.group(1)) if layer_m else None,
-    }
+    return {**m.groupdict(), "layer": int(layer_m.group(1)) if layer_m else None}
 
 
 def normalize(msg: str) -> str:
@@ -157,9 +145,7 @@ def _launcher_world(log: ParsedLog, m: re.Match[str], at: LineAt) -> None:
 
 
 def _model_size(log: ParsedLog, m: re.Match[str], at: LineAt) -> None:
-    log.model_name = m.group("name")
-    log.model_flavor = m.group("flavor")
-    log.model_params = int(m.group("params").replace(",", ""))
+    log.model_name, log.model_flavor, log.model_params = m.group("name"), m.group("flavor"), int(m.group("params").replace(",", ""))
 
 
 def _building(log: ParsedLog, m: re.Match[str], at: LineAt) -> Optional[bool]:
@@ -172,11 +158,9 @@ def _building(log: ParsedLog, m: re.Match[str], at: LineAt) -> Optional[bool]:
 
 
 def _model_args(log: ParsedLog, text: str) -> None:
-    v = _VOCAB_ARG_RE.search(text)
-    if v is not None:
+    if v := _VOCAB_ARG_RE.search(text):
         log.vocab_size = log.vocab_size or int(v.group(1))
-    n = _LAYERS_ARG_RE.search(text)
-    if n is not None:
+    if n := _LAYERS_ARG_RE.search(text):
         log.num_layers = log.num_layers or int(n.group(1))
 
 

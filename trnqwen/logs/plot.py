@@ -55,10 +55,7 @@ def run_plot_title(log: ParsedLog, ctx: Optional[RunContext] = None) -> str:
         return name
     cfg = ctx.run_config or {}
     extra = ctx.record.extra if ctx.record is not None and isinstance(ctx.record.extra, dict) else {}
-    facts = []
-    model = extra.get("base_model") or cfg.get("model")
-    if model:
-        facts.append(str(model))
+    facts = [str(model)] if (model := extra.get("base_model") or cfg.get("model")) else []
     method = run_method(log, ctx)
     method = method.name if method is not None else cfg.get("method")
     if method:
@@ -188,9 +185,7 @@ def _other_scale(values: list[float], reference: list[float], factor: float = 3.
         return False
     a = sorted(abs(v) for v in values)[len(values) // 2]
     b = sorted(abs(v) for v in reference)[len(reference) // 2]
-    if min(a, b) <= 0:
-        return False
-    return max(a, b) / min(a, b) > factor
+    return min(a, b) > 0 and max(a, b) / min(a, b) > factor
 
 
 def _mark_interruptions(log: ParsedLog, panels: list) -> None:

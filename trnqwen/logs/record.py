@@ -82,24 +82,13 @@ class ParsedLog:
     @property
     def world_size(self) -> Optional[int]:
         """Best evidence of the rank count: mesh/launcher lines, else the ranks seen."""
-        for key in ("mesh", "launcher"):
-            if key in self.world_size_hints:
-                return self.world_size_hints[key]
-        if self.ranks:
-            return max(self.ranks) + 1
-        return None
+        hints = self.world_size_hints
+        return next((hints[k] for k in ("mesh", "launcher") if k in hints), max(self.ranks) + 1 if self.ranks else None)
 
     @property
     def looks_binary(self) -> bool:
-        if self.bytes_read == 0:
-            return False
-        return self.nul_bytes > max(8, self.bytes_read // 1000) or (
-            self.recognized_lines == 0 and self.invalid_utf8_lines > max(1, self.lines // 3)
-        )
-
-    def step_list(self) -> list[dict]:
-        """One dict per step, in step order (small logs and tests; the judge reads columns)."""
-        return list(self.steps.rows())
+        return self.bytes_read > 0 and (self.nul_bytes > max(8, self.bytes_read // 1000) or (
+            self.recognized_lines == 0 and self.invalid_utf8_lines > max(1, self.lines // 3)))
 
     def primary_overrides(self) -> list[dict]:
         """The primary rank's ``[Override]`` records, else the lowest rank's."""

@@ -15,10 +15,8 @@ from typing import Any, Iterator, Optional
 import numpy as np
 
 from trnqwen.adapters.lora.readers import lora_json, lora_row
-from trnqwen.logs.judge import (
-    BASE_RANDOM_INIT, WEIGHTS_NOT_LOADED, Finding, configured_steps, layers_text, method_facts, override_calls,
-    override_table, root_cause,
-)
+from trnqwen.logs.judge import (BASE_RANDOM_INIT, WEIGHTS_NOT_LOADED, Finding, configured_steps, layers_text, method_facts,
+                                override_calls, override_table, root_cause)
 from trnqwen.methods import registry as methods
 from trnqwen.logs.patterns import no_peak_flops
 from trnqwen.logs.record import ParsedLog
@@ -27,6 +25,7 @@ from trnqwen.contract.stepline import STEP_FIELDS
 from trnqwen.logs.sources import RunContext
 from trnqwen.errors import redact
 from trnqwen.fsutil import write_text_atomic
+from trnqwen.output import number
 
 
 def _num(x: Any) -> Any:
@@ -125,12 +124,6 @@ def _column_mean(t, name: str, rows) -> Optional[float]:
     return sum(values.tolist()) / len(values) if len(values) else None
 
 
-def weights_verdict(findings: list[Finding]) -> Optional[bool]:
-    """Did the pretrained weights take, by the step-1 loss: True, False, or None (can't tell)."""
-    codes = {f.code for f in findings}
-    return True if "weights-loaded" in codes else False if WEIGHTS_NOT_LOADED in codes else None
-
-
 def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]] = None) -> dict:
     """The run in one flat dict.  ``warnings`` / ``errors`` count log lines; ``findings``
     counts the judge's findings by severity (given ``findings``)."""
@@ -141,11 +134,11 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
     mem_rows, mem = t.finite("memory_gib")
     peak = int(mem_rows[int(np.argmax(mem))]) if len(mem_rows) else None
     after_first = np.flatnonzero(t.np("step") > 1) if n > 1 else np.zeros(0, dtype=np.int64)
-    cause = root_cause(log)
     target = configured_steps(log, ctx)
     first_step = t.step[0] if n else None
     last_step = t.step[-1] if n else None
     no_peak = no_peak_flops(log)
+    codes = {f.code for f in findings or []}  # did the pretrained weights take, by the step-1 loss (None: can't tell)
     return {
         "source": log.source,
         "model": log.model_name,
@@ -177,13 +170,13 @@ def summarize(log: ParsedLog, ctx: RunContext, findings: Optional[list[Finding]]
         "last_validation_loss": _num(log.validations[-1]["loss"]) if log.validations else None,
         # a load line shows that a load ran, not that the weights took: weights_loaded says that
         "checkpoint_loaded": any(e["kind"] in ("load", "loaded") for e in log.checkpoint_events),
-        "weights_loaded": weights_verdict(findings or []),
+        "weights_loaded": True if "weights-loaded" in codes else False if WEIGHTS_NOT_LOADED in codes else None,
         "model_identity": _identity(ctx),
         "checkpoint_saved": any(e["kind"] in ("save", "saved") for e in log.checkpoint_events),
         "warnings": log.warning_count,  # WARNING-level log lines
         "errors": log.error_count,  # ERROR-level log lines
         "findings": {sev: sum(1 for f in findings or [] if f.severity == sev) for sev in ("error", "warning", "info")},
-        "root_cause": cause,
+        "root_cause": root_cause(log),
         "lines": log.lines,
         "bytes": log.bytes_read,
         "vocab_size": ctx.vocab_size,
@@ -209,11 +202,6 @@ def overrides(log: ParsedLog, ctx: RunContext) -> dict[str, dict]:
     return {name: {**{k: table.get(name, empty)[k] for k in empty},
                    **{k: calls[name][k] if name in calls else None for k in ("calls", "fallbacks", "modules", "ranks", "reason")}}
             for name in [*table, *(n for n in calls if n not in table)]}
-
-
-def payload(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> dict:
-    """The ``--json`` object (:func:`json_text` read back)."""
-    return json.loads(json_text(log, ctx, findings))
 
 
 def json_text(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> str:
@@ -248,123 +236,98 @@ def json_text(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> str:
 # human output
 
 
-def _fmt(x: Any, spec: str = "") -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    if isinstance(x, (int, float)) and spec:
-        return format(x, spec)
-    return str(x)
-
-
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def render(log: ParsedLog, ctx: RunContext, findings: list[Finding], *, console=None) -> None:
-    """The default rich summary (stdout)."""
+    """The default rich summary (stdout): :func:`_table_rows`, then the findings."""
     from rich.markup import escape
     from rich.table import Table
 
     from trnqwen import output
 
     con = console or output.console(stderr=False)
-    s = summarize(log, ctx, findings)
     t = Table(title=f"inspect-logs: {log.source}", title_justify="left", show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value")
-    model = " ".join(x for x in (s["model"], s["model_flavor"]) if x) or "-"
-    if s["model_params"]:
-        model += f" ({s['model_params']:,} parameters)"
-    t.add_row("model", model)
-    ident = s["model_identity"]
-    if ident and (ident["vocab_size"] or ident["layers"]):
-        facts = ", ".join(x for x in (f"vocab {ident['vocab_size']:,}" if ident["vocab_size"] else "",
-                                      f"{ident['layers']} layers" if ident["layers"] else "") if x)
-        t.add_row("model identity", escape(f"{ident['name']}: {facts} ({ident['vocab_source'] or ident['layers_source']})"))
-    t.add_row("ranks", _fmt(s["world_size"]))
-    steps_txt = f"{s['steps_logged']} logged"
-    if s["first_step"] is not None:
-        steps_txt += f" (steps {s['first_step']}-{s['last_step']}"
-        steps_txt += f" of {s['configured_steps']})" if s["configured_steps"] else ")"
-    t.add_row("steps", steps_txt)
-    t.add_row("loss first / last / min",
-              f"{_fmt(s['first_loss'], '.4f')} / {_fmt(s['last_loss'], '.4f')} / {_fmt(s['min_loss'], '.4f')}"
-              + (f" (step {s['min_loss_step']})" if s["min_loss_step"] is not None else ""))
-    if s.get("peak_lr") is not None:
-        t.add_row("learning rate peak / last", f"{s['peak_lr']:.4g} / {_fmt(s['last_lr'], '.4g')}")
-    t.add_row("mean tps (after step 1)", _fmt(s["mean_tps_after_step1"], ",.0f")
-              + (f"   step 1: {_fmt(s['step1_tps'], ',')}" if s["step1_tps"] is not None else ""))
-    t.add_row("mean MFU (after step 1)", (_fmt(s["mean_mfu_after_step1"], ".2f") + "%") if s["mean_mfu_after_step1"] is not None
-              else f"- ({s['mfu_unknown']})" if s["mfu_unknown"] else "-")
-    t.add_row("peak memory",
-              f"{_fmt(s['peak_memory_gib'], '.2f')} GiB ({_fmt(s['peak_memory_pct'], '.2f')}%) at step {s['peak_memory_step']}"
-              if s["peak_memory_gib"] is not None else "-")
-    if log.validations:
-        t.add_row("validation", f"{len(log.validations)} run(s), last loss {_fmt(s['last_validation_loss'], '.4f')}")
-    ck = []
-    if s["checkpoint_loaded"]:
-        unknown = ("load ran; the base model is random by design, so the step-1 loss cannot show it took"
-                   if any(f.code == BASE_RANDOM_INIT for f in findings or []) else
-                   "load ran (whether the weights took is not known: see the findings)")
-        ck.append({True: "load ran, and the step-1 loss says the weights took",
-                   False: "load ran, but the step-1 loss says the weights did not take",
-                   None: unknown}[s["weights_loaded"]])
-    if s["checkpoint_saved"]:
-        ck.append("saved")
-    t.add_row("checkpoint", "; ".join(ck) or "-")
-    for name, e in overrides(log, ctx).items():
-        parts = []
-        if e["count"]:
-            per_layer = f"{e['count']} line(s), layers {layers_text(e['layers']) or '-'}"
-            if e["missing_layers"]:
-                per_layer += f", [red]missing {layers_text(e['missing_layers'])}[/red]"
-            if e["duplicate_layers"]:
-                per_layer += f", [red]duplicated {layers_text(e['duplicate_layers'])}[/red]"
-            parts.append(per_layer)
-        if e["calls"] is None:
-            parts.append("[yellow]calls not reported[/yellow]")
-        else:
-            bad = e["calls"] == 0 or e["fallbacks"]
-            text = f"calls {e['calls']}, fallbacks {e['fallbacks']}"
-            parts.append(f"[red]{text}[/red]" if bad else text)
-        t.add_row(override_label(name), redact("; ".join(parts)))
-    lora = lora_row(log, ctx)
-    if lora is not None:
-        t.add_row("LoRA", escape(lora))
-    elif ctx.lora:
-        t.add_row("LoRA", "[yellow]configured, but no [LoRA] line logged[/yellow]")
-    for _, hooks, facts in method_reports(log, ctx):
-        for what, text in hooks.rows(facts):
-            t.add_row(what, escape(redact(text)))
-    if log.metrics_stream:  # every other value of the stream, by name
-        t.add_row("steps from", escape(log.metrics_stream))
-        names = log.value_names
-        last = next((log.values[s] for s in reversed(list(log.steps)) if s in log.values), None)
-        if last:
-            t.add_row("values (last step)", escape(", ".join(f"{k} {_fmt(last.get(k), '.4g')}" for k in names)))
-        val = log.validations[-1] if log.validations else {}
-        extra = {k: v for k, v in val.items() if k not in ("step", "loss", "memory_gib", "memory_pct", "tps", "line")}
-        if extra:
-            t.add_row("values (last validation)", escape(", ".join(f"{k} {_fmt(v, '.4g')}" for k, v in extra.items())))
-    fc = s["findings"]
-    t.add_row("findings: errors / warnings", f"{fc['error']} / {fc['warning']}")
-    t.add_row("log lines: WARNING / ERROR", f"{s['warnings']} / {s['errors']}")
-    if s["root_cause"]:
-        rc = s["root_cause"]
-        t.add_row("root cause", redact(f"rank {rc['rank']}: {rc['text']} (line {rc['line']})"))
+    for what, text in _table_rows(log, ctx, findings):
+        if text is not None:
+            t.add_row(what, text)
     con.print(t)
     if findings:
         ft = Table(title="findings", title_justify="left")
-        ft.add_column("severity")
-        ft.add_column("finding")
-        ft.add_column("lines")
+        for col in ("severity", "finding", "lines"):
+            ft.add_column(col)
         for f in findings:
             style = SEVERITY_STYLE.get(f.severity, "")
             lines = ", ".join(str(x) for x in f.lines[:6]) + (" ..." if len(f.lines) > 6 else "")
             ft.add_row(f"[{style}]{f.severity}[/{style}]", escape(redact(f.message)), lines)
         con.print(ft)
     render_evaluation(ctx.evaluation, console=con)
+
+
+def _table_rows(log: ParsedLog, ctx: RunContext, findings: list[Finding]) -> list[tuple[str, Optional[str]]]:
+    """The summary table's (what, rich markup) rows, in order; None: the row is left out."""
+    from rich.markup import escape
+
+    s = summarize(log, ctx, findings)
+    ident, fc, rc, mfu = s["model_identity"], s["findings"], s["root_cause"], s["mean_mfu_after_step1"]
+    facts = ", ".join(x for x in (f"vocab {ident['vocab_size']:,}" if ident["vocab_size"] else "",
+                                  f"{ident['layers']} layers" if ident["layers"] else "") if x) if ident else ""
+    steps = f"{s['steps_logged']} logged"
+    if s["first_step"] is not None:
+        steps += f" (steps {s['first_step']}-{s['last_step']}" + (f" of {s['configured_steps']})" if s["configured_steps"] else ")")
+    loaded = {True: "load ran, and the step-1 loss says the weights took",
+              False: "load ran, but the step-1 loss says the weights did not take",
+              None: "load ran; the base model is random by design, so the step-1 loss cannot show it took"
+              if any(f.code == BASE_RANDOM_INIT for f in findings or []) else
+              "load ran (whether the weights took is not known: see the findings)"}[s["weights_loaded"]]
+    lora = lora_row(log, ctx)
+    rows = [
+        ("model", (" ".join(x for x in (s["model"], s["model_flavor"]) if x) or "-")
+         + (f" ({s['model_params']:,} parameters)" if s["model_params"] else "")),
+        ("model identity", escape(f"{ident['name']}: {facts} ({ident['vocab_source'] or ident['layers_source']})") if facts else None),
+        ("ranks", number(s["world_size"], "")),
+        ("steps", steps),
+        ("loss first / last / min", " / ".join(number(s[k]) for k in ("first_loss", "last_loss", "min_loss"))
+         + (f" (step {s['min_loss_step']})" if s["min_loss_step"] is not None else "")),
+        ("learning rate peak / last", f"{s['peak_lr']:.4g} / {number(s['last_lr'], '.4g')}" if s.get("peak_lr") is not None else None),
+        ("mean tps (after step 1)", number(s["mean_tps_after_step1"], ",.0f")
+         + (f"   step 1: {number(s['step1_tps'], ',')}" if s["step1_tps"] is not None else "")),
+        ("mean MFU (after step 1)", number(mfu, ".2f") + "%" if mfu is not None else f"- ({s['mfu_unknown']})" if s["mfu_unknown"] else "-"),
+        ("peak memory", f"{number(s['peak_memory_gib'], '.2f')} GiB ({number(s['peak_memory_pct'], '.2f')}%) at step {s['peak_memory_step']}"
+         if s["peak_memory_gib"] is not None else "-"),
+        ("validation", f"{len(log.validations)} run(s), last loss {number(s['last_validation_loss'])}" if log.validations else None),
+        ("checkpoint", "; ".join(x for x, on in ((loaded, s["checkpoint_loaded"]), ("saved", s["checkpoint_saved"])) if on) or "-"),
+        *((override_label(name), _override_text(e)) for name, e in overrides(log, ctx).items()),
+        ("LoRA", escape(lora) if lora is not None else "[yellow]configured, but no [LoRA] line logged[/yellow]" if ctx.lora else None),
+        *((what, escape(redact(text))) for _, hooks, facts in method_reports(log, ctx) for what, text in hooks.rows(facts)),
+    ]
+    if log.metrics_stream:  # every other value of the stream, by name
+        last = next((log.values[step] for step in reversed(list(log.steps)) if step in log.values), None)
+        val = log.validations[-1] if log.validations else {}
+        extra = {k: v for k, v in val.items() if k not in ("step", "loss", "memory_gib", "memory_pct", "tps", "line")}
+        rows += [("steps from", escape(log.metrics_stream)),
+                 ("values (last step)", escape(", ".join(f"{k} {number(last.get(k), '.4g')}" for k in log.value_names)) if last else None),
+                 ("values (last validation)", escape(", ".join(f"{k} {number(v, '.4g')}" for k, v in extra.items())) if extra else None)]
+    return rows + [("findings: errors / warnings", f"{fc['error']} / {fc['warning']}"),
+                   ("log lines: WARNING / ERROR", f"{s['warnings']} / {s['errors']}"),
+                   ("root cause", redact(f"rank {rc['rank']}: {rc['text']} (line {rc['line']})") if rc else None)]
+
+
+def _override_text(e: dict) -> str:
+    """One override's table cell: its [Override] lines (layers, missing, duplicated), its calls."""
+    parts = []
+    if e["count"]:
+        parts.append(f"{e['count']} line(s), layers {layers_text(e['layers']) or '-'}" + "".join(
+            f", [red]{what} {layers_text(e[key])}[/red]" for what, key in (("missing", "missing_layers"), ("duplicated", "duplicate_layers"))
+            if e[key]))
+    if e["calls"] is None:
+        parts.append("[yellow]calls not reported[/yellow]")
+    else:
+        text = f"calls {e['calls']}, fallbacks {e['fallbacks']}"
+        parts.append(f"[red]{text}[/red]" if e["calls"] == 0 or e["fallbacks"] else text)
+    return redact("; ".join(parts))
 
 
 def render_evaluation(evaluation: dict, *, console=None, label: str = "") -> None:
@@ -383,7 +346,7 @@ def render_evaluation(evaluation: dict, *, console=None, label: str = "") -> Non
         _what, headers, rows = scorer.table(evaluation.get("results", []), evaluation)
     else:
         headers = ["checkpoint", "tokens", "loss", "perplexity", "vs base"]
-        rows = [[str(r.get("checkpoint")), _fmt(r.get("tokens"), ","), _fmt(r.get("loss"), ".4f"), _fmt(r.get("perplexity"), ",.2f"),
+        rows = [[str(r.get("checkpoint")), number(r.get("tokens"), ","), number(r.get("loss")), number(r.get("perplexity"), ",.2f"),
                  "" if r.get("delta_vs_base") is None else f"{r['delta_vs_base']:+.4f}"] for r in evaluation.get("results", [])]
     t = Table(title=f"held-out eval{label} on {escape(str(evaluation.get('dataset')))}", title_justify="left")
     for col in headers:

@@ -69,11 +69,8 @@ def resolve_input(arg: Optional[str], runs_dir: Optional[Path] = None) -> LogInp
     if arg is None:
         last = last_run_dir(Path(runs_dir)) if runs_dir is not None and Path(runs_dir).is_dir() else None
         if last is None:
-            raise UsageError(
-                f"no log given and no run found under {runs_dir}",
-                hint="pass a log file or run directory (`trnqwen inspect-logs train.log`), "
-                "or run `trnqwen train` first",
-            )
+            raise UsageError(f"no log given and no run found under {runs_dir}",
+                             hint="pass a log file or run directory (`trnqwen inspect-logs train.log`), or run `trnqwen train` first")
         last = last.absolute()  # found, not typed: report where it is, whatever the working folder
         return _from_dir(last, str(last))
     if arg == "-":
@@ -98,9 +95,7 @@ def _from_dir(path: Path, label: str) -> LogInput:
         try:
             record = RunRecord.load(path)
         except (OSError, ValueError, TypeError) as exc:
-            raise UsageError(
-                f"{path / RUN_RECORD} is unreadable: {exc}", hint="pass the log file itself instead"
-            ) from None
+            raise UsageError(f"{path / RUN_RECORD} is unreadable: {exc}", hint="pass the log file itself instead") from None
     log_path = None
     if record is not None and record.log_path:
         candidate = in_run_dir(record, path, record.log_path)
@@ -108,10 +103,8 @@ def _from_dir(path: Path, label: str) -> LogInput:
             # still starting (data preparation, start-up): the launcher creates train.log when torchrun starts
             return LogInput(label=str(candidate), path=candidate, run_dir=path, record=record)
         if not candidate.is_file():
-            raise UsageError(
-                f"{label}: the run's log {candidate} is missing",
-                hint="was the run directory copied without its train.log? pass the log file itself",
-            )
+            raise UsageError(f"{label}: the run's log {candidate} is missing",
+                             hint="was the run directory copied without its train.log? pass the log file itself")
         log_path = candidate
     if log_path is None and (path / LOG_NAME).is_file():
         log_path = path / LOG_NAME
@@ -154,12 +147,8 @@ def run_context(inp: Optional[LogInput], *, expect_layers: Optional[int] = None,
     ctx.finetune = finetune if finetune is not None else bool(cfg["finetune"]) if "finetune" in cfg else None
     # model config.json
     model_cfg, model_cfg_path = _model_config(record, cfg, ctx.run_dir)
-    ctx.model_config = model_cfg
-    if model_cfg_path is not None:
-        ctx.base_random_init = declares_random_init(model_cfg_path.parent)
-    if cfg.get("lora"):
-        ctx.lora = configured(cfg)
-    ctx.run_config = cfg or None
+    ctx.model_config, ctx.lora, ctx.run_config = model_cfg, configured(cfg) if cfg.get("lora") else None, cfg or None
+    ctx.base_random_init = model_cfg_path is not None and declares_random_init(model_cfg_path.parent)
     found = str(model_cfg_path)  # explicit facts first, then run.json's, then the base model's config.json
     ctx.vocab_size, ctx.vocab_source = _first((vocab_size, "--vocab-size"), (extra.get("vocab_size"), "run.json"),
                                               (_cfg_get(model_cfg or {}, "vocab_size"), found))

@@ -63,9 +63,7 @@ class StepTable(Mapping):
         """Keep the last row of each step, in step order."""
         if self._ordered:
             return
-        last: dict[int, int] = {}
-        for i, s in enumerate(self.step):
-            last[s] = i
+        last = {s: i for i, s in enumerate(self.step)}  # each step's last row
         keep = [last[s] for s in sorted(last)]
         remap = {old: new for new, old in enumerate(keep)}
         self.step = array("q", (self.step[i] for i in keep))
@@ -88,10 +86,7 @@ class StepTable(Mapping):
         return _tps(v) if name == "tps" else v
 
     def row(self, i: int) -> dict:
-        rec = {name: self.value(name, i) for name in STEP_FIELDS}
-        line = self.line[i]
-        rec["line"] = line or None
-        return rec
+        return {**{name: self.value(name, i) for name in STEP_FIELDS}, "line": self.line[i] or None}
 
     def index(self, step: int) -> Optional[int]:
         self.compact()
@@ -107,18 +102,15 @@ class StepTable(Mapping):
         import numpy as np
 
         self.compact()
-        if name in ("step", "line"):
-            return np.frombuffer(getattr(self, name), dtype=np.int64) if len(self.step) else np.zeros(0, np.int64)
-        col = self.cols[name]
-        return np.frombuffer(col, dtype=np.float64) if len(col) else np.zeros(0)
+        col, dtype = (getattr(self, name), np.int64) if name in ("step", "line") else (self.cols[name], np.float64)
+        return np.frombuffer(col, dtype=dtype) if len(col) else np.zeros(0, dtype)
 
     def present(self, name: str):
         """Boolean numpy mask: the value was logged (not absent / N/A)."""
         import numpy as np
 
         mask = np.ones(len(self.step), dtype=bool)
-        if self.missing[name]:
-            mask[list(self.missing[name])] = False
+        mask[list(self.missing[name])] = False
         return mask
 
     def finite(self, name: str):
@@ -145,6 +137,3 @@ class StepTable(Mapping):
     def __len__(self) -> int:
         self.compact()
         return len(self.step)
-
-    def __repr__(self) -> str:
-        return f"StepTable({len(self)} steps)"

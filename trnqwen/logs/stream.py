@@ -71,8 +71,7 @@ class StreamSteps:
         values = {}
         for step, row in steps.items():
             table.append(row)
-            extra = {k: v for k, v in row.items() if k not in STEP_CORE and k not in ("step", "line")}
-            if extra:
+            if extra := {k: v for k, v in row.items() if k not in STEP_CORE and k not in ("step", "line")}:
                 values[step] = extra
                 names.update(dict.fromkeys(extra))
         log.steps, log.values, log.value_names = table, values, list(names)

@@ -7,13 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from trnqwen.logs.patterns import (
-    EXC_LINE_RE,
-    HEADER_RE,
-    TR_EXIT_RE,
-    TR_RANK_RE,
-    TRACEBACK_START,
-)
+from trnqwen.logs.patterns import EXC_LINE_RE, HEADER_RE, TR_EXIT_RE, TR_RANK_RE, TRACEBACK_START
 from trnqwen.logs.record import ParsedLog
 
 
@@ -30,16 +24,13 @@ class Tracebacks:
         return any(s.get("open") for s in self._state.values())
 
     def is_open(self, rank: Optional[int]) -> bool:
-        state = self._state.get(rank)
-        return state is not None and bool(state.get("open"))
+        return bool(self._state.get(rank, {}).get("open"))
 
     def open(self, rank: Optional[int], body: str, lineno: int) -> None:
         state = self._state.setdefault(rank, {"count": 0})
         if not state.get("open"):
             state["count"] += 1
-        state["open"] = True
-        state["indent"] = len(body) - len(body.lstrip())
-        state["start"] = state.get("start") or lineno
+        state.update(open=True, indent=len(body) - len(body.lstrip()), start=state.get("start") or lineno)
 
     def line(self, rank: Optional[int], body: str, lineno: int) -> bool:
         """Consume a line of ``rank``'s open traceback; False when the traceback ended before it
@@ -69,10 +60,8 @@ class Tracebacks:
         entry["count"] = state.get("count", 1)
         entry["start"] = entry["start"] or state.get("start")
         if text is not None:
-            rec = {"line": lineno, "text": text[:500]}
-            if entry["first_root"] is None:
-                entry["first_root"] = rec
-            entry["last"] = rec
+            entry["last"] = rec = {"line": lineno, "text": text[:500]}
+            entry["first_root"] = entry["first_root"] or rec
             self.log.recognized_lines += 1
 
 
@@ -99,8 +88,7 @@ class TorchrunSummary:
                 self._in_root_cause = False
                 return True
             for regex, key in ((TR_RANK_RE, "root_cause_rank"), (TR_EXIT_RE, "exitcode")):
-                m = regex.match(stripped)
-                if m is not None:
+                if m := regex.match(stripped):
                     fail[key] = int(m.group(1))
                     return True
             if EXC_LINE_RE.match(stripped):

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from trnqwen.output import number
 from trnqwen.quickstart.types import KEEP_FRACTION, MIN_PRETRAIN_DROP, QuickstartResult, RunInfo, StageFailed
 
 
@@ -80,7 +81,7 @@ def write_loss_plot(runs: dict[str, RunInfo], path: Path) -> Path:
 
 
 def _fmt(x: Any) -> str:
-    return f"{x:.3f}" if _finite(x) else "-"
+    return number(x, ".3f", finite=True)  # quickstart's losses: 3 decimals
 
 
 SUMMARY_COLUMNS = ("run", "weights", "steps", "ranks", "loss @1", "loss end", "export", "wall")

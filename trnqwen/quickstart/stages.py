@@ -234,7 +234,7 @@ def inspect_run(info: RunInfo) -> Any:
     from trnqwen.logs.sources import resolve_input
 
     inspection = inspect_input(resolve_input(info.run_dir))
-    steps = inspection.log.step_list()
+    steps = list(inspection.log.steps.rows())
     info.losses = [s.get("loss") for s in steps]
     info.step1_loss = inspection.log.steps.get(1, {}).get("loss")
     info.last_loss = steps[-1].get("loss") if steps else None

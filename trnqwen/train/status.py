@@ -29,6 +29,7 @@ from typing import Optional, TextIO
 from trnqwen.contract.metrics_stream import STEP_CORE, VALIDATION_CORE
 from trnqwen.methods import registry
 from trnqwen.methods.base import Metric
+from trnqwen.output import number
 
 # the line's own labels and the core values' names: a value whose short name is one of these is
 # shown by its full name
@@ -71,10 +72,6 @@ def progress_bracket(elapsed: float, step: int, total: Optional[int], s_per_step
         left = "?" if s_per_step is None else clock(max(0, total - step) * s_per_step)
         return f"[{clock(elapsed)}<{left}, {format_rate(s_per_step)}]"
     return f"[{clock(elapsed)}, {format_rate(s_per_step)}]"
-
-
-def _fmt_num(value: Optional[float], spec: str) -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def format_value(value: Optional[float]) -> str:
@@ -139,15 +136,15 @@ class StatusLine:
             return f"{self.phase}  elapsed {clock(elapsed)}"
         m = self.last
         step = f"{m['step']}/{self.total}" if self.total else str(m["step"])
-        parts = [f"step {step}", f"loss {_fmt_num(m.get('loss'), '.4f')}"]
+        parts = [f"step {step}", f"loss {number(m.get('loss'), '.4f')}"]
         parts += [f"{label} {shown}" for label, shown in extra_values(m)]
         if self.last_validation is not None:
             at = self.last_validation.get("step")  # often an earlier step than this line's: say which
             notes = [f"step {at}"] if at is not None else []
             notes += [f"{label} {shown}" for label, shown in extra_values(self.last_validation, VALIDATION_CORE)]
-            parts.append(f"val {_fmt_num(self.last_validation.get('loss'), '.4f')}" + (f" ({', '.join(notes)})" if notes else ""))
-        parts.append(f"tok/s {_fmt_num(m.get('tps'), ',.0f')}")
-        parts.append(f"mfu {_fmt_num(m.get('mfu'), '.2f')}%" if self.mfu and m.get("mfu") is not None else "mfu -")
+            parts.append(f"val {number(self.last_validation.get('loss'), '.4f')}" + (f" ({', '.join(notes)})" if notes else ""))
+        parts.append(f"tok/s {number(m.get('tps'), ',.0f')}")
+        parts.append(f"mfu {number(m.get('mfu'), '.2f')}%" if self.mfu and m.get("mfu") is not None else "mfu -")
         parts.append(progress_bracket(elapsed, m["step"], self.total, seconds_per_step(self._seen)))
         if self.closing and self.total and m["step"] >= self.total:
             parts.append(f"{self.closing} ...")

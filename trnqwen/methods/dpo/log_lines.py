@@ -25,6 +25,7 @@ import re
 from typing import Any, Optional
 
 from trnqwen.contract.method_lines import LineReader, MethodLine
+from trnqwen.output import number
 
 MARK = "[DPO]"
 FIELDS = ("rewards_chosen", "rewards_rejected", "margin", "accuracy")
@@ -199,13 +200,9 @@ def summary(facts: dict[str, Any]) -> Optional[dict]:
     }
 
 
-def _fmt(x: Optional[float], spec: str) -> str:
-    return "-" if not isinstance(x, (int, float)) else format(x, spec)
-
-
 def _values_text(rec: dict) -> str:
-    return (f"rewards chosen {_fmt(rec.get('rewards_chosen'), '.4f')} / rejected {_fmt(rec.get('rewards_rejected'), '.4f')}, "
-            f"margin {_fmt(rec.get('margin'), '.4f')}, accuracy {_fmt(rec.get('accuracy'), '.2f')}")
+    return (f"rewards chosen {number(rec.get('rewards_chosen'), '.4f')} / rejected {number(rec.get('rewards_rejected'), '.4f')}, "
+            f"margin {number(rec.get('margin'), '.4f')}, accuracy {number(rec.get('accuracy'), '.2f')}")
 
 
 def rows(facts: dict[str, Any]) -> list[tuple[str, str]]:

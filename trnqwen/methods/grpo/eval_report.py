@@ -31,6 +31,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from trnqwen.output import number
+
 EvalData = Any  # trnqwen.evaluate.data.EvalData: split (the prompt cache's split), source, tokenizer_dir
 ANSWERS = 3  # answers shown side by side without --generate
 FIELDS = ("prompts", "mean_reward", "pass_at_1", "reward_vs_base", "rewards", "completion_length", "truncated")
@@ -201,8 +203,8 @@ def answers(scores: HeldOutAnswers, limit: int) -> list[tuple[str, str, str]]:
 
 def say(row: dict[str, Any]) -> str:
     """The progress line of one model."""
-    return (f"mean reward {_num(row.get('mean_reward'))}, pass@1 {_num(row.get('pass_at_1'))} on {row.get('prompts')} "
-            f"held-out prompts (greedy)")
+    return (f"mean reward {number(row.get('mean_reward'), finite=True)}, pass@1 {number(row.get('pass_at_1'), finite=True)} "
+            f"on {row.get('prompts')} held-out prompts (greedy)")
 
 
 def summary_line(base: dict[str, Any], tuned: dict[str, Any]) -> str:
@@ -210,11 +212,11 @@ def summary_line(base: dict[str, Any], tuned: dict[str, Any]) -> str:
     from two JSON result rows."""
     before, after = base.get("mean_reward"), tuned.get("mean_reward")
     delta = after - before if isinstance(before, (int, float)) and isinstance(after, (int, float)) else None
-    line = f"held-out reward before {_num(before)} -> after {_num(after)}"
+    line = f"held-out reward before {number(before, finite=True)} -> after {number(after, finite=True)}"
     if delta is not None and math.isfinite(delta):
         line += f" ({delta:+.4f})"
     if tuned.get("pass_at_1") is not None:
-        line += f", pass@1 {_num(base.get('pass_at_1'))} -> {_num(tuned.get('pass_at_1'))}"
+        line += f", pass@1 {number(base.get('pass_at_1'), finite=True)} -> {number(tuned.get('pass_at_1'), finite=True)}"
     return line + f" on {tuned.get('prompts', 0):,} prompts (greedy)"
 
 
@@ -222,7 +224,7 @@ def table(results: Sequence[dict[str, Any]], method_settings: dict[str, Any]) ->
     """(title note, headers, rows) of eval's table: checkpoint, prompts, then :data:`TABLE_COLUMNS`."""
     headers = ["checkpoint", "prompts", *(h for h, _, _ in TABLE_COLUMNS)]
     rows = [[str(r.get("checkpoint")), f"{r.get('prompts', 0):,}",
-             *("" if r.get(name) is None else _num(r.get(name), spec) for _, name, spec in TABLE_COLUMNS)]
+             *("" if r.get(name) is None else number(r.get(name), spec, finite=True) for _, name, spec in TABLE_COLUMNS)]
             for r in results]
     return "held-out prompts", headers, rows
 
@@ -232,7 +234,3 @@ def before_after(base: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
     return {"prompts": tuned.get("prompts"), "reward_before": base.get("mean_reward"),
             "reward_after": tuned.get("mean_reward"), "pass_before": base.get("pass_at_1"),
             "pass_after": tuned.get("pass_at_1"), "line": summary_line(base, tuned)}
-
-
-def _num(value: object, spec: str = ".4f") -> str:
-    return "-" if not isinstance(value, (int, float)) or not math.isfinite(value) else format(value, spec)

@@ -19,6 +19,7 @@ import re
 from typing import Any, Optional
 
 from trnqwen.contract.method_lines import LineReader, MethodLine
+from trnqwen.output import number
 
 MARK = "[GRPO]"
 FIELDS = ("reward", "reward_std", "frac_reward_zero_std", "completion_length", "completion_length_max",
@@ -107,13 +108,10 @@ def rows(facts: dict[str, Any]) -> list[tuple[str, str]]:
         return [("GRPO", "no [GRPO] step lines")] if info else []
     first, last = info["first_step"], info["last_step"]
 
-    def fmt(x, spec=".4f"):
-        return "-" if not isinstance(x, (int, float)) else format(x, spec)
-
     return [
-        ("GRPO reward", f"step {first['step']}: {fmt(first.get('reward'))} -> step {last['step']}: {fmt(last.get('reward'))}"),
-        ("GRPO last step", f"no-signal groups {fmt(last.get('frac_reward_zero_std'), '.2f')}, length "
-         f"{fmt(last.get('completion_length'), '.1f')} (max {fmt(last.get('completion_length_max'), '.0f')}, cut "
-         f"{fmt(last.get('clipped_ratio'), '.2f')}), kl {fmt(last.get('kl'))}, entropy {fmt(last.get('entropy'))}, "
-         f"rollout {fmt(last.get('rollout_s'), '.2f')} s / update {fmt(last.get('update_s'), '.2f')} s"),
+        ("GRPO reward", f"step {first['step']}: {number(first.get('reward'))} -> step {last['step']}: {number(last.get('reward'))}"),
+        ("GRPO last step", f"no-signal groups {number(last.get('frac_reward_zero_std'), '.2f')}, length "
+         f"{number(last.get('completion_length'), '.1f')} (max {number(last.get('completion_length_max'), '.0f')}, cut "
+         f"{number(last.get('clipped_ratio'), '.2f')}), kl {number(last.get('kl'))}, entropy {number(last.get('entropy'))}, "
+         f"rollout {number(last.get('rollout_s'), '.2f')} s / update {number(last.get('update_s'), '.2f')} s"),
     ]
