@@ -7,6 +7,7 @@ nothing reaches the network (HF_HUB_OFFLINE=1 unless a test starts its own serve
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -14,6 +15,12 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+
+# A shell starts a background job (`make test &`) with SIGINT ignored, and every process the tests start
+# inherits that: the Ctrl-C tests (a fetch, the quickstart's lanes, a run) then wait for an interrupt that
+# never comes. Python's own handler back, as in a foreground run.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
