@@ -34,13 +34,20 @@ def in_memory(dtype: type, n: int) -> np.ndarray:
 _STEP = 1 << 16  # documents turned into Python ints at a time (a whole-set list costs ~36 bytes a document)
 
 
+def _key_counts(keys: np.ndarray, n_keys: int) -> np.ndarray:
+    """``np.bincount(keys, minlength=n_keys)``, a slice of :data:`_STEP` at a time (no whole-set
+    temporary of a memory map's keys)."""
+    counts = np.zeros(n_keys, dtype=np.int64)
+    for lo in range(0, len(keys), _STEP):
+        counts += np.bincount(keys[lo:lo + _STEP], minlength=n_keys)
+    return counts
+
+
 def counting_order(keys: np.ndarray, n_keys: int, out: np.ndarray, *, descending: bool = False) -> np.ndarray:
     """``np.argsort(keys, kind="stable")`` (of ``-keys`` when ``descending``) for keys in
     ``[0, n_keys)``, written into ``out`` a slice of :data:`_STEP` at a time: a counting sort, no
     whole-set temporary (``out`` may be a memory map)."""
-    counts = np.zeros(n_keys, dtype=np.int64)
-    for lo in range(0, len(keys), _STEP):
-        counts += np.bincount(keys[lo:lo + _STEP], minlength=n_keys)
+    counts = _key_counts(keys, n_keys)
     taken = counts[::-1] if descending else counts
     free = np.cumsum(taken) - taken  # where each key's documents start in the order
     free = free[::-1].copy() if descending else free
@@ -67,7 +74,7 @@ def best_fit_rows(lengths: np.ndarray, seq_len: int, seed: int, alloc: Alloc = i
     dtype = np.int32 if n < 2**31 else np.int64
     row_of = alloc(dtype, n)
     order = counting_order(lengths, seq_len + 1, alloc(dtype, n), descending=True)  # longest first, ties in order
-    per_length = np.bincount(lengths, minlength=seq_len + 1) if n else np.zeros(seq_len + 1, dtype=np.int64)
+    per_length = _key_counts(lengths, seq_len + 1)
     stacks: list[list[int]] = [[] for _ in range(seq_len + 1)]  # room left -> open rows with it, last opened on top
     n_rows, done = 0, 0
     for need in range(seq_len, -1, -1):

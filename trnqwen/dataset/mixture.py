@@ -203,13 +203,20 @@ def _where(mask: np.ndarray, value: bool, count: int, alloc: Alloc) -> np.ndarra
 
 def take_kept(indices: np.ndarray, kept: np.ndarray, alloc: Optional[Alloc] = None) -> np.ndarray:
     """``indices[kept[indices]]``; with ``alloc``, into its array, a slice at a time."""
+    return _filtered(indices, lambda piece: kept[piece], _dtype(len(kept)), alloc)
+
+
+def _filtered(units: np.ndarray, test: Callable[[np.ndarray], np.ndarray], dtype: type,
+              alloc: Optional[Alloc]) -> np.ndarray:
+    """``units[test(units)]`` (``test``: a boolean mask of the units it is given); with ``alloc``,
+    into its array of ``dtype``, a slice at a time (counted first, then filled)."""
     if alloc is None:
-        return indices[kept[indices]]
-    count = sum(int(np.count_nonzero(kept[indices[lo:lo + _STEP]])) for lo in range(0, len(indices), _STEP))
-    out, at = alloc(_dtype(len(kept)), count), 0
-    for lo in range(0, len(indices), _STEP):
-        chunk = np.asarray(indices[lo:lo + _STEP])
-        found = chunk[kept[chunk]]
+        return units[test(units)]
+    count = sum(int(np.count_nonzero(test(np.asarray(units[lo:lo + _STEP])))) for lo in range(0, len(units), _STEP))
+    out, at = alloc(dtype, count), 0
+    for lo in range(0, len(units), _STEP):
+        piece = np.asarray(units[lo:lo + _STEP])
+        found = piece[test(piece)]
         out[at:at + len(found)] = found
         at += len(found)
     return out
@@ -331,7 +338,7 @@ def select(parts: list[Part], loaded: Loaded, kept: np.ndarray, trained: np.ndar
     chosen = []
     for i, part in enumerate(parts):
         # one part: every training unit is its own (no whole-set mask and copy to find them)
-        mine = kept if len(parts) == 1 else _of_part(kept, loaded.part_of, i, alloc)
+        mine = kept if len(parts) == 1 else _filtered(kept, lambda piece: loaded.part_of[piece] == i, kept.dtype, alloc)
         if part.records is not None:
             chosen.append(_count(mine, part.records, _rng(seed, i), alloc))
         else:
@@ -351,25 +358,13 @@ def _rng(seed: int, part: int) -> np.random.Generator:
     return np.random.default_rng([seed, part])
 
 
-def _of_part(units: np.ndarray, part_of: np.ndarray, part: int, alloc: Optional[Alloc]) -> np.ndarray:
-    """``units[part_of[units] == part]``; with ``alloc``, into its array, a slice at a time."""
-    if alloc is None:
-        return units[part_of[units] == part]
-    count = sum(int(np.count_nonzero(part_of[units[lo:lo + _STEP]] == part)) for lo in range(0, len(units), _STEP))
-    out, at = alloc(units.dtype, count), 0
-    for lo in range(0, len(units), _STEP):
-        piece = np.asarray(units[lo:lo + _STEP])
-        found = piece[part_of[piece] == part]
-        out[at:at + len(found)] = found
-        at += len(found)
-    return out
-
-
 def _shuffled(units: np.ndarray, rng: np.random.Generator, alloc: Optional[Alloc]) -> np.ndarray:
     """``rng.permutation(units)``: with ``alloc``, a copy in its array shuffled in place (the same draws)."""
-    if alloc is None:
-        return rng.permutation(units)
-    out = alloc(units.dtype, len(units))
+    return rng.permutation(units) if alloc is None else _shuffle_into(units, rng, alloc(units.dtype, len(units)))
+
+
+def _shuffle_into(units: np.ndarray, rng: np.random.Generator, out: np.ndarray) -> np.ndarray:
+    """``units`` copied into ``out`` a slice at a time and shuffled there: ``rng.permutation(units)``'s draws."""
     for lo in range(0, len(units), _STEP):
         out[lo:lo + _STEP] = units[lo:lo + _STEP]
     rng.shuffle(out)
@@ -380,10 +375,13 @@ def _count(units: np.ndarray, n: int, rng: np.random.Generator, alloc: Optional[
     """``n`` of ``units``: a seeded choice, passes in new seeded orders when there are fewer."""
     if not len(units):
         return units
-    passes = [_shuffled(units, rng, alloc) for _ in range(-(-n // len(units)))]
+    passes = -(-n // len(units))
     if alloc is None:
-        return np.sort(np.concatenate(passes)[:n])
-    out = _joined(passes, alloc)[:n]
+        return np.sort(np.concatenate([rng.permutation(units) for _ in range(passes)])[:n])
+    out = alloc(units.dtype, passes * len(units))  # each pass shuffled in place in its slice
+    for p in range(passes):
+        _shuffle_into(units, rng, out[p * len(units):(p + 1) * len(units)])
+    out = out[:n]
     out.sort()
     return out
 
